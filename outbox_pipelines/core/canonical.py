@@ -1,0 +1,72 @@
+"""Canonical JSON and its sha256 digest, with the input checks of enqueue."""
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from outbox_pipelines.core.errors import InvalidMessage
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 kept: equal values give equal text."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _reject_nul(value: Any, path: str) -> None:
+    # PostgreSQL's jsonb cannot store \u0000; say where it is instead of failing in SQL.
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidMessage(f"payload string at {path} contains \\u0000, which PostgreSQL jsonb cannot store")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidMessage(f"payload key {key!r} at {path} is not a string")
+            if "\x00" in key:
+                raise InvalidMessage(f"payload key at {path} contains \\u0000")
+            _reject_nul(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _reject_nul(item, f"{path}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidMessage(f"payload number at {path} is {value}, which JSON cannot represent")
+
+
+def parse_payload(payload: Any) -> Any:
+    """Accept a dict, or a str/bytes holding a JSON object."""
+    if isinstance(payload, (bytes, bytearray)):
+        try:
+            payload = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidMessage("payload bytes are not valid UTF-8") from None
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise InvalidMessage(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(payload, dict):
+        raise InvalidMessage(f"payload must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def checked_canonical_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, str]:
+    """Return (canonical JSON text, sha256 digest) or raise InvalidMessage."""
+    value = parse_payload(payload)
+    _reject_nul(value, "$")
+    text = canonical_json(value)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidMessage(
+            f"payload is {size} bytes, over the limit of {max_bytes} bytes "
+            "(set OUTBOX_MAX_PAYLOAD_BYTES to change it, or store the body elsewhere and enqueue a reference)"
+        )
+    return text, digest(text)

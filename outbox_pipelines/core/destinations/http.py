@@ -1,0 +1,172 @@
+"""HTTP destination: one pooled keep-alive client per destination.
+
+Every attempt of a message carries the same ``Idempotency-Key`` (its event_id),
+so the destination can execute it once however often it is delivered.
+
+Transports (chosen by measurement, see bench/results.md):
+- ``aiohttp``: httpx's API over the httpx-aiohttp transport, on a private event
+  loop thread (the default: the fastest httpx option on this machine);
+- ``httpx-async``: httpx.AsyncClient with its own pool;
+- ``httpx-sync``: httpx.Client from a thread pool.
+"""
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.http_outcomes import classify_response
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+
+TRANSPORTS = ("aiohttp", "httpx-async", "httpx-sync")
+DEFAULT_TRANSPORT = "aiohttp"
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    path: str = ""
+
+
+def default_request(message: ClaimedMessage) -> HttpRequest:
+    """POST the payload as JSON; metadata travels in headers."""
+    headers = {"X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts)}
+    if message.trace_id:
+        headers["X-Trace-Id"] = message.trace_id
+    if message.tenant_id:
+        headers["X-Tenant-Id"] = message.tenant_id
+    return HttpRequest(body=message.payload, headers=headers)
+
+
+RequestBuilder = Callable[[ClaimedMessage], HttpRequest]
+# Called with (message, outcome, response body) after each answer; for adapters
+# that record results elsewhere (the order ledger).
+ResultHook = Callable[[ClaimedMessage, Outcome, bytes], Outcome]
+
+
+def _exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
+    if isinstance(exc, httpx.TimeoutException):
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})")
+    if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {type(exc).__name__}: {exc}")
+    if isinstance(exc, httpx.HTTPError):
+        return Outcome.retry(m.UNKNOWN, f"unusable answer: {type(exc).__name__}: {exc}")
+    return Outcome.retry(m.UNKNOWN, f"{type(exc).__name__}: {exc}")
+
+
+class HttpDestination:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        timeout_s: float = 5.0,
+        parallelism: int = 32,
+        token: str | None = None,
+        transport: str = DEFAULT_TRANSPORT,
+        build_request: RequestBuilder = default_request,
+        on_result: ResultHook | None = None,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown HTTP transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"destination URL must start with http:// or https://, got {url!r}")
+        self.name = name or url
+        self.url = url.rstrip("/") if build_request is not default_request else url
+        self.timeout_s = timeout_s
+        self.parallelism = max(1, parallelism)
+        self.transport = transport
+        self.build_request = build_request
+        self.on_result = on_result
+        self.base_headers = {"Content-Type": "application/json", "User-Agent": "outbox-pipelines"}
+        if token:
+            self.base_headers["Authorization"] = f"Bearer {token}"
+        limits = httpx.Limits(max_connections=self.parallelism, max_keepalive_connections=self.parallelism)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if transport == "httpx-sync":
+            self._client: Any = httpx.Client(limits=limits, timeout=timeout_s)
+            self._pool = ThreadPoolExecutor(self.parallelism, thread_name_prefix="outbox-http")
+        else:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="outbox-http-loop", daemon=True)
+            self._thread.start()
+            self._client = asyncio.run_coroutine_threadsafe(self._make_async_client(limits), self._loop).result()
+
+    async def _make_async_client(self, limits: httpx.Limits) -> httpx.AsyncClient:
+        if self.transport == "aiohttp":
+            from httpx_aiohttp import AiohttpTransport
+
+            return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=self.timeout_s)
+        return httpx.AsyncClient(limits=limits, timeout=self.timeout_s)
+
+    def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, dict[str, str], float]:
+        request = self.build_request(message)
+        headers = {**self.base_headers, **request.headers, "Idempotency-Key": message.event_id}
+        body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return self.url + request.path, body, headers, request.timeout_s or self.timeout_s
+
+    def _finish(self, message: ClaimedMessage, response: httpx.Response | None, exc: BaseException | None, timeout: float) -> Outcome:
+        if response is not None:
+            body = response.content
+            outcome = classify_response(response.status_code, response.headers, body)
+        else:
+            body = b""
+            outcome = _exception_outcome(exc, timeout) if exc else Outcome.retry(m.UNKNOWN, "no response")
+        return self.on_result(message, outcome, body) if self.on_result else outcome
+
+    async def _send_async(self, message: ClaimedMessage, gate: asyncio.Semaphore) -> Outcome:
+        try:
+            url, body, headers, timeout = self._prepare(message)
+        except Exception as exc:  # a request builder that cannot map this payload
+            return Outcome.dead(m.BAD_REQUEST, f"cannot build the request: {type(exc).__name__}: {exc}")
+        async with gate:
+            try:
+                response = await self._client.post(url, content=body, headers=headers, timeout=timeout)
+            except Exception as exc:
+                return self._finish(message, None, exc, timeout)
+        return self._finish(message, response, None, timeout)
+
+    async def _deliver_async(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        gate = asyncio.Semaphore(self.parallelism)
+        return list(await asyncio.gather(*(self._send_async(msg, gate) for msg in messages)))
+
+    def _send_sync(self, message: ClaimedMessage) -> Outcome:
+        try:
+            url, body, headers, timeout = self._prepare(message)
+        except Exception as exc:
+            return Outcome.dead(m.BAD_REQUEST, f"cannot build the request: {type(exc).__name__}: {exc}")
+        try:
+            response = self._client.post(url, content=body, headers=headers, timeout=timeout)
+        except Exception as exc:
+            return self._finish(message, None, exc, timeout)
+        return self._finish(message, response, None, timeout)
+
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        if not messages:
+            return []
+        if self._pool is not None:
+            return list(self._pool.map(self._send_sync, messages))
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self._deliver_async(messages), self._loop).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._client.close()
+            return
+        if self._loop is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._loop.close()

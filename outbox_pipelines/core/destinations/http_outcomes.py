@@ -1,0 +1,105 @@
+"""The mapping of HTTP answers to outcomes (DESIGN.md §3.4). Pure functions."""
+
+import email.utils
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.models import Outcome
+
+# Bodies of a 409 that mean "this idempotency key was already executed".
+ALREADY_PROCESSED_MARKERS = ("already processed", "already_processed", "alreadyprocessed", "duplicate")
+REF_KEYS = ("broker_order_id", "memory_id", "order_id", "id")
+
+
+def parse_retry_after(value: str | None, *, now_epoch: float | None = None, date_header: str | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value: delta-seconds or an HTTP date.
+
+    A date is measured against the response's own Date header when there is
+    one, so a skewed local clock does not shorten or stretch the wait.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        return seconds if seconds >= 0 and seconds == seconds and seconds != float("inf") else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    reference = now_epoch if now_epoch is not None else time.time()
+    if date_header:
+        try:
+            reference = email.utils.parsedate_to_datetime(date_header).timestamp()
+        except (TypeError, ValueError, IndexError):
+            pass
+    return max(0.0, when.timestamp() - reference)
+
+
+def _body_text(body: bytes) -> str:
+    return body[:4096].decode("utf-8", errors="replace")
+
+
+def _is_already_processed(body: bytes) -> bool:
+    text = _body_text(body).lower()
+    return any(marker in text for marker in ALREADY_PROCESSED_MARKERS)
+
+
+def _reference(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key in REF_KEYS:
+            if isinstance(parsed.get(key), (str, int)):
+                return str(parsed[key])
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _json_declared(headers: Mapping[str, str]) -> bool:
+    return "json" in (headers.get("content-type") or "").lower()
+
+
+def classify_response(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now_epoch: float | None = None,
+) -> Outcome:
+    """Map one HTTP answer to sent / retry / dead. ``headers`` keys are lower-case."""
+    snippet = _body_text(body)[:200]
+    if 200 <= status < 300:
+        if body and _json_declared(headers):
+            try:
+                json.loads(body)
+            except ValueError:
+                return Outcome.retry(m.UNKNOWN, f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
+        return Outcome.sent(ref=_reference(body) if body else None)
+    if status == 409:
+        if _is_already_processed(body):
+            return Outcome.sent(ref=_reference(body), code=m.CONFLICT_PROCESSED)
+        return Outcome.retry("CONFLICT", f"HTTP 409 without 'already processed': {snippet!r}")
+    retry_after = parse_retry_after(headers.get("retry-after"), now_epoch=now_epoch, date_header=headers.get("date"))
+    if status == 429:
+        return Outcome.retry(m.RATE_LIMITED, f"HTTP 429: {snippet!r}", delay_s=retry_after)
+    if status in (400, 422):
+        return Outcome.dead(m.BAD_REQUEST, f"HTTP {status}: {snippet!r}")
+    if status in (401, 403):
+        return Outcome.dead(m.UNAUTHORIZED, f"HTTP {status}: check the destination's credentials (OUTBOX_API_TOKEN)")
+    if 500 <= status < 600:
+        return Outcome.retry(m.BROKER_5XX, f"HTTP {status}: {snippet!r}", delay_s=retry_after)
+    if status == 408:
+        return Outcome.retry(m.NETWORK_TIMEOUT, "HTTP 408 request timeout")
+    return Outcome.retry(m.UNKNOWN, f"unexpected HTTP {status}: {snippet!r}")

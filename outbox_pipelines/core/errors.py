@@ -1,0 +1,44 @@
+"""Errors a user can act on. Each message says what went wrong and what to do."""
+
+
+class OutboxError(Exception):
+    """Base class of every error raised by outbox_pipelines."""
+
+
+class InvalidTableName(OutboxError, ValueError):
+    pass
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """A message that cannot be enqueued; nothing was written."""
+
+
+class UnknownTable(OutboxError, LookupError):
+    pass
+
+
+class ConfigError(OutboxError):
+    pass
+
+
+class DatabaseUnavailable(OutboxError):
+    pass
+
+
+class MigrationError(OutboxError):
+    pass
+
+
+class PermanentError(Exception):
+    """Raise from a handler when retrying cannot help: the message goes to dead.
+
+    ``code`` becomes the row's ``last_error_code`` (default ``PERMANENT``).
+    """
+
+    def __init__(self, message: str = "", code: str = "PERMANENT") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NoSubscribers(OutboxError):
+    """No handler is registered for a topic (never a silent drop)."""

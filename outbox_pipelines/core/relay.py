@@ -1,0 +1,397 @@
+"""The relay: claim → dispatch → settle, over one outbox table.
+
+One relay owns one database connection for claims and settles (it also holds
+the single-active lock and LISTENs for wake-ups), and a lease keeper thread
+that renews the leases of a batch whose dispatch runs long. An invocation runs
+under a time budget and/or an entry budget (what a Dagster run uses), drains
+once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
+settles the batch in flight, so no lease is left behind.
+"""
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
+from outbox_pipelines.core.names import notify_channel
+from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.retry import UniformSource
+from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.table import OutboxTable, Settlement
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+# A Retry-After longer than this is not believed (and would stretch the retry horizon).
+MAX_RETRY_AFTER_S = 3600.0
+STATEMENT_TIMEOUT_MS = 30_000
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class RelayReport:
+    table: str
+    worker: str
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    conflicts: int = 0
+    dedup_hits: int = 0
+    requeued: int = 0
+    batches: int = 0
+    db_errors: int = 0
+    rate_limited: int = 0
+    seconds: float = 0.0
+    lock_held: bool = True
+    stopped_because: str = ""
+    dead_by_code: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def settled(self) -> int:
+        return self.sent + self.retried + self.dead
+
+    @property
+    def throughput(self) -> float:
+        return self.settled / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["throughput_per_s"] = round(self.throughput, 1)
+        return data
+
+
+def plan_settlement(
+    message: ClaimedMessage,
+    outcome: Outcome,
+    table: TableSettings,
+    uniform: UniformSource = random.uniform,
+) -> Settlement:
+    """Decide the row's next state from the outcome, the attempt count and the table's policy."""
+    if outcome.kind == "sent":
+        audit = m.AUDIT_DEDUP_HIT if outcome.code == m.DEDUP_HIT else m.AUDIT_SUCCESS
+        status = "deleted" if table.on_success == "delete" else "sent"
+        return Settlement(message.id, message.attempts, status, audit, error_code=outcome.code, ref=outcome.ref)
+    code = outcome.code or m.UNKNOWN
+    if outcome.kind == "dead":
+        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(outcome.error))
+    if message.attempts >= table.retry.max_attempts:
+        error = f"gave up after {message.attempts} of {table.retry.max_attempts} attempts: {outcome.error or code}"
+        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(error))
+    if outcome.delay_s is not None:
+        delay = min(max(outcome.delay_s, 0.0), MAX_RETRY_AFTER_S)
+    else:
+        delay = table.retry.delay_s(message.attempts, uniform)
+    return Settlement(
+        message.id, message.attempts, "pending", m.AUDIT_RETRY, delay_s=delay, error_code=code, error=cap_error(outcome.error)
+    )
+
+
+class LeaseKeeper:
+    """Renews the leases of the batch in flight once it has run for a third of the lease."""
+
+    def __init__(self, url: str, table: str, worker: str, lease_s: float) -> None:
+        self.url, self.table, self.worker, self.lease_s = url, table, worker, lease_s
+        self.interval = max(lease_s / 3.0, 0.05)
+        self.lost: set[int] = set()
+        self.renewals = 0
+        self._held: list[tuple[int, int]] = []
+        self._last = 0.0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._conn: psycopg.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name=f"outbox-lease-{table}", daemon=True)
+        self._thread.start()
+
+    def hold(self, held: Sequence[tuple[int, int]]) -> None:
+        with self._cond:
+            self._held = list(held)
+            self._last = time.monotonic()
+            self._cond.notify()
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = []
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                self._cond.wait(timeout=self.interval)
+                if self._closed:
+                    return
+                held = list(self._held)
+                due = held and time.monotonic() - self._last >= self.interval
+            if not due:
+                continue
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = connect(self.url)
+                renewed = OutboxTable(self._conn, self.table).renew(self.worker, held, self.lease_s)
+            except psycopg.Error as exc:
+                log.warning("lease renewal on %s failed: %s", self.table, exc)
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                continue
+            with self._cond:
+                if self._held == held:
+                    self._last = time.monotonic()
+            self.renewals += 1
+            self.lost.update(h[0] for h in held if h[0] not in renewed)
+
+
+class Relay:
+    def __init__(
+        self,
+        url: str,
+        table: TableSettings,
+        destination: Destination,
+        *,
+        worker_id: str | None = None,
+        uniform: UniformSource = random.uniform,
+        progress: Callable[[RelayReport], None] | None = None,
+        progress_every_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.settings = table
+        self.destination = destination
+        self.worker = worker_id or default_worker_id()
+        self.uniform = uniform
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._pause_until = 0.0
+        self._conn: psycopg.Connection | None = None
+
+    # -- control -------------------------------------------------------------
+    def request_stop(self, *_: Any) -> None:
+        """Finish the batch in flight, settle it, and return (safe from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    # -- connection ----------------------------------------------------------
+    def _connect(self) -> psycopg.Connection:
+        conn = connect(self.url, options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+        conn.add_notify_handler(lambda _notify: self._wake.set())
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.settings.name))))
+        return conn
+
+    def _try_lock(self, conn: psycopg.Connection) -> bool:
+        row = conn.execute(shared_query("outbox_relay_try_lock"), {"table_name": self.settings.name}).fetchone()
+        return bool(row and row["locked"])
+
+    def _wait(self, conn: psycopg.Connection, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking at once on a NOTIFY or a stop request."""
+        deadline = time.monotonic() + max(seconds, 0.0)
+        while not self._stop.is_set() and not self._wake.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            # Slices keep a stop request prompt; a NOTIFY ends the wait immediately.
+            for _ in conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                self._wake.set()
+        self._wake.clear()
+
+    # -- one batch -----------------------------------------------------------
+    def _dispatch(self, store: OutboxTable, batch: list[ClaimedMessage], report: RelayReport) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(batch)
+        to_send = list(range(len(batch)))
+        followers: dict[int, int] = {}
+        if self.settings.dedup:
+            keys = [(msg.topic, msg.payload_sha) for msg in batch]
+            already = store.dedup_lookup(sorted(set(keys)))
+            first_in_batch: dict[tuple[str, str], int] = {}
+            to_send = []
+            for index, key in enumerate(keys):
+                if key in already:
+                    ref = already[key]["result_ref"]
+                    outcomes[index] = Outcome.sent(ref=ref, code=m.DEDUP_HIT)
+                elif key in first_in_batch:
+                    followers[index] = first_in_batch[key]
+                else:
+                    first_in_batch[key] = index
+                    to_send.append(index)
+        if to_send:
+            try:
+                delivered = self.destination.deliver([batch[i] for i in to_send])
+            except Exception as exc:  # a destination must not raise; if it does, nothing is lost
+                log.exception("destination %s raised", self.destination.name)
+                delivered = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(to_send)
+            for index, outcome in zip(to_send, delivered):
+                outcomes[index] = outcome
+        for index, leader in followers.items():
+            lead = outcomes[leader]
+            assert lead is not None
+            outcomes[index] = Outcome.sent(ref=lead.ref, code=m.DEDUP_HIT) if lead.kind == "sent" else lead
+        return [o if o is not None else Outcome.retry(m.UNKNOWN, "no outcome") for o in outcomes]
+
+    def _process(self, store: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport) -> None:
+        keeper.hold([(msg.id, msg.attempts) for msg in batch])
+        try:
+            outcomes = self._dispatch(store, batch, report)
+        finally:
+            keeper.release()
+        settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
+        settled = store.settle(self.worker, settlements)
+        report.batches += 1
+        slow_down = 0.0
+        for settlement, outcome in zip(settlements, outcomes):
+            if settlement.id not in settled:
+                report.conflicts += 1
+                continue
+            if settlement.status in ("sent", "deleted"):
+                report.sent += 1
+                report.dedup_hits += outcome.code == m.DEDUP_HIT
+            elif settlement.status == "pending":
+                report.retried += 1
+            else:
+                report.dead += 1
+                code = settlement.error_code or m.UNKNOWN
+                report.dead_by_code[code] = report.dead_by_code.get(code, 0) + 1
+            if outcome.code == m.RATE_LIMITED:
+                report.rate_limited += 1
+                slow_down = max(slow_down, settlement.delay_s or self.settings.retry.base_s)
+        if slow_down > 0:
+            # 429: the destination is overloaded; hold the whole table, not just this row.
+            self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
+
+    def _requeue_expired(self, store: OutboxTable, report: RelayReport) -> None:
+        rows = store.requeue_stuck(
+            self.worker,
+            stuck_after_s=self.settings.stuck_threshold_s,
+            max_attempts=self.settings.retry.max_attempts,
+        )
+        report.requeued += sum(1 for r in rows if r["status"] == "pending")
+
+    # -- the loop ------------------------------------------------------------
+    def run(self, *, max_seconds: float | None = None, max_entries: int | None = None, once: bool = False) -> RelayReport:
+        report = RelayReport(self.settings.name, self.worker)
+        started = time.monotonic()
+        deadline = started + max_seconds if max_seconds is not None else None
+        next_progress = started + self.progress_every_s
+        next_requeue = started
+        requeue_every = max(min(self.settings.lease_s / 2.0, 30.0), self.settings.poll_interval_s)
+        paused_topics = tuple(self.settings.paused_topics) + tuple(getattr(self.destination, "paused_topics", ()))
+        keeper = LeaseKeeper(self.url, self.settings.name, self.worker, self.settings.lease_s)
+        conn = self._connect()
+        store = OutboxTable(conn, self.settings.name)
+        single_active = self.settings.mode == "single-active"
+        try:
+            if single_active:
+                report.lock_held = self._try_lock(conn)
+                while not report.lock_held:
+                    if once or self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                        report.stopped_because = "another relay holds the single-active lock"
+                        return report
+                    self._wait(conn, min(self.settings.poll_interval_s, _left(deadline)))
+                    report.lock_held = self._try_lock(conn)
+            while True:
+                now = time.monotonic()
+                if self._stop.is_set():
+                    report.stopped_because = "stop requested"
+                    break
+                if deadline is not None and now >= deadline:
+                    report.stopped_because = "time budget used"
+                    break
+                if max_entries is not None and report.claimed >= max_entries:
+                    report.stopped_because = "entry budget used"
+                    break
+                if self.progress and now >= next_progress:
+                    report.seconds = now - started
+                    self.progress(report)
+                    next_progress = now + self.progress_every_s
+                if now < self._pause_until:
+                    self._wait(conn, min(self._pause_until - now, _left(deadline)))
+                    continue
+                try:
+                    if now >= next_requeue:
+                        self._requeue_expired(store, report)
+                        next_requeue = now + requeue_every
+                    limit = self.settings.batch_size
+                    if max_entries is not None:
+                        limit = min(limit, max_entries - report.claimed)
+                    batch = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=paused_topics)
+                    if batch:
+                        report.claimed += len(batch)
+                        self._process(store, keeper, batch, report)
+                        continue
+                except psycopg.OperationalError as exc:
+                    # Lost connection or statement timeout: what was claimed comes back after its lease.
+                    report.db_errors += 1
+                    log.warning("relay %s: database error, reconnecting: %s", self.settings.name, exc)
+                    fresh = self._reconnect(conn, single_active, report)
+                    if fresh is None:
+                        break
+                    conn = fresh
+                    store = OutboxTable(conn, self.settings.name)
+                    continue
+                if once:
+                    report.stopped_because = "nothing ready"
+                    break
+                due = store.next_due_in_s()
+                idle = self.settings.idle_sleep_s if due is None else min(max(due, 0.0), self.settings.idle_sleep_s)
+                self._wait(conn, min(idle, _left(deadline)))
+        finally:
+            keeper.close()
+            report.seconds = time.monotonic() - started
+            if single_active and report.lock_held and not conn.closed:
+                try:
+                    conn.execute(shared_query("outbox_relay_unlock"), {"table_name": self.settings.name})
+                except psycopg.Error:
+                    pass
+            conn.close()
+        return report
+
+    def _reconnect(self, conn: psycopg.Connection, single_active: bool, report: RelayReport) -> psycopg.Connection | None:
+        conn.close()
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                new = self._connect()
+            except Exception as exc:
+                log.warning("relay %s: reconnect failed (%s); retrying in %.1fs", self.settings.name, exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if single_active and not self._try_lock(new):
+                report.lock_held = False
+                report.stopped_because = "lost the single-active lock while reconnecting"
+                new.close()
+                return None
+            return new
+        report.stopped_because = "stop requested"
+        return None
+
+
+def _left(deadline: float | None) -> float:
+    return float("inf") if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -1,0 +1,272 @@
+"""Per-table settings from one file a user edits, plus the seeds' environment variables.
+
+The file is TOML, found through ``OUTBOX_CONFIG`` (or ``./outbox.toml``); without
+one, built-in defaults cover the three shipped tables. See outbox.example.toml.
+"""
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.retry import RetryPolicy, preset
+
+CONFIG_ENV = "OUTBOX_CONFIG"
+DESTINATION_KINDS = ("http", "handlers", "paper")
+MODES = ("competing", "single-active")
+SUCCESS_POLICIES = ("mark_sent", "delete")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: str | float | int, what: str) -> float:
+    """Seconds from '500ms', '60s', '10m', '168h', '7d' or a plain number of seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ConfigError(f"{what}: cannot read duration {value!r}; write it like 500ms, 60s, 10m, 168h or 7d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    return value if value not in (None, "") else None
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    raw = _env(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _env(env, name)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: use true or false")
+
+
+@dataclass(frozen=True)
+class GlobalSettings:
+    """The seeds' environment variables (DESIGN.md §4.4) with their defaults."""
+
+    batch_size: int = 100
+    parallelism: int = 4
+    retry_max: int | None = None
+    idle_sleep_s: float = 0.2
+    stuck_threshold_s: float = 600.0
+    relay_enabled: bool = True
+    poll_interval_s: float = 1.0
+    lock_ttl_s: float = 60.0
+    relay_max_attempts: int | None = None
+    cleaner_enabled: bool = True
+    cleaner_retention_s: float = 168 * 3600.0
+    broker_url: str | None = None
+    api_token: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "GlobalSettings":
+        env = os.environ if env is None else env
+        retry_max = _env(env, "OUTBOX_RETRY_MAX")
+        relay_max = _env(env, "OUTBOX_RELAY_MAX_ATTEMPTS")
+        return cls(
+            batch_size=_env_int(env, "OUTBOX_BATCH_SIZE", _env_int(env, "OUTBOX_RELAY_BATCH_SIZE", 100)),
+            parallelism=_env_int(env, "OUTBOX_PARALLELISM", 4),
+            retry_max=_env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
+            idle_sleep_s=_env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
+            stuck_threshold_s=_env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
+            relay_enabled=_env_bool(env, "OUTBOX_RELAY_ENABLED", True),
+            poll_interval_s=parse_duration(_env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s", "OUTBOX_RELAY_POLL_INTERVAL"),
+            lock_ttl_s=parse_duration(_env(env, "OUTBOX_RELAY_LOCK_TTL") or "60s", "OUTBOX_RELAY_LOCK_TTL"),
+            relay_max_attempts=_env_int(env, "OUTBOX_RELAY_MAX_ATTEMPTS", 25) if relay_max else None,
+            cleaner_enabled=_env_bool(env, "OUTBOX_CLEANER_ENABLED", True),
+            cleaner_retention_s=parse_duration(
+                _env(env, "OUTBOX_CLEANER_RETENTION") or "168h", "OUTBOX_CLEANER_RETENTION"
+            ),
+            broker_url=_env(env, "OUTBOX_BROKER_URL"),
+            api_token=_env(env, "OUTBOX_API_TOKEN"),
+        )
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    name: str
+    destination: str = "paper"
+    url: str | None = None
+    handlers: str | None = None
+    timeout_s: float = 5.0
+    transport: str = "aiohttp"
+    preset: str = "generic"
+    retry: RetryPolicy = field(default_factory=lambda: preset("generic"))
+    mode: str = "competing"
+    on_success: str = "mark_sent"
+    dedup: bool = False
+    batch_size: int = 100
+    parallelism: int = 4
+    # Requests in flight at once for an HTTP destination.
+    concurrency: int = 32
+    lease_s: float = 60.0
+    stuck_threshold_s: float = 600.0
+    retention_s: float = 168 * 3600.0
+    paused_topics: tuple[str, ...] = ()
+    relay_enabled: bool = True
+    cleaner_enabled: bool = True
+    idle_sleep_s: float = 0.2
+    poll_interval_s: float = 1.0
+
+
+# Built-in defaults of the shipped tables; a config file's sections override them.
+BUILTIN_TABLES: dict[str, dict[str, Any]] = {
+    # seed 000: orders to the broker (OUTBOX_BROKER_URL), paper broker when unset
+    "outbox_orders": {"destination": "http", "preset": "orders", "mode": "competing", "timeout": "5s"},
+    # seed 003: memory writes, dedup by (topic, payload_sha)
+    "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
+    # seeds 002/004: in-process handlers, single-active relay
+    "outbox_events": {
+        "destination": "handlers",
+        "handlers": "outbox_pipelines.examples.handlers:registry",
+        "preset": "generic",
+        "mode": "single-active",
+    },
+}
+
+TABLE_KEYS = {
+    "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
+    "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
+    "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
+}
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path | None:
+    env = os.environ if env is None else env
+    explicit = _env(env, CONFIG_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_ENV}={explicit} does not name a file")
+        return path
+    local = Path.cwd() / "outbox.toml"
+    return local if local.is_file() else None
+
+
+def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    tables = data.get("tables", {})
+    unknown_top = set(data) - {"tables"}
+    if unknown_top:
+        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)}; put table settings under [tables.NAME]")
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: [tables] must be a table of tables")
+    for name, section in tables.items():
+        validate_table_name(name)
+        unknown = set(section) - TABLE_KEYS
+        if unknown:
+            raise ConfigError(f"{path}: [tables.{name}] has unknown keys {sorted(unknown)}; known keys: {sorted(TABLE_KEYS)}")
+    return tables
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSettings) -> TableSettings:
+    where = f"[tables.{name}]"
+    preset_name = section.get("preset", "generic")
+    policy = preset(preset_name)
+    env_max = env.retry_max if preset_name == "orders" else env.relay_max_attempts if preset_name == "generic" else None
+    policy = policy.with_overrides(
+        base_s=parse_duration(section["base"], f"{where} base") if "base" in section else None,
+        max_s=parse_duration(section["max_backoff"], f"{where} max_backoff") if "max_backoff" in section else None,
+        max_attempts=section.get("max_attempts", env_max),
+        jitter=section.get("jitter"),
+    )
+    destination = _one_of(section.get("destination", "paper"), DESTINATION_KINDS, f"{where} destination")
+    url = section.get("url")
+    if name == "outbox_orders" and url is None and env.broker_url:
+        url = env.broker_url
+    if destination == "http" and not url:
+        # An HTTP table with no URL falls back to the paper broker (the seed's default).
+        destination = "paper"
+    if destination == "http":
+        policy.check_inside_window(table=name)
+    if destination == "handlers" and not section.get("handlers"):
+        raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
+    paused = section.get("paused_topics", [])
+    if not isinstance(paused, list) or not all(isinstance(t, str) for t in paused):
+        raise ConfigError(f"{where} paused_topics must be a list of topic names")
+    return TableSettings(
+        name=name,
+        destination=destination,
+        url=url,
+        handlers=section.get("handlers"),
+        timeout_s=parse_duration(section.get("timeout", "5s"), f"{where} timeout"),
+        transport=section.get("transport", "aiohttp"),
+        preset=preset_name,
+        retry=policy,
+        mode=_one_of(section.get("mode", "competing"), MODES, f"{where} mode"),
+        on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
+        dedup=bool(section.get("dedup", False)),
+        batch_size=int(section.get("batch_size", env.batch_size)),
+        parallelism=int(section.get("parallelism", env.parallelism)),
+        concurrency=int(section.get("concurrency", 32)),
+        lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),
+        stuck_threshold_s=parse_duration(section.get("stuck_threshold", env.stuck_threshold_s), f"{where} stuck_threshold"),
+        retention_s=parse_duration(section.get("retention", env.cleaner_retention_s), f"{where} retention"),
+        paused_topics=tuple(paused),
+        relay_enabled=bool(section.get("relay_enabled", env.relay_enabled)),
+        cleaner_enabled=bool(section.get("cleaner_enabled", env.cleaner_enabled)),
+        idle_sleep_s=env.idle_sleep_s,
+        poll_interval_s=env.poll_interval_s,
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    env: GlobalSettings
+    tables: dict[str, TableSettings]
+    source: Path | None
+
+    def table(self, name: str) -> TableSettings:
+        validate_table_name(name)
+        try:
+            return self.tables[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tables))
+            raise UnknownTable(
+                f"no settings for table {name!r}; known tables: {known}. "
+                f"Add a [tables.{name}] section to {self.source or 'outbox.toml (OUTBOX_CONFIG)'}"
+            ) from None
+
+
+def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None) -> Settings:
+    global_settings = GlobalSettings.from_env(env)
+    source = path if path is not None else config_path(env)
+    sections: dict[str, dict[str, Any]] = {name: dict(s) for name, s in BUILTIN_TABLES.items()}
+    for name, section in load_config_file(source).items():
+        sections[name] = {**sections.get(name, {}), **section}
+    tables = {name: build_table_settings(name, section, global_settings) for name, section in sections.items()}
+    return Settings(global_settings, tables, source)

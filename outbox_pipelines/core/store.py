@@ -1,0 +1,174 @@
+"""Enqueue into an outbox table, in the caller's transaction."""
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonical_json, checked_canonical_payload
+from outbox_pipelines.core.errors import InvalidMessage, UnknownTable
+from outbox_pipelines.core.models import EnqueueResult, Message
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.queries import table_query
+
+MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
+
+
+def driver_connection(conn: Any) -> psycopg.Connection:
+    """The psycopg connection behind a SQLAlchemy Connection, or ``conn`` itself.
+
+    Enqueue runs on the caller's connection so that it joins the caller's
+    transaction: a rollback removes the message with the business write.
+    """
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    dbapi = getattr(getattr(conn, "connection", None), "driver_connection", None)
+    if isinstance(dbapi, psycopg.Connection):
+        return dbapi
+    raise TypeError(
+        "enqueue needs a psycopg 3 connection or a SQLAlchemy Connection on the psycopg driver "
+        f"(postgresql+psycopg://), got {type(conn).__name__}"
+    )
+
+
+def _max_payload_bytes() -> int:
+    raw = os.environ.get(MAX_PAYLOAD_ENV)
+    return int(raw) if raw else DEFAULT_MAX_PAYLOAD_BYTES
+
+
+def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
+    if not isinstance(message, Message):
+        raise InvalidMessage(f"expected a Message, got {type(message).__name__}")
+    if not isinstance(message.topic, str) or not message.topic.strip():
+        raise InvalidMessage("message topic must be a non-empty string")
+    if "\x00" in message.topic:
+        raise InvalidMessage("message topic contains \\u0000")
+    event_id = message.event_id if message.event_id is not None else str(uuid.uuid4())
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 255 or "\x00" in event_id:
+        raise InvalidMessage("event_id must be a non-empty string of at most 255 characters without \\u0000")
+    if message.tenant_id is not None and (not isinstance(message.tenant_id, str) or "\x00" in message.tenant_id):
+        raise InvalidMessage("tenant_id must be a string without \\u0000")
+    if not isinstance(message.headers, dict):
+        raise InvalidMessage("headers must be a JSON object")
+    if message.available_at is not None and not isinstance(message.available_at, datetime):
+        raise InvalidMessage("available_at must be a datetime")
+    if message.available_at is not None and message.available_at.tzinfo is None:
+        raise InvalidMessage("available_at must be timezone-aware (database time is UTC-based)")
+    payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
+    headers_text, _ = checked_canonical_payload(message.headers, max_bytes)
+    return {
+        "event_id": event_id,
+        "tenant_id": message.tenant_id,
+        "topic": message.topic,
+        "payload": payload_text,
+        "payload_sha": payload_sha,
+        "headers": headers_text,
+        "available_at": message.available_at,
+    }
+
+
+def _translate_undefined_table(table: str, exc: psycopg.errors.UndefinedTable) -> UnknownTable:
+    return UnknownTable(
+        f"outbox table {table!r} does not exist: run 'outbox-pipelines db upgrade', "
+        f"or 'outbox-pipelines db create-table {table}' for a new table"
+    )
+
+
+class Outbox:
+    """One outbox table, as the application writing into it sees it.
+
+    >>> outbox = Outbox("outbox_events")
+    >>> with engine.begin() as conn:
+    ...     conn.execute(...)  # the business write
+    ...     outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id="..."))
+    """
+
+    def __init__(self, table: str, *, max_payload_bytes: int | None = None) -> None:
+        self.table = validate_table_name(table)
+        self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
+
+    def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
+        """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
+        params = _prepare(message, self.max_payload_bytes)
+        params["now"] = now
+        pg = driver_connection(conn)
+        try:
+            with pg.cursor() as cur:
+                cur.execute(table_query("outbox_insert", self.table), params)
+                row = cur.fetchone()
+                if row is not None:
+                    return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
+                # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
+                cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]})
+                existing = cur.fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            raise _translate_undefined_table(self.table, exc) from None
+        if existing is None:
+            raise InvalidMessage(
+                f"event_id {params['event_id']!r} conflicts with a row this transaction cannot see "
+                "(use READ COMMITTED isolation for enqueue)"
+            )
+        existing_id, _, existing_sha = _row_values(existing)
+        return EnqueueResult(existing_id, params["event_id"], True, same_payload=existing_sha == params["payload_sha"])
+
+    def enqueue_many(
+        self, conn: Any, messages: Iterable[Message], *, now: datetime | None = None
+    ) -> list[EnqueueResult]:
+        """Insert many messages in one statement; results are in input order.
+
+        Every message is checked before anything is written: one bad message
+        raises InvalidMessage and writes nothing.
+        """
+        prepared = [_prepare(m, self.max_payload_bytes) for m in messages]
+        if not prepared:
+            return []
+        columns: dict[str, list[Any]] = {
+            "event_ids": [p["event_id"] for p in prepared],
+            "tenant_ids": [p["tenant_id"] for p in prepared],
+            "topics": [p["topic"] for p in prepared],
+            "payloads": [p["payload"] for p in prepared],
+            "payload_shas": [p["payload_sha"] for p in prepared],
+            "headers": [p["headers"] for p in prepared],
+            "available_ats": [p["available_at"] for p in prepared],
+        }
+        pg = driver_connection(conn)
+        try:
+            with pg.cursor() as cur:
+                cur.execute(table_query("outbox_insert_many", self.table), {**columns, "now": now})
+                inserted = {_row_values(r)[1]: _row_values(r)[0] for r in cur.fetchall()}
+                missing = [e for e in columns["event_ids"] if e not in inserted]
+                existing: dict[str, tuple[int, str]] = {}
+                if missing:
+                    cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": missing})
+                    for row in cur.fetchall():
+                        row_id, event_id, sha = _row_values(row)
+                        existing[event_id] = (row_id, sha)
+        except psycopg.errors.UndefinedTable as exc:
+            raise _translate_undefined_table(self.table, exc) from None
+        results = []
+        first_seen: set[str] = set()
+        for p in prepared:
+            event_id = p["event_id"]
+            if event_id in inserted and event_id not in first_seen:
+                first_seen.add(event_id)
+                results.append(EnqueueResult(inserted[event_id], event_id, False))
+            elif event_id in inserted:  # the same event_id twice in this batch
+                results.append(EnqueueResult(inserted[event_id], event_id, True))
+            else:
+                row_id, sha = existing[event_id]
+                results.append(EnqueueResult(row_id, event_id, True, same_payload=sha == p["payload_sha"]))
+        return results
+
+
+def _row_values(row: Any) -> Sequence[Any]:
+    return tuple(row.values()) if isinstance(row, dict) else tuple(row)
+
+
+def _first(row: Any) -> Any:
+    return _row_values(row)[0]
+
+

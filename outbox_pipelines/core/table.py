@@ -1,0 +1,141 @@
+"""The relay-side operations on one outbox table, each one SQL statement."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.queries import table_query
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How one claimed row ends: new status ('sent', 'deleted', 'pending', 'dead')."""
+
+    id: int
+    attempts: int
+    status: str
+    audit_code: str
+    delay_s: float = 0.0
+    error_code: str | None = None
+    error: str | None = None
+    ref: str | None = None
+
+
+class OutboxTable:
+    """Claim, settle and maintain one outbox table through one psycopg connection.
+
+    ``now`` parameters exist for tests that move database time; production
+    passes None and every comparison uses the server's ``now()``.
+    """
+
+    def __init__(self, conn: psycopg.Connection, table: str) -> None:
+        self.conn = conn
+        self.table = validate_table_name(table)
+
+    def _run(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(table_query(query, self.table), {"table_name": self.table, **params})
+            return cur.fetchall() if cur.description else []
+
+    def claim(
+        self,
+        worker: str,
+        limit: int,
+        lease_s: float,
+        *,
+        paused_topics: Sequence[str] = (),
+        now: datetime | None = None,
+    ) -> list[ClaimedMessage]:
+        rows = self._run(
+            "outbox_claim",
+            {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics), "now": now},
+        )
+        return [ClaimedMessage(**row) for row in rows]
+
+    def settle(self, worker: str, settlements: Sequence[Settlement], *, now: datetime | None = None) -> set[int]:
+        """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited)."""
+        if not settlements:
+            return set()
+        rows = self._run(
+            "outbox_settle",
+            {
+                "worker": worker,
+                "now": now,
+                "ids": [s.id for s in settlements],
+                "attempts": [s.attempts for s in settlements],
+                "statuses": [s.status for s in settlements],
+                "delays": [s.delay_s for s in settlements],
+                "error_codes": [s.error_code for s in settlements],
+                "errors": [s.error for s in settlements],
+                "refs": [s.ref for s in settlements],
+                "audit_codes": [s.audit_code for s in settlements],
+            },
+        )
+        return {row["id"] for row in rows}
+
+    def renew(
+        self, worker: str, held: Sequence[tuple[int, int]], lease_s: float, *, now: datetime | None = None
+    ) -> set[int]:
+        """Extend the leases of (id, attempts) pairs this worker holds; return the ids renewed."""
+        if not held:
+            return set()
+        rows = self._run(
+            "outbox_renew_leases",
+            {
+                "worker": worker,
+                "lease_s": lease_s,
+                "now": now,
+                "ids": [h[0] for h in held],
+                "attempts": [h[1] for h in held],
+            },
+        )
+        return {row["id"] for row in rows}
+
+    def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+        """Sent rows with the same (topic, payload_sha), keyed by that pair."""
+        if not keys:
+            return {}
+        rows = self._run(
+            "outbox_dedup_lookup", {"topics": [k[0] for k in keys], "payload_shas": [k[1] for k in keys]}
+        )
+        return {(row["topic"], row["payload_sha"]): row for row in rows}
+
+    def requeue_stuck(
+        self,
+        worker: str,
+        *,
+        stuck_after_s: float,
+        max_attempts: int,
+        limit: int = 1000,
+        now: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        return self._run(
+            "outbox_requeue_stuck",
+            {
+                "worker": worker,
+                "stuck_after_s": stuck_after_s,
+                "max_attempts": max_attempts,
+                "limit": limit,
+                "now": now,
+            },
+        )
+
+    def clean_sent(self, worker: str, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
+        rows = self._run("outbox_clean_sent", {"worker": worker, "retention_s": retention_s, "limit": limit, "now": now})
+        return int(rows[0]["deleted"]) if rows else 0
+
+    def replay_dead(self, worker: str, **params: Any) -> list[dict[str, Any]]:
+        return self._run("outbox_replay_dead", {"worker": worker, **params})
+
+    def next_due_in_s(self) -> float | None:
+        rows = self._run("outbox_next_due_in", {})
+        return rows[0]["next_due_in_s"] if rows else None
+
+    def status_rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        return self._run(query, params)

@@ -1,0 +1,309 @@
+-- Named queries over one outbox table. "{table}" is replaced by the quoted,
+-- validated table identifier (psycopg.sql), never by string formatting of input.
+-- Every time comparison uses the database clock: %(now)s is NULL in production
+-- and set only by tests that move time.
+
+-- name: outbox_insert
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
+VALUES (%(event_id)s, %(tenant_id)s, %(topic)s, %(payload)s::jsonb, %(payload_sha)s,
+        %(headers)s::jsonb, coalesce(%(available_at)s::timestamptz, %(now)s::timestamptz, now()))
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id
+
+-- name: outbox_insert_many
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
+SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
+       coalesce(m.available_at, %(now)s::timestamptz, now())
+FROM unnest(%(event_ids)s::text[], %(tenant_ids)s::text[], %(topics)s::text[], %(payloads)s::text[],
+            %(payload_shas)s::text[], %(headers)s::text[], %(available_ats)s::timestamptz[])
+     WITH ORDINALITY AS m(event_id, tenant_id, topic, payload, payload_sha, headers, available_at, n)
+ORDER BY m.n
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id, event_id
+
+-- name: outbox_find_by_event_ids
+SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s::text[])
+
+-- name: outbox_claim
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), ready AS (
+    SELECT t.id
+    FROM {table} AS t, clock
+    WHERE t.status = 'pending'
+      AND t.available_at <= clock.now
+      AND t.topic <> ALL(%(paused_topics)s::text[])
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), claimed AS (
+    UPDATE {table} AS t
+    SET status = 'sending',
+        attempts = t.attempts + 1,
+        locked_by = %(worker)s,
+        locked_at = clock.now,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        updated_at = clock.now
+    FROM ready, clock
+    WHERE t.id = ready.id
+    RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
+              t.attempts, t.created_at
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+                              attempts, code, worker, trace_id)
+    SELECT %(table_name)s, c.id, c.event_id, 'pending', 'sending', c.attempts, 'outbox_claim',
+           %(worker)s, c.headers->>'trace_id'
+    FROM claimed AS c
+)
+SELECT * FROM claimed ORDER BY id
+
+-- name: outbox_settle
+-- One statement settles a whole batch: sent / retry / dead rows are updated,
+-- rows whose table deletes on success are deleted, and every row that is no
+-- longer held by this worker at this attempt is audited as a conflict.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), input AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
+                %(delays)s::float8[], %(error_codes)s::text[], %(errors)s::text[],
+                %(refs)s::text[], %(audit_codes)s::text[])
+         AS i(id, attempts, status, delay_s, error_code, error, ref, audit_code)
+), updated AS (
+    UPDATE {table} AS t
+    SET status = i.status,
+        available_at = CASE WHEN i.status = 'pending'
+                            THEN clock.now + make_interval(secs => i.delay_s)
+                            ELSE t.available_at END,
+        locked_by = NULL,
+        locked_at = NULL,
+        lease_expires_at = NULL,
+        last_error = i.error,
+        last_error_code = i.error_code,
+        result_ref = coalesce(i.ref, t.result_ref),
+        published_at = CASE WHEN i.status = 'sent' THEN clock.now ELSE t.published_at END,
+        updated_at = clock.now
+    FROM input AS i, clock
+    WHERE t.id = i.id
+      AND i.status <> 'deleted'
+      AND t.status = 'sending'
+      AND t.locked_by = %(worker)s
+      AND t.attempts = i.attempts
+    RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
+), deleted AS (
+    DELETE FROM {table} AS t
+    USING input AS i
+    WHERE t.id = i.id
+      AND i.status = 'deleted'
+      AND t.status = 'sending'
+      AND t.locked_by = %(worker)s
+      AND t.attempts = i.attempts
+    RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
+), settled AS (
+    SELECT * FROM updated UNION ALL SELECT * FROM deleted
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+                              attempts, code, error_code, worker, trace_id, detail)
+    SELECT %(table_name)s, s.id, s.event_id, 'sending', s.status, s.attempts, s.audit_code,
+           s.error_code, %(worker)s, s.headers->>'trace_id', NULL
+    FROM settled AS s
+    UNION ALL
+    SELECT %(table_name)s, i.id, cur.event_id, cur.status, i.status, i.attempts,
+           'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',
+           CASE WHEN cur.id IS NULL THEN 'row no longer exists'
+                ELSE format('lease lost: row is %%s, held by %%s at attempt %%s',
+                            cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
+    FROM input AS i
+    LEFT JOIN {table} AS cur ON cur.id = i.id
+    WHERE i.id NOT IN (SELECT id FROM settled)
+)
+SELECT id FROM settled
+
+-- name: outbox_renew_leases
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
+), renewed AS (
+    UPDATE {table} AS t
+    SET lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        locked_at = clock.now,
+        updated_at = clock.now
+    FROM input AS i, clock
+    WHERE t.id = i.id
+      AND t.status = 'sending'
+      AND t.locked_by = %(worker)s
+      AND t.attempts = i.attempts
+    RETURNING t.id
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+                              attempts, code, worker, trace_id, detail)
+    SELECT %(table_name)s, i.id, cur.event_id, cur.status, 'sending', i.attempts,
+           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
+           CASE WHEN cur.id IS NULL THEN 'renew: row no longer exists'
+                ELSE format('renew: lease lost: row is %%s, held by %%s at attempt %%s',
+                            cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
+    FROM input AS i
+    LEFT JOIN {table} AS cur ON cur.id = i.id
+    WHERE i.id NOT IN (SELECT id FROM renewed)
+)
+SELECT id FROM renewed
+
+-- name: outbox_dedup_lookup
+SELECT DISTINCT ON (t.topic, t.payload_sha) t.topic, t.payload_sha, t.id, t.result_ref
+FROM {table} AS t
+JOIN unnest(%(topics)s::text[], %(payload_shas)s::text[]) AS k(topic, payload_sha)
+  ON t.topic = k.topic AND t.payload_sha = k.payload_sha
+WHERE t.status = 'sent'
+ORDER BY t.topic, t.payload_sha, t.id
+
+-- name: outbox_requeue_stuck
+-- A sending row whose lease expired, or that has not moved for the stuck
+-- threshold, goes back to pending; one that already used its last attempt goes
+-- to dead, so a message that kills its worker cannot loop forever.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), stuck AS (
+    SELECT t.id, t.locked_by AS previous_holder
+    FROM {table} AS t, clock
+    WHERE t.status = 'sending'
+      AND (t.lease_expires_at < clock.now
+           OR t.updated_at < clock.now - make_interval(secs => %(stuck_after_s)s))
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), moved AS (
+    UPDATE {table} AS t
+    SET status = CASE WHEN t.attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+        available_at = clock.now,
+        locked_by = NULL,
+        locked_at = NULL,
+        lease_expires_at = NULL,
+        last_error_code = CASE WHEN t.attempts >= %(max_attempts)s THEN 'LEASE_EXPIRED'
+                               ELSE t.last_error_code END,
+        last_error = CASE WHEN t.attempts >= %(max_attempts)s
+                          THEN format('lease held by %%s expired on the last attempt (%%s of %%s)',
+                                      coalesce(stuck.previous_holder, 'nobody'), t.attempts, %(max_attempts)s)
+                          ELSE t.last_error END,
+        updated_at = clock.now
+    FROM stuck, clock
+    WHERE t.id = stuck.id
+    RETURNING t.id, t.event_id, t.attempts, t.status, t.headers, stuck.previous_holder
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+                              attempts, code, error_code, worker, trace_id, detail)
+    SELECT %(table_name)s, m.id, m.event_id, 'sending', m.status, m.attempts,
+           CASE WHEN m.status = 'dead' THEN 'outbox_flush_dead' ELSE 'outbox_requeue' END,
+           CASE WHEN m.status = 'dead' THEN 'LEASE_EXPIRED' END,
+           %(worker)s, m.headers->>'trace_id',
+           format('lease of %%s expired', coalesce(m.previous_holder, 'nobody'))
+    FROM moved AS m
+), wake AS (
+    SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE status = 'pending')
+)
+SELECT m.id, m.status FROM moved AS m LEFT JOIN wake ON true
+
+-- name: outbox_clean_sent
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), doomed AS (
+    SELECT t.id
+    FROM {table} AS t, clock
+    WHERE t.status = 'sent'
+      AND t.published_at < clock.now - make_interval(secs => %(retention_s)s)
+    ORDER BY t.published_at, t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), gone AS (
+    DELETE FROM {table} AS t USING doomed WHERE t.id = doomed.id RETURNING t.id
+), summary AS (
+    SELECT count(*) AS deleted, min(id) AS min_id, max(id) AS max_id FROM gone
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, from_status, to_status, code, worker, detail)
+    SELECT %(table_name)s, 'sent', 'gone', 'outbox_clean', %(worker)s,
+           format('deleted %%s sent rows, ids %%s..%%s', deleted, min_id, max_id)
+    FROM summary WHERE deleted > 0
+)
+SELECT deleted FROM summary
+
+-- name: outbox_replay_dead
+-- Matches dead rows by the filters (NULL = any). With dry_run nothing changes;
+-- rows that died of BAD_REQUEST are matched but refused unless forced.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), matched AS (
+    SELECT t.id, t.event_id, t.topic, t.tenant_id, t.last_error_code, t.last_error,
+           (coalesce(t.last_error_code, '') = 'BAD_REQUEST' AND NOT %(force)s) AS refused
+    FROM {table} AS t
+    WHERE t.status = 'dead'
+      AND t.id > %(after_id)s
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(topic)s::text IS NULL OR t.topic = %(topic)s::text)
+      AND (%(tenant_id)s::text IS NULL OR t.tenant_id = %(tenant_id)s::text)
+      AND (%(error_code)s::text IS NULL OR t.last_error_code = %(error_code)s::text)
+      AND (%(since)s::timestamptz IS NULL OR t.updated_at >= %(since)s::timestamptz)
+      AND (%(until)s::timestamptz IS NULL OR t.updated_at < %(until)s::timestamptz)
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), replayed AS (
+    UPDATE {table} AS t
+    SET status = 'pending', attempts = 0, available_at = clock.now,
+        last_error = NULL, last_error_code = NULL, updated_at = clock.now
+    FROM matched AS m, clock
+    WHERE t.id = m.id AND NOT m.refused AND NOT %(dry_run)s
+    RETURNING t.id, t.headers
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+                              attempts, code, error_code, worker, trace_id, detail)
+    SELECT %(table_name)s, m.id, m.event_id, 'dead', 'pending', 0, 'outbox_replay',
+           m.last_error_code, %(worker)s, r.headers->>'trace_id', left(m.last_error, 2000)
+    FROM matched AS m JOIN replayed AS r ON r.id = m.id
+), wake AS (
+    SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM replayed)
+)
+SELECT m.id, m.event_id, m.topic, m.tenant_id, m.last_error_code, m.refused,
+       (r.id IS NOT NULL) AS replayed
+FROM matched AS m LEFT JOIN replayed AS r ON r.id = m.id LEFT JOIN wake ON true
+ORDER BY m.id
+
+-- name: outbox_status_counts
+SELECT CASE WHEN status = 'pending' AND attempts > 0 THEN 'retrying' ELSE status END AS state,
+       count(*) AS n
+FROM {table}
+GROUP BY 1
+
+-- name: outbox_status_pending
+SELECT count(*) FILTER (WHERE available_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at))::float8 AS oldest_pending_age_s,
+       extract(epoch FROM min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS next_due_in_s
+FROM {table}
+WHERE status = 'pending'
+
+-- name: outbox_status_stuck
+SELECT count(*) AS stuck
+FROM {table}
+WHERE status = 'sending'
+  AND (lease_expires_at < coalesce(%(now)s::timestamptz, now())
+       OR updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stuck_after_s)s))
+
+-- name: outbox_status_lag
+SELECT count(*) AS n,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p95,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p99
+FROM {table}
+WHERE status = 'sent'
+  AND published_at >= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_s)s)
+
+-- name: outbox_status_dead_by_code
+SELECT coalesce(last_error_code, 'UNKNOWN') AS error_code, count(*) AS n
+FROM {table}
+WHERE status = 'dead'
+GROUP BY 1
+ORDER BY 2 DESC
+
+-- name: outbox_next_due_in
+SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_due_in_s
+FROM {table}
+WHERE status = 'pending'

@@ -1,0 +1,39 @@
+-- Named queries over the shared tables (no table placeholder).
+
+-- name: idempo_ledger_clean_expired
+WITH doomed AS (
+    SELECT scope, idempotency_key
+    FROM idempo_ledger
+    WHERE expires_at < coalesce(%(now)s::timestamptz, now())
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idempo_ledger AS l
+USING doomed AS d
+WHERE l.scope = d.scope AND l.idempotency_key = d.idempotency_key
+
+-- name: outbox_audit_clean_old
+WITH doomed AS (
+    SELECT id FROM outbox_audit
+    WHERE created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
+    ORDER BY id
+    LIMIT %(limit)s
+)
+DELETE FROM outbox_audit AS a USING doomed WHERE a.id = doomed.id
+
+-- name: outbox_tables_list
+SELECT c.relname AS table_name
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r'
+  AND n.nspname = current_schema()
+  AND EXISTS (SELECT 1 FROM pg_trigger AS tg WHERE tg.tgrelid = c.oid AND tg.tgname = 'outbox_notify_insert')
+ORDER BY 1
+
+-- name: outbox_relay_try_lock
+-- Single-active mode: one relay per table holds this session lock.
+SELECT pg_try_advisory_lock(hashtext('outbox:' || %(table_name)s)) AS locked
+
+-- name: outbox_relay_unlock
+SELECT pg_advisory_unlock(hashtext('outbox:' || %(table_name)s)) AS unlocked
