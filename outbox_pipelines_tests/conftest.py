@@ -62,3 +62,12 @@ def table_settings(name: str, **overrides: object) -> TableSettings:
     settings = load_settings(env={}, path=None)
     base = settings.tables.get(name) or TableSettings(name=name)
     return replace(base, **overrides)
+
+
+@pytest.fixture
+def http_sink() -> Iterator["HttpSink"]:
+    from outbox_pipelines_tests.sink import HttpSink
+
+    sink = HttpSink().start()
+    yield sink
+    sink.stop()
