@@ -186,7 +186,6 @@ class Relay:
         self.progress = progress
         self.progress_every_s = progress_every_s
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._pause_until = 0.0
         self._conn: psycopg.Connection | None = None
 
@@ -202,7 +201,6 @@ class Relay:
     # -- connection ----------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
         conn = connect(self.url, options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
-        conn.add_notify_handler(lambda _notify: self._wake.set())
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.settings.name))))
         return conn
 
@@ -211,16 +209,26 @@ class Relay:
         return bool(row and row["locked"])
 
     def _wait(self, conn: psycopg.Connection, seconds: float) -> None:
-        """Sleep up to ``seconds``, waking at once on a NOTIFY or a stop request."""
+        """Sleep up to ``seconds``, waking at once on a NOTIFY or a stop request.
+
+        psycopg keeps notifications that arrive during other statements in a
+        backlog that ``notifies()`` yields first, so a wake-up is never missed.
+        """
         deadline = time.monotonic() + max(seconds, 0.0)
-        while not self._stop.is_set() and not self._wake.is_set():
+        woken = False
+        while not woken and not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             # Slices keep a stop request prompt; a NOTIFY ends the wait immediately.
             for _ in conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
-                self._wake.set()
-        self._wake.clear()
+                woken = True
+
+    @staticmethod
+    def _drop_stale_wakeups(conn: psycopg.Connection) -> None:
+        """Empty the notification backlog while busy, so it cannot grow without bound."""
+        for _ in conn.notifies(timeout=0):
+            pass
 
     # -- one batch -----------------------------------------------------------
     def _dispatch(self, store: OutboxTable, batch: list[ClaimedMessage], report: RelayReport) -> list[Outcome]:
@@ -344,6 +352,7 @@ class Relay:
                     if batch:
                         report.claimed += len(batch)
                         self._process(store, keeper, batch, report)
+                        self._drop_stale_wakeups(conn)
                         continue
                 except psycopg.OperationalError as exc:
                     # Lost connection or statement timeout: what was claimed comes back after its lease.

@@ -1,6 +1,5 @@
 """Enqueue into an outbox table, in the caller's transaction."""
 
-import json
 import os
 import uuid
 from collections.abc import Iterable, Sequence
@@ -10,10 +9,11 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonical_json, checked_canonical_payload
-from outbox_pipelines.core.errors import InvalidMessage, UnknownTable
+from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.models import EnqueueResult, Message
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.queries import table_query
+from outbox_pipelines.core.table import unknown_table
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 
@@ -71,13 +71,6 @@ def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
     }
 
 
-def _translate_undefined_table(table: str, exc: psycopg.errors.UndefinedTable) -> UnknownTable:
-    return UnknownTable(
-        f"outbox table {table!r} does not exist: run 'outbox-pipelines db upgrade', "
-        f"or 'outbox-pipelines db create-table {table}' for a new table"
-    )
-
-
 class Outbox:
     """One outbox table, as the application writing into it sees it.
 
@@ -105,8 +98,8 @@ class Outbox:
                 # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
                 cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]})
                 existing = cur.fetchone()
-        except psycopg.errors.UndefinedTable as exc:
-            raise _translate_undefined_table(self.table, exc) from None
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table) from None
         if existing is None:
             raise InvalidMessage(
                 f"event_id {params['event_id']!r} conflicts with a row this transaction cannot see "
@@ -147,8 +140,8 @@ class Outbox:
                     for row in cur.fetchall():
                         row_id, event_id, sha = _row_values(row)
                         existing[event_id] = (row_id, sha)
-        except psycopg.errors.UndefinedTable as exc:
-            raise _translate_undefined_table(self.table, exc) from None
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table) from None
         results = []
         first_seen: set[str] = set()
         for p in prepared:

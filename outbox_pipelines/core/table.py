@@ -8,9 +8,17 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.queries import table_query
+
+
+def unknown_table(table: str) -> UnknownTable:
+    return UnknownTable(
+        f"outbox table {table!r} does not exist: run 'outbox-pipelines db upgrade', "
+        f"or 'outbox-pipelines db create-table {table}' for a new table"
+    )
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,10 @@ class OutboxTable:
 
     def _run(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(table_query(query, self.table), {"table_name": self.table, **params})
+            try:
+                cur.execute(table_query(query, self.table), {"table_name": self.table, **params})
+            except psycopg.errors.UndefinedTable:
+                raise unknown_table(self.table) from None
             return cur.fetchall() if cur.description else []
 
     def claim(

@@ -1,0 +1,435 @@
+"""outbox-pipelines: the command line of the outbox.
+
+Exit codes: 0 done; 1 failed (database unreachable, migration error, ...);
+2 bad input or usage (nothing was written).
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from outbox_pipelines.core import db, migrate, schema
+from outbox_pipelines.core.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidMessage,
+    InvalidTableName,
+    MigrationError,
+    OutboxError,
+    UnknownTable,
+)
+from outbox_pipelines.core.health import read_status
+from outbox_pipelines.core.maintenance import clean, requeue_stuck
+from outbox_pipelines.core.models import STATES, Message
+from outbox_pipelines.core.relay import Relay, RelayReport
+from outbox_pipelines.core.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.settings import Settings, load_settings, parse_duration
+from outbox_pipelines.core.store import Outbox
+from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.wiring import build_destination
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(OutboxError):
+    pass
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _database_url() -> str:
+    return db.resolve_database(announce=True).url
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    if getattr(args, "config", None):
+        os.environ["OUTBOX_CONFIG"] = args.config
+    return load_settings()
+
+
+def _tables(args: argparse.Namespace, settings: Settings) -> list[str]:
+    chosen = getattr(args, "table", None)
+    if chosen:
+        return [settings.table(name).name for name in chosen]
+    return sorted(settings.tables)
+
+
+def _parse_time(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO 8601 time like 2026-11-21T10:00:00Z") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value, "duration")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}m"
+    return f"{value / 3600:.1f}h"
+
+
+# -- db ----------------------------------------------------------------------
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    url = _database_url()
+    applied = migrate.upgrade(url)
+    if applied:
+        for name in applied:
+            print(f"applied {name}")
+    else:
+        print("database is up to date")
+    return EXIT_OK
+
+
+def cmd_db_create_table(args: argparse.Namespace) -> int:
+    url = _database_url()
+    if migrate.pending(url):
+        raise UsageError("the database is not migrated yet: run 'outbox-pipelines db upgrade' first")
+    created = schema.create_table(url, args.name, dedup_index=args.dedup)
+    print(f"created outbox table {args.name}" if created else f"outbox table {args.name} already exists (checked its indexes and trigger)")
+    if args.name not in _settings(args).tables:
+        print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
+    return EXIT_OK
+
+
+def cmd_db_url(args: argparse.Namespace) -> int:
+    print(_database_url())
+    return EXIT_OK
+
+
+def cmd_db_stop(args: argparse.Namespace) -> int:
+    if os.environ.get(db.DATABASE_URL_ENV):
+        raise UsageError("OUTBOX_DATABASE_URL is set: this command only stops the embedded server")
+    stopped = db.stop_embedded()
+    print("stopped the embedded PostgreSQL" if stopped else "no embedded PostgreSQL was running")
+    return EXIT_OK
+
+
+# -- enqueue -----------------------------------------------------------------
+def _read_payload(raw: str) -> str:
+    if raw == "-":
+        return sys.stdin.read()
+    if raw.startswith("@"):
+        try:
+            with open(raw[1:], encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read payload file {raw[1:]}: {exc.strerror}") from None
+    return raw
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    table = settings.table(args.table)
+    if table.destination == "handlers" and not args.allow_unknown_topic:
+        from outbox_pipelines.core.wiring import load_registry
+
+        registry = load_registry(table.handlers or "")
+        if not registry.handlers_for(args.topic):
+            known = ", ".join(registry.topics) or "none"
+            raise UsageError(
+                f"no handler for topic {args.topic!r} on {table.name} (known topics: {known}); "
+                "nothing was enqueued. Pass --allow-unknown-topic to enqueue it anyway."
+            )
+    headers: dict[str, Any] = {}
+    for item in args.header or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--header {item!r}: write it as key=value")
+        headers[key] = value
+    if args.trace_id:
+        headers["trace_id"] = args.trace_id
+    message = Message(
+        topic=args.topic,
+        payload=_read_payload(args.payload),
+        event_id=args.event_id,
+        tenant_id=args.tenant,
+        headers=headers,
+    )
+    url = _database_url()
+    with db.connect(url, autocommit=False) as conn:
+        result = Outbox(table.name).enqueue(conn, message)
+        conn.commit()
+    if args.json:
+        print(json.dumps({"id": result.id, "event_id": result.event_id, "duplicate": result.duplicate,
+                          "same_payload": result.same_payload}))
+    elif result.duplicate:
+        note = "" if result.same_payload else " (the stored payload differs from this one; it was kept)"
+        print(f"duplicate: event {result.event_id} is already row {result.id} in {table.name}{note}")
+    else:
+        print(f"enqueued row {result.id} (event {result.event_id}) in {table.name}")
+    return EXIT_OK
+
+
+# -- status ------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _database_url()
+    reports = []
+    with db.connect(url) as conn:
+        for name in _tables(args, settings):
+            table = settings.table(name)
+            reports.append(read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s))
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2, default=str))
+        return EXIT_OK
+    header = f"{'table':<18}" + "".join(f"{s:>10}" for s in STATES) + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}"
+    print(header)
+    for r in reports:
+        print(
+            f"{r.table:<18}" + "".join(f"{r.counts.get(s, 0):>10}" for s in STATES) + f"{r.stuck:>8}"
+            f"{_fmt_s(r.oldest_pending_age_s):>9}{_fmt_s(r.lag_p50_s):>9}{_fmt_s(r.lag_p95_s):>8}{_fmt_s(r.lag_p99_s):>8}"
+        )
+    dead = [(r.table, code, n) for r in reports for code, n in r.dead_by_code.items()]
+    if dead:
+        print("\ndead by error code:")
+        for table_name, code, n in dead:
+            print(f"  {table_name:<18} {code:<22} {n}")
+        print("  (inspect: outbox-pipelines replay --table T --dry-run; replay: drop --dry-run)")
+    print(f"\nlag = published_at - created_at over sent rows of the last {_fmt_s(reports[0].lag_window_s if reports else 3600)}; "
+          "oldest = age of the oldest pending row")
+    return EXIT_OK
+
+
+# -- relay -------------------------------------------------------------------
+def _print_progress(report: RelayReport) -> None:
+    say(
+        f"[{report.table}] {report.seconds:.0f}s: sent {report.sent}, retried {report.retried}, dead {report.dead}, "
+        f"conflicts {report.conflicts} ({report.throughput:.0f} msg/s)"
+    )
+
+
+def _report_line(report: RelayReport) -> str:
+    line = (
+        f"{report.table}: claimed {report.claimed}, sent {report.sent} (dedup hits {report.dedup_hits}), "
+        f"retried {report.retried}, dead {report.dead}, conflicts {report.conflicts}, requeued {report.requeued} "
+        f"in {report.seconds:.1f}s ({report.throughput:.0f} msg/s); stopped: {report.stopped_because}"
+    )
+    if report.dead_by_code:
+        line += "; dead by code: " + ", ".join(f"{k}={v}" for k, v in sorted(report.dead_by_code.items()))
+    return line
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    settings = _settings(args)
+    table = settings.table(args.table)
+    if not table.relay_enabled and not args.force:
+        say(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); pass --force to run anyway")
+        return EXIT_OK
+    overrides: dict[str, Any] = {}
+    if args.batch_size:
+        overrides["batch_size"] = args.batch_size
+    if overrides:
+        table = replace(table, **overrides)
+    url = _database_url()
+    destination = build_destination(table, settings)
+    relay = Relay(url, table, destination, worker_id=args.worker_id, progress=None if args.quiet else _print_progress)
+    relay.install_signal_handlers()
+    say(f"relaying {table.name} → {destination.name} as {relay.worker} ({table.mode}, batch {table.batch_size})")
+    try:
+        report = relay.run(max_seconds=args.max_seconds, max_entries=args.max_entries, once=args.once)
+    finally:
+        destination.close()
+    if args.json:
+        print(json.dumps(report.as_dict(), default=str))
+    else:
+        print(_report_line(report))
+    return EXIT_OK
+
+
+# -- maintenance -------------------------------------------------------------
+def cmd_requeue_stuck(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _database_url()
+    for name in _tables(args, settings):
+        table = settings.table(name)
+        if args.threshold is not None:
+            from dataclasses import replace
+
+            table = replace(table, stuck_threshold_s=args.threshold)
+        report = requeue_stuck(url, table, progress=say)
+        print(f"{name}: requeued {report.requeued}, dead (no attempts left) {report.dead}")
+    return EXIT_OK
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _database_url()
+    for i, name in enumerate(_tables(args, settings)):
+        table = settings.table(name)
+        if not table.cleaner_enabled and not args.force:
+            print(f"{name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
+            continue
+        report = clean(url, table, retention_s=args.retention, include_shared=(i == 0),
+                       audit_retention_s=args.audit_retention, progress=say)
+        retention = args.retention if args.retention is not None else table.retention_s
+        print(f"{name}: deleted {report.deleted_sent} sent rows older than {_fmt_s(retention)}")
+        if i == 0:
+            print(f"idempo_ledger: deleted {report.deleted_ledger} expired rows"
+                  + (f"; outbox_audit: deleted {report.deleted_audit} old rows" if args.audit_retention else ""))
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    table = settings.table(args.table)
+    selection = ReplayFilter(
+        ids=tuple(args.id) if args.id else None,
+        topic=args.topic,
+        tenant_id=args.tenant,
+        error_code=args.error_code,
+        since=args.since,
+        until=args.until,
+    )
+    if selection.is_empty() and not args.all:
+        raise UsageError("replay needs a filter (--id, --topic, --tenant, --error-code, --since, --until) or --all")
+    url = _database_url()
+    report = replay_dead(url, table.name, selection, dry_run=args.dry_run, force=args.force,
+                         actor=f"cli:{os.environ.get('USER', 'operator')}")
+    if args.json:
+        print(json.dumps({"table": report.table, "dry_run": report.dry_run, "matched": report.matched,
+                          "replayed": report.replayed, "refused": report.refused,
+                          "replayed_ids": report.replayed_ids, "refused_ids": report.refused_ids,
+                          "by_error_code": report.by_error_code}))
+    else:
+        print(report.summary)
+        if report.matched == 0:
+            print("no dead rows match the filter (see 'outbox-pipelines status' for dead rows by error code)")
+    return EXIT_OK
+
+
+# -- demo --------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    from outbox_pipelines.demo import run_demo
+
+    return run_demo(_database_url(), quiet=args.quiet)
+
+
+# -- parser ------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox-pipelines",
+        description=(
+            "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL, or an embedded PostgreSQL "
+            "under ./.outbox when it is unset. Table settings come from OUTBOX_CONFIG (or ./outbox.toml)."
+        ),
+        epilog="Exit codes: 0 done, 1 failed, 2 bad input or usage (nothing written).",
+    )
+    parser.add_argument("--config", help="table settings file (TOML); default: $OUTBOX_CONFIG or ./outbox.toml")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, **kwargs)
+        p.set_defaults(handler=handler)
+        return p
+
+    dbp = sub.add_parser("db", help="schema: upgrade, create-table, url, stop", description="Database schema and the embedded server.")
+    dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
+    p.set_defaults(handler=cmd_db_upgrade)
+    p = dbsub.add_parser("create-table", help="create another outbox table of the canonical shape")
+    p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
+    p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
+    p.set_defaults(handler=cmd_db_create_table)
+    p = dbsub.add_parser("url", help="print the database URL in use (starts the embedded server if needed)")
+    p.set_defaults(handler=cmd_db_url)
+    p = dbsub.add_parser("stop", help="stop the embedded PostgreSQL under ./.outbox")
+    p.set_defaults(handler=cmd_db_stop)
+
+    p = add("enqueue", cmd_enqueue, "enqueue one message (in its own transaction)")
+    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_events")
+    p.add_argument("--topic", required=True, help="message topic / event type")
+    p.add_argument("--payload", required=True, help="JSON object, @file.json, or - for stdin")
+    p.add_argument("--event-id", help="idempotency key (default: a new UUID)")
+    p.add_argument("--tenant", help="tenant id")
+    p.add_argument("--trace-id", help="trace id, stored in the headers")
+    p.add_argument("--header", action="append", metavar="KEY=VALUE", help="extra header (repeatable)")
+    p.add_argument("--allow-unknown-topic", action="store_true", help="enqueue even if no handler knows the topic")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = add("status", cmd_status, "per table: rows per state, stuck, oldest pending age, lag p50/p95/p99, dead by code")
+    p.add_argument("--table", action="append", help="only this table (repeatable); default: every configured table")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add("relay", cmd_relay, "run a relay worker: claim, dispatch, settle")
+    p.add_argument("--table", required=True, help="outbox table to relay")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")
+    budget.add_argument("--max-seconds", type=float, metavar="S", help="stop claiming after S seconds (finishes the batch in flight)")
+    p.add_argument("--max-entries", type=int, metavar="N", help="stop after claiming N messages")
+    p.add_argument("--batch-size", type=int, help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)")
+    p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
+    p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON")
+
+    p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
+    p.add_argument("--table", required=True)
+    p.add_argument("--id", type=int, action="append", help="row id (repeatable)")
+    p.add_argument("--topic")
+    p.add_argument("--tenant")
+    p.add_argument("--error-code", help="e.g. BROKER_5XX, NETWORK_TIMEOUT")
+    p.add_argument("--since", type=_parse_time, help="died at or after (ISO 8601)")
+    p.add_argument("--until", type=_parse_time, help="died before (ISO 8601)")
+    p.add_argument("--all", action="store_true", help="every dead row (no filter)")
+    p.add_argument("--dry-run", action="store_true", help="show what would be replayed; change nothing")
+    p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
+    p.add_argument("--json", action="store_true")
+
+    p = add("requeue-stuck", cmd_requeue_stuck, "return sending rows with an expired lease (or stuck past the threshold) to pending")
+    p.add_argument("--table", action="append", help="only this table (repeatable)")
+    p.add_argument("--threshold", type=_duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)")
+
+    p = add("clean", cmd_clean, "delete sent rows older than the retention, and expired ledger rows")
+    p.add_argument("--table", action="append", help="only this table (repeatable)")
+    p.add_argument("--retention", type=_duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
+    p.add_argument("--audit-retention", type=_duration, help="also delete audit rows older than this")
+    p.add_argument("--force", action="store_true", help="run even if the cleaner is disabled")
+
+    p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
+    p.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    except (DatabaseUnavailable, MigrationError) as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
