@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox_pipelines.core import db, migrate
 
@@ -34,9 +33,7 @@ class TestServer:
         self._create_template()
 
     def url_for(self, database: str) -> str:
-        params = conninfo_to_dict(self.admin_url)
-        params["dbname"] = database
-        return make_conninfo(**params)
+        return db.url_with_database(self.admin_url, database)
 
     def _admin(self) -> psycopg.Connection:
         return psycopg.connect(self.admin_url, autocommit=True)

@@ -30,9 +30,22 @@ def psycopg_url(url: str) -> str:
     return url
 
 
+def url_with_database(url: str, database: str) -> str:
+    """The same server and credentials, another database, as a URL (works for Unix sockets too)."""
+    from urllib.parse import quote, urlencode
+
+    params = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(psycopg_url(url)).items() if v is not None}
+    params.pop("dbname", None)
+    return f"postgresql:///{quote(database)}" + (f"?{urlencode(params)}" if params else "")
+
+
 def sqlalchemy_url(url: str) -> str:
-    """The same server as a SQLAlchemy URL on psycopg 3."""
-    return "postgresql+psycopg://" + psycopg_url(url)[len("postgresql://"):]
+    """The same server as a SQLAlchemy URL on psycopg 3 (accepts key=value conninfo too)."""
+    url = psycopg_url(url)
+    if not url.startswith(("postgresql://", "postgres://")):
+        dbname = psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "postgres"
+        url = url_with_database(url, str(dbname))
+    return "postgresql+psycopg://" + url[len("postgresql://"):]
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,190 @@
+"""Enqueue: in the caller's transaction, idempotent by event_id, checked before writing."""
+
+import multiprocessing
+import select
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg.rows import dict_row
+
+from outbox_pipelines import InvalidMessage, InvalidTableName, Message, Outbox, UnknownTable
+from outbox_pipelines.core.canonical import canonical_json, digest
+from outbox_pipelines.core.db import sqlalchemy_url
+
+
+def count(conn, table="outbox_events", where="true"):
+    return conn.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}").fetchone()["n"]
+
+
+def test_rollback_leaves_no_message_psycopg(db_url, conn):
+    conn.execute("CREATE TABLE business (id int PRIMARY KEY)")
+    with psycopg.connect(db_url) as tx_conn:
+        tx_conn.execute("INSERT INTO business VALUES (1)")
+        Outbox("outbox_events").enqueue(tx_conn, Message(topic="org.changed", payload={"org_id": 1}))
+        tx_conn.rollback()
+    assert count(conn, "business") == 0
+    assert count(conn) == 0
+
+
+def test_commit_keeps_business_row_and_message_sqlalchemy(db_url, conn):
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    conn.execute("CREATE TABLE business (id int PRIMARY KEY)")
+    with engine.begin() as sa_conn:
+        sa_conn.execute(sa.text("INSERT INTO business VALUES (1)"))
+        result = Outbox("outbox_events").enqueue(sa_conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e-1"))
+    with pytest.raises(RuntimeError):
+        with engine.begin() as sa_conn:
+            sa_conn.execute(sa.text("INSERT INTO business VALUES (2)"))
+            Outbox("outbox_events").enqueue(sa_conn, Message(topic="org.changed", payload={"org_id": 2}, event_id="e-2"))
+            raise RuntimeError("business logic failed")
+    engine.dispose()
+    assert result.duplicate is False
+    assert count(conn, "business") == 1
+    rows = conn.execute("SELECT event_id FROM outbox_events").fetchall()
+    assert [r["event_id"] for r in rows] == ["e-1"]
+
+
+def test_payload_is_stored_with_canonical_digest(conn):
+    payload = {"b": [1, 2, {"z": "ü"}], "a": "x"}
+    result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload=payload, headers={"trace_id": "tr-1"}))
+    row = conn.execute("SELECT payload, payload_sha, headers FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
+    assert row["payload"] == payload
+    assert row["payload_sha"] == digest('{"a":"x","b":[1,2,{"z":"ü"}]}')
+    assert row["payload_sha"] == digest(canonical_json({"a": "x", "b": [1, 2, {"z": "ü"}]}))
+    assert row["headers"] == {"trace_id": "tr-1"}
+
+
+def test_duplicate_event_id_returns_existing_row(conn):
+    outbox = Outbox("outbox_events")
+    first = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"))
+    again = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"))
+    other_body = outbox.enqueue(conn, Message(topic="t", payload={"n": 2}, event_id="same"))
+    assert (again.id, again.duplicate, again.same_payload) == (first.id, True, True)
+    assert (other_body.id, other_body.duplicate, other_body.same_payload) == (first.id, True, False)
+    assert count(conn) == 1
+
+
+def test_enqueue_many_in_order_with_duplicates(conn):
+    outbox = Outbox("outbox_events")
+    existing = outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="e0"))
+    results = outbox.enqueue_many(
+        conn, [Message(topic="t", payload={"n": n}, event_id=f"e{n % 3}") for n in range(5)]
+    )
+    assert [r.event_id for r in results] == ["e0", "e1", "e2", "e0", "e1"]
+    assert [r.duplicate for r in results] == [True, False, False, True, True]
+    assert results[0].id == existing.id
+    assert results[1].id == results[4].id
+    assert count(conn) == 3
+
+
+def test_enqueue_many_rejects_whole_batch_on_one_bad_message(conn):
+    with pytest.raises(InvalidMessage, match="JSON object"):
+        Outbox("outbox_events").enqueue_many(
+            conn, [Message(topic="t", payload={"ok": 1}), Message(topic="t", payload=[1, 2])]
+        )
+    assert count(conn) == 0
+
+
+def _insert_same_key(url: str, barrier, results) -> None:
+    with psycopg.connect(url) as conn:
+        barrier.wait(timeout=30)
+        result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"k": 1}, event_id="contended"))
+        conn.commit()
+        results.put((result.id, result.duplicate))
+
+
+def test_eight_processes_enqueue_the_same_key_once(db_url, conn):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_insert_same_key, args=(db_url, barrier, results)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    answers = [results.get(timeout=5) for _ in procs]
+    assert len({row_id for row_id, _ in answers}) == 1
+    assert sorted(dup for _, dup in answers) == [False] + [True] * 7
+    assert count(conn) == 1
+
+
+def test_notify_reaches_listener_on_commit_only(db_url):
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as writer:
+        listener.execute('LISTEN "outbox:outbox_events"')
+        Outbox("outbox_events").enqueue(writer, Message(topic="t", payload={}))
+        assert list(listener.notifies(timeout=0.2)) == []  # not before commit
+        writer.commit()
+        got = list(listener.notifies(timeout=5, stop_after=1))
+        assert [n.channel for n in got] == ["outbox:outbox_events"]
+        Outbox("outbox_events").enqueue(writer, Message(topic="t", payload={}))
+        writer.rollback()
+        assert list(listener.notifies(timeout=0.2)) == []  # nor after a rollback
+
+
+def test_available_at_delays_the_message(conn):
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={}, available_at=later))
+    row = conn.execute("SELECT available_at FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
+    assert abs((row["available_at"] - later).total_seconds()) < 0.001
+
+
+@pytest.mark.parametrize(
+    "message, error",
+    [
+        (Message(topic="t", payload="not json"), "not valid JSON"),
+        (Message(topic="t", payload="[1, 2]"), "must be a JSON object"),
+        (Message(topic="t", payload=["a"]), "must be a JSON object"),
+        (Message(topic="t", payload=42), "must be a JSON object"),
+        (Message(topic="t", payload={"s": "a\u0000b"}), r"\$\.s contains \\u0000"),
+        (Message(topic="t", payload={"deep": [{"x": "\u0000"}]}), r"\$\.deep\[0\]\.x"),
+        (Message(topic="t", payload={"f": float("nan")}), "JSON cannot represent"),
+        (Message(topic="t", payload={"o": object()}), "not JSON-serialisable"),
+        (Message(topic="", payload={}), "topic must be a non-empty string"),
+        (Message(topic="t", payload={}, event_id=""), "event_id"),
+        (Message(topic="t", payload={}, event_id="x" * 256), "event_id"),
+        (Message(topic="t", payload={}, available_at=datetime(2030, 1, 1)), "timezone-aware"),
+        (Message(topic="t", payload=b"\xff\xfe"), "not valid UTF-8"),
+    ],
+)
+def test_bad_messages_are_refused_and_nothing_is_written(conn, message, error):
+    with pytest.raises(InvalidMessage, match=error):
+        Outbox("outbox_events").enqueue(conn, message)
+    assert count(conn) == 0
+
+
+def test_payload_over_the_size_limit(conn, monkeypatch):
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "1000")
+    with pytest.raises(InvalidMessage, match="over the limit of 1000 bytes"):
+        Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"blob": "x" * 1000}))
+    Outbox("outbox_events", max_payload_bytes=5000).enqueue(conn, Message(topic="t", payload={"blob": "x" * 1000}))
+    assert count(conn) == 1
+
+
+def test_default_size_limit_is_one_mebibyte(conn):
+    with pytest.raises(InvalidMessage, match="1048576"):
+        Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"blob": "x" * (1024 * 1024)}))
+
+
+@pytest.mark.parametrize("name", ["Outbox", "1table", "a-b", "x; DROP TABLE y", "", "a" * 64, None])
+def test_invalid_table_names_are_refused(name):
+    with pytest.raises(InvalidTableName, match="invalid outbox table name"):
+        Outbox(name)
+
+
+def test_unknown_table_says_how_to_create_it(conn):
+    with pytest.raises(UnknownTable, match="db create-table hrm_outbox"):
+        Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={}))
+
+
+def test_a_failed_enqueue_does_not_poison_the_business_transaction_silently(db_url):
+    """InvalidMessage is raised before any SQL, so the caller's transaction is still usable."""
+    with psycopg.connect(db_url, row_factory=dict_row) as tx_conn:
+        tx_conn.execute("CREATE TABLE business (id int)")
+        with pytest.raises(InvalidMessage):
+            Outbox("outbox_events").enqueue(tx_conn, Message(topic="t", payload="{"))
+        tx_conn.execute("INSERT INTO business VALUES (1)")
+        Outbox("outbox_events").enqueue(tx_conn, Message(topic="t", payload={"ok": True}))
+        tx_conn.commit()
+        assert tx_conn.execute("SELECT count(*) AS n FROM outbox_events").fetchone()["n"] == 1
