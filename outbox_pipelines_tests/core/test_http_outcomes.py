@@ -2,6 +2,7 @@
 
 import email.utils
 import json
+import time
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -203,3 +204,32 @@ def test_error_text_of_a_binary_answer_is_readable_text():
     assert outcome.kind == "retry"
     assert "\x00" not in outcome.error  # PostgreSQL text cannot hold NUL
     assert "bad gateway" in outcome.error
+
+
+# -- HTTP dates are UTC whatever the local zone (RFC 9110 §5.6.7) --------------------------------
+
+
+@pytest.fixture
+def local_zone_far_from_utc(monkeypatch):
+    """Run the test with the process's local time zone at UTC+9."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    [
+        "Wed, 21 Oct 2015 07:30:00 GMT",  # IMF-fixdate
+        "Wednesday, 21-Oct-15 07:30:00 GMT",  # obsolete RFC 850 form
+        "Wed Oct 21 07:30:00 2015",  # obsolete asctime form: no zone, and it is UTC
+        "Wed, 21 Oct 2015 07:30:00 -0000",
+    ],
+)
+@pytest.mark.parametrize("date_header", ["Wed, 21 Oct 2015 07:28:00 GMT", "Wed Oct 21 07:28:00 2015"])
+def test_retry_after_date_forms_are_read_as_utc(local_zone_far_from_utc, retry_after, date_header):
+    assert parse_retry_after(retry_after, date_header=date_header) == pytest.approx(120)
+    outcome = classify(429, b"", {"Date": date_header, "Retry-After": retry_after})
+    assert outcome.delay_s == pytest.approx(120)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
@@ -52,7 +53,28 @@ RequestBuilder = Callable[[ClaimedMessage], HttpRequest]
 ResultHook = Callable[[ClaimedMessage, Outcome, bytes], Outcome]
 
 
+def _as_httpx_error(exc: BaseException) -> BaseException:
+    """The httpx error an aiohttp failure stands for, so every transport reports the same outcome.
+
+    httpx-aiohttp maps every aiohttp connection error to ConnectTimeout (a refused
+    connection, a server that hung up) and lets a bad status line through unmapped;
+    classify by aiohttp's own exception instead, as httpx's native pools do.
+    """
+    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
+    if not isinstance(cause, aiohttp.ClientError):
+        return exc
+    text = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, aiohttp.ServerTimeoutError):
+        return exc if isinstance(exc, httpx.TimeoutException) else httpx.ReadTimeout(text)
+    if isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+        return httpx.RemoteProtocolError(text)  # httpx: "Server disconnected…", "peer closed…", "illegal status line"
+    if isinstance(cause, aiohttp.ClientConnectionError):
+        return httpx.ConnectError(text)
+    return exc
+
+
 def _exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
+    exc = _as_httpx_error(exc)
     if isinstance(exc, httpx.TimeoutException):
         return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})")
     if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
@@ -109,9 +131,13 @@ class HttpDestination:
             return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=self.timeout_s)
         return httpx.AsyncClient(limits=limits, timeout=self.timeout_s)
 
-    def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, dict[str, str], float]:
+    def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, httpx.Headers, float]:
         request = self.build_request(message)
-        headers = {**self.base_headers, **request.headers, "Idempotency-Key": message.event_id}
+        # Header names are case-insensitive: a builder's "content-type" replaces the default
+        # rather than adding a second one, and nothing can change the Idempotency-Key.
+        headers = httpx.Headers(self.base_headers)
+        headers.update(request.headers)
+        headers["Idempotency-Key"] = message.event_id
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         return self.url + request.path, body, headers, request.timeout_s or self.timeout_s
 

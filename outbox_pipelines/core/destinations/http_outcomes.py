@@ -5,6 +5,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
+from datetime import timezone
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome
@@ -12,6 +13,15 @@ from outbox_pipelines.core.models import Outcome
 # Bodies of a 409 that mean "this idempotency key was already executed".
 ALREADY_PROCESSED_MARKERS = ("already processed", "already_processed", "alreadyprocessed", "duplicate")
 REF_KEYS = ("broker_order_id", "memory_id", "order_id", "id")
+
+
+def _http_date_epoch(value: str) -> float:
+    """Epoch seconds of an HTTP date. HTTP dates are UTC (RFC 9110 §5.6.7): the asctime
+    form and a ``-0000`` zone parse as naive datetimes, which must not be read as local time."""
+    when = email.utils.parsedate_to_datetime(value)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
 
 
 def parse_retry_after(value: str | None, *, now_epoch: float | None = None, date_header: str | None = None) -> float | None:
@@ -32,18 +42,16 @@ def parse_retry_after(value: str | None, *, now_epoch: float | None = None, date
     if seconds is not None:
         return seconds if seconds >= 0 and seconds == seconds and seconds != float("inf") else None
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
+        when = _http_date_epoch(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     reference = now_epoch if now_epoch is not None else time.time()
     if date_header:
         try:
-            reference = email.utils.parsedate_to_datetime(date_header).timestamp()
-        except (TypeError, ValueError, IndexError):
+            reference = _http_date_epoch(date_header)
+        except (TypeError, ValueError, IndexError, OverflowError):
             pass
-    return max(0.0, when.timestamp() - reference)
+    return max(0.0, when - reference)
 
 
 def _body_text(body: bytes) -> str:

