@@ -174,8 +174,8 @@ WITH clock AS (
     FOR UPDATE OF t SKIP LOCKED
 ), moved AS (
     UPDATE {table} AS t
+    -- available_at is left as it was: already due, since the row was claimed.
     SET status = CASE WHEN t.attempts >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
-        available_at = clock.now,
         locked_by = NULL,
         locked_at = NULL,
         lease_expires_at = NULL,

@@ -139,7 +139,10 @@ class HttpDestination:
         headers.update(request.headers)
         headers["Idempotency-Key"] = message.event_id
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        return self.url + request.path, body, headers, request.timeout_s or self.timeout_s
+        path = request.path
+        if path and not path.startswith(("/", "?")):
+            path = "/" + path  # self.url has no trailing "/" here: "orders" must not become ":8080orders"
+        return self.url + path, body, headers, request.timeout_s or self.timeout_s
 
     def _finish(self, message: ClaimedMessage, response: httpx.Response | None, exc: BaseException | None, timeout: float) -> Outcome:
         if response is not None:

@@ -1,0 +1,99 @@
+"""Concurrency and crashes with real relay processes (the CLI worker) and a real HTTP sink."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+from outbox_pipelines.core.maintenance import requeue_stuck
+from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.destinations import HttpDestination
+from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+
+ORDERS = "outbox_orders"
+
+
+def start_relay(env: dict, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("workers", [2, 8])
+def test_concurrent_relays_deliver_each_message_exactly_once(workers, cli_env, conn, http_sink):
+    enqueue_n(conn, ORDERS, 10_000, prefix="order-")
+    env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "200"}
+    procs = [start_relay(env, "--once") for _ in range(workers)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+    assert statuses(conn, ORDERS) == {"sent": 10_000}
+    assert len(http_sink.received) == 10_000
+    assert set(http_sink.counts.values()) == {1}
+    assert set(http_sink.counts) == {f"order-{i}" for i in range(10_000)}
+    claimers = conn.execute("SELECT count(DISTINCT worker) AS n FROM outbox_audit WHERE code = 'outbox_claim'").fetchone()
+    assert claimers["n"] >= 2  # the work really was shared
+    assert conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_flush_conflict'").fetchone()["n"] == 0
+
+
+def test_relay_killed_mid_batch_loses_nothing(db_url, cli_env, conn, http_sink):
+    enqueue_n(conn, ORDERS, 30, prefix="order-")
+    http_sink.delay_s = 5.0  # the relay is blocked waiting for answers when it dies
+    env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "10"}
+    proc = start_relay(env)
+    wait_for(lambda: len(http_sink.received) >= 10, what="the relay to be mid-batch")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    in_flight = rows(conn, ORDERS, "status = 'sending'")
+    assert len(in_flight) == 10 and all(r["attempts"] == 1 for r in in_flight)
+    assert statuses(conn, ORDERS) == {"sending": 10, "pending": 20}
+
+    # After the lease (60 s of database time) the rows come back, attempts kept.
+    settings = table_settings(ORDERS, destination="http", url=http_sink.url)
+    report = requeue_stuck(db_url, settings, now=db_now(conn) + timedelta(seconds=61))
+    assert report.requeued == 10
+    http_sink.delay_s = 0.0
+    destination = HttpDestination(http_sink.url, timeout_s=5)
+    try:
+        relay_report = Relay(db_url, settings, destination).run(once=True)
+    finally:
+        destination.close()
+    assert relay_report.sent == 30
+    assert statuses(conn, ORDERS) == {"sent": 30}
+    retried = {r["event_id"]: r["attempts"] for r in rows(conn, ORDERS, "attempts = 2")}
+    assert len(retried) == 10  # the killed batch, delivered again with the same key
+    assert all(http_sink.counts[key] == 2 for key in retried)
+
+
+def test_sigterm_finishes_the_batch_in_flight_and_releases_nothing_held(cli_env, conn, http_sink):
+    enqueue_n(conn, ORDERS, 40, prefix="order-")
+    http_sink.delay_s = 1.0
+    env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "10"}
+    proc = start_relay(env)
+    wait_for(lambda: len(http_sink.received) >= 10, what="the relay to be mid-batch")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "stop requested" in out
+    found = statuses(conn, ORDERS)
+    assert "sending" not in found  # every claimed row was settled before exit
+    assert found.get("sent", 0) >= 10 and found["sent"] + found.get("pending", 0) == 40
+    assert set(http_sink.counts.values()) == {1}
