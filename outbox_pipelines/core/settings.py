@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.retry import RetryPolicy, preset
 
@@ -180,7 +180,10 @@ def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
     if not isinstance(tables, dict):
         raise ConfigError(f"{path}: [tables] must be a table of tables")
     for name, section in tables.items():
-        validate_table_name(name)
+        try:
+            validate_table_name(name)
+        except InvalidTableName as exc:
+            raise ConfigError(f"{path}: [tables.{name}]: {exc}") from None
         unknown = set(section) - TABLE_KEYS
         if unknown:
             raise ConfigError(f"{path}: [tables.{name}] has unknown keys {sorted(unknown)}; known keys: {sorted(TABLE_KEYS)}")

@@ -1,0 +1,131 @@
+"""The command line as a user runs it: help, exit codes, clear errors, nothing written on bad input."""
+
+import json
+
+import pytest
+
+from outbox_pipelines_tests.conftest import run_cli
+from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
+
+COMMANDS = [
+    ["db", "upgrade"], ["db", "create-table"], ["db", "url"], ["db", "stop"], ["enqueue"], ["status"],
+    ["relay"], ["replay"], ["requeue-stuck"], ["clean"], ["demo"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_has_help(command, cli_env):
+    result = run_cli(cli_env, *command, "--help")
+    assert result.returncode == 0
+    assert "usage: outbox-pipelines" in result.stdout
+    assert len(result.stdout.splitlines()) > 3
+
+
+def test_top_level_help_lists_commands_and_exit_codes(cli_env):
+    result = run_cli(cli_env, "--help")
+    for name in ("db", "enqueue", "status", "relay", "replay", "requeue-stuck", "clean", "demo"):
+        assert name in result.stdout
+    assert "Exit codes" in result.stdout
+
+
+def test_enqueue_status_relay_round_trip(cli_env, conn):
+    result = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
+                     "--payload", '{"org_id": 7}', "--event-id", "cli-1", "--trace-id", "tr-9", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["duplicate"] is False
+    again = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
+                    "--payload", '{"org_id": 7}', "--event-id", "cli-1")
+    assert again.returncode == 0 and "duplicate" in again.stdout
+    status = run_cli(cli_env, "status", "--table", "outbox_events", "--json")
+    assert json.loads(status.stdout)[0]["counts"]["pending"] == 1
+    relay = run_cli(cli_env, "relay", "--table", "outbox_events", "--once")
+    assert relay.returncode == 0, relay.stderr
+    assert "sent 1" in relay.stdout
+    row = rows(conn, "outbox_events")[0]
+    assert (row["status"], row["result_ref"], row["headers"]) == ("sent", "org:7", {"trace_id": "tr-9"})
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [("{not json", "not valid JSON"), ("[1,2]", "must be a JSON object"), ('{"a": "\\u0000"}', "\\u0000")],
+)
+def test_enqueue_bad_payload_exits_2_and_writes_nothing(cli_env, conn, payload, message):
+    result = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "org.changed", "--payload", payload)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert statuses(conn, "outbox_events") == {}
+
+
+def test_enqueue_unknown_topic_on_a_handler_table_is_refused(cli_env, conn):
+    result = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "nobody.listens", "--payload", "{}")
+    assert result.returncode == 2
+    assert "no handler for topic 'nobody.listens'" in result.stderr and "org.changed" in result.stderr
+    assert statuses(conn, "outbox_events") == {}
+    forced = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "nobody.listens", "--payload", "{}",
+                     "--allow-unknown-topic")
+    assert forced.returncode == 0
+
+
+def test_invalid_table_name_is_a_usage_error(cli_env):
+    result = run_cli(cli_env, "status", "--table", "Robert'); DROP TABLE x;--")
+    assert result.returncode == 2
+    assert "invalid outbox table name" in result.stderr
+
+
+def test_unconfigured_table_says_where_to_configure_it(cli_env):
+    result = run_cli(cli_env, "relay", "--table", "hrm_outbox", "--once")
+    assert result.returncode == 2
+    assert "[tables.hrm_outbox]" in result.stderr
+
+
+def test_unreachable_database_exits_1_with_what_to_check(cli_env):
+    env = {**cli_env, "OUTBOX_DATABASE_URL": "postgresql://u:secret@127.0.0.1:1/x?connect_timeout=2"}
+    result = run_cli(env, "status")
+    assert result.returncode == 1
+    assert "cannot connect to PostgreSQL" in result.stderr and "OUTBOX_DATABASE_URL" in result.stderr
+    assert "secret" not in result.stderr
+
+
+def test_bad_environment_value_is_a_usage_error(cli_env):
+    result = run_cli({**cli_env, "OUTBOX_BATCH_SIZE": "lots"}, "status")
+    assert result.returncode == 2
+    assert "OUTBOX_BATCH_SIZE='lots' is not a whole number" in result.stderr
+
+
+def test_replay_needs_a_filter_and_reports_dry_run(cli_env, conn):
+    ids = enqueue_n(conn, "outbox_events", 2)
+    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST'")
+    assert run_cli(cli_env, "replay", "--table", "outbox_events").returncode == 2
+    dry = run_cli(cli_env, "replay", "--table", "outbox_events", "--all", "--dry-run")
+    assert dry.returncode == 0 and "2 dead rows matched" in dry.stdout and "--force" in dry.stdout
+    forced = run_cli(cli_env, "replay", "--table", "outbox_events", "--id", str(ids[0]), "--force", "--json")
+    assert json.loads(forced.stdout)["replayed_ids"] == [ids[0]]
+    assert statuses(conn, "outbox_events") == {"pending": 1, "dead": 1}
+
+
+def test_requeue_and_clean_commands(cli_env, conn):
+    enqueue_n(conn, "outbox_events", 2)
+    conn.execute("UPDATE outbox_events SET status = 'sending', locked_by = 'gone', attempts = 1, "
+                 "lease_expires_at = now() - interval '1 second'")
+    result = run_cli(cli_env, "requeue-stuck", "--table", "outbox_events")
+    assert result.returncode == 0 and "requeued 2" in result.stdout
+    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '8 days'")
+    result = run_cli(cli_env, "clean", "--table", "outbox_events")
+    assert result.returncode == 0 and "deleted 2 sent rows" in result.stdout
+    assert statuses(conn, "outbox_events") == {}
+
+
+def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.hrm_outbox]\ndestination = "paper"\npreset = "generic"\nmax_attempts = 5\n')
+    env = {**cli_env, "OUTBOX_CONFIG": str(config)}
+    created = run_cli(env, "db", "create-table", "hrm_outbox")
+    assert created.returncode == 0 and "created outbox table hrm_outbox" in created.stdout
+    assert run_cli(env, "enqueue", "--table", "hrm_outbox", "--topic", "x", "--payload", "{}").returncode == 0
+    relay = run_cli(env, "relay", "--table", "hrm_outbox", "--once")
+    assert relay.returncode == 0 and "sent 1" in relay.stdout
+
+
+def test_db_upgrade_reports_up_to_date(cli_env):
+    result = run_cli(cli_env, "db", "upgrade")
+    assert result.returncode == 0 and "up to date" in result.stdout

@@ -1,0 +1,102 @@
+"""Migrations: ordered, recorded, idempotent, safe in parallel, tamper-evident."""
+
+import multiprocessing
+import shutil
+
+import psycopg
+import pytest
+
+from outbox_pipelines.core import migrate, schema
+from outbox_pipelines.core.errors import InvalidTableName, MigrationError
+from outbox_pipelines.core.queries import sql_dir
+
+
+@pytest.fixture
+def empty_db(pg_server):
+    name = f"{pg_server.prefix}_empty_{id(object())}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.url_for(name)
+    pg_server.drop_database(name)
+
+
+def test_upgrade_applies_in_order_and_is_idempotent(empty_db):
+    assert migrate.upgrade(empty_db) == ["0001_core.sql", "0002_shipped_tables.sql"]
+    assert migrate.upgrade(empty_db) == []
+    assert migrate.pending(empty_db) == []
+    with psycopg.connect(empty_db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert {"outbox_orders", "outbox_memory", "outbox_events", "idempo_ledger", "outbox_audit"} <= tables
+
+
+def _upgrade(url, results):
+    try:
+        results.put(("ok", migrate.upgrade(url)))
+    except Exception as exc:  # reported to the parent
+        results.put(("error", repr(exc)))
+
+
+def test_two_processes_upgrading_at_once(empty_db):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_upgrade, args=(empty_db, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    outcomes = sorted((results.get(timeout=5) for _ in procs), key=lambda r: len(r[1]))
+    assert [o[0] for o in outcomes] == ["ok", "ok"]
+    assert outcomes[0][1] == [] and len(outcomes[1][1]) == 2
+
+
+def test_an_edited_applied_migration_is_a_clear_error(empty_db, tmp_path):
+    copy = tmp_path / "migrations"
+    shutil.copytree(sql_dir() / "migrations", copy)
+    migrate.upgrade(empty_db, copy)
+    edited = copy / "0002_shipped_tables.sql"
+    edited.write_text(edited.read_text() + "\n-- a later edit\n")
+    with pytest.raises(MigrationError, match="0002_shipped_tables.sql was edited after it was applied.*new migration"):
+        migrate.upgrade(empty_db, copy)
+
+
+def test_a_failing_migration_rolls_back_and_says_which(empty_db, tmp_path):
+    copy = tmp_path / "migrations"
+    shutil.copytree(sql_dir() / "migrations", copy)
+    (copy / "0003_broken.sql").write_text("CREATE TABLE ok_then (id int);\nSELECT no_such_function();\n")
+    with pytest.raises(MigrationError, match="0003_broken.sql failed and was rolled back"):
+        migrate.upgrade(empty_db, copy)
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT to_regclass('ok_then')").fetchone()[0] is None
+        assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == 2
+
+
+def test_create_table_makes_the_canonical_shape(db_url, conn):
+    assert schema.create_table(db_url, "hrm_outbox", dedup_index=True) is True
+    assert schema.create_table(db_url, "hrm_outbox") is False
+    columns = [r["column_name"] for r in conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hrm_outbox' ORDER BY ordinal_position"
+    )]
+    assert columns == [
+        "id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "status", "attempts",
+        "available_at", "locked_by", "locked_at", "lease_expires_at", "last_error", "last_error_code",
+        "result_ref", "created_at", "updated_at", "published_at",
+    ]
+    indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'hrm_outbox'")}
+    assert {"hrm_outbox_pending_by_id", "hrm_outbox_pending_by_available", "hrm_outbox_sent_by_published",
+            "hrm_outbox_sending_by_lease", "hrm_outbox_sent_by_payload", "hrm_outbox_event_id_key"} <= indexes
+    assert "hrm_outbox" in schema.list_tables(db_url)
+
+
+def test_create_table_with_a_63_character_name_keeps_index_names_distinct(db_url, conn):
+    name = "a" * 63
+    schema.create_table(db_url, name)
+    indexes = [r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (name,))]
+    assert len(indexes) == len(set(indexes)) == 7
+
+
+def test_create_table_refuses_bad_names_in_python_and_in_sql(db_url, conn):
+    with pytest.raises(InvalidTableName):
+        schema.create_table(db_url, 'x"; DROP TABLE outbox_orders; --')
+    with pytest.raises(psycopg.errors.InvalidName):
+        conn.execute("SELECT outbox_create_table('Bad Name')")
+    assert conn.execute("SELECT to_regclass('outbox_orders') IS NOT NULL AS ok").fetchone()["ok"]

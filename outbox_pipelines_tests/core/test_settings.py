@@ -1,0 +1,111 @@
+"""Settings: the seeds' environment variables and the one file a user edits."""
+
+import pytest
+
+from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.retry import PRESETS, RetryPolicy
+from outbox_pipelines.core.settings import load_settings, parse_duration
+
+
+def test_defaults_without_file_or_environment():
+    settings = load_settings(env={}, path=None)
+    orders = settings.table("outbox_orders")
+    assert orders.destination == "paper"  # no OUTBOX_BROKER_URL: the paper broker
+    assert orders.retry == PRESETS["orders"]
+    assert settings.table("outbox_memory").dedup is True
+    events = settings.table("outbox_events")
+    assert (events.destination, events.mode) == ("handlers", "single-active")
+    env = settings.env
+    assert (env.batch_size, env.parallelism, env.idle_sleep_s, env.stuck_threshold_s) == (100, 4, 0.2, 600.0)
+    assert (env.lock_ttl_s, env.cleaner_retention_s, env.relay_enabled, env.cleaner_enabled) == (60.0, 604800.0, True, True)
+
+
+def test_seed_environment_variables():
+    settings = load_settings(env={
+        "OUTBOX_BROKER_URL": "http://127.0.0.1:9/orders", "OUTBOX_BATCH_SIZE": "32", "OUTBOX_PARALLELISM": "2",
+        "OUTBOX_RETRY_MAX": "5", "OUTBOX_IDLE_SLEEP_MS": "50", "OUTBOX_STUCK_THRESHOLD_MIN": "3",
+        "OUTBOX_RELAY_LOCK_TTL": "90s", "OUTBOX_RELAY_MAX_ATTEMPTS": "12", "OUTBOX_CLEANER_RETENTION": "24h",
+        "OUTBOX_RELAY_ENABLED": "false",
+    }, path=None)
+    orders = settings.table("outbox_orders")
+    assert (orders.destination, orders.url) == ("http", "http://127.0.0.1:9/orders")
+    assert (orders.batch_size, orders.parallelism, orders.retry.max_attempts) == (32, 2, 5)
+    assert (orders.idle_sleep_s, orders.stuck_threshold_s, orders.lease_s) == (0.05, 180.0, 90.0)
+    assert settings.table("outbox_events").retry.max_attempts == 12
+    assert settings.table("outbox_events").retention_s == 86400.0
+    assert orders.relay_enabled is False
+
+
+def test_config_file_overrides_and_adds_tables(tmp_path):
+    path = tmp_path / "outbox.toml"
+    path.write_text(
+        '[tables.outbox_orders]\nurl = "http://127.0.0.1:9/x"\nmax_attempts = 3\nbase = "500ms"\n\n'
+        '[tables.hrm_outbox]\ndestination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n'
+        'on_success = "delete"\nmode = "single-active"\npaused_topics = ["noisy"]\n'
+    )
+    settings = load_settings(env={}, path=path)
+    orders = settings.table("outbox_orders")
+    assert (orders.destination, orders.retry.max_attempts, orders.retry.base_s) == ("http", 3, 0.5)
+    hrm = settings.table("hrm_outbox")
+    assert (hrm.on_success, hrm.mode, hrm.paused_topics) == ("delete", "single-active", ("noisy",))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[tables.x]\nmode = 'both'\n", "mode must be one of competing, single-active"),
+        ("[tables.x]\ndestinaton = 'http'\n", "unknown keys \\['destinaton'\\]"),
+        ("[tables.X]\n", "invalid outbox table name"),
+        ("[tables.x]\npreset = 'fast'\n", "unknown retry preset 'fast'"),
+        ("[tables.x]\ndestination = 'handlers'\n", "needs handlers"),
+        ("[tables.x]\ntimeout = 'soon'\n", "cannot read duration 'soon'"),
+        ("[tables.x\n", "not valid TOML"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n", "idempotency window"),
+    ],
+)
+def test_config_errors_say_what_to_fix(tmp_path, text, message):
+    path = tmp_path / "outbox.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env={}, path=path)
+
+
+def test_unknown_table_names_the_file_to_edit():
+    with pytest.raises(UnknownTable, match=r"\[tables.nope\]"):
+        load_settings(env={}, path=None).table("nope")
+
+
+def test_config_found_through_environment(tmp_path):
+    path = tmp_path / "custom.toml"
+    path.write_text("[tables.outbox_events]\nbatch_size = 7\n")
+    assert load_settings(env={"OUTBOX_CONFIG": str(path)}).table("outbox_events").batch_size == 7
+    with pytest.raises(ConfigError, match="does not name a file"):
+        load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "missing.toml")})
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("60s", 60), ("10m", 600), ("168h", 604800), ("7d", 604800), ("2.5", 2.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text, "x") == seconds
+
+
+def test_backoff_presets_follow_the_seeds():
+    no_jitter = lambda lo, hi: 0.0  # noqa: E731
+    orders = PRESETS["orders"]
+    assert [orders.delay_s(n, no_jitter) for n in range(1, 9)] == [2, 4, 8, 16, 32, 64, 128, 256]
+    memory = PRESETS["memory"]
+    assert [memory.delay_s(n, no_jitter) for n in (1, 2, 6, 7, 20)] == [60, 120, 1920, 3600, 3600]
+    generic = PRESETS["generic"]
+    assert [generic.delay_s(n, no_jitter) for n in (1, 6, 7, 25)] == [1, 32, 60, 60]
+    assert (orders.jitter, memory.jitter) == (0.1, 0.3)
+
+
+def test_jitter_bounds_with_an_injected_random_source():
+    policy = RetryPolicy(base_s=60, max_s=3600, max_attempts=5, jitter=0.3)
+    assert policy.delay_s(2, lambda lo, hi: lo) == pytest.approx(84.0)
+    assert policy.delay_s(2, lambda lo, hi: hi) == pytest.approx(156.0)
+
+
+def test_retry_horizon_of_every_preset_is_inside_the_ledger_window():
+    for policy in PRESETS.values():
+        policy.check_inside_window()
+    assert PRESETS["orders"].horizon_s() < 600  # the orders preset gives up after minutes
