@@ -31,7 +31,14 @@ DEDUP_HIT = "DEDUP_HIT"
 ERROR_TEXT_LIMIT = 2000
 
 
+def storable_text(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL; a message's error must still be recorded."""
+    return text.replace("\x00", "\\u0000") if text is not None and "\x00" in text else text
+
+
 def cap_error(text: str | None) -> str | None:
+    """Error text as stored: NUL escaped, at most 2000 characters."""
+    text = storable_text(text)
     if text is None:
         return None
     return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 1] + "…"

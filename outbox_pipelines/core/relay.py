@@ -87,8 +87,10 @@ def plan_settlement(
     if outcome.kind == "sent":
         audit = m.AUDIT_DEDUP_HIT if outcome.code == m.DEDUP_HIT else m.AUDIT_SUCCESS
         status = "deleted" if table.on_success == "delete" else "sent"
-        return Settlement(message.id, message.attempts, status, audit, error_code=outcome.code, ref=outcome.ref)
-    code = outcome.code or m.UNKNOWN
+        return Settlement(
+            message.id, message.attempts, status, audit, error_code=outcome.code, ref=m.storable_text(outcome.ref)
+        )
+    code = m.storable_text(outcome.code) or m.UNKNOWN
     if outcome.kind == "dead":
         return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(outcome.error))
     if message.attempts >= table.retry.max_attempts:
@@ -270,7 +272,7 @@ class Relay:
         finally:
             keeper.release()
         settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
-        settled = store.settle(self.worker, settlements)
+        settled = self._settle(store, settlements, report)
         report.batches += 1
         slow_down = 0.0
         for settlement, outcome in zip(settlements, outcomes):
@@ -292,6 +294,39 @@ class Relay:
         if slow_down > 0:
             # 429: the destination is overloaded; hold the whole table, not just this row.
             self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
+
+    def _settle(self, store: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
+        """Settle the batch; if the database refuses it for a data reason, isolate the row that caused it."""
+        try:
+            return store.settle(self.worker, settlements)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            report.db_errors += 1
+            log.warning("relay %s: batch settle refused (%s); settling row by row", self.settings.name, exc)
+        settled: set[int] = set()
+        for settlement in settlements:
+            try:
+                settled |= store.settle(self.worker, [settlement])
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                fallback = Settlement(
+                    settlement.id, settlement.attempts, "dead", m.AUDIT_DB_ERROR, error_code="DB_ERROR",
+                    error=cap_error(f"could not record the outcome ({settlement.status}, {settlement.error_code}): {exc}"),
+                )
+                settled |= store.settle(self.worker, [fallback])
+        return settled
+
+    def _audit_db_problem(self, conn: psycopg.Connection, batch: list[ClaimedMessage], exc: BaseException) -> None:
+        code = m.AUDIT_DB_TIMEOUT if isinstance(exc, psycopg.errors.QueryCanceled) else m.AUDIT_DB_ERROR
+        try:
+            conn.execute(shared_query("outbox_audit_insert"), {
+                "table_name": self.settings.name, "ids": [msg.id for msg in batch] or [None], "code": code,
+                "error_code": type(exc).__name__, "worker": self.worker, "detail": cap_error(str(exc)),
+            })
+        except psycopg.Error:
+            log.warning("relay %s: could not audit %s", self.settings.name, code)
 
     def _requeue_expired(self, store: OutboxTable, report: RelayReport) -> None:
         rows = store.requeue_stuck(
@@ -341,6 +376,7 @@ class Relay:
                 if now < self._pause_until:
                     self._wait(conn, min(self._pause_until - now, _left(deadline)))
                     continue
+                batch: list[ClaimedMessage] = []
                 try:
                     if now >= next_requeue:
                         self._requeue_expired(store, report)
@@ -354,6 +390,12 @@ class Relay:
                         self._process(store, keeper, batch, report)
                         self._drop_stale_wakeups(conn)
                         continue
+                    if once:
+                        report.stopped_because = "nothing ready"
+                        break
+                    due = store.next_due_in_s()
+                    idle = self.settings.idle_sleep_s if due is None else min(max(due, 0.0), self.settings.idle_sleep_s)
+                    self._wait(conn, min(idle, _left(deadline)))
                 except psycopg.OperationalError as exc:
                     # Lost connection or statement timeout: what was claimed comes back after its lease.
                     report.db_errors += 1
@@ -362,14 +404,8 @@ class Relay:
                     if fresh is None:
                         break
                     conn = fresh
+                    self._audit_db_problem(conn, batch, exc)
                     store = OutboxTable(conn, self.settings.name)
-                    continue
-                if once:
-                    report.stopped_because = "nothing ready"
-                    break
-                due = store.next_due_in_s()
-                idle = self.settings.idle_sleep_s if due is None else min(max(due, 0.0), self.settings.idle_sleep_s)
-                self._wait(conn, min(idle, _left(deadline)))
         finally:
             keeper.close()
             report.seconds = time.monotonic() - started

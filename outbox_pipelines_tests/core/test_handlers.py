@@ -256,7 +256,7 @@ def test_last_error_is_capped_at_2000_characters(conn, db_url, error, expected):
     assert state(conn, key) == expected
     stored = row(conn, key)["last_error"]
     assert 1000 < len(stored) <= ERROR_TEXT_LIMIT
-    assert stored.startswith("verbose: ")
+    assert "verbose: " in stored
 
 
 def test_last_error_is_capped_when_giving_up(conn, db_url):

@@ -268,3 +268,33 @@ def test_plan_settlement_caps_retry_after_and_uses_injected_jitter():
     assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: lo).delay_s == 4.0
     dedup = plan_settlement(msg, Outcome.sent(ref="r", code=m.DEDUP_HIT), replace(settings, on_success="delete"))
     assert (dedup.status, dedup.audit_code) == ("deleted", m.AUDIT_DEDUP_HIT)
+
+
+def test_relay_survives_a_dropped_database_connection(db_url, conn):
+    """The relay's session is killed mid-run; it reconnects, audits the error and goes on."""
+    enqueue_n(conn, EVENTS, 3)
+    killed = threading.Event()
+
+    def kill_relay_session_once(msg):
+        if not killed.is_set():
+            killed.set()
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        return Outcome.sent()
+
+    report = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(kill_relay_session_once)).run(max_seconds=5, max_entries=3)
+    assert report.db_errors >= 1
+    # The first row's settle was lost with the connection: it is still held and comes back after its lease.
+    found = statuses(conn, EVENTS)
+    assert found.get("sent", 0) >= 2 and found.get("sent", 0) + found.get("sending", 0) == 3
+    assert conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_flush_db_error'").fetchone()["n"] >= 1
+
+
+def test_an_outcome_the_database_cannot_store_still_ends_visible(db_url, conn):
+    enqueue_n(conn, EVENTS, 1)
+    destination = ScriptedDestination(lambda msg: Outcome.sent(ref="\x00bad"))
+    report = Relay(db_url, events_settings(), destination).run(once=True)
+    assert report.sent == 1
+    assert rows(conn, EVENTS)[0]["result_ref"] == "\\u0000bad"

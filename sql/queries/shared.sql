@@ -37,3 +37,8 @@ SELECT pg_try_advisory_lock(hashtext('outbox:' || %(table_name)s)) AS locked
 
 -- name: outbox_relay_unlock
 SELECT pg_advisory_unlock(hashtext('outbox:' || %(table_name)s)) AS unlocked
+
+-- name: outbox_audit_insert
+INSERT INTO outbox_audit (outbox_table, message_id, code, error_code, worker, detail)
+SELECT %(table_name)s, id, %(code)s, %(error_code)s, %(worker)s, %(detail)s
+FROM unnest(%(ids)s::bigint[]) AS id

@@ -19,6 +19,11 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome
 Handler = Callable[[ClaimedMessage], object]
 
 
+def _text(value: str) -> str:
+    """Error text a handler supplied, storable in PostgreSQL text (which cannot hold NUL)."""
+    return value.replace("\x00", "\\x00")
+
+
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, list[Handler]] = {}
@@ -65,14 +70,14 @@ class HandlerRegistry:
                 result = handler(message)
             except PermanentError as exc:
                 permanent = permanent or exc
-                failures.append(f"{name}: {exc.code}: {exc}")
+                failures.append(_text(f"{name}: {exc.code}: {exc}"))
             except Exception as exc:
-                failures.append(f"{name}: {type(exc).__name__}: {exc}")
+                failures.append(_text(f"{name}: {type(exc).__name__}: {exc}"))
             else:
                 if isinstance(result, str):
                     refs.append(result)
         if permanent is not None:
-            return Outcome.dead(permanent.code, "; ".join(failures))
+            return Outcome.dead(_text(permanent.code), "; ".join(failures))
         if failures:
             summary = f"{len(failures)} of {len(handlers)} handlers failed: " + "; ".join(failures)
             return Outcome.retry(m.HANDLER_ERROR, summary)
