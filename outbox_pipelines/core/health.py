@@ -2,10 +2,13 @@
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
+
+import psycopg
 
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.models import STATES
+from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.table import OutboxTable
 
 LAG_WINDOW_S = 3600.0
@@ -59,3 +62,86 @@ def read_status(
     status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = lag["p50"], lag["p95"], lag["p99"]
     status.dead_by_code = {row["error_code"]: int(row["n"]) for row in store.status_rows("outbox_status_dead_by_code")}
     return status
+
+
+Severity = Literal["ok", "warn", "error"]
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog")
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    name: str
+    severity: Severity
+    description: str
+    metadata: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return self.severity == "ok"
+
+
+def _grade(value: float | None, warn: float, error: float) -> Severity:
+    if value is None:
+        return "ok"
+    if value >= error:
+        return "error"
+    if value >= warn:
+        return "warn"
+    return "ok"
+
+
+def _worst(*severities: Severity) -> Severity:
+    return "error" if "error" in severities else "warn" if "warn" in severities else "ok"
+
+
+def evaluate_checks(status: TableStatus, limits: CheckThresholds) -> list[CheckVerdict]:
+    """The four health checks of a table, graded against its thresholds, with their numbers."""
+    lag_grade = _worst(
+        _grade(status.lag_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
+        _grade(status.oldest_pending_age_s if status.ready else None, limits.oldest_pending_warn_s, limits.oldest_pending_error_s),
+    )
+    dead = status.counts.get("dead", 0)
+    verdicts = [
+        CheckVerdict(
+            "lag",
+            lag_grade,
+            f"lag p95 {_fmt(status.lag_p95_s)} (warn {_fmt(limits.lag_p95_warn_s)}), oldest ready pending "
+            f"{_fmt(status.oldest_pending_age_s if status.ready else None)} (warn {_fmt(limits.oldest_pending_warn_s)})",
+            {
+                "lag_p50_s": status.lag_p50_s, "lag_p95_s": status.lag_p95_s, "lag_p99_s": status.lag_p99_s,
+                "lag_sample": status.lag_sample, "oldest_pending_age_s": status.oldest_pending_age_s,
+                "ready": status.ready, "lag_p95_warn_s": limits.lag_p95_warn_s, "lag_p95_error_s": limits.lag_p95_error_s,
+            },
+        ),
+        CheckVerdict(
+            "dead_letters",
+            _grade(dead, limits.dead_warn, limits.dead_error),
+            f"{dead} dead messages" + (f" ({', '.join(f'{k}={v}' for k, v in status.dead_by_code.items())})" if dead else ""),
+            {"dead": dead, "dead_warn": limits.dead_warn, "dead_error": limits.dead_error,
+             **{f"dead_{code}": n for code, n in status.dead_by_code.items()}},
+        ),
+        CheckVerdict(
+            "stuck",
+            _grade(status.stuck, limits.stuck_warn, limits.stuck_error),
+            f"{status.stuck} messages stuck in sending past their lease or the stuck threshold",
+            {"stuck": status.stuck, "sending": status.counts.get("sending", 0),
+             "stuck_warn": limits.stuck_warn, "stuck_error": limits.stuck_error},
+        ),
+        CheckVerdict(
+            "backlog",
+            _grade(status.backlog, limits.backlog_warn, limits.backlog_error),
+            f"{status.backlog} messages waiting ({status.ready} ready now)",
+            {"backlog": status.backlog, "pending": status.counts.get("pending", 0),
+             "retrying": status.counts.get("retrying", 0), "ready": status.ready,
+             "backlog_warn": limits.backlog_warn, "backlog_error": limits.backlog_error},
+        ),
+    ]
+    return verdicts
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def ready_count(conn: psycopg.Connection, table: str, paused_topics: tuple[str, ...] = ()) -> int:
+    return int(OutboxTable(conn, table).status_rows("outbox_ready_count", paused_topics=list(paused_topics))[0]["ready"])

@@ -30,7 +30,7 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
 from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.retry import UniformSource
-from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.table import OutboxTable, Settlement
 
 log = logging.getLogger("outbox_pipelines.relay")
@@ -210,6 +210,17 @@ class Relay:
         row = conn.execute(shared_query("outbox_relay_try_lock"), {"table_name": self.settings.name}).fetchone()
         return bool(row and row["locked"])
 
+    def _wait_for_lock(self, conn: psycopg.Connection, seconds: float) -> bool:
+        """Block up to ``seconds`` on the single-active lock; True once held."""
+        timeout_ms = str(max(int(seconds * 1000), 1))
+        try:
+            conn.execute(shared_query("outbox_relay_wait_lock"), {"table_name": self.settings.name, "timeout_ms": timeout_ms})
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False
+        finally:
+            conn.execute("SELECT set_config('lock_timeout', '0', false)")
+
     def _wait(self, conn: psycopg.Connection, seconds: float) -> None:
         """Sleep up to ``seconds``, waking at once on a NOTIFY or a stop request.
 
@@ -356,8 +367,8 @@ class Relay:
                     if once or self._stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                         report.stopped_because = "another relay holds the single-active lock"
                         return report
-                    self._wait(conn, min(self.settings.poll_interval_s, _left(deadline)))
-                    report.lock_held = self._try_lock(conn)
+                    # Standby: take over as soon as the holder stops (checked for stop requests every second).
+                    report.lock_held = self._wait_for_lock(conn, min(self.settings.poll_interval_s, 1.0, _left(deadline)))
             while True:
                 now = time.monotonic()
                 if self._stop.is_set():
@@ -440,3 +451,32 @@ class Relay:
 
 def _left(deadline: float | None) -> float:
     return float("inf") if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def run_table_relay(
+    url: str,
+    settings: Settings,
+    table: str,
+    *,
+    max_seconds: float | None = None,
+    max_entries: int | None = None,
+    once: bool = False,
+    worker_id: str | None = None,
+    progress: Callable[[RelayReport], None] | None = None,
+    install_signal_handlers: bool = False,
+    destination: Destination | None = None,
+) -> RelayReport:
+    """Relay one configured table: build its destination, run under the budget, close it."""
+    from outbox_pipelines.core.wiring import build_destination
+
+    table_settings = settings.table(table)
+    owned = destination is None
+    destination = destination or build_destination(table_settings, settings)
+    relay = Relay(url, table_settings, destination, worker_id=worker_id, progress=progress)
+    if install_signal_handlers:
+        relay.install_signal_handlers()
+    try:
+        return relay.run(max_seconds=max_seconds, max_entries=max_entries, once=once)
+    finally:
+        if owned:
+            destination.close()

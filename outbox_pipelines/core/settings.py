@@ -106,6 +106,32 @@ class GlobalSettings:
 
 
 @dataclass(frozen=True)
+class CheckThresholds:
+    """When a table's asset checks turn WARN or ERROR."""
+
+    lag_p95_warn_s: float = 60.0
+    lag_p95_error_s: float = 300.0
+    oldest_pending_warn_s: float = 300.0
+    oldest_pending_error_s: float = 1800.0
+    dead_warn: int = 1
+    dead_error: int = 100
+    stuck_warn: int = 1
+    stuck_error: int = 50
+    backlog_warn: int = 10_000
+    backlog_error: int = 100_000
+
+
+THRESHOLD_KEYS = {
+    "lag_p95_warn": ("lag_p95_warn_s", "duration"), "lag_p95_error": ("lag_p95_error_s", "duration"),
+    "oldest_pending_warn": ("oldest_pending_warn_s", "duration"),
+    "oldest_pending_error": ("oldest_pending_error_s", "duration"),
+    "dead_warn": ("dead_warn", "count"), "dead_error": ("dead_error", "count"),
+    "stuck_warn": ("stuck_warn", "count"), "stuck_error": ("stuck_error", "count"),
+    "backlog_warn": ("backlog_warn", "count"), "backlog_error": ("backlog_error", "count"),
+}
+
+
+@dataclass(frozen=True)
 class TableSettings:
     name: str
     destination: str = "paper"
@@ -130,6 +156,7 @@ class TableSettings:
     cleaner_enabled: bool = True
     idle_sleep_s: float = 0.2
     poll_interval_s: float = 1.0
+    checks: CheckThresholds = field(default_factory=CheckThresholds)
 
 
 # Built-in defaults of the shipped tables; a config file's sections override them.
@@ -151,7 +178,7 @@ TABLE_KEYS = {
     "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
-}
+} | set(THRESHOLD_KEYS)
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path | None:
@@ -218,6 +245,13 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         policy.check_inside_window(table=name)
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
+    thresholds: dict[str, float | int] = {}
+    for key, (attribute, kind) in THRESHOLD_KEYS.items():
+        if key in section:
+            value = parse_duration(section[key], f"{where} {key}") if kind == "duration" else section[key]
+            if kind == "count" and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{where} {key} must be a whole number >= 0, got {value!r}")
+            thresholds[attribute] = value
     paused = section.get("paused_topics", [])
     if not isinstance(paused, list) or not all(isinstance(t, str) for t in paused):
         raise ConfigError(f"{where} paused_topics must be a list of topic names")
@@ -244,6 +278,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         cleaner_enabled=bool(section.get("cleaner_enabled", env.cleaner_enabled)),
         idle_sleep_s=env.idle_sleep_s,
         poll_interval_s=env.poll_interval_s,
+        checks=CheckThresholds(**thresholds),
     )
 
 

@@ -307,3 +307,19 @@ ORDER BY 2 DESC
 SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_due_in_s
 FROM {table}
 WHERE status = 'pending'
+
+-- name: outbox_sent_in_window
+-- Backfill: sent rows published in [start, end), paged by id.
+SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at
+FROM {table} AS t
+WHERE t.status = 'sent'
+  AND t.published_at >= %(start)s::timestamptz
+  AND t.published_at < %(end)s::timestamptz
+  AND t.id > %(after_id)s
+ORDER BY t.id
+LIMIT %(limit)s
+
+-- name: outbox_ready_count
+SELECT count(*) AS ready
+FROM {table}
+WHERE status = 'pending' AND available_at <= now() AND topic <> ALL(%(paused_topics)s::text[])

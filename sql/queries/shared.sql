@@ -42,3 +42,12 @@ SELECT pg_advisory_unlock(hashtext('outbox:' || %(table_name)s)) AS unlocked
 INSERT INTO outbox_audit (outbox_table, message_id, code, error_code, worker, detail)
 SELECT %(table_name)s, id, %(code)s, %(error_code)s, %(worker)s, %(detail)s
 FROM unnest(%(ids)s::bigint[]) AS id
+
+-- name: outbox_audit_note
+INSERT INTO outbox_audit (outbox_table, code, worker, detail)
+VALUES (%(table_name)s, %(code)s, %(worker)s, %(detail)s)
+
+-- name: outbox_relay_wait_lock
+-- Standby: block on the single-active lock for at most lock_timeout, so the
+-- standby takes over the moment the holder lets go.
+SELECT set_config('lock_timeout', %(timeout_ms)s, false), pg_advisory_lock(hashtext('outbox:' || %(table_name)s))
