@@ -1,0 +1,64 @@
+"""Each outbox table is an observed asset with four checks: lag, dead letters, stuck, backlog."""
+
+from typing import List
+
+import dagster as dg
+
+from outbox_pipelines.core.health import CHECK_NAMES, evaluate_checks
+from outbox_pipelines.defs.common import metadata_values, table_asset_key
+from outbox_pipelines.defs.resources import OutboxDatabase
+
+SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
+CHECK_DESCRIPTIONS = {
+    "lag": "p95 of created → published over the last hour, and the age of the oldest ready message",
+    "dead_letters": "messages in dead, by error code (replay them with replay_dead_job)",
+    "stuck": "messages in sending past their lease or the stuck threshold (requeue_stuck_job returns them)",
+    "backlog": "messages waiting to be relayed",
+}
+
+
+def table_asset(table: str) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        key=table_asset_key(table),
+        description=f"The outbox table {table}: observed by relay runs and its checks, never materialized.",
+        group_name="outbox",
+        kinds={"postgres"},
+        metadata={"table": table},
+    )
+
+
+def table_checks(table: str) -> dg.AssetChecksDefinition:
+    key = table_asset_key(table)
+
+    @dg.multi_asset_check(
+        name=f"{table}_health",
+        specs=[dg.AssetCheckSpec(name=name, asset=key, description=CHECK_DESCRIPTIONS[name]) for name in CHECK_NAMES],
+        description=f"Health of {table}",
+    )
+    def _checks(context: dg.AssetCheckExecutionContext, outbox_db: OutboxDatabase):
+        settings = outbox_db.settings()
+        table_settings = settings.table(table)
+        status = outbox_db.table_status(table_settings)
+        for verdict in evaluate_checks(status, table_settings.checks):
+            yield dg.AssetCheckResult(
+                asset_key=key,
+                check_name=verdict.name,
+                passed=verdict.passed,
+                severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
+                description=verdict.description,
+                metadata=metadata_values({**verdict.metadata, "severity": verdict.severity}),
+            )
+
+    return _checks
+
+
+def assets_and_checks(tables: List[str]):
+    return [table_asset(t) for t in tables], [table_checks(t) for t in tables]
+
+
+CHECKS_JOB = dg.define_asset_job(
+    name="outbox_checks_job",
+    selection=dg.AssetSelection.all_asset_checks(),
+    description="Run every outbox table's health checks.",
+    executor_def=dg.in_process_executor,
+)

@@ -1,0 +1,39 @@
+"""Helpers shared by the ops: turning core errors into clear run failures, metadata values."""
+
+from typing import Any, Dict
+
+import dagster as dg
+
+from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
+from outbox_pipelines.core.settings import Settings, TableSettings
+
+
+def table_asset_key(table: str) -> dg.AssetKey:
+    return dg.AssetKey(["outbox", table])
+
+
+def resolve_table(settings: Settings, name: str) -> TableSettings:
+    """The table's settings, or a run failure that says which tables exist and where to add one."""
+    try:
+        return settings.table(name)
+    except (UnknownTable, InvalidTableName, ConfigError) as exc:
+        raise dg.Failure(
+            description=str(exc),
+            metadata={"table": name, "known_tables": ", ".join(sorted(settings.tables))},
+            allow_retries=False,
+        ) from None
+
+
+def metadata_values(values: Dict[str, Any]) -> Dict[str, Any]:
+    """Dagster metadata from plain values: None becomes the text '-', dicts become JSON."""
+    out: Dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None:
+            out[key] = dg.MetadataValue.text("-")
+        elif isinstance(value, (dict, list)):
+            out[key] = dg.MetadataValue.json(value)
+        elif isinstance(value, float):
+            out[key] = dg.MetadataValue.float(round(value, 4))
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,101 @@
+"""Maintenance jobs: requeue stuck rows, clean old sent rows, prune Dagster's own run history."""
+
+from datetime import datetime, timedelta, timezone
+from typing import List, Optional
+
+import dagster as dg
+
+from outbox_pipelines.core.maintenance import clean, requeue_stuck
+from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.defs.resources import OutboxDatabase
+
+
+class TablesConfig(dg.Config):
+    tables: List[str] = []  # empty: every configured table
+
+
+class CleanConfig(TablesConfig):
+    retention: Optional[str] = None  # e.g. "168h"; default: each table's retention
+    audit_retention: Optional[str] = None  # also delete audit rows older than this
+
+
+def _chosen(outbox_db: OutboxDatabase, tables: List[str]):
+    settings = outbox_db.settings()
+    return settings, [resolve_table(settings, name) for name in (tables or sorted(settings.tables))]
+
+
+@dg.op(description="Return sending rows whose lease expired (or stuck past the threshold) to pending.", out=dg.Out(dg.Nothing))
+def requeue_stuck_op(context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDatabase):
+    _, tables = _chosen(outbox_db, config.tables)
+    changed = {}
+    for table in tables:
+        report = requeue_stuck(outbox_db.database_url(), table, progress=context.log.info)
+        changed[table.name] = {"requeued": report.requeued, "dead_no_attempts_left": report.dead}
+        if report.requeued or report.dead:
+            context.log.warning(f"{table.name}: requeued {report.requeued}, dead {report.dead} (a relay died holding them)")
+    total = sum(v["requeued"] for v in changed.values())
+    yield dg.Output(None, metadata=metadata_values({"requeued_total": total, "by_table": changed}))
+
+
+@dg.op(description="Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.", out=dg.Out(dg.Nothing))
+def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDatabase):
+    from outbox_pipelines.core.settings import parse_duration
+
+    _, tables = _chosen(outbox_db, config.tables)
+    retention = parse_duration(config.retention, "retention") if config.retention else None
+    audit_retention = parse_duration(config.audit_retention, "audit_retention") if config.audit_retention else None
+    changed = {}
+    ledger = audit = 0
+    for index, table in enumerate(tables):
+        if not table.cleaner_enabled:
+            context.log.info(f"{table.name}: cleaner disabled; skipped")
+            continue
+        report = clean(outbox_db.database_url(), table, retention_s=retention, include_shared=index == 0,
+                       audit_retention_s=audit_retention, progress=context.log.info)
+        changed[table.name] = report.deleted_sent
+        ledger += report.deleted_ledger
+        audit += report.deleted_audit
+    context.log.info(f"deleted sent rows {changed}, expired ledger rows {ledger}, audit rows {audit}")
+    yield dg.Output(None, metadata=metadata_values(
+        {"deleted_sent_by_table": changed, "deleted_sent_total": sum(changed.values()),
+         "deleted_ledger": ledger, "deleted_audit": audit}))
+
+
+class PruneConfig(dg.Config):
+    keep_days: float = 14.0
+    batch: int = 500
+
+
+@dg.op(description="Delete finished Dagster runs older than keep_days (open-source Dagster keeps runs forever).", out=dg.Out(dg.Nothing))
+def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig):
+    cutoff = datetime.now(timezone.utc) - timedelta(days=config.keep_days)
+    finished = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+    deleted = 0
+    while True:
+        records = context.instance.get_run_records(
+            filters=dg.RunsFilter(created_before=cutoff, statuses=finished), limit=config.batch
+        )
+        records = [r for r in records if r.dagster_run.run_id != context.run_id]
+        if not records:
+            break
+        for record in records:
+            context.instance.delete_run(record.dagster_run.run_id)
+            deleted += 1
+        context.log.info(f"deleted {deleted} runs created before {cutoff.isoformat()}")
+    yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
+
+
+def maintenance_jobs() -> List[dg.JobDefinition]:
+    @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor)
+    def requeue_stuck_job():
+        requeue_stuck_op()
+
+    @dg.job(description="Clean old sent rows and expired ledger rows.", executor_def=dg.in_process_executor)
+    def clean_job():
+        clean_op()
+
+    @dg.job(description="Prune Dagster's own run history older than keep_days.", executor_def=dg.in_process_executor)
+    def prune_run_history_job():
+        prune_run_history_op()
+
+    return [requeue_stuck_job, clean_job, prune_run_history_job]

@@ -1,0 +1,78 @@
+"""Resources: the outbox database and the destinations of each table."""
+
+from typing import Dict, Optional
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import PrivateAttr
+
+from outbox_pipelines.core import db
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.health import TableStatus, read_status, ready_count
+from outbox_pipelines.core.store import driver_connection
+from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+from outbox_pipelines.core.wiring import build_destination
+
+TABLE_TAG = "outbox/table"
+
+
+class OutboxDatabase(dg.ConfigurableResource):
+    """The outbox's PostgreSQL: ``url``, else OUTBOX_DATABASE_URL, else the embedded server.
+
+    ``engine()`` is a pooled SQLAlchemy engine on psycopg 3 for short reads
+    (checks, sensors). Relays open their own dedicated connections because they
+    hold a session advisory lock and LISTEN, which must not go back to a pool.
+    """
+
+    url: Optional[str] = None
+    config_path: Optional[str] = None
+    _resolved: Optional[str] = PrivateAttr(default=None)
+    _engine: Optional[sa.Engine] = PrivateAttr(default=None)
+
+    def database_url(self) -> str:
+        if self._resolved is None:
+            self._resolved = db.psycopg_url(self.url) if self.url else db.resolve_database(announce=False).url
+        return self._resolved
+
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            self._engine = sa.create_engine(
+                db.sqlalchemy_url(self.database_url()), pool_size=2, max_overflow=4, pool_pre_ping=True
+            )
+        return self._engine
+
+    def table_status(self, table: TableSettings) -> TableStatus:
+        """Counts, lag and dead letters of one table, read over a pooled connection."""
+        with self.engine().connect() as conn:
+            return read_status(OutboxTable(driver_connection(conn), table.name), stuck_after_s=table.stuck_threshold_s)
+
+    def ready_count(self, table: TableSettings) -> int:
+        with self.engine().connect() as conn:
+            return ready_count(driver_connection(conn), table.name, table.paused_topics)
+
+    def settings(self) -> Settings:
+        from pathlib import Path
+
+        return load_settings(path=Path(self.config_path) if self.config_path else None)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+class OutboxDestinations(dg.ConfigurableResource):
+    """Builds each table's destination from its settings (HTTP via httpx, handlers, paper broker).
+
+    ``url_overrides`` sends a table's HTTP traffic elsewhere (a drill, a broker simulator).
+    """
+
+    url_overrides: Dict[str, str] = {}
+
+    def for_table(self, table: TableSettings, settings: Settings) -> Destination:
+        override = self.url_overrides.get(table.name)
+        if override:
+            from dataclasses import replace
+
+            table = replace(table, destination="http", url=override)
+        return build_destination(table, settings)

@@ -1,0 +1,67 @@
+"""Schedules and sensors that keep relaying continuous and the tables healthy."""
+
+from typing import Dict, List
+
+import dagster as dg
+
+from outbox_pipelines.defs.checks import CHECKS_JOB
+from outbox_pipelines.defs.relay import DEFAULT_RUN_SECONDS, relay_job_name
+from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase
+
+ACTIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+RUNNING = dg.DefaultScheduleStatus.RUNNING
+
+
+def relay_schedules(tables: List[str], jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
+    """Every minute a relay run starts for each table and relays for 75 s, so consecutive runs overlap by
+    ~15 s (minus the run's start-up): at steady state one is always active and a hand-off leaves no gap.
+    The per-table run limit in dagster.yaml (2) keeps them from piling up."""
+    return [
+        dg.ScheduleDefinition(
+            name=f"relay_{table}_every_minute",
+            job=jobs[relay_job_name(table)],
+            cron_schedule="* * * * *",
+            default_status=RUNNING,
+            description=f"Keeps a relay run active for {table} ({DEFAULT_RUN_SECONDS:.0f}s runs, started every minute).",
+        )
+        for table in tables
+    ]
+
+
+def backlog_sensor(table: str, job: dg.JobDefinition) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=f"relay_{table}_on_backlog",
+        job=job,
+        minimum_interval_seconds=5,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Starts a relay run for {table} when messages are ready and no relay run is active.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase):
+        active = context.instance.get_runs(filters=dg.RunsFilter(tags={TABLE_TAG: table}, statuses=ACTIVE), limit=1)
+        if active:
+            return dg.SkipReason(f"relay run {active[0].run_id[:8]} is active for {table}")
+        settings = outbox_db.settings()
+        ready = outbox_db.ready_count(settings.table(table))
+        if ready == 0:
+            return dg.SkipReason(f"no ready messages in {table}")
+        return dg.RunRequest(tags={TABLE_TAG: table, "outbox/trigger": "backlog"})
+
+    return _sensor
+
+
+def maintenance_schedules(jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
+    return [
+        dg.ScheduleDefinition(name="requeue_stuck_every_5_minutes", job=jobs["requeue_stuck_job"],
+                              cron_schedule="*/5 * * * *", default_status=RUNNING),
+        dg.ScheduleDefinition(name="clean_hourly", job=jobs["clean_job"], cron_schedule="7 * * * *",
+                              default_status=RUNNING),
+        dg.ScheduleDefinition(name="outbox_checks_every_5_minutes", job=CHECKS_JOB, cron_schedule="*/5 * * * *",
+                              default_status=RUNNING),
+        dg.ScheduleDefinition(name="prune_run_history_daily", job=jobs["prune_run_history_job"],
+                              cron_schedule="17 3 * * *", default_status=RUNNING),
+    ]

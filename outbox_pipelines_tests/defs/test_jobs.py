@@ -1,0 +1,124 @@
+"""Every job in-process against a real PostgreSQL (and a local HTTP sink where it delivers)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
+from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_definitions_load_and_validate(tmp_path):
+    import os
+
+    from outbox_pipelines.definitions import defs
+
+    names = {job.name for job in defs.jobs}
+    assert {"relay_outbox_orders_job", "relay_outbox_memory_job", "relay_outbox_events_job", "relay_job",
+            "requeue_stuck_job", "clean_job", "replay_dead_job", "backfill_job", "outbox_checks_job",
+            "prune_run_history_job"} <= names
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO, capture_output=True, text=True, timeout=180, env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "All code locations passed validation" in result.stderr + result.stdout
+
+
+def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink):
+    enqueue_n(conn, "outbox_orders", 20, prefix="o-")
+    resources = {"outbox_db": OutboxDatabase(url=db_url),
+                 "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": http_sink.url})}
+    result = run_job("relay_outbox_orders_job", resources, instance,
+                     {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
+    assert result.success
+    meta = op_metadata(result, "relay_table")
+    assert (meta["sent"], meta["retried"], meta["dead"], meta["conflicts"]) == (20, 0, 0, 0)
+    assert meta["throughput_per_s"] > 0 and "lag_p95_s" in meta
+    assert statuses(conn, "outbox_orders") == {"sent": 20}
+    assert len(http_sink.received) == 20
+    observations = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observations and observations[0].asset_key == dg.AssetKey(["outbox", "outbox_orders"])
+
+
+def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_url, conn, instance, resources):
+    enqueue_n(conn, "outbox_orders", 2)
+    result = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "nope_outbox"}}}})
+    assert not result.success
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    assert "no settings for table 'nope_outbox'" in failure.event_specific_data.error.message
+    assert statuses(conn, "outbox_orders") == {"pending": 2}
+
+
+def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance):
+    enqueue_n(conn, "outbox_orders", 5)
+    resources = {"outbox_db": OutboxDatabase(url=db_url),
+                 "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": "http://127.0.0.1:9/orders"})}
+    result = run_job("relay_outbox_orders_job", resources, instance,
+                     {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 0.5}}}})
+    assert result.success
+    meta = op_metadata(result, "relay_table")
+    assert (meta["sent"], meta["retried"]) == (0, 5)
+    assert statuses(conn, "outbox_orders") == {"pending": 5}
+    assert {r["last_error_code"] for r in rows(conn, "outbox_orders")} == {"NETWORK_TIMEOUT"}
+
+
+def test_requeue_and_clean_jobs_report_what_they_changed(db_url, conn, instance, resources):
+    ids = enqueue_n(conn, "outbox_events", 3)
+    conn.execute("UPDATE outbox_events SET status = 'sending', locked_by = 'gone', attempts = 1, "
+                 "lease_expires_at = now() - interval '1 minute' WHERE id = %s", (ids[0],))
+    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '30 days' WHERE id = %s",
+                 (ids[1],))
+    result = run_job("requeue_stuck_job", resources, instance)
+    assert result.success and op_metadata(result, "requeue_stuck_op")["requeued_total"] == 1
+    result = run_job("clean_job", resources, instance)
+    assert result.success and op_metadata(result, "clean_op")["deleted_sent_total"] == 1
+    assert statuses(conn, "outbox_events") == {"pending": 2}
+
+
+def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, resources):
+    ids = enqueue_n(conn, "outbox_orders", 3)
+    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BROKER_5XX'")
+    conn.execute("UPDATE outbox_orders SET last_error_code = 'BAD_REQUEST' WHERE id = %s", (ids[2],))
+    config = {"ops": {"replay_dead_op": {"config": {"table": "outbox_orders"}}}}
+    dry = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
+    assert (dry["dry_run"], dry["matched"], dry["replayed"], dry["refused_bad_request"]) == (True, 3, 0, 1)
+    assert statuses(conn, "outbox_orders") == {"dead": 3}
+    config["ops"]["replay_dead_op"]["config"]["dry_run"] = False
+    done = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
+    assert done["replayed_ids"] == ids[:2]
+    assert statuses(conn, "outbox_orders") == {"pending": 2, "dead": 1}
+    config["ops"]["replay_dead_op"]["config"].update({"topic": "nothing-matches"})
+    none = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
+    assert none["matched"] == 0
+
+
+def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instance, http_sink):
+    ids = enqueue_n(conn, "outbox_orders", 4, prefix="bf-")
+    today = db_now(conn).date()
+    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() WHERE id = ANY(%s)", (ids[:3],))
+    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() - interval '3 days' WHERE id = %s",
+                 (ids[3],))
+    resources = {"outbox_db": OutboxDatabase(url=db_url), "outbox_destinations": OutboxDestinations()}
+    config = {"ops": {"backfill_op": {"config": {"table": "outbox_orders", "destination_url": http_sink.url}}}}
+    result = run_job("backfill_job", resources, instance, config, partition_key=today.isoformat())
+    assert result.success
+    meta = op_metadata(result, "backfill_op")
+    assert (meta["found"], meta["delivered"], meta["failed"]) == (3, 3, 0)
+    assert sorted(http_sink.keys()) == ["bf-0", "bf-1", "bf-2"]
+    empty = run_job("backfill_job", resources, instance, config, partition_key="2026-01-02")
+    assert empty.success and op_metadata(empty, "backfill_op")["found"] == 0
+
+
+def test_prune_run_history_job_deletes_old_runs(db_url, instance, resources):
+    run_job("clean_job", resources, instance)
+    assert len(instance.get_runs()) == 1
+    result = run_job("prune_run_history_job", resources, instance,
+                     {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}})
+    assert result.success and op_metadata(result, "prune_run_history_op")["deleted_runs"] == 1
+    assert [r.job_name for r in instance.get_runs()] == ["prune_run_history_job"]
