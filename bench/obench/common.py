@@ -11,7 +11,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -134,12 +134,15 @@ class Row:
     headers: str
 
 
-def make_rows(count: int, topic: str, prefix: str) -> list[Row]:
-    rows = []
+def iter_rows(count: int, topic: str, prefix: str) -> Iterator[Row]:
+    """Rows made on the fly, so a million of them never sit in memory at once."""
     for n in range(count):
         payload = canonical_json(sample_payload(n))
-        rows.append(Row(f"{prefix}-{n}", topic, payload, digest(payload), canonical_json({"trace_id": uuid.uuid4().hex})))
-    return rows
+        yield Row(f"{prefix}-{n}", topic, payload, digest(payload), canonical_json({"trace_id": uuid.uuid4().hex}))
+
+
+def make_rows(count: int, topic: str, prefix: str) -> list[Row]:
+    return list(iter_rows(count, topic, prefix))
 
 
 def copy_rows(conn: psycopg.Connection, table: str, rows: Iterable[Row]) -> int:

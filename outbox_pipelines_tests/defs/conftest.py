@@ -18,7 +18,7 @@ def resources(db_url):
 def run_job(job_name: str, resources: dict, instance, run_config: dict | None = None, **kwargs):
     from outbox_pipelines.definitions import build_definitions
 
-    job = build_definitions(resources).get_job_def(job_name)
+    job = build_definitions(resources).resolve_job_def(job_name)
     return job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False, **kwargs)
 
 

@@ -1,0 +1,126 @@
+"""Asset checks at pass / WARN / ERROR, the backlog sensor, and alerts reaching a local webhook."""
+
+import dagster as dg
+import pytest
+
+from outbox_pipelines.defs.alerts import check_alert, failed_checks
+from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines_tests.defs.conftest import run_job
+from outbox_pipelines_tests.helpers import enqueue_n
+
+
+def check_results(result) -> dict:
+    found = {}
+    for event in result.all_events:
+        if event.event_type_value == "ASSET_CHECK_EVALUATION":
+            data = event.event_specific_data
+            if data.asset_key == dg.AssetKey(["outbox", "outbox_orders"]):
+                found[data.check_name] = (data.passed, data.severity.value, {k: v.value for k, v in data.metadata.items()})
+    return found
+
+
+def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
+    enqueue_n(conn, "outbox_orders", 3)
+    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = created_at + interval '2 seconds'")
+    result = run_job("outbox_checks_job", resources, instance)
+    assert result.success
+    checks = check_results(result)
+    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog"}
+    assert all(passed for passed, _, _ in checks.values())
+    assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
+
+
+def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, instance, resources):
+    ids = enqueue_n(conn, "outbox_orders", 60)
+    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)", (ids[:2],))
+    conn.execute("UPDATE outbox_orders SET status = 'sending', locked_by = 'gone', attempts = 1, "
+                 "lease_expires_at = now() - interval '1 minute' WHERE id = ANY(%s)", (ids[2:55],))
+    conn.execute("UPDATE outbox_orders SET created_at = now() - interval '1 hour' WHERE id = ANY(%s)", (ids[55:],))
+    checks = check_results(run_job("outbox_checks_job", resources, instance))
+    assert checks["dead_letters"][:2] == (False, "WARN")
+    assert checks["dead_letters"][2]["dead_BAD_REQUEST"] == 2
+    assert checks["stuck"][:2] == (False, "ERROR") and checks["stuck"][2]["stuck"] == 53
+    assert checks["lag"][:2] == (False, "ERROR")  # the oldest ready message waits an hour
+    assert checks["backlog"][0] is True
+
+
+def test_thresholds_come_from_the_table_settings(db_url, conn, instance, tmp_path):
+    config = tmp_path / "outbox.toml"
+    config.write_text("[tables.outbox_orders]\nbacklog_warn = 2\nbacklog_error = 5\n")
+    enqueue_n(conn, "outbox_orders", 3)
+    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)), "outbox_destinations": OutboxDestinations()}
+    checks = check_results(run_job("outbox_checks_job", resources, instance))
+    assert checks["backlog"][:2] == (False, "WARN")
+
+
+def backlog_sensor_def():
+    from outbox_pipelines.definitions import build_definitions
+
+    return build_definitions().resolve_sensor_def("relay_outbox_orders_on_backlog")
+
+
+def test_backlog_sensor_requests_a_run_only_when_messages_are_ready(db_url, conn, instance):
+    sensor = backlog_sensor_def()
+    resources = {"outbox_db": OutboxDatabase(url=db_url)}
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        result = sensor.evaluate_tick(context)
+    assert result.run_requests == [] and "no ready messages" in result.skip_message
+    enqueue_n(conn, "outbox_orders", 1)
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        result = sensor.evaluate_tick(context)
+    assert len(result.run_requests) == 1
+    assert result.run_requests[0].tags["outbox/table"] == "outbox_orders"
+
+
+def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance):
+    enqueue_n(conn, "outbox_orders", 1)
+    from outbox_pipelines.definitions import build_definitions
+
+    job = build_definitions().resolve_job_def("relay_outbox_orders_job")
+    run = instance.create_run_for_job(job, tags={"outbox/table": "outbox_orders"})
+    instance.handle_run_event(run.run_id, dg.DagsterEvent(
+        event_type_value="PIPELINE_START", job_name=job.name, message="started"))
+    with dg.build_sensor_context(instance=instance, resources={"outbox_db": OutboxDatabase(url=db_url)}) as context:
+        result = backlog_sensor_def().evaluate_tick(context)
+    assert result.run_requests == [] and "is active" in result.skip_message
+
+
+def test_check_alert_posts_warn_and_error_checks_to_the_webhook(db_url, conn, instance, resources, http_sink, monkeypatch):
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    enqueue_n(conn, "outbox_orders", 1)
+    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'UNAUTHORIZED'")
+    result = run_job("outbox_checks_job", resources, instance)
+    failed = failed_checks(instance, result.run_id)
+    assert [(f["asset"], f["check"], f["severity"]) for f in failed] == [("outbox/outbox_orders", "dead_letters", "WARN")]
+    context = dg.build_run_status_sensor_context(
+        sensor_name="outbox_check_alert", dagster_instance=instance, dagster_run=result.dagster_run,
+        dagster_event=result.get_run_success_event(),
+    )
+    check_alert(context)
+    [alert] = [r.body for r in http_sink.received]
+    assert alert["kind"] == "check_failure" and alert["severity"] == "WARN"
+    assert alert["checks"][0]["metadata"]["dead_UNAUTHORIZED"] == 1
+
+
+def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http_sink, monkeypatch):
+    from outbox_pipelines.defs.alerts import run_failure_alert
+
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
+    assert not failed.success
+    context = dg.build_run_status_sensor_context(
+        sensor_name="outbox_run_failure_alert", dagster_instance=instance, dagster_run=failed.dagster_run,
+        dagster_event=failed.get_run_failure_event(),
+    ).for_run_failure()
+    run_failure_alert(context)
+    [alert] = [r.body for r in http_sink.received]
+    assert alert["kind"] == "run_failure" and alert["job"] == "relay_job"
+    assert alert["run_id"] == failed.run_id
+
+
+def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):
+    from outbox_pipelines.core.alerts import post_alert
+
+    monkeypatch.delenv("OUTBOX_ALERT_WEBHOOK_URL", raising=False)
+    assert post_alert({"summary": "something"}) is False
+    assert "something" in caplog.text
