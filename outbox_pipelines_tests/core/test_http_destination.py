@@ -4,7 +4,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
@@ -116,7 +116,7 @@ class RawServer:
 
 
 @pytest.fixture
-def raw_server() -> Iterator[callable]:
+def raw_server() -> Iterator[Callable[[bytes], "RawServer"]]:
     servers: list[RawServer] = []
 
     def start(reply: bytes) -> RawServer:
@@ -323,7 +323,7 @@ def orders_settings(sink, **overrides: object):
 
 
 def relay(db_url: str, settings, sink, **kwargs: object) -> Relay:
-    return Relay(db_url, settings, HttpDestination(sink.url, timeout_s=2, **kwargs), worker_id="test-relay")
+    return Relay(db_url, settings, HttpDestination(sink.url, timeout_s=2), worker_id="test-relay", **kwargs)
 
 
 def run_once(db_url: str, sink, **overrides: object):
@@ -423,9 +423,9 @@ def test_relay_settles_final_answers_in_one_attempt(conn, db_url, http_sink, sta
 def test_429_retry_after_sets_available_at_in_database_time(conn, db_url, http_sink):
     [key] = enqueue(conn, "order-rl")
     http_sink.script = lambda k, attempt, body: (429, {"Retry-After": "30"}, b"rate limited")
-    r = relay(db_url, orders_settings(http_sink), http_sink)
     # The relay holds the whole table after a 429; stop it as soon as the batch is settled.
-    r.progress, r.progress_every_s = (lambda report: report.settled and r.request_stop()), 0.0
+    stop_when_settled = lambda report: report.settled and r.request_stop()  # noqa: E731
+    r = relay(db_url, orders_settings(http_sink), http_sink, progress=stop_when_settled, progress_every_s=0.0)
     try:
         report = r.run(max_seconds=10)
     finally:
