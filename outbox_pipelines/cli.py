@@ -327,6 +327,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_database_url(), quiet=args.quiet)
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    from outbox_pipelines.dev import run_dev
+
+    return run_dev(host=args.host, port=args.port)
+
+
 # -- parser ------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -408,6 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention", type=_duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
     p.add_argument("--audit-retention", type=_duration, help="also delete audit rows older than this")
     p.add_argument("--force", action="store_true", help="run even if the cleaner is disabled")
+
+    p = add("dev", cmd_dev, "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=3000)
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")

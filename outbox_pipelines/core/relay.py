@@ -299,9 +299,9 @@ class Relay:
                 report.dead += 1
                 code = settlement.error_code or m.UNKNOWN
                 report.dead_by_code[code] = report.dead_by_code.get(code, 0) + 1
-            if outcome.code == m.RATE_LIMITED:
+            if outcome.code == m.RATE_LIMITED and settlement.status == "pending":
                 report.rate_limited += 1
-                slow_down = max(slow_down, settlement.delay_s or self.settings.retry.base_s)
+                slow_down = max(slow_down, settlement.delay_s)
         if slow_down > 0:
             # 429: the destination is overloaded; hold the whole table, not just this row.
             self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
@@ -339,6 +339,10 @@ class Relay:
         except psycopg.Error:
             log.warning("relay %s: could not audit %s", self.settings.name, code)
 
+    def _paused_topics(self) -> tuple[str, ...]:
+        """Read at every claim, so switching a topic off takes effect on a running relay."""
+        return tuple(self.settings.paused_topics) + tuple(getattr(self.destination, "paused_topics", ()))
+
     def _requeue_expired(self, store: OutboxTable, report: RelayReport) -> None:
         rows = store.requeue_stuck(
             self.worker,
@@ -355,7 +359,6 @@ class Relay:
         next_progress = started + self.progress_every_s
         next_requeue = started
         requeue_every = max(min(self.settings.lease_s / 2.0, 30.0), self.settings.poll_interval_s)
-        paused_topics = tuple(self.settings.paused_topics) + tuple(getattr(self.destination, "paused_topics", ()))
         keeper = LeaseKeeper(self.url, self.settings.name, self.worker, self.settings.lease_s)
         conn = self._connect()
         store = OutboxTable(conn, self.settings.name)
@@ -385,6 +388,9 @@ class Relay:
                     self.progress(report)
                     next_progress = now + self.progress_every_s
                 if now < self._pause_until:
+                    if once:
+                        report.stopped_because = "destination rate-limited the table (429); the rest waits as pending"
+                        break
                     self._wait(conn, min(self._pause_until - now, _left(deadline)))
                     continue
                 batch: list[ClaimedMessage] = []
@@ -395,7 +401,7 @@ class Relay:
                     limit = self.settings.batch_size
                     if max_entries is not None:
                         limit = min(limit, max_entries - report.claimed)
-                    batch = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=paused_topics)
+                    batch = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics())
                     if batch:
                         report.claimed += len(batch)
                         self._process(store, keeper, batch, report)
@@ -411,7 +417,7 @@ class Relay:
                     # Lost connection or statement timeout: what was claimed comes back after its lease.
                     report.db_errors += 1
                     log.warning("relay %s: database error, reconnecting: %s", self.settings.name, exc)
-                    fresh = self._reconnect(conn, single_active, report)
+                    fresh = self._reconnect(conn, single_active, report, deadline)
                     if fresh is None:
                         break
                     conn = fresh
@@ -428,10 +434,15 @@ class Relay:
             conn.close()
         return report
 
-    def _reconnect(self, conn: psycopg.Connection, single_active: bool, report: RelayReport) -> psycopg.Connection | None:
+    def _reconnect(
+        self, conn: psycopg.Connection, single_active: bool, report: RelayReport, deadline: float | None = None
+    ) -> psycopg.Connection | None:
         conn.close()
         delay = 0.1
         while not self._stop.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                report.stopped_because = "time budget used while the database was unreachable"
+                return None
             try:
                 new = self._connect()
             except Exception as exc:

@@ -17,6 +17,7 @@ class RelayRunConfig(dg.Config):
     table: str = "outbox_orders"
     max_seconds: float = DEFAULT_RUN_SECONDS
     max_entries: Optional[int] = None
+    once: bool = False  # drain what is ready, then end the run
 
 
 def _report_metadata(report: RelayReport) -> dict:
@@ -65,6 +66,7 @@ def relay_table(
             table.name,
             max_seconds=config.max_seconds,
             max_entries=config.max_entries,
+            once=config.once,
             destination=destination,
             worker_id=f"dagster:{context.run_id[:8]}",
             progress=lambda r: context.log.info(

@@ -298,3 +298,38 @@ def test_an_outcome_the_database_cannot_store_still_ends_visible(db_url, conn):
     report = Relay(db_url, events_settings(), destination).run(once=True)
     assert report.sent == 1
     assert rows(conn, EVENTS)[0]["result_ref"] == "\\u0000bad"
+
+
+def test_a_one_shot_run_does_not_wait_out_a_rate_limit(db_url, conn):
+    enqueue_n(conn, EVENTS, 3)
+    destination = ScriptedDestination(lambda msg: Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=600))
+    started = time.monotonic()
+    report = Relay(db_url, events_settings(batch_size=1), destination).run(once=True)
+    assert time.monotonic() - started < 5
+    assert (report.claimed, report.rate_limited) == (1, 1)
+    assert "429" in report.stopped_because
+
+
+def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
+    from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox
+
+    registry = HandlerRegistry()
+    handled = []
+    registry.register("a", lambda msg: handled.append(msg.topic))
+    registry.register("b", lambda msg: handled.append(msg.topic))
+    relay = Relay(db_url, events_settings(idle_sleep_s=0.05), HandlerDestination(registry))
+    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 10})
+    worker.start()
+    try:
+        registry.set_enabled("a", False)
+        time.sleep(0.2)  # the relay is between claims now
+        Outbox(EVENTS).enqueue(conn, Message(topic="a", payload={}))
+        Outbox(EVENTS).enqueue(conn, Message(topic="b", payload={}))
+        deadline = time.monotonic() + 5
+        while "b" not in handled and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        relay.request_stop()
+        worker.join(10)
+    assert handled == ["b"]
+    assert rows(conn, EVENTS, "topic = 'a'")[0]["status"] == "pending"

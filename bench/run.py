@@ -1,0 +1,383 @@
+"""The outbox_pipelines benchmark: each figure against a hand-written ceiling, same run, same server.
+
+    .venv/bin/python bench/run.py                      # everything, 3 runs, ~15 min on 2 cores
+    .venv/bin/python bench/run.py --quick              # smaller sizes, ~2 min smoke check
+    .venv/bin/python bench/run.py --scenario drain --runs 5
+
+A script, not a test: it starts its own embedded PostgreSQL in a temp directory
+(or uses OUTBOX_BENCH_DATABASE_URL; the role needs CREATEDB), gives every
+scenario a fresh migrated database, stops the server it started by its PID, and
+writes bench/results.json and bench/results.md (with --quick, under bench/.runs/
+so a smoke check never overwrites the committed figures).
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+# bench/ for the obench package (spawned workers inherit sys.path), the repo for
+# outbox_pipelines when it is not installed into the interpreter.
+for entry in (str(BENCH_DIR), str(REPO)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+from obench import drain, enqueue, flat, http_bench, latency  # noqa: E402
+from obench.common import (  # noqa: E402
+    BENCH_URL_ENV,
+    BenchServer,
+    Figure,
+    ScenarioResult,
+    Sizes,
+    log,
+    stop_all_processes,
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[str, Sizes, int], ScenarioResult]
+    help: str
+
+
+SCENARIOS = [
+    Scenario(
+        "drain",
+        drain.run,
+        "100,000 pending messages drained to a no-op destination, batch 1,000, with 1 and with 4 worker "
+        "processes (competing mode). Ours: Relay(...).run(once=True) per worker. Ceiling: a bare psycopg "
+        "loop sending the same claim and settle SQL. Target: ours >= 0.8x ceiling msg/s.",
+    ),
+    Scenario(
+        "enqueue",
+        enqueue.run,
+        "3,000 one-row business transactions (orders_biz row + outbox row, one commit each) with "
+        "Outbox.enqueue, against the same transaction with a plain INSERT of the outbox row (payload and "
+        "digest precomputed); on a psycopg connection and through SQLAlchemy engine.begin(). "
+        "Target: ours <= 1.15x ceiling time per transaction (psycopg).",
+    ),
+    Scenario(
+        "latency",
+        latency.run,
+        "Commit-to-handler latency at a steady 500 msg/s for 10 s: a producer process commits one "
+        "enqueue every 2 ms; ours is a Relay with a handler destination, the ceiling a bare loop that "
+        "LISTENs on the table's channel and claims + settles on each NOTIFY. p50/p95/p99. "
+        "Target: p99 <= 1.5x ceiling and <= 15 ms.",
+    ),
+    Scenario(
+        "http",
+        http_bench.run,
+        "A local aiohttp sink on 127.0.0.1 in its own process; bare client loops with 32 in flight for "
+        "3 s (httpx.AsyncClient, httpx.Client on 32 threads, httpx over httpx_aiohttp, and raw aiohttp "
+        "as a reference); then the relay draining 10,000 messages through HttpDestination with each "
+        "transport. Target: our default transport >= 0.8x the fastest bare httpx client and >= 2,000 msg/s.",
+    ),
+    Scenario(
+        "flat",
+        flat.run,
+        "Relay RSS sampled every tenth of a 1,000,000-message drain (batch 1,000, delete on success; "
+        "once per invocation), target within +-10% after the first tenth; and claim time of 1,000 rows "
+        "with 1,000,000 sent rows kept vs an empty table, target within +-25%. --quick uses 100,000.",
+    ),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+# -- facts about the machine ---------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts() -> dict[str, Any]:
+    # The core is edited while benchmarks run: record exactly which code was measured.
+    dirty = _git("status", "--porcelain", "--", "outbox_pipelines", "sql")
+    return {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+        "mem_total_gib": _mem_total_gib(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": {p: _version(p) for p in ("psycopg", "sqlalchemy", "httpx", "httpx-aiohttp", "aiohttp", "uvloop")},
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "core_uncommitted_changes": bool(dirty),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if unit in ("msg/s", "req/s"):
+        return f"{value:,.0f}"
+    if unit == "ms/txn":
+        return f"{value:.3f}"
+    if unit == "MiB":
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _cell(stats: dict[str, Any] | None, unit: str, runs: int, suffix: str = "") -> str:
+    if not stats or stats["median"] is None:
+        return "–"
+    text = f"{_fmt(stats['median'], unit)}{suffix}"
+    if runs > 1 and len(stats["runs"]) > 1:
+        text += f" [{_fmt(stats['min'], unit)}–{_fmt(stats['max'], unit)}]"
+    return text
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    m, pg = report["machine"], report["postgres"]
+    runs = report["runs"]
+    lines = [
+        "# outbox_pipelines benchmark results",
+        "",
+        f"Generated {report['timestamp']} by `{report['command']}` in {report['seconds'] / 60:.1f} min.",
+        "Each row: the median over the runs, [min–max] in brackets; *ours* and its *ceiling* are measured",
+        "in the same run on the same PostgreSQL server, and the ratio is the median of the per-run ratios.",
+        "",
+        f"- Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_total_gib']} GiB RAM, {m['platform']}; "
+        f"load average {m['loadavg_at_start'][0]:.2f} at start, {m['loadavg_at_end'][0]:.2f} at end",
+        f"- Python {m['python']}; psycopg {m['packages']['psycopg']}, SQLAlchemy {m['packages']['sqlalchemy']}, "
+        f"httpx {m['packages']['httpx']}, httpx-aiohttp {m['packages']['httpx-aiohttp']}, "
+        f"aiohttp {m['packages']['aiohttp']}",
+        f"- PostgreSQL {pg['server_version']}: {pg['server']}; shared_buffers {pg['shared_buffers']}, "
+        f"synchronous_commit {pg['synchronous_commit']}, fsync {pg['fsync']}",
+        f"- Code: commit {m['git_commit']}"
+        + (" with uncommitted changes in the core" if m["core_uncommitted_changes"] else ""),
+        "",
+        "| scenario | ours | ceiling / reference | ratio | target | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in report["figures"]:
+        verdict = {True: "**pass**", False: "**MISS**", None: "info"}[f["pass"]]
+        ceiling = _cell(f["ceiling"], f["unit"], runs)
+        if f["ceiling_label"] and ceiling != "–":
+            ceiling += f" ({f['ceiling_label']})"
+        ratio = _cell(f["ratio"], "x", runs, "×") if f["ratio"] else "–"
+        lines.append(
+            f"| {f['label']} | {_cell(f['ours'], f['unit'], runs)} {f['unit']} | {ceiling} | {ratio} | "
+            f"{f['target'] or '–'} | {verdict} |"
+        )
+    lines += ["", "## Details", ""]
+    details = report["details"]
+    if "drain" in details:
+        drift = details["drain"].get("ceiling_sql_matches_core", {})
+        lines.append(
+            "- **drain**: the ceiling's claim/settle SQL is a hand copy of sql/queries/outbox.sql; "
+            f"it matched the core's text in this run: {drift}."
+        )
+    if "enqueue" in details:
+        p50 = details["enqueue"]["p50_ms_per_txn"]
+        lines.append(
+            "- **enqueue**: median ms per transaction (last run): "
+            + ", ".join(f"{k} {v[-1]:.3f}" for k, v in p50.items())
+            + ". The four variants take turns transaction by transaction, so WAL-flush noise hits all alike."
+        )
+    if "latency" in details:
+        for kind, stats in details["latency"]["runs"].items():
+            last = stats[-1]
+            lines.append(
+                f"- **latency** {kind} (last run): p50 {last['p50']:.2f} ms, p95 {last['p95']:.2f} ms, "
+                f"p99 {last['p99']:.2f} ms, max {last['max']:.2f} ms over {last['messages']:,} messages at "
+                f"{last['achieved_rate']:.0f} msg/s, {last['missing']} missing, {last['batches']:,} batches."
+            )
+        lines.append(
+            "  Commit time is read right after `commit()` returns in the producer, on the same monotonic "
+            "clock as the handler, so latencies are slightly understated, equally for both."
+        )
+    if "http" in details:
+        h = details["http"]
+        lines.append(
+            f"- **http**: fastest bare httpx client: `{h['fastest_bare_httpx_client']}`; the default transport "
+            f"`{h['default_transport']}` rides on `{h['default_transport_rides_on']}` "
+            f"({'the fastest' if h['default_is_fastest'] else 'NOT the fastest'}). "
+            f"{h['inflight']} requests in flight; the relay drains {h['messages_loaded']:,} loaded messages "
+            f"(or stops at its time budget), batch {h['default_batch_size']} unless stated."
+        )
+    if "flat" in details:
+        for mem in details["flat"]["memory_runs"]:
+            samples = ", ".join(f"{c // 1000:,}k: {rss / 1024:.1f}" for c, rss, _ in mem["samples"])
+            lines.append(f"- **flat** relay RSS in MiB by messages claimed: {samples}.")
+            lines.append(
+                "  Drain msg/s per tenth: " + ", ".join(f"{v:,}" for v in mem["segment_msgs_per_s"] if v) + "."
+            )
+    lines += [
+        "",
+        "## How to run",
+        "",
+        "```",
+        ".venv/bin/python bench/run.py                 # all scenarios, --runs 3",
+        ".venv/bin/python bench/run.py --quick         # smoke check, writes bench/.runs/quick-results.*",
+        ".venv/bin/python bench/run.py --scenario latency --runs 5",
+        ".venv/bin/python bench/run.py --help          # what each scenario measures",
+        "```",
+        "",
+        f"Set {BENCH_URL_ENV} to use an existing server instead of the embedded one (the role needs CREATEDB).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(report: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    md_path.write_text(render_markdown(report))
+    # Keep every run's raw figures (git-ignored), since results.* are overwritten.
+    archive = BENCH_DIR / ".runs"
+    archive.mkdir(exist_ok=True)
+    (archive / f"{stem}-{report['timestamp'].replace(':', '')}.json").write_text(json.dumps(report, indent=2, default=str))
+    return json_path, md_path
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    epilog = "scenarios:\n" + "\n".join(
+        f"  {s.name:8s} " + "\n           ".join(_wrap(s.help, 68)) for s in SCENARIOS
+    )
+    parser = argparse.ArgumentParser(
+        prog="bench/run.py",
+        description="Benchmark outbox_pipelines against hand-written ceilings measured in the same run.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--scenario", action="append", choices=[s.name for s in SCENARIOS], metavar="NAME",
+        help="run only this scenario (repeat for several); default: all of " + ", ".join(BY_NAME),
+    )
+    parser.add_argument("--runs", type=int, default=3, help="repetitions per figure; medians are reported (default 3)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes: the whole run takes about two minutes")
+    parser.add_argument(
+        "--output", type=Path, default=None,
+        help="directory for results.json/results.md (default: bench/, or bench/.runs/ with --quick)",
+    )
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = [BY_NAME[n] for n in dict.fromkeys(args.scenario)] if args.scenario else SCENARIOS
+    sizes = Sizes.quick() if args.quick else Sizes()
+    out_dir = args.output or (BENCH_DIR / ".runs" if args.quick else BENCH_DIR)
+    stem = "quick-results" if args.quick and args.output is None else "results"
+    # A SIGTERM unwinds through the finally blocks: workers and the server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    facts = machine_facts()
+    figures: list[Figure] = []
+    details: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    server = BenchServer()
+    try:
+        postgres = server.facts()
+        log(f"PostgreSQL {postgres['server_version']} ({postgres['server']}); {facts['nproc']} CPUs; runs={args.runs}"
+            + (" (quick sizes)" if args.quick else ""))
+        for scenario in chosen:
+            log(f"scenario {scenario.name}")
+            t0 = time.monotonic()
+            name, url = server.create_database(scenario.name)
+            try:
+                result = scenario.run(url, sizes, args.runs)
+            finally:
+                stop_all_processes()
+                server.drop_database(name)
+            seconds[scenario.name] = round(time.monotonic() - t0, 1)
+            figures.extend(result.figures)
+            details[scenario.name] = result.details
+            for figure in result.figures:
+                d = figure.as_dict()
+                ratio = f", ratio {d['ratio']['median']:.2f}x" if d["ratio"] else ""
+                verdict = {True: "pass", False: "MISS", None: "info"}[d["pass"]]
+                log(f"  => {figure.label}: {_fmt(d['ours']['median'], figure.unit)} {figure.unit}{ratio} [{verdict}]")
+            log(f"scenario {scenario.name} done in {seconds[scenario.name]:.0f} s")
+    finally:
+        stop_all_processes()
+        server.close()
+    facts["loadavg_at_end"] = os.getloadavg()
+    command = "python bench/run.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
+    report = {
+        "timestamp": timestamp,
+        "command": command,
+        "runs": args.runs,
+        "quick": args.quick,
+        "sizes": sizes.__dict__,
+        "seconds": round(time.monotonic() - started, 1),
+        "scenario_seconds": seconds,
+        "machine": facts,
+        "postgres": postgres,
+        "figures": [f.as_dict() for f in figures],
+        "details": details,
+    }
+    json_path, md_path = write_results(report, out_dir, stem)
+    missed = [f["label"] for f in report["figures"] if f["pass"] is False]
+    log(f"wrote {json_path} and {md_path} ({report['seconds'] / 60:.1f} min)")
+    if missed:
+        log("targets missed: " + "; ".join(missed))
+    # The benchmark reports misses; it does not fail on them (it is not a test).
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

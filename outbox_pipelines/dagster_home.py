@@ -1,0 +1,53 @@
+"""Dagster's own storage for `outbox-pipelines dev` and `demo`: a DAGSTER_HOME under .outbox/
+with dagster.yaml, and a PostgreSQL database of its own on the outbox's server."""
+
+import os
+import shutil
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from outbox_pipelines.core import db
+
+DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
+
+
+def dagster_yaml_source() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (Path.cwd() / "dagster.yaml", here.parent / "dagster.yaml", here / "_dagster.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("cannot find dagster.yaml (expected next to workspace.yaml)")
+
+
+def dagster_storage_url(outbox_url: str) -> str:
+    """A psycopg2 URL (what dagster-postgres wants) to '<outbox db>_dagster' on the same server.
+
+    Without the right to create databases, Dagster gets a 'dagster' schema in the outbox's database.
+    """
+    info = psycopg.conninfo.conninfo_to_dict(db.psycopg_url(outbox_url))
+    database = f"{info.get('dbname') or 'postgres'}_dagster"[:63]
+    with psycopg.connect(db.psycopg_url(outbox_url), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+            except psycopg.errors.InsufficientPrivilege:
+                conn.execute("CREATE SCHEMA IF NOT EXISTS dagster")
+                url = db.psycopg_url(outbox_url)
+                joiner = "&" if "?" in url else "?"
+                return "postgresql+psycopg2://" + url[len("postgresql://"):] + joiner + "options=-csearch_path%3Ddagster"
+    return "postgresql+psycopg2://" + db.url_with_database(outbox_url, database)[len("postgresql://"):]
+
+
+def prepare_dagster_home(outbox_url: str) -> dict[str, str]:
+    """Create DAGSTER_HOME with dagster.yaml; return the environment Dagster processes need."""
+    home = Path(os.environ.get("DAGSTER_HOME") or db.embedded_dir() / "dagster_home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(dagster_yaml_source(), home / "dagster.yaml")
+    return {
+        "DAGSTER_HOME": str(home),
+        DAGSTER_PG_URL_ENV: os.environ.get(DAGSTER_PG_URL_ENV) or dagster_storage_url(outbox_url),
+        db.DATABASE_URL_ENV: outbox_url,
+    }

@@ -1,0 +1,102 @@
+"""`outbox-pipelines dev`: the embedded default (or OUTBOX_DATABASE_URL), migrations, Dagster
+storage, and the Dagster UI with its daemon (schedules and sensors running). Ctrl-C stops
+everything it started."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from outbox_pipelines.core import db, migrate
+from outbox_pipelines.dagster_home import prepare_dagster_home
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def _stop_group(pgid: int) -> None:
+    """Stop what dagster dev left in its session (run workers it launched): SIGTERM lets a relay
+    run finish and settle its batch; whatever is still there after 15 s is killed."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
+    if not _port_free(host, port):
+        print(f"error: port {port} on {host} is in use; pass --port to choose another", file=sys.stderr)
+        return 2
+    embedded_before = (db.embedded_dir() / "pgdata" / "postmaster.pid").exists()
+    resolved = db.resolve_database(announce=True)
+    started_embedded = resolved.embedded and not embedded_before
+    applied = migrate.upgrade(resolved.url)
+    print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
+    env = {**os.environ, **prepare_dagster_home(resolved.url)}
+    print(f"Dagster home: {env['DAGSTER_HOME']} (runs and ticks stored in PostgreSQL)")
+    command = [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "outbox_pipelines.definitions",
+               "-h", host, "-p", str(port)]
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    url = f"http://{host}:{port}"
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        if _wait_http(url + "/server_info", proc, timeout=120):
+            print(f"\nDagster UI: {url}  (schedules and sensors are on; Ctrl-C stops everything)\n", flush=True)
+        elif proc.poll() is not None:
+            print("error: dagster dev exited during start-up (see its output above)", file=sys.stderr)
+            return 1
+        while not stopping and proc.poll() is None:
+            time.sleep(0.3)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # dagster dev shuts down its webserver, daemon and code server
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        _stop_group(proc.pid)
+        if started_embedded:
+            db.stop_embedded()
+            print("stopped the embedded PostgreSQL")
+    return 0
