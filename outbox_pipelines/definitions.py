@@ -4,9 +4,14 @@ Tables come from the same settings as the CLI (built-in defaults, OUTBOX_CONFIG)
 the database from OUTBOX_DATABASE_URL or the embedded default.
 """
 
+import warnings
 from typing import Any, Mapping
 
 import dagster as dg
+
+# Dagster's own beta/supersession notices about its internals are noise for operators.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+warnings.filterwarnings("ignore", category=dg.SupersessionWarning) if hasattr(dg, "SupersessionWarning") else None
 
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.defs.alerts import check_alert, run_failure_alert

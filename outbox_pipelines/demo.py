@@ -1,4 +1,4 @@
-"""The demo: every shipped table end to end on the embedded default, in about ten seconds.
+"""The demo: every shipped table end to end through the Dagster jobs, on the embedded default.
 
 Orders go to a local broker simulator that injects faults (503, 429 with
 Retry-After, 400); memory writes show dedup; events go to in-process handlers
@@ -9,21 +9,14 @@ from production.
 
 import time
 import uuid
-from dataclasses import replace
 
 from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core import db, migrate
-from outbox_pipelines.core.destinations import HttpDestination, PaperBroker
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.retry import RetryPolicy
-from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.store import Outbox
 from outbox_pipelines.core.table import OutboxTable
-from outbox_pipelines.core.wiring import build_destination
 
-DEMO_RETRY = RetryPolicy(base_s=0.3, max_s=2.0, max_attempts=4, jitter=0.1)
 
 
 def _enqueue_samples(url: str, run: str) -> dict[str, int]:
@@ -54,13 +47,46 @@ def _enqueue_samples(url: str, run: str) -> dict[str, int]:
     return counts
 
 
+DEMO_CONFIG = """
+# Written by `outbox-pipelines demo`: production settings with short backoffs.
+[tables.outbox_orders]
+base = "300ms"
+max_backoff = "2s"
+max_attempts = 4
+[tables.outbox_memory]
+base = "300ms"
+max_backoff = "2s"
+max_attempts = 4
+[tables.outbox_events]
+base = "300ms"
+max_backoff = "2s"
+max_attempts = 4
+"""
+
+TABLES = ("outbox_orders", "outbox_memory", "outbox_events")
+# The runs' full event logs are in the UI; the terminal gets the summary.
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
 def run_demo(url: str, quiet: bool = False) -> int:
+    import os
     import sys
+
+    import dagster as dg
+
+    from outbox_pipelines.dagster_home import prepare_dagster_home
+    from outbox_pipelines.definitions import build_definitions
+    from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
 
     sys.stderr.flush()
     applied = migrate.upgrade(url)
     if applied:
         print(f"migrated the database: {', '.join(applied)}")
+    os.environ.update(prepare_dagster_home(url))
+    config_path = db.embedded_dir() / "demo-outbox.toml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(DEMO_CONFIG)
+
     run = time.strftime("%H%M%S") + "-" + uuid.uuid4().hex[:4]
     faults = Faults(
         flaky_keys={f"{run}-order-1": 1, f"{run}-order-2": 2},
@@ -69,37 +95,46 @@ def run_demo(url: str, quiet: bool = False) -> int:
     )
     broker = BrokerSim(faults).start_in_thread()
     print(f"broker simulator on {broker.url} (503 for 2 orders, 429 + Retry-After for 1, 400 for 1)")
-    settings = load_settings()
     extra = _enqueue_samples(url, run)
     print(f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
           "6 memory writes (2 repeated payloads), 11 events")
+    definitions = build_definitions({
+        "outbox_db": OutboxDatabase(url=url, config_path=str(config_path)),
+        "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": broker.url}),
+    })
+    runs = 0
     try:
-        deadline = time.monotonic() + 20
-        for name in ("outbox_orders", "outbox_memory", "outbox_events"):
-            table = replace(settings.table(name), retry=DEMO_RETRY, idle_sleep_s=0.05)
-            if name == "outbox_orders":
-                table = replace(table, destination="http", url=broker.url)
-                destination = HttpDestination(broker.url, timeout_s=2.0, parallelism=8)
-            else:
-                destination = build_destination(table, settings) if table.destination != "paper" else PaperBroker()
-            try:
-                while time.monotonic() < deadline:
-                    report = Relay(url, table, destination).run(once=True)
-                    if not quiet and report.claimed:
-                        print(f"  {name}: sent {report.sent} (dedup {report.dedup_hits}), retried {report.retried}, dead {report.dead}")
+        with dg.DagsterInstance.get() as instance:
+            deadline = time.monotonic() + 30
+            pending = set(TABLES)
+            while pending and time.monotonic() < deadline:
+                for name in sorted(pending):
+                    job = definitions.resolve_job_def(f"relay_{name}_job")
+                    result = job.execute_in_process(
+                        run_config={"ops": {"relay_table": {"config": {"table": name, "once": True}}}, **QUIET},
+                        instance=instance, tags={"outbox/table": name, "outbox/trigger": "demo"},
+                    )
+                    runs += 1
+                    meta = {k: getattr(v, "value", v) for e in result.all_events
+                            if e.event_type_value == "STEP_OUTPUT" for k, v in e.event_specific_data.metadata.items()}
+                    if not quiet and meta.get("claimed"):
+                        print(f"  run {result.run_id[:8]} {name}: sent {meta['sent']} (dedup {meta['dedup_hits']}), "
+                              f"retried {meta['retried']}, dead {meta['dead']}")
                     with db.connect(url) as conn:
                         due = OutboxTable(conn, name).next_due_in_s()
                     if due is None or due > 3.0:
-                        break
-                    time.sleep(max(due, 0.05))
-            finally:
-                destination.close()
+                        pending.discard(name)
+                if pending:
+                    time.sleep(0.4)
+            checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance, run_config=QUIET)
+            runs += 1
+            verdicts = [e.event_specific_data for e in checks.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     finally:
         broker.stop()
     print()
     print(f"{'table':<16}" + "".join(f"{s:>10}" for s in STATES) + "   dead by code")
     with db.connect(url) as conn:
-        for name in ("outbox_orders", "outbox_memory", "outbox_events"):
+        for name in TABLES:
             status = read_status(OutboxTable(conn, name))
             dead = ", ".join(f"{k}={v}" for k, v in status.dead_by_code.items()) or "-"
             print(f"{name:<16}" + "".join(f"{status.counts.get(s, 0):>10}" for s in STATES) + f"   {dead}")
@@ -109,6 +144,9 @@ def run_demo(url: str, quiet: bool = False) -> int:
         ).fetchall()
     print("\naudit trail of this run: " + ", ".join(f"{r['code']}={r['n']}" for r in audits))
     print(f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests (each key at most once)")
-    print("\nnext: 'outbox-pipelines status' for the numbers, 'outbox-pipelines replay --table outbox_orders --dry-run --all'"
-          " for the dead letters, 'outbox-pipelines dev' for the Dagster UI")
+    failing = [f"{v.asset_key.path[-1]}:{v.check_name}={v.severity.value}" for v in verdicts if not v.passed]
+    print(f"asset checks: {len(verdicts) - len(failing)} passed" + (f", not passing: {', '.join(failing)}" if failing else ""))
+    print(f"\n{runs} Dagster runs recorded. Next: 'outbox-pipelines dev' and open the UI: Runs (relay metadata), "
+          "Assets → outbox (checks); 'outbox-pipelines status'; "
+          "'outbox-pipelines replay --table outbox_orders --all --dry-run' for the dead letters")
     return 0
