@@ -11,7 +11,7 @@ import dagster as dg
 
 # Dagster's own beta/supersession notices about its internals are noise for operators.
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", category=dg.SupersessionWarning) if hasattr(dg, "SupersessionWarning") else None
+warnings.filterwarnings("ignore", category=dg.SupersessionWarning)
 
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.defs.alerts import check_alert, run_failure_alert

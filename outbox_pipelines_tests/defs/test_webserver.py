@@ -1,0 +1,112 @@
+"""Smoke test: the real dagster-webserver on loopback finds everything, launches a relay run, and it succeeds."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from outbox_pipelines_tests.helpers import enqueue_n, statuses
+
+REPOSITORY = """
+query {
+  repositoriesOrError {
+    ... on RepositoryConnection {
+      nodes { name location { name } jobs { name } schedules { name } sensors { name } }
+    }
+  }
+  assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } }
+}
+"""
+LAUNCH = """
+mutation($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
+RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def webserver(db_url, tmp_path):
+    port = free_port()
+    # No daemon here: the webserver launches runs itself.
+    (tmp_path / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: DefaultRunCoordinator\n"
+        "telemetry:\n  enabled: false\n"
+    )
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "OUTBOX_DATABASE_URL": db_url}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-webserver"), "-m", "outbox_pipelines.definitions",
+         "-h", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(url + "/server_info", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+
+
+def graphql(url: str, query: str, **variables):
+    response = httpx.post(url + "/graphql", json={"query": query, "variables": variables}, timeout=60)
+    response.raise_for_status()
+    body = response.json()
+    assert "errors" not in body, body["errors"]
+    return body["data"]
+
+
+def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
+    data = graphql(webserver, REPOSITORY)
+    [repo] = data["repositoriesOrError"]["nodes"]
+    jobs = {j["name"] for j in repo["jobs"]}
+    assert {"relay_outbox_events_job", "replay_dead_job", "backfill_job", "outbox_checks_job"} <= jobs
+    assert "relay_outbox_events_every_minute" in {s["name"] for s in repo["schedules"]}
+    assert {"relay_outbox_events_on_backlog", "outbox_run_failure_alert", "outbox_check_alert"} <= {
+        s["name"] for s in repo["sensors"]}
+    checks = {tuple(n["assetKey"]["path"]): {c["name"] for c in n["assetChecksOrError"]["checks"]}
+              for n in data["assetNodes"]}
+    assert checks[("outbox", "outbox_events")] == {"lag", "dead_letters", "stuck", "backlog"}
+
+    enqueue_n(conn, "outbox_events", 5, topic="org.changed", payload=lambda i: {"org_id": i})
+    params = {
+        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
+                     "jobName": "relay_outbox_events_job"},
+        "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},
+    }
+    launched = graphql(webserver, LAUNCH, params=params)["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+    deadline = time.monotonic() + 120
+    status = None
+    while time.monotonic() < deadline:
+        status = graphql(webserver, RUN, id=run_id)["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(0.5)
+    assert status == "SUCCESS"
+    assert statuses(conn, "outbox_events") == {"sent": 5}
