@@ -102,16 +102,34 @@ class BrokerSim:
         return app
 
     def start_in_thread(self) -> "BrokerSim":
-        ready = threading.Event()
+        self._server = BackgroundServer(self.app(), self.host, self.port)
+        self.url = self._server.start() + "orders"
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class BackgroundServer:
+    """Serves an aiohttp app on its own event-loop thread (for the demo and tests)."""
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app, self.host, self.port = app, host, port
         self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        """Start serving; return the base URL (ending in /)."""
+        ready = threading.Event()
+        bound: list[int] = []
 
         async def serve() -> None:
-            self._runner = web.AppRunner(self.app(), access_log=None)
+            self._runner = web.AppRunner(self.app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.host, self.port)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self.url = f"http://{self.host}:{port}/orders"
+            bound.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
             ready.set()
 
         def run() -> None:
@@ -119,13 +137,15 @@ class BrokerSim:
             self._loop.run_until_complete(serve())
             self._loop.run_forever()
 
-        self._thread = threading.Thread(target=run, name="broker-sim", daemon=True)
+        self._thread = threading.Thread(target=run, name="http-server", daemon=True)
         self._thread.start()
         if not ready.wait(10):
-            raise RuntimeError("broker simulator did not start")
-        return self
+            raise RuntimeError(f"HTTP server on {self.host} did not start")
+        return f"http://{self.host}:{bound[0]}/"
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)

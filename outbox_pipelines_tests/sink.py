@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from outbox_pipelines.broker_sim import BackgroundServer
+
 Answer = tuple[int, dict[str, str], bytes]
 Script = Callable[[str, int, Any], "Answer | None"]
 
@@ -36,9 +38,6 @@ class HttpSink:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> "HttpSink":
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
         async def handle(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
             try:
@@ -58,35 +57,14 @@ class HttpSink:
             status, headers, payload = answer
             return web.Response(status=status, headers=headers, body=payload)
 
-        async def serve() -> None:
-            app = web.Application(client_max_size=8 * 1024 * 1024)
-            app.router.add_route("*", "/{tail:.*}", handle)
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self.url = f"http://127.0.0.1:{port}/"
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="http-sink", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("HTTP sink did not start")
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", handle)
+        self._server = BackgroundServer(app)
+        self.url = self._server.start()
         return self
 
     def stop(self) -> None:
-        async def shutdown() -> None:
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._server.stop()
 
     def keys(self) -> list[str]:
         with self._lock:
