@@ -7,7 +7,16 @@ from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
 
+def order_payload(i: int, key: str | None = None) -> dict:
+    """A valid OrderRequest v1.1 (outbox_orders rows are orders: the broker adapter maps them)."""
+    return {"order_id": f"ord-{i}", "instrument": "USDJPY", "side": "BUY" if i % 2 else "SELL", "qty": 0.1,
+            "price": None, "time_in_force": "IOC", "tags": [], "idempotency_key": key or f"key-{i}",
+            "requested_at": "2026-01-01T00:00:00Z"}
+
+
 def enqueue_n(conn, table: str, n: int, *, topic: str = "t", prefix: str = "e", payload=None) -> list[int]:
+    if payload is None and table == "outbox_orders":
+        payload = order_payload
     messages = [
         Message(topic=topic, payload=payload(i) if callable(payload) else {"n": i}, event_id=f"{prefix}{i}")
         for i in range(n)

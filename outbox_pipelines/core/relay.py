@@ -283,7 +283,14 @@ class Relay:
         finally:
             keeper.release()
         settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
-        settled = self._settle(store, settlements, report)
+        after_settle = getattr(self.destination, "after_settle", None)
+        if after_settle is None:
+            settled = self._settle(store, settlements, report)
+        else:
+            # The destination records results elsewhere (the order ledger) in the same transaction.
+            with store.conn.transaction():
+                settled = self._settle(store, settlements, report)
+                after_settle(store.conn, [(msg, s) for msg, s in zip(batch, settlements) if s.id in settled])
         report.batches += 1
         slow_down = 0.0
         for settlement, outcome in zip(settlements, outcomes):
@@ -308,8 +315,13 @@ class Relay:
 
     def _settle(self, store: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
         """Settle the batch; if the database refuses it for a data reason, isolate the row that caused it."""
+        conn = store.conn
+        in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         try:
-            return store.settle(self.worker, settlements)
+            if not in_transaction:
+                return store.settle(self.worker, settlements)
+            with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
+                return store.settle(self.worker, settlements)
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
@@ -318,7 +330,8 @@ class Relay:
         settled: set[int] = set()
         for settlement in settlements:
             try:
-                settled |= store.settle(self.worker, [settlement])
+                with conn.transaction():
+                    settled |= store.settle(self.worker, [settlement])
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:

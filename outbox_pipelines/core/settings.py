@@ -16,7 +16,7 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.retry import RetryPolicy, preset
 
 CONFIG_ENV = "OUTBOX_CONFIG"
-DESTINATION_KINDS = ("http", "handlers", "paper")
+DESTINATION_KINDS = ("http", "handlers", "paper", "orders")
 MODES = ("competing", "single-active")
 SUCCESS_POLICIES = ("mark_sent", "delete")
 
@@ -161,8 +161,8 @@ class TableSettings:
 
 # Built-in defaults of the shipped tables; a config file's sections override them.
 BUILTIN_TABLES: dict[str, dict[str, Any]] = {
-    # seed 000: orders to the broker (OUTBOX_BROKER_URL), paper broker when unset
-    "outbox_orders": {"destination": "http", "preset": "orders", "mode": "competing", "timeout": "5s"},
+    # seed 000: orders to the broker (OUTBOX_BROKER_URL; the paper broker when unset), results to the ledger
+    "outbox_orders": {"destination": "orders", "preset": "orders", "mode": "competing", "timeout": "5s"},
     # seed 003: memory writes, dedup by (topic, payload_sha)
     "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
     # seeds 002/004: in-process handlers, single-active relay
@@ -241,7 +241,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
     if destination == "http" and not url:
         # An HTTP table with no URL falls back to the paper broker (the seed's default).
         destination = "paper"
-    if destination == "http":
+    if destination in ("http", "orders") and url:
         policy.check_inside_window(table=name)
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")

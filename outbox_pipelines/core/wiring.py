@@ -36,6 +36,10 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
             token=settings.env.api_token,
             transport=table.transport,
         )
+    if table.destination == "orders":
+        from outbox_pipelines.core.destinations.orders import OrderBroker
+
+        return OrderBroker(table.url, token=settings.env.api_token, concurrency=table.concurrency, transport=table.transport)
     if table.destination == "handlers":
         assert table.handlers
         return HandlerDestination(load_registry(table.handlers), name=table.handlers, parallelism=table.parallelism)

@@ -74,5 +74,5 @@ class OutboxDestinations(dg.ConfigurableResource):
         if override:
             from dataclasses import replace
 
-            table = replace(table, destination="http", url=override)
+            table = replace(table, destination="orders" if table.destination == "orders" else "http", url=override)
         return build_destination(table, settings)

@@ -21,7 +21,7 @@ def empty_db(pg_server):
 
 
 def test_upgrade_applies_in_order_and_is_idempotent(empty_db):
-    assert migrate.upgrade(empty_db) == ["0001_core.sql", "0002_shipped_tables.sql"]
+    assert migrate.upgrade(empty_db) == ["0001_core.sql", "0002_shipped_tables.sql", "0003_orders_and_members.sql"]
     assert migrate.upgrade(empty_db) == []
     assert migrate.pending(empty_db) == []
     with psycopg.connect(empty_db) as conn:
@@ -46,7 +46,7 @@ def test_two_processes_upgrading_at_once(empty_db):
         p.join(60)
     outcomes = sorted((results.get(timeout=5) for _ in procs), key=lambda r: len(r[1]))
     assert [o[0] for o in outcomes] == ["ok", "ok"]
-    assert outcomes[0][1] == [] and len(outcomes[1][1]) == 2
+    assert outcomes[0][1] == [] and len(outcomes[1][1]) == 3
 
 
 def test_an_edited_applied_migration_is_a_clear_error(empty_db, tmp_path):
@@ -62,12 +62,12 @@ def test_an_edited_applied_migration_is_a_clear_error(empty_db, tmp_path):
 def test_a_failing_migration_rolls_back_and_says_which(empty_db, tmp_path):
     copy = tmp_path / "migrations"
     shutil.copytree(sql_dir() / "migrations", copy)
-    (copy / "0003_broken.sql").write_text("CREATE TABLE ok_then (id int);\nSELECT no_such_function();\n")
-    with pytest.raises(MigrationError, match="0003_broken.sql failed and was rolled back"):
+    (copy / "0099_broken.sql").write_text("CREATE TABLE ok_then (id int);\nSELECT no_such_function();\n")
+    with pytest.raises(MigrationError, match="0099_broken.sql failed and was rolled back"):
         migrate.upgrade(empty_db, copy)
     with psycopg.connect(empty_db) as conn:
         assert conn.execute("SELECT to_regclass('ok_then')").fetchone()[0] is None
-        assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == 3
 
 
 def test_create_table_makes_the_canonical_shape(db_url, conn):

@@ -10,7 +10,7 @@ from outbox_pipelines.core.settings import load_settings, parse_duration
 def test_defaults_without_file_or_environment():
     settings = load_settings(env={}, path=None)
     orders = settings.table("outbox_orders")
-    assert orders.destination == "paper"  # no OUTBOX_BROKER_URL: the paper broker
+    assert (orders.destination, orders.url) == ("orders", None)  # no OUTBOX_BROKER_URL: the paper order broker
     assert orders.retry == PRESETS["orders"]
     assert settings.table("outbox_memory").dedup is True
     events = settings.table("outbox_events")
@@ -28,7 +28,7 @@ def test_seed_environment_variables():
         "OUTBOX_RELAY_ENABLED": "false",
     }, path=None)
     orders = settings.table("outbox_orders")
-    assert (orders.destination, orders.url) == ("http", "http://127.0.0.1:9/orders")
+    assert (orders.destination, orders.url) == ("orders", "http://127.0.0.1:9/orders")
     assert (orders.batch_size, orders.parallelism, orders.retry.max_attempts) == (32, 2, 5)
     assert (orders.idle_sleep_s, orders.stuck_threshold_s, orders.lease_s) == (0.05, 180.0, 90.0)
     assert settings.table("outbox_events").retry.max_attempts == 12
@@ -45,7 +45,7 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
     )
     settings = load_settings(env={}, path=path)
     orders = settings.table("outbox_orders")
-    assert (orders.destination, orders.retry.max_attempts, orders.retry.base_s) == ("http", 3, 0.5)
+    assert (orders.destination, orders.retry.max_attempts, orders.retry.base_s) == ("orders", 3, 0.5)
     hrm = settings.table("hrm_outbox")
     assert (hrm.on_success, hrm.mode, hrm.paused_topics) == ("delete", "single-active", ("noisy",))
 

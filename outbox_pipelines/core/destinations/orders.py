@@ -1,0 +1,88 @@
+"""The order broker adapter (seed 000 §4): OrderRequest → broker request, ExecResult → ledger.
+
+Every attempt carries the same Idempotency-Key; the timeout follows the
+order's time in force (2.5 s IOC, 5 s FOK/GTC). After the relay settles a
+batch, ``after_settle`` records each order's result in ``idempo_ledger`` in the
+same transaction: succeeded with the ExecResult and its digest, or failed with
+the reason. Without a broker URL, the paper broker executes every order.
+"""
+
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+
+from outbox_pipelines.core.destinations.http import HttpDestination, HttpRequest
+from outbox_pipelines.core.ledger import record_outcomes
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.orders import broker_request, broker_timeout_s, exec_result, result_digest
+from outbox_pipelines.core.table import Settlement
+
+
+class OrderBroker:
+    def __init__(self, url: str | None = None, *, token: str | None = None, concurrency: int = 32,
+                 transport: str = "aiohttp") -> None:
+        self._results: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.http = (
+            HttpDestination(url, name=f"order broker {url}", parallelism=concurrency, token=token, transport=transport,
+                            build_request=self._request, on_result=self._capture)
+            if url else None
+        )
+        self.name = self.http.name if self.http else "paper order broker"
+
+    def _request(self, message: ClaimedMessage) -> HttpRequest:
+        return HttpRequest(body=broker_request(message.payload, message.event_id, message.trace_id),
+                           timeout_s=broker_timeout_s(message.payload))
+
+    def _remember(self, message: ClaimedMessage, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._results[message.id] = result
+
+    def _capture(self, message: ClaimedMessage, outcome: Outcome, body: bytes) -> Outcome:
+        if outcome.kind != "sent":
+            return outcome
+        try:
+            answer = json.loads(body) if body else {}
+        except ValueError:
+            answer = {}
+        result = exec_result(answer, message.event_id)
+        self._remember(message, result)
+        return Outcome.sent(ref=result["broker_order_id"] or outcome.ref, code=outcome.code)
+
+    def _paper(self, message: ClaimedMessage) -> Outcome:
+        result = exec_result({
+            "broker_order_id": "paper-" + hashlib.sha256(message.event_id.encode()).hexdigest()[:16],
+            "accepted_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "status": "accepted",
+        }, message.event_id)
+        self._remember(message, result)
+        return Outcome.sent(ref=result["broker_order_id"])
+
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        if self.http is None:
+            return [self._paper(m) for m in messages]
+        return self.http.deliver(messages)
+
+    def after_settle(self, conn: psycopg.Connection, settled: Sequence[tuple[ClaimedMessage, Settlement]]) -> None:
+        rows = []
+        for message, settlement in settled:
+            with self._lock:
+                result = self._results.pop(message.id, None)
+            scope, key = message.headers.get("ledger_scope"), message.headers.get("ledger_key")
+            if key is None or scope is None:
+                continue  # not an Order API order: no ledger row
+            if settlement.status in ("sent", "deleted"):
+                result = result or exec_result({}, message.event_id)
+                rows.append((scope, key, "succeeded", result, result_digest(result), None))
+            elif settlement.status == "dead":
+                rows.append((scope, key, "failed", None, None, f"{settlement.error_code}: {settlement.error or ''}"[:2000]))
+        record_outcomes(conn, rows)
+
+    def close(self) -> None:
+        if self.http is not None:
+            self.http.close()

@@ -1,0 +1,36 @@
+-- Named queries over idempo_ledger (seed 001).
+
+-- name: idempo_ledger_reserve
+-- First sight of (scope, key) inserts the accepted row and its ack; a repeat
+-- returns nothing (then idempo_ledger_get tells replay from conflict).
+INSERT INTO idempo_ledger (idempotency_key, scope, request_digest, status, http_status, response, expires_at)
+VALUES (%(key)s, %(scope)s, %(request_digest)s, 'accepted', 201,
+        jsonb_build_object('status', 'accepted', 'idempotency_key', %(key)s::text, 'order_id', %(order_id)s::text,
+                           'request_digest', %(request_digest)s::text,
+                           'accepted_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+        now() + make_interval(secs => %(ttl_s)s))
+ON CONFLICT (scope, idempotency_key) DO NOTHING
+RETURNING idempotency_key, scope, request_digest, status, http_status, response, result, result_digest, reason,
+          created_at, updated_at, expires_at
+
+-- name: idempo_ledger_get
+SELECT idempotency_key, scope, request_digest, status, http_status, response, result, result_digest, reason,
+       created_at, updated_at, expires_at
+FROM idempo_ledger
+WHERE scope = %(scope)s AND idempotency_key = %(key)s
+
+-- name: idempo_ledger_settle
+-- The relay records the broker's outcome: succeeded with the ExecResult (what a
+-- replay then returns) or failed with the reason.
+UPDATE idempo_ledger AS l
+SET status = i.status,
+    result = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.result END,
+    result_digest = CASE WHEN i.status = 'succeeded' THEN i.result_digest ELSE l.result_digest END,
+    response = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.response END,
+    http_status = CASE WHEN i.status = 'succeeded' THEN 200 ELSE l.http_status END,
+    reason = i.reason,
+    updated_at = now()
+FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(statuses)s::text[], %(results)s::text[],
+            %(result_digests)s::text[], %(reasons)s::text[])
+     AS i(scope, key, status, result, result_digest, reason)
+WHERE l.scope = i.scope AND l.idempotency_key = i.key AND l.status <> 'succeeded'
