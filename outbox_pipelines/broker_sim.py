@@ -23,16 +23,22 @@ class Faults:
     fail_first: int = 0
     # Keys answered 503 on their first N attempts (per key).
     flaky_keys: dict[str, int] = field(default_factory=dict)
-    # Keys answered 429 with Retry-After on their first attempt.
+    # Keys answered 429 with Retry-After (seconds) on their first attempt.
     rate_limited_keys: dict[str, float] = field(default_factory=dict)
     # Keys answered 400 (invalid order) every time.
     bad_keys: set[str] = field(default_factory=set)
-    # Keys whose first attempt hangs past the client's timeout.
-    slow_keys: dict[str, float] = field(default_factory=dict)
-    # Keys whose first attempt has its connection dropped.
-    drop_keys: set[str] = field(default_factory=set)
-    # Every Nth request (1-based, over all keys) answers 503.
+    # Every Nth request (1-based, over all keys) gets the fault; 0 = never.
     every_nth_5xx: int = 0
+    every_nth_429: int = 0
+    retry_after_s: float = 1.0
+    every_nth_timeout: int = 0
+    hang_s: float = 10.0
+    every_nth_drop: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{name}={value}" for name, value in vars(self).items()
+                 if value and name not in ("retry_after_s", "hang_s")]
+        return ", ".join(parts) or "none"
 
 
 class BrokerSim:
@@ -45,46 +51,55 @@ class BrokerSim:
         self.url = ""
         self._lock = threading.Lock()
 
-    def _answer(self, key: str, body: Any) -> web.StreamResponse | None:
+    def _fault(self, key: str, attempt: int, nth: int) -> str | None:
+        """Which fault this request gets, if any (deterministic by key, attempt and request number)."""
         f = self.faults
-        with self._lock:
-            self.requests += 1
-            self.attempts[key] += 1
-            attempt = self.attempts[key]
-            nth = self.requests
-        if not key:
-            return web.json_response({"error": "missing Idempotency-Key"}, status=400)
-        if key in self.executed:
-            return web.json_response({"status": "already_processed", **self.executed[key]}, status=409)
+
+        def every(n: int) -> bool:
+            return bool(n) and nth % n == 0
+
         if key in f.bad_keys:
-            return web.json_response({"error": "invalid order"}, status=400)
-        if key in f.rate_limited_keys and attempt == 1:
-            return web.json_response({"error": "rate limited"}, status=429,
-                                     headers={"Retry-After": f"{f.rate_limited_keys[key]:g}"})
-        if attempt <= max(f.fail_first, f.flaky_keys.get(key, 0)):
-            return web.json_response({"error": "broker unavailable"}, status=503)
-        if f.every_nth_5xx and nth % f.every_nth_5xx == 0:
-            return web.json_response({"error": "broker hiccup"}, status=503)
+            return "bad"
+        if every(f.every_nth_drop):
+            return "drop"
+        if every(f.every_nth_timeout):
+            return "hang"
+        if (key in f.rate_limited_keys and attempt == 1) or every(f.every_nth_429):
+            return "429"
+        if attempt <= max(f.fail_first, f.flaky_keys.get(key, 0)) or every(f.every_nth_5xx):
+            return "503"
         return None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         key = request.headers.get("Idempotency-Key", "")
+        with self._lock:
+            self.requests += 1
+            self.attempts[key] += 1
+            attempt, nth = self.attempts[key], self.requests
+            already = self.executed.get(key)
+        if not key:
+            return web.json_response({"error": "missing Idempotency-Key"}, status=400)
         try:
-            body = json.loads(raw) if raw else None
+            json.loads(raw) if raw else None
         except ValueError:
             return web.json_response({"error": "body is not JSON"}, status=400)
-        if key in self.faults.drop_keys and self.attempts[key] == 0:
-            self.attempts[key] += 1
+        if already is not None:
+            return web.json_response({**already, "status": "already_processed"}, status=409)
+        fault = self._fault(key, attempt, nth)
+        if fault == "bad":
+            return web.json_response({"error": "invalid order"}, status=400)
+        if fault == "drop":
             assert request.transport is not None
             request.transport.close()
             return web.Response(status=500)
-        if key in self.faults.slow_keys and self.attempts[key] == 0:
-            self.attempts[key] += 1
-            await asyncio.sleep(self.faults.slow_keys[key])
-        answer = self._answer(key, body)
-        if answer is not None:
-            return answer
+        if fault == "hang":
+            await asyncio.sleep(self.faults.hang_s)
+        elif fault == "429":
+            retry_after = self.faults.rate_limited_keys.get(key, self.faults.retry_after_s)
+            return web.json_response({"error": "rate limited"}, status=429, headers={"Retry-After": f"{retry_after:g}"})
+        elif fault == "503":
+            return web.json_response({"error": "broker unavailable"}, status=503)
         result = {
             "broker_order_id": "brk-" + hashlib.sha256(key.encode()).hexdigest()[:16],
             "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -93,8 +108,8 @@ class BrokerSim:
             "idempotency_key": key,
         }
         with self._lock:
-            self.executed.setdefault(key, result)
-        return web.json_response(result, status=201)
+            first = self.executed.setdefault(key, result)
+        return web.json_response(first, status=201 if first is result else 409)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4 * 1024 * 1024)

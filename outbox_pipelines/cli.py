@@ -327,6 +327,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_database_url(), quiet=args.quiet)
 
 
+def cmd_order_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from outbox_pipelines.api.app import ApiSettings, create_app
+
+    url = _database_url()
+    applied = migrate.upgrade(url)
+    if applied:
+        say(f"migrated the database: {', '.join(applied)}")
+    settings = ApiSettings.from_env(url)
+    app = create_app(settings)
+    auth = f"bearer tokens: {len(settings.tokens)}" if settings.tokens else "open (set OUTBOX_API_TOKEN to require a token)"
+    say(f"Order API on http://{args.host}:{args.port}/do/order ({auth}; {settings.rate_per_minute}/min per client); "
+        f"OpenAPI at /openapi.json")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return EXIT_OK
+
+
+def cmd_broker_sim(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from aiohttp import web
+
+    from outbox_pipelines.broker_sim import BrokerSim, Faults
+
+    faults = Faults(
+        fail_first=args.fail_first,
+        bad_keys=set(args.bad_key or []),
+        every_nth_5xx=args.every_nth_5xx,
+        every_nth_429=args.every_nth_429,
+        retry_after_s=args.retry_after,
+        every_nth_timeout=args.every_nth_timeout,
+        hang_s=args.hang,
+        every_nth_drop=args.every_nth_drop,
+    )
+    sim = BrokerSim(faults, host=args.host, port=args.port)
+    say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); faults: {faults.describe()}")
+    web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return EXIT_OK
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from outbox_pipelines.dev import run_dev
 
@@ -414,6 +455,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention", type=_duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
     p.add_argument("--audit-retention", type=_duration, help="also delete audit rows older than this")
     p.add_argument("--force", action="store_true", help="run even if the cleaner is disabled")
+
+    p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+
+    p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key")
+    p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
+    p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
+    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)")
+    p.add_argument("--every-nth-timeout", type=int, default=0, metavar="N", help="hang on every Nth request")
+    p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")
+    p.add_argument("--every-nth-drop", type=int, default=0, metavar="N", help="drop the connection of every Nth request")
+    p.add_argument("--bad-key", action="append", metavar="KEY", help="answer 400 for this idempotency key (repeatable)")
 
     p = add("dev", cmd_dev, "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
     p.add_argument("--host", default="127.0.0.1")

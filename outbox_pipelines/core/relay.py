@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox_pipelines.core import metrics
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destinations.base import Destination
@@ -278,10 +279,12 @@ class Relay:
 
     def _process(self, store: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport) -> None:
         keeper.hold([(msg.id, msg.attempts) for msg in batch])
+        watch = metrics.Stopwatch()
         try:
             outcomes = self._dispatch(store, batch, report)
         finally:
             keeper.release()
+        metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
         settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
         after_settle = getattr(self.destination, "after_settle", None)
         if after_settle is None:
@@ -292,6 +295,7 @@ class Relay:
                 settled = self._settle(store, settlements, report)
                 after_settle(store.conn, [(msg, s) for msg, s in zip(batch, settlements) if s.id in settled])
         report.batches += 1
+        before = (report.sent, report.dedup_hits, report.retried, report.dead, report.conflicts)
         slow_down = 0.0
         for settlement, outcome in zip(settlements, outcomes):
             if settlement.id not in settled:
@@ -309,9 +313,22 @@ class Relay:
             if outcome.code == m.RATE_LIMITED and settlement.status == "pending":
                 report.rate_limited += 1
                 slow_down = max(slow_down, settlement.delay_s)
+        self._count(before, report)
         if slow_down > 0:
             # 429: the destination is overloaded; hold the whole table, not just this row.
             self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
+
+    def _count(self, before: tuple[int, ...], report: RelayReport) -> None:
+        """Prometheus counters, once per batch."""
+        sent, dedup, retried, dead, conflicts = (
+            now - then for now, then in zip((report.sent, report.dedup_hits, report.retried, report.dead, report.conflicts), before)
+        )
+        table = self.settings.name
+        for result, count in (("success", sent - dedup), ("dedup", dedup), ("retry", retried), ("dead", dead), ("conflict", conflicts)):
+            if count:
+                metrics.DISPATCHED.labels(table, result).inc(count)
+        if dead:
+            metrics.DEAD.labels(table).inc(dead)
 
     def _settle(self, store: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
         """Settle the batch; if the database refuses it for a data reason, isolate the row that caused it."""

@@ -10,6 +10,7 @@ import psycopg
 
 from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonical_json, checked_canonical_payload
 from outbox_pipelines.core.errors import InvalidMessage
+from outbox_pipelines.core.metrics import ENQUEUED
 from outbox_pipelines.core.models import EnqueueResult, Message
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.queries import table_query
@@ -83,6 +84,7 @@ class Outbox:
     def __init__(self, table: str, *, max_payload_bytes: int | None = None) -> None:
         self.table = validate_table_name(table)
         self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
+        self._enqueued = ENQUEUED.labels(self.table)
 
     def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
@@ -94,6 +96,7 @@ class Outbox:
                 cur.execute(table_query("outbox_insert", self.table), params)
                 row = cur.fetchone()
                 if row is not None:
+                    self._enqueued.inc()
                     return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
                 # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
                 cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]})
@@ -142,6 +145,7 @@ class Outbox:
                         existing[event_id] = (row_id, sha)
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table) from None
+        self._enqueued.inc(len(inserted))
         results = []
         first_seen: set[str] = set()
         for p in prepared:

@@ -10,6 +10,7 @@ the reason. Without a broker URL, the paper broker executes every order.
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -18,6 +19,7 @@ import psycopg
 
 from outbox_pipelines.core.destinations.http import HttpDestination, HttpRequest
 from outbox_pipelines.core.ledger import record_outcomes
+from outbox_pipelines.core.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.orders import broker_request, broker_timeout_s, exec_result, result_digest
 from outbox_pipelines.core.table import Settlement
@@ -27,6 +29,7 @@ class OrderBroker:
     def __init__(self, url: str | None = None, *, token: str | None = None, concurrency: int = 32,
                  transport: str = "aiohttp") -> None:
         self._results: dict[int, dict[str, Any]] = {}
+        self._started: dict[int, float] = {}
         self._lock = threading.Lock()
         self.http = (
             HttpDestination(url, name=f"order broker {url}", parallelism=concurrency, token=token, transport=transport,
@@ -36,6 +39,8 @@ class OrderBroker:
         self.name = self.http.name if self.http else "paper order broker"
 
     def _request(self, message: ClaimedMessage) -> HttpRequest:
+        with self._lock:
+            self._started[message.id] = time.perf_counter()
         return HttpRequest(body=broker_request(message.payload, message.event_id, message.trace_id),
                            timeout_s=broker_timeout_s(message.payload))
 
@@ -44,6 +49,10 @@ class OrderBroker:
             self._results[message.id] = result
 
     def _capture(self, message: ClaimedMessage, outcome: Outcome, body: bytes) -> Outcome:
+        with self._lock:
+            started = self._started.pop(message.id, None)
+        if started is not None:
+            ORDER_BROKER_LATENCY.observe((time.perf_counter() - started) * 1000)
         if outcome.kind != "sent":
             return outcome
         try:

@@ -1,0 +1,131 @@
+"""The OpenAPI document of the Order API; tests fuzz the live app against it."""
+
+from typing import Any
+
+ERROR = {
+    "type": "object",
+    "required": ["error", "message"],
+    "properties": {
+        "error": {"type": "string"},
+        "message": {"type": "string"},
+        "idempotency_key": {"type": "string"},
+        "retry_after": {"type": "integer"},
+        "violations": {"type": "array", "items": {"type": "object", "required": ["field", "message"],
+                                                   "properties": {"field": {"type": "string"}, "message": {"type": "string"}}}},
+    },
+}
+ACK = {
+    "type": "object",
+    "required": ["status", "idempotency_key"],
+    "properties": {
+        "status": {"type": "string"},
+        "idempotency_key": {"type": "string"},
+        "order_id": {"type": ["string", "null"]},
+        "request_digest": {"type": "string"},
+        "accepted_at": {"type": ["string", "null"]},
+        "broker_order_id": {"type": ["string", "null"]},
+        "fills": {"type": "array"},
+    },
+}
+ORDER_REQUEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["order_id", "instrument", "side", "qty", "idempotency_key", "requested_at"],
+    "properties": {
+        "order_id": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"},
+        "instrument": {"type": "string", "example": "USDJPY"},
+        "side": {"type": "string", "enum": ["BUY", "SELL"]},
+        "qty": {"type": "number", "minimum": 0.01, "maximum": 100, "multipleOf": 0.01, "description": "lots"},
+        "price": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "null for a market order"},
+        "time_in_force": {"type": "string", "enum": ["IOC", "FOK", "GTC"], "default": "IOC"},
+        "tags": {"type": "array", "maxItems": 16, "items": {"type": "string", "minLength": 1, "maxLength": 32}},
+        "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
+        "requested_at": {"type": "string", "format": "date-time"},
+        "risk_constraints": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "max_dd": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                "max_consecutive_loss": {"type": "integer", "minimum": 0, "maximum": 1000},
+                "max_spread": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            },
+        },
+    },
+}
+LEDGER = {
+    "type": "object",
+    "required": ["idempotency_key", "status"],
+    "properties": {
+        "idempotency_key": {"type": "string"},
+        "status": {"type": "string", "enum": ["accepted", "succeeded", "failed"]},
+        "http_status": {"type": ["integer", "null"]},
+        "request_digest": {"type": "string"},
+        "accepted_at": {"type": "string"},
+        "updated_at": {"type": "string"},
+        "expires_at": {"type": "string"},
+        "result": {"type": ["object", "null"]},
+        "result_digest": {"type": ["string", "null"]},
+        "reason": {"type": ["string", "null"]},
+    },
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(ERROR, description)
+
+
+def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
+    common = {
+        "401": _error("UNAUTHORIZED: a bearer token is required (OUTBOX_API_TOKEN is set) or it is wrong"),
+        "429": {**_error(f"RATE_LIMITED: over {rate_per_minute} requests per minute for this client"),
+                "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+        "500": _error("INTERNAL_ERROR"),
+        "503": _error("DATABASE_UNAVAILABLE: the outbox database cannot be reached"),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "outbox_pipelines Order API", "version": "1.1.0",
+                 "description": "OrderRequest v1.1 with an idempotency ledger (seed 001)."},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/do/order": {
+                "post": {
+                    "operationId": "submitOrder",
+                    "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
+                                    "schema": {"type": "string", "maxLength": 128},
+                                    "description": "must equal body.idempotency_key"}],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": ORDER_REQUEST}}},
+                    "responses": {
+                        "201": _json(ACK, "accepted the first time: the order is in outbox_orders"),
+                        "200": _json(ACK, "an identical repeat: the stored answer (the ExecResult once executed)"),
+                        "400": _error("MALFORMED_JSON: the body is not UTF-8 JSON"),
+                        "409": _error("IDEMPOTENCY_CONFLICT: the same key with a different body"),
+                        "413": _error(f"PAYLOAD_TOO_LARGE: the body is over {max_body} bytes"),
+                        "415": _error("UNSUPPORTED_MEDIA_TYPE: send Content-Type: application/json"),
+                        "422": _error("IDEMPOTENCY_MISMATCH (header and body keys differ) or VALIDATION_ERROR (every violation listed)"),
+                        **common,
+                    },
+                    "security": [{"bearer": []}, {}],
+                }
+            },
+            "/do/order/{key}": {
+                "get": {
+                    "operationId": "getOrder",
+                    "parameters": [{"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": _json(LEDGER, "the ledger status, with the ExecResult once the broker answered"),
+                        "404": _error("NOT_FOUND: no order with this key for this caller"),
+                        **common,
+                    },
+                    "security": [{"bearer": []}, {}],
+                }
+            },
+            "/healthz": {"get": {"operationId": "health", "responses": {
+                "200": _json({"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}, "up"),
+                "503": _error("DATABASE_UNAVAILABLE")}}},
+        },
+    }
