@@ -165,7 +165,16 @@ BUILTIN_TABLES: dict[str, dict[str, Any]] = {
     "outbox_orders": {"destination": "orders", "preset": "orders", "mode": "competing", "timeout": "5s"},
     # seed 003: memory writes, dedup by (topic, payload_sha)
     "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
-    # seeds 002/004: in-process handlers, single-active relay
+    # seed 002: member events to in-process handlers (welcome email); success deletes the row
+    "outbox_members": {
+        "destination": "handlers",
+        "handlers": "outbox_pipelines.examples.members:registry",
+        "preset": "generic",
+        "max_attempts": 5,
+        "on_success": "delete",
+        "mode": "single-active",
+    },
+    # seed 004: in-process handlers, single-active relay
     "outbox_events": {
         "destination": "handlers",
         "handlers": "outbox_pipelines.examples.handlers:registry",
