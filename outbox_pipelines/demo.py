@@ -19,18 +19,23 @@ from outbox_pipelines.core.table import OutboxTable
 
 
 
+def _order(key: str, n: int) -> dict:
+    """An OrderRequest v1.1 as an application would enqueue it."""
+    return {"order_id": f"ord-{key}", "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3], "side": ("BUY", "SELL")[n % 2],
+            "qty": round(0.1 * (1 + n % 3), 2), "price": None if n % 2 else 145.0 + n / 100, "time_in_force": "IOC",
+            "tags": ["demo"], "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
+
+
 def _enqueue_samples(url: str, run: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     with db.connect(url, autocommit=False) as conn:
         orders = Outbox("outbox_orders")
         for n in range(12):
             orders.enqueue(conn, Message(
-                topic="order.submitted",
-                payload={"idempotency_key": f"{run}-order-{n}", "symbol": "USDJPY", "side": "BUY", "qty_lots": 1 + n % 3},
-                event_id=f"{run}-order-{n}",
+                topic="order.submitted", payload=_order(f"{run}-order-{n}", n), event_id=f"{run}-order-{n}",
                 headers={"trace_id": f"demo-{run}-{n}"},
             ))
-        again = orders.enqueue(conn, Message(topic="order.submitted", payload={"idempotency_key": f"{run}-order-0"},
+        again = orders.enqueue(conn, Message(topic="order.submitted", payload=_order(f"{run}-order-0", 0),
                                              event_id=f"{run}-order-0"))
         counts["duplicate_enqueues"] = int(again.duplicate)
         memory = Outbox("outbox_memory")
@@ -43,6 +48,11 @@ def _enqueue_samples(url: str, run: str) -> dict[str, int]:
         events.enqueue(conn, Message(topic="demo.flaky", payload={"x": 1}, event_id=f"{run}-flaky"))
         events.enqueue(conn, Message(topic="org.changed", payload={"name": "no org_id"}, event_id=f"{run}-malformed"))
         events.enqueue(conn, Message(topic="nobody.listens", payload={"x": 1}, event_id=f"{run}-unrouted"))
+        member_events = Outbox("outbox_members")
+        for n in range(3):
+            member_events.enqueue(conn, Message(topic="MemberCreatedEvent", event_id=f"{run}-member-{n}", payload={
+                "member_id": f"{run}-{n}", "email": f"member{n}@example.test" if n < 2 else "not-an-email",
+                "name": f"Member {n}"}))
         conn.commit()
     return counts
 
@@ -61,11 +71,51 @@ max_attempts = 4
 base = "300ms"
 max_backoff = "2s"
 max_attempts = 4
+[tables.outbox_members]
+base = "300ms"
+max_backoff = "2s"
 """
 
-TABLES = ("outbox_orders", "outbox_memory", "outbox_events")
+TABLES = ("outbox_orders", "outbox_memory", "outbox_events", "outbox_members")
 # The runs' full event logs are in the UI; the terminal gets the summary.
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
+def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
+    """Seed 001 over real HTTP: a new order, its replay, a conflicting body, an invalid order."""
+    import socket
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from outbox_pipelines.api.app import ApiSettings, create_app
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(ApiSettings(database_url=url)), host="127.0.0.1", port=port,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run, name="order-api", daemon=True)
+    thread.start()
+    key = f"{run}-api-1"
+    order = {"order_id": f"ord-{run}", "instrument": "USDJPY", "side": "BUY", "qty": 0.1, "price": None,
+             "time_in_force": "IOC", "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
+    answers = []
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            headers = {"Idempotency-Key": key}
+            answers.append(("new order", client.post("/do/order", json=order, headers=headers).status_code))
+            answers.append(("same again", client.post("/do/order", json=order, headers=headers).status_code))
+            answers.append(("same key, other qty", client.post("/do/order", json={**order, "qty": 0.2}, headers=headers).status_code))
+            bad = {**order, "idempotency_key": f"{run}-api-2", "qty": 0.015, "instrument": "XAUUSD"}
+            answers.append(("invalid order", client.post("/do/order", json=bad, headers={"Idempotency-Key": bad["idempotency_key"]}).status_code))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    return answers, key
 
 
 def run_demo(url: str, quiet: bool = False) -> int:
@@ -83,6 +133,7 @@ def run_demo(url: str, quiet: bool = False) -> int:
     if applied:
         print(f"migrated the database: {', '.join(applied)}")
     os.environ.update(prepare_dagster_home(url))
+    os.environ.setdefault(db.DATABASE_URL_ENV, url)  # the member handler records emails in this database
     config_path = db.embedded_dir() / "demo-outbox.toml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(DEMO_CONFIG)
@@ -96,8 +147,10 @@ def run_demo(url: str, quiet: bool = False) -> int:
     broker = BrokerSim(faults).start_in_thread()
     print(f"broker simulator on {broker.url} (503 for 2 orders, 429 + Retry-After for 1, 400 for 1)")
     extra = _enqueue_samples(url, run)
+    api_answers, api_key = _order_api_calls(url, run)
+    print("Order API (seed 001): " + ", ".join(f"{what} → {code}" for what, code in api_answers))
     print(f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
-          "6 memory writes (2 repeated payloads), 11 events")
+          "6 memory writes (2 repeated payloads), 11 events, 3 member sign-ups")
     definitions = build_definitions({
         "outbox_db": OutboxDatabase(url=url, config_path=str(config_path)),
         "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": broker.url}),
@@ -144,6 +197,14 @@ def run_demo(url: str, quiet: bool = False) -> int:
         ).fetchall()
     print("\naudit trail of this run: " + ", ".join(f"{r['code']}={r['n']}" for r in audits))
     print(f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests (each key at most once)")
+    with db.connect(url) as conn:
+        entry = conn.execute("SELECT status, result FROM idempo_ledger WHERE idempotency_key = %s", (api_key,)).fetchone()
+        emails = conn.execute("SELECT count(*) AS n FROM automated_email_recipients WHERE event_id LIKE %s",
+                              (f"{run}-%",)).fetchone()["n"]
+    result = entry["result"] or {}
+    print(f"ledger of order {api_key}: {entry['status']}, broker order {result.get('broker_order_id')}")
+    print(f"welcome emails (seed 002): {emails} sent, recorded in automated_email_recipients, files in "
+          f"{os.environ.get('OUTBOX_MAIL_DIR') or db.embedded_dir() / 'mail'}")
     failing = [f"{v.asset_key.path[-1]}:{v.check_name}={v.severity.value}" for v in verdicts if not v.passed]
     print(f"asset checks: {len(verdicts) - len(failing)} passed" + (f", not passing: {', '.join(failing)}" if failing else ""))
     print(f"\n{runs} Dagster runs recorded. Next: 'outbox-pipelines dev' and open the UI: Runs (relay metadata), "
