@@ -244,6 +244,12 @@ def cmd_relay(args: argparse.Namespace) -> int:
     if overrides:
         table = replace(table, **overrides)
     url = _database_url()
+    if args.metrics_port:
+        from outbox_pipelines.core import metrics
+
+        metrics.watch_tables(url, [table.name])
+        metrics.serve(args.metrics_port)
+        say(f"Prometheus metrics on http://127.0.0.1:{args.metrics_port}/metrics")
     destination = build_destination(table, settings)
     relay = Relay(url, table, destination, worker_id=args.worker_id, progress=None if args.quiet else _print_progress)
     relay.install_signal_handlers()
@@ -431,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
     p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
     p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
