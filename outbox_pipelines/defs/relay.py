@@ -20,9 +20,10 @@ class RelayRunConfig(dg.Config):
     once: bool = False  # drain what is ready, then end the run
 
 
-def _report_metadata(report: RelayReport) -> dict:
-    return {
+def _report_metadata(report: RelayReport, mode: str) -> dict:
+    values = {
         "table": report.table,
+        "mode": mode,
         "worker": report.worker,
         "claimed": report.claimed,
         "sent": report.sent,
@@ -35,10 +36,12 @@ def _report_metadata(report: RelayReport) -> dict:
         "db_errors": report.db_errors,
         "seconds": report.seconds,
         "throughput_per_s": report.throughput,
-        "single_active_lock_held": report.lock_held,
         "stopped_because": report.stopped_because,
         "dead_by_code": report.dead_by_code or None,
     }
+    if mode == "single-active":
+        values["single_active_lock_held"] = report.lock_held
+    return values
 
 
 @dg.op(
@@ -77,7 +80,7 @@ def relay_table(
     finally:
         destination.close()
     status = outbox_db.table_status(table)
-    values = _report_metadata(report)
+    values = _report_metadata(report, table.mode)
     values.update({"lag_p50_s": status.lag_p50_s, "lag_p95_s": status.lag_p95_s, "lag_p99_s": status.lag_p99_s,
                    "backlog_after": status.backlog, "dead_total": status.counts.get("dead", 0)})
     if report.retried and not report.sent:
