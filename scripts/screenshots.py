@@ -189,8 +189,9 @@ def start_chromium(tmp: Path, started: Started) -> str:
         "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank",
     ]
     with (tmp / "chromium.log").open("wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        # TMPDIR: Chromium leaves its singleton socket dir (org.chromium.Chromium.*) there; keep it in tmp.
+        proc = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(tmp)}, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     started.groups.append(("chromium", proc))
     active = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
