@@ -30,7 +30,7 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         assert table.url
         return HttpDestination(
             table.url,
-            name=f"{table.name} → {table.url}",
+            name=table.url,
             timeout_s=table.timeout_s,
             parallelism=table.concurrency,
             token=settings.env.api_token,

@@ -17,6 +17,13 @@ CHECK_DESCRIPTIONS = {
 }
 
 
+def check_metadata(values: dict) -> dict:
+    """Measurements as numbers (the UI plots them); thresholds as text (a flat line is noise)."""
+    measured = {k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s"))}
+    limits = {k: dg.MetadataValue.text(str(v)) for k, v in values.items() if k not in measured}
+    return {**metadata_values(measured), **limits}
+
+
 def table_asset(table: str) -> dg.AssetSpec:
     return dg.AssetSpec(
         key=table_asset_key(table),
@@ -46,7 +53,7 @@ def table_checks(table: str) -> dg.AssetChecksDefinition:
                 passed=verdict.passed,
                 severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
                 description=verdict.description,
-                metadata=metadata_values({**verdict.metadata, "severity": verdict.severity}),
+                metadata=check_metadata(verdict.metadata),
             )
 
     return _checks

@@ -34,10 +34,10 @@ def _report_metadata(report: RelayReport, mode: str) -> dict:
         "requeued_expired_leases": report.requeued,
         "rate_limited": report.rate_limited,
         "db_errors": report.db_errors,
-        "seconds": report.seconds,
-        "throughput_per_s": report.throughput,
+        "duration_s": report.seconds,
+        "throughput_per_s": report.throughput if report.seconds >= 1.0 else None,
         "stopped_because": report.stopped_because,
-        "dead_by_code": report.dead_by_code or None,
+        "dead_by_code": ", ".join(f"{code}={n}" for code, n in sorted(report.dead_by_code.items())) or None,
     }
     if mode == "single-active":
         values["single_active_lock_held"] = report.lock_held

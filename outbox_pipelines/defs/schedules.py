@@ -57,11 +57,15 @@ def backlog_sensor(table: str, job: dg.JobDefinition) -> dg.SensorDefinition:
 def maintenance_schedules(jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
     return [
         dg.ScheduleDefinition(name="requeue_stuck_every_5_minutes", job=jobs["requeue_stuck_job"],
-                              cron_schedule="*/5 * * * *", default_status=RUNNING),
+                              cron_schedule="*/5 * * * *", default_status=RUNNING,
+                              description="Returns rows whose relay died (lease expired) to pending."),
         dg.ScheduleDefinition(name="clean_hourly", job=jobs["clean_job"], cron_schedule="7 * * * *",
-                              default_status=RUNNING),
+                              default_status=RUNNING,
+                              description="Deletes sent rows past each table's retention and expired ledger rows."),
         dg.ScheduleDefinition(name="outbox_checks_every_5_minutes", job=CHECKS_JOB, cron_schedule="*/5 * * * *",
-                              default_status=RUNNING),
+                              default_status=RUNNING,
+                              description="Runs the lag, dead-letter, stuck and backlog checks of every table."),
         dg.ScheduleDefinition(name="prune_run_history_daily", job=jobs["prune_run_history_job"],
-                              cron_schedule="17 3 * * *", default_status=RUNNING),
+                              cron_schedule="17 3 * * *", default_status=RUNNING,
+                              description="Deletes Dagster runs older than 14 days (relay runs add up)."),
     ]
