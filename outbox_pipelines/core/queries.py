@@ -44,9 +44,13 @@ def named_queries() -> dict[str, str]:
 
 
 @lru_cache(maxsize=1024)
-def table_query(name: str, table: str) -> sql.Composed:
-    """The named query with ``{table}`` bound to the validated, quoted table name."""
-    return sql.SQL(named_queries()[name]).format(table=table_identifier(table))
+def table_query(name: str, table: str) -> str:
+    """The named query with ``{table}`` bound to the validated, quoted table name.
+
+    Rendered to text once: psycopg then reuses its parse of the query (and its
+    server-side prepared statement) instead of re-composing it on every call.
+    """
+    return sql.SQL(named_queries()[name]).format(table=table_identifier(table)).as_string(None)
 
 
 def shared_query(name: str) -> sql.SQL:

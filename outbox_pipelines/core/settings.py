@@ -138,7 +138,7 @@ class TableSettings:
     url: str | None = None
     handlers: str | None = None
     timeout_s: float = 5.0
-    transport: str = "aiohttp"
+    transport: str = "aiohttp-native"
     preset: str = "generic"
     retry: RetryPolicy = field(default_factory=lambda: preset("generic"))
     mode: str = "competing"
@@ -270,7 +270,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         url=url,
         handlers=section.get("handlers"),
         timeout_s=parse_duration(section.get("timeout", "5s"), f"{where} timeout"),
-        transport=section.get("transport", "aiohttp"),
+        transport=section.get("transport", "aiohttp-native"),
         preset=preset_name,
         retry=policy,
         mode=_one_of(section.get("mode", "competing"), MODES, f"{where} mode"),

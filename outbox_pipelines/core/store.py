@@ -60,7 +60,7 @@ def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
     if message.available_at is not None and message.available_at.tzinfo is None:
         raise InvalidMessage("available_at must be timezone-aware (database time is UTC-based)")
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
-    headers_text, _ = checked_canonical_payload(message.headers, max_bytes)
+    headers_text = checked_canonical_payload(message.headers, max_bytes)[0] if message.headers else "{}"
     return {
         "event_id": event_id,
         "tenant_id": message.tenant_id,
@@ -85,6 +85,7 @@ class Outbox:
         self.table = validate_table_name(table)
         self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
         self._enqueued = ENQUEUED.labels(self.table)
+        self._insert_sql = table_query("outbox_insert", self.table)
 
     def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
@@ -92,15 +93,14 @@ class Outbox:
         params["now"] = now
         pg = driver_connection(conn)
         try:
-            with pg.cursor() as cur:
-                cur.execute(table_query("outbox_insert", self.table), params)
-                row = cur.fetchone()
-                if row is not None:
-                    self._enqueued.inc()
-                    return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
-                # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
-                cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]})
-                existing = cur.fetchone()
+            row = pg.execute(self._insert_sql, params).fetchone()
+            if row is not None:
+                self._enqueued.inc()
+                return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
+            # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
+            existing = pg.execute(
+                table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]}
+            ).fetchone()
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table) from None
         if existing is None:

@@ -27,7 +27,7 @@ from outbox_pipelines.core.table import Settlement
 
 class OrderBroker:
     def __init__(self, url: str | None = None, *, token: str | None = None, concurrency: int = 32,
-                 transport: str = "aiohttp") -> None:
+                 transport: str = "aiohttp-native") -> None:
         self._results: dict[int, dict[str, Any]] = {}
         self._started: dict[int, float] = {}
         self._lock = threading.Lock()
