@@ -22,8 +22,10 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -80,6 +82,10 @@ class OrderApi:
         self.engine = sa.create_engine(db.sqlalchemy_url(settings.database_url), pool_size=8, max_overflow=8,
                                        pool_pre_ping=True)
         self._proxies = [ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies]
+        # This app's own table gauges: metrics.watch_tables registers one collector per process
+        # (the first database wins), which would report another app's database here.
+        self.state_metrics = CollectorRegistry(auto_describe=False)
+        self.state_metrics.register(metrics.OutboxStateCollector(settings.database_url, settings.watch_tables))
 
     # -- who is calling --------------------------------------------------------
     def caller_scope(self, request: Request) -> str:
@@ -139,9 +145,13 @@ class OrderApi:
             chunks.append(chunk)
         raw = b"".join(chunks)
         try:
-            return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+            # An escaped lone surrogate ("\ud800") parses, but is not Unicode text: it can be
+            # neither digested nor stored, so it is malformed input, not a server error.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (UnicodeError, ValueError, RecursionError):
             raise Rejection(400, "MALFORMED_JSON", "the body is not valid UTF-8 JSON") from None
+        return value
 
     # -- endpoints -------------------------------------------------------------
     async def submit(self, request: Request) -> Response:
@@ -213,7 +223,7 @@ class OrderApi:
         return JSONResponse({"status": "ok"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        payload = await run_in_threadpool(metrics.exposition)
+        payload = await run_in_threadpool(lambda: metrics.exposition() + generate_latest(self.state_metrics))
         return Response(payload, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(self, request: Request) -> Response:
@@ -226,7 +236,6 @@ def _reject_constant(name: str) -> Any:
 
 def create_app(settings: ApiSettings) -> Starlette:
     api = OrderApi(settings)
-    metrics.watch_tables(settings.database_url, settings.watch_tables)
 
     def endpoint(handler: Any) -> Any:
         async def wrapped(request: Request) -> Response:
@@ -258,6 +267,12 @@ def create_app(settings: ApiSettings) -> Starlette:
         yield
         api.engine.dispose()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Routing errors (no such path, wrong method) answer in the same JSON shape as every other error.
+        assert isinstance(exc, HTTPException)
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        return JSONResponse({"error": code, "message": exc.detail}, exc.status_code, headers=exc.headers)
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.api = api
     return app

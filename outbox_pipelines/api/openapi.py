@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from outbox_pipelines.core.orders import KEY_PATTERN, MAX_PRICE, allowed_instruments
+
 ERROR = {
     "type": "object",
     "required": ["error", "message"],
@@ -36,7 +38,8 @@ ORDER_REQUEST = {
         "instrument": {"type": "string", "example": "USDJPY"},
         "side": {"type": "string", "enum": ["BUY", "SELL"]},
         "qty": {"type": "number", "minimum": 0.01, "maximum": 100, "multipleOf": 0.01, "description": "lots"},
-        "price": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "null for a market order"},
+        "price": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_PRICE,
+                  "description": "null for a market order"},
         "time_in_force": {"type": "string", "enum": ["IOC", "FOK", "GTC"], "default": "IOC"},
         "tags": {"type": "array", "maxItems": 16, "items": {"type": "string", "minLength": 1, "maxLength": 32}},
         "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
@@ -78,6 +81,12 @@ def _error(description: str) -> dict[str, Any]:
     return _json(ERROR, description)
 
 
+def order_request_schema() -> dict[str, Any]:
+    """OrderRequest v1.1 as validated now: the instruments allowed (OUTBOX_INSTRUMENTS) are part of it."""
+    instrument = {"type": "string", "enum": list(allowed_instruments()), "example": "USDJPY"}
+    return {**ORDER_REQUEST, "properties": {**ORDER_REQUEST["properties"], "instrument": instrument}}
+
+
 def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
     common = {
         "401": _error("UNAUTHORIZED: a bearer token is required (OUTBOX_API_TOKEN is set) or it is wrong"),
@@ -98,7 +107,7 @@ def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
                     "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
                                     "schema": {"type": "string", "maxLength": 128},
                                     "description": "must equal body.idempotency_key"}],
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": ORDER_REQUEST}}},
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": order_request_schema()}}},
                     "responses": {
                         "201": _json(ACK, "accepted the first time: the order is in outbox_orders"),
                         "200": _json(ACK, "an identical repeat: the stored answer (the ExecResult once executed)"),
@@ -115,7 +124,9 @@ def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
             "/do/order/{key}": {
                 "get": {
                     "operationId": "getOrder",
-                    "parameters": [{"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "parameters": [{"name": "key", "in": "path", "required": True,
+                                    "schema": {"type": "string", "pattern": KEY_PATTERN.pattern},
+                                    "description": "the Idempotency-Key of the order"}],
                     "responses": {
                         "200": _json(LEDGER, "the ledger status, with the ExecResult once the broker answered"),
                         "404": _error("NOT_FOUND: no order with this key for this caller"),
