@@ -347,7 +347,10 @@ def cmd_order_api(args: argparse.Namespace) -> int:
     auth = f"bearer tokens: {len(settings.tokens)}" if settings.tokens else "open (set OUTBOX_API_TOKEN to require a token)"
     say(f"Order API on http://{args.host}:{args.port}/do/order ({auth}; {settings.rate_per_minute}/min per client); "
         f"OpenAPI at /openapi.json")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # proxy_headers=False: uvicorn would otherwise take the client address from X-Forwarded-For
+    # (it trusts 127.0.0.1), letting any local caller dodge the rate limit; the app decides
+    # which proxies to believe (OUTBOX_TRUSTED_PROXIES).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, proxy_headers=False)
     return EXIT_OK
 
 

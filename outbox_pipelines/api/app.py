@@ -33,7 +33,7 @@ from starlette.routing import Route
 from outbox_pipelines.api.openapi import document
 from outbox_pipelines.api.ratelimit import RateLimiter
 from outbox_pipelines.core import db, metrics
-from outbox_pipelines.core.ledger import accept_order, ledger_entry
+from outbox_pipelines.core.ledger import Acceptance, KeyReused, accept_order, ledger_entry
 from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
 from outbox_pipelines.core.store import driver_connection
 
@@ -179,6 +179,8 @@ class OrderApi:
         try:
             with self.engine.begin() as conn:
                 return accept_order(driver_connection(conn), scope, body, trace_id=trace_id)
+        except KeyReused as reused:  # the transaction rolled back: nothing stored
+            return Acceptance("conflict", 409, reused.body)
         except (sa.exc.OperationalError, psycopg.OperationalError):
             raise Rejection(503, "DATABASE_UNAVAILABLE", "the outbox database cannot be reached; retry with the same key") from None
 

@@ -63,7 +63,10 @@ def checked_canonical_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD
     value = parse_payload(payload)
     _reject_nul(value, "$")
     text = canonical_json(value)
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidMessage("payload contains a lone surrogate (text that is not valid Unicode)") from None
     if size > max_bytes:
         raise InvalidMessage(
             f"payload is {size} bytes, over the limit of {max_bytes} bytes "

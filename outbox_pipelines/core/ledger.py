@@ -25,6 +25,16 @@ def broker_key(scope: str, key: str) -> str:
     return f"{scope}:{key}" if scope else key
 
 
+class KeyReused(Exception):
+    """An idempotency key whose ledger row expired is used again; the caller must roll back."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+        self.body = {"error": "IDEMPOTENCY_CONFLICT", "idempotency_key": key,
+                     "message": "this key was used for an earlier order (past the 48 h ledger window); use a new key"}
+
+
 @dataclass(frozen=True)
 class Acceptance:
     kind: Literal["accepted", "replay", "conflict"]
@@ -60,7 +70,13 @@ def accept_order(
     headers = {"ledger_scope": scope, "ledger_key": key}
     if trace_id:
         headers["trace_id"] = trace_id
-    Outbox(table).enqueue(conn, Message(topic="order.submitted", payload=order, event_id=broker_key(scope, key), headers=headers))
+    queued = Outbox(table).enqueue(
+        conn, Message(topic="order.submitted", payload=order, event_id=broker_key(scope, key), headers=headers)
+    )
+    if queued.duplicate:
+        # The ledger forgot this key (past its 48 h) but the outbox still holds its order: the key was
+        # used before. Accepting it again would relay nothing; refuse and roll back the reservation.
+        raise KeyReused(key)
     return Acceptance("accepted", 201, reserved["response"])
 
 

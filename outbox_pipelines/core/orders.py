@@ -47,18 +47,48 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _has_nul(value: Any) -> bool:
+def _finite(value: Any) -> float | None:
+    """The value as a finite float, or None (not a number, NaN/inf, or an int beyond float range)."""
+    if not _is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _whole(value: Any) -> int | None:
+    """An integer, also when JSON wrote it as 3.0 (JSON Schema's 'integer' allows that)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def _bad_text(value: Any) -> bool:
+    """NUL anywhere, or a lone surrogate (not encodable as UTF-8), in any string or key."""
     if isinstance(value, str):
-        return "\x00" in value
+        if "\x00" in value:
+            return True
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(_bad_text(k) or _bad_text(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+        return any(_bad_text(v) for v in value)
     return False
 
 
 def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or len(value) > 40:
+    if not isinstance(value, str) or len(value) > 40 or not RFC3339.fullmatch(value):
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -77,8 +107,8 @@ def validate_order(body: Any, now: datetime | None = None) -> list[Violation]:
     for name in REQUIRED:
         if body.get(name) is None:
             out.append(Violation(name, "is required"))
-    if _has_nul(body):
-        out.append(Violation("$", "strings must not contain \\u0000"))
+    if _bad_text(body):
+        out.append(Violation("$", "strings must be valid Unicode without \\u0000"))
     order_id = body.get("order_id")
     if order_id is not None and (not isinstance(order_id, str) or not ORDER_ID_PATTERN.fullmatch(order_id)):
         out.append(Violation("order_id", "must be 1-64 characters of letters, digits and . _ : -"))
@@ -93,7 +123,7 @@ def validate_order(body: Any, now: datetime | None = None) -> list[Violation]:
         out.append(Violation("side", "must be BUY or SELL"))
     qty = body.get("qty")
     if qty is not None:
-        if not _is_number(qty) or (isinstance(qty, float) and not math.isfinite(qty)):
+        if _finite(qty) is None:
             out.append(Violation("qty", "must be a number of lots"))
         else:
             try:
@@ -107,7 +137,8 @@ def validate_order(body: Any, now: datetime | None = None) -> list[Violation]:
             elif lots % LOT_STEP != 0:
                 out.append(Violation("qty", f"must be a multiple of the lot step {LOT_STEP}"))
     price = body.get("price")
-    if price is not None and (not _is_number(price) or not math.isfinite(price) or not 0 < price <= MAX_PRICE):
+    price_value = _finite(price)
+    if price is not None and (price_value is None or not 0 < price_value <= MAX_PRICE):
         out.append(Violation("price", "must be null for a market order, or a positive limit price"))
     tif = body.get("time_in_force")
     if tif is not None and tif not in TIME_IN_FORCE:
@@ -136,13 +167,13 @@ def _validate_risk(risk: Any) -> list[Violation]:
         return [Violation("risk_constraints", "must be an object")]
     out = [Violation(f"risk_constraints.{k[:64]}", "unknown field") for k in sorted(set(risk) - RISK_FIELDS)]
     max_dd = risk.get("max_dd")
-    if max_dd is not None and (not _is_number(max_dd) or not math.isfinite(max_dd) or not 0 < max_dd <= 1):
+    if max_dd is not None and not 0 < (_finite(max_dd) or 0) <= 1:
         out.append(Violation("risk_constraints.max_dd", "must be a fraction in (0, 1]"))
     losses = risk.get("max_consecutive_loss")
-    if losses is not None and (not isinstance(losses, int) or isinstance(losses, bool) or not 0 <= losses <= 1000):
+    if losses is not None and not 0 <= (_whole(losses) if _whole(losses) is not None else -1) <= 1000:
         out.append(Violation("risk_constraints.max_consecutive_loss", "must be a whole number from 0 to 1000"))
     spread = risk.get("max_spread")
-    if spread is not None and (not _is_number(spread) or not math.isfinite(spread) or not 0 < spread <= 1):
+    if spread is not None and not 0 < (_finite(spread) or 0) <= 1:
         out.append(Violation("risk_constraints.max_spread", "must be a positive number at most 1"))
     return out
 

@@ -313,3 +313,47 @@ def test_broker_sim_command_serves_with_fault_injection():
         out, err = process.communicate(timeout=15)
     assert process.returncode is not None
     assert "every_nth_5xx=2" in out + err
+
+
+def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
+    """Reported by the API tests: the replay of a dead order must say failed, with the reason."""
+    import httpx as _httpx
+
+    from outbox_pipelines.broker_sim import BrokerSim, Faults
+    from outbox_pipelines.core.destinations.orders import OrderBroker
+    from outbox_pipelines.core.ledger import accept_order
+    from outbox_pipelines.core.relay import Relay
+    from outbox_pipelines_tests.conftest import table_settings
+    from outbox_pipelines_tests.helpers import order_payload
+
+    sim = BrokerSim(Faults(bad_keys={"bad-1"})).start_in_thread()
+    try:
+        order = order_payload(1, key="bad-1")
+        with conn.transaction():
+            accept_order(conn, "", order)
+        destination = OrderBroker(sim.url)
+        try:
+            Relay(db_url, table_settings("outbox_orders", url=sim.url), destination).run(once=True)
+        finally:
+            destination.close()
+        with conn.transaction():
+            replay = accept_order(conn, "", order)
+    finally:
+        sim.stop()
+    assert (replay.kind, replay.http_status) == ("replay", 200)
+    assert replay.body["status"] == "failed" and replay.body["reason"].startswith("BAD_REQUEST")
+
+
+def test_a_key_reused_after_the_ledger_forgot_it_is_refused(db_url, conn):
+    from outbox_pipelines.core.ledger import KeyReused, accept_order
+    from outbox_pipelines_tests.helpers import order_payload
+
+    with conn.transaction():
+        accept_order(conn, "", order_payload(1, key="old-key"))
+    conn.execute("DELETE FROM idempo_ledger")  # the cleaner removed it after 48 h; the sent row is kept 168 h
+    import pytest as _pytest
+
+    with _pytest.raises(KeyReused):
+        with conn.transaction():
+            accept_order(conn, "", order_payload(2, key="old-key"))
+    assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 0

@@ -26,8 +26,12 @@ UPDATE idempo_ledger AS l
 SET status = i.status,
     result = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.result END,
     result_digest = CASE WHEN i.status = 'succeeded' THEN i.result_digest ELSE l.result_digest END,
-    response = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.response END,
-    http_status = CASE WHEN i.status = 'succeeded' THEN 200 ELSE l.http_status END,
+    -- What a replay of the same request answers (with 200): the ExecResult, or the failure.
+    response = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb
+                    ELSE jsonb_build_object('status', 'failed', 'idempotency_key', l.idempotency_key,
+                                            'order_id', l.response->>'order_id', 'error', 'BROKER_REJECTED',
+                                            'reason', i.reason, 'request_digest', l.request_digest) END,
+    http_status = 200,
     reason = i.reason,
     updated_at = now()
 FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(statuses)s::text[], %(results)s::text[],

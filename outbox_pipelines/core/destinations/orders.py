@@ -86,7 +86,8 @@ class OrderBroker:
             if key is None or scope is None:
                 continue  # not an Order API order: no ledger row
             if settlement.status in ("sent", "deleted"):
-                result = result or exec_result({}, message.event_id)
+                # The broker saw the caller-scoped key; the caller gets its own key back.
+                result = {**(result or exec_result({}, message.event_id)), "idempotency_key": key}
                 rows.append((scope, key, "succeeded", result, result_digest(result), None))
             elif settlement.status == "dead":
                 rows.append((scope, key, "failed", None, None, f"{settlement.error_code}: {settlement.error or ''}"[:2000]))
