@@ -6,7 +6,6 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -404,7 +403,3 @@ class Sizes:
             flat_sent_rows=100_000,
             flat_claims=8,
         )
-
-
-def python_facts() -> dict[str, Any]:
-    return {"python": sys.version.split()[0], "executable": sys.executable}

@@ -47,8 +47,10 @@ TOPIC = "bench.latency"
 PRODUCER_HEAD_START_S = 0.5
 # Messages of the first half second are warm-up (connection, statement preparation).
 WARM_UP_S = 0.5
-# How long the consumer keeps going after the last commit, to catch the tail.
-GRACE_S = 1.5
+# A consumer stops once it has handled every message the producer will commit;
+# this deadline only ends a run that lost messages (the producer may fall behind
+# its schedule on a busy machine, so it is generous).
+DEADLINE_FACTOR, DEADLINE_SLACK_S = 3.0, 10.0
 
 
 def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float]]:
@@ -74,7 +76,7 @@ def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[s
     return "producer", committed
 
 
-def ours_consumer(url: str, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def ours_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
     from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
     from outbox_pipelines.core.models import ClaimedMessage
     from outbox_pipelines.core.relay import Relay
@@ -84,6 +86,8 @@ def ours_consumer(url: str, seconds: float, barrier: Barrier) -> tuple[str, dict
 
     def handler(message: ClaimedMessage) -> None:
         delivered[message.event_id] = time.monotonic()
+        if len(delivered) >= expected:
+            relay.request_stop()  # finishes and settles this batch, then returns
 
     registry = HandlerRegistry()
     registry.register(TOPIC, handler)
@@ -96,7 +100,7 @@ def ours_consumer(url: str, seconds: float, barrier: Barrier) -> tuple[str, dict
     return "consumer", delivered, {"batches": report.batches, "sent": report.sent, "stopped": report.stopped_because}
 
 
-def bare_consumer(url: str, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def bare_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
     delivered: dict[str, float] = {}
     worker = "bench-latency-bare"
     claim, settle = ceiling_sql.bind(ceiling_sql.CLAIM, TABLE), ceiling_sql.bind(ceiling_sql.SETTLE, TABLE)
@@ -106,7 +110,7 @@ def bare_consumer(url: str, seconds: float, barrier: Barrier) -> tuple[str, dict
     deadline = time.monotonic() + seconds
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"outbox:{TABLE}")))
-        while time.monotonic() < deadline:
+        while len(delivered) < expected and time.monotonic() < deadline:
             # Drain: claim until empty. NOTIFYs that arrive meanwhile wait in
             # psycopg's backlog and end the next wait at once.
             while True:
@@ -136,10 +140,11 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
     reset_table(url, TABLE)
     settle_server(url, TABLE)
     consumer = ours_consumer if kind == "ours" else bare_consumer
-    consumer_seconds = PRODUCER_HEAD_START_S + sizes.latency_seconds + GRACE_S
+    expected = int(sizes.latency_rate * sizes.latency_seconds)
+    deadline_s = PRODUCER_HEAD_START_S + sizes.latency_seconds * DEADLINE_FACTOR + DEADLINE_SLACK_S
     results = run_processes(
-        [(consumer, (url, consumer_seconds)), (producer, (url, sizes.latency_rate, sizes.latency_seconds))],
-        timeout_s=consumer_seconds + 60,
+        [(consumer, (url, expected, deadline_s)), (producer, (url, sizes.latency_rate, sizes.latency_seconds))],
+        timeout_s=deadline_s + 60,
     )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered, info = next((r[1], r[2]) for r in results if r[0] == "consumer")
@@ -174,6 +179,8 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
                 f"  latency run {run_index + 1}/{runs} {kind:5s} p50 {m['p50']:6.2f} ms  p95 {m['p95']:6.2f} ms  "
                 f"p99 {m['p99']:6.2f} ms  ({m['messages']:,} msgs at {m['achieved_rate']:.0f}/s, {m['missing']} missing)"
             )
+            if m["achieved_rate"] < 0.9 * sizes.latency_rate:
+                log(f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): the machine is busy")
             if m["missing"]:
                 raise RuntimeError(f"latency {kind}: {m['missing']} committed messages never reached the handler")
     label = f"latency commit→handler at {sizes.latency_rate:.0f} msg/s, {sizes.latency_seconds:.0f} s"
