@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +44,15 @@ STATEMENT_TIMEOUT_MS = 30_000
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class DispatchPlan:
+    """A batch's outcomes known before delivery (dedup hits), what to send, and in-batch twins."""
+
+    outcomes: list[Outcome | None]
+    to_send: list[int]
+    followers: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,6 +201,7 @@ class Relay:
         self._stop = threading.Event()
         self._pause_until = 0.0
         self._conn: psycopg.Connection | None = None
+        self._pipeline_thread: ThreadPoolExecutor | None = None
 
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
@@ -245,46 +256,101 @@ class Relay:
             pass
 
     # -- one batch -----------------------------------------------------------
-    def _dispatch(self, store: OutboxTable, batch: list[ClaimedMessage], report: RelayReport) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(batch)
-        to_send = list(range(len(batch)))
-        followers: dict[int, int] = {}
-        if self.settings.dedup:
-            keys = [(msg.topic, msg.payload_sha) for msg in batch]
-            already = store.dedup_lookup(sorted(set(keys)))
-            first_in_batch: dict[tuple[str, str], int] = {}
-            to_send = []
-            for index, key in enumerate(keys):
-                if key in already:
-                    ref = already[key]["result_ref"]
-                    outcomes[index] = Outcome.sent(ref=ref, code=m.DEDUP_HIT)
-                elif key in first_in_batch:
-                    followers[index] = first_in_batch[key]
-                else:
-                    first_in_batch[key] = index
-                    to_send.append(index)
-        if to_send:
-            try:
-                delivered = self.destination.deliver([batch[i] for i in to_send])
-            except Exception as exc:  # a destination must not raise; if it does, nothing is lost
-                log.exception("destination %s raised", self.destination.name)
-                delivered = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(to_send)
-            for index, outcome in zip(to_send, delivered):
-                outcomes[index] = outcome
-        for index, leader in followers.items():
+    def _plan(self, store: OutboxTable, batch: list[ClaimedMessage]) -> "DispatchPlan":
+        """Which messages go to the destination; dedup hits (seed 003) are answered from the table."""
+        plan = DispatchPlan(outcomes=[None] * len(batch), to_send=list(range(len(batch))))
+        if not self.settings.dedup:
+            return plan
+        keys = [(msg.topic, msg.payload_sha) for msg in batch]
+        already = store.dedup_lookup(sorted(set(keys)))
+        first_in_batch: dict[tuple[str, str], int] = {}
+        plan.to_send = []
+        for index, key in enumerate(keys):
+            if key in already:
+                plan.outcomes[index] = Outcome.sent(ref=already[key]["result_ref"], code=m.DEDUP_HIT)
+            elif key in first_in_batch:
+                plan.followers[index] = first_in_batch[key]
+            else:
+                first_in_batch[key] = index
+                plan.to_send.append(index)
+        return plan
+
+    def _deliver(self, batch: list[ClaimedMessage], plan: "DispatchPlan") -> list[Outcome]:
+        """Call the destination (no database work here: this may run on the pipeline thread)."""
+        if not plan.to_send:
+            return []
+        try:
+            return self.destination.deliver([batch[i] for i in plan.to_send])
+        except Exception as exc:  # a destination must not raise; if it does, nothing is lost
+            log.exception("destination %s raised", self.destination.name)
+            return [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(plan.to_send)
+
+    @staticmethod
+    def _combine(plan: "DispatchPlan", delivered: list[Outcome]) -> list[Outcome]:
+        outcomes = list(plan.outcomes)
+        for index, outcome in zip(plan.to_send, delivered):
+            outcomes[index] = outcome
+        for index, leader in plan.followers.items():
             lead = outcomes[leader]
             assert lead is not None
             outcomes[index] = Outcome.sent(ref=lead.ref, code=m.DEDUP_HIT) if lead.kind == "sent" else lead
         return [o if o is not None else Outcome.retry(m.UNKNOWN, "no outcome") for o in outcomes]
 
     def _process(self, store: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport) -> None:
+        """One batch, start to end: plan, deliver, settle."""
         keeper.hold([(msg.id, msg.attempts) for msg in batch])
         watch = metrics.Stopwatch()
         try:
-            outcomes = self._dispatch(store, batch, report)
+            plan = self._plan(store, batch)
+            outcomes = self._combine(plan, self._deliver(batch, plan))
         finally:
             keeper.release()
         metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
+        self._finish(store, batch, outcomes, report)
+
+    def _pipeline(
+        self, store: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
+        claim_next: Callable[[], list[ClaimedMessage]],
+    ) -> None:
+        """Deliver batch N on the pipeline thread while claiming N+1 and settling N-1 here.
+
+        For network destinations, where a batch spends most of its time waiting on
+        the wire, this keeps the database work off the critical path. Ends when
+        ``claim_next`` returns nothing (no ready rows, a budget, a stop or a 429
+        pause); both batches in flight are always settled before it returns.
+        """
+        if self._pipeline_thread is None:
+            self._pipeline_thread = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-deliver-{self.settings.name}")
+        current = first
+        plan = self._plan(store, current)
+        watch = metrics.Stopwatch()
+        future = self._pipeline_thread.submit(self._deliver, current, plan)
+        keeper.hold([(msg.id, msg.attempts) for msg in current])
+        while True:
+            upcoming = claim_next()
+            if upcoming:
+                keeper.hold([(msg.id, msg.attempts) for msg in current + upcoming])
+            delivered = future.result()
+            metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
+            if upcoming and any(o.code == m.RATE_LIMITED for o in delivered):
+                # 429: the destination wants the whole table to wait; the prefetched batch goes back unsent.
+                store.release_unsent(self.worker, [(msg.id, msg.attempts) for msg in upcoming],
+                                     "released unsent: the destination answered 429")
+                report.claimed -= len(upcoming)
+                upcoming = []
+            if upcoming:
+                upcoming_plan = self._plan(store, upcoming)
+                watch = metrics.Stopwatch()
+                future = self._pipeline_thread.submit(self._deliver, upcoming, upcoming_plan)
+            self._finish(store, current, self._combine(plan, delivered), report)
+            if not upcoming:
+                keeper.release()
+                return
+            keeper.hold([(msg.id, msg.attempts) for msg in upcoming])
+            current, plan = upcoming, upcoming_plan
+
+    def _finish(self, store: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome], report: RelayReport) -> None:
+        """Settle a delivered batch and count what happened."""
         settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
         after_settle = getattr(self.destination, "after_settle", None)
         if after_settle is None:
@@ -428,13 +494,23 @@ class Relay:
                     if now >= next_requeue:
                         self._requeue_expired(store, report)
                         next_requeue = now + requeue_every
-                    limit = self.settings.batch_size
-                    if max_entries is not None:
-                        limit = min(limit, max_entries - report.claimed)
-                    batch = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics())
+                    def claim_next() -> list[ClaimedMessage]:
+                        limit = self.settings.batch_size
+                        if max_entries is not None:
+                            limit = min(limit, max_entries - report.claimed)
+                        if (limit <= 0 or self._stop.is_set() or time.monotonic() < self._pause_until
+                                or (deadline is not None and time.monotonic() >= deadline)):
+                            return []
+                        claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics())
+                        report.claimed += len(claimed)
+                        return claimed
+
+                    batch = claim_next()
                     if batch:
-                        report.claimed += len(batch)
-                        self._process(store, keeper, batch, report)
+                        if getattr(self.destination, "pipelined", False):
+                            self._pipeline(store, keeper, batch, report, claim_next)
+                        else:
+                            self._process(store, keeper, batch, report)
                         self._drop_stale_wakeups(conn)
                         continue
                     if once:
@@ -455,6 +531,9 @@ class Relay:
                     store = OutboxTable(conn, self.settings.name)
         finally:
             keeper.close()
+            if self._pipeline_thread is not None:
+                self._pipeline_thread.shutdown(wait=True)
+                self._pipeline_thread = None
             report.seconds = time.monotonic() - started
             if single_active and report.lock_held and not conn.closed:
                 try:

@@ -108,6 +108,14 @@ class OutboxTable:
         )
         return {row["id"] for row in rows}
 
+    def release_unsent(self, worker: str, held: Sequence[tuple[int, int]], reason: str) -> set[int]:
+        """Give claimed-but-unsent rows back (attempt not counted); return the ids released."""
+        if not held:
+            return set()
+        rows = self._run("outbox_release_unsent", {"worker": worker, "reason": reason,
+                                                   "ids": [h[0] for h in held], "attempts": [h[1] for h in held]})
+        return {row["id"] for row in rows}
+
     def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
         """Sent rows with the same (topic, payload_sha), keyed by that pair."""
         if not keys:

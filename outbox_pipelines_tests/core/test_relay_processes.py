@@ -63,13 +63,16 @@ def test_relay_killed_mid_batch_loses_nothing(db_url, cli_env, conn, http_sink):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     in_flight = rows(conn, ORDERS, "status = 'sending'")
-    assert len(in_flight) == 10 and all(r["attempts"] == 1 for r in in_flight)
-    assert statuses(conn, ORDERS) == {"sending": 10, "pending": 20}
+    # The batch on the wire, and (the relay pipelines network deliveries) perhaps the next one, claimed.
+    assert len(in_flight) in (10, 20) and all(r["attempts"] == 1 for r in in_flight)
+    assert statuses(conn, ORDERS) == {"sending": len(in_flight), "pending": 30 - len(in_flight)}
+    reached_the_broker = set(http_sink.counts)
+    assert len(reached_the_broker) == 10
 
     # After the lease (60 s of database time) the rows come back, attempts kept.
     settings = table_settings(ORDERS, destination="http", url=http_sink.url)
     report = requeue_stuck(db_url, settings, now=db_now(conn) + timedelta(seconds=61))
-    assert report.requeued == 10
+    assert report.requeued == len(in_flight)
     http_sink.delay_s = 0.0
     destination = HttpDestination(http_sink.url, timeout_s=5)
     try:
@@ -78,9 +81,9 @@ def test_relay_killed_mid_batch_loses_nothing(db_url, cli_env, conn, http_sink):
         destination.close()
     assert relay_report.sent == 30
     assert statuses(conn, ORDERS) == {"sent": 30}
-    retried = {r["event_id"]: r["attempts"] for r in rows(conn, ORDERS, "attempts = 2")}
-    assert len(retried) == 10  # the killed batch, delivered again with the same key
-    assert all(http_sink.counts[key] == 2 for key in retried)
+    retried = {r["event_id"] for r in rows(conn, ORDERS, "attempts = 2")}
+    assert len(retried) == len(in_flight)  # every claimed row came back with its attempt counted
+    assert all(http_sink.counts[key] == 2 for key in reached_the_broker)  # delivered again, same key
 
 
 def test_sigterm_finishes_the_batch_in_flight_and_releases_nothing_held(cli_env, conn, http_sink):

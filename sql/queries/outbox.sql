@@ -323,3 +323,25 @@ LIMIT %(limit)s
 SELECT count(*) AS ready
 FROM {table}
 WHERE status = 'pending' AND available_at <= now() AND topic <> ALL(%(paused_topics)s::text[])
+
+-- name: outbox_release_unsent
+-- Rows this worker claimed but never handed to the destination (a prefetched
+-- batch when the table is rate-limited) go back to pending with their attempt
+-- given back; fenced like every settle.
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
+), released AS (
+    UPDATE {table} AS t
+    SET status = 'pending', attempts = t.attempts - 1, locked_by = NULL, locked_at = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    FROM input AS i
+    WHERE t.id = i.id AND t.status = 'sending' AND t.locked_by = %(worker)s AND t.attempts = i.attempts
+    RETURNING t.id, t.event_id, t.attempts, t.headers
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status, attempts, code, worker,
+                              trace_id, detail)
+    SELECT %(table_name)s, r.id, r.event_id, 'sending', 'pending', r.attempts, 'outbox_release', %(worker)s,
+           r.headers->>'trace_id', %(reason)s
+    FROM released AS r
+)
+SELECT id FROM released

@@ -87,6 +87,9 @@ def _exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
 
 
 class HttpDestination:
+    # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
+    pipelined = True
+
     def __init__(
         self,
         url: str,

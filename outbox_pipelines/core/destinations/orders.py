@@ -26,6 +26,9 @@ from outbox_pipelines.core.table import Settlement
 
 
 class OrderBroker:
+    # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
+    pipelined = True
+
     def __init__(self, url: str | None = None, *, token: str | None = None, concurrency: int = 32,
                  transport: str = "aiohttp-native") -> None:
         self._results: dict[int, dict[str, Any]] = {}
