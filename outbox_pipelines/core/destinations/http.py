@@ -116,6 +116,7 @@ class HttpDestination:
         self.base_headers = {"Content-Type": "application/json", "User-Agent": "outbox-pipelines"}
         if token:
             self.base_headers["Authorization"] = f"Bearer {token}"
+        self._base_lower = {name.lower(): value for name, value in self.base_headers.items()}
         limits = httpx.Limits(max_connections=self.parallelism, max_keepalive_connections=self.parallelism)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -139,13 +140,14 @@ class HttpDestination:
             return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=self.timeout_s)
         return httpx.AsyncClient(limits=limits, timeout=self.timeout_s)
 
-    def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, httpx.Headers, float]:
+    def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, dict[str, str], float]:
         request = self.build_request(message)
         # Header names are case-insensitive: a builder's "content-type" replaces the default
         # rather than adding a second one, and nothing can change the Idempotency-Key.
-        headers = httpx.Headers(self.base_headers)
-        headers.update(request.headers)
-        headers["Idempotency-Key"] = message.event_id
+        headers = dict(self._base_lower)
+        for name, value in request.headers.items():
+            headers[name.lower()] = value
+        headers["idempotency-key"] = message.event_id
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         path = request.path
         if path and not path.startswith(("/", "?")):
@@ -175,10 +177,10 @@ class HttpDestination:
                 return self._finish(message, None, exc, timeout)
         return self._finish(message, response, None, timeout)
 
-    async def _send_native(self, message: ClaimedMessage, url: str, body: bytes, headers: httpx.Headers,
+    async def _send_native(self, message: ClaimedMessage, url: str, body: bytes, headers: dict[str, str],
                            timeout: float) -> Outcome:
         try:
-            async with self._client.post(url, data=body, headers=dict(headers.items()),
+            async with self._client.post(url, data=body, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 content = await response.read()
                 outcome = classify_response(response.status, response.headers, content)
