@@ -40,6 +40,10 @@ log = logging.getLogger("outbox_pipelines.relay")
 # A Retry-After longer than this is not believed (and would stretch the retry horizon).
 MAX_RETRY_AFTER_S = 3600.0
 STATEMENT_TIMEOUT_MS = 30_000
+# Custom plans for the relay's statements: a generic plan guesses a handful of input rows and
+# turns the batched settle into a nested loop, quadratic in the batch size (measured: 264 ms
+# instead of 23 ms for 1,000 rows). Planning each execution costs well under a millisecond.
+RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_custom_plan"
 
 
 def default_worker_id() -> str:
@@ -164,7 +168,7 @@ class LeaseKeeper:
                 continue
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = connect(self.url)
+                    self._conn = connect(self.url, options=RELAY_SESSION_OPTIONS)
                 renewed = OutboxTable(self._conn, self.table).renew(self.worker, held, self.lease_s)
             except psycopg.Error as exc:
                 log.warning("lease renewal on %s failed: %s", self.table, exc)
@@ -214,7 +218,7 @@ class Relay:
 
     # -- connection ----------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
-        conn = connect(self.url, options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+        conn = connect(self.url, options=RELAY_SESSION_OPTIONS)
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.settings.name))))
         return conn
 

@@ -73,19 +73,25 @@ class OutboxTable:
         """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited)."""
         if not settlements:
             return set()
+        kept = [s for s in settlements if s.status != "deleted"]
+        gone = [s for s in settlements if s.status == "deleted"]
         rows = self._run(
             "outbox_settle",
             {
                 "worker": worker,
                 "now": now,
-                "ids": [s.id for s in settlements],
-                "attempts": [s.attempts for s in settlements],
-                "statuses": [s.status for s in settlements],
-                "delays": [s.delay_s for s in settlements],
-                "error_codes": [s.error_code for s in settlements],
-                "errors": [s.error for s in settlements],
-                "refs": [s.ref for s in settlements],
-                "audit_codes": [s.audit_code for s in settlements],
+                "ids": [s.id for s in kept],
+                "attempts": [s.attempts for s in kept],
+                "statuses": [s.status for s in kept],
+                "delays": [s.delay_s for s in kept],
+                "error_codes": [s.error_code for s in kept],
+                "errors": [s.error for s in kept],
+                "refs": [s.ref for s in kept],
+                "audit_codes": [s.audit_code for s in kept],
+                "delete_ids": [s.id for s in gone],
+                "delete_attempts": [s.attempts for s in gone],
+                "delete_audit_codes": [s.audit_code for s in gone],
+                "delete_error_codes": [s.error_code for s in gone],
             },
         )
         return {row["id"] for row in rows}

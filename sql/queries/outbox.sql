@@ -85,20 +85,27 @@ WITH clock AS (
         updated_at = clock.now
     FROM input AS i, clock
     WHERE t.id = i.id
-      AND i.status <> 'deleted'
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
     RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
 ), deleted AS (
+    -- Deletions come in arrays of their own (empty unless the table deletes on success), so
+    -- neither part of the statement scans the other's rows.
     DELETE FROM {table} AS t
-    USING input AS i
-    WHERE t.id = i.id
-      AND i.status = 'deleted'
+    USING unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_audit_codes)s::text[],
+                 %(delete_error_codes)s::text[]) AS d(id, attempts, audit_code, error_code)
+    WHERE t.id = d.id
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
-      AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
+      AND t.attempts = d.attempts
+    RETURNING t.id, t.event_id, t.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code
+), all_input AS (
+    SELECT id, attempts, status, error_code FROM input
+    UNION ALL
+    SELECT id, attempts, 'deleted', error_code
+    FROM unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_error_codes)s::text[])
+         AS d(id, attempts, error_code)
 ), settled AS (
     SELECT * FROM updated UNION ALL SELECT * FROM deleted
 ), audit AS (
@@ -113,7 +120,7 @@ WITH clock AS (
            CASE WHEN cur.id IS NULL THEN 'row no longer exists'
                 ELSE format('lease lost: row is %%s, held by %%s at attempt %%s',
                             cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
-    FROM input AS i
+    FROM all_input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM settled)
 )
