@@ -48,6 +48,9 @@ SELECT * FROM claimed ORDER BY id
 """
 
 SETTLE = """
+-- One statement settles a whole batch: sent / retry / dead rows are updated,
+-- rows whose table deletes on success are deleted, and every row that is no
+-- longer held by this worker at this attempt is audited as a conflict.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), input AS (
@@ -72,20 +75,27 @@ WITH clock AS (
         updated_at = clock.now
     FROM input AS i, clock
     WHERE t.id = i.id
-      AND i.status <> 'deleted'
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
     RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
 ), deleted AS (
+    -- Deletions come in arrays of their own (empty unless the table deletes on success), so
+    -- neither part of the statement scans the other's rows.
     DELETE FROM {table} AS t
-    USING input AS i
-    WHERE t.id = i.id
-      AND i.status = 'deleted'
+    USING unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_audit_codes)s::text[],
+                 %(delete_error_codes)s::text[]) AS d(id, attempts, audit_code, error_code)
+    WHERE t.id = d.id
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
-      AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
+      AND t.attempts = d.attempts
+    RETURNING t.id, t.event_id, t.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code
+), all_input AS (
+    SELECT id, attempts, status, error_code FROM input
+    UNION ALL
+    SELECT id, attempts, 'deleted', error_code
+    FROM unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_error_codes)s::text[])
+         AS d(id, attempts, error_code)
 ), settled AS (
     SELECT * FROM updated UNION ALL SELECT * FROM deleted
 ), audit AS (
@@ -100,7 +110,7 @@ WITH clock AS (
            CASE WHEN cur.id IS NULL THEN 'row no longer exists'
                 ELSE format('lease lost: row is %%s, held by %%s at attempt %%s',
                             cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
-    FROM input AS i
+    FROM all_input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM settled)
 )
@@ -109,6 +119,10 @@ SELECT id FROM settled
 
 # The plain outbox INSERT of the enqueue ceiling: what an application would
 # write by hand, with payload text and digest computed beforehand.
+# The relay's session setting (core/relay.py RELAY_SESSION_OPTIONS): custom plans for the batched
+# statements. The ceiling runs the same SQL under the same setting.
+SESSION_OPTIONS = "-c plan_cache_mode=force_custom_plan"
+
 PLAIN_INSERT = """
 INSERT INTO {table} (event_id, topic, payload, payload_sha, headers)
 VALUES (%s, %s, %s::jsonb, %s, %s::jsonb)

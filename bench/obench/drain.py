@@ -67,6 +67,7 @@ def ceiling_drain(conn: psycopg.Connection, table: str, batch: int, worker: str)
                 "errors": [None] * n,
                 "refs": [None] * n,
                 "audit_codes": [AUDIT_SUCCESS] * n,
+                "delete_ids": [], "delete_attempts": [], "delete_audit_codes": [], "delete_error_codes": [],
             },
         ).fetchall()
         sent += n
@@ -76,7 +77,7 @@ def ceiling_worker(url: str, table: str, batch: int, index: int, barrier: Barrie
     barrier()
     started = time.monotonic()
     # Connecting is inside the clock, as it is inside Relay.run for ours.
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, options=ceiling_sql.SESSION_OPTIONS) as conn:
         sent = ceiling_drain(conn, table, batch, f"bench-ceiling-{index}")
     return started, time.monotonic(), sent
 

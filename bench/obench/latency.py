@@ -108,7 +108,7 @@ def bare_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> 
     batches = 0
     barrier()
     deadline = time.monotonic() + seconds
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, options=ceiling_sql.SESSION_OPTIONS) as conn:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"outbox:{TABLE}")))
         while len(delivered) < expected and time.monotonic() < deadline:
             # Drain: claim until empty. NOTIFYs that arrive meanwhile wait in
@@ -128,6 +128,7 @@ def bare_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> 
                         "ids": [r[0] for r in rows], "attempts": [r[7] for r in rows],
                         "statuses": ["sent"] * n, "delays": [0.0] * n, "error_codes": [None] * n,
                         "errors": [None] * n, "refs": [None] * n, "audit_codes": ["outbox_flush_success"] * n,
+                        "delete_ids": [], "delete_attempts": [], "delete_audit_codes": [], "delete_error_codes": [],
                     },
                 ).fetchall()
                 batches += 1
