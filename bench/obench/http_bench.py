@@ -292,11 +292,11 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
         Figure(
             "http",
             f"http relay, default transport ({DEFAULT_TRANSPORT}, batch {DEFAULT_BATCH}) "
-            f"vs fastest bare httpx client ({fastest})",
+            f"vs fastest bare client our transports ride on ({fastest})",
             "msg/s",
             ours[(DEFAULT_TRANSPORT, DEFAULT_BATCH)],
             fastest_per_run,
-            "fastest bare httpx client in the same run",
+            "fastest bare client in the same run",
             Target("≥ 0.8× ceiling and ≥ 2,000 msg/s", ratio_min=0.8, value_min=2000.0),
         )
     )
