@@ -72,19 +72,10 @@ def free_port() -> int:
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    import httpx
+    """True once ``url`` answers (the same wait `outbox-pipelines dev` uses)."""
+    from outbox_pipelines.dev import _wait_http
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return True
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    return False
+    return _wait_http(url, proc, timeout_s)
 
 
 def log_path(label: str) -> Path:
