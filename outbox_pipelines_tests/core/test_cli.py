@@ -129,3 +129,34 @@ def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
 def test_db_upgrade_reports_up_to_date(cli_env):
     result = run_cli(cli_env, "db", "upgrade")
     assert result.returncode == 0 and "up to date" in result.stdout
+
+
+def test_relay_serves_prometheus_metrics_while_it_runs(cli_env, conn):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
+                             "--max-seconds", "20", "--quiet", "--metrics-port", str(port)],
+                            env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, text = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and 'outbox_dispatch_total{result="success",table="outbox_events"} 3.0' not in text:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert 'outbox_dispatch_total{result="success",table="outbox_events"} 3.0' in text
+        assert 'outbox_pending_count{table="outbox_events"} 0.0' in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert proc.returncode == 0

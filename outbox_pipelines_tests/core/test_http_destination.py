@@ -449,6 +449,8 @@ def test_429_holds_the_whole_table(conn, db_url, http_sink):
     assert (report.claimed, report.rate_limited) == (1, 1)
     assert http_sink.keys() == ["first"]
     assert (rows(conn)["second"]["status"], rows(conn)["second"]["attempts"]) == ("pending", 0)
+    # If the relay had already claimed "second" (it pipelines network deliveries), it gave it back unsent.
+    assert set(audit_codes(conn, "second")) <= {"outbox_claim", "outbox_release"}
 
 
 def test_garbage_answers_retry_then_go_dead_with_the_reason(conn, db_url, http_sink):

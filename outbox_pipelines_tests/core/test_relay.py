@@ -333,3 +333,13 @@ def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
         worker.join(10)
     assert handled == ["b"]
     assert rows(conn, EVENTS, "topic = 'a'")[0]["status"] == "pending"
+
+
+def test_release_unsent_gives_the_attempt_back_and_is_fenced(conn):
+    ids = enqueue_n(conn, EVENTS, 2)
+    store = OutboxTable(conn, EVENTS)
+    claimed = store.claim("w", 2, 60)
+    assert store.release_unsent("someone-else", [(c.id, c.attempts) for c in claimed], "test") == set()
+    assert store.release_unsent("w", [(c.id, c.attempts) for c in claimed], "released unsent: test") == set(ids)
+    assert [(r["status"], r["attempts"], r["locked_by"]) for r in rows(conn, EVENTS)] == [("pending", 0, None)] * 2
+    assert audit_codes(conn, EVENTS, ids[0]) == ["outbox_claim", "outbox_release"]
