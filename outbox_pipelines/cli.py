@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -355,7 +354,6 @@ def cmd_order_api(args: argparse.Namespace) -> int:
 
 
 def cmd_broker_sim(args: argparse.Namespace) -> int:
-    import asyncio
 
     from aiohttp import web
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, canonical_json, checked_canonical_payload
+from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, checked_canonical_payload
 from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.metrics import ENQUEUED
 from outbox_pipelines.core.models import EnqueueResult, Message

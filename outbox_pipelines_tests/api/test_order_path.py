@@ -317,7 +317,6 @@ def test_broker_sim_command_serves_with_fault_injection():
 
 def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     """Reported by the API tests: the replay of a dead order must say failed, with the reason."""
-    import httpx as _httpx
 
     from outbox_pipelines.broker_sim import BrokerSim, Faults
     from outbox_pipelines.core.destinations.orders import OrderBroker

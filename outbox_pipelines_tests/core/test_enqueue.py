@@ -1,7 +1,6 @@
 """Enqueue: in the caller's transaction, idempotent by event_id, checked before writing."""
 
 import multiprocessing
-import select
 from datetime import datetime, timedelta, timezone
 
 import psycopg

@@ -1,6 +1,5 @@
 """Concurrency and crashes with real relay processes (the CLI worker) and a real HTTP sink."""
 
-import os
 import signal
 import subprocess
 import sys

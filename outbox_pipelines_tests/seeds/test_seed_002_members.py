@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from outbox_pipelines import Message, Outbox, RetryPolicy
+from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.examples import members

@@ -1,7 +1,6 @@
 """Seed 003 end to end: a memory store over HTTP, dedup by (target, payload_sha), leases held by their holder."""
 
 import json
-from dataclasses import replace
 from datetime import timedelta
 
 from outbox_pipelines import Message, Outbox
