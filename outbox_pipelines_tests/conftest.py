@@ -10,6 +10,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.settings import TableSettings, load_settings
 from outbox_pipelines_tests.pg import TestServer
+from outbox_pipelines_tests.sink import HttpSink
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,9 +66,7 @@ def table_settings(name: str, **overrides: object) -> TableSettings:
 
 
 @pytest.fixture
-def http_sink() -> Iterator["HttpSink"]:
-    from outbox_pipelines_tests.sink import HttpSink
-
+def http_sink() -> Iterator[HttpSink]:
     sink = HttpSink().start()
     yield sink
     sink.stop()
