@@ -14,7 +14,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.SupersessionWarning)
 
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.defs.alerts import check_alert, run_failure_alert
+from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
@@ -39,7 +39,7 @@ def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definiti
         asset_checks=checks,
         jobs=[*jobs, CHECKS_JOB],
         schedules=relay_schedules(RELAYED, by_name) + maintenance_schedules(by_name),
-        sensors=[backlog_sensor(t, by_name[relay_job_name(t)]) for t in RELAYED] + [run_failure_alert, check_alert],
+        sensors=[backlog_sensor(t, by_name[relay_job_name(t)]) for t in RELAYED] + [oncall_sensor, run_failure_alert],
         resources=dict(resources) if resources is not None else {
             "outbox_db": OutboxDatabase(),
             "outbox_destinations": OutboxDestinations(),

@@ -188,7 +188,7 @@ def run_demo(url: str, quiet: bool = False) -> int:
     print(f"{'table':<16}" + "".join(f"{s:>10}" for s in STATES) + "   dead by code")
     with db.connect(url) as conn:
         for name in TABLES:
-            status = read_status(OutboxTable(conn, name))
+            status = read_status(OutboxTable(conn, name), count_sent=True)
             dead = ", ".join(f"{k}={v}" for k, v in status.dead_by_code.items()) or "-"
             print(f"{name:<16}" + "".join(f"{status.counts.get(s, 0):>10}" for s in STATES) + f"   {dead}")
         audits = conn.execute(

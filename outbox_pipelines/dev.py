@@ -57,6 +57,39 @@ def _stop_group(pgid: int) -> None:
             time.sleep(0.2)
 
 
+def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
+    """Terminate every run in progress the way the UI's Terminate does, and wait for them to end.
+
+    A terminated relay run settles its batch in flight and ends CANCELED: a clean stop pages
+    nobody and leaves nothing in sending. Queued runs are cancelled before they start. The
+    daemon is still up meanwhile and may launch a run (a sensor sees a table without one), so
+    this repeats until a pass finds nothing active. Returns the runs still active at the end.
+    """
+    os.environ.update(env)
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    in_progress = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]
+    deadline = time.monotonic() + timeout_s
+    terminated: set[str] = set()
+    with DagsterInstance.get() as instance:
+        while True:
+            for run in instance.get_runs(filters=RunsFilter(statuses=waiting)):
+                instance.report_run_canceled(run, message="cancelled: outbox-pipelines dev is stopping")
+            active = instance.get_runs(filters=RunsFilter(statuses=in_progress))
+            if not active or time.monotonic() >= deadline:
+                return len(active)
+            for run in active:
+                if run.run_id in terminated and run.status == DagsterRunStatus.CANCELING:
+                    continue
+                try:
+                    instance.run_launcher.terminate(run.run_id)
+                    terminated.add(run.run_id)
+                except Exception as exc:  # noqa: BLE001 - the others must still be stopped
+                    print(f"could not terminate run {run.run_id[:8]}: {exc}", file=sys.stderr)
+            time.sleep(0.5)
+
+
 def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
     if not _port_free(host, port):
         print(f"error: port {port} on {host} is in use; pass --port to choose another", file=sys.stderr)
@@ -90,6 +123,13 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
             time.sleep(0.3)
     finally:
         if proc.poll() is None:
+            print("stopping: cancelling runs in progress (relay runs settle their batch first)", flush=True)
+            try:
+                left = cancel_active_runs(env)
+                if left:
+                    print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001 - stopping must go on
+                print(f"could not cancel runs in progress: {exc}", file=sys.stderr)
             proc.send_signal(signal.SIGINT)  # dagster dev shuts down its webserver, daemon and code server
             try:
                 proc.wait(timeout=30)

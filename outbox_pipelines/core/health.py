@@ -7,11 +7,14 @@ from typing import Any, Literal
 import psycopg
 
 from outbox_pipelines.core.db import connect
-from outbox_pipelines.core.models import STATES
+from outbox_pipelines.core.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.table import OutboxTable
 
 LAG_WINDOW_S = 3600.0
+# Lag percentiles come from at most this many of the newest deliveries and of the oldest
+# waiting messages: the checks cost the same with 1,000 or 10,000,000 sent rows kept.
+LAG_SAMPLE = 5000
 
 
 @dataclass
@@ -19,23 +22,37 @@ class TableStatus:
     table: str
     counts: dict[str, int] = field(default_factory=dict)
     ready: int = 0
-    oldest_pending_age_s: float | None = None
+    # Age of the oldest message not yet delivered (pending, retrying in backoff, or in flight).
+    oldest_waiting_age_s: float | None = None
     next_due_in_s: float | None = None
     stuck: int = 0
     lag_window_s: float = LAG_WINDOW_S
     lag_sample: int = 0
+    # created → delivered over the window's deliveries, and created → now for messages still waiting.
     lag_p50_s: float | None = None
     lag_p95_s: float | None = None
     lag_p99_s: float | None = None
     dead_by_code: dict[str, int] = field(default_factory=dict)
+    destination: DestinationHealth | None = None
 
     @property
     def backlog(self) -> int:
         return self.counts.get("pending", 0) + self.counts.get("retrying", 0)
 
+    @property
+    def waiting(self) -> int:
+        """Not yet delivered: backlog plus in flight."""
+        return self.backlog + self.counts.get("sending", 0)
+
+    @property
+    def oldest_pending_age_s(self) -> float | None:
+        return self.oldest_waiting_age_s
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["backlog"] = self.backlog
+        data["waiting"] = self.waiting
+        data["oldest_pending_age_s"] = self.oldest_waiting_age_s
         return data
 
 
@@ -47,31 +64,36 @@ def table_status(
 
 
 def read_status(
-    store: OutboxTable, *, stuck_after_s: float = 600.0, window_s: float = LAG_WINDOW_S, now: datetime | None = None
+    store: OutboxTable, *, stuck_after_s: float = 600.0, window_s: float = LAG_WINDOW_S, now: datetime | None = None,
+    count_sent: bool = False,
 ) -> TableStatus:
-    status = TableStatus(store.table, counts={state: 0 for state in STATES}, lag_window_s=window_s)
-    for row in store.status_rows("outbox_status_counts"):
-        status.counts[row["state"]] = int(row["n"])
-    pending = store.status_rows("outbox_status_pending", now=now)[0]
-    status.ready = int(pending["ready"])
-    status.oldest_pending_age_s = pending["oldest_pending_age_s"]
-    status.next_due_in_s = pending["next_due_in_s"]
-    status.stuck = int(store.status_rows("outbox_status_stuck", now=now, stuck_after_s=stuck_after_s)[0]["stuck"])
-    lag = store.status_rows("outbox_status_lag", now=now, window_s=window_s)[0]
-    status.lag_sample = int(lag["n"])
-    status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = lag["p50"], lag["p95"], lag["p99"]
-    status.dead_by_code = {row["error_code"]: int(row["n"]) for row in store.status_rows("outbox_status_dead_by_code")}
+    """A table's health at a bounded cost; ``count_sent`` adds the exact sent count (a full scan)."""
+    snap = store.health_snapshot(stuck_after_s=stuck_after_s, window_s=window_s, sample=LAG_SAMPLE, now=now)
+    status = TableStatus(store.table, lag_window_s=window_s)
+    status.counts = {"pending": int(snap["pending"]), "retrying": int(snap["retrying"]),
+                     "sending": int(snap["sending"]), "sent": 0, "dead": int(snap["dead"])}
+    if count_sent:
+        status.counts["sent"] = int(store.status_rows("outbox_status_sent_count")[0]["n"])
+    status.ready = int(snap["ready"])
+    status.oldest_waiting_age_s = snap["oldest_waiting_age_s"]
+    status.next_due_in_s = snap["next_due_in_s"]
+    status.stuck = int(snap["stuck"])
+    status.lag_sample = int(snap["lag_sample"])
+    status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = snap["lag_p50"], snap["lag_p95"], snap["lag_p99"]
+    status.dead_by_code = {code: int(n) for code, n in sorted((snap["dead_by_code"] or {}).items(), key=lambda kv: -int(kv[1]))}
+    status.destination = read_health(store.conn, store.table, now=now)
     return status
 
 
 Severity = Literal["ok", "warn", "error"]
-CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog")
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination")
 
 
 @dataclass(frozen=True)
 class CheckVerdict:
     name: str
     severity: Severity
+    # One sentence a person can act on: what, how bad, what to do.
     description: str
     metadata: dict[str, Any]
 
@@ -94,53 +116,100 @@ def _worst(*severities: Severity) -> Severity:
     return "error" if "error" in severities else "warn" if "warn" in severities else "ok"
 
 
-def evaluate_checks(status: TableStatus, limits: CheckThresholds) -> list[CheckVerdict]:
-    """The four health checks of a table, graded against its thresholds, with their numbers."""
-    lag_grade = _worst(
-        _grade(status.lag_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
-        _grade(status.oldest_pending_age_s if status.ready else None, limits.oldest_pending_warn_s, limits.oldest_pending_error_s),
-    )
+def _codes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{code}={n:,}" for code, n in counts.items())
+
+
+def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    grade = _worst(_grade(status.lag_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
+                   _grade(status.oldest_waiting_age_s, limits.oldest_pending_warn_s, limits.oldest_pending_error_s))
+    numbers = (f"lag p95 {_fmt(status.lag_p95_s)} (warn at {_fmt(limits.lag_p95_warn_s)}), oldest waiting message "
+               f"{_fmt(status.oldest_waiting_age_s)} old (warn at {_fmt(limits.oldest_pending_warn_s)}), "
+               f"{status.waiting:,} waiting")
+    text = (f"{status.table}: messages wait too long: {numbers}. Check that a relay run is active for the table "
+            "and what the destination check says." if grade != "ok" else f"{status.table}: {numbers}.")
+    return CheckVerdict("lag", grade, text, {
+        "lag_p50_s": status.lag_p50_s, "lag_p95_s": status.lag_p95_s, "lag_p99_s": status.lag_p99_s,
+        "lag_sample": status.lag_sample, "oldest_waiting_age_s": status.oldest_waiting_age_s,
+        "waiting": status.waiting, "ready": status.ready,
+        "lag_p95_warn_s": limits.lag_p95_warn_s, "lag_p95_error_s": limits.lag_p95_error_s,
+        "oldest_waiting_warn_s": limits.oldest_pending_warn_s, "oldest_waiting_error_s": limits.oldest_pending_error_s,
+    })
+
+
+def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     dead = status.counts.get("dead", 0)
-    verdicts = [
-        CheckVerdict(
-            "lag",
-            lag_grade,
-            f"lag p95 {_fmt(status.lag_p95_s)} (warn {_fmt(limits.lag_p95_warn_s)}), oldest ready pending "
-            f"{_fmt(status.oldest_pending_age_s if status.ready else None)} (warn {_fmt(limits.oldest_pending_warn_s)})",
-            {
-                "lag_p50_s": status.lag_p50_s, "lag_p95_s": status.lag_p95_s, "lag_p99_s": status.lag_p99_s,
-                "lag_sample": status.lag_sample, "oldest_pending_age_s": status.oldest_pending_age_s,
-                "ready": status.ready, "lag_p95_warn_s": limits.lag_p95_warn_s, "lag_p95_error_s": limits.lag_p95_error_s,
-            },
-        ),
-        CheckVerdict(
-            "dead_letters",
-            _grade(dead, limits.dead_warn, limits.dead_error),
-            f"{dead} dead message{'' if dead == 1 else 's'}" + (f" ({', '.join(f'{k}={v}' for k, v in status.dead_by_code.items())})" if dead else ""),
-            {"dead": dead, "dead_warn": limits.dead_warn, "dead_error": limits.dead_error,
-             **{f"dead_{code}": n for code, n in status.dead_by_code.items()}},
-        ),
-        CheckVerdict(
-            "stuck",
-            _grade(status.stuck, limits.stuck_warn, limits.stuck_error),
-            f"{status.stuck} message{'' if status.stuck == 1 else 's'} stuck in sending past their lease or the stuck threshold",
-            {"stuck": status.stuck, "sending": status.counts.get("sending", 0),
-             "stuck_warn": limits.stuck_warn, "stuck_error": limits.stuck_error},
-        ),
-        CheckVerdict(
-            "backlog",
-            _grade(status.backlog, limits.backlog_warn, limits.backlog_error),
-            f"{status.backlog} message{'' if status.backlog == 1 else 's'} waiting ({status.ready} ready now)",
-            {"backlog": status.backlog, "pending": status.counts.get("pending", 0),
-             "retrying": status.counts.get("retrying", 0), "ready": status.ready,
-             "backlog_warn": limits.backlog_warn, "backlog_error": limits.backlog_error},
-        ),
-    ]
-    return verdicts
+    grade = _grade(dead, limits.dead_warn, limits.dead_error)
+    text = f"{status.table}: {dead:,} dead message{'' if dead == 1 else 's'}"
+    if dead:
+        top = next(iter(status.dead_by_code))
+        text += (f" ({_codes(status.dead_by_code)}). See what died with 'outbox-pipelines replay --table "
+                 f"{status.table} --error-code {top} --dry-run' (or replay_dead_job, a dry run first), fix the cause, "
+                 "then replay.")
+    else:
+        text += "."
+    return CheckVerdict("dead_letters", grade, text, {
+        "dead": dead, "dead_warn": limits.dead_warn, "dead_error": limits.dead_error,
+        **{f"dead_{code}": n for code, n in status.dead_by_code.items()},
+    })
+
+
+def _stuck(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    grade = _grade(status.stuck, limits.stuck_warn, limits.stuck_error)
+    text = (f"{status.table}: {status.stuck:,} message{'' if status.stuck == 1 else 's'} held in sending past their "
+            "lease or the stuck threshold")
+    text += (f"; their relay is probably gone. requeue_stuck_job (or 'outbox-pipelines requeue-stuck --table "
+             f"{status.table}') returns them to pending." if status.stuck else ".")
+    return CheckVerdict("stuck", grade, text, {
+        "stuck": status.stuck, "sending": status.counts.get("sending", 0),
+        "stuck_warn": limits.stuck_warn, "stuck_error": limits.stuck_error,
+    })
+
+
+def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    grade = _grade(status.backlog, limits.backlog_warn, limits.backlog_error)
+    text = (f"{status.table}: {status.backlog:,} message{'' if status.backlog == 1 else 's'} waiting "
+            f"({status.ready:,} ready now; warn at {limits.backlog_warn:,})")
+    text += (". Relay runs drain it; if it keeps growing, check the destination and add relay processes."
+             if grade != "ok" else ".")
+    return CheckVerdict("backlog", grade, text, {
+        "backlog": status.backlog, "pending": status.counts.get("pending", 0),
+        "retrying": status.counts.get("retrying", 0), "ready": status.ready,
+        "backlog_warn": limits.backlog_warn, "backlog_error": limits.backlog_error,
+    })
+
+
+def _destination(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    health = status.destination or DestinationHealth(status.table)
+    grade = _grade(health.failing_for_s, limits.destination_failing_warn_s, limits.destination_failing_error_s)
+    name = health.destination or "its destination"
+    if health.failing:
+        text = (f"{status.table}: deliveries to {name} have failed for {_fmt(health.failing_for_s)} "
+                f"({_codes(health.error_codes) or 'no code'}); {status.waiting:,} messages wait and retry by "
+                "themselves. Check the destination; nothing is lost and nothing needs replaying.")
+    else:
+        text = f"{status.table}: {name} is accepting deliveries."
+    return CheckVerdict("destination", grade, text, {
+        "destination": health.destination, "failing_for_s": health.failing_for_s,
+        "consecutive_failures": health.consecutive_failures, "error_codes": _codes(health.error_codes) or None,
+        "last_error": health.last_error, "waiting": status.waiting,
+        "last_success_at": health.last_success_at.isoformat() if health.last_success_at else None,
+        "failing_warn_s": limits.destination_failing_warn_s, "failing_error_s": limits.destination_failing_error_s,
+    })
+
+
+CHECKS = {"lag": _lag, "dead_letters": _dead_letters, "stuck": _stuck, "backlog": _backlog, "destination": _destination}
+
+
+def evaluate_checks(status: TableStatus, limits: CheckThresholds) -> list[CheckVerdict]:
+    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers."""
+    return [CHECKS[name](status, limits) for name in CHECK_NAMES]
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+    if value is None:
+        return "-"
+    return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f} min"
 
 
 def ready_count(conn: psycopg.Connection, table: str, paused_topics: tuple[str, ...] = ()) -> int:

@@ -76,6 +76,8 @@ class ClaimedMessage:
     headers: dict[str, Any]
     attempts: int
     created_at: datetime
+    # The database's clock when this attempt was claimed (None where a row was read, not claimed).
+    claimed_at: datetime | None = None
 
     @property
     def trace_id(self) -> str | None:

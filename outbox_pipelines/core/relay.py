@@ -24,9 +24,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox_pipelines.core import metrics
+from outbox_pipelines.core import liveness, metrics
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.destination_health import HealthRecorder, destination_failures
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
 from outbox_pipelines.core.names import notify_channel
@@ -59,6 +60,32 @@ class DispatchPlan:
     followers: dict[int, int] = field(default_factory=dict)
 
 
+class LagSample:
+    """A bounded uniform sample (reservoir) of created → delivered seconds, for percentiles."""
+
+    def __init__(self, capacity: int = 20_000, rng: random.Random | None = None) -> None:
+        self.capacity, self.count = capacity, 0
+        self.values: list[float] = []
+        self._rng = rng or random.Random(7)
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        if len(self.values) < self.capacity:
+            self.values.append(value)
+        else:
+            slot = self._rng.randrange(self.count)
+            if slot < self.capacity:
+                self.values[slot] = value
+
+    def percentiles(self) -> dict[str, float | None]:
+        ordered = sorted(self.values)
+
+        def at(q: float) -> float | None:
+            return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
+
+        return {"lag_p50_s": at(0.50), "lag_p95_s": at(0.95), "lag_p99_s": at(0.99), "lag_max_s": ordered[-1] if ordered else None}
+
+
 @dataclass
 class RelayReport:
     table: str
@@ -77,6 +104,10 @@ class RelayReport:
     lock_held: bool = True
     stopped_because: str = ""
     dead_by_code: dict[str, int] = field(default_factory=dict)
+    # Deliveries that failed because the destination did (timeouts, 5xx, 401), by code.
+    destination_failures: dict[str, int] = field(default_factory=dict)
+    # created → delivered of the messages this relay delivered.
+    lag: LagSample = field(default_factory=lambda: LagSample())
 
     @property
     def settled(self) -> int:
@@ -86,8 +117,22 @@ class RelayReport:
     def throughput(self) -> float:
         return self.settled / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def outcome(self) -> str:
+        """What this relay's time amounted to, in one word (Dagster tags runs with it)."""
+        if self.destination_failures and not self.sent:
+            return "destination_failing"
+        if self.dead:
+            return "dead_letters"
+        if self.sent:
+            return "delivered"
+        return "idle"
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("lag")
+        data.update(self.lag.percentiles())
+        data["outcome"] = self.outcome
         data["throughput_per_s"] = round(self.throughput, 1)
         return data
 
@@ -121,15 +166,24 @@ def plan_settlement(
 
 
 class LeaseKeeper:
-    """Renews the leases of the batch in flight once it has run for a third of the lease."""
+    """The relay's second thread: heartbeats, and renews the leases of a batch whose dispatch runs long.
 
-    def __init__(self, url: str, table: str, worker: str, lease_s: float) -> None:
+    It has a connection of its own (the relay's is busy with the batch), survives any error
+    (a database outage, a failed reconnect) by reconnecting on its next turn, and notices when
+    the relay was declared dead meanwhile (``declared_dead``: the relay must stop claiming).
+    """
+
+    def __init__(self, url: str, table: str, worker: str, lease_s: float,
+                 heartbeat_s: float = liveness.HEARTBEAT_EVERY_S) -> None:
         self.url, self.table, self.worker, self.lease_s = url, table, worker, lease_s
         self.interval = max(lease_s / 3.0, 0.05)
+        self.heartbeat_s = heartbeat_s
         self.lost: set[int] = set()
         self.renewals = 0
+        self.declared_dead = False
         self._held: list[tuple[int, int]] = []
         self._last = 0.0
+        self._last_beat = time.monotonic()
         self._cond = threading.Condition()
         self._closed = False
         self._conn: psycopg.Connection | None = None
@@ -143,6 +197,7 @@ class LeaseKeeper:
             self._cond.notify()
 
     def release(self) -> None:
+        """Stop renewing: the batch is settled, or abandoned (its leases then expire and come back)."""
         with self._cond:
             self._held = []
 
@@ -154,33 +209,51 @@ class LeaseKeeper:
         if self._conn is not None:
             self._conn.close()
 
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.url, options=RELAY_SESSION_OPTIONS)
+        return self._conn
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 if self._closed:
                     return
-                self._cond.wait(timeout=self.interval)
+                self._cond.wait(timeout=min(self.interval, self.heartbeat_s))
                 if self._closed:
                     return
                 held = list(self._held)
-                due = held and time.monotonic() - self._last >= self.interval
-            if not due:
+                due = bool(held) and time.monotonic() - self._last >= self.interval
+            beat = time.monotonic() - self._last_beat >= self.heartbeat_s
+            if not (due or beat):
                 continue
             try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = connect(self.url, options=RELAY_SESSION_OPTIONS)
-                renewed = OutboxTable(self._conn, self.table).renew(self.worker, held, self.lease_s)
-            except psycopg.Error as exc:
-                log.warning("lease renewal on %s failed: %s", self.table, exc)
+                if beat:
+                    self._beat()
+                if due:
+                    self._renew(held)
+            except Exception as exc:  # noqa: BLE001 - any failure: drop the connection, try again next turn
+                log.warning("relay %s: lease keeper could not reach the database: %s", self.table, exc)
                 if self._conn is not None:
                     self._conn.close()
                 self._conn = None
-                continue
-            with self._cond:
-                if self._held == held:
-                    self._last = time.monotonic()
-            self.renewals += 1
-            self.lost.update(h[0] for h in held if h[0] not in renewed)
+
+    def _beat(self) -> None:
+        if not liveness.heartbeat(self._connection(), self.worker):
+            if not self.declared_dead:
+                log.error("relay %s: this relay (%s) was declared dead by the liveness sweep; stopping",
+                          self.table, self.worker)
+            self.declared_dead = True
+        self._last_beat = time.monotonic()
+
+    def _renew(self, held: list[tuple[int, int]]) -> None:
+        renewed = OutboxTable(self._connection(), self.table).renew(self.worker, held, self.lease_s)
+        with self._cond:
+            if self._held != held:
+                return  # released or replaced meanwhile: those leases are no longer ours to count
+            self._last = time.monotonic()
+        self.renewals += 1
+        self.lost.update(h[0] for h in held if h[0] not in renewed)
 
 
 class Relay:
@@ -194,11 +267,15 @@ class Relay:
         uniform: UniformSource = random.uniform,
         progress: Callable[[RelayReport], None] | None = None,
         progress_every_s: float = 5.0,
+        run_id: str | None = None,
     ) -> None:
         self.url = url
         self.settings = table
         self.destination = destination
         self.worker = worker_id or default_worker_id()
+        self.run_id = run_id
+        self.health = HealthRecorder(table.name, destination.name)
+        self._claimed_mono: dict[int, float] = {}
         self.uniform = uniform
         self.progress = progress
         self.progress_every_s = progress_every_s
@@ -367,13 +444,18 @@ class Relay:
         report.batches += 1
         before = (report.sent, report.dedup_hits, report.retried, report.dead, report.conflicts)
         slow_down = 0.0
-        for settlement, outcome in zip(settlements, outcomes):
+        settled_mono = time.monotonic()
+        for message, settlement, outcome in zip(batch, settlements, outcomes):
+            claimed_mono = self._claimed_mono.pop(message.id, None)
             if settlement.id not in settled:
                 report.conflicts += 1
                 continue
             if settlement.status in ("sent", "deleted"):
                 report.sent += 1
                 report.dedup_hits += outcome.code == m.DEDUP_HIT
+                if message.claimed_at is not None and claimed_mono is not None:
+                    waited = (message.claimed_at - message.created_at).total_seconds()
+                    report.lag.add(max(waited, 0.0) + settled_mono - claimed_mono)
             elif settlement.status == "pending":
                 report.retried += 1
             else:
@@ -384,6 +466,10 @@ class Relay:
                 report.rate_limited += 1
                 slow_down = max(slow_down, settlement.delay_s)
         self._count(before, report)
+        _, failures = destination_failures(outcomes)
+        for code, n in failures.items():
+            report.destination_failures[code] = report.destination_failures.get(code, 0) + n
+        self.health.observe(store.conn, outcomes)
         if slow_down > 0:
             # 429: the destination is overloaded; hold the whole table, not just this row.
             self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
@@ -459,8 +545,9 @@ class Relay:
         next_progress = started + self.progress_every_s
         next_requeue = started
         requeue_every = max(min(self.settings.lease_s / 2.0, 30.0), self.settings.poll_interval_s)
-        keeper = LeaseKeeper(self.url, self.settings.name, self.worker, self.settings.lease_s)
         conn = self._connect()
+        liveness.register(conn, self.worker, self.settings.name, self.run_id)
+        keeper = LeaseKeeper(self.url, self.settings.name, self.worker, self.settings.lease_s)
         store = OutboxTable(conn, self.settings.name)
         single_active = self.settings.mode == "single-active"
         try:
@@ -476,6 +563,9 @@ class Relay:
                 now = time.monotonic()
                 if self._stop.is_set():
                     report.stopped_because = "stop requested"
+                    break
+                if keeper.declared_dead:
+                    report.stopped_because = "declared dead by the liveness sweep (its heartbeat was lost); stopped"
                     break
                 if deadline is not None and now >= deadline:
                     report.stopped_because = "time budget used"
@@ -507,6 +597,9 @@ class Relay:
                             return []
                         claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics())
                         report.claimed += len(claimed)
+                        mono = time.monotonic()
+                        for message in claimed:
+                            self._claimed_mono[message.id] = mono
                         return claimed
 
                     batch = claim_next()
@@ -524,7 +617,10 @@ class Relay:
                     idle = self.settings.idle_sleep_s if due is None else min(max(due, 0.0), self.settings.idle_sleep_s)
                     self._wait(conn, min(idle, _left(deadline)))
                 except psycopg.OperationalError as exc:
-                    # Lost connection or statement timeout: what was claimed comes back after its lease.
+                    # Lost connection or statement timeout: the batch is abandoned. Its leases are no longer
+                    # renewed, so they expire and the rows come back to pending (lease + sweep interval).
+                    keeper.release()
+                    self._claimed_mono.clear()
                     report.db_errors += 1
                     log.warning("relay %s: database error, reconnecting: %s", self.settings.name, exc)
                     fresh = self._reconnect(conn, single_active, report, deadline)
@@ -539,13 +635,24 @@ class Relay:
                 self._pipeline_thread.shutdown(wait=True)
                 self._pipeline_thread = None
             report.seconds = time.monotonic() - started
-            if single_active and report.lock_held and not conn.closed:
-                try:
-                    conn.execute(shared_query("outbox_relay_unlock"), {"table_name": self.settings.name})
-                except psycopg.Error:
-                    pass
-            conn.close()
+            self._say_goodbye(conn, single_active and report.lock_held, report.stopped_because or "ended")
         return report
+
+    def _say_goodbye(self, conn: psycopg.Connection, unlock: bool, reason: str) -> None:
+        """Let go of the single-active lock and record the stop, so nobody takes this relay for dead."""
+        for _ in range(2):
+            try:
+                if conn.closed:
+                    conn = connect(self.url, options=RELAY_SESSION_OPTIONS)
+                if unlock:
+                    conn.execute(shared_query("outbox_relay_unlock"), {"table_name": self.settings.name})
+                liveness.stopped(conn, self.worker, reason)
+                break
+            except Exception as exc:  # noqa: BLE001 - a stop must always finish
+                log.warning("relay %s: could not record its stop (%s)", self.settings.name, exc)
+                conn.close()
+                unlock = False  # a fresh session holds no lock
+        conn.close()
 
     def _reconnect(
         self, conn: psycopg.Connection, single_active: bool, report: RelayReport, deadline: float | None = None
@@ -589,6 +696,8 @@ def run_table_relay(
     progress: Callable[[RelayReport], None] | None = None,
     install_signal_handlers: bool = False,
     destination: Destination | None = None,
+    run_id: str | None = None,
+    relay_started: Callable[["Relay"], None] | None = None,
 ) -> RelayReport:
     """Relay one configured table: build its destination, run under the budget, close it."""
     from outbox_pipelines.core.wiring import build_destination
@@ -596,9 +705,11 @@ def run_table_relay(
     table_settings = settings.table(table)
     owned = destination is None
     destination = destination or build_destination(table_settings, settings)
-    relay = Relay(url, table_settings, destination, worker_id=worker_id, progress=progress)
+    relay = Relay(url, table_settings, destination, worker_id=worker_id, progress=progress, run_id=run_id)
     if install_signal_handlers:
         relay.install_signal_handlers()
+    if relay_started is not None:
+        relay_started(relay)  # lets the caller stop it (Dagster's run termination)
     try:
         return relay.run(max_seconds=max_seconds, max_entries=max_entries, once=once)
     finally:

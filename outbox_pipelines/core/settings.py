@@ -119,6 +119,9 @@ class CheckThresholds:
     stuck_error: int = 50
     backlog_warn: int = 10_000
     backlog_error: int = 100_000
+    # How long the destination may fail (nothing delivered) before the destination check turns WARN / ERROR.
+    destination_failing_warn_s: float = 30.0
+    destination_failing_error_s: float = 300.0
 
 
 THRESHOLD_KEYS = {
@@ -128,6 +131,8 @@ THRESHOLD_KEYS = {
     "dead_warn": ("dead_warn", "count"), "dead_error": ("dead_error", "count"),
     "stuck_warn": ("stuck_warn", "count"), "stuck_error": ("stuck_error", "count"),
     "backlog_warn": ("backlog_warn", "count"), "backlog_error": ("backlog_error", "count"),
+    "destination_failing_warn": ("destination_failing_warn_s", "duration"),
+    "destination_failing_error": ("destination_failing_error_s", "duration"),
 }
 
 

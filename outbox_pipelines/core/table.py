@@ -138,12 +138,16 @@ class OutboxTable:
         stuck_after_s: float,
         max_attempts: int,
         limit: int = 1000,
+        dead_holder: str | None = None,
         now: datetime | None = None,
     ) -> list[dict[str, Any]]:
+        """Return expired or stuck leases to pending (dead when out of attempts); ``dead_holder``
+        also returns every row that relay holds, lease or not (it is known to be dead)."""
         return self._run(
             "outbox_requeue_stuck",
             {
                 "worker": worker,
+                "dead_holder": dead_holder,
                 "stuck_after_s": stuck_after_s,
                 "max_attempts": max_attempts,
                 "limit": limit,
@@ -164,3 +168,13 @@ class OutboxTable:
 
     def status_rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         return self._run(query, params)
+
+    def held_by(self, worker: str) -> int:
+        """How many rows ``worker`` holds in sending."""
+        return int(self._run("outbox_held_by", {"worker": worker})[0]["held"])
+
+    def health_snapshot(self, *, stuck_after_s: float, window_s: float, sample: int,
+                        now: datetime | None = None) -> dict[str, Any]:
+        """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept."""
+        return self._run("outbox_health_snapshot", {"stuck_after_s": stuck_after_s, "window_s": window_s,
+                                                    "sample": sample, "now": now})[0]

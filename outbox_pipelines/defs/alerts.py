@@ -1,62 +1,123 @@
-"""Alerts: a failed run, and a check at WARN or ERROR, posted as JSON to OUTBOX_ALERT_WEBHOOK_URL."""
+"""On-call in Dagster: one sensor keeps the checks current and tells people what changed; one tells
+them about failed runs.
 
-from typing import Any, Dict, List
+``outbox_oncall`` runs the core's on-call sweep every 15 s (dead relays, every
+table's checks, fire / remind / resolve), records the check evaluations on the
+table assets (so the UI shows them without a run), and marks the runs of dead
+relays failed. ``outbox_run_failure_alert`` tells about any other failed run,
+with its root cause and a link. A cancelled run (Terminate, a clean stop of
+``outbox-pipelines dev``) is not a failure and alerts nobody.
+"""
+
+import json
+from datetime import datetime, timezone
+from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.alerts import post_alert
+from outbox_pipelines.core.alerts import Condition, announce_event, run_link
+from outbox_pipelines.core.oncall import SweepReport
+from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.defs.checks import SEVERITY, check_metadata
+from outbox_pipelines.defs.common import table_asset_key
+from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase
+
+# Tags a run the on-call sweep already told people about (its relay died).
+FAILURE_TAG = "outbox/failure"
+# A check evaluation is recorded when its severity changes, and otherwise at most this often.
+RECORD_EVERY_S = 60.0
+SWEEP_EVERY_S = 15
+
+
+def _check_evaluations(report: SweepReport, recorded: dict[str, list[Any]], now: float) -> list[dg.AssetCheckEvaluation]:
+    events = []
+    for table, verdicts in report.verdicts.items():
+        for verdict in verdicts:
+            key = f"{table}:{verdict.name}"
+            last_severity, last_at = recorded.get(key, (None, 0.0))
+            if last_severity == verdict.severity and now - last_at < RECORD_EVERY_S:
+                continue
+            recorded[key] = [verdict.severity, now]
+            events.append(dg.AssetCheckEvaluation(
+                asset_key=table_asset_key(table), check_name=verdict.name, passed=verdict.passed,
+                severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
+                description=verdict.description, metadata=check_metadata(verdict.metadata),
+            ))
+    return events
+
+
+def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport) -> None:
+    for relay in report.dead_relays:
+        if not relay.run_id:
+            continue
+        run = instance.get_run_by_id(relay.run_id)
+        if run is None or run.is_finished:
+            continue
+        instance.add_run_tags(run.run_id, {FAILURE_TAG: "relay_died", "outbox/outcome": "relay_died"})
+        instance.report_run_failed(run, message=relay.describe())
+
+
+@dg.sensor(
+    name="outbox_oncall",
+    minimum_interval_seconds=SWEEP_EVERY_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(f"Every {SWEEP_EVERY_S} s: evaluates every table's checks (shown on the table assets), returns "
+                 "the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
+                 "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
+                 "(resolved)."),
+)
+def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase):
+    report = outbox_db.sweep()
+    _fail_runs_of_dead_relays(context.instance, report)
+    state = json.loads(context.cursor) if context.cursor else {}
+    recorded = state.get("recorded", {})
+    events = _check_evaluations(report, recorded, datetime.now(timezone.utc).timestamp())
+    told = ", ".join(f"{a['status']} {a['alert_key']}" for a in report.alerts)
+    summary = f"alerts: {told}" if told else "no change to announce"
+    if report.problems:
+        summary += "; " + "; ".join(report.problems)
+    return dg.SensorResult(asset_events=events, cursor=json.dumps({"recorded": recorded}), skip_reason=summary)
+
+
+def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None) -> str:
+    """The first step failure's own message (not Dagster's 'Steps failed: [...]')."""
+    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        event = record.dagster_event
+        data = event.step_failure_data if event is not None else None
+        if data is not None and data.error is not None:
+            cause = data.error.cause or data.error
+            while cause.cause is not None and "dagster" in cause.cls_name.lower():
+                cause = cause.cause
+            user = data.user_failure_data
+            if user is not None and user.description:
+                return user.description
+            return f"{cause.cls_name}: {cause.message.strip()}"
+    return fallback or "the run failed before any step (see its logs)"
 
 
 @dg.run_failure_sensor(
     name="outbox_run_failure_alert",
-    description="Posts every failed run to OUTBOX_ALERT_WEBHOOK_URL (logs only when unset).",
+    description="Posts each failed run to OUTBOX_ALERT_WEBHOOK_URL with its root cause and a link (logged when "
+                "unset). Cancelled runs are not failures; relay deaths are told by outbox_oncall.",
     default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=10,
+    monitor_all_code_locations=False,
 )
 def run_failure_alert(context: dg.RunFailureSensorContext):
     run = context.dagster_run
-    post_alert({
-        "kind": "run_failure",
-        "job": run.job_name,
-        "run_id": run.run_id,
-        "tags": dict(run.tags),
-        "error": context.failure_event.message if context.failure_event else None,
-        "summary": f"Dagster run {run.run_id[:8]} of {run.job_name} failed",
-    })
-
-
-def failed_checks(instance: dg.DagsterInstance, run_id: str) -> List[Dict[str, Any]]:
-    """The WARN/ERROR check evaluations a run produced."""
-    found = []
-    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
-        evaluation = record.dagster_event.event_specific_data if record.dagster_event else None
-        if evaluation is None or evaluation.passed:
-            continue
-        found.append({
-            "asset": evaluation.asset_key.to_user_string(),
-            "check": evaluation.check_name,
-            "severity": evaluation.severity.value,
-            "description": evaluation.description,
-            "metadata": {k: getattr(v, "value", str(v)) for k, v in evaluation.metadata.items()},
-        })
-    return found
-
-
-@dg.run_status_sensor(
-    run_status=dg.DagsterRunStatus.SUCCESS,
-    name="outbox_check_alert",
-    description="After any run that evaluated checks, posts those at WARN or ERROR to OUTBOX_ALERT_WEBHOOK_URL.",
-    default_status=dg.DefaultSensorStatus.RUNNING,
-)
-def check_alert(context: dg.RunStatusSensorContext):
-    failed = failed_checks(context.instance, context.dagster_run.run_id)
-    if not failed:
-        return dg.SkipReason("no check at WARN or ERROR")
-    worst = "ERROR" if any(f["severity"] == "ERROR" for f in failed) else "WARN"
-    post_alert({
-        "kind": "check_failure",
-        "severity": worst,
-        "run_id": context.dagster_run.run_id,
-        "checks": failed,
-        "summary": f"{len(failed)} outbox checks at {worst}: "
-        + ", ".join(f"{f['asset']}:{f['check']}" for f in failed),
-    })
+    if run.tags.get(FAILURE_TAG):
+        return dg.SkipReason(f"run {run.run_id[:8]} already reported ({run.tags[FAILURE_TAG]})")
+    fallback = context.failure_event.message if context.failure_event else None
+    cause = redact_text(_root_cause(context.instance, run.run_id, fallback))[:1000]
+    table = run.tags.get(TABLE_TAG)
+    stats = context.instance.get_run_stats(run.run_id)
+    ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
+    where = f" of {table}" if table else ""
+    condition = Condition(
+        key=f"run:{run.run_id}", severity="error", kind="run_failure", link=run_link(run.run_id), table=table,
+        job=run.job_name, run_id=run.run_id,
+        summary=(f"{run.job_name}{where} failed (run {run.run_id[:8]}): {cause}. Open the run for its logs; "
+                 "scheduled jobs run again on their own."),
+        figures={"ran_s": round(ran_s, 1) if ran_s is not None else None},
+    )
+    announce_event(condition, now=datetime.now(timezone.utc))

@@ -10,16 +10,20 @@ from outbox_pipelines.defs.resources import OutboxDatabase
 
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
-    "lag": "p95 of created → published over the last hour, and the age of the oldest ready message",
-    "dead_letters": "messages in dead, by error code (replay them with replay_dead_job)",
+    "lag": "p95 of created → delivered (messages still waiting count with their age so far), and the age of "
+           "the oldest message not yet delivered, retries in backoff included",
+    "dead_letters": "messages in dead, by error code (replay them with replay_dead_job, a dry run first)",
     "stuck": "messages in sending past their lease or the stuck threshold (requeue_stuck_job returns them)",
     "backlog": "messages waiting to be relayed",
+    "destination": "how long the destination has failed every delivery (timeouts, 5xx, 401): an outage shows "
+                   "while it lasts",
 }
 
 
 def check_metadata(values: dict) -> dict:
     """Measurements as numbers (the UI plots them); thresholds as text (a flat line is noise)."""
-    measured = {k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s"))}
+    measured = {k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s"))
+                and v is not None}
     limits = {k: dg.MetadataValue.text(str(v)) for k, v in values.items() if k not in measured}
     return {**metadata_values(measured), **limits}
 
@@ -41,12 +45,17 @@ def table_checks(table: str) -> dg.AssetChecksDefinition:
         name=f"{table}_health",
         specs=[dg.AssetCheckSpec(name=name, asset=key, description=CHECK_DESCRIPTIONS[name]) for name in CHECK_NAMES],
         description=f"Health of {table}",
+        # Each check can run on its own, so the Checks tab can execute one, or all (no materialization needed).
+        can_subset=True,
     )
     def _checks(context: dg.AssetCheckExecutionContext, outbox_db: OutboxDatabase):
+        selected = {check.name for check in context.selected_asset_check_keys}
         settings = outbox_db.settings()
         table_settings = settings.table(table)
         status = outbox_db.table_status(table_settings)
         for verdict in evaluate_checks(status, table_settings.checks):
+            if verdict.name not in selected:
+                continue
             yield dg.AssetCheckResult(
                 asset_key=key,
                 check_name=verdict.name,

@@ -1,29 +1,57 @@
 """Relay jobs: one graph, a job per table (tagged for the per-table run limit) and a generic one."""
 
-from typing import List, Optional
+import os
+import threading
+from typing import Any, Callable, List, Optional
 
 import dagster as dg
+from pydantic import Field
 
-from outbox_pipelines.core.relay import RelayReport, run_table_relay
+from outbox_pipelines.core.destination_health import display_name
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase, OutboxDestinations
 
-# A scheduled run relays this long, then hands over to the next (which starts
-# while this one still runs: the overlap is the hand-off).
-DEFAULT_RUN_SECONDS = 75.0
+# A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
+# the next run starts while this one still relays (a standby on a single-active table takes over
+# the moment this one lets go of the table lock), so a hand-off leaves no gap. Long runs keep
+# run history readable: 48 relay runs per table per day at the default 30 minutes.
+RUN_MINUTES_ENV = "OUTBOX_RELAY_RUN_MINUTES"
+RUN_MINUTE_CHOICES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)
+DEFAULT_RUN_MINUTES = 30
+OVERLAP_S = 60.0
+OUTCOME_TAG = "outbox/outcome"
+
+
+def run_minutes() -> int:
+    raw = os.environ.get(RUN_MINUTES_ENV)
+    if not raw:
+        return DEFAULT_RUN_MINUTES
+    if not raw.isdigit() or int(raw) not in RUN_MINUTE_CHOICES:
+        raise ConfigError(f"{RUN_MINUTES_ENV}={raw!r}: use one of {', '.join(map(str, RUN_MINUTE_CHOICES))} "
+                          "(minutes between relay runs; each run relays that long plus a one-minute overlap)")
+    return int(raw)
+
+
+def default_run_seconds() -> float:
+    return run_minutes() * 60.0 + OVERLAP_S
 
 
 class RelayRunConfig(dg.Config):
-    table: str = "outbox_orders"
-    max_seconds: float = DEFAULT_RUN_SECONDS
-    max_entries: Optional[int] = None
-    once: bool = False  # drain what is ready, then end the run
+    table: str = Field(default="outbox_orders", description="The outbox table to relay (see outbox.toml).")
+    max_seconds: float = Field(
+        default=default_run_seconds(),
+        description="Stop claiming after this many seconds; the batch in flight is settled first.")
+    max_entries: Optional[int] = Field(default=None, description="Stop after claiming this many messages.")
+    once: bool = Field(default=False, description="Drain what is ready now, then end the run.")
 
 
 def _report_metadata(report: RelayReport, mode: str) -> dict:
     values = {
         "table": report.table,
         "mode": mode,
+        "outcome": report.outcome,
         "worker": report.worker,
         "claimed": report.claimed,
         "sent": report.sent,
@@ -34,14 +62,59 @@ def _report_metadata(report: RelayReport, mode: str) -> dict:
         "requeued_expired_leases": report.requeued,
         "rate_limited": report.rate_limited,
         "db_errors": report.db_errors,
+        "destination_failures": ", ".join(f"{c}={n}" for c, n in sorted(report.destination_failures.items())) or None,
         "duration_s": report.seconds,
         "throughput_per_s": report.throughput if report.seconds >= 1.0 else None,
         "stopped_because": report.stopped_because,
         "dead_by_code": ", ".join(f"{code}={n}" for code, n in sorted(report.dead_by_code.items())) or None,
+        # Of the messages this run delivered (created → delivered), not of the table's history.
+        **report.lag.percentiles(),
     }
     if mode == "single-active":
         values["single_active_lock_held"] = report.lock_held
     return values
+
+
+def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[Relay], None]], RelayReport]) -> RelayReport:
+    """Run the relay on a thread of its own; the op's thread only waits.
+
+    Dagster delivers "Terminate" (and a clean stop of `outbox-pipelines dev`) as an interrupt
+    raised wherever the op's thread happens to be. Raised inside a database call it would
+    abandon the batch in flight; raised here it only asks the relay to stop, waits while the
+    relay settles its batch, and then lets the interrupt end the run as CANCELED.
+    """
+    relays: list[Relay] = []
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["report"] = start(relays.append)
+        except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    # Wait on an Event, not Thread.join: an interrupt landing inside join() makes Python 3.11
+    # consider the thread finished, and the wait for the settle would be skipped.
+    threading.Thread(target=target, name="outbox-relay", daemon=True).start()
+    try:
+        while not done.wait(0.5):
+            pass
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+        context.log.info("termination requested: finishing and settling the batch in flight")
+        for relay in relays:
+            relay.request_stop()
+        done.wait()
+        report = outcome.get("report")
+        if report is not None:
+            context.log.info(f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, "
+                             f"dead {report.dead} in {report.seconds:.1f}s; nothing left in sending")
+            context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "cancelled"})
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]
 
 
 @dg.op(
@@ -58,12 +131,14 @@ def relay_table(
     table = resolve_table(settings, config.table)
     if not table.relay_enabled:
         context.log.warning(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); nothing done")
+        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "disabled"})
         yield dg.Output(None, metadata={"table": table.name, "relay_enabled": False})
         return
     destination = outbox_destinations.for_table(table, settings)
-    context.log.info(f"relaying {table.name} → {destination.name} for up to {config.max_seconds:.0f}s ({table.mode})")
+    context.log.info(f"relaying {table.name} → {display_name(destination.name)} for up to "
+                     f"{config.max_seconds:.0f}s ({table.mode})")
     try:
-        report = run_table_relay(
+        report = _relay_in_thread(context, lambda started: run_table_relay(
             outbox_db.database_url(),
             settings,
             table.name,
@@ -71,24 +146,29 @@ def relay_table(
             max_entries=config.max_entries,
             once=config.once,
             destination=destination,
-            worker_id=f"dagster:{context.run_id[:8]}",
+            worker_id=f"dagster:{context.run_id[:8]}:{os.getpid()}",
+            run_id=context.run_id,
+            relay_started=started,
             progress=lambda r: context.log.info(
                 f"{r.table}: sent {r.sent}, retried {r.retried}, dead {r.dead}, conflicts {r.conflicts} "
                 f"({r.throughput:.0f} msg/s)"
             ),
-        )
+        ))
     finally:
         destination.close()
-    status = outbox_db.table_status(table)
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
     values = _report_metadata(report, table.mode)
-    values.update({"lag_p50_s": status.lag_p50_s, "lag_p95_s": status.lag_p95_s, "lag_p99_s": status.lag_p99_s,
-                   "backlog_after": status.backlog, "dead_total": status.counts.get("dead", 0)})
-    if report.retried and not report.sent:
-        context.log.warning(f"{table.name}: nothing was delivered and {report.retried} messages were retried; "
-                            "is the destination down? (they stay pending and retry with backoff)")
+    status = outbox_db.table_status(table)
+    values.update({"backlog_after": status.backlog, "dead_total": status.counts.get("dead", 0)})
+    if report.outcome == "destination_failing":
+        context.log.warning(
+            f"{table.name}: nothing was delivered: the destination failed "
+            f"({values['destination_failures']}); {report.retried} messages wait and retry with backoff. "
+            "The destination check on the table's asset says how long it has been failing.")
     context.log.info(
-        f"{table.name}: sent {report.sent}, retried {report.retried}, dead {report.dead}, conflicts {report.conflicts}, "
-        f"dedup hits {report.dedup_hits} in {report.seconds:.1f}s; stopped: {report.stopped_because}"
+        f"{table.name}: {report.outcome}; sent {report.sent}, retried {report.retried}, dead {report.dead}, "
+        f"conflicts {report.conflicts}, dedup hits {report.dedup_hits} in {report.seconds:.1f}s; "
+        f"stopped: {report.stopped_because}"
     )
     metadata = metadata_values(values)
     context.log_event(dg.AssetObservation(asset_key=table_asset_key(table.name), metadata=metadata))
@@ -106,11 +186,12 @@ def relay_job_name(table: str) -> str:
 
 def relay_jobs(tables: List[str]) -> List[dg.JobDefinition]:
     """A job per table (its run config fixed to the table and tagged for the run limit), plus ``relay_job``."""
+    seconds = default_run_seconds()
     jobs = [
         relay_graph.to_job(
             name=relay_job_name(table),
-            description=f"Relay {table}: claim → dispatch → settle for up to {DEFAULT_RUN_SECONDS:.0f}s.",
-            config={"ops": {"relay_table": {"config": {"table": table, "max_seconds": DEFAULT_RUN_SECONDS}}}},
+            description=f"Relay {table}: claim → dispatch → settle for up to {seconds / 60:.0f} min.",
+            config={"ops": {"relay_table": {"config": {"table": table, "max_seconds": seconds}}}},
             tags={TABLE_TAG: table},
             executor_def=dg.in_process_executor,
         )

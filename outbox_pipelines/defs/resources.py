@@ -9,6 +9,7 @@ from pydantic import PrivateAttr
 from outbox_pipelines.core import db
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import TableStatus, read_status, ready_count
+from outbox_pipelines.core.oncall import SweepReport, sweep
 from outbox_pipelines.core.store import driver_connection
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
@@ -50,6 +51,10 @@ class OutboxDatabase(dg.ConfigurableResource):
     def ready_count(self, table: TableSettings) -> int:
         with self.engine().connect() as conn:
             return ready_count(driver_connection(conn), table.name, table.paused_topics)
+
+    def sweep(self) -> SweepReport:
+        """The on-call sweep over every configured table (core.oncall.sweep)."""
+        return sweep(self.database_url(), self.settings())
 
     def settings(self) -> Settings:
         from pathlib import Path

@@ -4,8 +4,7 @@ from typing import Dict, List
 
 import dagster as dg
 
-from outbox_pipelines.defs.checks import CHECKS_JOB
-from outbox_pipelines.defs.relay import DEFAULT_RUN_SECONDS, relay_job_name
+from outbox_pipelines.defs.relay import OVERLAP_S, relay_job_name, run_minutes
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase
 
 ACTIVE = [
@@ -18,16 +17,19 @@ RUNNING = dg.DefaultScheduleStatus.RUNNING
 
 
 def relay_schedules(tables: List[str], jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
-    """Every minute a relay run starts for each table and relays for 75 s, so consecutive runs overlap by
-    ~15 s (minus the run's start-up): at steady state one is always active and a hand-off leaves no gap.
-    The per-table run limit in dagster.yaml (2) keeps them from piling up."""
+    """Every OUTBOX_RELAY_RUN_MINUTES (default 30) a relay run starts for each table and relays that long
+    plus a minute: consecutive runs overlap, so at steady state one is always active and a hand-off
+    leaves no gap. The per-table run limit in dagster.yaml (2) keeps them from piling up."""
+    minutes = run_minutes()
+    cron = "0 * * * *" if minutes == 60 else f"*/{minutes} * * * *"
     return [
         dg.ScheduleDefinition(
-            name=f"relay_{table}_every_minute",
+            name=f"relay_{table}_every_{minutes}_minutes",
             job=jobs[relay_job_name(table)],
-            cron_schedule="* * * * *",
+            cron_schedule=cron,
             default_status=RUNNING,
-            description=f"Keeps a relay run active for {table} ({DEFAULT_RUN_SECONDS:.0f}s runs, started every minute).",
+            description=f"Keeps a relay run active for {table}: a run every {minutes} min that relays for "
+                        f"{minutes} min + {OVERLAP_S:.0f} s, so the next one takes over without a gap.",
         )
         for table in tables
     ]
@@ -62,9 +64,6 @@ def maintenance_schedules(jobs: Dict[str, dg.JobDefinition]) -> List[dg.Schedule
         dg.ScheduleDefinition(name="clean_hourly", job=jobs["clean_job"], cron_schedule="7 * * * *",
                               default_status=RUNNING,
                               description="Deletes sent rows past each table's retention and expired ledger rows."),
-        dg.ScheduleDefinition(name="outbox_checks_every_5_minutes", job=CHECKS_JOB, cron_schedule="*/5 * * * *",
-                              default_status=RUNNING,
-                              description="Runs the lag, dead-letter, stuck and backlog checks of every table."),
         dg.ScheduleDefinition(name="prune_run_history_daily", job=jobs["prune_run_history_job"],
                               cron_schedule="17 3 * * *", default_status=RUNNING,
                               description="Deletes Dagster runs older than 14 days (relay runs add up)."),

@@ -3,7 +3,7 @@
 import dagster as dg
 import pytest
 
-from outbox_pipelines.defs.alerts import check_alert, failed_checks
+from outbox_pipelines.defs.alerts import oncall_sensor
 from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
 from outbox_pipelines_tests.defs.conftest import run_job
 from outbox_pipelines_tests.helpers import enqueue_n
@@ -25,7 +25,7 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
     result = run_job("outbox_checks_job", resources, instance)
     assert result.success
     checks = check_results(result)
-    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog"}
+    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination"}
     assert all(passed for passed, _, _ in checks.values())
     assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
 
@@ -85,21 +85,27 @@ def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance
     assert result.run_requests == [] and "is active" in result.skip_message
 
 
-def test_check_alert_posts_warn_and_error_checks_to_the_webhook(db_url, conn, instance, resources, http_sink, monkeypatch):
+def oncall_tick(instance, db_url, cursor=None):
+    with dg.build_sensor_context(instance=instance, resources={"outbox_db": OutboxDatabase(url=db_url)},
+                                 cursor=cursor) as context:
+        return oncall_sensor(context)
+
+
+def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, instance, http_sink, monkeypatch):
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     enqueue_n(conn, "outbox_orders", 1)
     conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'UNAUTHORIZED'")
-    result = run_job("outbox_checks_job", resources, instance)
-    failed = failed_checks(instance, result.run_id)
-    assert [(f["asset"], f["check"], f["severity"]) for f in failed] == [("outbox/outbox_orders", "dead_letters", "WARN")]
-    context = dg.build_run_status_sensor_context(
-        sensor_name="outbox_check_alert", dagster_instance=instance, dagster_run=result.dagster_run,
-        dagster_event=result.get_run_success_event(),
-    )
-    check_alert(context)
+    result = oncall_tick(instance, db_url)
+    evaluations = {(e.asset_key.to_user_string(), e.check_name): e for e in result.asset_events}
+    dead = evaluations[("outbox/outbox_orders", "dead_letters")]
+    assert not dead.passed and dead.severity == dg.AssetCheckSeverity.WARN
+    assert len(evaluations) == 4 * 5  # every table, every check
     [alert] = [r.body for r in http_sink.received]
-    assert alert["kind"] == "check_failure" and alert["severity"] == "WARN"
-    assert alert["checks"][0]["metadata"]["dead_UNAUTHORIZED"] == 1
+    assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == ("firing", "warning", "outbox_orders", "dead_letters")
+    assert "--error-code UNAUTHORIZED --dry-run" in alert["summary"]
+    # the next tick: nothing new to say, and unchanged evaluations are not recorded again within a minute
+    again = oncall_tick(instance, db_url, cursor=result.cursor)
+    assert len(http_sink.received) == 1 and again.asset_events == []
 
 
 def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http_sink, monkeypatch):
@@ -115,7 +121,10 @@ def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http
     run_failure_alert(context)
     [alert] = [r.body for r in http_sink.received]
     assert alert["kind"] == "run_failure" and alert["job"] == "relay_job"
-    assert alert["run_id"] == failed.run_id
+    assert alert["run_id"] == failed.run_id and alert["link"].endswith(f"/runs/{failed.run_id}")
+    # the root cause, not Dagster's "Steps failed"
+    assert "no settings for table 'missing'" in alert["summary"], alert["summary"]
+    assert "Steps failed" not in alert["text"] and ".dagster/" not in str(alert)
 
 
 def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):

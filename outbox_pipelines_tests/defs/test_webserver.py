@@ -19,7 +19,7 @@ query {
       nodes { name location { name } jobs { name } schedules { name } sensors { name } }
     }
   }
-  assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } }
+  assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name canExecuteIndividually } } } }
 }
 """
 LAUNCH = """
@@ -32,7 +32,10 @@ mutation($params: ExecutionParams!) {
   }
 }
 """
-RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }'
+RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }'
+TERMINATE = """
+mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonError { message } } }
+"""
 
 
 def free_port() -> int:
@@ -85,12 +88,15 @@ def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
     [repo] = data["repositoriesOrError"]["nodes"]
     jobs = {j["name"] for j in repo["jobs"]}
     assert {"relay_outbox_events_job", "replay_dead_job", "backfill_job", "outbox_checks_job"} <= jobs
-    assert "relay_outbox_events_every_minute" in {s["name"] for s in repo["schedules"]}
-    assert {"relay_outbox_events_on_backlog", "outbox_run_failure_alert", "outbox_check_alert"} <= {
+    assert "relay_outbox_events_every_30_minutes" in {s["name"] for s in repo["schedules"]}
+    assert {"relay_outbox_events_on_backlog", "outbox_run_failure_alert", "outbox_oncall"} <= {
         s["name"] for s in repo["sensors"]}
-    checks = {tuple(n["assetKey"]["path"]): {c["name"] for c in n["assetChecksOrError"]["checks"]}
+    checks = {tuple(n["assetKey"]["path"]): {c["name"]: c["canExecuteIndividually"]
+                                             for c in n["assetChecksOrError"]["checks"]}
               for n in data["assetNodes"]}
-    assert checks[("outbox", "outbox_events")] == {"lag", "dead_letters", "stuck", "backlog"}
+    # every check can be executed from the asset's Checks tab (no materialization needed)
+    assert checks[("outbox", "outbox_events")] == dict.fromkeys(
+        ["lag", "dead_letters", "stuck", "backlog", "destination"], "CAN_EXECUTE")
 
     enqueue_n(conn, "outbox_events", 5, topic="org.changed", payload=lambda i: {"org_id": i})
     params = {
@@ -110,3 +116,35 @@ def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
         time.sleep(0.5)
     assert status == "SUCCESS"
     assert statuses(conn, "outbox_events") == {"sent": 5}
+
+
+def wait_status(url: str, run_id: str, wanted: tuple[str, ...], timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = graphql(url, RUN, id=run_id)["runOrError"]["status"]
+        if status in wanted:
+            return status
+        time.sleep(0.3)
+    return status
+
+
+def test_terminate_in_the_ui_cancels_a_relay_run_after_it_settles(webserver, conn):
+    """The UI's Terminate ends a relay run CANCELED (not FAILURE), with its batch settled."""
+    repo = graphql(webserver, REPOSITORY)["repositoriesOrError"]["nodes"][0]
+    enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
+    params = {
+        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
+                     "jobName": "relay_outbox_events_job"},
+        "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "max_seconds": 600}}}},
+    }
+    run_id = graphql(webserver, LAUNCH, params=params)["launchRun"]["run"]["runId"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and statuses(conn, "outbox_events") != {"sent": 3}:
+        time.sleep(0.3)
+    assert statuses(conn, "outbox_events") == {"sent": 3}
+    assert graphql(webserver, TERMINATE, id=run_id)["terminateRun"]["__typename"] == "TerminateRunSuccess"
+    assert wait_status(webserver, run_id, ("SUCCESS", "FAILURE", "CANCELED")) == "CANCELED"
+    [worker] = conn.execute("SELECT * FROM outbox_relay_workers WHERE run_id = %s", (run_id,)).fetchall()
+    assert worker["stopped_at"] is not None and worker["stop_reason"] == "stop requested"
+    assert conn.execute("SELECT count(*) AS n FROM outbox_events WHERE status = 'sending'").fetchone()["n"] == 0

@@ -47,7 +47,7 @@ WITH clock AS (
     FROM ready, clock
     WHERE t.id = ready.id
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
-              t.attempts, t.created_at
+              t.attempts, t.created_at, clock.now AS claimed_at
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
                               attempts, code, worker, trace_id)
@@ -165,9 +165,10 @@ WHERE t.status = 'sent'
 ORDER BY t.topic, t.payload_sha, t.id
 
 -- name: outbox_requeue_stuck
--- A sending row whose lease expired, or that has not moved for the stuck
--- threshold, goes back to pending; one that already used its last attempt goes
--- to dead, so a message that kills its worker cannot loop forever.
+-- A sending row whose lease expired, that has not moved for the stuck
+-- threshold, or whose holder is known to be dead, goes back to pending; one
+-- that already used its last attempt goes to dead, so a message that kills its
+-- worker cannot loop forever.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), stuck AS (
@@ -175,7 +176,9 @@ WITH clock AS (
     FROM {table} AS t, clock
     WHERE t.status = 'sending'
       AND (t.lease_expires_at < clock.now
-           OR t.updated_at < clock.now - make_interval(secs => %(stuck_after_s)s))
+           OR t.updated_at < clock.now - make_interval(secs => %(stuck_after_s)s)
+           -- a relay known to be dead: its rows need not wait out their lease
+           OR t.locked_by = %(dead_holder)s::text)
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -236,10 +239,13 @@ SELECT deleted FROM summary
 -- name: outbox_replay_dead
 -- Matches dead rows by the filters (NULL = any). With dry_run nothing changes;
 -- rows that died of BAD_REQUEST are matched but refused unless forced.
+-- error_code matches case-insensitively, and 'UNKNOWN' matches rows without a
+-- code (as outbox_status_dead_by_code shows them); since/until compare the time
+-- of death (updated_at, set when the row went dead), returned as died_at.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), matched AS (
-    SELECT t.id, t.event_id, t.topic, t.tenant_id, t.last_error_code, t.last_error,
+    SELECT t.id, t.event_id, t.topic, t.tenant_id, t.last_error_code, t.last_error, t.updated_at AS died_at,
            (coalesce(t.last_error_code, '') = 'BAD_REQUEST' AND NOT %(force)s) AS refused
     FROM {table} AS t
     WHERE t.status = 'dead'
@@ -247,7 +253,7 @@ WITH clock AS (
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND (%(topic)s::text IS NULL OR t.topic = %(topic)s::text)
       AND (%(tenant_id)s::text IS NULL OR t.tenant_id = %(tenant_id)s::text)
-      AND (%(error_code)s::text IS NULL OR t.last_error_code = %(error_code)s::text)
+      AND (%(error_code)s::text IS NULL OR upper(coalesce(t.last_error_code, 'UNKNOWN')) = upper(%(error_code)s::text))
       AND (%(since)s::timestamptz IS NULL OR t.updated_at >= %(since)s::timestamptz)
       AND (%(until)s::timestamptz IS NULL OR t.updated_at < %(until)s::timestamptz)
     ORDER BY t.id
@@ -269,39 +275,13 @@ WITH clock AS (
 ), wake AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM replayed)
 )
-SELECT m.id, m.event_id, m.topic, m.tenant_id, m.last_error_code, m.refused,
+SELECT m.id, m.event_id, m.topic, m.tenant_id, m.last_error_code, m.died_at, m.refused,
        (r.id IS NOT NULL) AS replayed
 FROM matched AS m LEFT JOIN replayed AS r ON r.id = m.id LEFT JOIN wake ON true
 ORDER BY m.id
 
--- name: outbox_status_counts
-SELECT CASE WHEN status = 'pending' AND attempts > 0 THEN 'retrying' ELSE status END AS state,
-       count(*) AS n
-FROM {table}
-GROUP BY 1
-
--- name: outbox_status_pending
-SELECT count(*) FILTER (WHERE available_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
-       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at))::float8 AS oldest_pending_age_s,
-       extract(epoch FROM min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS next_due_in_s
-FROM {table}
-WHERE status = 'pending'
-
--- name: outbox_status_stuck
-SELECT count(*) AS stuck
-FROM {table}
-WHERE status = 'sending'
-  AND (lease_expires_at < coalesce(%(now)s::timestamptz, now())
-       OR updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stuck_after_s)s))
-
--- name: outbox_status_lag
-SELECT count(*) AS n,
-       percentile_cont(0.50) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p50,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p95,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at))::float8 AS p99
-FROM {table}
-WHERE status = 'sent'
-  AND published_at >= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_s)s)
+-- name: outbox_status_sent_count
+SELECT count(*) AS n FROM {table} WHERE status = 'sent'
 
 -- name: outbox_status_dead_by_code
 SELECT coalesce(last_error_code, 'UNKNOWN') AS error_code, count(*) AS n
@@ -352,3 +332,61 @@ WITH input AS (
     FROM released AS r
 )
 SELECT id FROM released
+
+-- name: outbox_held_by
+SELECT count(*) AS held FROM {table} WHERE status = 'sending' AND locked_by = %(worker)s
+
+-- name: outbox_health_snapshot
+-- What the checks read, in one statement whose cost does not grow with the sent
+-- rows a table keeps: waiting, in-flight and dead rows come from their partial
+-- indexes, lag from at most %(sample)s of the newest deliveries and the oldest
+-- waiting messages. A waiting message's lag is its age so far, so a backlog or
+-- an outage shows in the lag while it lasts, not after it.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), waiting AS (
+    SELECT count(*) FILTER (WHERE t.attempts = 0) AS pending,
+           count(*) FILTER (WHERE t.attempts > 0) AS retrying,
+           count(*) FILTER (WHERE t.available_at <= clock.now) AS ready,
+           extract(epoch FROM clock.now - min(t.created_at))::float8 AS oldest_waiting_age_s,
+           extract(epoch FROM min(t.available_at) - clock.now)::float8 AS next_due_in_s
+    FROM {table} AS t, clock
+    WHERE t.status = 'pending'
+    GROUP BY clock.now
+), in_flight AS (
+    SELECT count(*) AS sending,
+           count(*) FILTER (WHERE t.lease_expires_at < clock.now
+                            OR t.updated_at < clock.now - make_interval(secs => %(stuck_after_s)s)) AS stuck,
+           min(t.created_at) AS oldest_created
+    FROM {table} AS t, clock
+    WHERE t.status = 'sending'
+), dead AS (
+    SELECT coalesce(jsonb_object_agg(code, n), '{{}}'::jsonb) AS by_code, coalesce(sum(n), 0)::bigint AS total
+    FROM (SELECT coalesce(t.last_error_code, 'UNKNOWN') AS code, count(*) AS n
+          FROM {table} AS t WHERE t.status = 'dead' GROUP BY 1) AS d
+), delivered AS (
+    SELECT extract(epoch FROM t.published_at - t.created_at)::float8 AS lag_s
+    FROM {table} AS t, clock
+    WHERE t.status = 'sent'
+      AND t.published_at >= clock.now - make_interval(secs => %(window_s)s)
+    ORDER BY t.published_at DESC
+    LIMIT %(sample)s
+), still_waiting AS (
+    SELECT extract(epoch FROM clock.now - t.created_at)::float8 AS lag_s
+    FROM {table} AS t, clock
+    WHERE t.status IN ('pending', 'sending')
+    ORDER BY t.id
+    LIMIT %(sample)s
+), lag AS (
+    SELECT count(*) AS n,
+           percentile_cont(0.50) WITHIN GROUP (ORDER BY lag_s)::float8 AS p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY lag_s)::float8 AS p95,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY lag_s)::float8 AS p99
+    FROM (SELECT lag_s FROM delivered UNION ALL SELECT lag_s FROM still_waiting) AS s
+)
+SELECT coalesce(w.pending, 0) AS pending, coalesce(w.retrying, 0) AS retrying, coalesce(w.ready, 0) AS ready,
+       GREATEST(w.oldest_waiting_age_s,
+                extract(epoch FROM (SELECT now FROM clock) - f.oldest_created)::float8) AS oldest_waiting_age_s,
+       w.next_due_in_s, f.sending, f.stuck, d.by_code AS dead_by_code, d.total AS dead,
+       lag.n AS lag_sample, lag.p50 AS lag_p50, lag.p95 AS lag_p95, lag.p99 AS lag_p99
+FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag LEFT JOIN waiting AS w ON true

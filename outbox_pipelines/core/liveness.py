@@ -1,0 +1,127 @@
+"""Relay liveness: every relay heartbeats in ``outbox_relay_workers``; one that falls silent died.
+
+A relay registers when it starts, heartbeats from its lease-keeper thread and
+records why it stopped when it stops. A relay that stops heartbeating without
+saying goodbye (SIGKILL, OOM, a lost host) is presumed dead: the rows it still
+holds go back to pending at once instead of waiting out their lease, and
+on-call hears about it (the Dagster layer marks its run failed and alerts).
+"""
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.table import OutboxTable
+
+log = logging.getLogger("outbox_pipelines.liveness")
+
+HEARTBEAT_EVERY_S = 5.0
+# Silent this long, and its process is gone (same host), or silent for REMOTE_SILENT_AFTER_S
+# (another host, whose processes cannot be looked at): the relay is dead.
+SILENT_AFTER_S = 20.0
+REMOTE_SILENT_AFTER_S = 60.0
+HOST = socket.gethostname()
+
+
+def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(shared_query(query), params)
+        return cur.fetchall() if cur.description else []
+
+
+def register(conn: psycopg.Connection, worker: str, table: str, run_id: str | None) -> None:
+    _rows(conn, "outbox_relay_workers_register",
+          {"worker": worker, "table_name": table, "run_id": run_id, "pid": os.getpid(), "host": HOST})
+
+
+def heartbeat(conn: psycopg.Connection, worker: str) -> bool:
+    """Beat; False if this relay was declared dead meanwhile (it must stop claiming)."""
+    with conn.cursor() as cur:
+        cur.execute(shared_query("outbox_relay_workers_heartbeat"), {"worker": worker})
+        return cur.rowcount > 0
+
+
+def stopped(conn: psycopg.Connection, worker: str, reason: str) -> None:
+    _rows(conn, "outbox_relay_workers_stop", {"worker": worker, "reason": reason[:500]})
+
+
+@dataclass(frozen=True)
+class DeadRelay:
+    worker: str
+    table: str
+    run_id: str | None
+    pid: int | None
+    host: str | None
+    started_at: datetime
+    ran_s: float
+    silent_s: float
+    held: int = 0
+    returned: int = 0
+
+    def describe(self) -> str:
+        where = f"pid {self.pid} on {self.host}" if self.pid else self.worker
+        return (f"relay {self.worker} of {self.table} ({where}) stopped heartbeating {self.silent_s:.0f}s ago "
+                f"after running {self.ran_s:.0f}s; it held {self.held} message{'s' if self.held != 1 else ''}, "
+                f"{self.returned} returned to pending")
+
+
+def _process_gone(pid: int | None) -> bool:
+    if not pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def find_dead(conn: psycopg.Connection, *, now: datetime | None = None,
+              silent_after_s: float = SILENT_AFTER_S, remote_silent_after_s: float = REMOTE_SILENT_AFTER_S) -> list[DeadRelay]:
+    """Relays that stopped heartbeating and whose process is gone (or, on another host, silent long enough)."""
+    dead = []
+    for row in _rows(conn, "outbox_relay_workers_silent", {"now": now, "silent_after_s": silent_after_s}):
+        local = row["host"] == HOST
+        if local and not _process_gone(row["pid"]):
+            continue  # alive but slow to beat (a database blip): not dead
+        if not local and row["silent_s"] < remote_silent_after_s:
+            continue
+        dead.append(DeadRelay(row["worker"], row["table_name"], row["run_id"], row["pid"], row["host"],
+                              row["started_at"], row["ran_s"] or 0.0, row["silent_s"]))
+    return dead
+
+
+def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadRelay:
+    """Return the dead relay's rows to pending (dead when out of attempts) and record its end."""
+    table = OutboxTable(conn, relay.table)
+    held = returned = 0
+    try:
+        held = table.held_by(relay.worker)
+        while True:
+            rows = table.requeue_stuck("liveness", stuck_after_s=10 * 365 * 86400.0, max_attempts=max_attempts,
+                                       dead_holder=relay.worker)
+            returned += len(rows)
+            if len(rows) < 1000:
+                break
+    except UnknownTable:
+        pass  # the table is gone: nothing to return
+    stopped(conn, relay.worker, f"presumed dead: no heartbeat for {relay.silent_s:.0f}s")
+    log.warning("relay %s of %s presumed dead; %d held rows returned", relay.worker, relay.table, returned)
+    return DeadRelay(**{**relay.__dict__, "held": held, "returned": returned})
+
+
+def bury_dead_relays(url: str, max_attempts_of: dict[str, int], *, now: datetime | None = None) -> list[DeadRelay]:
+    """Find every dead relay and return its rows; what on-call should hear about."""
+    with connect(url) as conn:
+        return [bury(conn, relay, max_attempts_of.get(relay.table, 1_000_000))
+                for relay in find_dead(conn, now=now)]

@@ -1,0 +1,83 @@
+"""The on-call sweep: what a sensor runs every few seconds to keep people informed.
+
+One pass: find relays that died and return their rows; evaluate every table's
+checks at a bounded cost; announce what changed (fired, reminded, resolved).
+It never falls behind, because it looks at the tables as they are now rather
+than at the history of runs.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from outbox_pipelines.core import liveness
+from outbox_pipelines.core.alerts import Condition, announce, announce_event, asset_link, run_link
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.health import CheckVerdict, evaluate_checks, read_status
+from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.settings import Settings
+from outbox_pipelines.core.table import OutboxTable
+
+log = logging.getLogger("outbox_pipelines.oncall")
+
+SEVERITY = {"ok": "ok", "warn": "warning", "error": "error"}
+
+
+@dataclass
+class SweepReport:
+    now: datetime | None = None
+    verdicts: dict[str, list[CheckVerdict]] = field(default_factory=dict)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    dead_relays: list[liveness.DeadRelay] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def check_condition(table: str, verdict: CheckVerdict) -> Condition:
+    return Condition(
+        key=f"check:{table}:{verdict.name}", severity=SEVERITY[verdict.severity],  # type: ignore[arg-type]
+        summary=verdict.description, kind="check", link=asset_link(table), table=table, check=verdict.name,
+        figures={k: v for k, v in verdict.metadata.items() if v is not None},
+    )
+
+
+def relay_died_condition(relay: liveness.DeadRelay) -> Condition:
+    who = f"relay run {relay.run_id[:8]}" if relay.run_id else f"relay {relay.worker}"
+    summary = (f"{relay.table}: {who} died (no heartbeat for {relay.silent_s:.0f} s and its process is gone) after "
+               f"running {relay.ran_s / 60:.1f} min; it held {relay.held} message{'s' if relay.held != 1 else ''}, "
+               f"{relay.returned} returned to pending for the next relay. If it happens again, read the run's logs "
+               "and check the host's memory (OOM killer).")
+    return Condition(
+        key=f"relay:{relay.worker}", severity="error", summary=summary, kind="relay_died",
+        link=run_link(relay.run_id) if relay.run_id else asset_link(relay.table), table=relay.table,
+        job=f"relay_{relay.table}_job" if relay.run_id else None, run_id=relay.run_id,
+        figures={"held": relay.held, "returned": relay.returned, "ran_s": round(relay.ran_s, 1),
+                 "silent_s": round(relay.silent_s, 1), "worker": relay.worker, "pid": relay.pid, "host": relay.host},
+    )
+
+
+def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_url: str | None = None,
+          repeat_s: float | None = None) -> SweepReport:
+    """Bury dead relays, evaluate every table's checks, announce what changed."""
+    report = SweepReport()
+    with connect(url) as conn:
+        report.now = now or conn.execute(shared_query("outbox_alert_state_now")).fetchone()["now"]
+        max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
+        for relay in liveness.find_dead(conn, now=now):
+            buried = liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))
+            report.dead_relays.append(buried)
+            report.alerts.append(announce_event(relay_died_condition(buried), now=report.now, webhook_url=webhook_url))
+        conditions = []
+        for name in sorted(settings.tables):
+            table = settings.tables[name]
+            try:
+                status = read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s, now=now)
+            except UnknownTable as exc:
+                report.problems.append(str(exc))
+                continue
+            verdicts = evaluate_checks(status, table.checks)
+            report.verdicts[name] = verdicts
+            conditions += [check_condition(name, v) for v in verdicts]
+        report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
+    return report

@@ -1,0 +1,87 @@
+-- Named queries over the on-call tables (migration 0004): relay liveness,
+-- destination health, and what the alerting has told people.
+
+-- name: outbox_relay_workers_register
+INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host)
+VALUES (%(worker)s, %(table_name)s, %(run_id)s, %(pid)s, %(host)s)
+ON CONFLICT (worker) DO UPDATE
+SET table_name = EXCLUDED.table_name, run_id = EXCLUDED.run_id, pid = EXCLUDED.pid, host = EXCLUDED.host,
+    started_at = now(), heartbeat_at = now(), stopped_at = NULL, stop_reason = NULL
+
+-- name: outbox_relay_workers_heartbeat
+UPDATE outbox_relay_workers SET heartbeat_at = now()
+WHERE worker = %(worker)s AND stopped_at IS NULL
+
+-- name: outbox_relay_workers_stop
+UPDATE outbox_relay_workers SET stopped_at = now(), stop_reason = %(reason)s
+WHERE worker = %(worker)s AND stopped_at IS NULL
+
+-- name: outbox_relay_workers_silent
+-- Relays that stopped heartbeating without saying goodbye: presumed dead.
+SELECT worker, table_name, run_id, pid, host, started_at, heartbeat_at,
+       extract(epoch FROM heartbeat_at - started_at)::float8 AS ran_s,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - heartbeat_at)::float8 AS silent_s
+FROM outbox_relay_workers
+WHERE stopped_at IS NULL
+  AND heartbeat_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(silent_after_s)s)
+ORDER BY heartbeat_at
+
+-- name: outbox_relay_workers_by_run
+SELECT worker, table_name, run_id, pid, host, started_at, heartbeat_at, stopped_at, stop_reason
+FROM outbox_relay_workers
+WHERE run_id = %(run_id)s
+ORDER BY started_at DESC
+
+-- name: outbox_relay_workers_clean_stopped
+DELETE FROM outbox_relay_workers
+WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
+
+-- name: outbox_destination_health_failure
+-- A batch in which the destination itself failed. Starts a streak, or extends it.
+INSERT INTO outbox_destination_health AS h
+    (table_name, destination, failing_since, consecutive_failures, error_codes, last_error, last_failure_at, updated_at)
+VALUES (%(table_name)s, %(destination)s, now(), %(failures)s, %(codes)s::jsonb, %(error)s, now(), now())
+ON CONFLICT (table_name) DO UPDATE
+SET destination = EXCLUDED.destination,
+    failing_since = coalesce(h.failing_since, now()),
+    consecutive_failures = h.consecutive_failures + EXCLUDED.consecutive_failures,
+    error_codes = CASE WHEN h.failing_since IS NULL THEN EXCLUDED.error_codes
+                       ELSE (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb)
+                             FROM (SELECT k, sum(v::int) AS v
+                                   FROM (SELECT * FROM jsonb_each_text(h.error_codes)
+                                         UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_codes)) AS e(k, v)
+                                   GROUP BY k) AS s) END,
+    last_error = EXCLUDED.last_error,
+    last_failure_at = now(),
+    updated_at = now()
+
+-- name: outbox_destination_health_success
+-- A delivery succeeded: the streak (if any) is over. Written when a streak is
+-- open, and otherwise at most every few seconds per relay.
+INSERT INTO outbox_destination_health AS h (table_name, destination, last_success_at, updated_at)
+VALUES (%(table_name)s, %(destination)s, now(), now())
+ON CONFLICT (table_name) DO UPDATE
+SET destination = EXCLUDED.destination, failing_since = NULL, consecutive_failures = 0,
+    error_codes = '{}'::jsonb, last_success_at = now(), updated_at = now()
+RETURNING (SELECT true) AS recorded
+
+-- name: outbox_destination_health_read
+SELECT table_name, destination, failing_since, consecutive_failures, error_codes, last_error,
+       last_failure_at, last_success_at,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - failing_since)::float8 AS failing_for_s
+FROM outbox_destination_health
+WHERE table_name = %(table_name)s
+
+-- name: outbox_alert_state_read
+SELECT alert_key, severity, started_at, notified_at, summary FROM outbox_alert_state
+WHERE alert_key = ANY(%(keys)s::text[])
+
+-- name: outbox_alert_state_write
+INSERT INTO outbox_alert_state (alert_key, severity, started_at, notified_at, summary, updated_at)
+VALUES (%(alert_key)s, %(severity)s, %(started_at)s, %(notified_at)s, %(summary)s, now())
+ON CONFLICT (alert_key) DO UPDATE
+SET severity = EXCLUDED.severity, started_at = EXCLUDED.started_at, notified_at = EXCLUDED.notified_at,
+    summary = EXCLUDED.summary, updated_at = now()
+
+-- name: outbox_alert_state_now
+SELECT now() AS now
