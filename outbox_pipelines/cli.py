@@ -8,9 +8,9 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 from outbox_pipelines.core import db, migrate, schema
@@ -27,7 +27,9 @@ from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.maintenance import clean, requeue_stuck
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.relay import Relay, RelayReport
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
+from outbox_pipelines.core.replay import iso as replay_iso
+from outbox_pipelines.core.replay import text_table as replay_text_table
 from outbox_pipelines.core.settings import Settings, load_settings, parse_duration
 from outbox_pipelines.core.store import Outbox
 from outbox_pipelines.core.table import OutboxTable
@@ -61,12 +63,23 @@ def _tables(args: argparse.Namespace, settings: Settings) -> list[str]:
     return sorted(settings.tables)
 
 
-def _parse_time(value: str) -> datetime:
+def _row_id(value: str) -> int:
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO 8601 time like 2026-11-21T10:00:00Z") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        return check_row_id(int(value))
+    except ValueError as exc:  # ReplayRefused is a ValueError too
+        message = str(exc) if isinstance(exc, ReplayRefused) else f"{value!r} is not a row id (a whole number)"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _death_time(name: str) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            return parse_death_time(value, name)
+        except ReplayRefused as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "time"
+    return parse
 
 
 def _duration(value: str) -> float:
@@ -188,7 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with db.connect(url) as conn:
         for name in _tables(args, settings):
             table = settings.table(name)
-            reports.append(read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s))
+            reports.append(read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s, count_sent=True))
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2, default=str))
         return EXIT_OK
@@ -204,10 +217,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\ndead by error code:")
         for table_name, code, n in dead:
             print(f"  {table_name:<18} {code:<22} {n}")
-        print("  (inspect: outbox-pipelines replay --table T --dry-run; replay: drop --dry-run)")
-    print(f"\nlag = published_at - created_at over sent rows of the last {_fmt_s(reports[0].lag_window_s if reports else 3600)}; "
-          "oldest = age of the oldest pending row")
+        print("\nto look at dead rows (changes nothing; drop --dry-run to replay them):")
+        for command in _status_replay_suggestions(args, reports):
+            print(f"  {command}")
+    print(f"\nlag = created → delivered over the last {_fmt_s(reports[0].lag_window_s if reports else 3600)}, "
+          "messages still waiting counted with their age so far; "
+          "oldest = age of the oldest message not yet delivered (retries in backoff included)")
+    failing = [r for r in reports if r.destination is not None and r.destination.failing]
+    for r in failing:
+        assert r.destination is not None
+        codes = ", ".join(f"{c}={n}" for c, n in r.destination.error_codes.items())
+        print(f"\n{r.table}: deliveries to {r.destination.destination} have failed for "
+              f"{_fmt_s(r.destination.failing_for_s)} ({codes}); messages retry by themselves")
     return EXIT_OK
+
+
+def _status_replay_suggestions(args: argparse.Namespace, reports: list[Any]) -> list[str]:
+    """Replay commands that run as printed: per table with dead rows, its commonest code, and --all."""
+    prefix = ["outbox-pipelines"] + (["--config", args.config] if getattr(args, "config", None) else [])
+    commands = []
+    for r in reports:
+        if not r.dead_by_code:
+            continue
+        code = max(r.dead_by_code.items(), key=lambda item: (item[1], item[0]))[0]
+        base = prefix + ["replay", "--table", r.table]
+        commands.append(shlex.join(base + ["--error-code", code, "--dry-run"]))
+        if len(r.dead_by_code) > 1:
+            commands.append(shlex.join(base + ["--all", "--dry-run"]))
+    return commands
 
 
 # -- relay -------------------------------------------------------------------
@@ -297,6 +334,26 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _replay_command(args: argparse.Namespace, selection: ReplayFilter, *, dry_run: bool) -> str:
+    """The replay command line for this filter (times as applied), so it can be pasted as printed."""
+    parts = ["outbox-pipelines"] + (["--config", args.config] if getattr(args, "config", None) else [])
+    parts += ["replay", "--table", args.table]
+    for row_id in selection.ids or ():
+        parts += ["--id", str(row_id)]
+    for flag, value in (("--topic", selection.topic), ("--tenant", selection.tenant_id),
+                        ("--error-code", selection.error_code), ("--since", replay_iso(selection.since)),
+                        ("--until", replay_iso(selection.until))):
+        if value is not None:
+            parts += [flag, value]
+    if selection.is_empty():
+        parts.append("--all")
+    if args.force:
+        parts.append("--force")
+    if dry_run:
+        parts.append("--dry-run")
+    return shlex.join(parts)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     table = settings.table(args.table)
@@ -309,19 +366,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
         until=args.until,
     )
     if selection.is_empty() and not args.all:
-        raise UsageError("replay needs a filter (--id, --topic, --tenant, --error-code, --since, --until) or --all")
+        raise UsageError("replay needs a filter (--id, --topic, --tenant, --error-code, --since, --until), "
+                         f"or --all to replay every dead row of {table.name}; add --dry-run to look first")
     url = _database_url()
-    report = replay_dead(url, table.name, selection, dry_run=args.dry_run, force=args.force,
-                         actor=f"cli:{os.environ.get('USER', 'operator')}")
+    try:
+        report = replay_dead(url, table.name, selection, dry_run=args.dry_run, force=args.force, allow_all=args.all,
+                             actor=f"cli:{os.environ.get('USER', 'operator')}")
+    except ReplayRefused as exc:
+        raise UsageError(str(exc)) from None
     if args.json:
-        print(json.dumps({"table": report.table, "dry_run": report.dry_run, "matched": report.matched,
-                          "replayed": report.replayed, "refused": report.refused,
-                          "replayed_ids": report.replayed_ids, "refused_ids": report.refused_ids,
-                          "by_error_code": report.by_error_code}))
-    else:
-        print(report.summary)
-        if report.matched == 0:
-            print("no dead rows match the filter (see 'outbox-pipelines status' for dead rows by error code)")
+        print(json.dumps(report.as_dict(), indent=2))
+        return EXIT_OK
+    print(f"filter: {report.filter}")
+    print(report.summary)
+    if report.matched == 0:
+        print("no dead rows match the filter (see 'outbox-pipelines status' for dead rows by error code)")
+        return EXIT_OK
+    if report.would_replay:
+        verb = "would replay" if report.dry_run else "replayed"
+        print(f"\n{verb} ({report.would_replay}):")
+        print(replay_text_table(report.rows, report.would_replay))
+    if report.refused:
+        print(f"\nrefused, died of BAD_REQUEST ({report.refused}; --force replays them):")
+        print(replay_text_table(report.refused_rows, report.refused))
+    if report.dry_run:
+        if report.would_replay:
+            print(f"\ndry run: nothing changed. To replay these rows, run:\n  "
+                  f"{_replay_command(args, report.selection, dry_run=False)}")
+        else:
+            print("\ndry run: nothing changed.")
     return EXIT_OK
 
 
@@ -442,17 +515,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
     p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
-    p.add_argument("--table", required=True)
-    p.add_argument("--id", type=int, action="append", help="row id (repeatable)")
-    p.add_argument("--topic")
-    p.add_argument("--tenant")
-    p.add_argument("--error-code", help="e.g. BROKER_5XX, NETWORK_TIMEOUT")
-    p.add_argument("--since", type=_parse_time, help="died at or after (ISO 8601)")
-    p.add_argument("--until", type=_parse_time, help="died before (ISO 8601)")
-    p.add_argument("--all", action="store_true", help="every dead row (no filter)")
-    p.add_argument("--dry-run", action="store_true", help="show what would be replayed; change nothing")
+    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_orders")
+    p.add_argument("--id", type=_row_id, action="append", metavar="ID", help="row id (repeatable)")
+    p.add_argument("--topic", help="only rows of this topic")
+    p.add_argument("--tenant", help="only rows of this tenant id")
+    p.add_argument("--error-code", metavar="CODE",
+                   help="only rows that died with this code, any case: e.g. BROKER_5XX, NETWORK_TIMEOUT, UNAUTHORIZED "
+                        "(UNKNOWN = no code; 'outbox-pipelines status' lists the codes of dead rows)")
+    p.add_argument("--since", type=_death_time("since"), metavar="TIME",
+                   help="died at or after TIME: ISO 8601 like 2026-11-21T10:00:00Z (UTC if no offset), a date "
+                        "like 2026-11-21, or a time ago like 30m, 2h, 7d")
+    p.add_argument("--until", type=_death_time("until"), metavar="TIME", help="died before TIME (same formats as --since)")
+    p.add_argument("--all", action="store_true", help="every dead row of the table (needed when no filter is given)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be replayed; change nothing")
     p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (rows, counts, filter)")
 
     p = add("requeue-stuck", cmd_requeue_stuck, "return sending rows with an expired lease (or stuck past the threshold) to pending")
     p.add_argument("--table", action="append", help="only this table (repeatable)")

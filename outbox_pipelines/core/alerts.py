@@ -22,7 +22,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.queries import shared_query
-from outbox_pipelines.core.redaction import redact_text, redact_url
+from outbox_pipelines.core.redaction import redact_text, redact_url, split_credentials
 from outbox_pipelines.core.settings import parse_duration
 
 log = logging.getLogger("outbox_pipelines.alerts")
@@ -141,8 +141,10 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
     if not url:
         return False
     shown = redact_url(url)
+    # Credentials travel as Basic auth, never in the URL: httpx logs every request's URL.
+    bare, auth = split_credentials(url)
     try:
-        response = httpx.post(url, json=body, timeout=timeout_s)
+        response = httpx.post(bare, json=body, timeout=timeout_s, auth=auth)
     except httpx.HTTPError as exc:
         log.error("alert webhook %s unreachable: %s", shown, redact_text(str(exc)))
         return False
@@ -162,7 +164,7 @@ def _read(conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, Memory]:
 def _remember(conn: psycopg.Connection, key: str, memory: Memory) -> None:
     conn.execute(shared_query("outbox_alert_state_write"), {
         "alert_key": key, "severity": memory.severity, "started_at": memory.started_at,
-        "notified_at": memory.notified_at, "summary": (memory.summary or "")[:2000],
+        "notified_at": memory.notified_at, "summary": redact_text(memory.summary or "")[:2000],
     })
 
 

@@ -50,8 +50,11 @@ def heartbeat(conn: psycopg.Connection, worker: str) -> bool:
         return cur.rowcount > 0
 
 
-def stopped(conn: psycopg.Connection, worker: str, reason: str) -> None:
-    _rows(conn, "outbox_relay_workers_stop", {"worker": worker, "reason": reason[:500]})
+def stopped(conn: psycopg.Connection, worker: str, reason: str) -> bool:
+    """Record the stop; False if it was already recorded (by the relay, or by another sweep)."""
+    with conn.cursor() as cur:
+        cur.execute(shared_query("outbox_relay_workers_stop"), {"worker": worker, "reason": reason[:500]})
+        return cur.rowcount > 0
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,14 @@ def find_dead(conn: psycopg.Connection, *, now: datetime | None = None,
     return dead
 
 
-def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadRelay:
-    """Return the dead relay's rows to pending (dead when out of attempts) and record its end."""
+def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadRelay | None:
+    """Record the dead relay's end and return its rows to pending (dead when out of attempts).
+
+    None if somebody else (another sweep, the relay itself) recorded its end first: then
+    they tell on-call, not us.
+    """
+    if not stopped(conn, relay.worker, f"presumed dead: no heartbeat for {relay.silent_s:.0f}s"):
+        return None
     table = OutboxTable(conn, relay.table)
     held = returned = 0
     try:
@@ -110,18 +119,30 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
         while True:
             rows = table.requeue_stuck("liveness", stuck_after_s=10 * 365 * 86400.0, max_attempts=max_attempts,
                                        dead_holder=relay.worker)
-            returned += len(rows)
+            # Only this relay's rows that went back to pending (others' expired leases ride along).
+            returned += sum(1 for r in rows if r["status"] == "pending" and r["previous_holder"] == relay.worker)
             if len(rows) < 1000:
                 break
     except UnknownTable:
         pass  # the table is gone: nothing to return
-    stopped(conn, relay.worker, f"presumed dead: no heartbeat for {relay.silent_s:.0f}s")
     log.warning("relay %s of %s presumed dead; %d held rows returned", relay.worker, relay.table, returned)
     return DeadRelay(**{**relay.__dict__, "held": held, "returned": returned})
 
 
-def bury_dead_relays(url: str, max_attempts_of: dict[str, int], *, now: datetime | None = None) -> list[DeadRelay]:
-    """Find every dead relay and return its rows; what on-call should hear about."""
-    with connect(url) as conn:
-        return [bury(conn, relay, max_attempts_of.get(relay.table, 1_000_000))
-                for relay in find_dead(conn, now=now)]
+def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str, max_attempts_of: dict[str, int]) -> list[DeadRelay]:
+    """A run its orchestrator declared failed: its relays that never said goodbye died with it.
+
+    Buried at once (their rows return now, not after their lease), unless a relay's process is
+    still alive on this host.
+    """
+    buried = []
+    for row in _rows(conn, "outbox_relay_workers_by_run", {"run_id": run_id}):
+        if row["stopped_at"] is not None or (row["host"] == HOST and not _process_gone(row["pid"])):
+            continue
+        now = row["heartbeat_at"]
+        relay = DeadRelay(row["worker"], row["table_name"], run_id, row["pid"], row["host"], row["started_at"],
+                          (now - row["started_at"]).total_seconds(), 0.0)
+        done = bury(conn, relay, max_attempts_of.get(relay.table, 1_000_000))
+        if done is not None:
+            buried.append(done)
+    return buried

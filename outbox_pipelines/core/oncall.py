@@ -44,7 +44,8 @@ def check_condition(table: str, verdict: CheckVerdict) -> Condition:
 
 def relay_died_condition(relay: liveness.DeadRelay) -> Condition:
     who = f"relay run {relay.run_id[:8]}" if relay.run_id else f"relay {relay.worker}"
-    summary = (f"{relay.table}: {who} died (no heartbeat for {relay.silent_s:.0f} s and its process is gone) after "
+    why = f"no heartbeat for {relay.silent_s:.0f} s and its process is gone" if relay.silent_s else "its process is gone"
+    summary = (f"{relay.table}: {who} died ({why}) after "
                f"running {relay.ran_s / 60:.1f} min; it held {relay.held} message{'s' if relay.held != 1 else ''}, "
                f"{relay.returned} returned to pending for the next relay. If it happens again, read the run's logs "
                "and check the host's memory (OOM killer).")
@@ -66,6 +67,8 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
         max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
         for relay in liveness.find_dead(conn, now=now):
             buried = liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))
+            if buried is None:
+                continue  # told by whoever buried it
             report.dead_relays.append(buried)
             report.alerts.append(announce_event(relay_died_condition(buried), now=report.now, webhook_url=webhook_url))
         conditions = []
@@ -81,3 +84,13 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
             conditions += [check_condition(name, v) for v in verdicts]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
     return report
+
+
+def relays_died_with_run(url: str, settings: Settings, run_id: str, *, webhook_url: str | None = None) -> list[dict[str, Any]]:
+    """A failed run whose relay never said goodbye (SIGKILL, OOM): return its rows now and tell on-call
+    that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
+    max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
+    with connect(url) as conn:
+        now = conn.execute(shared_query("outbox_alert_state_now")).fetchone()["now"]
+        return [announce_event(relay_died_condition(relay), now=now, webhook_url=webhook_url)
+                for relay in liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)]

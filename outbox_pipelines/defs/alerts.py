@@ -103,10 +103,17 @@ def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None)
     minimum_interval_seconds=10,
     monitor_all_code_locations=False,
 )
-def run_failure_alert(context: dg.RunFailureSensorContext):
+def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDatabase):
     run = context.dagster_run
     if run.tags.get(FAILURE_TAG):
         return dg.SkipReason(f"run {run.run_id[:8]} already reported ({run.tags[FAILURE_TAG]})")
+    if run.tags.get(TABLE_TAG):
+        # A relay run whose relay never said goodbye died with its process: one "relay died" alert,
+        # with what it held, and its rows back now.
+        told = outbox_db.relays_died_with_run(run.run_id)
+        if told:
+            context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "relay_died", "outbox/outcome": "relay_died"})
+            return dg.SkipReason(f"run {run.run_id[:8]}: its relay died; told as relay_died")
     fallback = context.failure_event.message if context.failure_event else None
     cause = redact_text(_root_cause(context.instance, run.run_id, fallback))[:1000]
     table = run.tags.get(TABLE_TAG)

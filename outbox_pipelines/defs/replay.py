@@ -1,64 +1,146 @@
 """replay_dead_job: move dead messages back to pending by filter (dry run by default)."""
 
-from datetime import datetime, timezone
 from typing import List, Optional
 
 import dagster as dg
+from pydantic import Field, ValidationInfo, field_validator
 
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.replay import (
+    LIST_LIMIT,
+    ReplayFilter,
+    ReplayRefused,
+    check_filter,
+    check_row_id,
+    parse_death_time,
+    replay_dead,
+)
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase
 
+DRY_RUN_TAG = "outbox/dry_run"
+
+_TIME_HELP = (
+    "the time of death (the row's updated_at when it went dead). Write it as ISO 8601 like "
+    "2026-11-21T10:00:00Z (no offset means UTC), a date like 2026-11-21 (midnight UTC), or a time ago "
+    "like 30m, 2h, 7d (from the database's clock)."
+)
+
 
 class ReplayConfig(dg.Config):
-    table: str = "outbox_orders"
-    ids: Optional[List[int]] = None
-    topic: Optional[str] = None
-    tenant_id: Optional[str] = None
-    error_code: Optional[str] = None
-    since: Optional[str] = None  # ISO 8601; died at or after
-    until: Optional[str] = None  # ISO 8601; died before
-    dry_run: bool = True  # look first: set false to replay
-    force: bool = False  # also replay rows that died of BAD_REQUEST
+    """Which dead rows to move back to pending. Give at least one filter, or set all: true."""
+
+    table: str = Field(default="outbox_orders", description=(
+        "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
+    ids: Optional[List[int]] = Field(default=None, description=(
+        "Filter: only these row ids (the outbox table's id column), e.g. [101, 102]."))
+    topic: Optional[str] = Field(default=None, description="Filter: only rows of this topic (exact match), e.g. order.created.")
+    tenant_id: Optional[str] = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
+    error_code: Optional[str] = Field(default=None, description=(
+        "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
+        "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code). An unknown code is refused with the list of known ones."))
+    since: Optional[str] = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
+    until: Optional[str] = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
+    all: bool = Field(default=False, description=(
+        "Set true to replay every dead row of the table when no filter is given. Without a filter and without "
+        "all: true the run is refused and touches nothing."))
+    dry_run: bool = Field(default=True, description=(
+        "true (the default): only list what would be replayed, change nothing. Set false to replay. "
+        "The run is tagged outbox/dry_run=true or false."))
+    force: bool = Field(default=False, description=(
+        "Also replay rows that died of BAD_REQUEST (invalid input: they will likely fail the same way). "
+        "Without it they are listed as refused."))
+
+    @field_validator("since", "until")
+    @classmethod
+    def _death_time(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is not None:
+            try:
+                parse_death_time(value, info.field_name)
+            except ReplayRefused as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("ids")
+    @classmethod
+    def _row_ids(cls, value: Optional[List[int]]) -> Optional[List[int]]:
+        for row_id in value or ():
+            try:
+                check_row_id(row_id)
+            except ReplayRefused as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
-def _time(value: Optional[str], name: str) -> Optional[datetime]:
-    if value is None:
-        return None
+def _refuse(message: str, config: ReplayConfig) -> dg.Failure:
+    return dg.Failure(description=message, metadata={"table": config.table, "refused": "nothing was read or changed"},
+                      allow_retries=False)
+
+
+def selection_from_config(config: ReplayConfig) -> ReplayFilter:
+    """The filter of the config, checked before any database access (dg.Failure naming the field when wrong)."""
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise dg.Failure(description=f"{name}={value!r} is not an ISO 8601 time like 2026-11-21T10:00:00Z") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        selection = ReplayFilter(
+            ids=tuple(check_row_id(i, "ids") for i in config.ids) if config.ids else None,
+            topic=config.topic or None,
+            tenant_id=config.tenant_id or None,
+            error_code=config.error_code or None,
+            since=parse_death_time(config.since, "since") if config.since else None,
+            until=parse_death_time(config.until, "until") if config.until else None,
+        )
+        if selection.is_empty() and not config.all:
+            raise ReplayRefused(
+                f"replay_dead_job needs a filter: set ids, topic, tenant_id, error_code, since or until in the "
+                f"op config, or set all: true to replay every dead row of {config.table}. Nothing was touched."
+            )
+        check_filter(selection, allow_all=config.all)
+    except ReplayRefused as exc:
+        raise _refuse(str(exc), config) from None
+    return selection
 
 
-@dg.op(description="Replay dead messages matching the filters; lists what was (or would be) replayed.", out=dg.Out(dg.Nothing))
+@dg.op(
+    description=(
+        "Replay dead messages matching the filters (or every one with all: true); lists the rows that were "
+        f"(or in a dry run would be) replayed, the first {LIST_LIMIT} as a table, and counts them all."
+    ),
+    out=dg.Out(dg.Nothing),
+)
 def replay_dead_op(context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDatabase):
+    selection = selection_from_config(config)  # before anything touches the database
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
-    selection = ReplayFilter(
-        ids=tuple(config.ids) if config.ids else None,
-        topic=config.topic,
-        tenant_id=config.tenant_id,
-        error_code=config.error_code,
-        since=_time(config.since, "since"),
-        until=_time(config.until, "until"),
-    )
-    report = replay_dead(outbox_db.database_url(), table.name, selection, dry_run=config.dry_run, force=config.force,
-                         actor=f"dagster:{context.run_id[:8]}")
+    context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true" if config.dry_run else "false"})
+    try:
+        report = replay_dead(outbox_db.database_url(), table.name, selection, dry_run=config.dry_run,
+                             force=config.force, allow_all=config.all, actor=f"dagster:{context.run_id[:8]}")
+    except ReplayRefused as exc:
+        raise _refuse(str(exc), config) from None
+    context.log.info(f"filter: {report.filter}")
     context.log.info(report.summary)
     if report.matched == 0:
-        context.log.warning(f"{table.name}: no dead rows match {selection}; nothing to replay")
-    yield dg.Output(None, metadata=metadata_values({
-        "table": table.name, "dry_run": config.dry_run, "matched": report.matched, "replayed": report.replayed,
-        "refused_bad_request": report.refused, "replayed_ids": report.replayed_ids[:1000],
-        "refused_ids": report.refused_ids[:1000], "by_error_code": report.by_error_code or None,
-        "summary": report.summary,
-    }))
+        context.log.warning(f"{table.name}: no dead rows match {report.filter}; nothing to replay")
+    metadata = metadata_values({
+        "table": table.name, "dry_run": config.dry_run, "filter": report.filter, "matched": report.matched,
+        "would_replay": report.would_replay, "replayed": report.replayed, "refused_bad_request": report.refused,
+        "replayed_ids": report.replayed_ids[:1000], "refused_ids": report.refused_ids[:1000],
+        "by_error_code": report.by_error_code or None, "summary": report.summary,
+    })
+    metadata["rows"] = dg.MetadataValue.md(
+        f"**{'Would replay' if config.dry_run else 'Replayed'} {report.would_replay if config.dry_run else report.replayed}** "
+        f"dead rows of `{table.name}` (filter: {report.filter})\n\n{report.rows_markdown()}"
+    )
+    if report.refused:
+        metadata["refused_rows"] = dg.MetadataValue.md(
+            f"**Refused {report.refused}** BAD_REQUEST rows (set force: true to replay them)\n\n{report.refused_markdown()}"
+        )
+    yield dg.Output(None, metadata=metadata)
 
 
 def replay_jobs() -> List[dg.JobDefinition]:
-    @dg.job(description="Replay dead messages by filter. Dry run by default; BAD_REQUEST rows need force.",
+    @dg.job(description=(
+        "Replay dead messages by filter (ids, topic, tenant, error code, died since/until) or all: true. "
+        "Dry run by default: look at the op's 'rows' metadata, then run again with dry_run: false. "
+        "BAD_REQUEST rows need force."),
             executor_def=dg.in_process_executor)
     def replay_dead_job():
         replay_dead_op()

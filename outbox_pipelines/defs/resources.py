@@ -9,7 +9,7 @@ from pydantic import PrivateAttr
 from outbox_pipelines.core import db
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import TableStatus, read_status, ready_count
-from outbox_pipelines.core.oncall import SweepReport, sweep
+from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep
 from outbox_pipelines.core.store import driver_connection
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
@@ -55,6 +55,10 @@ class OutboxDatabase(dg.ConfigurableResource):
     def sweep(self) -> SweepReport:
         """The on-call sweep over every configured table (core.oncall.sweep)."""
         return sweep(self.database_url(), self.settings())
+
+    def relays_died_with_run(self, run_id: str) -> list[dict]:
+        """Bury the relays of a failed run that never said goodbye; the alerts told (core.oncall)."""
+        return relays_died_with_run(self.database_url(), self.settings(), run_id)
 
     def settings(self) -> Settings:
         from pathlib import Path

@@ -114,11 +114,11 @@ def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
     assert not failed.success
-    context = dg.build_run_status_sensor_context(
+    with dg.build_run_status_sensor_context(
         sensor_name="outbox_run_failure_alert", dagster_instance=instance, dagster_run=failed.dagster_run,
-        dagster_event=failed.get_run_failure_event(),
-    ).for_run_failure()
-    run_failure_alert(context)
+        dagster_event=failed.get_run_failure_event(), resources={"outbox_db": resources["outbox_db"]},
+    ) as context:
+        run_failure_alert(context.for_run_failure())
     [alert] = [r.body for r in http_sink.received]
     assert alert["kind"] == "run_failure" and alert["job"] == "relay_job"
     assert alert["run_id"] == failed.run_id and alert["link"].endswith(f"/runs/{failed.run_id}")
@@ -133,3 +133,35 @@ def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):
     monkeypatch.delenv("OUTBOX_ALERT_WEBHOOK_URL", raising=False)
     assert post_alert({"summary": "something"}) is False
     assert "something" in caplog.text
+
+
+def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, conn, instance, resources, http_sink,
+                                                                        monkeypatch):
+    """Dagster may mark a SIGKILLed relay run failed before its heartbeat goes silent: one alert, rows back now."""
+    import subprocess
+
+    from outbox_pipelines.core import liveness
+    from outbox_pipelines.defs.alerts import run_failure_alert
+
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    [row_id] = enqueue_n(conn, "outbox_orders", 1)
+    conn.execute("UPDATE outbox_orders SET status = 'sending', attempts = 1, locked_by = 'dagster:dead',"
+                 " lease_expires_at = now() + interval '1 minute'")
+    conn.execute("INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host) VALUES (%s, %s, %s, %s, %s)",
+                 ("dagster:dead", "outbox_orders", failed.run_id, gone.pid, liveness.HOST))
+    instance.add_run_tags(failed.run_id, {"outbox/table": "outbox_orders"})
+    for _ in range(2):  # evaluated twice (e.g. two sensors, a retried tick): still one alert
+        with dg.build_run_status_sensor_context(
+            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(failed.run_id), dagster_event=failed.get_run_failure_event(),
+            resources={"outbox_db": resources["outbox_db"]},
+        ) as context:
+            run_failure_alert(context.for_run_failure())
+    [alert] = [r.body for r in http_sink.received]
+    assert (alert["kind"], alert["table"], alert["figures"]["held"], alert["figures"]["returned"]) == (
+        "relay_died", "outbox_orders", 1, 1)
+    assert conn.execute("SELECT status FROM outbox_orders WHERE id = %s", (row_id,)).fetchone()["status"] == "pending"
+    assert instance.get_run_by_id(failed.run_id).tags["outbox/failure"] == "relay_died"

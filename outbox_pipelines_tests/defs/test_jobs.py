@@ -85,7 +85,7 @@ def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, reso
     ids = enqueue_n(conn, "outbox_orders", 3)
     conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BROKER_5XX'")
     conn.execute("UPDATE outbox_orders SET last_error_code = 'BAD_REQUEST' WHERE id = %s", (ids[2],))
-    config = {"ops": {"replay_dead_op": {"config": {"table": "outbox_orders"}}}}
+    config = {"ops": {"replay_dead_op": {"config": {"table": "outbox_orders", "all": True}}}}
     dry = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
     assert (dry["dry_run"], dry["matched"], dry["replayed"], dry["refused_bad_request"]) == (True, 3, 0, 1)
     assert statuses(conn, "outbox_orders") == {"dead": 3}

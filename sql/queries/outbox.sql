@@ -211,7 +211,7 @@ WITH clock AS (
 ), wake AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE status = 'pending')
 )
-SELECT m.id, m.status FROM moved AS m LEFT JOIN wake ON true
+SELECT m.id, m.status, m.previous_holder FROM moved AS m LEFT JOIN wake ON true
 
 -- name: outbox_clean_sent
 WITH clock AS (
@@ -365,18 +365,20 @@ WITH clock AS (
     FROM (SELECT coalesce(t.last_error_code, 'UNKNOWN') AS code, count(*) AS n
           FROM {table} AS t WHERE t.status = 'dead' GROUP BY 1) AS d
 ), delivered AS (
+    -- The window's bound is a scalar, so the index scan stops at it instead of walking every sent row.
     SELECT extract(epoch FROM t.published_at - t.created_at)::float8 AS lag_s
-    FROM {table} AS t, clock
+    FROM {table} AS t
     WHERE t.status = 'sent'
-      AND t.published_at >= clock.now - make_interval(secs => %(window_s)s)
+      AND t.published_at >= (SELECT now FROM clock) - make_interval(secs => %(window_s)s)
     ORDER BY t.published_at DESC
     LIMIT %(sample)s
 ), still_waiting AS (
-    SELECT extract(epoch FROM clock.now - t.created_at)::float8 AS lag_s
-    FROM {table} AS t, clock
-    WHERE t.status IN ('pending', 'sending')
-    ORDER BY t.id
-    LIMIT %(sample)s
+    -- Each state through its own partial index, each capped: the oldest first.
+    (SELECT extract(epoch FROM (SELECT now FROM clock) - t.created_at)::float8 AS lag_s
+     FROM {table} AS t WHERE t.status = 'pending' ORDER BY t.id LIMIT %(sample)s)
+    UNION ALL
+    (SELECT extract(epoch FROM (SELECT now FROM clock) - t.created_at)::float8 AS lag_s
+     FROM {table} AS t WHERE t.status = 'sending' ORDER BY t.lease_expires_at LIMIT %(sample)s)
 ), lag AS (
     SELECT count(*) AS n,
            percentile_cont(0.50) WITHIN GROUP (ORDER BY lag_s)::float8 AS p50,

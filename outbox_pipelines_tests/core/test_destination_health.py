@@ -1,0 +1,156 @@
+"""An outage shows while it lasts: relays record destination failure streaks; the destination check grades them."""
+
+import socket
+from datetime import timedelta
+
+import pytest
+
+from outbox_pipelines import Outcome
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destination_health import HealthRecorder, read_health
+from outbox_pipelines.core.destinations import HttpDestination
+from outbox_pipelines.core.health import evaluate_checks, read_status
+from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.helpers import db_now, enqueue_n, statuses
+
+EVENTS = "outbox_events"
+
+
+def events_settings(**overrides):
+    return table_settings(EVENTS, **{"mode": "competing", "idle_sleep_s": 0.01, **overrides})
+
+
+@pytest.fixture
+def closed_url() -> str:
+    """A local port nobody listens on: connection refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"
+
+
+def relay_once(db_url, url):
+    destination = HttpDestination(url, timeout_s=2)
+    try:
+        return Relay(db_url, events_settings(), destination).run(once=True)
+    finally:
+        destination.close()
+
+
+def make_due(conn):
+    conn.execute("UPDATE outbox_events SET available_at = now() WHERE status = 'pending'")
+
+
+def health_row(conn):
+    return conn.execute("SELECT * FROM outbox_destination_health WHERE table_name = %s", (EVENTS,)).fetchone()
+
+
+def destination_verdict(conn, now=None):
+    status = read_status(OutboxTable(conn, EVENTS), now=now)
+    return {v.name: v for v in evaluate_checks(status, events_settings().checks)}["destination"]
+
+
+def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, closed_url, http_sink):
+    enqueue_n(conn, EVENTS, 3)
+    report = relay_once(db_url, closed_url)
+    assert (report.sent, report.retried) == (0, 3)
+    assert report.destination_failures == {m.NETWORK_TIMEOUT: 3}
+    assert report.outcome == "destination_failing"
+    assert report.as_dict()["outcome"] == "destination_failing"
+
+    health = read_health(conn, EVENTS)
+    assert health.failing and 0 <= health.failing_for_s < 30
+    assert (health.destination, health.consecutive_failures, health.error_codes) == (
+        closed_url, 3, {m.NETWORK_TIMEOUT: 3})
+    assert "connection failed" in health.last_error
+    started = health_row(conn)["failing_since"]
+    assert started is not None
+
+    # The outage goes on: the same streak grows, it does not restart.
+    make_due(conn)
+    relay_once(db_url, closed_url)
+    health = read_health(conn, EVENTS)
+    assert (health.consecutive_failures, health.error_codes) == (6, {m.NETWORK_TIMEOUT: 6})
+    assert health_row(conn)["failing_since"] == started
+
+    # The destination is back: the first delivery ends the streak.
+    make_due(conn)
+    report = relay_once(db_url, http_sink.url)
+    assert (report.sent, report.outcome, report.destination_failures) == (3, "delivered", {})
+    assert statuses(conn, EVENTS) == {"sent": 3}
+    health = read_health(conn, EVENTS)
+    assert not health.failing
+    assert (health.consecutive_failures, health.error_codes) == (0, {})
+    assert health.last_success_at is not None
+    assert health.destination == http_sink.url
+    verdict = destination_verdict(conn, now=db_now(conn) + timedelta(seconds=3600))
+    assert verdict.severity == "ok"
+    assert verdict.description == f"{EVENTS}: {http_sink.url} is accepting deliveries."
+
+
+@pytest.mark.parametrize("status, code", [(503, m.BROKER_5XX), (401, m.UNAUTHORIZED)])
+def test_5xx_and_401_answers_are_destination_failures(db_url, conn, http_sink, status, code):
+    enqueue_n(conn, EVENTS, 2)
+    http_sink.script = lambda key, attempt, body: (status, {}, b"down")
+    report = relay_once(db_url, http_sink.url)
+    assert report.destination_failures == {code: 2}
+    assert report.outcome == "destination_failing"
+    health = read_health(conn, EVENTS)
+    assert health.failing and health.error_codes == {code: 2}
+
+
+@pytest.mark.parametrize("status, outcome", [(400, "dead_letters"), (429, "idle")])
+def test_a_bad_message_or_throttling_opens_no_streak(db_url, conn, http_sink, status, outcome):
+    enqueue_n(conn, EVENTS, 1)
+    http_sink.script = lambda key, attempt, body: (status, {"Retry-After": "1"}, b"no")
+    report = relay_once(db_url, http_sink.url)
+    assert report.destination_failures == {}
+    assert report.outcome == outcome
+    if status == 400:
+        assert (report.dead, report.dead_by_code) == (1, {m.BAD_REQUEST: 1})
+    else:
+        assert report.rate_limited == 1
+    assert not read_health(conn, EVENTS).failing
+    assert destination_verdict(conn, now=db_now(conn) + timedelta(seconds=3600)).severity == "ok"
+
+
+def test_the_destination_check_grades_how_long_the_outage_lasted(db_url, conn, closed_url):
+    with_credentials = closed_url.replace("http://", "http://svc:secretpw@")
+    enqueue_n(conn, EVENTS, 3)
+    assert relay_once(db_url, with_credentials).outcome == "destination_failing"
+    t0 = health_row(conn)["failing_since"]
+
+    assert destination_verdict(conn, now=t0 + timedelta(seconds=10)).severity == "ok"
+    warn = destination_verdict(conn, now=t0 + timedelta(seconds=31))  # destination_failing_warn: 30 s
+    assert warn.severity == "warn"
+    assert destination_verdict(conn, now=t0 + timedelta(seconds=301)).severity == "error"  # ..._error: 300 s
+
+    shown = closed_url.replace("http://", "http://***@")
+    assert warn.description.startswith(f"{EVENTS}: deliveries to {shown} have failed for 31.0s (NETWORK_TIMEOUT=3)")
+    assert "3 messages wait and retry by themselves" in warn.description
+    assert "nothing needs replaying" in warn.description
+    assert warn.metadata["destination"] == shown
+    assert warn.metadata["failing_for_s"] == pytest.approx(31, abs=0.01)
+    for text in (warn.description, str(warn.metadata), str(health_row(conn))):
+        assert "secretpw" not in text
+
+
+def test_the_recorder_ignores_dedup_hits_and_a_partial_success_ends_the_streak(conn):
+    recorder = HealthRecorder(EVENTS, "http://broker.example/")
+    recorder.observe(conn, [Outcome.retry(m.BROKER_5XX, "HTTP 502"), Outcome.retry(m.NETWORK_TIMEOUT, "timeout")])
+    assert read_health(conn, EVENTS).error_codes == {m.BROKER_5XX: 1, m.NETWORK_TIMEOUT: 1}
+    # Answered from the table, not by the destination: says nothing about it.
+    recorder.observe(conn, [Outcome.sent(ref="r", code=m.DEDUP_HIT)])
+    assert read_health(conn, EVENTS).failing
+    # A failure of one message (a handler error) neither opens nor extends a streak.
+    recorder.observe(conn, [Outcome.retry(m.HANDLER_ERROR, "boom")])
+    assert read_health(conn, EVENTS).consecutive_failures == 2
+    # One delivery in a batch that otherwise failed: the destination works.
+    recorder.observe(conn, [Outcome.sent(ref="ok"), Outcome.retry(m.BROKER_5XX, "HTTP 502")])
+    health = read_health(conn, EVENTS)
+    assert not health.failing and health.consecutive_failures == 0
+    # Another relay of the same table opens a new streak; its own codes only.
+    HealthRecorder(EVENTS, "http://broker.example/").observe(conn, [Outcome.retry(m.UNKNOWN, "garbled")])
+    assert read_health(conn, EVENTS).error_codes == {m.UNKNOWN: 1}
