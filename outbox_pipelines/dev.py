@@ -72,6 +72,7 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
     waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]
     deadline = time.monotonic() + timeout_s
     terminated: set[str] = set()
+    next_word = time.monotonic() + 5.0
     with DagsterInstance.get() as instance:
         while True:
             for run in instance.get_runs(filters=RunsFilter(statuses=waiting)):
@@ -79,6 +80,10 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
             active = instance.get_runs(filters=RunsFilter(statuses=in_progress))
             if not active or time.monotonic() >= deadline:
                 return len(active)
+            if time.monotonic() >= next_word:
+                names = ", ".join(f"{r.job_name} {r.run_id[:8]} ({r.status.value})" for r in active)
+                print(f"waiting for runs to end: {names}", flush=True)
+                next_word = time.monotonic() + 5.0
             for run in active:
                 if run.run_id in terminated and run.status == DagsterRunStatus.CANCELING:
                     continue

@@ -372,14 +372,18 @@ def shots_for(run_id: str) -> list[Shot]:
              what="an outbox_orders relay run with its ASSET_OBSERVATION opened: sent, retried, dead, conflicts, "
                   "throughput, lag p50/p95/p99, backlog after"),
         Shot("asset-checks.png", f"/assets/{ORDERS_ASSET}?view=checks&checkDetail=dead_letters",
-             expect=("Checks (4)", "backlog", "lag", "stuck", "BAD_REQUEST", "Metadata"),
-             what="the outbox/outbox_orders checks: lag, stuck, backlog passed; dead_letters at WARN "
-                  "(BAD_REQUEST=1) with its metadata"),
+             expect=("Checks (5)", "backlog", "destination", "stuck", "BAD_REQUEST", "Metadata"),
+             what="the outbox/outbox_orders checks: dead_letters at WARN (an alert-worthy check) with the "
+                  "replay command to run in its description, the other checks passed; Execute runs them"),
+        Shot("replay-launchpad.png", "/locations/outbox_pipelines.definitions/jobs/replay_dead_job/playground",
+             expect=("replay_dead_op", "dry_run"),
+             what="the replay_dead_job launchpad: every config field described (filters, time of death, "
+                  "dry run first, all, force)"),
         Shot("automation.png", "/automation",
-             expect=("relay_outbox_orders_every_minute", "relay_outbox_orders_on_backlog", "outbox_check_alert",
+             expect=("relay_outbox_orders_every_30_minutes", "relay_outbox_orders_on_backlog", "outbox_oncall",
                      "outbox_run_failure_alert"),
              fit_height=True,
-             what="schedules and sensors: relay every minute, backlog sensors, alert sensors, maintenance"),
+             what="schedules and sensors: 30-minute relay runs, backlog sensors, the on-call sensor, maintenance"),
     ]
 
 
