@@ -105,8 +105,8 @@ SCENARIOS = [
     Scenario(
         "dagster",
         dagster_steady.run,
-        "The relay under Dagster: `outbox-pipelines dev` (daemon + webserver, the shipped every-minute 75 s "
-        "relay runs and backlog sensors) on its own database; a producer process commits one "
+        "The relay under Dagster: `outbox-pipelines dev` (daemon + webserver, the shipped relay schedules at a 1-minute cadence "
+        "(OUTBOX_RELAY_RUN_MINUTES=1: 2-minute runs, one a minute) and backlog sensors) on its own database; a producer process commits one "
         "Outbox('outbox_events').enqueue per transaction at 200 msg/s for 300 s (--quick: 90 s). "
         "Commit-to-dispatch = published_at - created_at (an upper bound); the relay runs and their "
         "hand-offs from Dagster's storage; Dagster overhead per run. Targets: p99 <= 200 ms, no message "

@@ -363,6 +363,17 @@ OPEN_OBSERVATION = """(() => {
 })()"""
 
 
+# The launchpad's help panel documents the config at the editor's cursor: put it inside the op's config.
+CURSOR_IN_REPLAY_CONFIG = """(() => {
+  const host = document.querySelector('.CodeMirror');
+  if (!host || !host.CodeMirror) return false;
+  const cm = host.CodeMirror;
+  cm.focus();
+  cm.setCursor({line: 3, ch: 6});
+  return true;
+})()"""
+
+
 def shots_for(run_id: str) -> list[Shot]:
     return [
         Shot("runs.png", "/runs", expect=(ORDERS_RELAY_JOB, "outbox_checks_job", "outbox/trigger: demo", "Success"),
@@ -376,7 +387,8 @@ def shots_for(run_id: str) -> list[Shot]:
              what="the outbox/outbox_orders checks: dead_letters at WARN (an alert-worthy check) with the "
                   "replay command to run in its description, the other checks passed; Execute runs them"),
         Shot("replay-launchpad.png", "/locations/outbox_pipelines.definitions/jobs/replay_dead_job/playground",
-             expect=("replay_dead_op", "dry_run"),
+             expect=("replay_dead_op", "dry_run"), action=CURSOR_IN_REPLAY_CONFIG,
+             expect_after=("Filter:", "time of death"),
              what="the replay_dead_job launchpad: every config field described (filters, time of death, "
                   "dry run first, all, force)"),
         Shot("automation.png", "/automation",

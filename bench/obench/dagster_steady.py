@@ -3,8 +3,10 @@
 The real thing, not a model of it: ``outbox-pipelines dev --port <free>`` runs as a
 subprocess on this scenario's database (OUTBOX_DATABASE_URL), with DAGSTER_HOME and
 OUTBOX_EMBEDDED_DIR in a temp dir and Dagster's storage in ``<db>_dagster`` on the
-same server. Its daemon runs the shipped automation: ``relay_<table>_every_minute``
-(a 75 s relay run every minute, at most 2 per table) and ``relay_<table>_on_backlog``.
+same server. Its daemon runs the shipped automation, with OUTBOX_RELAY_RUN_MINUTES=1 so a
+5-minute measurement sees hand-offs (in production the cadence is 30 min; the mechanism is
+the same): ``relay_<table>_every_1_minutes`` (a relay run every minute that relays 2 min,
+at most 2 per table) and ``relay_<table>_on_backlog``.
 
 Once the webserver answers /server_info and a relay run of ``outbox_events`` has
 claimed a warm-up message, a producer process commits one ``Outbox("outbox_events")
@@ -131,6 +133,7 @@ class DagsterDev:
             "DAGSTER_HOME": str(self.home),
             "OUTBOX_EMBEDDED_DIR": str(self.tmp / "embedded"),
             "OUTBOX_DAGSTER_PG_URL": self.pg_url,
+            "OUTBOX_RELAY_RUN_MINUTES": "1",
             **(extra_env or {}),
         }
         self.env.pop("OUTBOX_CONFIG", None)
