@@ -5,6 +5,11 @@ rate limit per client (429), content type (415), body size (413), JSON (400),
 header/body key (422 IDEMPOTENCY_MISMATCH), OrderRequest v1.1 (422
 VALIDATION_ERROR, every violation), then the ledger row and the outbox row in
 one transaction: 201 first time, 200 identical repeat, 409 different body.
+
+A database that is busy (a lock, a full pool: past OUTBOX_API_DB_TIMEOUT, 2 s)
+answers 503 DATABASE_BUSY, one that cannot be reached 503 DATABASE_UNAVAILABLE,
+both with Retry-After and nothing stored; /healthz answers within 1 s on a
+connection of its own (see dbguard).
 """
 
 import contextlib
@@ -13,6 +18,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -20,9 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-import sqlalchemy as sa
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -30,14 +34,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from outbox_pipelines.api.dbguard import Budget, DatabaseTrouble, GuardedEngine, HealthProbe, with_session_timeouts
 from outbox_pipelines.api.openapi import document
 from outbox_pipelines.api.ratelimit import RateLimiter
-from outbox_pipelines.core import db, metrics
+from outbox_pipelines.core import metrics
 from outbox_pipelines.core.ledger import Acceptance, KeyReused, accept_order, ledger_entry
 from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
-from outbox_pipelines.core.store import driver_connection
+from outbox_pipelines.core.settings import parse_duration
 
 log = logging.getLogger("outbox_pipelines.api")
+
+ORDER_DATABASE_REJECTIONS = Counter(
+    "order_database_rejections_total", "Order API requests answered 503 because of the database, by reason",
+    ["code", "reason"], registry=metrics.REGISTRY,
+)
 
 
 @dataclass
@@ -48,6 +58,22 @@ class ApiSettings:
     max_body_bytes: int = 16 * 1024
     trusted_proxies: tuple[str, ...] = ()
     watch_tables: Sequence[str] = field(default_factory=lambda: ("outbox_orders",))
+    # A request's database work (pool wait + transaction) is bounded by db_timeout_s: past it,
+    # 503 DATABASE_BUSY with Retry-After. The pool waits at most pool_timeout_s of it.
+    db_timeout_s: float = 2.0
+    pool_size: int = 8
+    pool_max_overflow: int = 8
+    pool_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.db_timeout_s > 0 or not self.pool_timeout_s > 0:
+            raise ValueError("db_timeout_s and pool_timeout_s must be over 0")
+        if self.pool_size < 1 or self.pool_max_overflow < 0:
+            raise ValueError("pool_size must be at least 1 and pool_max_overflow at least 0")
+
+    @property
+    def retry_after_s(self) -> int:
+        return max(1, math.ceil(self.db_timeout_s))
 
     @classmethod
     def from_env(cls, database_url: str) -> "ApiSettings":
@@ -59,13 +85,19 @@ class ApiSettings:
             rate_per_minute=int(os.environ.get("OUTBOX_API_RATE_PER_MINUTE", "60")),
             max_body_bytes=int(os.environ.get("OUTBOX_API_MAX_BODY_BYTES", str(16 * 1024))),
             trusted_proxies=proxies,
+            db_timeout_s=parse_duration(os.environ.get("OUTBOX_API_DB_TIMEOUT") or "2s", "OUTBOX_API_DB_TIMEOUT"),
+            pool_size=int(os.environ.get("OUTBOX_API_POOL_SIZE") or "8"),
+            pool_max_overflow=int(os.environ.get("OUTBOX_API_POOL_MAX_OVERFLOW") or "8"),
+            pool_timeout_s=parse_duration(os.environ.get("OUTBOX_API_POOL_TIMEOUT") or "2s", "OUTBOX_API_POOL_TIMEOUT"),
         )
 
 
 class Rejection(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
+                 reason: str = "", **extra: Any) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers, self.extra = status, code, message, headers or {}, extra
+        self.reason = reason  # for the log line only, never in the body
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": self.code, "message": self.message, **self.extra}, self.status, headers=self.headers)
@@ -79,13 +111,31 @@ class OrderApi:
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
         self.limiter = RateLimiter(settings.rate_per_minute)
-        self.engine = sa.create_engine(db.sqlalchemy_url(settings.database_url), pool_size=8, max_overflow=8,
-                                       pool_pre_ping=True)
+        self.db = GuardedEngine(settings.database_url, pool_size=settings.pool_size,
+                                max_overflow=settings.pool_max_overflow, pool_timeout_s=settings.pool_timeout_s,
+                                timeout_s=settings.db_timeout_s)
+        self.engine = self.db.engine
+        self.health_probe = HealthProbe(settings.database_url)
         self._proxies = [ipaddress.ip_network(p, strict=False) for p in settings.trusted_proxies]
         # This app's own table gauges: metrics.watch_tables registers one collector per process
         # (the first database wins), which would report another app's database here.
         self.state_metrics = CollectorRegistry(auto_describe=False)
-        self.state_metrics.register(metrics.OutboxStateCollector(settings.database_url, settings.watch_tables))
+        # A scrape while a table is locked gives up after the API's timeout (the gauges are left out)
+        # instead of hanging on the lock.
+        scrape_url = with_session_timeouts(settings.database_url, int(settings.db_timeout_s * 1000))
+        self.state_metrics.register(metrics.OutboxStateCollector(scrape_url, settings.watch_tables))
+
+    def database_rejection(self, trouble: DatabaseTrouble, what: str) -> Rejection:
+        """503 for a busy or unreachable database: Retry-After, and a retry with the same key is safe."""
+        ORDER_DATABASE_REJECTIONS.labels(trouble.code, trouble.reason).inc()
+        wait = self.settings.retry_after_s
+        if trouble.busy:
+            message = (f"the outbox database is busy ({trouble.reason.replace('_', ' ')}): nothing was stored; "
+                       f"{what} after Retry-After seconds")
+        else:
+            message = f"the outbox database cannot be reached; {what} after Retry-After seconds"
+        return Rejection(503, trouble.code, message, headers={"Retry-After": str(wait)}, reason=trouble.reason,
+                         retry_after=wait)
 
     # -- who is calling --------------------------------------------------------
     def caller_scope(self, request: Request) -> str:
@@ -169,20 +219,21 @@ class OrderApi:
             raise Rejection(422, "VALIDATION_ERROR", f"{len(violations)} problem(s) with the order",
                             violations=[v.as_dict() for v in violations])
         trace_id = request.headers.get("x-trace-id") or f"do-{uuid.uuid4().hex[:16]}"
-        acceptance = await run_in_threadpool(self._accept, scope, body, trace_id)
+        budget = self.db.budget()  # counted from here: waiting for a worker thread takes from it too
+        acceptance = await run_in_threadpool(self._accept, scope, body, trace_id, budget)
         if acceptance.kind == "conflict":
             metrics.ORDER_CONFLICTS.inc()
         log.info("order key=%s status=%s kind=%s trace_id=%s", header_key, acceptance.http_status, acceptance.kind, trace_id)
         return JSONResponse(acceptance.body, acceptance.http_status, headers={"X-Trace-Id": trace_id})
 
-    def _accept(self, scope: str, body: dict[str, Any], trace_id: str) -> Any:
+    def _accept(self, scope: str, body: dict[str, Any], trace_id: str, budget: Budget) -> Any:
         try:
-            with self.engine.begin() as conn:
-                return accept_order(driver_connection(conn), scope, body, trace_id=trace_id)
+            with self.db.transaction(budget) as conn:
+                return accept_order(conn, scope, body, trace_id=trace_id)
         except KeyReused as reused:  # the transaction rolled back: nothing stored
             return Acceptance("conflict", 409, reused.body)
-        except (sa.exc.OperationalError, psycopg.OperationalError):
-            raise Rejection(503, "DATABASE_UNAVAILABLE", "the outbox database cannot be reached; retry with the same key") from None
+        except DatabaseTrouble as trouble:  # the transaction rolled back (or never began)
+            raise self.database_rejection(trouble, "retry with the same key (the same Idempotency-Key and body)") from None
 
     async def status(self, request: Request) -> Response:
         scope = self.caller_scope(request)
@@ -190,7 +241,7 @@ class OrderApi:
         key = request.path_params["key"]
         if not KEY_PATTERN.fullmatch(key):
             raise Rejection(404, "NOT_FOUND", "no order with this key")
-        entry = await run_in_threadpool(self._entry, scope, key)
+        entry = await run_in_threadpool(self._entry, scope, key, self.db.budget())
         if entry is None:
             raise Rejection(404, "NOT_FOUND", "no order with this key")
         return JSONResponse({
@@ -206,23 +257,25 @@ class OrderApi:
             "reason": entry["reason"],
         })
 
-    def _entry(self, scope: str, key: str) -> dict[str, Any] | None:
+    def _entry(self, scope: str, key: str, budget: Budget) -> dict[str, Any] | None:
         try:
-            with self.engine.connect() as conn:
-                return ledger_entry(driver_connection(conn), scope, key)
-        except (sa.exc.OperationalError, psycopg.OperationalError):
-            raise Rejection(503, "DATABASE_UNAVAILABLE", "the outbox database cannot be reached") from None
+            with self.db.transaction(budget) as conn:
+                return ledger_entry(conn, scope, key)
+        except DatabaseTrouble as trouble:
+            raise self.database_rejection(trouble, "ask again") from None
 
     async def health(self, request: Request) -> Response:
-        def ping() -> None:
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
-
-        try:
-            await run_in_threadpool(ping)
-        except Exception:
-            return JSONResponse({"error": "DATABASE_UNAVAILABLE", "message": "the outbox database cannot be reached"}, 503)
-        return JSONResponse({"status": "ok"})
+        """Within 1 s whatever the request pool is doing: a probe on a connection of its own."""
+        health = await self.health_probe.check()
+        if health.ok:
+            return JSONResponse({"status": "ok"})
+        message = ("the outbox database did not answer within 1 s" if health.database == "timeout"
+                   else "the outbox database cannot be reached")
+        wait = self.settings.retry_after_s
+        degraded = Rejection(503, "DATABASE_UNAVAILABLE", message, headers={"Retry-After": str(wait)},
+                             reason=f"healthz_{health.database}", retry_after=wait)
+        degraded.extra.update(status="degraded", database=health.database)
+        raise degraded
 
     async def metrics_endpoint(self, request: Request) -> Response:
         payload = await run_in_threadpool(lambda: metrics.exposition() + generate_latest(self.state_metrics))
@@ -242,17 +295,23 @@ def create_app(settings: ApiSettings) -> Starlette:
     def endpoint(handler: Any) -> Any:
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
+            rejection: Rejection | None = None
             try:
                 response = await handler(request)
-            except Rejection as rejection:
-                response = rejection.response()
+            except Rejection as rejected:
+                rejection, response = rejected, rejected.response()
             except Exception:
                 log.exception("unexpected error on %s %s", request.method, request.url.path)
                 response = JSONResponse({"error": "INTERNAL_ERROR", "message": "unexpected error; retry with the same key"}, 500)
+            elapsed_ms = (time.perf_counter() - started) * 1000
             if request.url.path.startswith("/do/order"):
                 metrics.ORDER_REQUESTS.labels(str(response.status_code)).inc()
-                log.info("%s %s -> %s in %.1f ms", request.method, request.url.path[:64], response.status_code,
-                         (time.perf_counter() - started) * 1000)
+            if response.status_code == 503:  # once per request, the reason only: no body, no URL
+                reason = rejection.reason if rejection is not None else ""
+                log.warning("%s %s -> 503 %s (%s) in %.1f ms", request.method, request.url.path[:64],
+                            rejection.code if rejection is not None else "", reason, elapsed_ms)
+            elif request.url.path.startswith("/do/order"):
+                log.info("%s %s -> %s in %.1f ms", request.method, request.url.path[:64], response.status_code, elapsed_ms)
             return response
 
         return wrapped
@@ -267,7 +326,8 @@ def create_app(settings: ApiSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
-        api.engine.dispose()
+        api.db.dispose()
+        api.health_probe.dispose()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Routing errors (no such path, wrong method) answer in the same JSON shape as every other error.

@@ -55,6 +55,25 @@ ORDER_REQUEST = {
         },
     },
 }
+HEALTH = {
+    "type": "object",
+    "required": ["status"],
+    "properties": {"status": {"type": "string", "enum": ["ok"]}},
+}
+HEALTH_DEGRADED = {
+    "type": "object",
+    "required": ["status", "database", "error", "message"],
+    "properties": {
+        "status": {"type": "string", "enum": ["degraded"]},
+        "database": {"type": "string", "enum": ["timeout", "unreachable"],
+                     "description": "timeout: no answer within 1 s; unreachable: the connection failed"},
+        "error": {"type": "string", "enum": ["DATABASE_UNAVAILABLE"]},
+        "message": {"type": "string"},
+        "retry_after": {"type": "integer"},
+    },
+}
+RETRY_AFTER = {"Retry-After": {"required": True, "schema": {"type": "integer", "minimum": 1},
+                               "description": "seconds to wait before retrying"}}
 LEDGER = {
     "type": "object",
     "required": ["idempotency_key", "status"],
@@ -93,7 +112,11 @@ def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
         "429": {**_error(f"RATE_LIMITED: over {rate_per_minute} requests per minute for this client"),
                 "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
         "500": _error("INTERNAL_ERROR"),
-        "503": _error("DATABASE_UNAVAILABLE: the outbox database cannot be reached"),
+        "503": {**_error("DATABASE_BUSY: a lock or a full connection pool held the request past OUTBOX_API_DB_TIMEOUT "
+                         "(2 s), the transaction rolled back and nothing was stored; or DATABASE_UNAVAILABLE: the outbox "
+                         "database cannot be reached. Retry after Retry-After seconds with the same Idempotency-Key: "
+                         "the ledger makes the retry safe."),
+                "headers": RETRY_AFTER},
     }
     return {
         "openapi": "3.1.0",
@@ -135,8 +158,12 @@ def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
                     "security": [{"bearer": []}, {}],
                 }
             },
-            "/healthz": {"get": {"operationId": "health", "responses": {
-                "200": _json({"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}, "up"),
-                "503": _error("DATABASE_UNAVAILABLE")}}},
+            "/healthz": {"get": {"operationId": "health",
+                                 "description": "Answers within 1 s on a database connection of its own, "
+                                                "whatever the request pool is doing.",
+                                 "responses": {
+                "200": _json(HEALTH, "up: the database answered"),
+                "503": {**_json(HEALTH_DEGRADED, "degraded: the database did not answer within 1 s or cannot be reached"),
+                        "headers": RETRY_AFTER}}}},
         },
     }

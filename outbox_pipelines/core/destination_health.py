@@ -25,6 +25,7 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome, cap_error
 from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.table import OutboxTable
 
 log = logging.getLogger("outbox_pipelines.destination_health")
 
@@ -45,35 +46,111 @@ def destination_failures(outcomes: Sequence[Outcome]) -> tuple[int, Counter[str]
     return delivered, failures
 
 
-class HealthRecorder:
-    """Records one relay's view of its destination: every failing batch, and successes when they matter."""
+@dataclass(frozen=True)
+class Gate:
+    """What a relay may claim now, by the table's shared pause and circuit."""
 
-    def __init__(self, table: str, destination: str) -> None:
+    wait_s: float = 0.0  # hold off this long before asking again
+    limit: int | None = None  # at most this many (1: a probe); None: a full batch
+    circuit_open: bool = False
+    reason: str = ""
+
+
+OPEN = Gate()
+
+
+class DestinationGuard:
+    """One relay's side of the table's shared destination state (``outbox_destination_health``).
+
+    - throttling: a 429 pauses the table for every relay of it, on any host (``pause``);
+    - the circuit: ``threshold`` destination failures in a row open it; then one relay at a time
+      sends one probe message every ``probe_interval_s``, and failures spend no attempt; the first
+      success closes it and makes the messages waiting out a destination-failure backoff due at once;
+    - the failure streak the ``destination`` check grades.
+    """
+
+    def __init__(self, table: str, destination: str, *, threshold: int = 10, probe_interval_s: float = 10.0) -> None:
         self.table = table
         self.destination = display_name(destination)
+        self.threshold, self.probe_interval_s = threshold, probe_interval_s
+        self.circuit_open = False
         self._streak_open: bool | None = None  # unknown until the first write
         self._last_success_write = float("-inf")
 
+    def gate(self, conn: psycopg.Connection) -> Gate:
+        """Read before every claim: so every relay honours a pause or an open circuit within one claim."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(shared_query("outbox_destination_gate"), {"table_name": self.table})
+            row = cur.fetchone()
+        if row is None:
+            self.circuit_open = False
+            return OPEN
+        now = row["now"]
+        if row["paused_until"] is not None and row["paused_until"] > now:
+            return Gate((row["paused_until"] - now).total_seconds(), 0, row["circuit_opened_at"] is not None,
+                        f"paused by the destination ({row['pause_reason'] or '429'})")
+        self.circuit_open = row["circuit_opened_at"] is not None
+        if not self.circuit_open:
+            return OPEN
+        with conn.cursor() as cur:
+            cur.execute(shared_query("outbox_destination_take_probe"),
+                        {"table_name": self.table, "probe_interval_s": self.probe_interval_s})
+            if cur.rowcount:
+                return Gate(0.0, 1, True, "circuit open: sending one probe")
+        wait = (row["next_probe_at"] - now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
+        return Gate(max(wait, 0.05), 0, True, "circuit open: waiting for the next probe")
+
+    def pause(self, conn: psycopg.Connection, delay_s: float, reason: str) -> None:
+        """The destination asked to slow down: hold every relay of the table for ``delay_s``."""
+        self._quietly(conn, "outbox_destination_pause", {
+            "table_name": self.table, "destination": self.destination, "delay_s": delay_s, "reason": reason[:200]})
+
     def observe(self, conn: psycopg.Connection, outcomes: Sequence[Outcome]) -> None:
+        """Record a delivered batch: a destination failure, or a success that ends a streak."""
         delivered, failures = destination_failures(outcomes)
-        try:
-            if delivered:
-                if self._streak_open is not False or time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
-                    conn.execute(shared_query("outbox_destination_health_success"),
-                                 {"table_name": self.table, "destination": self.destination})
+        if delivered:
+            was_open = self.circuit_open
+            if self._streak_open is not False or was_open or \
+                    time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
+                if self._quietly(conn, "outbox_destination_health_success",
+                                 {"table_name": self.table, "destination": self.destination}):
                     self._streak_open = False
                     self._last_success_write = time.monotonic()
-            elif failures:
-                last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
-                conn.execute(shared_query("outbox_destination_health_failure"), {
-                    "table_name": self.table, "destination": self.destination, "failures": sum(failures.values()),
-                    "codes": Jsonb(dict(failures)), "error": cap_error(redact_text(last) if last else None),
-                })
-                self._streak_open = True
+            self.circuit_open = False
+            if was_open:
+                self._retry_now(conn)
+        elif failures:
+            last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
+            rows = self._quietly(conn, "outbox_destination_health_failure", {
+                "table_name": self.table, "destination": self.destination, "failures": sum(failures.values()),
+                "codes": Jsonb(dict(failures)), "error": cap_error(redact_text(last) if last else None),
+                "threshold": self.threshold, "probe_interval_s": self.probe_interval_s,
+            })
+            self._streak_open = True
+            if rows:
+                opened = bool(rows[0]["circuit_open"])
+                if opened and not self.circuit_open:
+                    log.warning("%s: the circuit opened after %d destination failures in a row (%s); one probe "
+                                "message every %.0fs until one succeeds, no attempts spent meanwhile",
+                                self.table, self.threshold, ", ".join(failures), self.probe_interval_s)
+                self.circuit_open = opened
+
+    def _retry_now(self, conn: psycopg.Connection) -> None:
+        pulled = OutboxTable(conn, self.table).retry_destination_failures_now(sorted(DESTINATION_FAILURES))
+        log.warning("%s: the circuit closed: the destination answers again; %d messages waiting out a backoff "
+                    "are due now", self.table, pulled)
+
+    def _quietly(self, conn: psycopg.Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Bookkeeping never stops deliveries: a refused write is logged (a lost connection is not ours to hide)."""
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(shared_query(query), params)
+                return cur.fetchall() if cur.description else []
         except psycopg.OperationalError:
             raise
-        except psycopg.Error as exc:  # never let bookkeeping stop deliveries
-            log.warning("could not record the health of %s's destination: %s", self.table, exc)
+        except psycopg.Error as exc:
+            log.warning("could not record the state of %s's destination: %s", self.table, exc)
+            return None
 
 
 @dataclass(frozen=True)
@@ -85,10 +162,20 @@ class DestinationHealth:
     error_codes: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
     last_success_at: datetime | None = None
+    paused_for_s: float | None = None
+    circuit_opened_at: datetime | None = None
 
     @property
     def failing(self) -> bool:
         return self.failing_for_s is not None
+
+    @property
+    def circuit(self) -> str:
+        return "open" if self.circuit_opened_at is not None else "closed"
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_for_s is not None and self.paused_for_s > 0
 
 
 def read_health(conn: psycopg.Connection, table: str, now: datetime | None = None) -> DestinationHealth:
@@ -100,4 +187,5 @@ def read_health(conn: psycopg.Connection, table: str, now: datetime | None = Non
     return DestinationHealth(
         table, row["destination"], row["failing_for_s"], row["consecutive_failures"],
         {k: int(v) for k, v in (row["error_codes"] or {}).items()}, row["last_error"], row["last_success_at"],
+        row["paused_for_s"], row["circuit_opened_at"],
     )

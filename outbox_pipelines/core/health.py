@@ -189,9 +189,15 @@ def _destination(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
                 "themselves. Check the destination; nothing is lost and nothing needs replaying.")
     else:
         text = f"{status.table}: {name} is accepting deliveries."
+    if health.circuit_opened_at is not None:
+        text += (" The circuit is open: one probe message at a time, no attempts spent; delivery resumes by itself "
+                 "on the first success.")
+    if health.paused:
+        text += f" The destination asked to slow down: paused for {_fmt(health.paused_for_s)} more."
     return CheckVerdict("destination", grade, text, {
         "destination": health.destination, "failing_for_s": health.failing_for_s,
-        "consecutive_failures": health.consecutive_failures, "error_codes": _codes(health.error_codes) or None,
+        "consecutive_failures": health.consecutive_failures, "error_codes": dict(health.error_codes) or None,
+        "circuit": health.circuit, "paused_for_s": health.paused_for_s if health.paused else None,
         "last_error": health.last_error, "waiting": status.waiting,
         "last_success_at": health.last_success_at.isoformat() if health.last_success_at else None,
         "failing_warn_s": limits.destination_failing_warn_s, "failing_error_s": limits.destination_failing_error_s,

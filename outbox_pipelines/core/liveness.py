@@ -17,7 +17,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.table import OutboxTable

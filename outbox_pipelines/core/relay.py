@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from psycopg import sql
 from outbox_pipelines.core import liveness, metrics
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
-from outbox_pipelines.core.destination_health import HealthRecorder, destination_failures
+from outbox_pipelines.core.destination_health import DESTINATION_FAILURES, DestinationGuard, destination_failures
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
 from outbox_pipelines.core.names import notify_channel
@@ -38,8 +38,6 @@ from outbox_pipelines.core.table import OutboxTable, Settlement
 
 log = logging.getLogger("outbox_pipelines.relay")
 
-# A Retry-After longer than this is not believed (and would stretch the retry horizon).
-MAX_RETRY_AFTER_S = 3600.0
 STATEMENT_TIMEOUT_MS = 30_000
 # Custom plans for the relay's statements: a generic plan guesses a handful of input rows and
 # turns the batched settle into a nested loop, quadratic in the batch size (measured: 264 ms
@@ -142,8 +140,15 @@ def plan_settlement(
     outcome: Outcome,
     table: TableSettings,
     uniform: UniformSource = random.uniform,
+    *,
+    circuit_open: bool = False,
 ) -> Settlement:
-    """Decide the row's next state from the outcome, the attempt count and the table's policy."""
+    """Decide the row's next state from the outcome, the attempt count and the table's policy.
+
+    The retry budget is for failures of the message itself. Throttling (429, or any
+    Retry-After) and destination failures while the table's circuit is open give the
+    attempt back: a broker that throttles or is down for an hour dead-letters nothing.
+    """
     if outcome.kind == "sent":
         audit = m.AUDIT_DEDUP_HIT if outcome.code == m.DEDUP_HIT else m.AUDIT_SUCCESS
         status = "deleted" if table.on_success == "delete" else "sent"
@@ -151,18 +156,33 @@ def plan_settlement(
             message.id, message.attempts, status, audit, error_code=outcome.code, ref=m.storable_text(outcome.ref)
         )
     code = m.storable_text(outcome.code) or m.UNKNOWN
+    error = cap_error(outcome.error)
     if outcome.kind == "dead":
-        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(outcome.error))
+        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=error)
+    if outcome.code == m.RATE_LIMITED or outcome.delay_s is not None:
+        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                          delay_s=_throttle_delay(outcome, message, table, uniform), refund=True)
+    if circuit_open and outcome.code in DESTINATION_FAILURES:
+        # The circuit paces the retries (one probe at a time): due again at once, attempt given back.
+        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                          refund=True)
     if message.attempts >= table.retry.max_attempts:
         error = f"gave up after {message.attempts} of {table.retry.max_attempts} attempts: {outcome.error or code}"
         return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(error))
-    if outcome.delay_s is not None:
-        delay = min(max(outcome.delay_s, 0.0), MAX_RETRY_AFTER_S)
-    else:
-        delay = table.retry.delay_s(message.attempts, uniform)
-    return Settlement(
-        message.id, message.attempts, "pending", m.AUDIT_RETRY, delay_s=delay, error_code=code, error=cap_error(outcome.error)
-    )
+    return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                      delay_s=table.retry.delay_s(message.attempts, uniform))
+
+
+def _throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettings, uniform: UniformSource) -> float:
+    """Retry-After, believed up to the table's max_retry_after (the cap is logged); backoff without one."""
+    if outcome.delay_s is None:
+        return table.retry.delay_s(message.attempts, uniform)
+    asked = max(outcome.delay_s, 0.0)
+    if asked > table.max_retry_after_s:
+        log.warning("%s: the destination asked to retry after %.0fs; capped at max_retry_after %.0fs",
+                    table.name, asked, table.max_retry_after_s)
+        return table.max_retry_after_s
+    return asked
 
 
 class LeaseKeeper:
@@ -274,15 +294,18 @@ class Relay:
         self.destination = destination
         self.worker = worker_id or default_worker_id()
         self.run_id = run_id
-        self.health = HealthRecorder(table.name, destination.name)
+        self.guard = DestinationGuard(table.name, destination.name, threshold=table.circuit_threshold,
+                                      probe_interval_s=table.probe_interval_s)
         self._claimed_mono: dict[int, float] = {}
         self.uniform = uniform
         self.progress = progress
         self.progress_every_s = progress_every_s
         self._stop = threading.Event()
         self._pause_until = 0.0
+        self._pause_reason = ""
         self._conn: psycopg.Connection | None = None
         self._pipeline_thread: ThreadPoolExecutor | None = None
+        self._in_flight: Future[list[Outcome]] | None = None
 
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
@@ -405,13 +428,24 @@ class Relay:
         current = first
         plan = self._plan(store, current)
         watch = metrics.Stopwatch()
-        future = self._pipeline_thread.submit(self._deliver, current, plan)
+        self._in_flight = self._pipeline_thread.submit(self._deliver, current, plan)
         keeper.hold([(msg.id, msg.attempts) for msg in current])
+        try:
+            self._pipeline_loop(store, keeper, current, plan, watch, report, claim_next)
+        except BaseException:
+            # Nothing may be given back while it is still on the wire: wait for the delivery in flight.
+            wait([self._in_flight])
+            raise
+
+    def _pipeline_loop(self, store: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage],
+                       plan: "DispatchPlan", watch: metrics.Stopwatch,
+                       report: RelayReport, claim_next: Callable[[], list[ClaimedMessage]]) -> None:
+        assert self._pipeline_thread is not None and self._in_flight is not None
         while True:
             upcoming = claim_next()
             if upcoming:
                 keeper.hold([(msg.id, msg.attempts) for msg in current + upcoming])
-            delivered = future.result()
+            delivered = self._in_flight.result()
             metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
             if upcoming and any(o.code == m.RATE_LIMITED for o in delivered):
                 # 429: the destination wants the whole table to wait; the prefetched batch goes back unsent.
@@ -422,7 +456,7 @@ class Relay:
             if upcoming:
                 upcoming_plan = self._plan(store, upcoming)
                 watch = metrics.Stopwatch()
-                future = self._pipeline_thread.submit(self._deliver, upcoming, upcoming_plan)
+                self._in_flight = self._pipeline_thread.submit(self._deliver, upcoming, upcoming_plan)
             self._finish(store, current, self._combine(plan, delivered), report)
             if not upcoming:
                 keeper.release()
@@ -431,8 +465,10 @@ class Relay:
             current, plan = upcoming, upcoming_plan
 
     def _finish(self, store: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome], report: RelayReport) -> None:
-        """Settle a delivered batch and count what happened."""
-        settlements = [plan_settlement(msg, out, self.settings, self.uniform) for msg, out in zip(batch, outcomes)]
+        """Record what the destination did, settle the batch, count what happened."""
+        self.guard.observe(store.conn, outcomes)  # first: a batch that opens the circuit spends no attempts
+        settlements = [plan_settlement(msg, out, self.settings, self.uniform, circuit_open=self.guard.circuit_open)
+                       for msg, out in zip(batch, outcomes)]
         after_settle = getattr(self.destination, "after_settle", None)
         if after_settle is None:
             settled = self._settle(store, settlements, report)
@@ -469,10 +505,16 @@ class Relay:
         _, failures = destination_failures(outcomes)
         for code, n in failures.items():
             report.destination_failures[code] = report.destination_failures.get(code, 0) + n
-        self.health.observe(store.conn, outcomes)
         if slow_down > 0:
-            # 429: the destination is overloaded; hold the whole table, not just this row.
-            self._pause_until = max(self._pause_until, time.monotonic() + slow_down)
+            # 429: the destination is overloaded; hold the whole table, in every relay of it, not just this row.
+            self._hold(slow_down, "the destination answered 429")
+            self.guard.pause(store.conn, slow_down, "429 Retry-After")
+
+    def _hold(self, seconds: float, reason: str) -> None:
+        """Claim nothing for ``seconds`` (this relay; the database holds the others)."""
+        until = time.monotonic() + seconds
+        if until > self._pause_until:
+            self._pause_until, self._pause_reason = until, reason
 
     def _count(self, before: tuple[int, ...], report: RelayReport) -> None:
         """Prometheus counters, once per batch."""
@@ -579,7 +621,7 @@ class Relay:
                     next_progress = now + self.progress_every_s
                 if now < self._pause_until:
                     if once:
-                        report.stopped_because = "destination rate-limited the table (429); the rest waits as pending"
+                        report.stopped_because = f"{self._pause_reason}; the rest waits as pending"
                         break
                     self._wait(conn, min(self._pause_until - now, _left(deadline)))
                     continue
@@ -588,19 +630,9 @@ class Relay:
                     if now >= next_requeue:
                         self._requeue_expired(store, report)
                         next_requeue = now + requeue_every
+
                     def claim_next() -> list[ClaimedMessage]:
-                        limit = self.settings.batch_size
-                        if max_entries is not None:
-                            limit = min(limit, max_entries - report.claimed)
-                        if (limit <= 0 or self._stop.is_set() or time.monotonic() < self._pause_until
-                                or (deadline is not None and time.monotonic() >= deadline)):
-                            return []
-                        claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics())
-                        report.claimed += len(claimed)
-                        mono = time.monotonic()
-                        for message in claimed:
-                            self._claimed_mono[message.id] = mono
-                        return claimed
+                        return self._claim_next(store, report, max_entries, deadline)
 
                     batch = claim_next()
                     if batch:
@@ -611,14 +643,16 @@ class Relay:
                         self._drop_stale_wakeups(conn)
                         continue
                     if once:
-                        report.stopped_because = "nothing ready"
+                        held = time.monotonic() < self._pause_until
+                        report.stopped_because = f"{self._pause_reason}; the rest waits as pending" if held \
+                            else "nothing ready"
                         break
                     due = store.next_due_in_s()
                     idle = self.settings.idle_sleep_s if due is None else min(max(due, 0.0), self.settings.idle_sleep_s)
                     self._wait(conn, min(idle, _left(deadline)))
                 except psycopg.OperationalError as exc:
-                    # Lost connection or statement timeout: the batch is abandoned. Its leases are no longer
-                    # renewed, so they expire and the rows come back to pending (lease + sweep interval).
+                    # Lost connection or statement timeout: the batch is abandoned at once (its leases are no
+                    # longer renewed), and given back as soon as the database answers again.
                     keeper.release()
                     self._claimed_mono.clear()
                     report.db_errors += 1
@@ -627,8 +661,9 @@ class Relay:
                     if fresh is None:
                         break
                     conn = fresh
-                    self._audit_db_problem(conn, batch, exc)
                     store = OutboxTable(conn, self.settings.name)
+                    self._audit_db_problem(conn, batch, exc)
+                    self._give_back_held(store, report)
         finally:
             keeper.close()
             if self._pipeline_thread is not None:
@@ -637,6 +672,44 @@ class Relay:
             report.seconds = time.monotonic() - started
             self._say_goodbye(conn, single_active and report.lock_held, report.stopped_because or "ended")
         return report
+
+    def _claim_next(self, store: OutboxTable, report: RelayReport, max_entries: int | None,
+                    deadline: float | None) -> list[ClaimedMessage]:
+        """The next batch, within the budgets and what the table's destination allows now."""
+        limit = self.settings.batch_size
+        if max_entries is not None:
+            limit = min(limit, max_entries - report.claimed)
+        if (limit <= 0 or self._stop.is_set() or time.monotonic() < self._pause_until
+                or (deadline is not None and time.monotonic() >= deadline)):
+            return []
+        gate = self.guard.gate(store.conn)
+        if gate.limit == 0:
+            self._hold(gate.wait_s, gate.reason)
+            return []
+        if gate.limit is not None:
+            limit = min(limit, gate.limit)
+        claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics(),
+                              max_attempts=self.settings.retry.max_attempts)
+        report.claimed += len(claimed)
+        mono = time.monotonic()
+        for message in claimed:
+            self._claimed_mono[message.id] = mono
+        return claimed
+
+    def _give_back_held(self, store: OutboxTable, report: RelayReport) -> None:
+        """After a database error: rows this relay still holds (a batch it could not settle, a claim whose
+        answer was lost) go back to pending now, so none strands until its lease expires. Their attempt
+        stays counted: they may have been delivered, and will be again (the idempotency key makes it once)."""
+        try:
+            rows = store.requeue_stuck(self.worker, stuck_after_s=10 * 365 * 86400.0,
+                                       max_attempts=self.settings.retry.max_attempts, dead_holder=self.worker)
+        except psycopg.Error as exc:
+            log.warning("relay %s: could not give back the rows it held: %s", self.settings.name, exc)
+            return
+        mine = sum(1 for r in rows if r["previous_holder"] == self.worker)
+        if mine:
+            log.warning("relay %s: gave back %d rows held when the database failed", self.settings.name, mine)
+        report.requeued += sum(1 for r in rows if r["status"] == "pending")
 
     def _say_goodbye(self, conn: psycopg.Connection, unlock: bool, reason: str) -> None:
         """Let go of the single-active lock and record the stop, so nobody takes this relay for dead."""

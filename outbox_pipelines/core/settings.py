@@ -162,6 +162,12 @@ class TableSettings:
     idle_sleep_s: float = 0.2
     poll_interval_s: float = 1.0
     checks: CheckThresholds = field(default_factory=CheckThresholds)
+    # A Retry-After longer than this is not believed (it would stall the table); the cap is logged.
+    max_retry_after_s: float = 300.0
+    # This many destination failures in a row (timeouts, 5xx, 401) open the table's circuit:
+    # then one probe message every probe_interval, and no attempt is spent while it stays open.
+    circuit_threshold: int = 10
+    probe_interval_s: float = 10.0
 
 
 # Built-in defaults of the shipped tables; a config file's sections override them.
@@ -192,6 +198,7 @@ TABLE_KEYS = {
     "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
+    "max_retry_after", "circuit_threshold", "probe_interval",
 } | set(THRESHOLD_KEYS)
 
 
@@ -293,7 +300,24 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         idle_sleep_s=env.idle_sleep_s,
         poll_interval_s=env.poll_interval_s,
         checks=CheckThresholds(**thresholds),
+        max_retry_after_s=_positive(parse_duration(section.get("max_retry_after", "300s"), f"{where} max_retry_after"),
+                                    f"{where} max_retry_after"),
+        circuit_threshold=_whole(section.get("circuit_threshold", 10), f"{where} circuit_threshold"),
+        probe_interval_s=_positive(parse_duration(section.get("probe_interval", "10s"), f"{where} probe_interval"),
+                                   f"{where} probe_interval"),
     )
+
+
+def _positive(value: float, what: str) -> float:
+    if value <= 0:
+        raise ConfigError(f"{what} must be more than 0, got {value}")
+    return value
+
+
+def _whole(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{what} must be a whole number >= 1, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

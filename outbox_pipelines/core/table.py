@@ -33,6 +33,8 @@ class Settlement:
     error_code: str | None = None
     error: str | None = None
     ref: str | None = None
+    # Give back the attempt counted at claim (throttling, or the circuit was open): not the message's fault.
+    refund: bool = False
 
 
 class OutboxTable:
@@ -61,11 +63,14 @@ class OutboxTable:
         lease_s: float,
         *,
         paused_topics: Sequence[str] = (),
+        max_attempts: int = 2**31 - 1,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
+        """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number)."""
         rows = self._run(
             "outbox_claim",
-            {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics), "now": now},
+            {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
+             "max_attempts": max_attempts, "now": now},
         )
         return [ClaimedMessage(**row) for row in rows]
 
@@ -88,6 +93,7 @@ class OutboxTable:
                 "errors": [s.error for s in kept],
                 "refs": [s.ref for s in kept],
                 "audit_codes": [s.audit_code for s in kept],
+                "refunds": [s.refund for s in kept],
                 "delete_ids": [s.id for s in gone],
                 "delete_attempts": [s.attempts for s in gone],
                 "delete_audit_codes": [s.audit_code for s in gone],
@@ -168,6 +174,10 @@ class OutboxTable:
 
     def status_rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         return self._run(query, params)
+
+    def retry_destination_failures_now(self, codes: Sequence[str]) -> int:
+        """Make messages waiting out a backoff for these error codes due now; how many."""
+        return int(self._run("outbox_retry_destination_failures_now", {"codes": list(codes)})[0]["pulled"])
 
     def held_by(self, worker: str) -> int:
         """How many rows ``worker`` holds in sending."""

@@ -7,7 +7,7 @@ import pytest
 
 from outbox_pipelines import Outcome
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import HealthRecorder, read_health
+from outbox_pipelines.core.destination_health import DestinationGuard, read_health
 from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.health import evaluate_checks, read_status
 from outbox_pipelines.core.relay import Relay
@@ -138,7 +138,7 @@ def test_the_destination_check_grades_how_long_the_outage_lasted(db_url, conn, c
 
 
 def test_the_recorder_ignores_dedup_hits_and_a_partial_success_ends_the_streak(conn):
-    recorder = HealthRecorder(EVENTS, "http://broker.example/")
+    recorder = DestinationGuard(EVENTS, "http://broker.example/")
     recorder.observe(conn, [Outcome.retry(m.BROKER_5XX, "HTTP 502"), Outcome.retry(m.NETWORK_TIMEOUT, "timeout")])
     assert read_health(conn, EVENTS).error_codes == {m.BROKER_5XX: 1, m.NETWORK_TIMEOUT: 1}
     # Answered from the table, not by the destination: says nothing about it.
@@ -152,5 +152,5 @@ def test_the_recorder_ignores_dedup_hits_and_a_partial_success_ends_the_streak(c
     health = read_health(conn, EVENTS)
     assert not health.failing and health.consecutive_failures == 0
     # Another relay of the same table opens a new streak; its own codes only.
-    HealthRecorder(EVENTS, "http://broker.example/").observe(conn, [Outcome.retry(m.UNKNOWN, "garbled")])
+    DestinationGuard(EVENTS, "http://broker.example/").observe(conn, [Outcome.retry(m.UNKNOWN, "garbled")])
     assert read_health(conn, EVENTS).error_codes == {m.UNKNOWN: 1}

@@ -432,7 +432,8 @@ def test_429_retry_after_sets_available_at_in_database_time(conn, db_url, http_s
         r.destination.close()
     assert (report.retried, report.rate_limited, report.stopped_because) == (1, 1, "stop requested")
     row = rows(conn)[key]
-    assert (row["status"], row["attempts"], row["last_error_code"]) == ("pending", 1, "RATE_LIMITED")
+    # throttling spends no attempt: the retry budget is for failures of the message itself
+    assert (row["status"], row["attempts"], row["last_error_code"]) == ("pending", 0, "RATE_LIMITED")
     # Retry-After (30 s), not the table's backoff (60 s), measured with the database's clock.
     assert 25 <= row["due_in_s"] <= 30.5
     assert audit_codes(conn, key) == ["outbox_claim", "outbox_flush_retry"]

@@ -204,10 +204,17 @@ def test_rate_limit_slows_the_whole_table(db_url, conn):
     destination = ScriptedDestination(lambda msg: Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30))
     report = Relay(db_url, events_settings(batch_size=1), destination).run(max_seconds=0.5)
     assert (report.claimed, report.rate_limited) == (1, 1)
-    waiting = rows(conn, EVENTS, "attempts = 1")
-    assert len(waiting) == 1
-    delay = conn.execute("SELECT available_at - now() AS d FROM outbox_events WHERE attempts = 1").fetchone()["d"]
+    # the throttled row waits out Retry-After with its attempt given back; the others were never claimed
+    waiting = rows(conn, EVENTS, "last_error_code = 'RATE_LIMITED'")
+    assert [(r["status"], r["attempts"]) for r in waiting] == [("pending", 0)]
+    delay = conn.execute("SELECT available_at - now() AS d FROM outbox_events WHERE last_error_code = 'RATE_LIMITED'").fetchone()["d"]
     assert timedelta(seconds=28) < delay <= timedelta(seconds=30)
+    # the pause is the table's, in the database, for every relay of it
+    paused = conn.execute("SELECT paused_until - now() AS d FROM outbox_destination_health WHERE table_name = %s",
+                          (EVENTS,)).fetchone()["d"]
+    assert timedelta(seconds=28) < paused <= timedelta(seconds=30)
+    other = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(lambda msg: Outcome.sent())).run(once=True)
+    assert other.claimed == 0 and "paused" in other.stopped_because
 
 
 def test_lease_is_renewed_during_a_long_dispatch(db_url, conn):
@@ -263,7 +270,10 @@ def test_plan_settlement_caps_retry_after_and_uses_injected_jitter():
 
     msg = ClaimedMessage(1, "e", None, "t", {}, "sha256:x", {}, 2, datetime.now(timezone.utc))
     settings = events_settings(retry=RetryPolicy(base_s=4, max_s=100, max_attempts=5, jitter=0.5))
-    assert plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), settings).delay_s == 3600.0
+    capped = plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), settings)
+    assert (capped.delay_s, capped.refund, capped.status) == (300.0, True, "pending")  # max_retry_after, no attempt
+    assert plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9),
+                           replace(settings, max_retry_after_s=60.0)).delay_s == 60.0
     assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: hi).delay_s == 12.0
     assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: lo).delay_s == 4.0
     dedup = plan_settlement(msg, Outcome.sent(ref="r", code=m.DEDUP_HIT), replace(settings, on_success="delete"))
@@ -286,9 +296,11 @@ def test_relay_survives_a_dropped_database_connection(db_url, conn):
 
     report = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(kill_relay_session_once)).run(max_seconds=5, max_entries=3)
     assert report.db_errors >= 1
-    # The first row's settle was lost with the connection: it is still held and comes back after its lease.
+    # The first row's settle was lost with the connection: given back as soon as the relay reconnected,
+    # not left leased (it may be delivered again: the idempotency key makes that once).
     found = statuses(conn, EVENTS)
-    assert found.get("sent", 0) >= 2 and found.get("sent", 0) + found.get("sending", 0) == 3
+    assert found.get("sent", 0) >= 2 and found.get("sending", 0) == 0
+    assert found.get("sent", 0) + found.get("pending", 0) == 3
     assert conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_flush_db_error'").fetchone()["n"] >= 1
 
 

@@ -18,7 +18,8 @@ CREATE TABLE outbox_relay_workers (
 );
 CREATE INDEX outbox_relay_workers_live ON outbox_relay_workers (table_name, heartbeat_at) WHERE stopped_at IS NULL;
 
--- A table's destination as its relays see it. failing_since is the start of
+-- A table's destination as its relays see it, shared by all of them: the
+-- throttling pause, the circuit breaker, and the failure streak. failing_since is the start of
 -- the current run of batches in which nothing was delivered because the
 -- destination itself failed (connection refused, timeouts, 5xx, 401); the
 -- first delivery that succeeds ends it. Failures of one message (400, handler
@@ -32,6 +33,12 @@ CREATE TABLE outbox_destination_health (
     last_error            text        CHECK (length(last_error) <= 2000),
     last_failure_at       timestamptz,
     last_success_at       timestamptz,
+    -- Throttling (429, Retry-After): no relay of the table, on any host, calls before this.
+    paused_until          timestamptz,
+    pause_reason          text,
+    -- The circuit: open since (NULL = closed); while open, one probe message at a time.
+    circuit_opened_at     timestamptz,
+    next_probe_at         timestamptz,
     updated_at            timestamptz NOT NULL DEFAULT now()
 );
 

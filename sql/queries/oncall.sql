@@ -37,10 +37,15 @@ DELETE FROM outbox_relay_workers
 WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
 
 -- name: outbox_destination_health_failure
--- A batch in which the destination itself failed. Starts a streak, or extends it.
+-- A batch in which the destination itself failed. Starts a streak or extends it,
+-- and opens the circuit once the streak reaches the threshold.
 INSERT INTO outbox_destination_health AS h
-    (table_name, destination, failing_since, consecutive_failures, error_codes, last_error, last_failure_at, updated_at)
-VALUES (%(table_name)s, %(destination)s, now(), %(failures)s, %(codes)s::jsonb, %(error)s, now(), now())
+    (table_name, destination, failing_since, consecutive_failures, error_codes, last_error, last_failure_at,
+     circuit_opened_at, next_probe_at, updated_at)
+VALUES (%(table_name)s, %(destination)s, now(), %(failures)s, %(codes)s::jsonb, %(error)s, now(),
+        CASE WHEN %(failures)s >= %(threshold)s THEN now() END,
+        CASE WHEN %(failures)s >= %(threshold)s THEN now() + make_interval(secs => %(probe_interval_s)s) END,
+        now())
 ON CONFLICT (table_name) DO UPDATE
 SET destination = EXCLUDED.destination,
     failing_since = coalesce(h.failing_since, now()),
@@ -53,21 +58,51 @@ SET destination = EXCLUDED.destination,
                                    GROUP BY k) AS s) END,
     last_error = EXCLUDED.last_error,
     last_failure_at = now(),
+    circuit_opened_at = CASE
+        WHEN h.circuit_opened_at IS NOT NULL THEN h.circuit_opened_at
+        WHEN h.consecutive_failures + EXCLUDED.consecutive_failures >= %(threshold)s THEN now() END,
+    next_probe_at = CASE
+        WHEN h.circuit_opened_at IS NOT NULL THEN h.next_probe_at
+        WHEN h.consecutive_failures + EXCLUDED.consecutive_failures >= %(threshold)s
+        THEN now() + make_interval(secs => %(probe_interval_s)s) END,
     updated_at = now()
+RETURNING circuit_opened_at IS NOT NULL AS circuit_open
 
 -- name: outbox_destination_health_success
--- A delivery succeeded: the streak (if any) is over. Written when a streak is
--- open, and otherwise at most every few seconds per relay.
+-- A delivery succeeded: the streak (if any) is over and the circuit closes.
+-- Written when a streak is open, and otherwise at most every few seconds per relay.
 INSERT INTO outbox_destination_health AS h (table_name, destination, last_success_at, updated_at)
 VALUES (%(table_name)s, %(destination)s, now(), now())
 ON CONFLICT (table_name) DO UPDATE
 SET destination = EXCLUDED.destination, failing_since = NULL, consecutive_failures = 0,
-    error_codes = '{}'::jsonb, last_success_at = now(), updated_at = now()
-RETURNING (SELECT true) AS recorded
+    error_codes = '{}'::jsonb, last_success_at = now(), circuit_opened_at = NULL, next_probe_at = NULL,
+    updated_at = now()
+
+-- name: outbox_destination_pause
+-- Throttling: every relay of the table holds off until paused_until (never shortened).
+INSERT INTO outbox_destination_health AS h (table_name, destination, paused_until, pause_reason, updated_at)
+VALUES (%(table_name)s, %(destination)s, now() + make_interval(secs => %(delay_s)s), %(reason)s, now())
+ON CONFLICT (table_name) DO UPDATE
+SET paused_until = GREATEST(coalesce(h.paused_until, now()), EXCLUDED.paused_until),
+    pause_reason = EXCLUDED.pause_reason, updated_at = now()
+
+-- name: outbox_destination_gate
+-- Read before every claim: whether the table is paused, or its circuit open.
+SELECT now() AS now, paused_until, pause_reason, circuit_opened_at, next_probe_at
+FROM outbox_destination_health
+WHERE table_name = %(table_name)s
+
+-- name: outbox_destination_take_probe
+-- While the circuit is open, one relay at a time gets to send one probe message.
+UPDATE outbox_destination_health
+SET next_probe_at = now() + make_interval(secs => %(probe_interval_s)s), updated_at = now()
+WHERE table_name = %(table_name)s AND circuit_opened_at IS NOT NULL AND next_probe_at <= now()
+RETURNING true AS probe
 
 -- name: outbox_destination_health_read
 SELECT table_name, destination, failing_since, consecutive_failures, error_codes, last_error,
-       last_failure_at, last_success_at,
+       last_failure_at, last_success_at, paused_until, pause_reason, circuit_opened_at, next_probe_at,
+       extract(epoch FROM paused_until - coalesce(%(now)s::timestamptz, now()))::float8 AS paused_for_s,
        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - failing_since)::float8 AS failing_for_s
 FROM outbox_destination_health
 WHERE table_name = %(table_name)s

@@ -25,17 +25,33 @@ RETURNING id, event_id
 SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s::text[])
 
 -- name: outbox_claim
+-- Due pending rows, and sending rows whose lease expired (their relay died: seed
+-- 003 §2.1, so a worker needs no separate sweep), oldest first. A re-taken row's
+-- attempt number moves on, which fences its old holder out of settling it; a row
+-- already on its last attempt is left to requeue-stuck, which marks it dead.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), ready AS (
-    SELECT t.id
-    FROM {table} AS t, clock
+), expired AS (
+    SELECT t.id, t.status AS was, t.locked_by AS previous_holder
+    FROM {table} AS t
+    WHERE t.status = 'sending'
+      AND t.lease_expires_at < (SELECT now FROM clock)
+      AND t.attempts < %(max_attempts)s
+      AND t.topic <> ALL(%(paused_topics)s::text[])
+    ORDER BY t.lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), due AS (
+    SELECT t.id, t.status AS was, NULL::text AS previous_holder
+    FROM {table} AS t
     WHERE t.status = 'pending'
-      AND t.available_at <= clock.now
+      AND t.available_at <= (SELECT now FROM clock)
       AND t.topic <> ALL(%(paused_topics)s::text[])
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
+), chosen AS (
+    SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c ORDER BY id LIMIT %(limit)s
 ), claimed AS (
     UPDATE {table} AS t
     SET status = 'sending',
@@ -44,18 +60,20 @@ WITH clock AS (
         locked_at = clock.now,
         lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
         updated_at = clock.now
-    FROM ready, clock
-    WHERE t.id = ready.id
+    FROM chosen, clock
+    WHERE t.id = chosen.id
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
-              t.attempts, t.created_at, clock.now AS claimed_at
+              t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
-                              attempts, code, worker, trace_id)
-    SELECT %(table_name)s, c.id, c.event_id, 'pending', 'sending', c.attempts, 'outbox_claim',
-           %(worker)s, c.headers->>'trace_id'
+                              attempts, code, worker, trace_id, detail)
+    SELECT %(table_name)s, c.id, c.event_id, c.was, 'sending', c.attempts, 'outbox_claim',
+           %(worker)s, c.headers->>'trace_id',
+           CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END
     FROM claimed AS c
 )
-SELECT * FROM claimed ORDER BY id
+SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at
+FROM claimed ORDER BY id
 
 -- name: outbox_settle
 -- One statement settles a whole batch: sent / retry / dead rows are updated,
@@ -67,11 +85,14 @@ WITH clock AS (
     SELECT *
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(statuses)s::text[],
                 %(delays)s::float8[], %(error_codes)s::text[], %(errors)s::text[],
-                %(refs)s::text[], %(audit_codes)s::text[])
-         AS i(id, attempts, status, delay_s, error_code, error, ref, audit_code)
+                %(refs)s::text[], %(audit_codes)s::text[], %(refunds)s::boolean[])
+         AS i(id, attempts, status, delay_s, error_code, error, ref, audit_code, refund)
 ), updated AS (
     UPDATE {table} AS t
     SET status = i.status,
+        -- Throttling, and failures while the circuit is open, are not the message's fault:
+        -- the attempt counted at claim is given back.
+        attempts = CASE WHEN i.refund THEN t.attempts - 1 ELSE t.attempts END,
         available_at = CASE WHEN i.status = 'pending'
                             THEN clock.now + make_interval(secs => i.delay_s)
                             ELSE t.available_at END,
@@ -88,7 +109,7 @@ WITH clock AS (
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers, i.status, i.error_code, i.audit_code
+    RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code
 ), deleted AS (
     -- Deletions come in arrays of their own (empty unless the table deletes on success), so
     -- neither part of the statement scans the other's rows.
@@ -392,3 +413,18 @@ SELECT coalesce(w.pending, 0) AS pending, coalesce(w.retrying, 0) AS retrying, c
        w.next_due_in_s, f.sending, f.stuck, d.by_code AS dead_by_code, d.total AS dead,
        lag.n AS lag_sample, lag.p50 AS lag_p50, lag.p95 AS lag_p95, lag.p99 AS lag_p99
 FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag LEFT JOIN waiting AS w ON true
+
+-- name: outbox_retry_destination_failures_now
+-- The circuit closed: messages waiting out a backoff because the destination was
+-- down are due again now, so delivery resumes at once instead of after the backoff.
+WITH pulled AS (
+    UPDATE {table} AS t
+    SET available_at = now(), updated_at = now()
+    WHERE t.status = 'pending'
+      AND t.available_at > now()
+      AND t.last_error_code = ANY(%(codes)s::text[])
+    RETURNING t.id
+), wake AS (
+    SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM pulled)
+)
+SELECT count(*) AS pulled FROM pulled LEFT JOIN wake ON true
