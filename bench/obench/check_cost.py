@@ -39,8 +39,8 @@ def _fill(url: str, sent: int) -> None:
             "        now() - make_interval(secs => g * 0.6), now() FROM generate_series(1, %s) AS g", (sent,))
         conn.execute(
             "INSERT INTO outbox_orders (event_id, topic, payload, payload_sha, status, attempts, available_at)"
-            " SELECT 'p' || g, 'order.submit', '{\"n\": 1}', 'sha256:x', 'pending', g %% 2,"
-            "        now() + make_interval(secs => (g %% 2) * 60) FROM generate_series(1, 10000) AS g")
+            " SELECT 'p' || g, 'order.submit', '{\"n\": 1}', 'sha256:x', 'pending', g % 2,"
+            "        now() + make_interval(secs => (g % 2) * 60) FROM generate_series(1, 10000) AS g")
         conn.execute(
             "INSERT INTO outbox_orders (event_id, topic, payload, payload_sha, status, attempts, last_error_code)"
             " SELECT 'd' || g, 'order.submit', '{\"n\": 1}', 'sha256:x', 'dead', 8, 'BROKER_5XX'"
