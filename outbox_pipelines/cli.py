@@ -223,12 +223,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"\nlag = created → delivered over the last {_fmt_s(reports[0].lag_window_s if reports else 3600)}, "
           "messages still waiting counted with their age so far; "
           "oldest = age of the oldest message not yet delivered (retries in backoff included)")
-    failing = [r for r in reports if r.destination is not None and r.destination.failing]
-    for r in failing:
-        assert r.destination is not None
-        codes = ", ".join(f"{c}={n}" for c, n in r.destination.error_codes.items())
-        print(f"\n{r.table}: deliveries to {r.destination.destination} have failed for "
-              f"{_fmt_s(r.destination.failing_for_s)} ({codes}); messages retry by themselves")
+    for r in reports:
+        health = r.destination
+        if health is None:
+            continue
+        if health.failing:
+            codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
+            print(f"\n{r.table}: deliveries to {health.destination} have failed for "
+                  f"{_fmt_s(health.failing_for_s)} ({codes}); messages retry by themselves")
+        if health.circuit_opened_at is not None:
+            print(f"{r.table}: circuit open since {health.circuit_opened_at:%Y-%m-%d %H:%M:%S %Z}: one probe "
+                  "message at a time, no attempts spent; it closes on the first success")
+        if health.paused:
+            print(f"{r.table}: paused {_fmt_s(health.paused_for_s)} more: the destination asked to slow down (429)")
     return EXIT_OK
 
 

@@ -41,7 +41,12 @@ class OutboxStateCollector(Collector):
 
         pending = GaugeMetricFamily("outbox_pending_count", "Messages waiting (pending or retrying)", labels=["table"])
         locked = GaugeMetricFamily("outbox_locked_count", "Messages held by a relay (sending)", labels=["table"])
-        lag = GaugeMetricFamily("outbox_lag_seconds", "created → published over the last hour", labels=["table", "quantile"])
+        lag = GaugeMetricFamily("outbox_lag_seconds", "created → delivered over the last hour, waiting messages "
+                                "counted with their age so far", labels=["table", "quantile"])
+        circuit = GaugeMetricFamily("outbox_circuit_open", "1 while the table's circuit breaker is open",
+                                    labels=["table"])
+        paused = GaugeMetricFamily("outbox_paused_seconds", "how much longer the destination asked the table to "
+                                   "hold off (429)", labels=["table"])
         try:
             with connect(self.url) as conn:
                 for table in self.tables:
@@ -51,11 +56,16 @@ class OutboxStateCollector(Collector):
                     for quantile, value in (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s)):
                         if value is not None:
                             lag.add_metric([table, quantile], value)
+                    health = status.destination
+                    circuit.add_metric([table], 1.0 if health and health.circuit_opened_at else 0.0)
+                    paused.add_metric([table], health.paused_for_s if health and health.paused else 0.0)
         except Exception:  # a scrape must not fail because the database is briefly away
             return
         yield pending
         yield locked
         yield lag
+        yield circuit
+        yield paused
 
 
 def watch_tables(url: str, tables: Iterable[str]) -> None:

@@ -106,6 +106,9 @@ class RelayReport:
     destination_failures: dict[str, int] = field(default_factory=dict)
     # created → delivered of the messages this relay delivered.
     lag: LagSample = field(default_factory=lambda: LagSample())
+    # The table's circuit breaker as this relay last saw it, and the probes it sent while open.
+    circuit: str = "closed"
+    probes: int = 0
 
     @property
     def settled(self) -> int:
@@ -670,6 +673,7 @@ class Relay:
                 self._pipeline_thread.shutdown(wait=True)
                 self._pipeline_thread = None
             report.seconds = time.monotonic() - started
+            report.circuit = "open" if self.guard.circuit_open else report.circuit
             self._say_goodbye(conn, single_active and report.lock_held, report.stopped_because or "ended")
         return report
 
@@ -684,10 +688,13 @@ class Relay:
             return []
         gate = self.guard.gate(store.conn)
         if gate.limit == 0:
+            report.circuit = "open" if gate.circuit_open else "closed"
             self._hold(gate.wait_s, gate.reason)
             return []
+        report.circuit = "open" if gate.circuit_open else "closed"
         if gate.limit is not None:
             limit = min(limit, gate.limit)
+            report.probes += 1
         claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics(),
                               max_attempts=self.settings.retry.max_attempts)
         report.claimed += len(claimed)

@@ -63,6 +63,8 @@ def _report_metadata(report: RelayReport, mode: str) -> dict:
         "rate_limited": report.rate_limited,
         "db_errors": report.db_errors,
         "destination_failures": ", ".join(f"{c}={n}" for c, n in sorted(report.destination_failures.items())) or None,
+        "circuit": report.circuit,
+        "circuit_probes": report.probes,
         "duration_s": report.seconds,
         "throughput_per_s": report.throughput if report.seconds >= 1.0 else None,
         "stopped_because": report.stopped_because,
