@@ -38,6 +38,7 @@ from outbox_pipelines.api.dbguard import Budget, DatabaseTrouble, GuardedEngine,
 from outbox_pipelines.api.openapi import document
 from outbox_pipelines.api.ratelimit import RateLimiter
 from outbox_pipelines.core import metrics
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.ledger import Acceptance, KeyReused, accept_order, ledger_entry
 from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
 from outbox_pipelines.core.settings import parse_duration
@@ -67,9 +68,9 @@ class ApiSettings:
 
     def __post_init__(self) -> None:
         if not self.db_timeout_s > 0 or not self.pool_timeout_s > 0:
-            raise ValueError("db_timeout_s and pool_timeout_s must be over 0")
+            raise ConfigError("OUTBOX_API_DB_TIMEOUT and OUTBOX_API_POOL_TIMEOUT must be over 0 (e.g. 2s, 500ms)")
         if self.pool_size < 1 or self.pool_max_overflow < 0:
-            raise ValueError("pool_size must be at least 1 and pool_max_overflow at least 0")
+            raise ConfigError("OUTBOX_API_POOL_SIZE must be at least 1 and OUTBOX_API_POOL_MAX_OVERFLOW at least 0")
 
     @property
     def retry_after_s(self) -> int:
@@ -86,10 +87,18 @@ class ApiSettings:
             max_body_bytes=int(os.environ.get("OUTBOX_API_MAX_BODY_BYTES", str(16 * 1024))),
             trusted_proxies=proxies,
             db_timeout_s=parse_duration(os.environ.get("OUTBOX_API_DB_TIMEOUT") or "2s", "OUTBOX_API_DB_TIMEOUT"),
-            pool_size=int(os.environ.get("OUTBOX_API_POOL_SIZE") or "8"),
-            pool_max_overflow=int(os.environ.get("OUTBOX_API_POOL_MAX_OVERFLOW") or "8"),
+            pool_size=_env_int("OUTBOX_API_POOL_SIZE", 8),
+            pool_max_overflow=_env_int("OUTBOX_API_POOL_MAX_OVERFLOW", 8),
             pool_timeout_s=parse_duration(os.environ.get("OUTBOX_API_POOL_TIMEOUT") or "2s", "OUTBOX_API_POOL_TIMEOUT"),
         )
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name) or str(default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
 
 
 class Rejection(Exception):

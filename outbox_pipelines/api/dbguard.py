@@ -101,7 +101,10 @@ def connect_timeout_s(url: str, wanted_s: float) -> int | None:
 def with_session_timeouts(url: str, timeout_ms: int) -> str:
     """``url`` as a conninfo whose sessions carry statement and lock timeouts (and a connect timeout),
     keeping any ``options`` the URL already had."""
-    info = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(db.psycopg_url(url)).items() if v is not None}
+    try:
+        info = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(db.psycopg_url(url)).items() if v is not None}
+    except psycopg.ProgrammingError:
+        return url  # connecting will say what is wrong with it
     ours = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"
     info["options"] = f"{info['options']} {ours}" if info.get("options") else ours
     info.setdefault("connect_timeout", str(max(MIN_CONNECT_TIMEOUT_S, math.ceil(timeout_ms / 1000))))

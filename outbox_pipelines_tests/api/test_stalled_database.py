@@ -174,10 +174,15 @@ def test_the_timeout_is_configurable_and_retry_after_follows_it(start_api, conn,
         started = time.monotonic()
         response = post_order(client, order("k-short"))
         seconds = time.monotonic() - started
+        started = time.monotonic()
+        scrape = client.get("/metrics")  # the table gauges give up on the lock too
+        scrape_s = time.monotonic() - started
         locker.rollback()
     assert_error(response, 503, "DATABASE_BUSY")
     assert response.headers["retry-after"] == "1"
     assert seconds < 0.5 + 1, seconds
+    assert scrape.status_code == 200 and scrape_s < 0.5 + 1, scrape_s
+    assert 'order_requests_total{status="503"}' in scrape.text
     assert stored_keys(conn) == (set(), set())
 
 
@@ -317,11 +322,18 @@ def test_the_timeouts_and_the_pool_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("OUTBOX_API_DB_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="OUTBOX_API_DB_TIMEOUT"):
         ApiSettings.from_env("postgresql:///outbox")
+    monkeypatch.setenv("OUTBOX_API_DB_TIMEOUT", "0s")
+    with pytest.raises(ConfigError, match="OUTBOX_API_DB_TIMEOUT"):
+        ApiSettings.from_env("postgresql:///outbox")
+    monkeypatch.setenv("OUTBOX_API_DB_TIMEOUT", "2s")
+    monkeypatch.setenv("OUTBOX_API_POOL_SIZE", "many")
+    with pytest.raises(ConfigError, match="OUTBOX_API_POOL_SIZE"):
+        ApiSettings.from_env("postgresql:///outbox")
 
 
 # -- soak: the original probe --------------------------------------------------------------------------
 @pytest.mark.soak
-def test_soak_table_locked_45s_against_the_order_api(api: LiveApi, conn, db_url):
+def test_soak_table_locked_45s_against_the_order_api(api: LiveApi, conn, db_url, api_log):
     """outbox_orders locked for 45 s while 60 clients post orders, each retrying its 503s with the same key
     after Retry-After; /healthz polled throughout. Before the fix: 24 of 60 got 500, /healthz took 44.5 s."""
     lock_s, clients, orders_each, deadline_s = 45.0, 60, 3, 45.0 + 30.0
@@ -363,11 +375,16 @@ def test_soak_table_locked_45s_against_the_order_api(api: LiveApi, conn, db_url)
     counts = Counter(a.status for a in answers)
     max_503 = max((a.seconds for a in answers if a.status == 503), default=0.0)
     max_health = max(h.seconds for h in health)
+    logged = warnings_503(api_log)
+    reasons = Counter(line.split("(")[1].split(")")[0] for line in logged)
+    server_max_ms = max((float(line.rsplit(" in ", 1)[1].split()[0]) for line in logged), default=0.0)
     print(f"\nsoak: outbox_orders locked {lock_s:.0f} s, {clients} clients x {orders_each} orders: "
           f"{len(answers)} POSTs, by status {dict(sorted(counts.items()))}; slowest 503 {max_503:.2f} s; "
           f"/healthz {len(health)} polls, by status {dict(Counter(h.status for h in health))}, "
-          f"max {max_health * 1000:.0f} ms; accepted {len(accepted)}/{clients * orders_each}")
+          f"max {max_health * 1000:.0f} ms; accepted {len(accepted)}/{clients * orders_each}; "
+          f"503 reasons {dict(reasons)}, slowest 503 inside the app {server_max_ms:.0f} ms")
     assert counts[500] == 0
+    assert len(logged) == counts[503]
     assert set(counts) <= {200, 201, 503}
     assert max_health < HEALTH_LIMIT_S
     assert max_503 <= TIMEOUT_S + 1
