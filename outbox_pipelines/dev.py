@@ -130,6 +130,8 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
         if proc.poll() is None:
             print("stopping: cancelling runs in progress (relay runs settle their batch first)", flush=True)
             try:
+                # Dagster's storage retries a lost database for minutes: look first, so Ctrl-C stays prompt.
+                db.connect(resolved.url, connect_timeout=3).close()
                 left = cancel_active_runs(env)
                 if left:
                     print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
