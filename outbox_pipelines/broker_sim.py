@@ -1,20 +1,42 @@
 """A local HTTP broker that executes each idempotency key once, with fault injection.
 
-Used by the demo, drills and tests. A repeated key answers 409 "already
+Used by the demo, drills, tests and soaks. A repeated key answers 409 "already
 processed" with the original result, as a real idempotent broker would.
 Faults are chosen per key and attempt, so runs are repeatable.
+
+Besides the orders (any path), the simulator answers two control endpoints
+(``CONTROL_HELP``): ``GET /_stats`` (what it saw: requests, keys executed,
+repeats = requests for keys already executed, i.e. duplicate deliveries, and
+answers by kind), ``GET /_executed`` (the keys executed) and ``POST /_faults``
+(change the faults of the running simulator). ``python -m
+outbox_pipelines.broker_sim --help`` lists the options.
 """
 
+import argparse
 import asyncio
 import hashlib
 import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiohttp import web
+
+CONTROL_HELP = """\
+control endpoints (not orders; any other path is an order):
+  GET  /_stats     JSON: requests (orders received), executed (keys executed, each once),
+                   repeats (requests for a key already executed: duplicate deliveries),
+                   keys_repeated, answers by kind (201, 409, 400, 429, 503, dropped, hung),
+                   started_at / first_request_at / first_executed_at / last_request_at
+                   (Unix time), and the current faults
+  GET  /_executed  JSON {"keys": [...]}: every key executed
+  POST /_faults    JSON object of fault fields to change at runtime, e.g.
+                   {"every_nth_429": 0} or {"every_nth_5xx": 10, "hang_s": 3};
+                   answers the faults now in force (400 for an unknown field)
+"""
 
 
 @dataclass
@@ -40,6 +62,39 @@ class Faults:
                  if value and name not in ("retry_after_s", "hang_s")]
         return ", ".join(parts) or "none"
 
+    def as_json(self) -> dict[str, Any]:
+        data = dict(vars(self))
+        data["bad_keys"] = sorted(self.bad_keys)
+        return data
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Change some fields (from JSON); ValueError names an unknown field or a wrong type."""
+        known = {f.name: f for f in fields(self)}
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ValueError(f"unknown fault fields {unknown}; known: {sorted(known)}")
+        converted: dict[str, Any] = {}
+        for name, value in changes.items():
+            current = getattr(self, name)
+            try:
+                if isinstance(current, bool) or value is None:
+                    raise TypeError
+                if isinstance(current, int):
+                    converted[name] = int(value)
+                elif isinstance(current, float):
+                    converted[name] = float(value)
+                elif isinstance(current, set):
+                    converted[name] = {str(v) for v in value}
+                elif isinstance(current, dict):
+                    cast = int if name == "flaky_keys" else float
+                    converted[name] = {str(k): cast(v) for k, v in dict(value).items()}
+                else:
+                    converted[name] = value
+            except (TypeError, ValueError):
+                raise ValueError(f"fault field {name}: cannot use {value!r}") from None
+        for name, value in converted.items():
+            setattr(self, name, value)
+
 
 class BrokerSim:
     def __init__(self, faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -48,6 +103,14 @@ class BrokerSim:
         self.attempts: Counter = Counter()
         self.executed: dict[str, dict[str, Any]] = {}
         self.requests = 0
+        # Requests for a key already executed (answered 409): duplicate deliveries.
+        self.repeats = 0
+        self.repeated_keys: set[str] = set()
+        self.answers: Counter = Counter()
+        self.started_at = time.time()
+        self.first_request_at: float | None = None
+        self.first_executed_at: float | None = None
+        self.last_request_at: float | None = None
         self.url = ""
         self._lock = threading.Lock()
 
@@ -70,35 +133,57 @@ class BrokerSim:
             return "503"
         return None
 
+    def _answer(self, kind: str) -> None:
+        with self._lock:
+            self.answers[kind] += 1
+
+    def _repeat(self, key: str) -> None:
+        with self._lock:
+            self.repeats += 1
+            self.repeated_keys.add(key)
+            self.answers["409"] += 1
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         key = request.headers.get("Idempotency-Key", "")
+        now = time.time()
         with self._lock:
             self.requests += 1
             self.attempts[key] += 1
             attempt, nth = self.attempts[key], self.requests
             already = self.executed.get(key)
+            if self.first_request_at is None:
+                self.first_request_at = now
+            self.last_request_at = now
         if not key:
+            self._answer("400")
             return web.json_response({"error": "missing Idempotency-Key"}, status=400)
         try:
             json.loads(raw) if raw else None
         except ValueError:
+            self._answer("400")
             return web.json_response({"error": "body is not JSON"}, status=400)
         if already is not None:
+            self._repeat(key)
             return web.json_response({**already, "status": "already_processed"}, status=409)
         fault = self._fault(key, attempt, nth)
         if fault == "bad":
+            self._answer("400")
             return web.json_response({"error": "invalid order"}, status=400)
         if fault == "drop":
+            self._answer("dropped")
             assert request.transport is not None
             request.transport.close()
             return web.Response(status=500)
         if fault == "hang":
+            self._answer("hung")
             await asyncio.sleep(self.faults.hang_s)
         elif fault == "429":
+            self._answer("429")
             retry_after = self.faults.rate_limited_keys.get(key, self.faults.retry_after_s)
             return web.json_response({"error": "rate limited"}, status=429, headers={"Retry-After": f"{retry_after:g}"})
         elif fault == "503":
+            self._answer("503")
             return web.json_response({"error": "broker unavailable"}, status=503)
         result = {
             "broker_order_id": "brk-" + hashlib.sha256(key.encode()).hexdigest()[:16],
@@ -109,10 +194,55 @@ class BrokerSim:
         }
         with self._lock:
             first = self.executed.setdefault(key, result)
-        return web.json_response(first, status=201 if first is result else 409)
+            if first is result:
+                self.answers["201"] += 1
+                if self.first_executed_at is None:
+                    self.first_executed_at = time.time()
+        if first is not result:
+            self._repeat(key)  # a concurrent request for the same key executed it first
+            return web.json_response({**first, "status": "already_processed"}, status=409)
+        return web.json_response(first, status=201)
+
+    # -- control -------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "executed": len(self.executed),
+                "repeats": self.repeats,
+                "keys_repeated": len(self.repeated_keys),
+                "answers": dict(self.answers),
+                "started_at": self.started_at,
+                "first_request_at": self.first_request_at,
+                "first_executed_at": self.first_executed_at,
+                "last_request_at": self.last_request_at,
+                "faults": self.faults.as_json(),
+            }
+
+    async def _stats(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.stats())
+
+    async def _executed(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            keys = list(self.executed)
+        return web.json_response({"keys": keys})
+
+    async def _set_faults(self, request: web.Request) -> web.StreamResponse:
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise TypeError("send a JSON object of fault fields")
+            self.faults.update(changes)
+        except (TypeError, ValueError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(self.faults.as_json())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4 * 1024 * 1024)
+        # The control endpoints first: every other path is an order.
+        app.router.add_get("/_stats", self._stats)
+        app.router.add_get("/_executed", self._executed)
+        app.router.add_post("/_faults", self._set_faults)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
@@ -164,3 +294,59 @@ class BackgroundServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+# -- standalone: python -m outbox_pipelines.broker_sim ---------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The simulator's options (the same as ``outbox-pipelines broker-sim``), with the control endpoints."""
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox_pipelines.broker_sim",
+        description="A local broker that executes each idempotency key once, with fault injection. "
+                    "A repeated key answers 409 'already processed' with the original result.",
+        epilog=CONTROL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_fault_options(parser)
+    return parser
+
+
+def add_fault_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key")
+    p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
+    p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
+    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)")
+    p.add_argument("--every-nth-timeout", type=int, default=0, metavar="N",
+                   help="hang on every Nth request (then execute it: a late answer)")
+    p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")
+    p.add_argument("--every-nth-drop", type=int, default=0, metavar="N",
+                   help="drop the connection of every Nth request (nothing executed)")
+    p.add_argument("--bad-key", action="append", metavar="KEY", help="answer 400 for this idempotency key (repeatable)")
+
+
+def faults_from_args(args: argparse.Namespace) -> Faults:
+    return Faults(
+        fail_first=args.fail_first,
+        bad_keys=set(args.bad_key or []),
+        every_nth_5xx=args.every_nth_5xx,
+        every_nth_429=args.every_nth_429,
+        retry_after_s=args.retry_after,
+        every_nth_timeout=args.every_nth_timeout,
+        hang_s=args.hang,
+        every_nth_drop=args.every_nth_drop,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    faults = faults_from_args(args)
+    sim = BrokerSim(faults, host=args.host, port=args.port)
+    print(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; GET /_stats, POST /_faults; "
+          f"Ctrl-C stops it); faults: {faults.describe()}", flush=True)
+    web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

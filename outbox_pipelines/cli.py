@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
+
 from outbox_pipelines.core import db, migrate, schema
 from outbox_pipelines.core.errors import (
     ConfigError,
@@ -24,16 +26,17 @@ from outbox_pipelines.core.errors import (
     UnknownTable,
 )
 from outbox_pipelines.core.health import read_status
-from outbox_pipelines.core.maintenance import clean, requeue_stuck
+from outbox_pipelines.core.maintenance import check_retention, clean, requeue_stuck
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.relay import Relay, RelayReport
+from outbox_pipelines.core.destination_health import display_name
+from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
 from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
 from outbox_pipelines.core.replay import iso as replay_iso
 from outbox_pipelines.core.replay import text_table as replay_text_table
 from outbox_pipelines.core.settings import Settings, load_settings, parse_duration
-from outbox_pipelines.core.store import Outbox
+from outbox_pipelines.core.store import Outbox, check_message
 from outbox_pipelines.core.table import OutboxTable
-from outbox_pipelines.core.wiring import build_destination
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -125,7 +128,8 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
 
 
 def cmd_db_url(args: argparse.Namespace) -> int:
-    print(_database_url())
+    url = _database_url()
+    print(url if args.show_password else db.mask_password(url))
     return EXIT_OK
 
 
@@ -153,16 +157,6 @@ def _read_payload(raw: str) -> str:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = _settings(args)
     table = settings.table(args.table)
-    if table.destination == "handlers" and not args.allow_unknown_topic:
-        from outbox_pipelines.core.wiring import load_registry
-
-        registry = load_registry(table.handlers or "")
-        if not registry.handlers_for(args.topic):
-            known = ", ".join(registry.topics) or "none"
-            raise UsageError(
-                f"no handler for topic {args.topic!r} on {table.name} (known topics: {known}); "
-                "nothing was enqueued. Pass --allow-unknown-topic to enqueue it anyway."
-            )
     headers: dict[str, Any] = {}
     for item in args.header or []:
         key, sep, value = item.partition("=")
@@ -178,6 +172,17 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         tenant_id=args.tenant,
         headers=headers,
     )
+    check_message(message)  # bad input exits 2 before the database is even reached
+    if table.destination == "handlers" and not args.allow_unknown_topic:
+        from outbox_pipelines.core.wiring import load_registry
+
+        registry = load_registry(table.handlers or "")
+        if not registry.handlers_for(args.topic):
+            known = ", ".join(registry.topics) or "none"
+            raise UsageError(
+                f"no handler for topic {args.topic!r} on {table.name} (known topics: {known}); "
+                "nothing was enqueued. Pass --allow-unknown-topic to enqueue it anyway."
+            )
     url = _database_url()
     with db.connect(url, autocommit=False) as conn:
         result = Outbox(table.name).enqueue(conn, message)
@@ -281,11 +286,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
     if not table.relay_enabled and not args.force:
         say(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); pass --force to run anyway")
         return EXIT_OK
-    overrides: dict[str, Any] = {}
     if args.batch_size:
-        overrides["batch_size"] = args.batch_size
-    if overrides:
-        table = replace(table, **overrides)
+        settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
     url = _database_url()
     if args.metrics_port:
         from outbox_pipelines.core import metrics
@@ -293,14 +295,15 @@ def cmd_relay(args: argparse.Namespace) -> int:
         metrics.watch_tables(url, [table.name])
         metrics.serve(args.metrics_port)
         say(f"Prometheus metrics on http://127.0.0.1:{args.metrics_port}/metrics")
-    destination = build_destination(table, settings)
-    relay = Relay(url, table, destination, worker_id=args.worker_id, progress=None if args.quiet else _print_progress)
-    relay.install_signal_handlers()
-    say(f"relaying {table.name} → {destination.name} as {relay.worker} ({table.mode}, batch {table.batch_size})")
-    try:
-        report = relay.run(max_seconds=args.max_seconds, max_entries=args.max_entries, once=args.once)
-    finally:
-        destination.close()
+
+    def started(relay: Relay) -> None:
+        say(f"relaying {table.name} → {display_name(relay.destination.name)} as {relay.worker} "
+            f"({table.mode}, batch {relay.settings.batch_size})")
+
+    # The same function as the Dagster relay op: one way to run a relay.
+    report = run_table_relay(url, settings, table.name, max_seconds=args.max_seconds, max_entries=args.max_entries,
+                             once=args.once, worker_id=args.worker_id, install_signal_handlers=True,
+                             progress=None if args.quiet else _print_progress, relay_started=started)
     if args.json:
         print(json.dumps(report.as_dict(), default=str))
     else:
@@ -325,16 +328,21 @@ def cmd_requeue_stuck(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    names = _tables(args, settings)
+    for name in names:  # every table's retention checked before anything is deleted
+        table = settings.table(name)
+        check_retention(table, table.retention_s if args.retention is None else args.retention, force=args.force)
     url = _database_url()
-    for i, name in enumerate(_tables(args, settings)):
+    for i, name in enumerate(names):
         table = settings.table(name)
         if not table.cleaner_enabled and not args.force:
             print(f"{name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
             continue
-        report = clean(url, table, retention_s=args.retention, include_shared=(i == 0),
-                       audit_retention_s=args.audit_retention, progress=say)
+        report = clean(url, table, retention_s=args.retention, force=args.force, include_shared=(i == 0),
+                       audit_retention_s=args.audit_retention, tenant_id=args.tenant, progress=say)
         retention = args.retention if args.retention is not None else table.retention_s
-        print(f"{name}: deleted {report.deleted_sent} sent rows older than {_fmt_s(retention)}")
+        whose = f" of tenant {args.tenant}" if args.tenant else ""
+        print(f"{name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
         if i == 0:
             print(f"idempo_ledger: deleted {report.deleted_ledger} expired rows"
                   + (f"; outbox_audit: deleted {report.deleted_audit} old rows" if args.audit_retention else ""))
@@ -413,24 +421,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_order_api(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from outbox_pipelines.api.app import ApiSettings, create_app
+    from outbox_pipelines.api.server import prepare, serve
 
     url = _database_url()
+    prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing
     applied = migrate.upgrade(url)
     if applied:
         say(f"migrated the database: {', '.join(applied)}")
-    settings = ApiSettings.from_env(url)
-    app = create_app(settings)
-    auth = f"bearer tokens: {len(settings.tokens)}" if settings.tokens else "open (set OUTBOX_API_TOKEN to require a token)"
-    say(f"Order API on http://{args.host}:{args.port}/do/order ({auth}; {settings.rate_per_minute}/min per client); "
-        f"OpenAPI at /openapi.json")
-    # proxy_headers=False: uvicorn would otherwise take the client address from X-Forwarded-For
-    # (it trusts 127.0.0.1), letting any local caller dodge the rate limit; the app decides
-    # which proxies to believe (OUTBOX_TRUSTED_PROXIES).
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, proxy_headers=False)
-    return EXIT_OK
+    return serve(url, args.host, args.port, allow_anonymous=args.allow_anonymous, say=say)
 
 
 def cmd_broker_sim(args: argparse.Namespace) -> int:
@@ -488,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
     p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
     p.set_defaults(handler=cmd_db_create_table)
-    p = dbsub.add_parser("url", help="print the database URL in use (starts the embedded server if needed)")
+    p = dbsub.add_parser("url", help="print the database URL in use, its password masked (starts the embedded server if needed)")
+    p.add_argument("--show-password", action="store_true", help="print the password too (for scripts; keep it off screens and logs)")
     p.set_defaults(handler=cmd_db_url)
     p = dbsub.add_parser("stop", help="stop the embedded PostgreSQL under ./.outbox")
     p.set_defaults(handler=cmd_db_stop)
@@ -546,11 +545,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", action="append", help="only this table (repeatable)")
     p.add_argument("--retention", type=_duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
     p.add_argument("--audit-retention", type=_duration, help="also delete audit rows older than this")
-    p.add_argument("--force", action="store_true", help="run even if the cleaner is disabled")
+    p.add_argument("--tenant", help="only this tenant's sent rows (expired ledger rows are cleaned regardless)")
+    p.add_argument("--force", action="store_true",
+                   help="run even if the cleaner is disabled, and accept a retention shorter than the table's dedup "
+                        "horizon (at least 1h; sent rows are what dedups a repeated event_id or payload)")
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--allow-anonymous", action="store_true",
+                   help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can "
+                        "place orders)")
 
     p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection")
     p.add_argument("--host", default="127.0.0.1")
@@ -584,6 +589,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except (DatabaseUnavailable, MigrationError) as exc:
         say(f"error: {exc}")
+        return EXIT_FAILED
+    except psycopg.Error as exc:
+        if args.verbose:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        say(f"error: the database refused: {redact_text(first)} (rerun with -v for the traceback)")
         return EXIT_FAILED
     except KeyboardInterrupt:
         say("interrupted")

@@ -1,7 +1,8 @@
 """The Order API: POST /do/order, GET /do/order/{key}, /healthz, /metrics, /openapi.json.
 
-Order of checks (nothing is stored for a rejected request): bearer token (401),
-rate limit per client (429), content type (415), body size (413), JSON (400),
+Order of checks (nothing is stored for a rejected request): failed
+authentications from this address (429, before the token costs anything), bearer
+token (401), rate limit per client (429), content type (415), body size (413), JSON (400),
 header/body key (422 IDEMPOTENCY_MISMATCH), OrderRequest v1.1 (422
 VALIDATION_ERROR, every violation), then the ledger row and the outbox row in
 one transaction: 201 first time, 200 identical repeat, 409 different body.
@@ -10,36 +11,59 @@ A database that is busy (a lock, a full pool: past OUTBOX_API_DB_TIMEOUT, 2 s)
 answers 503 DATABASE_BUSY, one that cannot be reached 503 DATABASE_UNAVAILABLE,
 both with Retry-After and nothing stored; /healthz answers within 1 s on a
 connection of its own (see dbguard).
+
+Every request to /do/order (and every failed one elsewhere) gives exactly one log
+line on ``outbox_pipelines.api``: method, route, status, reason_code (the error
+code, OK for success), trace_id, idempotency_key, latency_ms — the same fields as
+``extra`` for structured handlers — and nothing from the body. A client that goes
+away mid-request is status 499 (nginx's convention) at INFO, never a 500.
+POST /do/order runs in a ``do.order`` span (see tracing).
 """
 
 import contextlib
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
 import math
 import os
+import re
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from outbox_pipelines.api.dbguard import Budget, DatabaseTrouble, GuardedEngine, HealthProbe, with_session_timeouts
+from outbox_pipelines.api import tracing
+from outbox_pipelines.api.auth import Tokens, read_or_create_secret, validate_secret
+from outbox_pipelines.api.dbguard import (
+    Budget,
+    DatabaseTrouble,
+    GuardedEngine,
+    HealthProbe,
+    with_session_timeouts,
+)
 from outbox_pipelines.api.openapi import document
-from outbox_pipelines.api.ratelimit import RateLimiter
+from outbox_pipelines.api.ratelimit import FailureLimiter, RateLimiter
 from outbox_pipelines.core import metrics
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.ledger import Acceptance, KeyReused, accept_order, ledger_entry
+from outbox_pipelines.core.ledger import (
+    ORDERS_TABLE,
+    Acceptance,
+    KeyReused,
+    accept_order,
+    broker_key,
+    ledger_entry,
+)
 from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
 from outbox_pipelines.core.settings import parse_duration
 
@@ -51,10 +75,18 @@ ORDER_DATABASE_REJECTIONS = Counter(
 )
 
 
+TRACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+CLIENT_CLOSED = 499  # nginx's "client closed request": never sent, only logged and counted
+# The accepted order's outbox row gets the traceparent of its do.order span, in the same transaction.
+STORE_TRACEPARENT = (f"UPDATE {ORDERS_TABLE} SET headers = coalesce(headers, '{{}}'::jsonb) || "
+                     "jsonb_build_object('traceparent', %(traceparent)s::text) WHERE event_id = %(event_id)s")
+
+
 @dataclass
 class ApiSettings:
-    database_url: str
-    tokens: tuple[str, ...] = ()
+    database_url: str = field(repr=False)
+    # The bearer tokens the API accepts (OUTBOX_API_TOKEN); only ever compared, never sent anywhere.
+    tokens: tuple[str, ...] = field(default=(), repr=False)
     rate_per_minute: int = 60
     max_body_bytes: int = 16 * 1024
     trusted_proxies: tuple[str, ...] = ()
@@ -65,12 +97,28 @@ class ApiSettings:
     pool_size: int = 8
     pool_max_overflow: int = 8
     pool_timeout_s: float = 2.0
+    # The key of the per-caller scope HMAC (OUTBOX_API_SCOPE_SECRET); None: one random secret per
+    # database, in outbox_api_secret.
+    scope_secret: str | None = field(default=None, repr=False)
+    # Failed authentications per client address and minute before 429 (OUTBOX_API_AUTH_FAILURES_PER_MINUTE).
+    auth_failures_per_minute: int = 10
+    # /metrics needs the bearer token (OUTBOX_API_METRICS_REQUIRE_TOKEN); None: when tokens are set.
+    metrics_require_token: bool | None = None
 
     def __post_init__(self) -> None:
+        self.scope_secret = validate_secret(self.scope_secret)
+        if self.auth_failures_per_minute < 1:
+            raise ConfigError("OUTBOX_API_AUTH_FAILURES_PER_MINUTE must be at least 1")
+        if self.metrics_require_token and not self.tokens:
+            raise ConfigError("OUTBOX_API_METRICS_REQUIRE_TOKEN=true needs OUTBOX_API_TOKEN (the tokens /metrics accepts)")
         if not self.db_timeout_s > 0 or not self.pool_timeout_s > 0:
             raise ConfigError("OUTBOX_API_DB_TIMEOUT and OUTBOX_API_POOL_TIMEOUT must be over 0 (e.g. 2s, 500ms)")
         if self.pool_size < 1 or self.pool_max_overflow < 0:
             raise ConfigError("OUTBOX_API_POOL_SIZE must be at least 1 and OUTBOX_API_POOL_MAX_OVERFLOW at least 0")
+
+    @property
+    def metrics_protected(self) -> bool:
+        return bool(self.tokens) if self.metrics_require_token is None else self.metrics_require_token
 
     @property
     def retry_after_s(self) -> int:
@@ -90,6 +138,9 @@ class ApiSettings:
             pool_size=_env_int("OUTBOX_API_POOL_SIZE", 8),
             pool_max_overflow=_env_int("OUTBOX_API_POOL_MAX_OVERFLOW", 8),
             pool_timeout_s=parse_duration(os.environ.get("OUTBOX_API_POOL_TIMEOUT") or "2s", "OUTBOX_API_POOL_TIMEOUT"),
+            scope_secret=os.environ.get("OUTBOX_API_SCOPE_SECRET") or None,
+            auth_failures_per_minute=_env_int("OUTBOX_API_AUTH_FAILURES_PER_MINUTE", 10),
+            metrics_require_token=_env_bool("OUTBOX_API_METRICS_REQUIRE_TOKEN"),
         )
 
 
@@ -99,6 +150,27 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _env_bool(name: str) -> bool | None:
+    raw = (os.environ.get(name) or "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: say true or false")
+
+
+@dataclass
+class RequestFacts:
+    """What the one log line (and the span) of a request says; filled in as the request goes."""
+
+    route: str
+    trace_id: str = ""
+    idempotency_key: str = ""
+    traceparent: str | None = None
 
 
 class Rejection(Exception):
@@ -112,14 +184,13 @@ class Rejection(Exception):
         return JSONResponse({"error": self.code, "message": self.message, **self.extra}, self.status, headers=self.headers)
 
 
-def _scope_of(token: str) -> str:
-    return "t:" + hashlib.sha256(token.encode()).hexdigest()[:16]
-
-
 class OrderApi:
-    def __init__(self, settings: ApiSettings) -> None:
+    def __init__(self, settings: ApiSettings, tracer_provider: "trace.TracerProvider | None" = None) -> None:
         self.settings = settings
+        self.tokens = Tokens(settings.tokens, settings.scope_secret)
         self.limiter = RateLimiter(settings.rate_per_minute)
+        self.auth_failures = FailureLimiter(settings.auth_failures_per_minute)
+        self.tracer = tracing.tracer(tracer_provider)
         self.db = GuardedEngine(settings.database_url, pool_size=settings.pool_size,
                                 max_overflow=settings.pool_max_overflow, pool_timeout_s=settings.pool_timeout_s,
                                 timeout_s=settings.db_timeout_s)
@@ -147,29 +218,29 @@ class OrderApi:
                          retry_after=wait)
 
     # -- who is calling --------------------------------------------------------
-    def caller_scope(self, request: Request) -> str:
-        """'' when the API is open; otherwise the scope of the bearer token (401 if none matches)."""
-        if not self.settings.tokens:
-            return ""
-        header = request.headers.get("authorization", "")
-        presented = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        matched = ""
-        for token in self.settings.tokens:  # compare with every token: no early exit to time
-            if hmac.compare_digest(presented.encode(), token.encode()) and presented:
-                matched = token
-        if not matched:
+    def authenticate(self, request: Request) -> int | None:
+        """None when the API is open; else the index of the caller's token.
+
+        An address with too many failed attempts gets 429 before its token is even
+        looked at (right or wrong); a wrong or missing token is 401 and one more failure."""
+        if not self.tokens:
+            return None
+        address = self.client_address(request)
+        wait = self.auth_failures.blocked(address)
+        if wait:
+            raise Rejection(429, "RATE_LIMITED", f"too many failed authentications from this address (over "
+                            f"{self.settings.auth_failures_per_minute} per minute); retry after Retry-After seconds",
+                            headers={"Retry-After": str(wait)}, reason="auth_failures", retry_after=wait)
+        index = self.tokens.match(request.headers.get("authorization", ""))
+        if index is None:
+            self.auth_failures.failed(address)
             raise Rejection(401, "UNAUTHORIZED", "send Authorization: Bearer <token>",
                             headers={"WWW-Authenticate": "Bearer"})
-        return _scope_of(matched)
+        return index
 
-    def client_id(self, request: Request, scope: str) -> str:
-        """The rate-limit identity: the token's scope, else the peer address.
-
-        X-Forwarded-For is believed only from a trusted proxy (OUTBOX_TRUSTED_PROXIES),
-        so a client cannot dodge the limit by inventing addresses.
-        """
-        if scope:
-            return scope
+    def client_address(self, request: Request) -> str:
+        """The peer address; X-Forwarded-For is believed only from a trusted proxy (OUTBOX_TRUSTED_PROXIES),
+        so a client cannot dodge a limit by inventing addresses."""
         peer = request.client.host if request.client else "unknown"
         forwarded = request.headers.get("x-forwarded-for")
         if forwarded and self._proxies:
@@ -180,6 +251,18 @@ class OrderApi:
             except ValueError:
                 pass
         return peer
+
+    def client_id(self, request: Request, token_index: int | None) -> str:
+        """The rate-limit identity: the caller's token, else its address."""
+        return f"token#{token_index}" if token_index is not None else self.client_address(request)
+
+    def _ensure_scopes(self, budget: Budget) -> None:
+        """The per-caller scopes need the server secret: read (or created) once, in a transaction of its own."""
+        if self.tokens.ready:
+            return
+        with self.db.transaction(budget) as conn:
+            secret = read_or_create_secret(conn)
+        self.tokens.install(secret)
 
     def rate_limit(self, client: str) -> None:
         wait = self.limiter.allow(client)
@@ -214,10 +297,13 @@ class OrderApi:
 
     # -- endpoints -------------------------------------------------------------
     async def submit(self, request: Request) -> Response:
-        scope = self.caller_scope(request)
-        self.rate_limit(self.client_id(request, scope))
-        body = await self.read_json(request)
+        facts: RequestFacts = request.state.facts
         header_key = request.headers.get("idempotency-key")
+        if header_key and KEY_PATTERN.fullmatch(header_key):
+            facts.idempotency_key = header_key  # logged for rejections too; a malformed one never is
+        caller = self.authenticate(request)
+        self.rate_limit(self.client_id(request, caller))
+        body = await self.read_json(request)
         body_key = body.get("idempotency_key") if isinstance(body, dict) else None
         if not header_key:
             raise Rejection(422, "IDEMPOTENCY_MISMATCH", "the Idempotency-Key header is required and must equal body.idempotency_key")
@@ -227,30 +313,40 @@ class OrderApi:
         if violations:
             raise Rejection(422, "VALIDATION_ERROR", f"{len(violations)} problem(s) with the order",
                             violations=[v.as_dict() for v in violations])
-        trace_id = request.headers.get("x-trace-id") or f"do-{uuid.uuid4().hex[:16]}"
         budget = self.db.budget()  # counted from here: waiting for a worker thread takes from it too
-        acceptance = await run_in_threadpool(self._accept, scope, body, trace_id, budget)
+        acceptance = await run_in_threadpool(self._accept, caller, body, facts.trace_id, facts.traceparent, budget)
         if acceptance.kind == "conflict":
             metrics.ORDER_CONFLICTS.inc()
-        log.info("order key=%s status=%s kind=%s trace_id=%s", header_key, acceptance.http_status, acceptance.kind, trace_id)
-        return JSONResponse(acceptance.body, acceptance.http_status, headers={"X-Trace-Id": trace_id})
+            raise Rejection(409, "IDEMPOTENCY_CONFLICT", str(acceptance.body.get("message") or "body differs"),
+                            **{k: v for k, v in acceptance.body.items() if k not in ("error", "message")})
+        return JSONResponse(acceptance.body, acceptance.http_status)
 
-    def _accept(self, scope: str, body: dict[str, Any], trace_id: str, budget: Budget) -> Any:
+    def _accept(self, caller: int | None, body: dict[str, Any], trace_id: str, traceparent: str | None,
+                budget: Budget) -> Any:
         try:
+            self._ensure_scopes(budget)
             with self.db.transaction(budget) as conn:
-                return accept_order(conn, scope, body, trace_id=trace_id)
+                key = body["idempotency_key"]
+                scope = self.tokens.effective_scope(conn, caller, key)
+                acceptance = accept_order(conn, scope, body, trace_id=trace_id)
+                if acceptance.kind == "accepted" and traceparent:
+                    conn.execute(STORE_TRACEPARENT, {"traceparent": traceparent, "event_id": broker_key(scope, key)})
+                return acceptance
         except KeyReused as reused:  # the transaction rolled back: nothing stored
             return Acceptance("conflict", 409, reused.body)
         except DatabaseTrouble as trouble:  # the transaction rolled back (or never began)
             raise self.database_rejection(trouble, "retry with the same key (the same Idempotency-Key and body)") from None
 
     async def status(self, request: Request) -> Response:
-        scope = self.caller_scope(request)
-        self.rate_limit(self.client_id(request, scope))
+        facts: RequestFacts = request.state.facts
         key = request.path_params["key"]
+        if KEY_PATTERN.fullmatch(key):
+            facts.idempotency_key = key
+        caller = self.authenticate(request)
+        self.rate_limit(self.client_id(request, caller))
         if not KEY_PATTERN.fullmatch(key):
             raise Rejection(404, "NOT_FOUND", "no order with this key")
-        entry = await run_in_threadpool(self._entry, scope, key, self.db.budget())
+        entry = await run_in_threadpool(self._entry, caller, key, self.db.budget())
         if entry is None:
             raise Rejection(404, "NOT_FOUND", "no order with this key")
         return JSONResponse({
@@ -266,10 +362,11 @@ class OrderApi:
             "reason": entry["reason"],
         })
 
-    def _entry(self, scope: str, key: str, budget: Budget) -> dict[str, Any] | None:
+    def _entry(self, caller: int | None, key: str, budget: Budget) -> dict[str, Any] | None:
         try:
+            self._ensure_scopes(budget)
             with self.db.transaction(budget) as conn:
-                return ledger_entry(conn, scope, key)
+                return ledger_entry(conn, self.tokens.effective_scope(conn, caller, key), key)
         except DatabaseTrouble as trouble:
             raise self.database_rejection(trouble, "ask again") from None
 
@@ -287,51 +384,107 @@ class OrderApi:
         raise degraded
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        if self.settings.metrics_protected:
+            self.authenticate(request)
         payload = await run_in_threadpool(lambda: metrics.exposition() + generate_latest(self.state_metrics))
         return Response(payload, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(document(self.settings.rate_per_minute, self.settings.max_body_bytes))
+        return JSONResponse(document(self.settings.rate_per_minute, self.settings.max_body_bytes,
+                                     self.settings.auth_failures_per_minute))
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def create_app(settings: ApiSettings) -> Starlette:
-    api = OrderApi(settings)
+ORDER_ROUTES = ("/do/order", "/do/order/{key}")
 
-    def endpoint(handler: Any) -> Any:
+
+def _request_trace_id(request: Request, span: trace.Span | None) -> str:
+    """The client's X-Trace-Id when it is a plain token, else the span's trace id, else a fresh one."""
+    sent = request.headers.get("x-trace-id")
+    if sent and TRACE_ID_PATTERN.fullmatch(sent):
+        return sent
+    return (tracing.trace_id_hex(span) if span is not None else None) or f"do-{uuid.uuid4().hex[:16]}"
+
+
+def log_request(method: str, route: str, status: int, reason_code: str, facts: RequestFacts | None,
+                elapsed_ms: float, *, reason: str = "", exc_info: Any = None) -> None:
+    """The one line of a request: its route (never the raw path), status, code and timing; no body, no token."""
+    trace_id = facts.trace_id if facts else ""
+    key = facts.idempotency_key if facts else ""
+    fields = {"http_method": method, "route": route, "status": status, "reason_code": reason_code,
+              "trace_id": trace_id, "idempotency_key": key, "latency_ms": round(elapsed_ms, 1), "reason": reason}
+    level = logging.ERROR if status >= 500 and status != 503 else logging.WARNING if status == 503 else logging.INFO
+    message = ("%s %s status=%s reason_code=%s trace_id=%s idempotency_key=%s latency_ms=%.1f"
+               + (" reason=%s" if reason else ""))
+    args: tuple[Any, ...] = (method, route, status, reason_code, trace_id or "-", key or "-", elapsed_ms)
+    log.log(level, message, *(args + ((reason,) if reason else ())), extra=fields, exc_info=exc_info)
+
+
+def create_app(settings: ApiSettings, *, tracer_provider: "trace.TracerProvider | None" = None) -> Starlette:
+    """The Order API; spans go to ``tracer_provider`` (default: the global one, a no-op unless configured)."""
+    api = OrderApi(settings, tracer_provider)
+
+    def endpoint(handler: Any, route: str, span_name: str | None = None) -> Any:
+        order_route = route in ORDER_ROUTES
+
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
-            rejection: Rejection | None = None
-            try:
-                response = await handler(request)
-            except Rejection as rejected:
-                rejection, response = rejected, rejected.response()
-            except Exception:
-                log.exception("unexpected error on %s %s", request.method, request.url.path)
-                response = JSONResponse({"error": "INTERNAL_ERROR", "message": "unexpected error; retry with the same key"}, 500)
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            if request.url.path.startswith("/do/order"):
-                metrics.ORDER_REQUESTS.labels(str(response.status_code)).inc()
-            if response.status_code == 503:  # once per request, the reason only: no body, no URL
-                reason = rejection.reason if rejection is not None else ""
-                log.warning("%s %s -> 503 %s (%s) in %.1f ms", request.method, request.url.path[:64],
-                            rejection.code if rejection is not None else "", reason, elapsed_ms)
-            elif request.url.path.startswith("/do/order"):
-                log.info("%s %s -> %s in %.1f ms", request.method, request.url.path[:64], response.status_code, elapsed_ms)
+            facts = RequestFacts(route=route)
+            request.state.facts = facts
+            spanning = (api.tracer.start_as_current_span(span_name, context=tracing.incoming_context(request.headers),
+                                                         kind=trace.SpanKind.SERVER, record_exception=False,
+                                                         set_status_on_exception=False)
+                        if span_name else contextlib.nullcontext(None))
+            with spanning as span:
+                if span is not None:
+                    facts.traceparent = tracing.traceparent(span)
+                facts.trace_id = _request_trace_id(request, span)
+                rejection: Rejection | None = None
+                exc_info = None
+                try:
+                    response = await handler(request)
+                    reason_code = "OK"
+                except Rejection as rejected:
+                    rejection, response, reason_code = rejected, rejected.response(), rejected.code
+                except ClientDisconnect:
+                    # The client went away mid-body: nothing was read whole, nothing stored, nobody to answer.
+                    response, reason_code = Response(status_code=CLIENT_CLOSED), "CLIENT_DISCONNECTED"
+                except Exception:  # noqa: BLE001 - any bug is a 500 with its one log line (and traceback)
+                    exc_info = sys.exc_info()
+                    reason_code = "INTERNAL_ERROR"
+                    response = JSONResponse({"error": "INTERNAL_ERROR", "message": "unexpected error; retry with the same key"}, 500)
+                status = response.status_code
+                if span is not None:
+                    span.set_attribute("http.request.method", request.method)
+                    span.set_attribute("http.route", route)
+                    span.set_attribute("http.response.status_code", status)
+                    span.set_attribute("order.reason_code", reason_code)
+                    span.set_attribute("order.trace_id", facts.trace_id)
+                    if facts.idempotency_key:
+                        span.set_attribute("order.idempotency_key", facts.idempotency_key)
+                    if status >= 500 and status != CLIENT_CLOSED:
+                        span.set_status(trace.Status(trace.StatusCode.ERROR, reason_code))
+            if order_route:
+                response.headers["X-Trace-Id"] = facts.trace_id
+                metrics.ORDER_REQUESTS.labels(str(status)).inc()
+            if order_route or status >= 400:  # healthz, metrics and openapi: only their failures
+                log_request(request.method, route, status, reason_code, facts, (time.perf_counter() - started) * 1000,
+                            reason=rejection.reason if rejection is not None else "", exc_info=exc_info)
             return response
 
         return wrapped
 
     routes = [
-        Route("/do/order", endpoint(api.submit), methods=["POST"]),
-        Route("/do/order/{key}", endpoint(api.status), methods=["GET"]),
-        Route("/healthz", endpoint(api.health), methods=["GET"]),
-        Route("/metrics", endpoint(api.metrics_endpoint), methods=["GET"]),
-        Route("/openapi.json", endpoint(api.openapi), methods=["GET"]),
+        Route("/do/order", endpoint(api.submit, "/do/order", "do.order"), methods=["POST"]),
+        Route("/do/order/{key}", endpoint(api.status, "/do/order/{key}"), methods=["GET"]),
+        Route("/healthz", endpoint(api.health, "/healthz"), methods=["GET"]),
+        Route("/metrics", endpoint(api.metrics_endpoint, "/metrics"), methods=["GET"]),
+        Route("/openapi.json", endpoint(api.openapi, "/openapi.json"), methods=["GET"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
@@ -339,9 +492,11 @@ def create_app(settings: ApiSettings) -> Starlette:
         api.health_probe.dispose()
 
     async def http_error(request: Request, exc: Exception) -> Response:
-        # Routing errors (no such path, wrong method) answer in the same JSON shape as every other error.
+        # Routing errors (no such path, wrong method) answer in the same JSON shape as every other error,
+        # and get their one log line (the route is unknown: the raw path is not logged).
         assert isinstance(exc, HTTPException)
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+        log_request(request.method, "-", exc.status_code, code, None, 0.0)
         return JSONResponse({"error": code, "message": exc.detail}, exc.status_code, headers=exc.headers)
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

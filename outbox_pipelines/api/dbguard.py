@@ -134,7 +134,8 @@ class GuardedEngine:
         if connect is not None:
             connect_args["connect_timeout"] = connect
         self.engine = sa.create_engine(db.sqlalchemy_url(url), pool_size=pool_size, max_overflow=max_overflow,
-                                       pool_timeout=pool_timeout_s, pool_pre_ping=True, connect_args=connect_args)
+                                       pool_timeout=pool_timeout_s, pool_pre_ping=True, connect_args=connect_args,
+                                       hide_parameters=True)  # orders never reach a log, whatever its level
         self._gate = threading.BoundedSemaphore(pool_size + max_overflow)
 
     def budget(self) -> Budget:
@@ -197,7 +198,7 @@ class HealthProbe:
             connect_args["connect_timeout"] = connect
         self.engine = sa.create_engine(db.sqlalchemy_url(url), pool_size=1, max_overflow=0,
                                        pool_timeout=HEALTH_POOL_TIMEOUT_S, pool_pre_ping=False,
-                                       connect_args=connect_args)
+                                       connect_args=connect_args, hide_parameters=True)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="order-api-healthz")
         self._lock = threading.Lock()
         self._inflight: concurrent.futures.Future[Health] | None = None
@@ -207,7 +208,7 @@ class HealthProbe:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql(f"SET LOCAL statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}")
                 conn.exec_driver_sql("SELECT 1")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - classified below; the probe reports, never raises
             trouble = classify(exc)
             timed_out = trouble is not None and (trouble.busy or trouble.reason.endswith("timeout"))
             return Health("timeout" if timed_out else "unreachable")
@@ -223,7 +224,7 @@ class HealthProbe:
         probe = asyncio.wrap_future(self._probe())
         try:
             return await asyncio.wait_for(asyncio.shield(probe), self.budget_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Health("timeout")
 
     def dispose(self) -> None:

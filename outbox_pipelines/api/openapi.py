@@ -106,11 +106,17 @@ def order_request_schema() -> dict[str, Any]:
     return {**ORDER_REQUEST, "properties": {**ORDER_REQUEST["properties"], "instrument": instrument}}
 
 
-def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
+def document(rate_per_minute: int, max_body: int, auth_failures_per_minute: int = 10) -> dict[str, Any]:
+    unauthorized = _error("UNAUTHORIZED: a bearer token is required (OUTBOX_API_TOKEN is set) or it is wrong")
+    throttled = {**_error(f"RATE_LIMITED: over {auth_failures_per_minute} failed authentications per minute from "
+                          "this client address (checked before the token, so even a right token waits)"),
+                 "headers": RETRY_AFTER}
     common = {
-        "401": _error("UNAUTHORIZED: a bearer token is required (OUTBOX_API_TOKEN is set) or it is wrong"),
-        "429": {**_error(f"RATE_LIMITED: over {rate_per_minute} requests per minute for this client"),
-                "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+        "401": unauthorized,
+        "429": {**_error(f"RATE_LIMITED: over {rate_per_minute} requests per minute for this client, or over "
+                         f"{auth_failures_per_minute} failed authentications per minute from its address "
+                         "(checked before the token, so even a right token waits)"),
+                "headers": RETRY_AFTER},
         "500": _error("INTERNAL_ERROR"),
         "503": {**_error("DATABASE_BUSY: a lock or a full connection pool held the request past OUTBOX_API_DB_TIMEOUT "
                          "(2 s), the transaction rolled back and nothing was stored; or DATABASE_UNAVAILABLE: the outbox "
@@ -158,6 +164,16 @@ def document(rate_per_minute: int, max_body: int) -> dict[str, Any]:
                     "security": [{"bearer": []}, {}],
                 }
             },
+            "/metrics": {"get": {"operationId": "metrics",
+                                 "description": "Prometheus exposition. Needs the bearer token when "
+                                                "OUTBOX_API_METRICS_REQUIRE_TOKEN is true (the default when "
+                                                "OUTBOX_API_TOKEN is set).",
+                                 "responses": {
+                "200": {"description": "the metrics, Prometheus text format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "401": unauthorized,
+                "429": throttled},
+                                 "security": [{"bearer": []}, {}]}},
             "/healthz": {"get": {"operationId": "health",
                                  "description": "Answers within 1 s on a database connection of its own, "
                                                 "whatever the request pool is doing.",

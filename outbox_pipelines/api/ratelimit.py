@@ -38,3 +38,48 @@ class RateLimiter:
             while len(self._buckets) > self.max_clients:
                 self._buckets.popitem(last=False)
         return wait
+
+
+class FailureLimiter:
+    """Failed authentications per client address: at most ``per_minute`` of them, leaking away evenly.
+
+    ``blocked(client)`` (0, or the seconds to wait) is asked BEFORE the token is
+    looked at, so a client over the limit learns nothing and costs nothing, right
+    token or not; ``failed(client)`` counts one failure. A blocked request adds no
+    failure (the block ends on time whatever the client keeps sending).
+    """
+
+    def __init__(self, per_minute: int, *, max_clients: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.max_clients = max_clients
+        self.clock = clock
+        self._levels: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _level(self, client: str, now: float) -> float:
+        level, last = self._levels.get(client, (0.0, now))
+        return max(0.0, level - (now - last) * self.rate)
+
+    def blocked(self, client: str) -> int:
+        if self.limit <= 0:
+            return 0
+        now = self.clock()
+        with self._lock:
+            if client not in self._levels:
+                return 0
+            level = self._level(client, now)
+        if level + 1.0 <= self.limit:
+            return 0
+        return max(1, math.ceil((level + 1.0 - self.limit) / self.rate))
+
+    def failed(self, client: str) -> None:
+        if self.limit <= 0:
+            return
+        now = self.clock()
+        with self._lock:
+            level = self._level(client, now)
+            self._levels.pop(client, None)
+            self._levels[client] = (level + 1.0, now)
+            while len(self._levels) > self.max_clients:
+                self._levels.popitem(last=False)

@@ -8,6 +8,10 @@ from typing import Any
 from outbox_pipelines.core.errors import InvalidMessage
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# Deepest nesting of objects and arrays accepted ({} is depth 1). Real messages nest a
+# handful of levels; the cap turns a pathological body into InvalidMessage instead of a
+# RecursionError in json (which gives up near 1,000 levels) or in a consumer.
+MAX_NESTING_DEPTH = 100
 
 
 def canonical_json(value: Any) -> str:
@@ -26,57 +30,98 @@ def digest(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _reject_nul(value: Any, path: str) -> None:
+def _reject_nul(value: Any, path: str, what: str = "payload") -> None:
     # PostgreSQL's jsonb cannot store \u0000; say where it is instead of failing in SQL.
     if isinstance(value, str):
         if "\x00" in value:
-            raise InvalidMessage(f"payload string at {path} contains \\u0000, which PostgreSQL jsonb cannot store")
+            raise InvalidMessage(f"{what} string at {path} contains \\u0000, which PostgreSQL jsonb cannot store")
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidMessage(f"payload key {key!r} at {path} is not a string")
+                raise InvalidMessage(f"{what} key {key!r} at {path} is not a string")
             if "\x00" in key:
-                raise InvalidMessage(f"payload key at {path} contains \\u0000")
-            _reject_nul(item, f"{path}.{key}")
+                raise InvalidMessage(f"{what} key at {path} contains \\u0000")
+            _reject_nul(item, f"{path}.{key}", what)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            _reject_nul(item, f"{path}[{index}]")
+            _reject_nul(item, f"{path}[{index}]", what)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise InvalidMessage(f"payload number at {path} is {value}, which JSON cannot represent")
+        raise InvalidMessage(f"{what} number at {path} is {value}, which JSON cannot represent")
 
 
-def parse_payload(payload: Any) -> Any:
+def check_structure(value: Any, what: str = "payload", max_depth: int = MAX_NESTING_DEPTH) -> None:
+    """Nesting at most ``max_depth`` deep and only string keys, or InvalidMessage.
+
+    Iterative (no recursion, whatever the depth) and it only visits containers,
+    so a flat payload costs next to nothing. json.dumps would silently turn
+    integer (or bool, None, float) keys into strings, so that the stored body
+    is not the one given; refuse them instead.
+    """
+    if not isinstance(value, (dict, list, tuple)):
+        return
+    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > max_depth:
+            raise InvalidMessage(
+                f"{what} nests deeper than {max_depth} levels of objects and arrays (at {path}); "
+                "flatten it or store the body elsewhere and enqueue a reference"
+            )
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise InvalidMessage(
+                        f"{what} key {key!r} at {path} is a {type(key).__name__}, not a string: JSON object keys "
+                        "are strings (convert it yourself, e.g. str(key), so the stored body is what you meant)"
+                    )
+                if isinstance(item, (dict, list, tuple)):
+                    stack.append((item, depth + 1, f"{path}.{key}"))
+        else:
+            for index, item in enumerate(node):
+                if isinstance(item, (dict, list, tuple)):
+                    stack.append((item, depth + 1, f"{path}[{index}]"))
+
+
+def parse_payload(payload: Any, what: str = "payload") -> Any:
     """Accept a dict, or a str/bytes holding a JSON object."""
     if isinstance(payload, (bytes, bytearray)):
         try:
             payload = payload.decode("utf-8")
         except UnicodeDecodeError:
-            raise InvalidMessage("payload bytes are not valid UTF-8") from None
+            raise InvalidMessage(f"{what} bytes are not valid UTF-8") from None
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)
         except json.JSONDecodeError as exc:
-            raise InvalidMessage(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
+            raise InvalidMessage(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        except RecursionError:
+            raise InvalidMessage(
+                f"{what} nests deeper than {MAX_NESTING_DEPTH} levels of objects and arrays; "
+                "flatten it or store the body elsewhere and enqueue a reference"
+            ) from None
     if not isinstance(payload, dict):
-        raise InvalidMessage(f"payload must be a JSON object, got {type(payload).__name__}")
+        raise InvalidMessage(f"{what} must be a JSON object, got {type(payload).__name__}")
     return payload
 
 
-def checked_canonical_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, str]:
+def checked_canonical_payload(
+    payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, *, what: str = "payload"
+) -> tuple[str, str]:
     """Return (canonical JSON text, sha256 digest) or raise InvalidMessage."""
-    value = parse_payload(payload)
+    value = parse_payload(payload, what)
+    check_structure(value, what)
     text = canonical_json(value)
     # json.dumps writes NUL as the escape \u0000, so one search of the text finds it; only
     # on a hit (which may also be a literal backslash-u0000) walk the value to say where.
     if "\\u0000" in text:
-        _reject_nul(value, "$")
+        _reject_nul(value, "$", what)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidMessage("payload contains a lone surrogate (text that is not valid Unicode)") from None
+        raise InvalidMessage(f"{what} contains a lone surrogate (text that is not valid Unicode)") from None
     if size > max_bytes:
         raise InvalidMessage(
-            f"payload is {size} bytes, over the limit of {max_bytes} bytes "
+            f"{what} is {size} bytes, over the limit of {max_bytes} bytes "
             "(set OUTBOX_MAX_PAYLOAD_BYTES to change it, or store the body elsewhere and enqueue a reference)"
         )
     return text, digest(text)

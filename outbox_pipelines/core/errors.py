@@ -21,6 +21,14 @@ class ConfigError(OutboxError):
     pass
 
 
+class InvalidDatabaseUrl(ConfigError):
+    """A database URL libpq cannot parse. The message shows it with its password masked."""
+
+
+class RetentionTooShort(ConfigError):
+    """A cleaner retention shorter than the dedup horizon (pass force to run anyway)."""
+
+
 class DatabaseUnavailable(OutboxError):
     pass
 

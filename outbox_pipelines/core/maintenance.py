@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.table import OutboxTable
@@ -66,28 +67,74 @@ def requeue_stuck(
                 return report
 
 
+# The shortest retention of sent rows the cleaner accepts without force. Dedup needs the
+# sent rows: enqueueing an event_id again is a duplicate only while its row exists, and a
+# dedup table answers a repeated (topic, payload_sha) from a sent row. An hour covers a
+# producer re-sending the same event (its transaction retried, its own consumer redelivering).
+MIN_RETENTION_S = 3600.0
+
+
+def minimum_retention_s(table: TableSettings) -> float:
+    """The dedup horizon of ``table``: the longest a copy still in flight may look back for a sent row.
+
+    A copy of a message enqueued before the original was delivered can still be
+    retrying for the table's whole retry horizon (every backoff, jitter
+    included, plus one lease per attempt); deleting the sent row sooner lets
+    that copy be delivered a second time. At least MIN_RETENTION_S.
+    """
+    retry = table.retry
+    return max(MIN_RETENTION_S, retry.horizon_s() + retry.max_attempts * table.lease_s)
+
+
+def check_retention(table: TableSettings, retention_s: float, *, force: bool = False) -> None:
+    """RetentionTooShort unless ``retention_s`` covers the table's dedup horizon (or ``force``)."""
+    minimum = minimum_retention_s(table)
+    if retention_s < minimum and not force:
+        raise RetentionTooShort(
+            f"{table.name}: a retention of {_human(retention_s)} is shorter than the dedup horizon of "
+            f"{_human(minimum)}: sent rows are what makes a repeated event_id a duplicate (and what a "
+            "repeated (topic, payload_sha) is answered from), so a message enqueued again, or a copy still "
+            f"retrying, would be delivered twice. Keep at least {_human(minimum)} (default 168h), or force it "
+            "(--force) if you accept duplicates; nothing was deleted."
+        )
+
+
+def _human(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
 def clean(
     url: str,
     table: TableSettings,
     *,
     retention_s: float | None = None,
+    force: bool = False,
     batch_size: int = 5000,
     include_shared: bool = True,
     audit_retention_s: float | None = None,
+    tenant_id: str | None = None,
     now: datetime | None = None,
     progress: Progress | None = None,
 ) -> CleanReport:
     """Delete sent rows older than the retention, in bounded batches; never pending, sending or dead.
 
     With ``include_shared``, also expired idempotency-ledger rows and, when
-    ``audit_retention_s`` is given, audit rows older than that.
+    ``audit_retention_s`` is given, audit rows older than that. A retention
+    shorter than the table's dedup horizon raises RetentionTooShort (and deletes
+    nothing) unless ``force``. ``tenant_id`` limits the sent rows deleted to that tenant's.
     """
     report = CleanReport(table.name)
     retention = table.retention_s if retention_s is None else retention_s
+    check_retention(table, retention, force=force)
     with connect(url) as conn:
         store = OutboxTable(conn, table.name)
         while True:
-            deleted = store.clean_sent(MAINTENANCE_WORKER, retention_s=retention, limit=batch_size, now=now)
+            deleted = store.clean_sent(MAINTENANCE_WORKER, retention_s=retention, limit=batch_size,
+                                       tenant_id=tenant_id, now=now)
             report.deleted_sent += deleted
             report.batches += 1
             if progress and deleted:

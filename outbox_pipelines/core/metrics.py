@@ -4,8 +4,12 @@ Counters and histograms are updated where things happen; the per-table
 gauges (pending, locked, lag) are read from the database when scraped.
 """
 
+import hashlib
+import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -13,13 +17,118 @@ from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-ENQUEUED = Counter("outbox_enqueue_total", "Messages enqueued", ["table"], registry=REGISTRY)
-DISPATCHED = Counter("outbox_dispatch_total", "Deliveries settled, by result", ["table", "result"], registry=REGISTRY)
-DEAD = Counter("outbox_dead_total", "Messages that went to dead", ["table"], registry=REGISTRY)
+# Label values that come from messages are bounded: a table's first TOPIC_LIMIT topics (and
+# TENANT_LIMIT tenants) get series of their own, later ones share "other", so a producer that
+# puts ids into topics cannot blow up Prometheus.
+TOPIC_LIMIT = 50
+TENANT_LIMIT = 50
+TENANT_LABEL_ENV = "OUTBOX_TENANT_LABEL"  # plain (default) | hash | off (seed 004 §7: allow masking)
+
+
+class BoundedLabels:
+    """Remembers up to ``limit`` values per scope; the rest become ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, scope: str, value: str) -> str:
+        with self._lock:
+            seen = self._seen.setdefault(scope, set())
+            if value in seen:
+                return value
+            if len(seen) < self.limit:
+                seen.add(value)
+                return value
+        return "other"
+
+
+_topics = BoundedLabels(TOPIC_LIMIT)
+_tenants = BoundedLabels(TENANT_LIMIT)
+
+
+def topic_label(table: str, topic: str) -> str:
+    return _topics(table, topic)
+
+
+def tenant_label(table: str, tenant: str | None) -> str:
+    """The tenant as metrics and logs show it: plain, hashed, or left out (OUTBOX_TENANT_LABEL)."""
+    if not tenant:
+        return ""
+    mode = (os.environ.get(TENANT_LABEL_ENV) or "plain").lower()
+    if mode == "off":
+        return ""
+    if mode == "hash":
+        tenant = "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:10]
+    return _tenants(table, tenant)
+
+
+ENQUEUED = Counter("outbox_enqueue_total", "Messages enqueued", ["table", "topic"], registry=REGISTRY)
+DEQUEUED = Counter("outbox_dequeue_total", "Claims: messages claimed (result=success), claims that found nothing "
+                   "ready (result=empty)", ["table", "result"], registry=REGISTRY)
+DISPATCHED = Counter(
+    "outbox_dispatch_total", "Messages settled, by result: success, conflict_processed (409 already processed), "
+    "dedup, retry, dead, conflict (lease lost)", ["table", "topic", "tenant", "result"], registry=REGISTRY)
+DEAD = Counter("outbox_dead_total", "Messages that went to dead", ["table", "topic"], registry=REGISTRY)
 DISPATCH_LATENCY = Histogram(
-    "outbox_dispatch_latency_seconds", "Time to dispatch one claimed batch", ["table"], registry=REGISTRY,
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    "outbox_dispatch_latency_seconds", "Claim to settled of one message, by result", ["table", "topic", "result"],
+    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+RETRY_COUNT = Histogram(
+    "outbox_retry_count", "Attempts a message had used when it was settled", ["table"], registry=REGISTRY,
+    buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
+)
+def count_enqueued(table: str, topics: Iterable[str]) -> None:
+    """outbox_enqueue_total{table,topic}: one add per topic of the statement."""
+    counts: dict[str, int] = {}
+    for topic in topics:
+        label = topic_label(table, topic)
+        counts[label] = counts.get(label, 0) + 1
+    for label, n in counts.items():
+        ENQUEUED.labels(table, label).inc(n)
+
+
+def count_claim(table: str, claimed: int) -> None:
+    if claimed:
+        DEQUEUED.labels(table, "success").inc(claimed)
+    else:
+        DEQUEUED.labels(table, "empty").inc()
+
+
+class BatchTally:
+    """A settled batch's counters, added once per label set (per-message label lookups cost too much)."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self._counts: dict[tuple[str, str, str], int] = {}
+        self._latency: dict[tuple[str, str], list[float]] = {}
+        self._attempts: list[int] = []
+
+    def add(self, message: Any, result: str, in_dispatch_s: float | None, *, final: bool = False) -> None:
+        topic = topic_label(self.table, message.topic)
+        key = (topic, tenant_label(self.table, message.tenant_id), result)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if in_dispatch_s is not None:
+            self._latency.setdefault((topic, result), []).append(in_dispatch_s)
+        if final:
+            self._attempts.append(message.attempts)
+
+    def flush(self) -> None:
+        for (topic, tenant, result), n in self._counts.items():
+            DISPATCHED.labels(self.table, topic, tenant, result).inc(n)
+            if result == "dead":
+                DEAD.labels(self.table, topic).inc(n)
+        for (topic, result), values in self._latency.items():
+            child = DISPATCH_LATENCY.labels(self.table, topic, result)
+            for value in values:
+                child.observe(value)
+        if self._attempts:
+            child = RETRY_COUNT.labels(self.table)
+            for attempts in self._attempts:
+                child.observe(attempts)
+
+
 ORDER_REQUESTS = Counter("order_requests_total", "Order API requests, by HTTP status", ["status"], registry=REGISTRY)
 ORDER_CONFLICTS = Counter("order_idempotency_conflicts_total", "Same key, different body (409)", registry=REGISTRY)
 ORDER_BROKER_LATENCY = Histogram(
@@ -41,6 +150,8 @@ class OutboxStateCollector(Collector):
 
         pending = GaugeMetricFamily("outbox_pending_count", "Messages waiting (pending or retrying)", labels=["table"])
         locked = GaugeMetricFamily("outbox_locked_count", "Messages held by a relay (sending)", labels=["table"])
+        inflight = GaugeMetricFamily("outbox_inflight", "Messages in sending (seed 000's name for locked)",
+                                     labels=["table"])
         lag = GaugeMetricFamily("outbox_lag_seconds", "created → delivered over the last hour, waiting messages "
                                 "counted with their age so far", labels=["table", "quantile"])
         circuit = GaugeMetricFamily("outbox_circuit_open", "1 while the table's circuit breaker is open",
@@ -53,6 +164,7 @@ class OutboxStateCollector(Collector):
                     status = read_status(OutboxTable(conn, table))
                     pending.add_metric([table], status.backlog)
                     locked.add_metric([table], status.counts.get("sending", 0))
+                    inflight.add_metric([table], status.counts.get("sending", 0))
                     for quantile, value in (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s)):
                         if value is not None:
                             lag.add_metric([table, quantile], value)
@@ -63,6 +175,7 @@ class OutboxStateCollector(Collector):
             return
         yield pending
         yield locked
+        yield inflight
         yield lag
         yield circuit
         yield paused

@@ -1,8 +1,11 @@
 """The values every part of the outbox shares."""
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
+
+from outbox_pipelines.core.errors import InvalidMessage
 
 # What users and the CLI see (DESIGN.md §3.2).
 STATES = ("pending", "retrying", "sending", "sent", "dead")
@@ -29,6 +32,52 @@ MAX_ATTEMPTS = "MAX_ATTEMPTS"
 DEDUP_HIT = "DEDUP_HIT"
 
 ERROR_TEXT_LIMIT = 2000
+
+
+# Control characters (Unicode category Cc: U+0000-U+001F, U+007F-U+009F) and lone
+# surrogates (text that is not valid Unicode). None belongs in an identifier or a header:
+# CR/LF would split an HTTP header, and an HTTP client refuses to send them.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def unprintable_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as an identifier or header text, or None if nothing is."""
+    match = _UNPRINTABLE.search(value)
+    if match is None:
+        return None
+    code = ord(match.group())
+    kind = "a lone surrogate" if 0xD800 <= code <= 0xDFFF else "a control character"
+    return f"{kind} (U+{code:04X}) at position {match.start()}"
+
+
+def check_printable(field_name: str, value: str) -> str:
+    """``value``, or InvalidMessage naming ``field_name`` if it holds a control character or lone surrogate."""
+    problem = unprintable_problem(value)
+    if problem is not None:
+        raise InvalidMessage(
+            f"{field_name} contains {problem}: identifiers and header values must be printable text "
+            "(no CR/LF, tabs or other control characters); nothing was enqueued"
+        )
+    return value
+
+
+def check_header_values(headers: dict[str, Any]) -> None:
+    """Every header key and every string inside a header value printable (CR/LF would split an HTTP header)."""
+    stack: list[tuple[str, Any]] = [(f"header {key!r}", value) for key, value in headers.items()]
+    for key in headers:
+        if isinstance(key, str):
+            check_printable(f"header name {key!r}", key)
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            check_printable(where, value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str):
+                    check_printable(f"{where} key {key!r}", key)
+                stack.append((f"{where}.{key}", item))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
 
 
 def storable_text(text: str | None) -> str | None:

@@ -18,13 +18,14 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
 from psycopg import sql
 
-from outbox_pipelines.core import liveness, metrics
+from outbox_pipelines.core import liveness, metrics, tracing
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destination_health import DESTINATION_FAILURES, DestinationGuard, destination_failures
@@ -279,6 +280,38 @@ class LeaseKeeper:
         self.lost.update(h[0] for h in held if h[0] not in renewed)
 
 
+class SendSpans:
+    """One span per message sent, each a child of the span that wrote the message (its stored
+    ``traceparent``); the messages handed to the destination carry the send span's traceparent."""
+
+    def __init__(self, table: str, messages: list[ClaimedMessage]) -> None:
+        tracer = tracing.tracer()
+        self.spans = []
+        self.messages = []
+        for message in messages:
+            span = tracer.start_span(
+                f"outbox.send {message.topic}", context=tracing.context_of(message.headers),
+                kind=trace.SpanKind.PRODUCER,
+                attributes={"messaging.system": "outbox", "messaging.destination.name": table,
+                            "outbox.table": table, "outbox.topic": message.topic, "outbox.event_id": message.event_id,
+                            "outbox.attempt": message.attempts,
+                            "outbox.tenant": metrics.tenant_label(table, message.tenant_id)},
+            )
+            self.spans.append(span)
+            parent = tracing.traceparent(span)
+            self.messages.append(replace(message, headers={**message.headers, tracing.TRACEPARENT: parent})
+                                 if parent else message)
+
+    def end(self, outcomes: Sequence[Outcome]) -> None:
+        for span, outcome in zip(self.spans, outcomes):
+            span.set_attribute("outbox.outcome", outcome.kind)
+            if outcome.code:
+                span.set_attribute("outbox.code", outcome.code)
+            if outcome.kind != "sent":
+                span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.code or outcome.kind))
+            span.end()
+
+
 class Relay:
     def __init__(
         self,
@@ -386,11 +419,18 @@ class Relay:
         """Call the destination (no database work here: this may run on the pipeline thread)."""
         if not plan.to_send:
             return []
+        messages = [batch[i] for i in plan.to_send]
+        spans = SendSpans(self.settings.name, messages) if tracing.enabled() else None
+        if spans is not None:
+            messages = spans.messages
         try:
-            return self.destination.deliver([batch[i] for i in plan.to_send])
+            outcomes = self.destination.deliver(messages)
         except Exception as exc:  # a destination must not raise; if it does, nothing is lost
             log.exception("destination %s raised", self.destination.name)
-            return [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(plan.to_send)
+            outcomes = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(messages)
+        if spans is not None:
+            spans.end(outcomes)
+        return outcomes
 
     @staticmethod
     def _combine(plan: "DispatchPlan", delivered: list[Outcome]) -> list[Outcome]:
@@ -406,13 +446,11 @@ class Relay:
     def _process(self, store: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport) -> None:
         """One batch, start to end: plan, deliver, settle."""
         keeper.hold([(msg.id, msg.attempts) for msg in batch])
-        watch = metrics.Stopwatch()
         try:
             plan = self._plan(store, batch)
             outcomes = self._combine(plan, self._deliver(batch, plan))
         finally:
             keeper.release()
-        metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
         self._finish(store, batch, outcomes, report)
 
     def _pipeline(
@@ -430,18 +468,17 @@ class Relay:
             self._pipeline_thread = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-deliver-{self.settings.name}")
         current = first
         plan = self._plan(store, current)
-        watch = metrics.Stopwatch()
         self._in_flight = self._pipeline_thread.submit(self._deliver, current, plan)
         keeper.hold([(msg.id, msg.attempts) for msg in current])
         try:
-            self._pipeline_loop(store, keeper, current, plan, watch, report, claim_next)
+            self._pipeline_loop(store, keeper, current, plan, report, claim_next)
         except BaseException:
             # Nothing may be given back while it is still on the wire: wait for the delivery in flight.
             wait([self._in_flight])
             raise
 
     def _pipeline_loop(self, store: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage],
-                       plan: "DispatchPlan", watch: metrics.Stopwatch,
+                       plan: "DispatchPlan",
                        report: RelayReport, claim_next: Callable[[], list[ClaimedMessage]]) -> None:
         assert self._pipeline_thread is not None and self._in_flight is not None
         while True:
@@ -449,7 +486,6 @@ class Relay:
             if upcoming:
                 keeper.hold([(msg.id, msg.attempts) for msg in current + upcoming])
             delivered = self._in_flight.result()
-            metrics.DISPATCH_LATENCY.labels(self.settings.name).observe(watch.seconds)
             if upcoming and any(o.code == m.RATE_LIMITED for o in delivered):
                 # 429: the destination wants the whole table to wait; the prefetched batch goes back unsent.
                 store.release_unsent(self.worker, [(msg.id, msg.attempts) for msg in upcoming],
@@ -458,7 +494,6 @@ class Relay:
                 upcoming = []
             if upcoming:
                 upcoming_plan = self._plan(store, upcoming)
-                watch = metrics.Stopwatch()
                 self._in_flight = self._pipeline_thread.submit(self._deliver, upcoming, upcoming_plan)
             self._finish(store, current, self._combine(plan, delivered), report)
             if not upcoming:
@@ -473,38 +508,53 @@ class Relay:
         settlements = [plan_settlement(msg, out, self.settings, self.uniform, circuit_open=self.guard.circuit_open)
                        for msg, out in zip(batch, outcomes)]
         after_settle = getattr(self.destination, "after_settle", None)
-        if after_settle is None:
-            settled = self._settle(store, settlements, report)
-        else:
-            # The destination records results elsewhere (the order ledger) in the same transaction.
-            with store.conn.transaction():
+        with tracing.tracer().start_as_current_span(
+                "outbox.settle", attributes={"outbox.table": self.settings.name, "outbox.batch": len(batch)}):
+            if after_settle is None:
                 settled = self._settle(store, settlements, report)
-                after_settle(store.conn, [(msg, s) for msg, s in zip(batch, settlements) if s.id in settled])
+            else:
+                # The destination records results elsewhere (the order ledger) in the same transaction.
+                with store.conn.transaction():
+                    settled = self._settle(store, settlements, report)
+                    after_settle(store.conn, [(msg, s) for msg, s in zip(batch, settlements) if s.id in settled])
         report.batches += 1
-        before = (report.sent, report.dedup_hits, report.retried, report.dead, report.conflicts)
         slow_down = 0.0
         settled_mono = time.monotonic()
+        tally = metrics.BatchTally(self.settings.name)
         for message, settlement, outcome in zip(batch, settlements, outcomes):
             claimed_mono = self._claimed_mono.pop(message.id, None)
+            in_dispatch = settled_mono - claimed_mono if claimed_mono is not None else None
             if settlement.id not in settled:
                 report.conflicts += 1
+                tally.add(message, "conflict", in_dispatch)
                 continue
             if settlement.status in ("sent", "deleted"):
                 report.sent += 1
                 report.dedup_hits += outcome.code == m.DEDUP_HIT
-                if message.claimed_at is not None and claimed_mono is not None:
+                if message.claimed_at is not None and in_dispatch is not None:
                     waited = (message.claimed_at - message.created_at).total_seconds()
-                    report.lag.add(max(waited, 0.0) + settled_mono - claimed_mono)
+                    report.lag.add(max(waited, 0.0) + in_dispatch)
+                result = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_processed"}.get(outcome.code or "",
+                                                                                                   "success")
             elif settlement.status == "pending":
                 report.retried += 1
+                result = "retry"
+                log.info("%s: message %s (event %s%s) retries in %.1fs: %s", self.settings.name, message.id,
+                         message.event_id, _tenant_part(self.settings.name, message), settlement.delay_s,
+                         settlement.error_code)
             else:
                 report.dead += 1
                 code = settlement.error_code or m.UNKNOWN
                 report.dead_by_code[code] = report.dead_by_code.get(code, 0) + 1
+                result = "dead"
+                log.warning("%s: message %s (event %s%s) is dead after %d attempts: %s", self.settings.name,
+                            message.id, message.event_id, _tenant_part(self.settings.name, message),
+                            message.attempts, code)
+            tally.add(message, result, in_dispatch, final=settlement.status != "pending")
             if outcome.code == m.RATE_LIMITED and settlement.status == "pending":
                 report.rate_limited += 1
                 slow_down = max(slow_down, settlement.delay_s)
-        self._count(before, report)
+        tally.flush()
         _, failures = destination_failures(outcomes)
         for code, n in failures.items():
             report.destination_failures[code] = report.destination_failures.get(code, 0) + n
@@ -518,18 +568,6 @@ class Relay:
         until = time.monotonic() + seconds
         if until > self._pause_until:
             self._pause_until, self._pause_reason = until, reason
-
-    def _count(self, before: tuple[int, ...], report: RelayReport) -> None:
-        """Prometheus counters, once per batch."""
-        sent, dedup, retried, dead, conflicts = (
-            now - then for now, then in zip((report.sent, report.dedup_hits, report.retried, report.dead, report.conflicts), before)
-        )
-        table = self.settings.name
-        for result, count in (("success", sent - dedup), ("dedup", dedup), ("retry", retried), ("dead", dead), ("conflict", conflicts)):
-            if count:
-                metrics.DISPATCHED.labels(table, result).inc(count)
-        if dead:
-            metrics.DEAD.labels(table).inc(dead)
 
     def _settle(self, store: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
         """Settle the batch; if the database refuses it for a data reason, isolate the row that caused it."""
@@ -553,8 +591,12 @@ class Relay:
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:
+                # Delivered but not recordable (a delete-on-success the database refused): completed, as seed
+                # 002 says; dead would make a replay run the handler again. Anything else: dead, visible.
+                delivered = settlement.status in ("sent", "deleted")
                 fallback = Settlement(
-                    settlement.id, settlement.attempts, "dead", m.AUDIT_DB_ERROR, error_code="DB_ERROR",
+                    settlement.id, settlement.attempts, "sent" if delivered else "dead", m.AUDIT_DB_ERROR,
+                    error_code="DB_ERROR",
                     error=cap_error(f"could not record the outcome ({settlement.status}, {settlement.error_code}): {exc}"),
                 )
                 settled |= store.settle(self.worker, [fallback])
@@ -695,9 +737,12 @@ class Relay:
         if gate.limit is not None:
             limit = min(limit, gate.limit)
             report.probes += 1
-        claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics(),
-                              max_attempts=self.settings.retry.max_attempts)
+        with tracing.tracer().start_as_current_span("outbox.claim", attributes={"outbox.table": self.settings.name}) as span:
+            claimed = store.claim(self.worker, limit, self.settings.lease_s, paused_topics=self._paused_topics(),
+                                  max_attempts=self.settings.retry.max_attempts)
+            span.set_attribute("outbox.claimed", len(claimed))
         report.claimed += len(claimed)
+        metrics.count_claim(self.settings.name, len(claimed))
         mono = time.monotonic()
         for message in claimed:
             self._claimed_mono[message.id] = mono
@@ -760,6 +805,12 @@ class Relay:
         return None
 
 
+def _tenant_part(table: str, message: ClaimedMessage) -> str:
+    """", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
+    tenant = metrics.tenant_label(table, message.tenant_id)
+    return f", tenant {tenant}" if tenant else ""
+
+
 def _left(deadline: float | None) -> float:
     return float("inf") if deadline is None else max(deadline - time.monotonic(), 0.0)
 
@@ -782,6 +833,7 @@ def run_table_relay(
     """Relay one configured table: build its destination, run under the budget, close it."""
     from outbox_pipelines.core.wiring import build_destination
 
+    tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     table_settings = settings.table(table)
     owned = destination is None
     destination = destination or build_destination(table_settings, settings)

@@ -10,9 +10,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.redaction import redact_url
 from outbox_pipelines.core.retry import RetryPolicy, preset
 
 CONFIG_ENV = "OUTBOX_CONFIG"
@@ -79,7 +81,10 @@ class GlobalSettings:
     cleaner_enabled: bool = True
     cleaner_retention_s: float = 168 * 3600.0
     broker_url: str | None = None
+    # The Order API's accepted tokens (comma-separated, seed 001): never sent to any destination.
     api_token: str | None = None
+    # The credential sent to HTTP destinations (the order broker included) as "Authorization: Bearer <token>".
+    broker_token: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GlobalSettings":
@@ -102,6 +107,43 @@ class GlobalSettings:
             ),
             broker_url=_env(env, "OUTBOX_BROKER_URL"),
             api_token=_env(env, "OUTBOX_API_TOKEN"),
+            broker_token=_broker_token(env),
+        )
+
+
+_TOKEN = re.compile(r"^[\x21-\x7e]+$")
+
+
+def _broker_token(env: Mapping[str, str]) -> str | None:
+    """OUTBOX_BROKER_TOKEN, refused at start-up when it could not travel in a header (never shown)."""
+    raw = env.get("OUTBOX_BROKER_TOKEN")
+    if raw is None or raw.strip() == "":
+        return None
+    token = raw.strip()
+    if not _TOKEN.fullmatch(token):
+        raise ConfigError("OUTBOX_BROKER_TOKEN holds spaces, control or non-ASCII characters: it cannot be sent as "
+                          "'Authorization: Bearer <token>'; set the broker's token alone")
+    return token
+
+
+def check_destination_credentials(what: str, url: str, env: GlobalSettings) -> None:
+    """Refuse, at start-up, a destination URL that cannot be used or carries two credentials (shown without them).
+
+    ``what`` names where the URL came from ("OUTBOX_BROKER_URL", "[tables.NAME] url").
+    """
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises for a port out of range)
+    except ValueError:
+        raise ConfigError(f"{what} = {shown!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{what} = {shown!r} must be an http:// or https:// URL with a host")
+    if "@" in parts.netloc and env.broker_token:
+        raise ConfigError(
+            f"{what} = {shown} carries user:password and OUTBOX_BROKER_TOKEN is set too: a request carries one "
+            "credential. Keep the user-info (sent as Basic auth) and unset OUTBOX_BROKER_TOKEN, or remove the "
+            "user-info from the URL (the token is sent as a bearer)"
         )
 
 
@@ -181,7 +223,9 @@ BUILTIN_TABLES: dict[str, dict[str, Any]] = {
         "destination": "handlers",
         "handlers": "outbox_pipelines.examples.members:registry",
         "preset": "generic",
-        "max_attempts": 5,
+        # Ghost: newStatus = (retryCount + 1) <= MAX_RETRIES ? PENDING : FAILED, MAX_RETRIES = 5:
+        # the first attempt and 5 retries, FAILED on the 6th failure.
+        "max_attempts": 6,
         "on_success": "delete",
         "mode": "single-active",
     },
@@ -263,6 +307,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         # An HTTP table with no URL falls back to the paper broker (the seed's default).
         destination = "paper"
     if destination in ("http", "orders") and url:
+        check_destination_credentials(f"{where} url" if "url" in section else "OUTBOX_BROKER_URL", url, env)
         policy.check_inside_window(table=name)
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")

@@ -8,10 +8,10 @@ from typing import Any
 
 import psycopg
 
-from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, checked_canonical_payload
+from outbox_pipelines.core.canonical import DEFAULT_MAX_PAYLOAD_BYTES, check_structure, checked_canonical_payload
 from outbox_pipelines.core.errors import InvalidMessage
-from outbox_pipelines.core.metrics import ENQUEUED
-from outbox_pipelines.core.models import EnqueueResult, Message
+from outbox_pipelines.core.metrics import count_enqueued
+from outbox_pipelines.core.models import EnqueueResult, Message, check_header_values, check_printable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.queries import table_query
 from outbox_pipelines.core.table import unknown_table
@@ -46,13 +46,15 @@ def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
         raise InvalidMessage(f"expected a Message, got {type(message).__name__}")
     if not isinstance(message.topic, str) or not message.topic.strip():
         raise InvalidMessage("message topic must be a non-empty string")
-    if "\x00" in message.topic:
-        raise InvalidMessage("message topic contains \\u0000")
+    check_printable("topic", message.topic)
     event_id = message.event_id if message.event_id is not None else str(uuid.uuid4())
-    if not isinstance(event_id, str) or not event_id or len(event_id) > 255 or "\x00" in event_id:
-        raise InvalidMessage("event_id must be a non-empty string of at most 255 characters without \\u0000")
-    if message.tenant_id is not None and (not isinstance(message.tenant_id, str) or "\x00" in message.tenant_id):
-        raise InvalidMessage("tenant_id must be a string without \\u0000")
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
+        raise InvalidMessage("event_id must be a non-empty string of at most 255 characters")
+    check_printable("event_id", event_id)
+    if message.tenant_id is not None:
+        if not isinstance(message.tenant_id, str):
+            raise InvalidMessage(f"tenant_id must be a string, got {type(message.tenant_id).__name__}")
+        check_printable("tenant_id", message.tenant_id)
     if not isinstance(message.headers, dict):
         raise InvalidMessage("headers must be a JSON object")
     if message.available_at is not None and not isinstance(message.available_at, datetime):
@@ -60,7 +62,13 @@ def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
     if message.available_at is not None and message.available_at.tzinfo is None:
         raise InvalidMessage("available_at must be timezone-aware (database time is UTC-based)")
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
-    headers_text = checked_canonical_payload(message.headers, max_bytes)[0] if message.headers else "{}"
+    if message.headers:
+        # Shape first (depth, string keys: bounded work), then every header text printable.
+        check_structure(message.headers, "headers")
+        check_header_values(message.headers)
+        headers_text = checked_canonical_payload(message.headers, max_bytes, what="headers")[0]
+    else:
+        headers_text = "{}"
     return {
         "event_id": event_id,
         "tenant_id": message.tenant_id,
@@ -70,6 +78,11 @@ def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
         "headers": headers_text,
         "available_at": message.available_at,
     }
+
+
+def check_message(message: Message, max_payload_bytes: int | None = None) -> None:
+    """Raise InvalidMessage if ``message`` could not be enqueued; writes nothing (the CLI checks before connecting)."""
+    _prepare(message, max_payload_bytes or _max_payload_bytes())
 
 
 class Outbox:
@@ -84,7 +97,6 @@ class Outbox:
     def __init__(self, table: str, *, max_payload_bytes: int | None = None) -> None:
         self.table = validate_table_name(table)
         self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
-        self._enqueued = ENQUEUED.labels(self.table)
         self._insert_sql = table_query("outbox_insert", self.table)
 
     def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
@@ -95,7 +107,7 @@ class Outbox:
         try:
             row = pg.execute(self._insert_sql, params).fetchone()
             if row is not None:
-                self._enqueued.inc()
+                count_enqueued(self.table, [params["topic"]])
                 return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
             # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
             existing = pg.execute(
@@ -122,14 +134,20 @@ class Outbox:
         prepared = [_prepare(m, self.max_payload_bytes) for m in messages]
         if not prepared:
             return []
+        # An event_id repeated in this call is written once, as its first occurrence; the
+        # later ones are duplicates of it, compared with its payload (not with each other).
+        first_of: dict[str, dict[str, Any]] = {}
+        for p in prepared:
+            first_of.setdefault(p["event_id"], p)
+        unique = list(first_of.values())
         columns: dict[str, list[Any]] = {
-            "event_ids": [p["event_id"] for p in prepared],
-            "tenant_ids": [p["tenant_id"] for p in prepared],
-            "topics": [p["topic"] for p in prepared],
-            "payloads": [p["payload"] for p in prepared],
-            "payload_shas": [p["payload_sha"] for p in prepared],
-            "headers": [p["headers"] for p in prepared],
-            "available_ats": [p["available_at"] for p in prepared],
+            "event_ids": [p["event_id"] for p in unique],
+            "tenant_ids": [p["tenant_id"] for p in unique],
+            "topics": [p["topic"] for p in unique],
+            "payloads": [p["payload"] for p in unique],
+            "payload_shas": [p["payload_sha"] for p in unique],
+            "headers": [p["headers"] for p in unique],
+            "available_ats": [p["available_at"] for p in unique],
         }
         pg = driver_connection(conn)
         try:
@@ -145,19 +163,25 @@ class Outbox:
                         existing[event_id] = (row_id, sha)
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table) from None
-        self._enqueued.inc(len(inserted))
+        count_enqueued(self.table, {p["event_id"]: p["topic"] for p in unique if p["event_id"] in inserted}.values())
         results = []
-        first_seen: set[str] = set()
         for p in prepared:
             event_id = p["event_id"]
-            if event_id in inserted and event_id not in first_seen:
-                first_seen.add(event_id)
-                results.append(EnqueueResult(inserted[event_id], event_id, False))
-            elif event_id in inserted:  # the same event_id twice in this batch
-                results.append(EnqueueResult(inserted[event_id], event_id, True))
-            else:
+            first = first_of[event_id]
+            if event_id in inserted:
+                if p is first:
+                    results.append(EnqueueResult(inserted[event_id], event_id, False))
+                else:  # the same event_id again in this call: a duplicate of the one just written
+                    results.append(EnqueueResult(inserted[event_id], event_id, True,
+                                                 same_payload=p["payload_sha"] == first["payload_sha"]))
+            elif event_id in existing:
                 row_id, sha = existing[event_id]
                 results.append(EnqueueResult(row_id, event_id, True, same_payload=sha == p["payload_sha"]))
+            else:
+                raise InvalidMessage(
+                    f"event_id {event_id!r} conflicts with a row this transaction cannot see "
+                    "(use READ COMMITTED isolation for enqueue)"
+                )
         return results
 
 

@@ -161,8 +161,10 @@ class OutboxTable:
             },
         )
 
-    def clean_sent(self, worker: str, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
-        rows = self._run("outbox_clean_sent", {"worker": worker, "retention_s": retention_s, "limit": limit, "now": now})
+    def clean_sent(self, worker: str, *, retention_s: float, limit: int, tenant_id: str | None = None,
+                   now: datetime | None = None) -> int:
+        rows = self._run("outbox_clean_sent", {"worker": worker, "retention_s": retention_s, "limit": limit,
+                                               "tenant_id": tenant_id, "now": now})
         return int(rows[0]["deleted"]) if rows else 0
 
     def replay_dead(self, worker: str, **params: Any) -> list[dict[str, Any]]:

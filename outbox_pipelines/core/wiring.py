@@ -28,18 +28,20 @@ def load_registry(spec: str) -> HandlerRegistry:
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
     if table.destination == "http":
         assert table.url
+        # The destination's own credential (OUTBOX_BROKER_TOKEN), never the Order API's tokens; its name
+        # (logs, run logs, alerts) is the URL without user-info.
         return HttpDestination(
             table.url,
-            name=table.url,
             timeout_s=table.timeout_s,
             parallelism=table.concurrency,
-            token=settings.env.api_token,
+            token=settings.env.broker_token,
             transport=table.transport,
         )
     if table.destination == "orders":
         from outbox_pipelines.core.destinations.orders import OrderBroker
 
-        return OrderBroker(table.url, token=settings.env.api_token, concurrency=table.concurrency, transport=table.transport)
+        return OrderBroker(table.url, token=settings.env.broker_token, concurrency=table.concurrency,
+                           transport=table.transport)
     if table.destination == "handlers":
         assert table.handlers
         return HandlerDestination(load_registry(table.handlers), name=table.handlers, parallelism=table.parallelism)

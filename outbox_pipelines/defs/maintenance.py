@@ -4,6 +4,7 @@ from datetime import datetime, timedelta, timezone
 from typing import List, Optional
 
 import dagster as dg
+from pydantic import Field
 
 from outbox_pipelines.core.maintenance import clean, requeue_stuck
 from outbox_pipelines.defs.common import metadata_values, resolve_table
@@ -15,8 +16,14 @@ class TablesConfig(dg.Config):
 
 
 class CleanConfig(TablesConfig):
-    retention: Optional[str] = None  # e.g. "168h"; default: each table's retention
-    audit_retention: Optional[str] = None  # also delete audit rows older than this
+    retention: Optional[str] = Field(default=None, description=(
+        "Keep sent rows this long, e.g. 168h (default: each table's retention). Shorter than the table's "
+        "dedup horizon is refused unless force."))
+    audit_retention: Optional[str] = Field(default=None, description="Also delete audit rows older than this.")
+    tenant_id: Optional[str] = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
+    force: bool = Field(default=False, description=(
+        "Allow a retention shorter than the dedup horizon (a repeated event_id or payload may then be "
+        "delivered again)."))
 
 
 def _chosen(outbox_db: OutboxDatabase, tables: List[str]):
@@ -51,7 +58,8 @@ def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Out
             context.log.info(f"{table.name}: cleaner disabled; skipped")
             continue
         report = clean(outbox_db.database_url(), table, retention_s=retention, include_shared=index == 0,
-                       audit_retention_s=audit_retention, progress=context.log.info)
+                       audit_retention_s=audit_retention, tenant_id=config.tenant_id, force=config.force,
+                       progress=context.log.info)
         changed[table.name] = report.deleted_sent
         ledger += report.deleted_ledger
         audit += report.deleted_audit

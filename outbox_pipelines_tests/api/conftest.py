@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
+from opentelemetry import trace
 
 from outbox_pipelines.api.app import ApiSettings, create_app
 from outbox_pipelines.broker_sim import BrokerSim, Faults
@@ -90,9 +91,12 @@ class ApiServers:
         self.database_url = database_url
         self.started: list[LiveApi] = []
 
-    def start(self, **overrides: Any) -> LiveApi:
+    def start(self, tracer_provider: Any = None, **overrides: Any) -> LiveApi:
+        """An API on this database with ``overrides`` of ApiSettings; its spans go to ``tracer_provider``
+        (default: a no-op one, whatever global provider another test may have installed)."""
         settings = ApiSettings(database_url=self.database_url, **{"rate_per_minute": 10_000, **overrides})
-        url, server, thread = serve(create_app(settings))
+        provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
+        url, server, thread = serve(create_app(settings, tracer_provider=provider))
         live = LiveApi(url, settings, server, thread)
         self.started.append(live)
         return live
@@ -212,6 +216,10 @@ def broker_settings(url: str) -> Settings:
 
 
 def sample(name: str, **labels: str) -> float:
-    """The current value of a Prometheus sample in this process (0 when it has not been created yet)."""
-    value = metrics.REGISTRY.get_sample_value(name, labels)
-    return value or 0.0
+    """The sum of a Prometheus metric's samples in this process whose labels include ``labels`` (0 when none)."""
+    total = 0.0
+    for family in metrics.REGISTRY.collect():
+        for found in family.samples:
+            if found.name == name and all(found.labels.get(k) == v for k, v in labels.items()):
+                total += found.value
+    return total

@@ -129,7 +129,7 @@ def test_5xx_is_retried_with_exponential_backoff_to_a_final_success(client, conn
     assert {t["trace_id"] for t in transitions} == {row["headers"]["trace_id"]}
     assert [t["error_code"] for t in transitions if t["to_status"] == "pending"] == ["BROKER_5XX", "BROKER_5XX"]
     assert dispatched("retry") - retries == 2 and dispatched("success") - successes == 1
-    assert f'outbox_dispatch_total{{result="retry",table="{TABLE}"}}' in metrics.exposition().decode()
+    assert sample("outbox_dispatch_total", table=TABLE, result="retry") >= 2
 
 
 # -- DoD: 400 → dead at once ---------------------------------------------------------------------------
@@ -148,15 +148,19 @@ def test_400_from_the_broker_is_dead_at_once_and_the_ledger_says_why(client, con
     assert (row["status"], row["attempts"], row["last_error_code"]) == ("dead", 1, "BAD_REQUEST")
     assert audit_codes(conn, TABLE, row["id"]) == ["outbox_claim", "outbox_flush_dead"]
     entry = the_entry(conn)
-    assert entry["status"] == "failed" and entry["reason"].startswith("BAD_REQUEST")
+    # Seed 001 error map: the broker's 400 is BROKER_REJECTED with that status (was BAD_REQUEST with 200).
+    assert entry["status"] == "failed" and entry["reason"].startswith("BROKER_REJECTED: BAD_REQUEST: HTTP 400")
+    assert entry["http_status"] == 400
+    assert entry["response"]["error"] == "BROKER_REJECTED" and entry["response"]["reason_code"] == "BAD_REQUEST"
     assert entry["result"] is None and entry["result_digest"] is None
     status = client.get(f"/do/order/{KEY}").json()
-    assert status["status"] == "failed" and status["reason"].startswith("BAD_REQUEST")
+    assert status["status"] == "failed" and status["reason"].startswith("BROKER_REJECTED")
+    assert status["http_status"] == 400
 
     assert sample("outbox_dead_total", table=TABLE) - dead_total == 1
     exposition = metrics.exposition().decode()
-    assert f'outbox_dead_total{{table="{TABLE}"}}' in exposition
-    assert f'outbox_dispatch_total{{result="dead",table="{TABLE}"}}' in exposition
+    assert f'outbox_dead_total{{table="{TABLE}",topic=' in exposition
+    assert sample("outbox_dispatch_total", table=TABLE, result="dead") >= 1
 
 
 # -- 409 "already processed" counts as sent -------------------------------------------------------------
@@ -340,7 +344,8 @@ def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     finally:
         sim.stop()
     assert (replay.kind, replay.http_status) == ("replay", 200)
-    assert replay.body["status"] == "failed" and replay.body["reason"].startswith("BAD_REQUEST")
+    assert replay.body["status"] == "failed" and replay.body["reason"].startswith("BROKER_REJECTED: BAD_REQUEST")
+    assert (replay.body["error"], replay.body["http_status"]) == ("BROKER_REJECTED", 400)
 
 
 def test_a_key_reused_after_the_ledger_forgot_it_is_refused(db_url, conn):

@@ -100,9 +100,10 @@ def api_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 
 def warnings_503(caplog: pytest.LogCaptureFixture, path: str = "/do/order") -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and r.name == "outbox_pipelines.api" and f" {path}" in r.getMessage()
-            and "-> 503" in r.getMessage()]
+    """The request lines of the 503s on ``path``, as '<reason_code> (<reason>) in <latency> ms'."""
+    return [f"{r.reason_code} ({r.reason}) in {r.latency_ms} ms" for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "outbox_pipelines.api" and getattr(r, "route", None) == path
+            and getattr(r, "status", None) == 503 and f"status=503 reason_code={r.reason_code}" in r.getMessage()]
 
 
 # -- a locked table --------------------------------------------------------------------------------

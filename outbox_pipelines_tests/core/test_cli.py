@@ -147,14 +147,15 @@ def test_relay_serves_prometheus_metrics_while_it_runs(cli_env, conn):
                              "--max-seconds", "20", "--quiet", "--metrics-port", str(port)],
                             env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        sent = 'outbox_dispatch_total{result="success",table="outbox_events",tenant="",topic="org.changed"} 3.0'
         deadline, text = time.monotonic() + 20, ""
-        while time.monotonic() < deadline and 'outbox_dispatch_total{result="success",table="outbox_events"} 3.0' not in text:
+        while time.monotonic() < deadline and sent not in text:
             try:
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        assert 'outbox_dispatch_total{result="success",table="outbox_events"} 3.0' in text
+        assert sent in text
         assert 'outbox_pending_count{table="outbox_events"} 0.0' in text
     finally:
         proc.terminate()

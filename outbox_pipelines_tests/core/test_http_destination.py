@@ -213,6 +213,11 @@ def test_a_request_builder_cannot_change_the_idempotency_key_or_duplicate_header
         (422, JSON, b'{"error": "bad qty"}', ("dead", "BAD_REQUEST", None)),
         (401, {}, b"", ("dead", "UNAUTHORIZED", None)),
         (403, {}, b"", ("dead", "UNAUTHORIZED", None)),
+        # Seed 000 §5: every other 4xx is final too (a plain 409 included); 408 is retried.
+        (404, {}, b"no such route", ("dead", "BAD_REQUEST", None)),
+        (409, JSON, b'{"error": "IDEMPOTENCY_CONFLICT"}', ("dead", "BAD_REQUEST", None)),
+        (413, {}, b"too large", ("dead", "BAD_REQUEST", None)),
+        (408, {}, b"", ("retry", "NETWORK_TIMEOUT", None)),
         (200, JSON, b"<html>not json</html>", ("retry", "UNKNOWN", None)),
     ],
 )

@@ -94,10 +94,11 @@ def test_409_already_processed_keeps_the_brokers_reference():
     "body",
     [b"", b'{"error": "IDEMPOTENCY_CONFLICT", "message": "body differs", "idempotency_key": "k"}', b"conflict"],
 )
-def test_409_without_already_processed_is_retried(body):
+def test_409_without_already_processed_is_dead_bad_request(body):
+    """Seed 000 §5: a duplicate rejection is not retried; only "already processed" counts as sent."""
     outcome = classify(409, body, JSON)
-    assert outcome.kind == "retry"
-    assert outcome.code != "CONFLICT_PROCESSED"
+    assert as_tuple(outcome) == ("dead", "BAD_REQUEST")
+    assert "409" in outcome.error
 
 
 # -- 429 and Retry-After ------------------------------------------------------------------------
@@ -176,20 +177,56 @@ def test_400_and_422_are_dead_bad_request(status):
     assert "quantity must be positive" in outcome.error
 
 
+@pytest.mark.parametrize("status", [402, 404, 405, 406, 410, 411, 413, 414, 415, 418, 421, 451, 499])
+def test_every_other_4xx_is_dead_bad_request_at_once(status):
+    """Seed 000 §5: 4xx is not retried, except 408 and 429 (and 401/403 are UNAUTHORIZED)."""
+    outcome = classify(status, b"no such endpoint")
+    assert as_tuple(outcome) == ("dead", "BAD_REQUEST")
+    assert f"HTTP {status}" in outcome.error and "no such endpoint" in outcome.error
+
+
 @pytest.mark.parametrize("status", [401, 403])
 def test_401_and_403_are_dead_unauthorized(status):
-    assert as_tuple(classify(status, b'{"error": "bad token"}', JSON)) == ("dead", "UNAUTHORIZED")
+    outcome = classify(status, b'{"error": "bad token s3cret"}', JSON)
+    assert as_tuple(outcome) == ("dead", "UNAUTHORIZED")
+    assert "OUTBOX_BROKER_TOKEN" in outcome.error
+    assert "s3cret" not in outcome.error, "an answer to a refused credential may echo it: not stored"
 
 
 def test_408_is_a_network_timeout_retry():
-    assert as_tuple(classify(408)) == ("retry", "NETWORK_TIMEOUT")
+    outcome = classify(408, b"request took too long")
+    assert as_tuple(outcome) == ("retry", "NETWORK_TIMEOUT")
+    assert outcome.delay_s is None
 
 
-@pytest.mark.parametrize("status", [100, 301, 304, 404, 405, 418, 451, 600, 999])
+@pytest.mark.parametrize("status", [100, 199, 301, 304, 600, 999])
 def test_unexpected_statuses_are_retried_as_unknown(status):
     outcome = classify_response(status, {}, b"teapot")
     assert as_tuple(outcome) == ("retry", "UNKNOWN")
     assert str(status) in outcome.error
+
+
+# Seed 000 §5 / §7, row by row: (status, kind, code).
+SEED_000_TABLE = [
+    (200, "sent", None), (201, "sent", None), (202, "sent", None),
+    (400, "dead", "BAD_REQUEST"), (401, "dead", "UNAUTHORIZED"), (403, "dead", "UNAUTHORIZED"),
+    (404, "dead", "BAD_REQUEST"), (405, "dead", "BAD_REQUEST"), (408, "retry", "NETWORK_TIMEOUT"),
+    (409, "dead", "BAD_REQUEST"), (410, "dead", "BAD_REQUEST"), (413, "dead", "BAD_REQUEST"),
+    (422, "dead", "BAD_REQUEST"), (429, "retry", "RATE_LIMITED"),
+    (500, "retry", "BROKER_5XX"), (502, "retry", "BROKER_5XX"), (503, "retry", "BROKER_5XX"), (504, "retry", "BROKER_5XX"),
+    (302, "retry", "UNKNOWN"),
+]
+
+
+@pytest.mark.parametrize(("status", "kind", "code"), SEED_000_TABLE)
+def test_the_seed_000_table_row_by_row(status, kind, code):
+    assert as_tuple(classify(status, b"{}", JSON)) == (kind, code)
+
+
+def test_409_already_processed_is_the_only_409_that_counts_as_sent():
+    assert as_tuple(classify(409, b'{"status": "already_processed", "broker_order_id": "B-1"}', JSON)) == (
+        "sent", "CONFLICT_PROCESSED")
+    assert as_tuple(classify(409, b'{"error": "order rejected: key in use"}', JSON)) == ("dead", "BAD_REQUEST")
 
 
 def test_error_text_of_a_huge_answer_stays_short():

@@ -67,14 +67,16 @@ def test_failures_retry_up_to_the_maximum_then_dead(db_url, conn, mail_dir):
 
     members.use_mailer(Down())
     row_id = member_created(conn, 3)
-    for attempt in range(1, 6):
+    # Ghost: (retryCount + 1) <= MAX_RETRIES ? PENDING : FAILED with MAX_RETRIES = 5 -> 5 retries, FAILED on the 6th
+    for attempt in range(1, 7):
         conn.execute("UPDATE outbox_members SET available_at = now()")
         relay(db_url)
         assert rows(conn, TABLE)[0]["attempts"] == attempt
+        assert rows(conn, TABLE)[0]["status"] == ("pending" if attempt < 6 else "dead")
     row = rows(conn, TABLE)[0]
-    assert (row["status"], row["last_error_code"]) == ("dead", "HANDLER_ERROR")  # 5 attempts (Ghost's MAX_RETRIES)
+    assert (row["status"], row["last_error_code"]) == ("dead", "HANDLER_ERROR")
     assert len(row["last_error"]) <= 2000 and "smtp unreachable" in row["last_error"]
-    assert audit_codes(conn, TABLE, row_id).count("outbox_flush_retry") == 4
+    assert audit_codes(conn, TABLE, row_id).count("outbox_flush_retry") == 5
     assert conn.execute("SELECT count(*) AS n FROM automated_email_recipients").fetchone()["n"] == 0
 
 
@@ -97,3 +99,16 @@ def test_the_per_topic_switch_pauses_welcome_emails(db_url, conn, mail_dir):
     members.registry.set_enabled(members.TOPIC, True)
     assert relay(db_url).sent == 1
     assert statuses(conn, TABLE) == {}
+
+
+def test_a_failed_delete_after_success_marks_the_entry_completed_not_failed(db_url, conn, mail_dir):
+    """Ghost: 'エントリ削除失敗 → COMPLETED'. The email went out; a replay must not send it again."""
+    row_id = member_created(conn, 7)
+    conn.execute("CREATE TABLE member_notes (outbox_id bigint REFERENCES outbox_members (id))")
+    conn.execute("INSERT INTO member_notes VALUES (%s)", (row_id,))  # the delete will be refused
+    report = relay(db_url)
+    assert (report.sent, report.dead) == (1, 0)
+    row = rows(conn, TABLE)[0]
+    assert (row["status"], row["last_error_code"]) == ("sent", "DB_ERROR")
+    assert "could not record the outcome (deleted" in row["last_error"]
+    assert conn.execute("SELECT count(*) AS n FROM automated_email_recipients").fetchone()["n"] == 1

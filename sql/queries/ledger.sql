@@ -21,7 +21,8 @@ WHERE scope = %(scope)s AND idempotency_key = %(key)s
 
 -- name: idempo_ledger_settle
 -- The relay records the broker's outcome: succeeded with the ExecResult (what a
--- replay then returns) or failed with the reason.
+-- replay then returns), or failed with seed 001's error code (BROKER_REJECTED,
+-- BROKER_TIMEOUT, BROKER_DOWN), the HTTP status of the failure and the reason.
 UPDATE idempo_ledger AS l
 SET status = i.status,
     result = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.result END,
@@ -29,12 +30,16 @@ SET status = i.status,
     -- What a replay of the same request answers (with 200): the ExecResult, or the failure.
     response = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb
                     ELSE jsonb_build_object('status', 'failed', 'idempotency_key', l.idempotency_key,
-                                            'order_id', l.response->>'order_id', 'error', 'BROKER_REJECTED',
+                                            'order_id', l.response->>'order_id',
+                                            'error', coalesce(i.error, 'BROKER_REJECTED'),
+                                            'reason_code', i.reason_code,
+                                            'http_status', coalesce(i.http_status, 400),
                                             'reason', i.reason, 'request_digest', l.request_digest) END,
-    http_status = 200,
+    http_status = CASE WHEN i.status = 'succeeded' THEN 200 ELSE coalesce(i.http_status, 400) END,
     reason = i.reason,
     updated_at = now()
 FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(statuses)s::text[], %(results)s::text[],
-            %(result_digests)s::text[], %(reasons)s::text[])
-     AS i(scope, key, status, result, result_digest, reason)
+            %(result_digests)s::text[], %(reasons)s::text[], %(errors)s::text[], %(http_statuses)s::int[],
+            %(reason_codes)s::text[])
+     AS i(scope, key, status, result, result_digest, reason, error, http_status, reason_code)
 WHERE l.scope = i.scope AND l.idempotency_key = i.key AND l.status <> 'succeeded'

@@ -65,9 +65,9 @@ WITH clock AS (
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
               t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
-    SELECT %(table_name)s, c.id, c.event_id, c.was, 'sending', c.attempts, 'outbox_claim',
+    SELECT %(table_name)s, c.id, c.event_id, c.tenant_id, c.was, 'sending', c.attempts, 'outbox_claim',
            %(worker)s, c.headers->>'trace_id',
            CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END
     FROM claimed AS c
@@ -109,7 +109,7 @@ WITH clock AS (
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code
+    RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code, t.tenant_id
 ), deleted AS (
     -- Deletions come in arrays of their own (empty unless the table deletes on success), so
     -- neither part of the statement scans the other's rows.
@@ -120,7 +120,8 @@ WITH clock AS (
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = d.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code
+    RETURNING t.id, t.event_id, t.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code,
+              t.tenant_id
 ), all_input AS (
     SELECT id, attempts, status, error_code FROM input
     UNION ALL
@@ -130,13 +131,18 @@ WITH clock AS (
 ), settled AS (
     SELECT * FROM updated UNION ALL SELECT * FROM deleted
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+    -- Seed 000 §8.1: detail holds the error text of a retry or a death (capped at 2000
+    -- characters), and the destination's reference of a delivery ("ref=<broker order id>").
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
-    SELECT %(table_name)s, s.id, s.event_id, 'sending', s.status, s.attempts, s.audit_code,
-           s.error_code, %(worker)s, s.headers->>'trace_id', NULL
+    SELECT %(table_name)s, s.id, s.event_id, s.tenant_id, 'sending', s.status, s.attempts, s.audit_code,
+           s.error_code, %(worker)s, s.headers->>'trace_id',
+           CASE WHEN s.status IN ('sent', 'deleted') THEN 'ref=' || left(i.ref, 1996)
+                ELSE left(i.error, 2000) END
     FROM settled AS s
+    LEFT JOIN input AS i ON i.id = s.id
     UNION ALL
-    SELECT %(table_name)s, i.id, cur.event_id, cur.status, i.status, i.attempts,
+    SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, i.status, i.attempts,
            'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',
            CASE WHEN cur.id IS NULL THEN 'row no longer exists'
                 ELSE format('lease lost: row is %%s, held by %%s at attempt %%s',
@@ -219,11 +225,11 @@ WITH clock AS (
         updated_at = clock.now
     FROM stuck, clock
     WHERE t.id = stuck.id
-    RETURNING t.id, t.event_id, t.attempts, t.status, t.headers, stuck.previous_holder
+    RETURNING t.id, t.event_id, t.attempts, t.status, t.headers, stuck.previous_holder, t.tenant_id
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
-    SELECT %(table_name)s, m.id, m.event_id, 'sending', m.status, m.attempts,
+    SELECT %(table_name)s, m.id, m.event_id, m.tenant_id, 'sending', m.status, m.attempts,
            CASE WHEN m.status = 'dead' THEN 'outbox_flush_dead' ELSE 'outbox_requeue' END,
            CASE WHEN m.status = 'dead' THEN 'LEASE_EXPIRED' END,
            %(worker)s, m.headers->>'trace_id',
@@ -242,6 +248,8 @@ WITH clock AS (
     FROM {table} AS t, clock
     WHERE t.status = 'sent'
       AND t.published_at < clock.now - make_interval(secs => %(retention_s)s)
+      -- seed 004 §10.3: a clean-up can be scoped to one tenant (its own index)
+      AND (%(tenant_id)s::text IS NULL OR t.tenant_id = %(tenant_id)s::text)
     ORDER BY t.published_at, t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -250,8 +258,8 @@ WITH clock AS (
 ), summary AS (
     SELECT count(*) AS deleted, min(id) AS min_id, max(id) AS max_id FROM gone
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, from_status, to_status, code, worker, detail)
-    SELECT %(table_name)s, 'sent', 'gone', 'outbox_clean', %(worker)s,
+    INSERT INTO outbox_audit (outbox_table, tenant_id, from_status, to_status, code, worker, detail)
+    SELECT %(table_name)s, %(tenant_id)s::text, 'sent', 'gone', 'outbox_clean', %(worker)s,
            format('deleted %%s sent rows, ids %%s..%%s', deleted, min_id, max_id)
     FROM summary WHERE deleted > 0
 )
@@ -288,9 +296,9 @@ WITH clock AS (
     WHERE t.id = m.id AND NOT m.refused AND NOT %(dry_run)s
     RETURNING t.id, t.headers
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
-    SELECT %(table_name)s, m.id, m.event_id, 'dead', 'pending', 0, 'outbox_replay',
+    SELECT %(table_name)s, m.id, m.event_id, m.tenant_id, 'dead', 'pending', 0, 'outbox_replay',
            m.last_error_code, %(worker)s, r.headers->>'trace_id', left(m.last_error, 2000)
     FROM matched AS m JOIN replayed AS r ON r.id = m.id
 ), wake AS (
@@ -344,11 +352,12 @@ WITH input AS (
         lease_expires_at = NULL, updated_at = now()
     FROM input AS i
     WHERE t.id = i.id AND t.status = 'sending' AND t.locked_by = %(worker)s AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers
+    RETURNING t.id, t.event_id, t.attempts, t.headers, t.tenant_id
 ), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status, attempts, code, worker,
-                              trace_id, detail)
-    SELECT %(table_name)s, r.id, r.event_id, 'sending', 'pending', r.attempts, 'outbox_release', %(worker)s,
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status, attempts,
+                              code, worker, trace_id, detail)
+    SELECT %(table_name)s, r.id, r.event_id, r.tenant_id, 'sending', 'pending', r.attempts, 'outbox_release',
+           %(worker)s,
            r.headers->>'trace_id', %(reason)s
     FROM released AS r
 )

@@ -10,22 +10,35 @@ keep-alive client per destination and all mapping answers and failures alike:
 - ``aiohttp``: httpx's API over the httpx-aiohttp transport;
 - ``httpx-async``: httpx.AsyncClient with its own pool;
 - ``httpx-sync``: httpx.Client from a thread pool.
+
+Credentials: ``token`` is sent as ``Authorization: Bearer <token>``; a URL with
+user-info (``http://user:password@host/...``) is sent as Basic auth instead, with
+the user-info taken out of the URL, so no transport, log or name shows it. Both
+at once is a configuration error.
+
+A request the HTTP client refuses to send (a control character in a header, an
+invalid URL built from the message) is dead at once as ``BAD_REQUEST``: sending
+it again cannot succeed.
 """
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.http_outcomes import classify_response
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.redaction import redact_text, redact_url, split_credentials
 
 TRANSPORTS = ("aiohttp-native", "aiohttp", "httpx-async", "httpx-sync")
 DEFAULT_TRANSPORT = "aiohttp-native"
@@ -39,9 +52,18 @@ class HttpRequest:
     path: str = ""
 
 
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_headers(message: ClaimedMessage) -> dict[str, str]:
+    """W3C trace context for the destination: the relay's send span (a well-formed traceparent only)."""
+    value = message.headers.get("traceparent") if isinstance(message.headers, dict) else None
+    return {"traceparent": value} if isinstance(value, str) and _TRACEPARENT.match(value) else {}
+
+
 def default_request(message: ClaimedMessage) -> HttpRequest:
     """POST the payload as JSON; metadata travels in headers."""
-    headers = {"X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts)}
+    headers = {"X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts), **trace_headers(message)}
     if message.trace_id:
         headers["X-Trace-Id"] = message.trace_id
     if message.tenant_id:
@@ -49,10 +71,45 @@ def default_request(message: ClaimedMessage) -> HttpRequest:
     return HttpRequest(body=message.payload, headers=headers)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What one delivery attempt was on the wire, beyond its outcome (the order ledger's error map needs it)."""
+
+    # The HTTP status of the answer; None when there was no answer.
+    status: int | None = None
+    # Why there was no answer: "timeout", "connection" (refused, reset, unreachable), "protocol" (a broken
+    # answer), "refused" (the HTTP client would not send the request), "error" (anything else).
+    failure: str | None = None
+
+
 RequestBuilder = Callable[[ClaimedMessage], HttpRequest]
-# Called with (message, outcome, response body) after each answer; for adapters
+# Called with (message, outcome, response body, attempt) after each attempt; for adapters
 # that record results elsewhere (the order ledger).
-ResultHook = Callable[[ClaimedMessage, Outcome, bytes], Outcome]
+ResultHook = Callable[[ClaimedMessage, Outcome, bytes, Attempt], Outcome]
+
+# Control characters (CR, LF, NUL ...; TAB is allowed in header values) that no HTTP client sends in a header
+# or a request target. Refused here, the same way on every transport, before anything goes on the wire.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# What a bearer token may hold: visible ASCII (RFC 6750's b64token, and then some), no space, no control.
+_TOKEN = re.compile(r"^[\x21-\x7e]+$")
+
+
+def _check_request(url: str, headers: dict[str, str]) -> None:
+    """ValueError naming what the HTTP client would refuse to send."""
+    for name, value in headers.items():
+        if _CONTROL.search(name) or "\t" in name or not name:
+            raise ValueError(f"header name {name[:64]!r} holds a control character (CR, LF, NUL ...) or is empty")
+        if _CONTROL.search(value):
+            raise ValueError(f"header {name!r} holds a control character (CR, LF, NUL ...): {value[:64]!r}")
+    if _CONTROL.search(url):
+        raise ValueError(f"the request URL holds a control character (CR, LF, NUL ...): {redact_url(url)[:200]!r}")
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups (anyio raises those)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _as_httpx_error(exc: BaseException) -> BaseException:
@@ -75,15 +132,31 @@ def _as_httpx_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def _exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
-    exc = _as_httpx_error(exc)
+# Exceptions by which an HTTP client refuses to send a request: nothing reached the destination, and
+# sending the same request again fails the same way (checked after the network errors, which come first).
+CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
+    httpx.LocalProtocolError,  # h11: "Illegal header value b'a\\r\\nb'"
+    httpx.InvalidURL,
+    httpx.UnsupportedProtocol,
+    aiohttp.InvalidURL,
+    ValueError,  # aiohttp: "Forbidden control character detected in headers"; UnicodeEncodeError (httpx: non-ASCII header)
+    TypeError,
+)
+
+
+def _exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, str]:
+    """The outcome of an attempt that got no answer, and the Attempt.failure it stands for."""
+    exc = _as_httpx_error(_unwrap(exc))
+    text = redact_text(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})")
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
     if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {type(exc).__name__}: {exc}")
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {text}"), "connection"
+    if isinstance(exc, CLIENT_REFUSALS):
+        return Outcome.dead(m.BAD_REQUEST, f"the HTTP client refused to send the request: {text}"), "refused"
     if isinstance(exc, httpx.HTTPError):
-        return Outcome.retry(m.UNKNOWN, f"unusable answer: {type(exc).__name__}: {exc}")
-    return Outcome.retry(m.UNKNOWN, f"{type(exc).__name__}: {exc}")
+        return Outcome.retry(m.UNKNOWN, f"unusable answer: {text}"), "protocol"
+    return Outcome.retry(m.UNKNOWN, text), "error"
 
 
 class HttpDestination:
@@ -104,9 +177,25 @@ class HttpDestination:
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown HTTP transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+        raw_url, shown = url, redact_url(url)
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"destination URL must start with http:// or https://, got {url!r}")
-        self.name = name or url
+            raise ValueError(f"destination URL must start with http:// or https://, got {shown!r}")
+        try:
+            url, credentials = split_credentials(url)
+            urlsplit(url).port  # noqa: B018  (a port out of range raises here, not at the first delivery)
+            httpx.URL(url)
+        except (ValueError, httpx.InvalidURL) as exc:
+            raise ValueError(f"destination URL {shown!r} is not a valid URL: {redact_text(str(exc))}") from None
+        if credentials is not None and token:
+            raise ConfigError(
+                f"destination {shown}: the URL carries user:password and a bearer token (OUTBOX_BROKER_TOKEN) is "
+                "set too; a request can carry one credential: drop the user-info from the URL or unset the token"
+            )
+        if token and not _TOKEN.fullmatch(token):
+            raise ConfigError("the bearer token (OUTBOX_BROKER_TOKEN) holds spaces, control or non-ASCII characters; "
+                              "it cannot travel in an Authorization header")
+        # The name shows in logs, Dagster run logs and alerts: never with credentials.
+        self.name = redact_text(name.replace(raw_url, shown)) if name else shown
         self.url = url.rstrip("/") if build_request is not default_request else url
         self.timeout_s = timeout_s
         self.parallelism = max(1, parallelism)
@@ -116,6 +205,9 @@ class HttpDestination:
         self.base_headers = {"Content-Type": "application/json", "User-Agent": "outbox-pipelines"}
         if token:
             self.base_headers["Authorization"] = f"Bearer {token}"
+        elif credentials is not None:
+            # The same header on every transport (Basic auth, UTF-8 as RFC 7617 recommends).
+            self.base_headers["Authorization"] = aiohttp.encode_basic_auth(*credentials, encoding="utf-8")
         self._base_lower = {name.lower(): value for name, value in self.base_headers.items()}
         limits = httpx.Limits(max_connections=self.parallelism, max_keepalive_connections=self.parallelism)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,22 +244,30 @@ class HttpDestination:
         path = request.path
         if path and not path.startswith(("/", "?")):
             path = "/" + path  # self.url has no trailing "/" here: "orders" must not become ":8080orders"
+        _check_request(self.url + path, headers)
         return self.url + path, body, headers, request.timeout_s or self.timeout_s
 
     def _finish(self, message: ClaimedMessage, response: httpx.Response | None, exc: BaseException | None, timeout: float) -> Outcome:
         if response is not None:
             body = response.content
             outcome = classify_response(response.status_code, response.headers, body)
+            attempt = Attempt(status=response.status_code)
         else:
             body = b""
-            outcome = _exception_outcome(exc, timeout) if exc else Outcome.retry(m.UNKNOWN, "no response")
-        return self.on_result(message, outcome, body) if self.on_result else outcome
+            outcome, failure = _exception_outcome(exc, timeout) if exc else (Outcome.retry(m.UNKNOWN, "no response"), "error")
+            attempt = Attempt(failure=failure)
+        return self.on_result(message, outcome, body, attempt) if self.on_result else outcome
+
+    def _unbuildable(self, message: ClaimedMessage, exc: Exception) -> Outcome:
+        """A request that cannot be built from this message (a builder's error, a control character): dead."""
+        outcome = Outcome.dead(m.BAD_REQUEST, redact_text(f"cannot build the request: {type(exc).__name__}: {exc}"))
+        return self.on_result(message, outcome, b"", Attempt(failure="refused")) if self.on_result else outcome
 
     async def _send_async(self, message: ClaimedMessage, gate: asyncio.Semaphore) -> Outcome:
         try:
             url, body, headers, timeout = self._prepare(message)
-        except Exception as exc:  # a request builder that cannot map this payload
-            return Outcome.dead(m.BAD_REQUEST, f"cannot build the request: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a request builder that cannot map this payload, a header no client sends
+            return self._unbuildable(message, exc)
         async with gate:
             if self.transport == "aiohttp-native":
                 return await self._send_native(message, url, body, headers, timeout)
@@ -184,11 +284,12 @@ class HttpDestination:
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 content = await response.read()
                 outcome = classify_response(response.status, response.headers, content)
+                attempt = Attempt(status=response.status)
         except asyncio.TimeoutError:
             return self._finish(message, None, httpx.ReadTimeout("no answer"), timeout)
         except Exception as exc:
             return self._finish(message, None, exc, timeout)
-        return self.on_result(message, outcome, content) if self.on_result else outcome
+        return self.on_result(message, outcome, content, attempt) if self.on_result else outcome
 
     async def _deliver_async(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         gate = asyncio.Semaphore(self.parallelism)
@@ -198,7 +299,7 @@ class HttpDestination:
         try:
             url, body, headers, timeout = self._prepare(message)
         except Exception as exc:
-            return Outcome.dead(m.BAD_REQUEST, f"cannot build the request: {type(exc).__name__}: {exc}")
+            return self._unbuildable(message, exc)
         try:
             response = self._client.post(url, content=body, headers=headers, timeout=timeout)
         except Exception as exc:

@@ -1,4 +1,18 @@
-"""The mapping of HTTP answers to outcomes (DESIGN.md §3.4). Pure functions."""
+"""The mapping of HTTP answers to outcomes (DESIGN.md §3.4, seed 000 §5 and §7). Pure functions.
+
+| answer | outcome | code |
+|---|---|---|
+| 2xx | sent (ref: the broker's id, else the body's digest) | - |
+| 2xx declaring JSON with a body that is not JSON | retry | UNKNOWN |
+| 409 "already processed" | sent | CONFLICT_PROCESSED |
+| 409 other (a duplicate rejection) | dead | BAD_REQUEST |
+| 429 | retry not before Retry-After | RATE_LIMITED |
+| 408 | retry | NETWORK_TIMEOUT |
+| 401, 403 | dead | UNAUTHORIZED |
+| any other 4xx (400, 404, 405, 410, 413, 422 ...) | dead | BAD_REQUEST |
+| 5xx | retry (not before Retry-After if given) | BROKER_5XX |
+| anything else (1xx, 3xx, > 599) | retry, bounded by max attempts | UNKNOWN |
+"""
 
 import email.utils
 import hashlib
@@ -98,16 +112,20 @@ def classify_response(
     if status == 409:
         if _is_already_processed(body):
             return Outcome.sent(ref=_reference(body), code=m.CONFLICT_PROCESSED)
-        return Outcome.retry("CONFLICT", f"HTTP 409 without 'already processed': {snippet!r}")
+        # Seed 000 §5: a duplicate rejection is not retried (only "already processed" counts as sent).
+        return Outcome.dead(m.BAD_REQUEST, f"HTTP 409 without 'already processed': {snippet!r}")
     retry_after = parse_retry_after(headers.get("retry-after"), now_epoch=now_epoch, date_header=headers.get("date"))
     if status == 429:
         return Outcome.retry(m.RATE_LIMITED, f"HTTP 429: {snippet!r}", delay_s=retry_after)
-    if status in (400, 422):
-        return Outcome.dead(m.BAD_REQUEST, f"HTTP {status}: {snippet!r}")
+    if status == 408:
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"HTTP 408 request timeout: {snippet!r}")
     if status in (401, 403):
-        return Outcome.dead(m.UNAUTHORIZED, f"HTTP {status}: check the destination's credentials (OUTBOX_API_TOKEN)")
+        # No body snippet: an answer to a refused credential may echo it.
+        return Outcome.dead(m.UNAUTHORIZED, f"HTTP {status}: check the destination's credentials "
+                                            "(OUTBOX_BROKER_TOKEN, or user:password in its URL)")
+    if 400 <= status < 500:
+        # Seed 000 §5: every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
+        return Outcome.dead(m.BAD_REQUEST, f"HTTP {status}: {snippet!r}")
     if 500 <= status < 600:
         return Outcome.retry(m.BROKER_5XX, f"HTTP {status}: {snippet!r}", delay_s=retry_after)
-    if status == 408:
-        return Outcome.retry(m.NETWORK_TIMEOUT, "HTTP 408 request timeout")
     return Outcome.retry(m.UNKNOWN, f"unexpected HTTP {status}: {snippet!r}")

@@ -1,0 +1,87 @@
+"""OpenTelemetry for the outbox: spans that follow a message from the request that wrote it to
+the broker that received it.
+
+The trace context crosses the process boundary in the message itself: the writer stores the
+W3C ``traceparent`` of its span in the message headers (``headers["traceparent"]``); the relay
+makes its send span a child of it, and puts the send span's own traceparent on the outgoing
+request, so the broker's spans continue the same trace.
+
+Export is configured by the standard ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_SERVICE_NAME``, ...). Unset, nothing is installed: the API's no-op tracer is used, and
+the relay skips per-message spans altogether (they would cost ~2 µs a message for nothing).
+"""
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = logging.getLogger("outbox_pipelines.tracing")
+
+TRACER_NAME = "outbox_pipelines"
+TRACEPARENT = "traceparent"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def tracer(provider: "trace.TracerProvider | None" = None) -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME, tracer_provider=provider)
+
+
+def enabled() -> bool:
+    """Whether an SDK provider is installed (else every span is a no-op)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def context_of(headers: Mapping[str, Any] | None) -> Context:
+    """The trace context carried by ``traceparent`` / ``tracestate`` in headers (empty if none or malformed)."""
+    if not headers:
+        return Context()
+    carrier = {name: str(headers[name]) for name in (TRACEPARENT, "tracestate") if headers.get(name)}
+    return _PROPAGATOR.extract(carrier) if carrier else Context()
+
+
+def traceparent(span: trace.Span) -> str | None:
+    """The W3C traceparent of ``span`` (None for a no-op span)."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def configure_from_env(service_name: str, env: Mapping[str, str] | None = None, *, install: bool = True) -> Any:
+    """Install an SDK TracerProvider exporting OTLP over HTTP when the OTEL_* variables ask for export.
+
+    Returns the provider (shut it down at exit to flush), or None when tracing stays a no-op (or a
+    provider is installed already). ``install=False`` builds it without making it the global one.
+    """
+    env = os.environ if env is None else env
+    if _truthy(env.get("OTEL_SDK_DISABLED")) or (install and enabled()):
+        return None
+    if not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return None
+    if (env.get("OTEL_TRACES_EXPORTER") or "otlp").strip().lower() == "none":
+        return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not "
+                    "installed: no spans are exported")
+        return None
+    attributes = {"service.name": env.get("OTEL_SERVICE_NAME") or service_name}
+    provider = TracerProvider(resource=Resource.create(attributes))  # merges OTEL_RESOURCE_ATTRIBUTES
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if install:
+        trace.set_tracer_provider(provider)
+    return provider
