@@ -74,6 +74,7 @@ class DestinationGuard:
         self.destination = display_name(destination)
         self.threshold, self.probe_interval_s = threshold, probe_interval_s
         self.circuit_open = False
+        self._throttle_probe = False
         self._streak_open: bool | None = None  # unknown until the first write
         self._last_success_write = float("-inf")
 
@@ -91,6 +92,11 @@ class DestinationGuard:
                         f"paused by the destination ({row['pause_reason'] or '429'})")
         self.circuit_open = row["circuit_opened_at"] is not None
         if not self.circuit_open:
+            if row["pause_reason"] is not None:
+                # A pause just ended: one message first, not a full batch into a destination that may
+                # still be throttling; the first success lifts the throttle for every relay.
+                self._throttle_probe = True
+                return Gate(0.0, 1, False, "throttled: one message first")
             return OPEN
         with conn.cursor() as cur:
             cur.execute(shared_query("outbox_destination_take_probe"),
@@ -110,8 +116,9 @@ class DestinationGuard:
         delivered, failures = destination_failures(outcomes)
         if delivered:
             was_open = self.circuit_open
-            if self._streak_open is not False or was_open or \
+            if self._streak_open is not False or was_open or self._throttle_probe or \
                     time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
+                self._throttle_probe = False
                 if self._quietly(conn, "outbox_destination_health_success",
                                  {"table_name": self.table, "destination": self.destination}):
                     self._streak_open = False

@@ -457,10 +457,12 @@ class Relay:
         self, store: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
         claim_next: Callable[[], list[ClaimedMessage]],
     ) -> None:
-        """Deliver batch N on the pipeline thread while claiming N+1 and settling N-1 here.
+        """Deliver batch N on the pipeline thread while claiming N+1 here.
 
         For network destinations, where a batch spends most of its time waiting on
-        the wire, this keeps the database work off the critical path. Ends when
+        the wire, this keeps the claim off the critical path. A batch is settled
+        before the next one is sent, so a database failure leaves at most one
+        delivered-but-unrecorded batch per relay. Ends when
         ``claim_next`` returns nothing (no ready rows, a budget, a stop or a 429
         pause); both batches in flight are always settled before it returns.
         """
@@ -486,16 +488,19 @@ class Relay:
             if upcoming:
                 keeper.hold([(msg.id, msg.attempts) for msg in current + upcoming])
             delivered = self._in_flight.result()
-            if upcoming and any(o.code == m.RATE_LIMITED for o in delivered):
-                # 429: the destination wants the whole table to wait; the prefetched batch goes back unsent.
+            # Settle before the next batch goes on the wire: if the database fails now, at most this one
+            # batch was delivered without being recorded (and is delivered again), never two.
+            self._finish(store, current, self._combine(plan, delivered), report)
+            if upcoming and (time.monotonic() < self._pause_until or self.guard.circuit_open):
+                # 429 or an open circuit: the table must wait; the prefetched batch goes back unsent.
+                why = self._pause_reason if time.monotonic() < self._pause_until else "the circuit is open"
                 store.release_unsent(self.worker, [(msg.id, msg.attempts) for msg in upcoming],
-                                     "released unsent: the destination answered 429")
+                                     f"released unsent: {why}")
                 report.claimed -= len(upcoming)
                 upcoming = []
             if upcoming:
                 upcoming_plan = self._plan(store, upcoming)
                 self._in_flight = self._pipeline_thread.submit(self._deliver, upcoming, upcoming_plan)
-            self._finish(store, current, self._combine(plan, delivered), report)
             if not upcoming:
                 keeper.release()
                 return

@@ -147,3 +147,48 @@ def test_a_batch_that_could_not_be_settled_is_given_back_not_stranded(db_url, co
     assert report.db_errors >= 1
     assert conn.execute("SELECT count(*) AS n FROM outbox_events WHERE status = 'sending'").fetchone()["n"] == 0
     assert statuses(conn, EVENTS).get("sent", 0) == 4  # given back, re-claimed, delivered again (same keys)
+
+
+class BatchSizes:
+    """A destination that accepts everything and remembers how many messages each call carried."""
+
+    name = "batch sizes"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def deliver(self, messages):
+        self.calls.append(len(messages))
+        return [Outcome.sent(ref=f"r{m.id}") for m in messages]
+
+    def close(self) -> None:
+        pass
+
+
+def test_after_a_throttle_one_message_goes_first_then_full_batches(db_url, conn):
+    """A pause that ran out is probed with one message (every relay of the table would otherwise send a
+    full batch into a destination that may still be throttling); the first success lifts it for all."""
+    enqueue_n(conn, EVENTS, 5)
+    conn.execute("INSERT INTO outbox_destination_health (table_name, paused_until, pause_reason) "
+                 "VALUES (%s, now() - interval '1 second', '429 Retry-After')", (EVENTS,))
+    destination = BatchSizes()
+    Relay(db_url, settings(batch_size=5), destination).run(once=True)
+    assert destination.calls == [1, 4]
+    assert health(conn)["pause_reason"] is None and health(conn)["paused_until"] is None
+
+
+def test_a_pipelined_relay_sends_no_batch_while_the_circuit_is_open(db_url, conn):
+    """The batch claimed ahead goes back unsent, attempt given back, when the one on the wire opens the circuit."""
+    enqueue_n(conn, EVENTS, 6)
+
+    class Down(BatchSizes):
+        pipelined = True
+
+        def deliver(self, messages):
+            self.calls.append(len(messages))
+            return [Outcome.retry(m.NETWORK_TIMEOUT, "refused") for _ in messages]
+
+    destination = Down()
+    Relay(db_url, settings(batch_size=3, circuit_threshold=3, probe_interval_s=60), destination).run(once=True)
+    assert destination.calls == [3]  # the second batch was claimed ahead, then given back unsent
+    assert {(r["status"], r["attempts"]) for r in rows(conn, EVENTS)} == {("pending", 0)}

@@ -20,9 +20,9 @@ RELAYS = 2
 BATCH = 100
 LEASE_S = 20  # OUTBOX_RELAY_LOCK_TTL
 DOWN_S = 10.0
-# A relay pipelines network deliveries: one batch on the wire while the previous one settles,
-# so a crash can catch two delivered-but-unsettled batches per relay.
-IN_FLIGHT_BATCHES = 2
+# A relay claims the next batch while one is on the wire but settles a batch before sending the
+# next, so a crash can catch at most one delivered-but-unsettled batch per relay.
+IN_FLIGHT_BATCHES = 1
 
 
 def count_sent(db) -> int | None:

@@ -69,13 +69,17 @@ SET destination = EXCLUDED.destination,
 RETURNING circuit_opened_at IS NOT NULL AS circuit_open
 
 -- name: outbox_destination_health_success
--- A delivery succeeded: the streak (if any) is over and the circuit closes.
+-- A delivery succeeded: the streak (if any) is over, the circuit closes, an
+-- expired throttle is lifted.
 -- Written when a streak is open, and otherwise at most every few seconds per relay.
 INSERT INTO outbox_destination_health AS h (table_name, destination, last_success_at, updated_at)
 VALUES (%(table_name)s, %(destination)s, now(), now())
 ON CONFLICT (table_name) DO UPDATE
 SET destination = EXCLUDED.destination, failing_since = NULL, consecutive_failures = 0,
     error_codes = '{}'::jsonb, last_success_at = now(), circuit_opened_at = NULL, next_probe_at = NULL,
+    -- a throttle that has run out is over once a delivery succeeds; one still running stays
+    paused_until = CASE WHEN h.paused_until > now() THEN h.paused_until END,
+    pause_reason = CASE WHEN h.paused_until > now() THEN h.pause_reason END,
     updated_at = now()
 
 -- name: outbox_destination_pause
