@@ -435,18 +435,9 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from outbox_pipelines.broker_sim import BrokerSim, Faults
+    from outbox_pipelines.broker_sim import BrokerSim, faults_from_args
 
-    faults = Faults(
-        fail_first=args.fail_first,
-        bad_keys=set(args.bad_key or []),
-        every_nth_5xx=args.every_nth_5xx,
-        every_nth_429=args.every_nth_429,
-        retry_after_s=args.retry_after,
-        every_nth_timeout=args.every_nth_timeout,
-        hang_s=args.hang,
-        every_nth_drop=args.every_nth_drop,
-    )
+    faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
     say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); faults: {faults.describe()}")
     web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
@@ -557,17 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can "
                         "place orders)")
 
-    p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8700)
-    p.add_argument("--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key")
-    p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
-    p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
-    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)")
-    p.add_argument("--every-nth-timeout", type=int, default=0, metavar="N", help="hang on every Nth request")
-    p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")
-    p.add_argument("--every-nth-drop", type=int, default=0, metavar="N", help="drop the connection of every Nth request")
-    p.add_argument("--bad-key", action="append", metavar="KEY", help="answer 400 for this idempotency key (repeatable)")
+    from outbox_pipelines.broker_sim import CONTROL_HELP, add_fault_options
+
+    p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection",
+            epilog=CONTROL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_fault_options(p)
 
     p = add("dev", cmd_dev, "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
     p.add_argument("--host", default="127.0.0.1")

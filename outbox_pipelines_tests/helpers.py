@@ -1,7 +1,11 @@
 """Small helpers shared by the tests."""
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
+
+import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
@@ -62,3 +66,38 @@ class ScriptedDestination:
 
     def close(self) -> None:
         pass
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
+               on_timeout: Callable[[], str] | None = None) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout_s``
+    (for real processes whose progress has no database clock to move)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = f"\n{on_timeout()}" if on_timeout else ""
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}", pytrace=False)
+        time.sleep(interval_s)
+
+
+class QueriesDatabase:
+    """``connect`` / ``query`` / ``scalar`` over ``self.database_url``: a mixin for the process harnesses."""
+
+    database_url: str
+
+    def connect(self, autocommit: bool = True) -> Any:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        return psycopg.connect(self.database_url, autocommit=autocommit, row_factory=dict_row, connect_timeout=10)
+
+    def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:
+        with self.connect() as conn:
+            return conn.execute(statement, params).fetchall()
+
+    def scalar(self, statement: str, params: Any = None) -> Any:
+        rows = self.query(statement, params)
+        return next(iter(rows[0].values())) if rows else None

@@ -46,10 +46,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -78,18 +77,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
-               on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}", pytrace=False)
-        time.sleep(interval_s)
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -393,7 +380,7 @@ query Run($runId: ID!) {
 
 
 # -- the stack -------------------------------------------------------------------
-class DrillStack:
+class DrillStack(QueriesDatabase):
     def __init__(self, pg_server: Any) -> None:
         self.pg_server = pg_server
         self.t_start = time.monotonic()
@@ -460,16 +447,9 @@ class DrillStack:
             self.dev.wait_ready(timeout_s=240)
 
     # database
-    def connect(self, autocommit: bool = True) -> psycopg.Connection:
-        return psycopg.connect(self.db_url, autocommit=autocommit, row_factory=dict_row)
-
-    def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:
-        with self.connect() as conn:
-            return conn.execute(statement, params).fetchall()
-
-    def scalar(self, statement: str, params: Any = None) -> Any:
-        rows = self.query(statement, params)
-        return next(iter(rows[0].values())) if rows else None
+    @property
+    def database_url(self) -> str:
+        return self.db_url
 
     def statuses(self, where: str = "true", params: Any = None) -> dict[str, int]:
         found = self.query(f"SELECT status, count(*) AS n FROM {TABLE} WHERE {where} GROUP BY status", params)

@@ -28,13 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import db, migrate
-from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -190,7 +188,7 @@ class Relay(Process):
 
 
 # -- the database ---------------------------------------------------------------------------------------
-class SoakDatabase:
+class SoakDatabase(QueriesDatabase):
     """An embedded PostgreSQL of its own, in ``root``, with the outbox schema; restartable the hard way."""
 
     def __init__(self, root: Path) -> None:
@@ -225,16 +223,9 @@ class SoakDatabase:
     def close(self) -> None:
         db.stop_embedded(self.root)
 
-    def connect(self, autocommit: bool = True) -> psycopg.Connection:
-        return psycopg.connect(self.url, autocommit=autocommit, row_factory=dict_row, connect_timeout=10)
-
-    def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:
-        with self.connect() as conn:
-            return conn.execute(statement, params).fetchall()
-
-    def scalar(self, statement: str, params: Any = None) -> Any:
-        rows = self.query(statement, params)
-        return next(iter(rows[0].values())) if rows else None
+    @property
+    def database_url(self) -> str:
+        return self.url
 
     def statuses(self) -> dict[str, int]:
         return {r["status"]: r["n"] for r in self.query(f"SELECT status, count(*) AS n FROM {TABLE} GROUP BY status")}
@@ -354,14 +345,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         item.rep_call = report  # type: ignore[attr-defined]
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
-               on_timeout: Callable[[], str] | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}", pytrace=False)
-        time.sleep(interval_s)

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
+from outbox_pipelines_tests.helpers import wait_until
 from outbox_pipelines_tests.soak.conftest import (
     ORDERS_MAX_ATTEMPTS,
     TABLE,
     SoakStack,
     record,
     scaled,
-    wait_until,
 )
 
 RELAYS = 2

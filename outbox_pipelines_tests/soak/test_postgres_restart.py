@@ -14,7 +14,8 @@ import time
 import psycopg
 import pytest
 
-from outbox_pipelines_tests.soak.conftest import TABLE, record, scaled, wait_until
+from outbox_pipelines_tests.helpers import wait_until
+from outbox_pipelines_tests.soak.conftest import TABLE, record, scaled
 
 RELAYS = 2
 BATCH = 100
