@@ -188,7 +188,8 @@ class TableSettings:
     transport: str = "aiohttp-native"
     preset: str = "generic"
     retry: RetryPolicy = field(default_factory=lambda: preset("generic"))
-    mode: str = "competing"
+    # Seed 004 / DESIGN §2: one active relay per table unless a table says competing.
+    mode: str = "single-active"
     on_success: str = "mark_sent"
     dedup: bool = False
     batch_size: int = 100
@@ -330,7 +331,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         transport=section.get("transport", "aiohttp-native"),
         preset=preset_name,
         retry=policy,
-        mode=_one_of(section.get("mode", "competing"), MODES, f"{where} mode"),
+        mode=_one_of(section.get("mode", "single-active"), MODES, f"{where} mode"),
         on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
         dedup=bool(section.get("dedup", False)),
         batch_size=int(section.get("batch_size", env.batch_size)),
