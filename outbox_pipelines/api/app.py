@@ -131,8 +131,8 @@ class ApiSettings:
         return cls(
             database_url=database_url,
             tokens=tokens,
-            rate_per_minute=int(os.environ.get("OUTBOX_API_RATE_PER_MINUTE", "60")),
-            max_body_bytes=int(os.environ.get("OUTBOX_API_MAX_BODY_BYTES", str(16 * 1024))),
+            rate_per_minute=_env_int("OUTBOX_API_RATE_PER_MINUTE", 60, minimum=1),
+            max_body_bytes=_env_int("OUTBOX_API_MAX_BODY_BYTES", 16 * 1024, minimum=1),
             trusted_proxies=proxies,
             db_timeout_s=parse_duration(os.environ.get("OUTBOX_API_DB_TIMEOUT") or "2s", "OUTBOX_API_DB_TIMEOUT"),
             pool_size=_env_int("OUTBOX_API_POOL_SIZE", 8),
@@ -144,12 +144,15 @@ class ApiSettings:
         )
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, minimum: int = 0) -> int:
     raw = os.environ.get(name) or str(default)
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
 
 
 def _env_bool(name: str) -> bool | None:

@@ -278,3 +278,19 @@ def test_a_client_that_disconnects_mid_body_is_info_and_499_not_an_error(start_a
 def test_the_default_api_settings_hide_tokens_and_urls_from_repr():
     settings = ApiSettings(database_url="postgresql://u:pw@db/x", tokens=(TOKEN,), scope_secret="x" * 32)
     assert TOKEN not in repr(settings) and "pw" not in repr(settings) and "x" * 32 not in repr(settings)
+
+
+def test_rate_and_body_limits_from_the_environment_must_be_whole_positive_numbers(monkeypatch):
+    import pytest as _pytest
+
+    from outbox_pipelines.api.app import ApiSettings
+    from outbox_pipelines.core.errors import ConfigError
+
+    for name, value in (("OUTBOX_API_RATE_PER_MINUTE", "-5"), ("OUTBOX_API_RATE_PER_MINUTE", "lots"),
+                        ("OUTBOX_API_MAX_BODY_BYTES", "0")):
+        monkeypatch.setenv(name, value)
+        with _pytest.raises(ConfigError, match=name):
+            ApiSettings.from_env("postgresql:///x")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OUTBOX_API_RATE_PER_MINUTE", "")
+    assert ApiSettings.from_env("postgresql:///x").rate_per_minute == 60
