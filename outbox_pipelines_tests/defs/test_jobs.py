@@ -122,3 +122,33 @@ def test_prune_run_history_job_deletes_old_runs(db_url, instance, resources):
                      {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}})
     assert result.success and op_metadata(result, "prune_run_history_op")["deleted_runs"] == 1
     assert [r.job_name for r in instance.get_runs()] == ["prune_run_history_job"]
+
+
+def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_url, conn, instance, http_sink,
+                                                                              monkeypatch):
+    """Broker credentials in the URL: sent as Basic auth, shown nowhere a person reads."""
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    enqueue_n(conn, "outbox_orders", 3)
+    secret_url = http_sink.url.replace("http://", "http://brokeruser:BrokerPw-dagster@") + "orders"
+    down_url = "http://brokeruser:BrokerPw-dagster@127.0.0.1:9/orders"
+    texts = []
+    for url in (secret_url, down_url):
+        resources = {"outbox_db": OutboxDatabase(url=db_url),
+                     "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": url})}
+        result = run_job("relay_outbox_orders_job", resources, instance,
+                         {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
+        assert result.success
+        for record in instance.all_logs(result.run_id):
+            texts.append(record.message or "")
+            texts.append(repr(record.dagster_event.event_specific_data) if record.dagster_event else "")
+    from outbox_pipelines.core.oncall import sweep
+    from outbox_pipelines.core.settings import load_settings
+
+    conn.execute("UPDATE outbox_destination_health SET failing_since = now() - interval '10 minutes'")
+    alerts = sweep(db_url, load_settings(env={}, path=None)).alerts
+    texts += [str(a) for a in alerts]
+    assert any("destination" == a.get("check") for a in alerts)  # the outage was told...
+    assert any("***@127.0.0.1" in t for t in texts)  # ...and the URL shown, masked
+    assert not [t for t in texts if "BrokerPw-dagster" in t]
+    orders = [r for r in http_sink.received if r.key]  # the webhook's alerts carry no Idempotency-Key
+    assert len(orders) == 3 and all(r.headers.get("Authorization", "").startswith("Basic ") for r in orders)
