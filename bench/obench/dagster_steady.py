@@ -22,7 +22,7 @@ Measured from the database afterwards:
   itself and the wait for the batch's settle);
 - the relay runs from Dagster's own storage (``DagsterInstance.get()`` for that
   DAGSTER_HOME: run records, run stats, STEP_START events) joined with the
-  ``outbox_claim`` audit rows of each run's worker (``dagster:<run id[:8]>``):
+  ``outbox_claim`` audit rows of each run's worker (``dagster:<run id[:8]>:<pid>``):
   hand-off windows (end of run k, first claim of run k+1) and the worst latency of
   messages committed within ±5 s of each;
 - Dagster overhead per run: enqueue → launch → run start → relay step start →
@@ -207,7 +207,15 @@ def claims_by_worker(url: str, table: str) -> dict[str, tuple[float, float, int]
             "SELECT worker, extract(epoch FROM min(created_at))::float8, extract(epoch FROM max(created_at))::float8, "
             "count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' GROUP BY worker",
             (table,)).fetchall()
-    return {w: (a, b, int(n)) for w, a, b, n in rows}
+    # A relay run's worker is "dagster:<run id[:8]>:<pid>": key by the run.
+    by_run: dict[str, tuple[float, float, int]] = {}
+    for worker, first, last, n in rows:
+        key = ":".join(worker.split(":")[:2])
+        if key in by_run:
+            a, b, m = by_run[key]
+            first, last, n = min(a, first), max(b, last), m + n
+        by_run[key] = (first, last, int(n))
+    return by_run
 
 
 def runs_with_claims(dev: DagsterDev, job: str, table: str) -> list[dict[str, Any]]:
