@@ -65,7 +65,7 @@ from outbox_pipelines.core.ledger import (
     ledger_entry,
 )
 from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
-from outbox_pipelines.core.settings import parse_duration
+from outbox_pipelines.core.settings import env_bool, env_int, parse_duration
 
 log = logging.getLogger("outbox_pipelines.api")
 
@@ -131,39 +131,17 @@ class ApiSettings:
         return cls(
             database_url=database_url,
             tokens=tokens,
-            rate_per_minute=_env_int("OUTBOX_API_RATE_PER_MINUTE", 60, minimum=1),
-            max_body_bytes=_env_int("OUTBOX_API_MAX_BODY_BYTES", 16 * 1024, minimum=1),
+            rate_per_minute=env_int(os.environ, "OUTBOX_API_RATE_PER_MINUTE", 60),
+            max_body_bytes=env_int(os.environ, "OUTBOX_API_MAX_BODY_BYTES", 16 * 1024),
             trusted_proxies=proxies,
             db_timeout_s=parse_duration(os.environ.get("OUTBOX_API_DB_TIMEOUT") or "2s", "OUTBOX_API_DB_TIMEOUT"),
-            pool_size=_env_int("OUTBOX_API_POOL_SIZE", 8),
-            pool_max_overflow=_env_int("OUTBOX_API_POOL_MAX_OVERFLOW", 8),
+            pool_size=env_int(os.environ, "OUTBOX_API_POOL_SIZE", 8, minimum=0),
+            pool_max_overflow=env_int(os.environ, "OUTBOX_API_POOL_MAX_OVERFLOW", 8, minimum=0),
             pool_timeout_s=parse_duration(os.environ.get("OUTBOX_API_POOL_TIMEOUT") or "2s", "OUTBOX_API_POOL_TIMEOUT"),
             scope_secret=os.environ.get("OUTBOX_API_SCOPE_SECRET") or None,
-            auth_failures_per_minute=_env_int("OUTBOX_API_AUTH_FAILURES_PER_MINUTE", 10),
-            metrics_require_token=_env_bool("OUTBOX_API_METRICS_REQUIRE_TOKEN"),
+            auth_failures_per_minute=env_int(os.environ, "OUTBOX_API_AUTH_FAILURES_PER_MINUTE", 10, minimum=0),
+            metrics_require_token=env_bool(os.environ, "OUTBOX_API_METRICS_REQUIRE_TOKEN", None),
         )
-
-
-def _env_int(name: str, default: int, minimum: int = 0) -> int:
-    raw = os.environ.get(name) or str(default)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be at least {minimum}")
-    return value
-
-
-def _env_bool(name: str) -> bool | None:
-    raw = (os.environ.get(name) or "").strip().lower()
-    if not raw:
-        return None
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r}: say true or false")
 
 
 @dataclass

@@ -104,10 +104,16 @@ class BatchTally:
         self._counts: dict[tuple[str, str, str], int] = {}
         self._latency: dict[tuple[str, str], list[float]] = {}
         self._attempts: list[int] = []
+        # A batch has few distinct topics and tenants: label each once, not once per message.
+        self._labels: dict[tuple[str, str | None], tuple[str, str]] = {}
 
     def add(self, message: Any, result: str, in_dispatch_s: float | None, *, final: bool = False) -> None:
-        topic = topic_label(self.table, message.topic)
-        key = (topic, tenant_label(self.table, message.tenant_id), result)
+        labels = self._labels.get((message.topic, message.tenant_id))
+        if labels is None:
+            labels = (topic_label(self.table, message.topic), tenant_label(self.table, message.tenant_id))
+            self._labels[(message.topic, message.tenant_id)] = labels
+        topic, tenant = labels
+        key = (topic, tenant, result)
         self._counts[key] = self._counts.get(key, 0) + 1
         if in_dispatch_s is not None:
             self._latency.setdefault((topic, result), []).append(in_dispatch_s)

@@ -41,7 +41,8 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    """A whole-number variable (unset or empty: ``default``), or ConfigError saying what is wrong."""
     raw = _env(env, name)
     if raw is None:
         return default
@@ -54,7 +55,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) 
     return value
 
 
-def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+def env_bool(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
+    """A true/false variable (unset or empty: ``default``), or ConfigError saying what is wrong."""
     raw = _env(env, name)
     if raw is None:
         return default
@@ -92,16 +94,16 @@ class GlobalSettings:
         retry_max = _env(env, "OUTBOX_RETRY_MAX")
         relay_max = _env(env, "OUTBOX_RELAY_MAX_ATTEMPTS")
         return cls(
-            batch_size=_env_int(env, "OUTBOX_BATCH_SIZE", _env_int(env, "OUTBOX_RELAY_BATCH_SIZE", 100)),
-            parallelism=_env_int(env, "OUTBOX_PARALLELISM", 4),
-            retry_max=_env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
-            idle_sleep_s=_env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
-            stuck_threshold_s=_env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
-            relay_enabled=_env_bool(env, "OUTBOX_RELAY_ENABLED", True),
+            batch_size=env_int(env, "OUTBOX_BATCH_SIZE", env_int(env, "OUTBOX_RELAY_BATCH_SIZE", 100)),
+            parallelism=env_int(env, "OUTBOX_PARALLELISM", 4),
+            retry_max=env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
+            idle_sleep_s=env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
+            stuck_threshold_s=env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
+            relay_enabled=env_bool(env, "OUTBOX_RELAY_ENABLED", True),
             poll_interval_s=parse_duration(_env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s", "OUTBOX_RELAY_POLL_INTERVAL"),
             lock_ttl_s=parse_duration(_env(env, "OUTBOX_RELAY_LOCK_TTL") or "60s", "OUTBOX_RELAY_LOCK_TTL"),
-            relay_max_attempts=_env_int(env, "OUTBOX_RELAY_MAX_ATTEMPTS", 25) if relay_max else None,
-            cleaner_enabled=_env_bool(env, "OUTBOX_CLEANER_ENABLED", True),
+            relay_max_attempts=env_int(env, "OUTBOX_RELAY_MAX_ATTEMPTS", 25) if relay_max else None,
+            cleaner_enabled=env_bool(env, "OUTBOX_CLEANER_ENABLED", True),
             cleaner_retention_s=parse_duration(
                 _env(env, "OUTBOX_CLEANER_RETENTION") or "168h", "OUTBOX_CLEANER_RETENTION"
             ),

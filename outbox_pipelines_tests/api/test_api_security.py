@@ -239,7 +239,7 @@ def test_metrics_require_token_setting_from_the_environment(monkeypatch):
         monkeypatch.setenv("OUTBOX_API_METRICS_REQUIRE_TOKEN", raw)
         assert ApiSettings.from_env("postgresql:///x").metrics_protected is protected
     monkeypatch.setenv("OUTBOX_API_METRICS_REQUIRE_TOKEN", "maybe")
-    with pytest.raises(ConfigError, match="say true or false"):
+    with pytest.raises(ConfigError, match="true or false"):
         ApiSettings.from_env("postgresql:///x")
 
 
