@@ -116,6 +116,11 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxData
             return dg.SkipReason(f"run {run.run_id[:8]}: its relay died; told as relay_died")
     fallback = context.failure_event.message if context.failure_event else None
     cause = redact_text(_root_cause(context.instance, run.run_id, fallback))[:1000]
+    if cause.startswith("DagsterExecutionInterruptedError"):
+        # Interrupted by a stop (a run that started while `dev` was stopping): the relay settled its batch
+        # on the way out; a stop is not a fault. A killed relay raises nothing and is told as relay_died.
+        context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "interrupted_by_stop"})
+        return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed")
     table = run.tags.get(TABLE_TAG)
     stats = context.instance.get_run_stats(run.run_id)
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
