@@ -1,20 +1,42 @@
-"""The contract every destination fulfils."""
+"""The contract every destination fulfils, with a default for every extension point.
+
+The relay talks to a destination only through this class: a destination
+subclasses it and overrides what it needs. Nothing is probed with ``getattr``.
+"""
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+import psycopg
 
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
+if TYPE_CHECKING:  # the settlement type is the table's; imported for annotations only
+    from outbox_pipelines.core.table import Settlement
 
-class Destination(Protocol):
+
+class Destination:
     """Delivers a batch and says, per message, what happened.
 
     ``deliver`` never raises for a message's own failure: it returns an Outcome
     (sent / retry / dead) for every message, in order.
     """
 
-    name: str
+    name: str = "destination"
+    # True when deliveries wait on the network: the relay then claims and settles the
+    # next batch while this one is in flight.
+    pipelined: bool = False
 
-    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]: ...
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    @property
+    def paused_topics(self) -> tuple[str, ...]:
+        """Topics this destination cannot take now (read at every claim); none by default."""
+        return ()
+
+    def after_settle(self, conn: psycopg.Connection, settled: Sequence[tuple[ClaimedMessage, "Settlement"]]) -> None:
+        """Runs in the settle's transaction with each settled message and how it ended; nothing by default."""
+
+    def close(self) -> None:
+        """Release what the destination holds (HTTP pools, threads); nothing by default."""
