@@ -11,11 +11,16 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import psycopg
+from aiohttp import web
 
-from outbox_pipelines.core import db, migrate, schema
+from outbox_pipelines.broker_sim import CONTROL_HELP, BrokerSim, add_fault_options, faults_from_args
+from outbox_pipelines.core import db, metrics, migrate, schema
+from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -26,9 +31,8 @@ from outbox_pipelines.core.errors import (
     UnknownTable,
 )
 from outbox_pipelines.core.health import read_status
-from outbox_pipelines.core.maintenance import check_retention, clean, requeue_stuck
+from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
 from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
@@ -37,6 +41,9 @@ from outbox_pipelines.core.replay import text_table as replay_text_table
 from outbox_pipelines.core.settings import Settings, load_settings, parse_duration
 from outbox_pipelines.core.store import Outbox, check_message
 from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.wiring import load_registry
+from outbox_pipelines.demo import run_demo
+from outbox_pipelines.dev import run_dev
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -174,8 +181,6 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     )
     check_message(message)  # bad input exits 2 before the database is even reached
     if table.destination == "handlers" and not args.allow_unknown_topic:
-        from outbox_pipelines.core.wiring import load_registry
-
         registry = load_registry(table.handlers or "")
         if not registry.handlers_for(args.topic):
             known = ", ".join(registry.topics) or "none"
@@ -279,8 +284,6 @@ def _report_line(report: RelayReport) -> str:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     settings = _settings(args)
     table = settings.table(args.table)
     if not table.relay_enabled and not args.force:
@@ -290,8 +293,6 @@ def cmd_relay(args: argparse.Namespace) -> int:
         settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
     url = _database_url()
     if args.metrics_port:
-        from outbox_pipelines.core import metrics
-
         metrics.watch_tables(url, [table.name])
         metrics.serve(args.metrics_port)
         say(f"Prometheus metrics on http://127.0.0.1:{args.metrics_port}/metrics")
@@ -318,8 +319,6 @@ def cmd_requeue_stuck(args: argparse.Namespace) -> int:
     for name in _tables(args, settings):
         table = settings.table(name)
         if args.threshold is not None:
-            from dataclasses import replace
-
             table = replace(table, stuck_threshold_s=args.threshold)
         report = requeue_stuck(url, table, progress=say)
         print(f"{name}: requeued {report.requeued}, dead (no attempts left) {report.dead}")
@@ -333,19 +332,19 @@ def cmd_clean(args: argparse.Namespace) -> int:
         table = settings.table(name)
         check_retention(table, table.retention_s if args.retention is None else args.retention, force=args.force)
     url = _database_url()
-    for i, name in enumerate(names):
+    for name in names:
         table = settings.table(name)
         if not table.cleaner_enabled and not args.force:
             print(f"{name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
             continue
-        report = clean(url, table, retention_s=args.retention, force=args.force, include_shared=(i == 0),
-                       audit_retention_s=args.audit_retention, tenant_id=args.tenant, progress=say)
+        report = clean(url, table, retention_s=args.retention, force=args.force, tenant_id=args.tenant, progress=say)
         retention = args.retention if args.retention is not None else table.retention_s
         whose = f" of tenant {args.tenant}" if args.tenant else ""
         print(f"{name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
-        if i == 0:
-            print(f"idempo_ledger: deleted {report.deleted_ledger} expired rows"
-                  + (f"; outbox_audit: deleted {report.deleted_audit} old rows" if args.audit_retention else ""))
+    # The shared tables once per run, whichever outbox tables were cleaned (or none).
+    shared = clean_shared(url, audit_retention_s=args.audit_retention)
+    print(f"idempo_ledger: deleted {shared.deleted_ledger} expired rows"
+          + (f"; outbox_audit: deleted {shared.deleted_audit} old rows" if args.audit_retention else ""))
     return EXIT_OK
 
 
@@ -415,12 +414,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # -- demo --------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from outbox_pipelines.demo import run_demo
-
     return run_demo(_database_url(), quiet=args.quiet)
 
 
 def cmd_order_api(args: argparse.Namespace) -> int:
+    # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.2 s to every command.
     from outbox_pipelines.api.server import prepare, serve
 
     url = _database_url()
@@ -432,11 +430,6 @@ def cmd_order_api(args: argparse.Namespace) -> int:
 
 
 def cmd_broker_sim(args: argparse.Namespace) -> int:
-
-    from aiohttp import web
-
-    from outbox_pipelines.broker_sim import BrokerSim, faults_from_args
-
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
     say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); faults: {faults.describe()}")
@@ -445,12 +438,19 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from outbox_pipelines.dev import run_dev
-
     return run_dev(host=args.host, port=args.port)
 
 
 # -- parser ------------------------------------------------------------------
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _command(sub: Any, name: str, handler: Handler, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text, **kwargs)
+    p.set_defaults(handler=handler)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox-pipelines",
@@ -463,12 +463,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="table settings file (TOML); default: $OUTBOX_CONFIG or ./outbox.toml")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_db_commands(sub)
+    _add_message_commands(sub)
+    _add_maintenance_commands(sub)
+    _add_service_commands(sub)
+    return parser
 
-    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text, **kwargs)
-        p.set_defaults(handler=handler)
-        return p
 
+def _add_db_commands(sub: Any) -> None:
     dbp = sub.add_parser("db", help="schema: upgrade, create-table, url, stop", description="Database schema and the embedded server.")
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
@@ -482,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_db_url)
     p = dbsub.add_parser("stop", help="stop the embedded PostgreSQL under ./.outbox")
     p.set_defaults(handler=cmd_db_stop)
+
+
+def _add_message_commands(sub: Any) -> None:
+    """enqueue, status, relay and replay."""
+    add = partial(_command, sub)
 
     p = add("enqueue", cmd_enqueue, "enqueue one message (in its own transaction)")
     p.add_argument("--table", required=True, help="outbox table, e.g. outbox_events")
@@ -528,6 +535,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
     p.add_argument("--json", action="store_true", help="print the report as JSON (rows, counts, filter)")
 
+
+def _add_maintenance_commands(sub: Any) -> None:
+    add = partial(_command, sub)
+
     p = add("requeue-stuck", cmd_requeue_stuck, "return sending rows with an expired lease (or stuck past the threshold) to pending")
     p.add_argument("--table", action="append", help="only this table (repeatable)")
     p.add_argument("--threshold", type=_duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)")
@@ -541,14 +552,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if the cleaner is disabled, and accept a retention shorter than the table's dedup "
                         "horizon (at least 1h; sent rows are what dedups a repeated event_id or payload)")
 
+
+def _add_service_commands(sub: Any) -> None:
+    """The Order API, the broker simulator, the Dagster dev stack and the demo."""
+    add = partial(_command, sub)
+
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--allow-anonymous", action="store_true",
                    help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can "
                         "place orders)")
-
-    from outbox_pipelines.broker_sim import CONTROL_HELP, add_fault_options
 
     p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection",
             epilog=CONTROL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -560,7 +574,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

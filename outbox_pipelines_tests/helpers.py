@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from outbox_pipelines import Message, Outbox
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
 
@@ -51,7 +52,7 @@ def audit_codes(conn, table: str, message_id: int | None = None) -> list[str]:
     return [r["code"] for r in found.fetchall()]
 
 
-class ScriptedDestination:
+class ScriptedDestination(Destination):
     """A destination whose outcome is a function of the message (for relay tests)."""
 
     name = "scripted"

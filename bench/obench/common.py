@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox_pipelines.core import db, migrate
 from outbox_pipelines.core.canonical import canonical_json, digest
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
 BENCH_URL_ENV = "OUTBOX_BENCH_DATABASE_URL"
@@ -192,7 +193,7 @@ def count_by_status(url: str, table: str) -> dict[str, int]:
 _SENT = Outcome.sent()
 
 
-class NoopDestination:
+class NoopDestination(Destination):
     """Accepts every message at once: the relay's own cost is all that remains."""
 
     name = "noop"

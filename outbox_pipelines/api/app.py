@@ -56,15 +56,9 @@ from outbox_pipelines.api.openapi import document
 from outbox_pipelines.api.ratelimit import FailureLimiter, RateLimiter
 from outbox_pipelines.core import metrics
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.ledger import (
-    ORDERS_TABLE,
-    Acceptance,
-    KeyReused,
-    accept_order,
-    broker_key,
-    ledger_entry,
-)
-from outbox_pipelines.core.orders import KEY_PATTERN, validate_order
+from outbox_pipelines.core.orders import ORDERS_TABLE
+from outbox_pipelines.core.orders.ledger import Acceptance, KeyReused, accept_order, ledger_entry
+from outbox_pipelines.core.orders.validation import KEY_PATTERN, validate_order
 from outbox_pipelines.core.settings import env_bool, env_int, parse_duration
 
 log = logging.getLogger("outbox_pipelines.api")
@@ -77,9 +71,12 @@ ORDER_DATABASE_REJECTIONS = Counter(
 
 TRACE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 CLIENT_CLOSED = 499  # nginx's "client closed request": never sent, only logged and counted
-# The accepted order's outbox row gets the traceparent of its do.order span, in the same transaction.
-STORE_TRACEPARENT = (f"UPDATE {ORDERS_TABLE} SET headers = coalesce(headers, '{{}}'::jsonb) || "
-                     "jsonb_build_object('traceparent', %(traceparent)s::text) WHERE event_id = %(event_id)s")
+# What POST /do/order answers for what the ledger made of an order (seed 001): the stored answer with
+# 201 the first time, with 200 for an identical repeat; 409 IDEMPOTENCY_CONFLICT otherwise.
+ACCEPTANCE_STATUS = {"accepted": 201, "replay": 200}
+CONFLICT_STATUS = 409
+DIFFERENT_BODY = "body differs from the first request with this key"
+KEY_REUSED = "this key was used for an earlier order (past the 48 h ledger window); use a new key"
 
 
 @dataclass
@@ -90,7 +87,7 @@ class ApiSettings:
     rate_per_minute: int = 60
     max_body_bytes: int = 16 * 1024
     trusted_proxies: tuple[str, ...] = ()
-    watch_tables: Sequence[str] = field(default_factory=lambda: ("outbox_orders",))
+    watch_tables: Sequence[str] = field(default_factory=lambda: (ORDERS_TABLE,))
     # A request's database work (pool wait + transaction) is bounded by db_timeout_s: past it,
     # 503 DATABASE_BUSY with Retry-After. The pool waits at most pool_timeout_s of it.
     db_timeout_s: float = 2.0
@@ -296,27 +293,24 @@ class OrderApi:
                             violations=[v.as_dict() for v in violations])
         budget = self.db.budget()  # counted from here: waiting for a worker thread takes from it too
         acceptance = await run_in_threadpool(self._accept, caller, body, facts.trace_id, facts.traceparent, budget)
-        if acceptance.kind == "conflict":
-            metrics.ORDER_CONFLICTS.inc()
-            raise Rejection(409, "IDEMPOTENCY_CONFLICT", str(acceptance.body.get("message") or "body differs"),
-                            **{k: v for k, v in acceptance.body.items() if k not in ("error", "message")})
-        return JSONResponse(acceptance.body, acceptance.http_status)
+        return JSONResponse(acceptance.response, ACCEPTANCE_STATUS[acceptance.kind])
 
     def _accept(self, caller: int | None, body: dict[str, Any], trace_id: str, traceparent: str | None,
-                budget: Budget) -> Any:
+                budget: Budget) -> Acceptance:
+        """The ledger's acceptance of the order; a conflict is raised as its 409."""
+        key = body["idempotency_key"]
         try:
             self._ensure_scopes(budget)
             with self.db.transaction(budget) as conn:
-                key = body["idempotency_key"]
                 scope = self.tokens.effective_scope(conn, caller, key)
-                acceptance = accept_order(conn, scope, body, trace_id=trace_id)
-                if acceptance.kind == "accepted" and traceparent:
-                    conn.execute(STORE_TRACEPARENT, {"traceparent": traceparent, "event_id": broker_key(scope, key)})
-                return acceptance
-        except KeyReused as reused:  # the transaction rolled back: nothing stored
-            return Acceptance("conflict", 409, reused.body)
+                acceptance = accept_order(conn, scope, body, trace_id=trace_id, traceparent=traceparent)
+        except KeyReused:  # the transaction rolled back: nothing stored
+            raise conflict(key, KEY_REUSED) from None
         except DatabaseTrouble as trouble:  # the transaction rolled back (or never began)
             raise self.database_rejection(trouble, "retry with the same key (the same Idempotency-Key and body)") from None
+        if acceptance.kind == "conflict":
+            raise conflict(key, DIFFERENT_BODY)
+        return acceptance
 
     async def status(self, request: Request) -> Response:
         facts: RequestFacts = request.state.facts
@@ -373,6 +367,12 @@ class OrderApi:
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(document(self.settings.rate_per_minute, self.settings.max_body_bytes,
                                      self.settings.auth_failures_per_minute))
+
+
+def conflict(key: str, message: str) -> Rejection:
+    """409 IDEMPOTENCY_CONFLICT for ``key`` (counted): nothing was stored."""
+    metrics.ORDER_CONFLICTS.inc()
+    return Rejection(CONFLICT_STATUS, "IDEMPOTENCY_CONFLICT", message, idempotency_key=key)
 
 
 def _reject_constant(name: str) -> Any:

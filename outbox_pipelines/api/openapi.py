@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from outbox_pipelines.core.orders import KEY_PATTERN, MAX_PRICE, allowed_instruments
+from outbox_pipelines.core.orders import ORDERS_TABLE
+from outbox_pipelines.core.orders.validation import KEY_PATTERN, MAX_PRICE, allowed_instruments
 
 ERROR = {
     "type": "object",
@@ -138,7 +139,7 @@ def document(rate_per_minute: int, max_body: int, auth_failures_per_minute: int 
                                     "description": "must equal body.idempotency_key"}],
                     "requestBody": {"required": True, "content": {"application/json": {"schema": order_request_schema()}}},
                     "responses": {
-                        "201": _json(ACK, "accepted the first time: the order is in outbox_orders"),
+                        "201": _json(ACK, f"accepted the first time: the order is in {ORDERS_TABLE}"),
                         "200": _json(ACK, "an identical repeat: the stored answer (the ExecResult once executed)"),
                         "400": _error("MALFORMED_JSON: the body is not UTF-8 JSON"),
                         "409": _error("IDEMPOTENCY_CONFLICT: the same key with a different body"),

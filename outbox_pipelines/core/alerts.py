@@ -19,11 +19,10 @@ from urllib.parse import quote
 
 import httpx
 import psycopg
-from psycopg.rows import dict_row
 
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.redaction import redact_text, redact_url, split_credentials
 from outbox_pipelines.core.settings import parse_duration
+from outbox_pipelines.core.table import SharedTables
 
 log = logging.getLogger("outbox_pipelines.alerts")
 
@@ -154,26 +153,14 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
     return True
 
 
-def _read(conn: psycopg.Connection, keys: Sequence[str]) -> dict[str, Memory]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(shared_query("outbox_alert_state_read"), {"keys": list(keys)})
-        return {row["alert_key"]: Memory(row["severity"], row["started_at"], row["notified_at"], row["summary"])
-                for row in cur.fetchall()}
+def _read(shared: SharedTables, keys: Sequence[str]) -> dict[str, Memory]:
+    return {row["alert_key"]: Memory(row["severity"], row["started_at"], row["notified_at"], row["summary"])
+            for row in shared.read_alert_states(keys)}
 
 
-def _remember(conn: psycopg.Connection, key: str, memory: Memory) -> None:
-    conn.execute(shared_query("outbox_alert_state_write"), {
-        "alert_key": key, "severity": memory.severity, "started_at": memory.started_at,
-        "notified_at": memory.notified_at, "summary": redact_text(memory.summary or "")[:2000],
-    })
-
-
-def _db_now(conn: psycopg.Connection) -> datetime:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(shared_query("outbox_alert_state_now"))
-        row = cur.fetchone()
-        assert row is not None
-        return row["now"]
+def _remember(shared: SharedTables, key: str, memory: Memory) -> None:
+    shared.write_alert_state(key=key, severity=memory.severity, started_at=memory.started_at,
+                             notified_at=memory.notified_at, summary=redact_text(memory.summary or "")[:2000])
 
 
 def announce(
@@ -188,10 +175,11 @@ def announce(
     conditions = list(conditions)
     if not conditions:
         return []
-    now = now or _db_now(conn)
+    shared = SharedTables(conn)
+    now = now or shared.database_now()
     repeat_s = repeat_every_s() if repeat_s is None else repeat_s
     url = webhook_url if webhook_url is not None else os.environ.get(ALERT_WEBHOOK_ENV)
-    memories = _read(conn, [c.key for c in conditions])
+    memories = _read(shared, [c.key for c in conditions])
     sent = []
     for condition in conditions:
         previous = memories.get(condition.key, Memory())
@@ -203,7 +191,7 @@ def announce(
                 continue  # not delivered: keep the old memory, try again next time
             sent.append(body)
         if memory != previous:
-            _remember(conn, condition.key, memory)
+            _remember(shared, condition.key, memory)
     return sent
 
 

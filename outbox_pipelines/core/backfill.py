@@ -11,8 +11,6 @@ from datetime import datetime
 
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.models import ClaimedMessage
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.table import OutboxTable
 
 Progress = Callable[[str], None]
@@ -46,12 +44,9 @@ def redeliver_sent(
     with connect(url) as conn:
         store = OutboxTable(conn, table)
         while True:
-            rows = store.status_rows(
-                "outbox_sent_in_window", start=start, end=end, after_id=after_id, limit=batch_size
-            )
-            if not rows:
+            messages = store.sent_in_window(start=start, end=end, after_id=after_id, limit=batch_size)
+            if not messages:
                 break
-            messages = [ClaimedMessage(**row) for row in rows]
             outcomes = destination.deliver(messages)
             for message, outcome in zip(messages, outcomes):
                 if outcome.kind == "sent":
@@ -65,16 +60,12 @@ def redeliver_sent(
             after_id = messages[-1].id
             if progress:
                 progress(f"{table}: {report.found} sent messages re-delivered so far ({report.failed} failed)")
-            if len(rows) < batch_size:
+            if len(messages) < batch_size:
                 break
-        conn.execute(
-            shared_query("outbox_audit_note"),
-            {
-                "table_name": table,
-                "code": "outbox_backfill",
-                "worker": actor,
-                "detail": f"re-delivered {report.delivered} of {report.found} sent messages published in "
-                f"[{start.isoformat()}, {end.isoformat()}) to {destination.name}; {report.failed} failed",
-            },
+        store.audit_note(
+            code="outbox_backfill",
+            worker=actor,
+            detail=f"re-delivered {report.delivered} of {report.found} sent messages published in "
+            f"[{start.isoformat()}, {end.isoformat()}) to {destination.name}; {report.failed} failed",
         )
     return report

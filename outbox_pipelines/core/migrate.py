@@ -1,4 +1,8 @@
-"""Forward-only, checksummed migrations from sql/migrations, safe to run concurrently."""
+"""Forward-only, checksummed migrations from sql/migrations, safe to run concurrently.
+
+Its own statements are bootstrap.sql's, run through queries.py rather than core/table.py:
+they run before the schema that table.py's statements need exists.
+"""
 
 import hashlib
 from dataclasses import dataclass
@@ -8,7 +12,7 @@ import psycopg
 
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import MigrationError
-from outbox_pipelines.core.queries import sql_dir
+from outbox_pipelines.core.queries import shared_query, sql_dir
 
 # Any constant shared by every process that migrates this database.
 MIGRATION_LOCK_KEY = 0x0B0C5_0001
@@ -40,26 +44,16 @@ def discover(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-CREATE_VERSION_TABLE = """
-CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
-    version    text PRIMARY KEY,
-    name       text NOT NULL,
-    checksum   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-
-
 def upgrade(url: str, directory: Path | None = None) -> list[str]:
     """Apply every migration not yet applied; return the names applied now."""
     migrations = discover(directory)
     applied_now: list[str] = []
     with connect(url) as conn:
         # A session lock serialises concurrent upgrades; the loser sees the winner's rows.
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        conn.execute(shared_query("outbox_schema_migrations_lock"), {"key": MIGRATION_LOCK_KEY})
         try:
-            conn.execute(CREATE_VERSION_TABLE)
-            rows = conn.execute("SELECT version, name, checksum FROM outbox_schema_migrations").fetchall()
+            conn.execute(shared_query("outbox_schema_migrations_create"))
+            rows = conn.execute(shared_query("outbox_schema_migrations_applied")).fetchall()
             applied = {row["version"]: row for row in rows}
             for migration in migrations:
                 row = applied.get(migration.version)
@@ -74,22 +68,20 @@ def upgrade(url: str, directory: Path | None = None) -> list[str]:
                 try:
                     with conn.transaction():
                         conn.execute(migration.sql)
-                        conn.execute(
-                            "INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                            (migration.version, migration.name, migration.checksum),
-                        )
+                        conn.execute(shared_query("outbox_schema_migrations_record"), {
+                            "version": migration.version, "name": migration.name, "checksum": migration.checksum})
                 except psycopg.Error as exc:
                     raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
                 applied_now.append(migration.name)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+            conn.execute(shared_query("outbox_schema_migrations_unlock"), {"key": MIGRATION_LOCK_KEY})
     return applied_now
 
 
 def pending(url: str, directory: Path | None = None) -> list[str]:
     with connect(url) as conn:
-        exists = conn.execute("SELECT to_regclass('outbox_schema_migrations') IS NOT NULL AS ok").fetchone()
+        exists = conn.execute(shared_query("outbox_schema_migrations_exists")).fetchone()
         applied = set()
         if exists and exists["ok"]:
-            applied = {r["version"] for r in conn.execute("SELECT version FROM outbox_schema_migrations")}
+            applied = {r["version"] for r in conn.execute(shared_query("outbox_schema_migrations_applied"))}
     return [m.name for m in discover(directory) if m.version not in applied]

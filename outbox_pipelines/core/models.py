@@ -13,7 +13,6 @@ STATES = ("pending", "retrying", "sending", "sent", "dead")
 AUDIT_SUCCESS = "outbox_flush_success"
 AUDIT_RETRY = "outbox_flush_retry"
 AUDIT_DEAD = "outbox_flush_dead"
-AUDIT_CONFLICT = "outbox_flush_conflict"
 AUDIT_DEDUP_HIT = "outbox_flush_dedup_hit"
 AUDIT_DB_TIMEOUT = "outbox_flush_db_timeout"
 AUDIT_DB_ERROR = "outbox_flush_db_error"
@@ -28,7 +27,6 @@ UNAUTHORIZED = "UNAUTHORIZED"
 UNKNOWN = "UNKNOWN"
 NO_SUBSCRIBERS = "NO_SUBSCRIBERS"
 HANDLER_ERROR = "HANDLER_ERROR"
-MAX_ATTEMPTS = "MAX_ATTEMPTS"
 DEDUP_HIT = "DEDUP_HIT"
 
 ERROR_TEXT_LIMIT = 2000

@@ -16,9 +16,8 @@ from outbox_pipelines.core.alerts import Condition, announce, announce_event, as
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.health import CheckVerdict, evaluate_checks, read_status
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.settings import Settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.oncall")
 
@@ -63,7 +62,7 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
     """Bury dead relays, evaluate every table's checks, announce what changed."""
     report = SweepReport()
     with connect(url) as conn:
-        report.now = now or conn.execute(shared_query("outbox_alert_state_now")).fetchone()["now"]
+        report.now = now or SharedTables(conn).database_now()
         max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
         for relay in liveness.find_dead(conn, now=now):
             buried = liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))
@@ -91,6 +90,6 @@ def relays_died_with_run(url: str, settings: Settings, run_id: str, *, webhook_u
     that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
     max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
     with connect(url) as conn:
-        now = conn.execute(shared_query("outbox_alert_state_now")).fetchone()["now"]
+        now = SharedTables(conn).database_now()
         return [announce_event(relay_died_condition(relay), now=now, webhook_url=webhook_url)
                 for relay in liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)]

@@ -1,4 +1,9 @@
-"""Named queries from sql/queries/*.sql, composed per table with a quoted identifier."""
+"""Named queries from sql/queries/*.sql, composed per table with a quoted identifier.
+
+Loading and composing only: core/table.py is the engine module that runs them
+(bootstrap.sql's aside, which run before the schema exists: core/db.py and
+core/migrate.py), and the order wing runs ledger.sql's.
+"""
 
 from functools import lru_cache
 from pathlib import Path

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
+
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import OutboxError
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 REPLAY_WORKER = "replay"
 
@@ -46,7 +48,6 @@ KNOWN_ERROR_CODES: tuple[str, ...] = (
     m.UNKNOWN,
     m.NO_SUBSCRIBERS,
     m.HANDLER_ERROR,
-    m.MAX_ATTEMPTS,
     "CONFLICT",
     "LEASE_EXPIRED",
     "DB_ERROR",
@@ -126,13 +127,13 @@ class ReplayFilter:
             if value is not None:
                 parts.append(f"{label}={value}")
         given = as_given or self
-        for label, value, original in (("died at or after", self.since, given.since),
+        for label, bound, original in (("died at or after", self.since, given.since),
                                        ("died before", self.until, given.until)):
-            if isinstance(value, timedelta):
-                parts.append(f"{label} {_ago_text(value)}")
-            elif value is not None:
+            if isinstance(bound, timedelta):
+                parts.append(f"{label} {_ago_text(bound)}")
+            elif bound is not None:
                 ago = f" ({_ago_text(original)})" if isinstance(original, timedelta) else ""
-                parts.append(f"{label} {iso(value)}{ago}")
+                parts.append(f"{label} {iso(bound)}{ago}")
         return ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -164,8 +165,8 @@ ROW_COLUMNS = ("id", "event_id", "topic", "error code", "died at")
 
 
 def _cells(row: ReplayRow) -> tuple[str, ...]:
-    died = iso(row.died_at.replace(microsecond=0)) if row.died_at is not None else "-"
-    return (str(row.id), row.event_id, row.topic, row.error_code, died)
+    died = iso(row.died_at.replace(microsecond=0)) if row.died_at is not None else None
+    return (str(row.id), row.event_id, row.topic, row.error_code, died or "-")
 
 
 def markdown_table(rows: list[ReplayRow], total: int) -> str:
@@ -272,15 +273,21 @@ def check_filter(selection: ReplayFilter, *, allow_all: bool) -> None:
         raise ReplayRefused(f"since ({iso(selection.since)}) must be before until ({iso(selection.until)}): nothing can match")
 
 
-def _resolve_times(selection: ReplayFilter, conn: Any, now: datetime | None) -> ReplayFilter:
+def _resolve_times(selection: ReplayFilter, conn: psycopg.Connection, now: datetime | None) -> ReplayFilter:
     if not isinstance(selection.since, timedelta) and not isinstance(selection.until, timedelta):
         return selection
     if now is None:  # the database's clock, never the application's (DESIGN.md §3.2)
-        now = conn.execute("SELECT now() AS now").fetchone()["now"]
+        now = SharedTables(conn).database_now()
     since, until = (now - v if isinstance(v, timedelta) else v for v in (selection.since, selection.until))
     resolved = replace(selection, since=since, until=until)
     check_filter(resolved, allow_all=True)
     return resolved
+
+
+def _resolved(bound: datetime | timedelta | None) -> datetime | None:
+    """A since/until bound once ``_resolve_times`` has turned "that long ago" into a time."""
+    assert not isinstance(bound, timedelta), "resolve the filter's times first"
+    return bound
 
 
 def replay_dead(
@@ -308,7 +315,7 @@ def replay_dead(
         store = OutboxTable(conn, table)
         selection = _resolve_times(selection, conn, now)
         if selection.error_code is not None:
-            dead_codes = [row["error_code"] for row in store.status_rows("outbox_status_dead_by_code")]
+            dead_codes = list(store.dead_counts_by_code())
             code = resolve_error_code(selection.error_code, dead_codes, table)
             selection = replace(selection, error_code=code)
         report = ReplayReport(table, dry_run, filter=selection.describe(as_given), selection=selection)
@@ -317,12 +324,12 @@ def replay_dead(
             rows = store.replay_dead(
                 actor,
                 after_id=after_id,
-                ids=list(selection.ids) if selection.ids is not None else None,
+                ids=selection.ids,
                 topic=selection.topic,
                 tenant_id=selection.tenant_id,
                 error_code=selection.error_code,
-                since=selection.since,
-                until=selection.until,
+                since=_resolved(selection.since),
+                until=_resolved(selection.until),
                 force=force,
                 dry_run=dry_run,
                 limit=batch_size,

@@ -3,7 +3,7 @@
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import InvalidTableName
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.table import SharedTables
 
 # Columns that make an existing table one of ours (created by an older version, say).
 OUTBOX_COLUMNS = frozenset({"id", "event_id", "topic", "payload", "payload_sha", "headers", "status", "attempts",
@@ -19,16 +19,8 @@ def create_table(url: str, table: str, *, dedup_index: bool = False) -> bool:
     """
     validate_table_name(table)
     with connect(url) as conn:
-        found = conn.execute(
-            """
-            SELECT c.oid, c.relkind, n.nspname, n.nspname = current_schema() AS here,
-                   ARRAY(SELECT a.attname::text FROM pg_attribute AS a
-                         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
-            FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-            WHERE c.oid = to_regclass(%s)
-            """,
-            (f'"{table}"',),
-        ).fetchone()
+        shared = SharedTables(conn)
+        found = shared.find_relation(table)
         if found is not None:
             kind = {"r": "table", "v": "view", "m": "materialized view", "S": "sequence", "p": "partitioned table",
                     "f": "foreign table", "i": "index"}.get(found["relkind"], "relation")
@@ -37,10 +29,10 @@ def create_table(url: str, table: str, *, dedup_index: bool = False) -> bool:
                     f"{table!r} already names a {kind} in schema {found['nspname']} that is not an outbox table; "
                     "nothing was changed. Choose another name (e.g. 'hrm_outbox')."
                 )
-        conn.execute("SELECT outbox_create_table(%s, %s)", (table, dedup_index))
+        shared.create_outbox_table(table, dedup_index=dedup_index)
     return found is None
 
 
 def list_tables(url: str) -> list[str]:
     with connect(url) as conn:
-        return [row["table_name"] for row in conn.execute(shared_query("outbox_tables_list"))]
+        return SharedTables(conn).outbox_table_names()

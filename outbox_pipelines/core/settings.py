@@ -4,6 +4,7 @@ The file is TOML, found through ``OUTBOX_CONFIG`` (or ``./outbox.toml``); withou
 one, built-in defaults cover the three shipped tables. See outbox.example.toml.
 """
 
+import importlib
 import os
 import re
 import tomllib
@@ -18,7 +19,17 @@ from outbox_pipelines.core.redaction import redact_url
 from outbox_pipelines.core.retry import RetryPolicy, preset
 
 CONFIG_ENV = "OUTBOX_CONFIG"
-DESTINATION_KINDS = ("http", "handlers", "paper", "orders")
+# Destinations a wing provides (core/orders: the order broker), by kind: "module:factory", imported
+# only when a table uses one (wiring.build_destination). The engine names a wing here, as data, and
+# never imports one (an import-linter contract). A factory takes (TableSettings, Settings).
+WING_DESTINATIONS: dict[str, str] = {"orders": "outbox_pipelines.core.orders.broker:build_order_broker"}
+# Shipped tables a wing declares: "module:attribute" naming {table name: section}, read when settings load.
+WING_TABLES: tuple[str, ...] = ("outbox_pipelines.core.orders:SHIPPED_TABLES",)
+DESTINATION_KINDS = ("http", "handlers", "paper", *WING_DESTINATIONS)
+# Destinations that take a URL (its credentials are checked at start-up): HTTP, and a wing's.
+URL_DESTINATIONS = ("http", *WING_DESTINATIONS)
+# What a shipped table's ``url_from_env`` may name: the GlobalSettings field, and the variable it comes from.
+URL_FROM_ENV = {"broker_url": "OUTBOX_BROKER_URL"}
 MODES = ("competing", "single-active")
 SUCCESS_POLICIES = ("mark_sent", "delete")
 
@@ -215,10 +226,9 @@ class TableSettings:
     probe_interval_s: float = 10.0
 
 
-# Built-in defaults of the shipped tables; a config file's sections override them.
+# Built-in defaults of the engine's shipped tables (a wing adds its own: WING_TABLES); a config file's
+# sections override them.
 BUILTIN_TABLES: dict[str, dict[str, Any]] = {
-    # seed 000: orders to the broker (OUTBOX_BROKER_URL; the paper broker when unset), results to the ledger
-    "outbox_orders": {"destination": "orders", "preset": "orders", "mode": "competing", "timeout": "5s"},
     # seed 003: memory writes, dedup by (topic, payload_sha)
     "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
     # seed 002: member events to in-process handlers (welcome email); success deletes the row
@@ -240,6 +250,32 @@ BUILTIN_TABLES: dict[str, dict[str, Any]] = {
         "mode": "single-active",
     },
 }
+
+
+def import_attribute(spec: str, what: str, shape: str = "package.module:attribute") -> Any:
+    """What 'package.module:attribute' names (None when the module has no such attribute).
+
+    ConfigError when ``spec`` is not of that ``shape`` or the module cannot be imported; ``what``
+    says where the spec came from ("handlers", a table's destination ...).
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"{what} = {spec!r}: write it as '{shape}'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what} = {spec!r}: cannot import {module_name}: {exc}") from None
+    return getattr(module, attribute, None)
+
+
+def shipped_tables() -> dict[str, dict[str, Any]]:
+    """Every shipped table's defaults: the wings' first, then the engine's own."""
+    sections: dict[str, dict[str, Any]] = {}
+    for spec in WING_TABLES:
+        sections.update(import_attribute(spec, "a wing's shipped tables"))
+    sections.update(BUILTIN_TABLES)
+    return sections
+
 
 TABLE_KEYS = {
     "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
@@ -291,29 +327,41 @@ def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
     return value
 
 
-def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSettings) -> TableSettings:
-    where = f"[tables.{name}]"
+def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:
+    """The table's preset, with the section's overrides (and the seeds' variable for its preset's attempts)."""
     preset_name = section.get("preset", "generic")
-    policy = preset(preset_name)
     env_max = env.retry_max if preset_name == "orders" else env.relay_max_attempts if preset_name == "generic" else None
-    policy = policy.with_overrides(
+    policy = preset(preset_name).with_overrides(
         base_s=parse_duration(section["base"], f"{where} base") if "base" in section else None,
         max_s=parse_duration(section["max_backoff"], f"{where} max_backoff") if "max_backoff" in section else None,
         max_attempts=section.get("max_attempts", env_max),
         jitter=section.get("jitter"),
     )
+    return preset_name, policy
+
+
+def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, policy: RetryPolicy,
+                 where: str) -> tuple[str, str | None]:
+    """The destination kind and URL; a URL is checked here, at start-up, not at the first delivery."""
     destination = _one_of(section.get("destination", "paper"), DESTINATION_KINDS, f"{where} destination")
     url = section.get("url")
-    if name == "outbox_orders" and url is None and env.broker_url:
-        url = env.broker_url
+    url_source = f"{where} url"
+    from_env = section.get("url_from_env")
+    if url is None and from_env in URL_FROM_ENV:
+        # A shipped table whose URL, unless its section sets one, comes from a variable (the orders table: OUTBOX_BROKER_URL).
+        url, url_source = getattr(env, from_env), URL_FROM_ENV[from_env]
     if destination == "http" and not url:
         # An HTTP table with no URL falls back to the paper broker (the seed's default).
         destination = "paper"
-    if destination in ("http", "orders") and url:
-        check_destination_credentials(f"{where} url" if "url" in section else "OUTBOX_BROKER_URL", url, env)
+    if destination in URL_DESTINATIONS and url:
+        check_destination_credentials(url_source, url, env)
         policy.check_inside_window(table=name)
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
+    return destination, url
+
+
+def _thresholds(section: Mapping[str, Any], where: str) -> CheckThresholds:
     thresholds: dict[str, float | int] = {}
     for key, (attribute, kind) in THRESHOLD_KEYS.items():
         if key in section:
@@ -321,9 +369,22 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
             if kind == "count" and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{where} {key} must be a whole number >= 0, got {value!r}")
             thresholds[attribute] = value
+    return CheckThresholds(**thresholds)
+
+
+def _paused_topics(section: Mapping[str, Any], where: str) -> tuple[str, ...]:
     paused = section.get("paused_topics", [])
     if not isinstance(paused, list) or not all(isinstance(t, str) for t in paused):
         raise ConfigError(f"{where} paused_topics must be a list of topic names")
+    return tuple(paused)
+
+
+def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSettings) -> TableSettings:
+    where = f"[tables.{name}]"
+    preset_name, policy = _retry_policy(section, env, where)
+    destination, url = _destination(name, section, env, policy, where)
+    thresholds = _thresholds(section, where)
+    paused = _paused_topics(section, where)
     return TableSettings(
         name=name,
         destination=destination,
@@ -342,12 +403,12 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),
         stuck_threshold_s=parse_duration(section.get("stuck_threshold", env.stuck_threshold_s), f"{where} stuck_threshold"),
         retention_s=parse_duration(section.get("retention", env.cleaner_retention_s), f"{where} retention"),
-        paused_topics=tuple(paused),
+        paused_topics=paused,
         relay_enabled=bool(section.get("relay_enabled", env.relay_enabled)),
         cleaner_enabled=bool(section.get("cleaner_enabled", env.cleaner_enabled)),
         idle_sleep_s=env.idle_sleep_s,
         poll_interval_s=env.poll_interval_s,
-        checks=CheckThresholds(**thresholds),
+        checks=thresholds,
         max_retry_after_s=_positive(parse_duration(section.get("max_retry_after", "300s"), f"{where} max_retry_after"),
                                     f"{where} max_retry_after"),
         circuit_threshold=_whole(section.get("circuit_threshold", 10), f"{where} circuit_threshold"),
@@ -389,7 +450,7 @@ class Settings:
 def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None) -> Settings:
     global_settings = GlobalSettings.from_env(env)
     source = path if path is not None else config_path(env)
-    sections: dict[str, dict[str, Any]] = {name: dict(s) for name, s in BUILTIN_TABLES.items()}
+    sections: dict[str, dict[str, Any]] = {name: dict(s) for name, s in shipped_tables().items()}
     for name, section in load_config_file(source).items():
         sections[name] = {**sections.get(name, {}), **section}
     tables = {name: build_table_settings(name, section, global_settings) for name, section in sections.items()}

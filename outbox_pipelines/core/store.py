@@ -2,7 +2,7 @@
 
 import os
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -13,8 +13,7 @@ from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.metrics import count_enqueued
 from outbox_pipelines.core.models import EnqueueResult, Message, check_header_values, check_printable
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.queries import table_query
-from outbox_pipelines.core.table import unknown_table
+from outbox_pipelines.core.table import OutboxTable
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 
@@ -97,31 +96,25 @@ class Outbox:
     def __init__(self, table: str, *, max_payload_bytes: int | None = None) -> None:
         self.table = validate_table_name(table)
         self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
-        self._insert_sql = table_query("outbox_insert", self.table)
 
     def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
         params = _prepare(message, self.max_payload_bytes)
-        params["now"] = now
-        pg = driver_connection(conn)
-        try:
-            row = pg.execute(self._insert_sql, params).fetchone()
-            if row is not None:
-                count_enqueued(self.table, [params["topic"]])
-                return EnqueueResult(id=_first(row), event_id=params["event_id"], duplicate=False)
-            # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
-            existing = pg.execute(
-                table_query("outbox_find_by_event_ids", self.table), {"event_ids": [params["event_id"]]}
-            ).fetchone()
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table) from None
+        event_id = params["event_id"]
+        table = OutboxTable(driver_connection(conn), self.table)
+        row_id = table.insert(**params, now=now)
+        if row_id is not None:
+            count_enqueued(self.table, [params["topic"]])
+            return EnqueueResult(id=row_id, event_id=event_id, duplicate=False)
+        # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
+        existing = table.find_by_event_ids([event_id]).get(event_id)
         if existing is None:
             raise InvalidMessage(
-                f"event_id {params['event_id']!r} conflicts with a row this transaction cannot see "
+                f"event_id {event_id!r} conflicts with a row this transaction cannot see "
                 "(use READ COMMITTED isolation for enqueue)"
             )
-        existing_id, _, existing_sha = _row_values(existing)
-        return EnqueueResult(existing_id, params["event_id"], True, same_payload=existing_sha == params["payload_sha"])
+        existing_id, existing_sha = existing
+        return EnqueueResult(existing_id, event_id, True, same_payload=existing_sha == params["payload_sha"])
 
     def enqueue_many(
         self, conn: Any, messages: Iterable[Message], *, now: datetime | None = None
@@ -149,20 +142,10 @@ class Outbox:
             "headers": [p["headers"] for p in unique],
             "available_ats": [p["available_at"] for p in unique],
         }
-        pg = driver_connection(conn)
-        try:
-            with pg.cursor() as cur:
-                cur.execute(table_query("outbox_insert_many", self.table), {**columns, "now": now})
-                inserted = {_row_values(r)[1]: _row_values(r)[0] for r in cur.fetchall()}
-                missing = [e for e in columns["event_ids"] if e not in inserted]
-                existing: dict[str, tuple[int, str]] = {}
-                if missing:
-                    cur.execute(table_query("outbox_find_by_event_ids", self.table), {"event_ids": missing})
-                    for row in cur.fetchall():
-                        row_id, event_id, sha = _row_values(row)
-                        existing[event_id] = (row_id, sha)
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table) from None
+        table = OutboxTable(driver_connection(conn), self.table)
+        inserted = table.insert_many(**columns, now=now)
+        missing = [e for e in columns["event_ids"] if e not in inserted]
+        existing = table.find_by_event_ids(missing) if missing else {}
         count_enqueued(self.table, {p["event_id"]: p["topic"] for p in unique if p["event_id"] in inserted}.values())
         results = []
         for p in prepared:
@@ -183,13 +166,3 @@ class Outbox:
                     "(use READ COMMITTED isolation for enqueue)"
                 )
         return results
-
-
-def _row_values(row: Any) -> Sequence[Any]:
-    return tuple(row.values()) if isinstance(row, dict) else tuple(row)
-
-
-def _first(row: Any) -> Any:
-    return _row_values(row)[0]
-
-

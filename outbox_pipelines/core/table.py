@@ -1,4 +1,12 @@
-"""The relay-side operations on one outbox table, each one SQL statement."""
+"""The engine's SQL, one method a named statement: ``OutboxTable`` for one outbox table,
+``SharedTables`` for the tables and clock every outbox table shares.
+
+This is the one engine module that names queries (sql/queries/*.sql). The
+order wing's ledger keeps its own (ledger.sql), and the statements that run
+before the schema exists are bootstrap.sql's, read by core/db.py and
+core/migrate.py. ``now`` parameters exist for tests that move database time;
+production passes None and every statement uses the server's ``now()``.
+"""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -6,12 +14,17 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.queries import table_query
+from outbox_pipelines.core.queries import shared_query, table_query
+
+Row = dict[str, Any]
+Statement = str | sql.SQL | sql.Composed
 
 
 def unknown_table(table: str) -> UnknownTable:
@@ -37,25 +50,59 @@ class Settlement:
     refund: bool = False
 
 
-class OutboxTable:
-    """Claim, settle and maintain one outbox table through one psycopg connection.
+def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> psycopg.Cursor[Row]:
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(statement, params)
+    return cur
 
-    ``now`` parameters exist for tests that move database time; production
-    passes None and every comparison uses the server's ``now()``.
-    """
+
+def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> list[Row]:
+    with _execute(conn, statement, params) as cur:
+        return cur.fetchall() if cur.description else []
+
+
+class OutboxTable:
+    """Enqueue into, claim, settle and maintain one outbox table through one psycopg connection."""
 
     def __init__(self, conn: psycopg.Connection, table: str) -> None:
         self.conn = conn
         self.table = validate_table_name(table)
 
-    def _run(self, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        with self.conn.cursor(row_factory=dict_row) as cur:
-            try:
-                cur.execute(table_query(query, self.table), {"table_name": self.table, **params})
-            except psycopg.errors.UndefinedTable:
-                raise unknown_table(self.table) from None
-            return cur.fetchall() if cur.description else []
+    def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
+        try:
+            return _fetch(self.conn, table_query(query, self.table), {"table_name": self.table, **params})
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table) from None
 
+    def _run_shared(self, query: str, params: dict[str, Any]) -> list[Row]:
+        """A statement of the shared tables about this table (its lock, its audit rows)."""
+        return _fetch(self.conn, shared_query(query), {"table_name": self.table, **params})
+
+    # -- enqueue -------------------------------------------------------------
+    def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
+               headers: str, available_at: datetime | None, now: datetime | None = None) -> int | None:
+        """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
+        rows = self._run("outbox_insert", {
+            "event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
+            "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now})
+        return int(rows[0]["id"]) if rows else None
+
+    def insert_many(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
+                    payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str],
+                    available_ats: Sequence[datetime | None], now: datetime | None = None) -> dict[str, int]:
+        """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
+        rows = self._run("outbox_insert_many", {
+            "event_ids": list(event_ids), "tenant_ids": list(tenant_ids), "topics": list(topics),
+            "payloads": list(payloads), "payload_shas": list(payload_shas), "headers": list(headers),
+            "available_ats": list(available_ats), "now": now})
+        return {row["event_id"]: int(row["id"]) for row in rows}
+
+    def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """(id, payload_sha) of the stored rows with these event ids, by event_id."""
+        rows = self._run("outbox_find_by_event_ids", {"event_ids": list(event_ids)})
+        return {row["event_id"]: (int(row["id"]), row["payload_sha"]) for row in rows}
+
+    # -- the relay's cycle ---------------------------------------------------
     def claim(
         self,
         worker: str,
@@ -120,15 +167,16 @@ class OutboxTable:
         )
         return {row["id"] for row in rows}
 
-    def release_unsent(self, worker: str, held: Sequence[tuple[int, int]], reason: str) -> set[int]:
+    def release_unsent(self, worker: str, held: Sequence[tuple[int, int]], reason: str, *,
+                       now: datetime | None = None) -> set[int]:
         """Give claimed-but-unsent rows back (attempt not counted); return the ids released."""
         if not held:
             return set()
-        rows = self._run("outbox_release_unsent", {"worker": worker, "reason": reason,
+        rows = self._run("outbox_release_unsent", {"worker": worker, "reason": reason, "now": now,
                                                    "ids": [h[0] for h in held], "attempts": [h[1] for h in held]})
         return {row["id"] for row in rows}
 
-    def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Row]:
         """Sent rows with the same (topic, payload_sha), keyed by that pair."""
         if not keys:
             return {}
@@ -137,6 +185,50 @@ class OutboxTable:
         )
         return {(row["topic"], row["payload_sha"]): row for row in rows}
 
+    def next_due_in_s(self, *, now: datetime | None = None) -> float | None:
+        rows = self._run("outbox_next_due_in", {"now": now})
+        return rows[0]["next_due_in_s"] if rows else None
+
+    def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:
+        """Make messages waiting out a backoff for these error codes due now; how many."""
+        return int(self._run("outbox_retry_destination_failures_now",
+                             {"codes": list(codes), "now": now})[0]["pulled"])
+
+    # -- the relay's single-active lock and its own audit rows ---------------
+    def try_relay_lock(self) -> bool:
+        """Take the table's single-active session lock if nobody holds it."""
+        rows = self._run_shared("outbox_relay_try_lock", {})
+        return bool(rows and rows[0]["locked"])
+
+    def wait_for_relay_lock(self, timeout_ms: int) -> bool:
+        """Block up to ``timeout_ms`` on the single-active lock; True once held. Sets the session's
+        lock_timeout: follow with ``reset_lock_timeout`` (in a ``finally``)."""
+        try:
+            self._run_shared("outbox_relay_wait_lock", {"timeout_ms": str(max(int(timeout_ms), 1))})
+        except psycopg.errors.LockNotAvailable:
+            return False
+        return True
+
+    def reset_lock_timeout(self) -> None:
+        """Let this session wait for locks as long as it needs again (after ``wait_for_relay_lock``)."""
+        self._run_shared("outbox_relay_lock_timeout_reset", {})
+
+    def release_relay_lock(self) -> bool:
+        """Let go of the single-active lock; False if this session did not hold it."""
+        rows = self._run_shared("outbox_relay_unlock", {})
+        return bool(rows and rows[0]["unlocked"])
+
+    def audit_messages(self, ids: Sequence[int], *, code: str, error_code: str | None, worker: str,
+                       detail: str | None) -> None:
+        """One audit row per message id; with no ids, one row about the table (message_id NULL)."""
+        self._run_shared("outbox_audit_insert", {"ids": list(ids) or [None], "code": code,
+                                                 "error_code": error_code, "worker": worker, "detail": detail})
+
+    def audit_note(self, *, code: str, worker: str, detail: str) -> None:
+        """An audit row about the table as a whole (a backfill, say)."""
+        self._run_shared("outbox_audit_note", {"code": code, "worker": worker, "detail": detail})
+
+    # -- maintenance ---------------------------------------------------------
     def requeue_stuck(
         self,
         worker: str,
@@ -146,7 +238,7 @@ class OutboxTable:
         limit: int = 1000,
         dead_holder: str | None = None,
         now: datetime | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """Return expired or stuck leases to pending (dead when out of attempts); ``dead_holder``
         also returns every row that relay holds, lease or not (it is known to be dead)."""
         return self._run(
@@ -167,26 +259,165 @@ class OutboxTable:
                                                "tenant_id": tenant_id, "now": now})
         return int(rows[0]["deleted"]) if rows else 0
 
-    def replay_dead(self, worker: str, **params: Any) -> list[dict[str, Any]]:
-        return self._run("outbox_replay_dead", {"worker": worker, **params})
+    def replay_dead(
+        self,
+        worker: str,
+        *,
+        after_id: int,
+        ids: Sequence[int] | None,
+        topic: str | None,
+        tenant_id: str | None,
+        error_code: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        force: bool,
+        dry_run: bool,
+        limit: int,
+        now: datetime | None = None,
+    ) -> list[Row]:
+        """One page (ids above ``after_id``) of dead rows matching the filters (None = any), replayed
+        unless ``dry_run``; BAD_REQUEST rows are refused unless ``force``."""
+        return self._run("outbox_replay_dead", {
+            "worker": worker, "after_id": after_id, "ids": list(ids) if ids is not None else None, "topic": topic,
+            "tenant_id": tenant_id, "error_code": error_code, "since": since, "until": until, "force": force,
+            "dry_run": dry_run, "limit": limit, "now": now})
 
-    def next_due_in_s(self) -> float | None:
-        rows = self._run("outbox_next_due_in", {})
-        return rows[0]["next_due_in_s"] if rows else None
+    def sent_in_window(self, *, start: datetime, end: datetime, after_id: int, limit: int) -> list[ClaimedMessage]:
+        """One page (ids above ``after_id``) of the rows sent in [start, end), as messages to deliver again."""
+        rows = self._run("outbox_sent_in_window", {"start": start, "end": end, "after_id": after_id,
+                                                   "limit": limit})
+        return [ClaimedMessage(**row) for row in rows]
 
-    def status_rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
-        return self._run(query, params)
+    # -- what operators read -------------------------------------------------
+    def health_snapshot(self, *, stuck_after_s: float, window_s: float, sample: int,
+                        now: datetime | None = None) -> Row:
+        """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept."""
+        return self._run("outbox_health_snapshot", {"stuck_after_s": stuck_after_s, "window_s": window_s,
+                                                    "sample": sample, "now": now})[0]
 
-    def retry_destination_failures_now(self, codes: Sequence[str]) -> int:
-        """Make messages waiting out a backoff for these error codes due now; how many."""
-        return int(self._run("outbox_retry_destination_failures_now", {"codes": list(codes)})[0]["pulled"])
+    def sent_count(self) -> int:
+        """The exact number of sent rows kept (a full scan of them)."""
+        return int(self._run("outbox_status_sent_count", {})[0]["n"])
+
+    def dead_counts_by_code(self) -> dict[str, int]:
+        """Dead rows per error code ('UNKNOWN' for none), the commonest first."""
+        return {row["error_code"]: int(row["n"]) for row in self._run("outbox_status_dead_by_code", {})}
+
+    def ready_count(self, paused_topics: Sequence[str] = (), *, now: datetime | None = None) -> int:
+        """Pending rows due now, outside the paused topics."""
+        return int(self._run("outbox_ready_count", {"paused_topics": list(paused_topics), "now": now})[0]["ready"])
 
     def held_by(self, worker: str) -> int:
         """How many rows ``worker`` holds in sending."""
         return int(self._run("outbox_held_by", {"worker": worker})[0]["held"])
 
-    def health_snapshot(self, *, stuck_after_s: float, window_s: float, sample: int,
-                        now: datetime | None = None) -> dict[str, Any]:
-        """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept."""
-        return self._run("outbox_health_snapshot", {"stuck_after_s": stuck_after_s, "window_s": window_s,
-                                                    "sample": sample, "now": now})[0]
+
+class SharedTables:
+    """The statements not bound to one outbox table: relay liveness, destination health,
+    alert memory, shared-table retention, the schema catalog, and the database's clock."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+
+    def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
+        return _fetch(self.conn, shared_query(query), params)
+
+    def _count(self, query: str, params: dict[str, Any]) -> int:
+        """Rows the statement changed."""
+        with _execute(self.conn, shared_query(query), params) as cur:
+            return cur.rowcount
+
+    # -- the clock -----------------------------------------------------------
+    def database_now(self) -> datetime:
+        now: datetime = self._run("database_now", {})[0]["now"]
+        return now
+
+    def seconds_until(self, at: datetime, *, now: datetime | None = None) -> float:
+        """How far ``at`` lies ahead of the database's clock (0 once it has passed)."""
+        return float(self._run("database_seconds_until", {"at": at, "now": now})[0]["seconds"])
+
+    # -- relay liveness (outbox_relay_workers) -------------------------------
+    def register_relay(self, *, worker: str, table: str, run_id: str | None, pid: int, host: str,
+                       now: datetime | None = None) -> None:
+        self._run("outbox_relay_workers_register", {"worker": worker, "table_name": table, "run_id": run_id,
+                                                     "pid": pid, "host": host, "now": now})
+
+    def heartbeat_relay(self, worker: str, *, now: datetime | None = None) -> bool:
+        """False if the relay is recorded as stopped (declared dead meanwhile)."""
+        return self._count("outbox_relay_workers_heartbeat", {"worker": worker, "now": now}) > 0
+
+    def record_relay_stop(self, worker: str, reason: str, *, now: datetime | None = None) -> bool:
+        """False if its stop was already recorded."""
+        return self._count("outbox_relay_workers_stop", {"worker": worker, "reason": reason, "now": now}) > 0
+
+    def silent_relays(self, *, silent_after_s: float, now: datetime | None = None) -> list[Row]:
+        """Relays not stopped whose last heartbeat is older than ``silent_after_s``."""
+        return self._run("outbox_relay_workers_silent", {"silent_after_s": silent_after_s, "now": now})
+
+    def relays_of_run(self, run_id: str) -> list[Row]:
+        return self._run("outbox_relay_workers_by_run", {"run_id": run_id})
+
+    # -- destination health (outbox_destination_health) ---------------------
+    def destination_gate(self, table: str, *, now: datetime | None = None) -> Row | None:
+        """The table's pause and circuit, with the database's ``now``; None if never recorded."""
+        rows = self._run("outbox_destination_gate", {"table_name": table, "now": now})
+        return rows[0] if rows else None
+
+    def take_destination_probe(self, table: str, *, probe_interval_s: float, now: datetime | None = None) -> bool:
+        """True if this relay may send the open circuit's next probe (the next one is then due later)."""
+        return self._count("outbox_destination_take_probe",
+                           {"table_name": table, "probe_interval_s": probe_interval_s, "now": now}) > 0
+
+    def pause_destination(self, table: str, *, destination: str, delay_s: float, reason: str,
+                          now: datetime | None = None) -> None:
+        self._run("outbox_destination_pause", {"table_name": table, "destination": destination,
+                                               "delay_s": delay_s, "reason": reason, "now": now})
+
+    def record_destination_success(self, table: str, *, destination: str, now: datetime | None = None) -> None:
+        self._run("outbox_destination_health_success", {"table_name": table, "destination": destination,
+                                                        "now": now})
+
+    def record_destination_failures(self, table: str, *, destination: str, failures: int, codes: dict[str, int],
+                                    error: str | None, threshold: int, probe_interval_s: float,
+                                    now: datetime | None = None) -> bool:
+        """Extend the failure streak by ``failures``; True if the circuit is open now."""
+        rows = self._run("outbox_destination_health_failure", {
+            "table_name": table, "destination": destination, "failures": failures, "codes": Jsonb(codes),
+            "error": error, "threshold": threshold, "probe_interval_s": probe_interval_s, "now": now})
+        return bool(rows[0]["circuit_open"])
+
+    def read_destination_health(self, table: str, *, now: datetime | None = None) -> Row | None:
+        rows = self._run("outbox_destination_health_read", {"table_name": table, "now": now})
+        return rows[0] if rows else None
+
+    # -- alert memory (outbox_alert_state) -----------------------------------
+    def read_alert_states(self, keys: Sequence[str]) -> list[Row]:
+        return self._run("outbox_alert_state_read", {"keys": list(keys)})
+
+    def write_alert_state(self, *, key: str, severity: str, started_at: datetime | None,
+                          notified_at: datetime | None, summary: str, now: datetime | None = None) -> None:
+        self._run("outbox_alert_state_write", {"alert_key": key, "severity": severity, "started_at": started_at,
+                                               "notified_at": notified_at, "summary": summary, "now": now})
+
+    # -- retention of the shared tables --------------------------------------
+    def delete_expired_ledger_rows(self, *, limit: int, now: datetime | None = None) -> int:
+        """One batch of idempotency-ledger rows past their expiry; how many went."""
+        return self._count("idempo_ledger_clean_expired", {"limit": limit, "now": now})
+
+    def delete_old_audit_rows(self, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
+        """One batch of audit rows older than ``retention_s``; how many went."""
+        return self._count("outbox_audit_clean_old", {"retention_s": retention_s, "limit": limit, "now": now})
+
+    # -- the schema ------------------------------------------------------------
+    def outbox_table_names(self) -> list[str]:
+        """Tables of the current schema that carry the outbox's notify trigger."""
+        return [row["table_name"] for row in self._run("outbox_tables_list", {})]
+
+    def find_relation(self, table: str) -> Row | None:
+        """What already bears the (validated) name ``table`` here, if anything: kind, schema, columns."""
+        rows = self._run("pg_class_find_relation", {"quoted_name": f'"{validate_table_name(table)}"'})
+        return rows[0] if rows else None
+
+    def create_outbox_table(self, table: str, *, dedup_index: bool) -> None:
+        """Create the table of the canonical shape, or check the indexes and trigger of the one that exists."""
+        self._run("outbox_table_create", {"table_name": validate_table_name(table), "dedup_index": dedup_index})

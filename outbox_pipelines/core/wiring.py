@@ -1,28 +1,37 @@
-"""Build the destination a table's settings name."""
+"""Build the destination a table's settings name.
 
-import importlib
+The engine's own destinations are built here; a wing's (``settings.WING_DESTINATIONS``,
+e.g. the order broker) through its factory, imported by name when a table uses it:
+the engine never imports a wing.
+"""
 
 from outbox_pipelines.core.destinations import HandlerDestination, HandlerRegistry, HttpDestination, PaperBroker
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.core.settings import WING_DESTINATIONS, Settings, TableSettings, import_attribute
 
 
 def load_registry(spec: str) -> HandlerRegistry:
     """Import 'package.module:attribute' and check it is a HandlerRegistry."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"handlers = {spec!r}: write it as 'package.module:registry'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"handlers = {spec!r}: cannot import {module_name}: {exc}") from None
-    registry = getattr(module, attribute, None)
+    registry = import_attribute(spec, "handlers", shape="package.module:registry")
     if callable(registry) and not isinstance(registry, HandlerRegistry):
         registry = registry()
     if not isinstance(registry, HandlerRegistry):
         raise ConfigError(f"handlers = {spec!r} is not a HandlerRegistry (got {type(registry).__name__})")
     return registry
+
+
+def build_wing_destination(table: TableSettings, settings: Settings) -> Destination:
+    """A wing's destination, from the factory its kind names in ``WING_DESTINATIONS``."""
+    spec = WING_DESTINATIONS[table.destination]
+    factory = import_attribute(spec, f"the factory of destination {table.destination!r}")
+    if not callable(factory):
+        raise ConfigError(f"destination {table.destination!r}: {spec} is not a destination factory")
+    destination = factory(table, settings)
+    if not isinstance(destination, Destination):
+        raise ConfigError(f"destination {table.destination!r}: {spec} returned a {type(destination).__name__}, "
+                          "not a Destination")
+    return destination
 
 
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
@@ -37,11 +46,8 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
             token=settings.env.broker_token,
             transport=table.transport,
         )
-    if table.destination == "orders":
-        from outbox_pipelines.core.destinations.orders import OrderBroker
-
-        return OrderBroker(table.url, token=settings.env.broker_token, concurrency=table.concurrency,
-                           transport=table.transport)
+    if table.destination in WING_DESTINATIONS:
+        return build_wing_destination(table, settings)
     if table.destination == "handlers":
         assert table.handlers
         return HandlerDestination(load_registry(table.handlers), name=table.handlers, parallelism=table.parallelism)

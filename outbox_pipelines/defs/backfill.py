@@ -6,6 +6,7 @@ import dagster as dg
 
 from outbox_pipelines.core.backfill import redeliver_sent
 from outbox_pipelines.core.destinations import HttpDestination
+from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
 
@@ -14,7 +15,7 @@ BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", time
 
 
 class BackfillConfig(dg.Config):
-    table: str = "outbox_orders"
+    table: str = ORDERS_TABLE
     destination_url: Optional[str] = None  # default: the table's own destination
     batch_size: int = 500
 

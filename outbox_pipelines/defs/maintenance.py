@@ -6,7 +6,8 @@ from typing import List, Optional
 import dagster as dg
 from pydantic import Field
 
-from outbox_pipelines.core.maintenance import clean, requeue_stuck
+from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck
+from outbox_pipelines.core.settings import parse_duration
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase
 
@@ -46,23 +47,20 @@ def requeue_stuck_op(context: dg.OpExecutionContext, config: TablesConfig, outbo
 
 @dg.op(description="Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.", out=dg.Out(dg.Nothing))
 def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDatabase):
-    from outbox_pipelines.core.settings import parse_duration
-
     _, tables = _chosen(outbox_db, config.tables)
     retention = parse_duration(config.retention, "retention") if config.retention else None
     audit_retention = parse_duration(config.audit_retention, "audit_retention") if config.audit_retention else None
     changed = {}
-    ledger = audit = 0
-    for index, table in enumerate(tables):
+    for table in tables:
         if not table.cleaner_enabled:
             context.log.info(f"{table.name}: cleaner disabled; skipped")
             continue
-        report = clean(outbox_db.database_url(), table, retention_s=retention, include_shared=index == 0,
-                       audit_retention_s=audit_retention, tenant_id=config.tenant_id, force=config.force,
-                       progress=context.log.info)
+        report = clean(outbox_db.database_url(), table, retention_s=retention, tenant_id=config.tenant_id,
+                       force=config.force, progress=context.log.info)
         changed[table.name] = report.deleted_sent
-        ledger += report.deleted_ledger
-        audit += report.deleted_audit
+    # The shared tables once per run, whichever outbox tables were cleaned (or none).
+    shared = clean_shared(outbox_db.database_url(), audit_retention_s=audit_retention)
+    ledger, audit = shared.deleted_ledger, shared.deleted_audit
     context.log.info(f"deleted sent rows {changed}, expired ledger rows {ledger}, audit rows {audit}")
     yield dg.Output(None, metadata=metadata_values(
         {"deleted_sent_by_table": changed, "deleted_sent_total": sum(changed.values()),

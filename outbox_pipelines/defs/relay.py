@@ -9,7 +9,8 @@ from pydantic import Field
 
 from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
+from outbox_pipelines.core.orders import ORDERS_TABLE
+from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase, OutboxDestinations
 
@@ -39,7 +40,7 @@ def default_run_seconds() -> float:
 
 
 class RelayRunConfig(dg.Config):
-    table: str = Field(default="outbox_orders", description="The outbox table to relay (see outbox.toml).")
+    table: str = Field(default=ORDERS_TABLE, description="The outbox table to relay (see outbox.toml).")
     max_seconds: float = Field(
         default=default_run_seconds(),
         description="Stop claiming after this many seconds; the batch in flight is settled first.")
@@ -62,13 +63,13 @@ def _report_metadata(report: RelayReport, mode: str) -> dict:
         "requeued_expired_leases": report.requeued,
         "rate_limited": report.rate_limited,
         "db_errors": report.db_errors,
-        "destination_failures": ", ".join(f"{c}={n}" for c, n in sorted(report.destination_failures.items())) or None,
+        "destination_failures": by_code(report.destination_failures) or None,
         "circuit": report.circuit,
         "circuit_probes": report.probes,
         "duration_s": report.seconds,
         "throughput_per_s": report.throughput if report.seconds >= 1.0 else None,
         "stopped_because": report.stopped_because,
-        "dead_by_code": ", ".join(f"{code}={n}" for code, n in sorted(report.dead_by_code.items())) or None,
+        "dead_by_code": by_code(report.dead_by_code) or None,
         # Of the messages this run delivered (created → delivered), not of the table's history.
         **report.lag.percentiles(),
     }
@@ -151,10 +152,7 @@ def relay_table(
             worker_id=f"dagster:{context.run_id[:8]}:{os.getpid()}",
             run_id=context.run_id,
             relay_started=started,
-            progress=lambda r: context.log.info(
-                f"{r.table}: sent {r.sent}, retried {r.retried}, dead {r.dead}, conflicts {r.conflicts} "
-                f"({r.throughput:.0f} msg/s)"
-            ),
+            progress=lambda r: context.log.info(f"{r.table}: {r.progress_line()}"),
         ))
     finally:
         destination.close()

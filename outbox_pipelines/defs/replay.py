@@ -5,6 +5,7 @@ from typing import List, Optional
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
 
+from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.core.replay import (
     LIST_LIMIT,
     ReplayFilter,
@@ -29,7 +30,7 @@ _TIME_HELP = (
 class ReplayConfig(dg.Config):
     """Which dead rows to move back to pending. Give at least one filter, or set all: true."""
 
-    table: str = Field(default="outbox_orders", description=(
+    table: str = Field(default=ORDERS_TABLE, description=(
         "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
     ids: Optional[List[int]] = Field(default=None, description=(
         "Filter: only these row ids (the outbox table's id column), e.g. [101, 102]."))

@@ -1,5 +1,7 @@
 """Resources: the outbox database and the destinations of each table."""
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Dict, Optional
 
 import dagster as dg
@@ -10,9 +12,9 @@ from outbox_pipelines.core import db
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import TableStatus, read_status, ready_count
 from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep
+from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
 from outbox_pipelines.core.store import driver_connection
 from outbox_pipelines.core.table import OutboxTable
-from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
 from outbox_pipelines.core.wiring import build_destination
 
 TABLE_TAG = "outbox/table"
@@ -61,8 +63,6 @@ class OutboxDatabase(dg.ConfigurableResource):
         return relays_died_with_run(self.database_url(), self.settings(), run_id)
 
     def settings(self) -> Settings:
-        from pathlib import Path
-
         return load_settings(path=Path(self.config_path) if self.config_path else None)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
@@ -81,7 +81,5 @@ class OutboxDestinations(dg.ConfigurableResource):
     def for_table(self, table: TableSettings, settings: Settings) -> Destination:
         override = self.url_overrides.get(table.name)
         if override:
-            from dataclasses import replace
-
             table = replace(table, destination="orders" if table.destination == "orders" else "http", url=override)
         return build_destination(table, settings)

@@ -32,7 +32,7 @@ from outbox_pipelines.api.auth import (
 )
 from outbox_pipelines.api.ratelimit import FailureLimiter
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.ledger import accept_order
+from outbox_pipelines.core.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import (
     LiveApi,
     assert_error,

@@ -99,7 +99,7 @@ def test_schema_valid_orders_reach_the_ledger(fuzz_api, conn, session):
             fields = {v["field"] for v in response.json()["violations"]}
             if _integral_float(case.body.get("risk_constraints", {}).get("max_consecutive_loss")):
                 # Known core bug (reported, not fixed here): JSON Schema's "integer" includes 3.0,
-                # core.orders.validate_order refuses it. No JSON Schema can tell 3 from 3.0.
+                # core.orders.validation.validate_order refuses it. No JSON Schema can tell 3 from 3.0.
                 fields.discard("risk_constraints.max_consecutive_loss")
             assert fields <= {"requested_at", "$"}, response.text
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox_pipelines.core.orders import request_digest, result_digest
+from outbox_pipelines.core.orders.model import request_digest, result_digest
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines_tests.api.conftest import (
     ApiServers,
@@ -53,7 +53,8 @@ def test_first_post_is_201_with_the_ledger_row_and_one_outbox_row_in_the_same_co
     assert row["event_id"] == KEY and row["status"] == "pending" and row["attempts"] == 0
     assert row["payload"] == body  # already normalized: every default present
     assert row["payload_sha"] == entry["request_digest"]
-    assert row["headers"] == {"ledger_scope": "", "ledger_key": KEY, "trace_id": "do-trace-0001"}
+    assert row["headers"] == {"trace_id": "do-trace-0001"}
+    assert entry["event_id"] == row["event_id"]  # the ledger row names the message that carries its order
     # Ledger row and outbox row were written by one transaction.
     same_tx = conn.execute(
         "SELECT (SELECT xmin::text FROM idempo_ledger) = (SELECT xmin::text FROM outbox_orders) AS same"
@@ -317,8 +318,10 @@ def test_two_tokens_with_the_same_key_get_two_independent_orders(token_api, conn
     assert len({e["scope"] for e in entries}) == 2 and "" not in {e["scope"] for e in entries}
     outbox = rows(conn, "outbox_orders")
     assert len(outbox) == 3 and len({r["event_id"] for r in outbox}) == 3
-    for row in outbox:  # the broker sees the key qualified by its caller
-        assert row["event_id"] == f"{row['headers']['ledger_scope']}:{row['headers']['ledger_key']}"
+    assert {r["event_id"] for r in outbox} == {e["event_id"] for e in entries}
+    for entry in entries:  # the broker sees the key qualified by its caller
+        assert entry["event_id"] == f"{entry['scope']}:{entry['idempotency_key']}"
+    for row in outbox:
         assert "token-alpha" not in json.dumps(row["headers"]) and "token-bravo" not in row["event_id"]
 
 

@@ -17,7 +17,7 @@ import httpx
 import psycopg
 
 from outbox_pipelines.core import metrics
-from outbox_pipelines.core.orders import broker_request, broker_timeout_s, result_digest
+from outbox_pipelines.core.orders.model import broker_request, broker_timeout_s, result_digest
 from outbox_pipelines.core.relay import RelayReport, run_table_relay
 from outbox_pipelines_tests.api.conftest import (
     broker_settings,
@@ -322,9 +322,10 @@ def test_broker_sim_command_serves_with_fault_injection():
 def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     """Reported by the API tests: the replay of a dead order must say failed, with the reason."""
 
+    from outbox_pipelines.api.app import ACCEPTANCE_STATUS
     from outbox_pipelines.broker_sim import BrokerSim, Faults
-    from outbox_pipelines.core.destinations.orders import OrderBroker
-    from outbox_pipelines.core.ledger import accept_order
+    from outbox_pipelines.core.orders.broker import OrderBroker
+    from outbox_pipelines.core.orders.ledger import accept_order
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines_tests.conftest import table_settings
     from outbox_pipelines_tests.helpers import order_payload
@@ -343,13 +344,13 @@ def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
             replay = accept_order(conn, "", order)
     finally:
         sim.stop()
-    assert (replay.kind, replay.http_status) == ("replay", 200)
-    assert replay.body["status"] == "failed" and replay.body["reason"].startswith("BROKER_REJECTED: BAD_REQUEST")
-    assert (replay.body["error"], replay.body["http_status"]) == ("BROKER_REJECTED", 400)
+    assert (replay.kind, ACCEPTANCE_STATUS[replay.kind]) == ("replay", 200)
+    assert replay.response["status"] == "failed" and replay.response["reason"].startswith("BROKER_REJECTED: BAD_REQUEST")
+    assert (replay.response["error"], replay.response["http_status"]) == ("BROKER_REJECTED", 400)
 
 
 def test_a_key_reused_after_the_ledger_forgot_it_is_refused(db_url, conn):
-    from outbox_pipelines.core.ledger import KeyReused, accept_order
+    from outbox_pipelines.core.orders.ledger import KeyReused, accept_order
     from outbox_pipelines_tests.helpers import order_payload
 
     with conn.transaction():
@@ -361,3 +362,37 @@ def test_a_key_reused_after_the_ledger_forgot_it_is_refused(db_url, conn):
         with conn.transaction():
             accept_order(conn, "", order_payload(2, key="old-key"))
     assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 0
+
+
+def test_a_key_whose_broker_key_another_caller_holds_is_refused(db_url, conn):
+    """The broker sees '<scope>:<key>': an open-API key spelled like another caller's broker key was used."""
+    import pytest as _pytest
+
+    from outbox_pipelines.core.orders.ledger import KeyReused, accept_order
+    from outbox_pipelines_tests.helpers import order_payload
+
+    with conn.transaction():
+        accept_order(conn, "h:abc", order_payload(1, key="k-1"))
+    with _pytest.raises(KeyReused):
+        with conn.transaction():
+            accept_order(conn, "", order_payload(2, key="h:abc:k-1"))
+    assert [e["idempotency_key"] for e in ledger(conn)] == ["k-1"]
+
+
+def test_each_caller_scoped_order_settles_its_own_ledger_row_with_the_callers_key(db_url, conn):
+    """Two callers, one key: the relay finds each ledger row by its message's event id ('<scope>:<key>'),
+    and each ExecResult carries the key the caller sent, not the broker's."""
+    from outbox_pipelines.core.orders.ledger import accept_order
+    from outbox_pipelines_tests.api.conftest import paper_settings
+    from outbox_pipelines_tests.helpers import order_payload
+
+    with conn.transaction():
+        accept_order(conn, "h:abc", order_payload(1, key="k-1"))
+        accept_order(conn, "h:def", order_payload(2, key="k-1"))
+    assert run_table_relay(db_url, paper_settings(), TABLE, once=True).sent == 2
+    entries = {e["scope"]: e for e in ledger(conn)}
+    for scope in ("h:abc", "h:def"):
+        entry = entries[scope]
+        assert (entry["status"], entry["http_status"], entry["event_id"]) == ("succeeded", 200, f"{scope}:k-1")
+        assert entry["result"]["idempotency_key"] == "k-1" and entry["result_digest"] == result_digest(entry["result"])
+        assert entry["result"]["broker_order_id"] == the_row(conn, f"{scope}:k-1")["result_ref"]

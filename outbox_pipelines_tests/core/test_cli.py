@@ -115,6 +115,20 @@ def test_requeue_and_clean_commands(cli_env, conn):
     assert statuses(conn, "outbox_events") == {}
 
 
+def test_clean_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_is_off(cli_env, conn, tmp_path):
+    config = tmp_path / "outbox.toml"
+    config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
+    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+                 "('old', 'sha256:a', now() - interval '1 minute')")
+    conn.execute("INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
+                 "VALUES ('outbox_events', 'outbox_claim', 'w', now() - interval '40 days')")
+    result = run_cli({**cli_env, "OUTBOX_CONFIG": str(config)}, "clean", "--audit-retention", "30d")
+    assert result.returncode == 0, result.stderr
+    assert "outbox_events: cleaner disabled" in result.stdout
+    assert result.stdout.count("idempo_ledger: deleted 1 expired rows; outbox_audit: deleted 1 old rows") == 1
+    assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 0
+
+
 def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
     config = tmp_path / "outbox.toml"
     config.write_text('[tables.hrm_outbox]\ndestination = "paper"\npreset = "generic"\nmax_attempts = 5\n')

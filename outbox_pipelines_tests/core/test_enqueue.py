@@ -1,6 +1,8 @@
 """Enqueue: in the caller's transaction, idempotent by event_id, checked before writing."""
 
 import multiprocessing
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -187,3 +189,12 @@ def test_a_failed_enqueue_does_not_poison_the_business_transaction_silently(db_u
         Outbox("outbox_events").enqueue(tx_conn, Message(topic="t", payload={"ok": True}))
         tx_conn.commit()
         assert tx_conn.execute("SELECT count(*) AS n FROM outbox_events").fetchone()["n"] == 1
+
+
+def test_the_enqueue_api_imports_no_http_client():
+    """An application that only enqueues does not pay for the relay's HTTP stack (aiohttp, httpx)."""
+    probe = ("import sys; from outbox_pipelines import Message, Outbox; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from outbox_pipelines.core import liveness
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import DatabaseUnavailable
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.relay import LeaseKeeper, Relay
@@ -101,9 +102,9 @@ def test_the_claim_leaves_an_expired_lease_on_its_last_attempt_to_requeue_stuck(
 
 def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeypatch):
     """connect() raising DatabaseUnavailable (not a psycopg error) must not kill the keeper thread."""
-    from outbox_pipelines.core import relay as relay_module
+    from outbox_pipelines.core.relay import session as relay_session
 
-    real_connect, failures = relay_module.connect, [0]
+    real_connect, failures = relay_session.connect, [0]
 
     def flaky(url, **kwargs):
         if failures[0] < 2:
@@ -111,7 +112,7 @@ def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeyp
             raise DatabaseUnavailable("cannot connect to PostgreSQL: test")
         return real_connect(url, **kwargs)
 
-    monkeypatch.setattr(relay_module, "connect", flaky)
+    monkeypatch.setattr(relay_session, "connect", flaky)
     with real_connect(db_url) as own:
         liveness.register(own, "keeper-test", EVENTS, None)
         own.execute("UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' WHERE worker = 'keeper-test'")
@@ -149,7 +150,7 @@ def test_a_batch_that_could_not_be_settled_is_given_back_not_stranded(db_url, co
     assert statuses(conn, EVENTS).get("sent", 0) == 4  # given back, re-claimed, delivered again (same keys)
 
 
-class BatchSizes:
+class BatchSizes(Destination):
     """A destination that accepts everything and remembers how many messages each call carried."""
 
     name = "batch sizes"

@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from outbox_pipelines.core.maintenance import clean, requeue_stuck
+from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck
 from outbox_pipelines.core.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.table import OutboxTable
@@ -73,9 +73,24 @@ def test_cleaner_removes_expired_ledger_rows(db_url, conn):
         "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
         "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '47 hours')"
     )
-    report = clean(db_url, table_settings(EVENTS))
+    report = clean_shared(db_url, audit_retention_s=None)
     assert report.deleted_ledger == 1
     assert [r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger")] == ["fresh"]
+
+
+def test_clean_shared_removes_old_audit_rows_in_batches_only_when_asked(db_url, conn):
+    conn.execute(
+        "INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
+        "SELECT 'outbox_events', 'outbox_claim', 'w', now() - interval '40 days' FROM generate_series(1, 12)"
+    )
+    conn.execute("INSERT INTO outbox_audit (outbox_table, code, worker) VALUES ('outbox_events', 'outbox_claim', 'w')")
+    assert clean_shared(db_url, audit_retention_s=None).deleted_audit == 0
+    report = clean_shared(db_url, audit_retention_s=30 * 86400, batch_size=5)
+    assert report.deleted_audit == 12
+    assert conn.execute("SELECT count(*) AS n FROM outbox_audit").fetchone()["n"] == 1
+    # database time: moved 31 days on, the remaining row is old too
+    later = db_now(conn) + timedelta(days=31)
+    assert clean_shared(db_url, audit_retention_s=30 * 86400, now=later).deleted_audit == 1
 
 
 def _dead(conn, ids, code, topic=None, tenant=None, when=None):

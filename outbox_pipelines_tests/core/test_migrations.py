@@ -72,6 +72,44 @@ def test_a_failing_migration_rolls_back_and_says_which(empty_db, tmp_path):
         assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == len(migrate.discover())
 
 
+def _upgrade_to(url: str, tmp_path, last: str) -> None:
+    """Apply the shipped migrations up to and including version ``last`` (what an older release left)."""
+    copy = tmp_path / f"migrations_to_{last}"
+    copy.mkdir()
+    for migration in migrate.discover():
+        if migration.version <= last:
+            shutil.copy(migration.path, copy / migration.name)
+    migrate.upgrade(url, copy)
+
+
+def test_ledger_rows_accepted_before_0007_get_the_event_id_of_their_outbox_row(empty_db, tmp_path):
+    _upgrade_to(empty_db, tmp_path, "0006")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        # What the API stored before: the ledger key in the outbox row's headers, event id "<scope>:<key>".
+        conn.execute("INSERT INTO idempo_ledger (idempotency_key, scope, request_digest) "
+                      "VALUES ('k-open', '', 'd1'), ('k-caller', 'h:abc', 'd2'), ('k-gone', '', 'd3')")
+        conn.execute("""INSERT INTO outbox_orders (event_id, topic, payload, payload_sha, headers) VALUES
+            ('k-open', 'order.submitted', '{}', 's1', '{"ledger_scope": "", "ledger_key": "k-open"}'),
+            ('h:abc:k-caller', 'order.submitted', '{}', 's2', '{"ledger_scope": "h:abc", "ledger_key": "k-caller"}'),
+            ('direct-1', 'order.submitted', '{}', 's3', '{}')""")
+    migrate.upgrade(empty_db)
+    with psycopg.connect(empty_db) as conn:
+        found = dict(conn.execute("SELECT idempotency_key, event_id FROM idempo_ledger").fetchall())
+        assert found == {"k-open": "k-open", "k-caller": "h:abc:k-caller", "k-gone": None}
+        with pytest.raises(psycopg.errors.UniqueViolation):  # one ledger row per message
+            conn.execute("UPDATE idempo_ledger SET event_id = 'k-open' WHERE idempotency_key = 'k-gone'")
+
+
+def test_0007_applies_to_a_database_without_outbox_orders(empty_db, tmp_path):
+    _upgrade_to(empty_db, tmp_path, "0006")
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("DROP TABLE outbox_orders")
+    _upgrade_to(empty_db, tmp_path, "0007")
+    with psycopg.connect(empty_db) as conn:
+        applied = [r[0] for r in conn.execute("SELECT version FROM outbox_schema_migrations ORDER BY version")]
+    assert applied[-1] == "0007"
+
+
 def test_create_table_makes_the_canonical_shape(db_url, conn):
     assert schema.create_table(db_url, "hrm_outbox", dedup_index=True) is True
     assert schema.create_table(db_url, "hrm_outbox") is False

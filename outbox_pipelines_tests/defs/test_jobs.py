@@ -81,6 +81,21 @@ def test_requeue_and_clean_jobs_report_what_they_changed(db_url, conn, instance,
     assert statuses(conn, "outbox_events") == {"pending": 2}
 
 
+def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_is_off(
+        db_url, conn, instance, tmp_path):
+    config = tmp_path / "outbox.toml"
+    config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
+    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+                 "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '1 day')")
+    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)),
+                 "outbox_destinations": OutboxDestinations()}
+    result = run_job("clean_job", resources, instance)
+    assert result.success
+    meta = op_metadata(result, "clean_op")
+    assert meta["deleted_ledger"] == 1 and "outbox_events" not in meta["deleted_sent_by_table"]
+    assert [r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger")] == ["fresh"]
+
+
 def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 3)
     conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BROKER_5XX'")

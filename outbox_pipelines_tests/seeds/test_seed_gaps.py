@@ -23,9 +23,9 @@ from outbox_pipelines import HandlerDestination, HandlerRegistry, HttpDestinatio
 from outbox_pipelines.api.app import ApiSettings
 from outbox_pipelines.api.ratelimit import RateLimiter
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core import relay as relay_module
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, Outcome
 from outbox_pipelines.core.relay import Relay, run_table_relay
+from outbox_pipelines.core.relay import session as relay_session
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings, load_settings
@@ -216,7 +216,7 @@ def test_an_http_500_echoing_the_request_stores_200_characters_of_the_answer_not
 # -- seed 003 §8: outbox_flush_db_timeout ----------------------------------------------------------------
 def test_a_settle_that_hits_the_statement_timeout_is_audited_as_outbox_flush_db_timeout(db_url, conn, monkeypatch):
     # The relay's sessions run with statement_timeout=30 s (RELAY_SESSION_OPTIONS); 100 ms here.
-    monkeypatch.setattr(relay_module, "RELAY_SESSION_OPTIONS",
+    monkeypatch.setattr(relay_session, "RELAY_SESSION_OPTIONS",
                         "-c statement_timeout=100 -c plan_cache_mode=force_custom_plan")
     [row_id] = enqueue_n(conn, EVENTS, 1)
     locker = psycopg.connect(db_url)  # not autocommit: the lock lasts until rollback

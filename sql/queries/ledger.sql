@@ -1,15 +1,18 @@
 -- Named queries over idempo_ledger (seed 001).
 
 -- name: idempo_ledger_reserve
--- First sight of (scope, key) inserts the accepted row and its ack; a repeat
--- returns nothing (then idempo_ledger_get tells replay from conflict).
-INSERT INTO idempo_ledger (idempotency_key, scope, request_digest, status, http_status, response, expires_at)
+-- First sight of (scope, key) inserts the accepted row and its ack, with the event id of
+-- the outbox message that will carry the order; a repeat returns nothing (then
+-- idempo_ledger_get tells replay from conflict). So does an event id another
+-- (scope, key) already holds: no arbiter is named, so either unique index makes it a
+-- no-op (and the caller finds no row under its own key: the key was used).
+INSERT INTO idempo_ledger (idempotency_key, scope, request_digest, status, http_status, response, expires_at, event_id)
 VALUES (%(key)s, %(scope)s, %(request_digest)s, 'accepted', 201,
         jsonb_build_object('status', 'accepted', 'idempotency_key', %(key)s::text, 'order_id', %(order_id)s::text,
                            'request_digest', %(request_digest)s::text,
                            'accepted_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
-        now() + make_interval(secs => %(ttl_s)s))
-ON CONFLICT (scope, idempotency_key) DO NOTHING
+        now() + make_interval(secs => %(ttl_s)s), %(event_id)s)
+ON CONFLICT DO NOTHING
 RETURNING idempotency_key, scope, request_digest, status, http_status, response, result, result_digest, reason,
           created_at, updated_at, expires_at
 
@@ -23,6 +26,8 @@ WHERE scope = %(scope)s AND idempotency_key = %(key)s
 -- The relay records the broker's outcome: succeeded with the ExecResult (what a
 -- replay then returns), or failed with seed 001's error code (BROKER_REJECTED,
 -- BROKER_TIMEOUT, BROKER_DOWN), the HTTP status of the failure and the reason.
+-- Each row is found by the event id of the outbox message that carried its order
+-- (idempo_ledger_by_event_id); a message without a ledger row matches nothing.
 UPDATE idempo_ledger AS l
 SET status = i.status,
     result = CASE WHEN i.status = 'succeeded' THEN i.result::jsonb ELSE l.result END,
@@ -38,8 +43,8 @@ SET status = i.status,
     http_status = CASE WHEN i.status = 'succeeded' THEN 200 ELSE coalesce(i.http_status, 400) END,
     reason = i.reason,
     updated_at = now()
-FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(statuses)s::text[], %(results)s::text[],
+FROM unnest(%(event_ids)s::text[], %(statuses)s::text[], %(results)s::text[],
             %(result_digests)s::text[], %(reasons)s::text[], %(errors)s::text[], %(http_statuses)s::int[],
             %(reason_codes)s::text[])
-     AS i(scope, key, status, result, result_digest, reason, error, http_status, reason_code)
-WHERE l.scope = i.scope AND l.idempotency_key = i.key AND l.status <> 'succeeded'
+     AS i(event_id, status, result, result_digest, reason, error, http_status, reason_code)
+WHERE l.event_id = i.event_id AND l.status <> 'succeeded'

@@ -1,19 +1,22 @@
 -- Named queries over the on-call tables (migration 0004): relay liveness,
 -- destination health, and what the alerting has told people.
+-- Every time written or compared is the database's clock: %(now)s is NULL in
+-- production and set only by tests that move time.
 
 -- name: outbox_relay_workers_register
 INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host)
 VALUES (%(worker)s, %(table_name)s, %(run_id)s, %(pid)s, %(host)s)
 ON CONFLICT (worker) DO UPDATE
 SET table_name = EXCLUDED.table_name, run_id = EXCLUDED.run_id, pid = EXCLUDED.pid, host = EXCLUDED.host,
-    started_at = now(), heartbeat_at = now(), stopped_at = NULL, stop_reason = NULL
+    started_at = coalesce(%(now)s::timestamptz, now()), heartbeat_at = coalesce(%(now)s::timestamptz, now()),
+    stopped_at = NULL, stop_reason = NULL
 
 -- name: outbox_relay_workers_heartbeat
-UPDATE outbox_relay_workers SET heartbeat_at = now()
+UPDATE outbox_relay_workers SET heartbeat_at = coalesce(%(now)s::timestamptz, now())
 WHERE worker = %(worker)s AND stopped_at IS NULL
 
 -- name: outbox_relay_workers_stop
-UPDATE outbox_relay_workers SET stopped_at = now(), stop_reason = %(reason)s
+UPDATE outbox_relay_workers SET stopped_at = coalesce(%(now)s::timestamptz, now()), stop_reason = %(reason)s
 WHERE worker = %(worker)s AND stopped_at IS NULL
 
 -- name: outbox_relay_workers_silent
@@ -39,16 +42,20 @@ WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs =>
 -- name: outbox_destination_health_failure
 -- A batch in which the destination itself failed. Starts a streak or extends it,
 -- and opens the circuit once the streak reaches the threshold.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
 INSERT INTO outbox_destination_health AS h
     (table_name, destination, failing_since, consecutive_failures, error_codes, last_error, last_failure_at,
      circuit_opened_at, next_probe_at, updated_at)
-VALUES (%(table_name)s, %(destination)s, now(), %(failures)s, %(codes)s::jsonb, %(error)s, now(),
-        CASE WHEN %(failures)s >= %(threshold)s THEN now() END,
-        CASE WHEN %(failures)s >= %(threshold)s THEN now() + make_interval(secs => %(probe_interval_s)s) END,
-        now())
+SELECT %(table_name)s, %(destination)s, clock.now, %(failures)s, %(codes)s::jsonb, %(error)s, clock.now,
+       CASE WHEN %(failures)s >= %(threshold)s THEN clock.now END,
+       CASE WHEN %(failures)s >= %(threshold)s THEN clock.now + make_interval(secs => %(probe_interval_s)s) END,
+       clock.now
+FROM clock
 ON CONFLICT (table_name) DO UPDATE
 SET destination = EXCLUDED.destination,
-    failing_since = coalesce(h.failing_since, now()),
+    failing_since = coalesce(h.failing_since, (SELECT now FROM clock)),
     consecutive_failures = h.consecutive_failures + EXCLUDED.consecutive_failures,
     error_codes = CASE WHEN h.failing_since IS NULL THEN EXCLUDED.error_codes
                        ELSE (SELECT coalesce(jsonb_object_agg(k, v), '{}'::jsonb)
@@ -57,50 +64,62 @@ SET destination = EXCLUDED.destination,
                                          UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.error_codes)) AS e(k, v)
                                    GROUP BY k) AS s) END,
     last_error = EXCLUDED.last_error,
-    last_failure_at = now(),
+    last_failure_at = (SELECT now FROM clock),
     circuit_opened_at = CASE
         WHEN h.circuit_opened_at IS NOT NULL THEN h.circuit_opened_at
-        WHEN h.consecutive_failures + EXCLUDED.consecutive_failures >= %(threshold)s THEN now() END,
+        WHEN h.consecutive_failures + EXCLUDED.consecutive_failures >= %(threshold)s THEN (SELECT now FROM clock) END,
     next_probe_at = CASE
         WHEN h.circuit_opened_at IS NOT NULL THEN h.next_probe_at
         WHEN h.consecutive_failures + EXCLUDED.consecutive_failures >= %(threshold)s
-        THEN now() + make_interval(secs => %(probe_interval_s)s) END,
-    updated_at = now()
+        THEN (SELECT now FROM clock) + make_interval(secs => %(probe_interval_s)s) END,
+    updated_at = (SELECT now FROM clock)
 RETURNING circuit_opened_at IS NOT NULL AS circuit_open
 
 -- name: outbox_destination_health_success
 -- A delivery succeeded: the streak (if any) is over, the circuit closes, an
 -- expired throttle is lifted.
 -- Written when a streak is open, and otherwise at most every few seconds per relay.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
 INSERT INTO outbox_destination_health AS h (table_name, destination, last_success_at, updated_at)
-VALUES (%(table_name)s, %(destination)s, now(), now())
+SELECT %(table_name)s, %(destination)s, clock.now, clock.now FROM clock
 ON CONFLICT (table_name) DO UPDATE
 SET destination = EXCLUDED.destination, failing_since = NULL, consecutive_failures = 0,
-    error_codes = '{}'::jsonb, last_success_at = now(), circuit_opened_at = NULL, next_probe_at = NULL,
+    error_codes = '{}'::jsonb, last_success_at = (SELECT now FROM clock), circuit_opened_at = NULL,
+    next_probe_at = NULL,
     -- a throttle that has run out is over once a delivery succeeds; one still running stays
-    paused_until = CASE WHEN h.paused_until > now() THEN h.paused_until END,
-    pause_reason = CASE WHEN h.paused_until > now() THEN h.pause_reason END,
-    updated_at = now()
+    paused_until = CASE WHEN h.paused_until > (SELECT now FROM clock) THEN h.paused_until END,
+    pause_reason = CASE WHEN h.paused_until > (SELECT now FROM clock) THEN h.pause_reason END,
+    updated_at = (SELECT now FROM clock)
 
 -- name: outbox_destination_pause
 -- Throttling: every relay of the table holds off until paused_until (never shortened).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
 INSERT INTO outbox_destination_health AS h (table_name, destination, paused_until, pause_reason, updated_at)
-VALUES (%(table_name)s, %(destination)s, now() + make_interval(secs => %(delay_s)s), %(reason)s, now())
+SELECT %(table_name)s, %(destination)s, clock.now + make_interval(secs => %(delay_s)s), %(reason)s, clock.now
+FROM clock
 ON CONFLICT (table_name) DO UPDATE
-SET paused_until = GREATEST(coalesce(h.paused_until, now()), EXCLUDED.paused_until),
-    pause_reason = EXCLUDED.pause_reason, updated_at = now()
+SET paused_until = GREATEST(coalesce(h.paused_until, (SELECT now FROM clock)), EXCLUDED.paused_until),
+    pause_reason = EXCLUDED.pause_reason, updated_at = (SELECT now FROM clock)
 
 -- name: outbox_destination_gate
 -- Read before every claim: whether the table is paused, or its circuit open.
-SELECT now() AS now, paused_until, pause_reason, circuit_opened_at, next_probe_at
+SELECT coalesce(%(now)s::timestamptz, now()) AS now, paused_until, pause_reason, circuit_opened_at, next_probe_at
 FROM outbox_destination_health
 WHERE table_name = %(table_name)s
 
 -- name: outbox_destination_take_probe
 -- While the circuit is open, one relay at a time gets to send one probe message.
-UPDATE outbox_destination_health
-SET next_probe_at = now() + make_interval(secs => %(probe_interval_s)s), updated_at = now()
-WHERE table_name = %(table_name)s AND circuit_opened_at IS NOT NULL AND next_probe_at <= now()
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
+UPDATE outbox_destination_health AS h
+SET next_probe_at = clock.now + make_interval(secs => %(probe_interval_s)s), updated_at = clock.now
+FROM clock
+WHERE h.table_name = %(table_name)s AND h.circuit_opened_at IS NOT NULL AND h.next_probe_at <= clock.now
 RETURNING true AS probe
 
 -- name: outbox_destination_health_read
@@ -117,10 +136,7 @@ WHERE alert_key = ANY(%(keys)s::text[])
 
 -- name: outbox_alert_state_write
 INSERT INTO outbox_alert_state (alert_key, severity, started_at, notified_at, summary, updated_at)
-VALUES (%(alert_key)s, %(severity)s, %(started_at)s, %(notified_at)s, %(summary)s, now())
+VALUES (%(alert_key)s, %(severity)s, %(started_at)s, %(notified_at)s, %(summary)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (alert_key) DO UPDATE
 SET severity = EXCLUDED.severity, started_at = EXCLUDED.started_at, notified_at = EXCLUDED.notified_at,
-    summary = EXCLUDED.summary, updated_at = now()
-
--- name: outbox_alert_state_now
-SELECT now() AS now
+    summary = EXCLUDED.summary, updated_at = EXCLUDED.updated_at

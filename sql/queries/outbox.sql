@@ -144,9 +144,7 @@ WITH clock AS (
     UNION ALL
     SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, i.status, i.attempts,
            'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',
-           CASE WHEN cur.id IS NULL THEN 'row no longer exists'
-                ELSE format('lease lost: row is %%s, held by %%s at attempt %%s',
-                            cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
     FROM all_input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM settled)
@@ -174,9 +172,7 @@ WITH clock AS (
                               attempts, code, worker, trace_id, detail)
     SELECT %(table_name)s, i.id, cur.event_id, cur.status, 'sending', i.attempts,
            'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           CASE WHEN cur.id IS NULL THEN 'renew: row no longer exists'
-                ELSE format('renew: lease lost: row is %%s, held by %%s at attempt %%s',
-                            cur.status, coalesce(cur.locked_by, 'nobody'), cur.attempts) END
+           outbox_lease_lost_detail('renew: ', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
     FROM input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM renewed)
@@ -320,7 +316,7 @@ GROUP BY 1
 ORDER BY 2 DESC
 
 -- name: outbox_next_due_in
-SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_due_in_s
+SELECT extract(epoch FROM min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS next_due_in_s
 FROM {table}
 WHERE status = 'pending'
 
@@ -338,7 +334,8 @@ LIMIT %(limit)s
 -- name: outbox_ready_count
 SELECT count(*) AS ready
 FROM {table}
-WHERE status = 'pending' AND available_at <= now() AND topic <> ALL(%(paused_topics)s::text[])
+WHERE status = 'pending' AND available_at <= coalesce(%(now)s::timestamptz, now())
+  AND topic <> ALL(%(paused_topics)s::text[])
 
 -- name: outbox_release_unsent
 -- Rows this worker claimed but never handed to the destination (a prefetched
@@ -349,7 +346,7 @@ WITH input AS (
 ), released AS (
     UPDATE {table} AS t
     SET status = 'pending', attempts = t.attempts - 1, locked_by = NULL, locked_at = NULL,
-        lease_expires_at = NULL, updated_at = now()
+        lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
     FROM input AS i
     WHERE t.id = i.id AND t.status = 'sending' AND t.locked_by = %(worker)s AND t.attempts = i.attempts
     RETURNING t.id, t.event_id, t.attempts, t.headers, t.tenant_id
@@ -428,9 +425,9 @@ FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag LEFT JOIN waiting AS w O
 -- down are due again now, so delivery resumes at once instead of after the backoff.
 WITH pulled AS (
     UPDATE {table} AS t
-    SET available_at = now(), updated_at = now()
+    SET available_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now())
     WHERE t.status = 'pending'
-      AND t.available_at > now()
+      AND t.available_at > coalesce(%(now)s::timestamptz, now())
       AND t.last_error_code = ANY(%(codes)s::text[])
     RETURNING t.id
 ), wake AS (

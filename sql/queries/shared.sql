@@ -51,3 +51,28 @@ VALUES (%(table_name)s, %(code)s, %(worker)s, %(detail)s)
 -- Standby: block on the single-active lock for at most lock_timeout, so the
 -- standby takes over the moment the holder lets go.
 SELECT set_config('lock_timeout', %(timeout_ms)s, false), pg_advisory_lock(hashtext('outbox:' || %(table_name)s))
+
+-- name: outbox_relay_lock_timeout_reset
+-- After a standby's bounded wait: statements of this session wait for locks as long as they need again.
+SELECT set_config('lock_timeout', '0', false)
+
+-- name: database_now
+-- The database's clock: every "now" a decision rests on is read from here, never from the host.
+SELECT now() AS now
+
+-- name: database_seconds_until
+-- How far ``at`` lies ahead of the database's clock (0 once it has passed).
+SELECT greatest(extract(epoch FROM %(at)s::timestamptz - coalesce(%(now)s::timestamptz, now())), 0)::float8
+       AS seconds
+
+-- name: pg_class_find_relation
+-- What an existing relation of that name is, so create-table never adopts a business table or a catalog.
+SELECT c.oid, c.relkind, n.nspname, n.nspname = current_schema() AS here,
+       ARRAY(SELECT a.attname::text FROM pg_attribute AS a
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(%(quoted_name)s)
+
+-- name: outbox_table_create
+-- outbox_create_table (migration 0001) creates the table, or checks the indexes and trigger of one that exists.
+SELECT outbox_create_table(%(table_name)s, %(dedup_index)s)

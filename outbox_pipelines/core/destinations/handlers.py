@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import PermanentError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
@@ -84,7 +85,7 @@ class HandlerRegistry:
         return Outcome.sent(ref=",".join(refs) if refs else None)
 
 
-class HandlerDestination:
+class HandlerDestination(Destination):
     """Runs the registry's handlers for each message, ``parallelism`` at a time."""
 
     def __init__(self, registry: HandlerRegistry, *, name: str = "handlers", parallelism: int = 1) -> None:

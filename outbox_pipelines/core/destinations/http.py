@@ -35,6 +35,7 @@ import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.http_outcomes import classify_response
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
@@ -159,7 +160,7 @@ def _exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, s
     return Outcome.retry(m.UNKNOWN, text), "error"
 
 
-class HttpDestination:
+class HttpDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
 

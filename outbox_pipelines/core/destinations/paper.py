@@ -3,10 +3,11 @@
 import threading
 from collections.abc import Sequence
 
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
 
-class PaperBroker:
+class PaperBroker(Destination):
     name = "paper"
 
     def __init__(self) -> None:
@@ -21,6 +22,3 @@ class PaperBroker:
                 self.delivered[message.event_id] = count
                 outcomes.append(Outcome.sent(ref=f"paper-{message.payload_sha[7:19]}"))
         return outcomes
-
-    def close(self) -> None:
-        pass

@@ -1,0 +1,45 @@
+"""What one relay invocation may spend: a time budget, an entry budget, one drain, until a stop request."""
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Budget:
+    deadline: float | None  # time.monotonic() at which the time budget is used; None: no time budget
+    max_entries: int | None  # claims allowed in all; None: no entry budget
+    once: bool  # drain what is ready now, then end
+    stop: threading.Event  # set by a stop request (SIGTERM, Dagster's termination)
+
+    @classmethod
+    def starting_now(cls, stop: threading.Event, *, max_seconds: float | None = None,
+                     max_entries: int | None = None, once: bool = False) -> "Budget":
+        deadline = time.monotonic() + max_seconds if max_seconds is not None else None
+        return cls(deadline, max_entries, once, stop)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop.is_set()
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def used_up(self, claimed: int) -> str | None:
+        """Why the time or entry budget ends the invocation now, or None."""
+        if self.out_of_time():
+            return "time budget used"
+        if self.max_entries is not None and claimed >= self.max_entries:
+            return "entry budget used"
+        return None
+
+    def claim_limit(self, batch_size: int, claimed: int) -> int:
+        """How many messages the next claim may take: none once stopped or out of time."""
+        if self.stop_requested or self.out_of_time():
+            return 0
+        if self.max_entries is None:
+            return batch_size
+        return min(batch_size, self.max_entries - claimed)

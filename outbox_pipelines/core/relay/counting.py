@@ -1,0 +1,85 @@
+"""Counting a settled batch: its counts for the report, the Prometheus metrics, a log line per retry and dead.
+
+One pass over the batch; metrics are added once per label set (``metrics.BatchTally``).
+"""
+
+import logging
+import time
+from collections.abc import Sequence
+
+from outbox_pipelines.core import metrics
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destination_health import destination_failures
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.relay.report import BatchCounts, LagSample
+from outbox_pipelines.core.table import Settlement
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+# The metric's result label of a delivered message, by outcome code (anything else: "success").
+_DELIVERED_RESULTS = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_processed"}
+
+
+def count_settled_batch(
+    table: str,
+    batch: Sequence[ClaimedMessage],
+    settlements: Sequence[Settlement],
+    outcomes: Sequence[Outcome],
+    settled: set[int],
+    claimed_at: dict[int, float],
+    lag: LagSample,
+) -> BatchCounts:
+    """Count how each message ended; ``claimed_at`` (id → time.monotonic() at claim) loses the batch's ids,
+    and ``lag`` gains each delivered message's created → delivered seconds."""
+    counts = BatchCounts()
+    settled_mono = time.monotonic()
+    tally = metrics.BatchTally(table)
+    for message, settlement, outcome in zip(batch, settlements, outcomes):
+        claimed_mono = claimed_at.pop(message.id, None)
+        in_dispatch = settled_mono - claimed_mono if claimed_mono is not None else None
+        if settlement.id not in settled:
+            counts.conflicts += 1
+            tally.add(message, "conflict", in_dispatch)
+            continue
+        if settlement.status in ("sent", "deleted"):
+            counts.sent += 1
+            counts.dedup_hits += outcome.code == m.DEDUP_HIT
+            if message.claimed_at is not None and in_dispatch is not None:
+                waited = (message.claimed_at - message.created_at).total_seconds()
+                lag.add(max(waited, 0.0) + in_dispatch)
+            result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
+        elif settlement.status == "pending":
+            result = _count_retry(table, message, settlement, outcome, counts)
+        else:
+            result = _count_dead(table, message, settlement, counts)
+        tally.add(message, result, in_dispatch, final=settlement.status != "pending")
+    tally.flush()
+    _, failures = destination_failures(outcomes)
+    counts.destination_failures.update(failures)
+    return counts
+
+
+def _count_retry(table: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome,
+                 counts: BatchCounts) -> str:
+    counts.retried += 1
+    log.info("%s: message %s (event %s%s) retries in %.1fs: %s", table, message.id,
+             message.event_id, _tenant_part(table, message), settlement.delay_s, settlement.error_code)
+    if outcome.code == m.RATE_LIMITED:
+        counts.rate_limited += 1
+        counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
+    return "retry"
+
+
+def _count_dead(table: str, message: ClaimedMessage, settlement: Settlement, counts: BatchCounts) -> str:
+    counts.dead += 1
+    code = settlement.error_code or m.UNKNOWN
+    counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
+    log.warning("%s: message %s (event %s%s) is dead after %d attempts: %s", table,
+                message.id, message.event_id, _tenant_part(table, message), message.attempts, code)
+    return "dead"
+
+
+def _tenant_part(table: str, message: ClaimedMessage) -> str:
+    """", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
+    tenant = metrics.tenant_label(table, message.tenant_id)
+    return f", tenant {tenant}" if tenant else ""

@@ -1,0 +1,78 @@
+"""Which messages of a batch go to the destination, calling it, and every message's outcome.
+
+With dedup on, a message whose payload was already delivered on its topic is
+answered from the table (seed 003), and in-batch twins ride on the first one's
+delivery: only the rest reach the destination.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core import tracing
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.relay.spans import SendSpans
+from outbox_pipelines.core.table import OutboxTable
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+
+@dataclass
+class DispatchPlan:
+    """A batch's outcomes known before delivery (dedup hits), what to send, and in-batch twins."""
+
+    outcomes: list[Outcome | None]
+    to_send: list[int]
+    followers: dict[int, int] = field(default_factory=dict)
+
+
+def plan_dispatch(store: OutboxTable, batch: list[ClaimedMessage], dedup: bool) -> DispatchPlan:
+    """Which messages go to the destination; dedup hits (seed 003) are answered from the table."""
+    plan = DispatchPlan(outcomes=[None] * len(batch), to_send=list(range(len(batch))))
+    if not dedup:
+        return plan
+    keys = [(msg.topic, msg.payload_sha) for msg in batch]
+    already = store.dedup_lookup(sorted(set(keys)))
+    first_in_batch: dict[tuple[str, str], int] = {}
+    plan.to_send = []
+    for index, key in enumerate(keys):
+        if key in already:
+            plan.outcomes[index] = Outcome.sent(ref=already[key]["result_ref"], code=m.DEDUP_HIT)
+        elif key in first_in_batch:
+            plan.followers[index] = first_in_batch[key]
+        else:
+            first_in_batch[key] = index
+            plan.to_send.append(index)
+    return plan
+
+
+def deliver_planned(destination: Destination, table: str, batch: list[ClaimedMessage],
+                    plan: DispatchPlan) -> list[Outcome]:
+    """Call the destination (no database work here: this may run on the pipeline thread)."""
+    if not plan.to_send:
+        return []
+    messages = [batch[i] for i in plan.to_send]
+    spans = SendSpans(table, messages) if tracing.enabled() else None
+    if spans is not None:
+        messages = spans.messages
+    try:
+        outcomes = destination.deliver(messages)
+    except Exception as exc:  # a destination must not raise; if it does, nothing is lost
+        log.exception("destination %s raised", destination.name)
+        outcomes = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(messages)
+    if spans is not None:
+        spans.end(outcomes)
+    return outcomes
+
+
+def combine_outcomes(plan: DispatchPlan, delivered: list[Outcome]) -> list[Outcome]:
+    """Every message's outcome, in batch order: answered from the table, delivered, or its twin's."""
+    outcomes = list(plan.outcomes)
+    for index, outcome in zip(plan.to_send, delivered):
+        outcomes[index] = outcome
+    for index, leader in plan.followers.items():
+        lead = outcomes[leader]
+        assert lead is not None
+        outcomes[index] = Outcome.sent(ref=lead.ref, code=m.DEDUP_HIT) if lead.kind == "sent" else lead
+    return [o if o is not None else Outcome.retry(m.UNKNOWN, "no outcome") for o in outcomes]

@@ -1,0 +1,342 @@
+"""The relay: claim → dispatch → settle, over one outbox table, under a budget.
+
+One relay owns one database connection for claims and settles (it also holds
+the single-active lock and LISTENs for wake-ups), and a lease keeper thread
+that renews the leases of a batch whose dispatch runs long. An invocation runs
+under a time budget and/or an entry budget (what a Dagster run uses), drains
+once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
+settles the batch in flight, so no lease is left behind.
+"""
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from outbox_pipelines.core import liveness, metrics, tracing
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destination_health import DestinationGuard
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.models import ClaimedMessage, cap_error
+from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.relay import single_active
+from outbox_pipelines.core.relay.batch import BatchRunner
+from outbox_pipelines.core.relay.budget import Budget
+from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
+from outbox_pipelines.core.relay.pause import Pause
+from outbox_pipelines.core.relay.pipeline import Pipeline
+from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.session import (
+    drop_stale_wakeups,
+    open_listening_session,
+    open_session,
+    wait_for_wakeup,
+)
+from outbox_pipelines.core.retry import UniformSource
+from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.table import OutboxTable
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+DECLARED_DEAD = "declared dead by the liveness sweep (its heartbeat was lost); stopped"
+# Far past any lease: after a database error, every row this relay still holds counts as stuck.
+_ALL_HELD_S = 10 * 365 * 86400.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _Invocation:
+    """One ``run``: its budget, its report, its connection (replaced on reconnect) and its clocks."""
+
+    budget: Budget
+    report: RelayReport
+    conn: psycopg.Connection
+    store: OutboxTable
+    keeper: LeaseKeeper
+    single_active: bool
+    started: float
+    next_progress: float
+    next_requeue: float
+    requeue_every: float
+
+    def use(self, conn: psycopg.Connection) -> None:
+        self.conn, self.store = conn, OutboxTable(conn, self.report.table)
+
+
+class Relay:
+    def __init__(
+        self,
+        url: str,
+        table: TableSettings,
+        destination: Destination,
+        *,
+        worker_id: str | None = None,
+        uniform: UniformSource = random.uniform,
+        progress: Callable[[RelayReport], None] | None = None,
+        progress_every_s: float = 5.0,
+        run_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.table = table
+        self.destination = destination
+        self.worker = worker_id or default_worker_id()
+        self.run_id = run_id
+        self.guard = DestinationGuard(table.name, destination.name, threshold=table.circuit_threshold,
+                                      probe_interval_s=table.probe_interval_s)
+        self.uniform = uniform
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.pause = Pause()
+        self.batches = BatchRunner(table, destination, self.worker, self.guard, self.pause, uniform)
+        self.pipeline = Pipeline(self.batches)
+        self._stop = threading.Event()
+
+    @property
+    def settings(self) -> TableSettings:
+        """The table's settings under their former name (``cli.py`` reads ``relay.settings``)."""
+        return self.table
+
+    # -- control -------------------------------------------------------------
+    def request_stop(self, *_: Any) -> None:
+        """Finish the batch in flight, settle it, and return (safe from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    # -- the loop ------------------------------------------------------------
+    def run(self, *, max_seconds: float | None = None, max_entries: int | None = None, once: bool = False) -> RelayReport:
+        budget = Budget.starting_now(self._stop, max_seconds=max_seconds, max_entries=max_entries, once=once)
+        run = self._start(budget)
+        try:
+            if self._hold_the_lock(run):
+                while self._turn(run):
+                    pass
+        finally:
+            self._end(run)
+        return run.report
+
+    def _start(self, budget: Budget) -> _Invocation:
+        started = time.monotonic()
+        conn = open_listening_session(self.url, self.table.name)
+        liveness.register(conn, self.worker, self.table.name, self.run_id)
+        keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
+        return _Invocation(
+            budget, RelayReport(self.table.name, self.worker), conn, OutboxTable(conn, self.table.name), keeper,
+            single_active=self.table.mode == "single-active", started=started,
+            next_progress=started + self.progress_every_s, next_requeue=started,
+            requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s),
+        )
+
+    def _hold_the_lock(self, run: _Invocation) -> bool:
+        """Single-active: take the table's lock, standing by while another relay holds it. False: gave up."""
+        if not run.single_active:
+            return True
+        table, report = self.table.name, run.report
+        report.lock_held = single_active.try_lock(run.conn, table)
+        while not report.lock_held:
+            if run.budget.once or run.budget.stop_requested or run.budget.out_of_time():
+                report.stopped_because = "another relay holds the single-active lock"
+                return False
+            # Standby: take over as soon as the holder stops (checked for stop requests every second).
+            wait_s = min(self.table.poll_interval_s, 1.0, run.budget.time_left())
+            report.lock_held = single_active.wait_for_lock(run.conn, table, wait_s)
+        return True
+
+    def _turn(self, run: _Invocation) -> bool:
+        """One pass of the loop; False when the invocation ends (``stopped_because`` says why)."""
+        reason = self._reason_to_end(run)
+        if reason:
+            run.report.stopped_because = reason
+            return False
+        self._report_progress_if_due(run)
+        if self.pause.active:
+            return self._wait_out_the_pause(run)
+        batch: list[ClaimedMessage] = []
+        try:
+            self._requeue_expired_if_due(run)
+            batch = self._claim_next(run)
+            if not batch:
+                return self._idle(run)
+            self._relay(run, batch)
+            return True
+        except psycopg.OperationalError as exc:
+            return self._recover(run, batch, exc)
+
+    def _reason_to_end(self, run: _Invocation) -> str | None:
+        if run.budget.stop_requested:
+            return "stop requested"
+        if run.keeper.declared_dead:
+            return DECLARED_DEAD
+        return run.budget.used_up(run.report.claimed)
+
+    def _report_progress_if_due(self, run: _Invocation) -> None:
+        now = time.monotonic()
+        if self.progress and now >= run.next_progress:
+            run.report.seconds = now - run.started
+            self.progress(run.report)
+            run.next_progress = now + self.progress_every_s
+
+    def _wait_out_the_pause(self, run: _Invocation) -> bool:
+        if run.budget.once:
+            run.report.stopped_because = f"{self.pause.reason}; the rest waits as pending"
+            return False
+        wait_for_wakeup(run.conn, min(self.pause.remaining(), run.budget.time_left()), self._stop)
+        return True
+
+    def _idle(self, run: _Invocation) -> bool:
+        """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""
+        if run.budget.once:
+            run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
+                                          else "nothing ready")
+            return False
+        due = run.store.next_due_in_s()
+        idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
+        wait_for_wakeup(run.conn, min(idle, run.budget.time_left()), self._stop)
+        return True
+
+    def _relay(self, run: _Invocation, batch: list[ClaimedMessage]) -> None:
+        if self.destination.pipelined:
+            self.pipeline.run(run.store, run.keeper, batch, run.report, lambda: self._claim_next(run))
+        else:
+            self.batches.run(run.store, run.keeper, batch, run.report)
+        drop_stale_wakeups(run.conn)
+
+    def _end(self, run: _Invocation) -> None:
+        run.keeper.close()
+        self.pipeline.shutdown()
+        report = run.report
+        report.seconds = time.monotonic() - run.started
+        report.circuit = "open" if self.guard.circuit_open else report.circuit
+        self._say_goodbye(run.conn, run.single_active and report.lock_held, report.stopped_because or "ended")
+
+    # -- claiming --------------------------------------------------------------
+    def _claim_next(self, run: _Invocation) -> list[ClaimedMessage]:
+        """The next batch, within the budgets and what the table's destination allows now."""
+        report = run.report
+        limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
+        if limit <= 0 or self.pause.active:
+            return []
+        gate = self.guard.gate(run.store.conn)
+        report.circuit = "open" if gate.circuit_open else "closed"
+        if gate.limit == 0:
+            self.pause.hold(gate.wait_s, gate.reason)
+            return []
+        if gate.limit is not None:
+            limit = min(limit, gate.limit)
+            report.probes += 1
+        with tracing.tracer().start_as_current_span("outbox.claim", attributes={"outbox.table": self.table.name}) as span:
+            claimed = run.store.claim(self.worker, limit, self.table.lease_s, paused_topics=self._paused_topics(),
+                                      max_attempts=self.table.retry.max_attempts)
+            span.set_attribute("outbox.claimed", len(claimed))
+        report.claimed += len(claimed)
+        metrics.count_claim(self.table.name, len(claimed))
+        self.batches.note_claimed(claimed)
+        return claimed
+
+    def _paused_topics(self) -> tuple[str, ...]:
+        """Read at every claim, so switching a topic off takes effect on a running relay."""
+        return tuple(self.table.paused_topics) + tuple(self.destination.paused_topics)
+
+    def _requeue_expired_if_due(self, run: _Invocation) -> None:
+        now = time.monotonic()
+        if now < run.next_requeue:
+            return
+        rows = run.store.requeue_stuck(self.worker, stuck_after_s=self.table.stuck_threshold_s,
+                                       max_attempts=self.table.retry.max_attempts)
+        run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
+        run.next_requeue = now + run.requeue_every
+
+    # -- database errors -------------------------------------------------------
+    def _recover(self, run: _Invocation, batch: list[ClaimedMessage], exc: psycopg.OperationalError) -> bool:
+        """Lost connection or statement timeout: the batch is abandoned at once (its leases are no longer
+        renewed), and given back as soon as the database answers again. False: the invocation ends."""
+        run.keeper.release()
+        self.batches.forget_claims()
+        run.report.db_errors += 1
+        log.warning("relay %s: database error, reconnecting: %s", self.table.name, exc)
+        fresh = self._reconnect(run)
+        if fresh is None:
+            return False
+        run.use(fresh)
+        self._audit_db_problem(fresh, batch, exc)
+        self._give_back_held(run)
+        return True
+
+    def _reconnect(self, run: _Invocation) -> psycopg.Connection | None:
+        run.conn.close()
+        report, delay = run.report, 0.1
+        while not self._stop.is_set():
+            if run.budget.out_of_time():
+                report.stopped_because = "time budget used while the database was unreachable"
+                return None
+            try:
+                new = open_listening_session(self.url, self.table.name)
+            except Exception as exc:  # noqa: BLE001 - any failure to connect: try again after a backoff
+                log.warning("relay %s: reconnect failed (%s); retrying in %.1fs", self.table.name, exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if run.single_active and not single_active.try_lock(new, self.table.name):
+                report.lock_held = False
+                report.stopped_because = "lost the single-active lock while reconnecting"
+                new.close()
+                return None
+            return new
+        report.stopped_because = "stop requested"
+        return None
+
+    def _audit_db_problem(self, conn: psycopg.Connection, batch: list[ClaimedMessage], exc: BaseException) -> None:
+        code = m.AUDIT_DB_TIMEOUT if isinstance(exc, psycopg.errors.QueryCanceled) else m.AUDIT_DB_ERROR
+        ids: list[int | None] = [msg.id for msg in batch] or [None]  # no batch yet: one row, no message id
+        try:
+            conn.execute(shared_query("outbox_audit_insert"), {
+                "table_name": self.table.name, "ids": ids, "code": code,
+                "error_code": type(exc).__name__, "worker": self.worker, "detail": cap_error(str(exc)),
+            })
+        except psycopg.Error:
+            log.warning("relay %s: could not audit %s", self.table.name, code)
+
+    def _give_back_held(self, run: _Invocation) -> None:
+        """After a database error: rows this relay still holds (a batch it could not settle, a claim whose
+        answer was lost) go back to pending now, so none strands until its lease expires. Their attempt
+        stays counted: they may have been delivered, and will be again (the idempotency key makes it once)."""
+        try:
+            rows = run.store.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
+                                           max_attempts=self.table.retry.max_attempts, dead_holder=self.worker)
+        except psycopg.Error as exc:
+            log.warning("relay %s: could not give back the rows it held: %s", self.table.name, exc)
+            return
+        mine = sum(1 for r in rows if r["previous_holder"] == self.worker)
+        if mine:
+            log.warning("relay %s: gave back %d rows held when the database failed", self.table.name, mine)
+        run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
+
+    def _say_goodbye(self, conn: psycopg.Connection, unlock: bool, reason: str) -> None:
+        """Let go of the single-active lock and record the stop, so nobody takes this relay for dead."""
+        for _ in range(2):
+            try:
+                if conn.closed:
+                    conn = open_session(self.url)
+                if unlock:
+                    single_active.unlock(conn, self.table.name)
+                liveness.stopped(conn, self.worker, reason)
+                break
+            except Exception as exc:  # noqa: BLE001 - a stop must always finish
+                log.warning("relay %s: could not record its stop (%s)", self.table.name, exc)
+                conn.close()
+                unlock = False  # a fresh session holds no lock
+        conn.close()

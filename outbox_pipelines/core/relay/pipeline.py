@@ -1,0 +1,77 @@
+"""Pipelined delivery: deliver batch N on a thread of its own while claiming N+1.
+
+For network destinations, where a batch spends most of its time waiting on the
+wire, this keeps the claim off the critical path. A batch is settled before the
+next one is sent, so a database failure leaves at most one delivered-but-unrecorded
+batch per relay.
+"""
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.relay.batch import BatchRunner, held
+from outbox_pipelines.core.relay.dispatch import DispatchPlan, combine_outcomes
+from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
+from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.table import OutboxTable
+
+
+class Pipeline:
+    def __init__(self, batches: BatchRunner) -> None:
+        self.batches = batches
+        self._thread: ThreadPoolExecutor | None = None
+        self._in_flight: Future[list[Outcome]] | None = None
+
+    def run(self, store: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
+            claim_next: Callable[[], list[ClaimedMessage]]) -> None:
+        """Relay ``first`` and the batches ``claim_next`` gives, until it gives none (no ready rows, a budget,
+        a stop or a 429 pause); every batch in flight is settled before this returns."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-deliver-{self.batches.table.name}")
+        plan = self.batches.plan(store, first)
+        self._in_flight = self._thread.submit(self.batches.deliver, first, plan)
+        keeper.hold(held(first))
+        try:
+            self._loop(store, keeper, first, plan, report, claim_next)
+        except BaseException:
+            # Nothing may be given back while it is still on the wire: wait for the delivery in flight.
+            wait([self._in_flight])
+            raise
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def _loop(self, store: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage], plan: DispatchPlan,
+              report: RelayReport, claim_next: Callable[[], list[ClaimedMessage]]) -> None:
+        assert self._thread is not None and self._in_flight is not None
+        while True:
+            upcoming = claim_next()
+            if upcoming:
+                keeper.hold(held(current + upcoming))
+            delivered = self._in_flight.result()
+            # Settle before the next batch goes on the wire: if the database fails now, at most this one
+            # batch was delivered without being recorded (and is delivered again), never two.
+            self.batches.finish(store, current, combine_outcomes(plan, delivered), report)
+            if upcoming and self._must_wait():
+                self._release_unsent(store, upcoming, report)
+                upcoming = []
+            if not upcoming:
+                keeper.release()
+                return
+            plan = self.batches.plan(store, upcoming)
+            self._in_flight = self._thread.submit(self.batches.deliver, upcoming, plan)
+            keeper.hold(held(upcoming))
+            current = upcoming
+
+    def _must_wait(self) -> bool:
+        """A 429 or an open circuit: the table must wait, so the batch claimed ahead may not be sent."""
+        return self.batches.pause.active or self.batches.guard.circuit_open
+
+    def _release_unsent(self, store: OutboxTable, upcoming: list[ClaimedMessage], report: RelayReport) -> None:
+        """The prefetched batch goes back unsent, its attempt given back."""
+        why = self.batches.pause.reason if self.batches.pause.active else "the circuit is open"
+        store.release_unsent(self.batches.worker, held(upcoming), f"released unsent: {why}")
+        report.claimed -= len(upcoming)

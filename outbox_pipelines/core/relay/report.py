@@ -1,0 +1,124 @@
+"""What a relay invocation did: its report, each batch's counts, and the delivery-lag sample."""
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class LagSample:
+    """A bounded uniform sample (reservoir) of created → delivered seconds, for percentiles."""
+
+    def __init__(self, capacity: int = 20_000, rng: random.Random | None = None) -> None:
+        self.capacity, self.count = capacity, 0
+        self.values: list[float] = []
+        self._rng = rng or random.Random(7)
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        if len(self.values) < self.capacity:
+            self.values.append(value)
+        else:
+            slot = self._rng.randrange(self.count)
+            if slot < self.capacity:
+                self.values[slot] = value
+
+    def percentiles(self) -> dict[str, float | None]:
+        ordered = sorted(self.values)
+
+        def at(q: float) -> float | None:
+            return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
+
+        return {"lag_p50_s": at(0.50), "lag_p95_s": at(0.95), "lag_p99_s": at(0.99), "lag_max_s": ordered[-1] if ordered else None}
+
+
+def by_code(counts: dict[str, int]) -> str:
+    """``CODE=n, ...`` in code order ('' when empty), as reports and run metadata show counts by code."""
+    return ", ".join(f"{code}={n}" for code, n in sorted(counts.items()))
+
+
+@dataclass
+class BatchCounts:
+    """How one settled batch ended, counted as it is settled and added to the report in one step."""
+
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    conflicts: int = 0
+    dedup_hits: int = 0
+    rate_limited: int = 0
+    dead_by_code: dict[str, int] = field(default_factory=dict)
+    destination_failures: dict[str, int] = field(default_factory=dict)
+    # The longest Retry-After among the batch's throttled messages: the whole table waits that long.
+    slow_down_s: float = 0.0
+
+
+@dataclass
+class RelayReport:
+    table: str
+    worker: str
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    dead: int = 0
+    conflicts: int = 0
+    dedup_hits: int = 0
+    requeued: int = 0
+    batches: int = 0
+    db_errors: int = 0
+    rate_limited: int = 0
+    seconds: float = 0.0
+    lock_held: bool = True
+    stopped_because: str = ""
+    dead_by_code: dict[str, int] = field(default_factory=dict)
+    # Deliveries that failed because the destination did (timeouts, 5xx, 401), by code.
+    destination_failures: dict[str, int] = field(default_factory=dict)
+    # created → delivered of the messages this relay delivered.
+    lag: LagSample = field(default_factory=lambda: LagSample())
+    # The table's circuit breaker as this relay last saw it, and the probes it sent while open.
+    circuit: str = "closed"
+    probes: int = 0
+
+    @property
+    def settled(self) -> int:
+        return self.sent + self.retried + self.dead
+
+    @property
+    def throughput(self) -> float:
+        return self.settled / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def outcome(self) -> str:
+        """What this relay's time amounted to, in one word (Dagster tags runs with it)."""
+        if self.destination_failures and not self.sent:
+            return "destination_failing"
+        if self.dead:
+            return "dead_letters"
+        if self.sent:
+            return "delivered"
+        return "idle"
+
+    def progress_line(self) -> str:
+        """The running counts, as the CLI's progress and the Dagster run log show them."""
+        return (f"sent {self.sent}, retried {self.retried}, dead {self.dead}, conflicts {self.conflicts} "
+                f"({self.throughput:.0f} msg/s)")
+
+    def add_batch(self, counts: BatchCounts) -> None:
+        self.batches += 1
+        self.sent += counts.sent
+        self.retried += counts.retried
+        self.dead += counts.dead
+        self.conflicts += counts.conflicts
+        self.dedup_hits += counts.dedup_hits
+        self.rate_limited += counts.rate_limited
+        for code, n in counts.dead_by_code.items():
+            self.dead_by_code[code] = self.dead_by_code.get(code, 0) + n
+        for code, n in counts.destination_failures.items():
+            self.destination_failures[code] = self.destination_failures.get(code, 0) + n
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("lag")
+        data.update(self.lag.percentiles())
+        data["outcome"] = self.outcome
+        data["throughput_per_s"] = round(self.throughput, 1)
+        return data

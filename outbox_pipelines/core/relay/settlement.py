@@ -1,0 +1,113 @@
+"""How a delivered message's row ends (``plan_settlement``), and writing a batch's settlements.
+
+Planning is pure: the outcome, the attempt count and the table's policy decide.
+Writing falls back to row by row when the database refuses the batch, so one
+unrecordable row cannot hold the others back.
+"""
+
+import logging
+import random
+
+import psycopg
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destination_health import DESTINATION_FAILURES
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
+from outbox_pipelines.core.retry import UniformSource
+from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.table import OutboxTable, Settlement
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+
+def plan_settlement(
+    message: ClaimedMessage,
+    outcome: Outcome,
+    table: TableSettings,
+    uniform: UniformSource = random.uniform,
+    *,
+    circuit_open: bool = False,
+) -> Settlement:
+    """Decide the row's next state from the outcome, the attempt count and the table's policy.
+
+    The retry budget is for failures of the message itself. Throttling (429, or any
+    Retry-After) and destination failures while the table's circuit is open give the
+    attempt back: a broker that throttles or is down for an hour dead-letters nothing.
+    """
+    if outcome.kind == "sent":
+        audit = m.AUDIT_DEDUP_HIT if outcome.code == m.DEDUP_HIT else m.AUDIT_SUCCESS
+        status = "deleted" if table.on_success == "delete" else "sent"
+        return Settlement(
+            message.id, message.attempts, status, audit, error_code=outcome.code, ref=m.storable_text(outcome.ref)
+        )
+    code = m.storable_text(outcome.code) or m.UNKNOWN
+    error = cap_error(outcome.error)
+    if outcome.kind == "dead":
+        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=error)
+    if outcome.code == m.RATE_LIMITED or outcome.delay_s is not None:
+        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                          delay_s=throttle_delay(outcome, message, table, uniform), refund=True)
+    if circuit_open and outcome.code in DESTINATION_FAILURES:
+        # The circuit paces the retries (one probe at a time): due again at once, attempt given back.
+        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                          refund=True)
+    if message.attempts >= table.retry.max_attempts:
+        error = f"gave up after {message.attempts} of {table.retry.max_attempts} attempts: {outcome.error or code}"
+        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(error))
+    return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
+                      delay_s=table.retry.delay_s(message.attempts, uniform))
+
+
+def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettings, uniform: UniformSource) -> float:
+    """Retry-After, believed up to the table's max_retry_after (the cap is logged); backoff without one."""
+    if outcome.delay_s is None:
+        return table.retry.delay_s(message.attempts, uniform)
+    asked = max(outcome.delay_s, 0.0)
+    if asked > table.max_retry_after_s:
+        log.warning("%s: the destination asked to retry after %.0fs; capped at max_retry_after %.0fs",
+                    table.name, asked, table.max_retry_after_s)
+        return table.max_retry_after_s
+    return asked
+
+
+def settle_batch(store: OutboxTable, worker: str, settlements: list[Settlement], table: str) -> set[int] | None:
+    """Settle the batch in one statement: the ids settled, or None when the database refused it for a
+    data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
+    statement timeout is not a data reason: it propagates."""
+    conn = store.conn
+    in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    try:
+        if not in_transaction:
+            return store.settle(worker, settlements)
+        with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
+            return store.settle(worker, settlements)
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        log.warning("relay %s: batch settle refused (%s); settling row by row", table, exc)
+        return None
+
+
+def settle_row_by_row(store: OutboxTable, worker: str, settlements: list[Settlement]) -> set[int]:
+    """Each row in a transaction (a savepoint inside one) of its own; a refused row ends as DB_ERROR, never stuck."""
+    settled: set[int] = set()
+    for settlement in settlements:
+        try:
+            with store.conn.transaction():
+                settled |= store.settle(worker, [settlement])
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            settled |= store.settle(worker, [_unrecordable(settlement, exc)])
+    return settled
+
+
+def _unrecordable(settlement: Settlement, exc: psycopg.Error) -> Settlement:
+    """Delivered but not recordable (a delete-on-success the database refused): completed, as seed
+    002 says; dead would make a replay run the handler again. Anything else: dead, visible."""
+    delivered = settlement.status in ("sent", "deleted")
+    return Settlement(
+        settlement.id, settlement.attempts, "sent" if delivered else "dead", m.AUDIT_DB_ERROR,
+        error_code="DB_ERROR",
+        error=cap_error(f"could not record the outcome ({settlement.status}, {settlement.error_code}): {exc}"),
+    )

@@ -1,0 +1,45 @@
+"""Relay one configured table: the one entry point the CLI's relay command and the Dagster op share."""
+
+from collections.abc import Callable
+
+from outbox_pipelines.core import tracing
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.relay.loop import Relay
+from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.settings import Settings
+
+
+def run_table_relay(
+    url: str,
+    settings: Settings,
+    table: str,
+    *,
+    max_seconds: float | None = None,
+    max_entries: int | None = None,
+    once: bool = False,
+    worker_id: str | None = None,
+    progress: Callable[[RelayReport], None] | None = None,
+    install_signal_handlers: bool = False,
+    destination: Destination | None = None,
+    run_id: str | None = None,
+    relay_started: Callable[[Relay], None] | None = None,
+) -> RelayReport:
+    """Relay one configured table: build its destination (unless given), run under the budget, close it."""
+    # At use: wiring composes every destination (HTTP clients, the order wing); the relay's own
+    # modules know destinations only through the Destination base class.
+    from outbox_pipelines.core.wiring import build_destination
+
+    tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
+    table_settings = settings.table(table)
+    owned = destination is None
+    destination = destination or build_destination(table_settings, settings)
+    relay = Relay(url, table_settings, destination, worker_id=worker_id, progress=progress, run_id=run_id)
+    if install_signal_handlers:
+        relay.install_signal_handlers()
+    if relay_started is not None:
+        relay_started(relay)  # lets the caller stop it (Dagster's run termination)
+    try:
+        return relay.run(max_seconds=max_seconds, max_entries=max_entries, once=once)
+    finally:
+        if owned:
+            destination.close()

@@ -1,0 +1,35 @@
+-- Statements that run before the outbox's schema exists: the embedded server's
+-- database, and the migration runner's own bookkeeping. core/db.py and
+-- core/migrate.py read them through queries.py (not core/table.py, whose
+-- statements need the schema these create).
+
+-- name: pg_database_exists
+SELECT 1 FROM pg_database WHERE datname = %(database)s
+
+-- name: pg_database_create
+-- {database} is the quoted identifier (psycopg.sql), never text formatted from input.
+CREATE DATABASE {database}
+
+-- name: outbox_schema_migrations_lock
+-- A session lock serialises concurrent upgrades; the loser sees the winner's rows.
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: outbox_schema_migrations_unlock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: outbox_schema_migrations_create
+CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+    version    text PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: outbox_schema_migrations_exists
+SELECT to_regclass('outbox_schema_migrations') IS NOT NULL AS ok
+
+-- name: outbox_schema_migrations_applied
+SELECT version, name, checksum FROM outbox_schema_migrations
+
+-- name: outbox_schema_migrations_record
+INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
