@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,7 @@ for entry in (str(BENCH_DIR), str(REPO)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from obench import drain, enqueue, flat, http_bench, latency  # noqa: E402
-from obench import check_cost, dagster_steady, order_path  # noqa: E402
+from obench import check_cost, dagster_steady, drain, enqueue, flat, http_bench, latency, order_path  # noqa: E402  # noqa: E402
 from obench.common import (  # noqa: E402
     BENCH_URL_ENV,
     BenchServer,
@@ -367,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM unwinds through the finally blocks: workers and the server are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
-    timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    timestamp = datetime.now(UTC).isoformat(timespec="seconds")
     facts = machine_facts()
     figures: list[Figure] = []
     details: dict[str, Any] = {}

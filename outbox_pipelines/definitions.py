@@ -5,7 +5,8 @@ the database from OUTBOX_DATABASE_URL or the embedded default.
 """
 
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 

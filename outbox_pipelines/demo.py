@@ -18,7 +18,6 @@ from outbox_pipelines.core.store import Outbox
 from outbox_pipelines.core.table import OutboxTable
 
 
-
 def _order(key: str, n: int) -> dict:
     """An OrderRequest v1.1 as an application would enqueue it."""
     return {"order_id": f"ord-{key}", "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3], "side": ("BUY", "SELL")[n % 2],

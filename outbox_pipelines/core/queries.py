@@ -5,7 +5,7 @@ Loading and composing only: core/table.py is the engine module that runs them
 core/migrate.py), and the order wing runs ledger.sql's.
 """
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from psycopg import sql
@@ -37,7 +37,7 @@ def parse_named_queries(text: str) -> dict[str, str]:
     return {name: "\n".join(lines).strip() for name, lines in queries.items()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def named_queries() -> dict[str, str]:
     found: dict[str, str] = {}
     for path in sorted((sql_dir() / "queries").glob("*.sql")):

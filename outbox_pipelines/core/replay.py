@@ -18,7 +18,7 @@ share the checks below, so a tired operator gets the same answers from either:
 import json
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -78,7 +78,7 @@ def parse_death_time(value: str, name: str) -> datetime | timedelta:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         raise ReplayRefused(f"{name}={json.dumps(str(value))} is not a time: {TIME_FORMAT}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def check_row_id(value: int, name: str = "id") -> int:
@@ -91,7 +91,7 @@ def check_row_id(value: int, name: str = "id") -> int:
 def iso(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _ago_text(delta: timedelta) -> str:

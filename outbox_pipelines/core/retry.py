@@ -1,8 +1,8 @@
 """Backoff and retry horizons (DESIGN.md §3.5)."""
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from outbox_pipelines.core.errors import ConfigError
 

@@ -8,9 +8,10 @@ import importlib
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable

@@ -10,7 +10,7 @@ with its root cause and a link. A cancelled run (Terminate, a clean stop of
 """
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -71,7 +71,7 @@ def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase
     _fail_runs_of_dead_relays(context.instance, report)
     state = json.loads(context.cursor) if context.cursor else {}
     recorded = state.get("recorded", {})
-    events = _check_evaluations(report, recorded, datetime.now(timezone.utc).timestamp())
+    events = _check_evaluations(report, recorded, datetime.now(UTC).timestamp())
     told = ", ".join(f"{a['status']} {a['alert_key']}" for a in report.alerts)
     summary = f"alerts: {told}" if told else "no change to announce"
     if report.problems:
@@ -132,4 +132,4 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxData
                  "scheduled jobs run again on their own."),
         figures={"ran_s": round(ran_s, 1) if ran_s is not None else None},
     )
-    announce_event(condition, now=datetime.now(timezone.utc))
+    announce_event(condition, now=datetime.now(UTC))

@@ -1,6 +1,5 @@
 """backfill_job: re-deliver the sent messages of one day (a partition) to a chosen destination."""
 
-from typing import List, Optional
 
 import dagster as dg
 
@@ -16,7 +15,7 @@ BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", time
 
 class BackfillConfig(dg.Config):
     table: str = ORDERS_TABLE
-    destination_url: Optional[str] = None  # default: the table's own destination
+    destination_url: str | None = None  # default: the table's own destination
     batch_size: int = 500
 
 
@@ -49,7 +48,7 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_d
     }))
 
 
-def backfill_jobs() -> List[dg.JobDefinition]:
+def backfill_jobs() -> list[dg.JobDefinition]:
     @dg.job(description="Re-deliver one day's sent messages (partitioned by day).",
             partitions_def=BACKFILL_PARTITIONS, executor_def=dg.in_process_executor)
     def backfill_job():

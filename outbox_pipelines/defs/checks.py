@@ -1,6 +1,5 @@
 """Each outbox table is an observed asset with four checks: lag, dead letters, stuck, backlog."""
 
-from typing import List
 
 import dagster as dg
 
@@ -68,7 +67,7 @@ def table_checks(table: str) -> dg.AssetChecksDefinition:
     return _checks
 
 
-def assets_and_checks(tables: List[str]):
+def assets_and_checks(tables: list[str]):
     return [table_asset(t) for t in tables], [table_checks(t) for t in tables]
 
 

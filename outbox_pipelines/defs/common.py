@@ -1,6 +1,6 @@
 """Helpers shared by the ops: turning core errors into clear run failures, metadata values."""
 
-from typing import Any, Dict
+from typing import Any
 
 import dagster as dg
 
@@ -24,9 +24,9 @@ def resolve_table(settings: Settings, name: str) -> TableSettings:
         ) from None
 
 
-def metadata_values(values: Dict[str, Any]) -> Dict[str, Any]:
+def metadata_values(values: dict[str, Any]) -> dict[str, Any]:
     """Dagster metadata from plain values: None becomes the text '-', dicts become JSON."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for key, value in values.items():
         if value is None:
             out[key] = dg.MetadataValue.text("-")

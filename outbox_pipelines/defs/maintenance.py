@@ -1,7 +1,6 @@
 """Maintenance jobs: requeue stuck rows, clean old sent rows, prune Dagster's own run history."""
 
-from datetime import datetime, timedelta, timezone
-from typing import List, Optional
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 from pydantic import Field
@@ -13,21 +12,21 @@ from outbox_pipelines.defs.resources import OutboxDatabase
 
 
 class TablesConfig(dg.Config):
-    tables: List[str] = []  # empty: every configured table
+    tables: list[str] = []  # empty: every configured table
 
 
 class CleanConfig(TablesConfig):
-    retention: Optional[str] = Field(default=None, description=(
+    retention: str | None = Field(default=None, description=(
         "Keep sent rows this long, e.g. 168h (default: each table's retention). Shorter than the table's "
         "dedup horizon is refused unless force."))
-    audit_retention: Optional[str] = Field(default=None, description="Also delete audit rows older than this.")
-    tenant_id: Optional[str] = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
+    audit_retention: str | None = Field(default=None, description="Also delete audit rows older than this.")
+    tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
     force: bool = Field(default=False, description=(
         "Allow a retention shorter than the dedup horizon (a repeated event_id or payload may then be "
         "delivered again)."))
 
 
-def _chosen(outbox_db: OutboxDatabase, tables: List[str]):
+def _chosen(outbox_db: OutboxDatabase, tables: list[str]):
     settings = outbox_db.settings()
     return settings, [resolve_table(settings, name) for name in (tables or sorted(settings.tables))]
 
@@ -74,7 +73,7 @@ class PruneConfig(dg.Config):
 
 @dg.op(description="Delete finished Dagster runs older than keep_days (open-source Dagster keeps runs forever).", out=dg.Out(dg.Nothing))
 def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig):
-    cutoff = datetime.now(timezone.utc) - timedelta(days=config.keep_days)
+    cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
     finished = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
     deleted = 0
     while True:
@@ -91,7 +90,7 @@ def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig):
     yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
 
 
-def maintenance_jobs() -> List[dg.JobDefinition]:
+def maintenance_jobs() -> list[dg.JobDefinition]:
     @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor)
     def requeue_stuck_job():
         requeue_stuck_op()

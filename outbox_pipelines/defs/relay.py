@@ -2,7 +2,8 @@
 
 import os
 import threading
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -44,7 +45,7 @@ class RelayRunConfig(dg.Config):
     max_seconds: float = Field(
         default=default_run_seconds(),
         description="Stop claiming after this many seconds; the batch in flight is settled first.")
-    max_entries: Optional[int] = Field(default=None, description="Stop after claiming this many messages.")
+    max_entries: int | None = Field(default=None, description="Stop after claiming this many messages.")
     once: bool = Field(default=False, description="Drain what is ready now, then end the run.")
 
 
@@ -184,7 +185,7 @@ def relay_job_name(table: str) -> str:
     return f"relay_{table}_job"
 
 
-def relay_jobs(tables: List[str]) -> List[dg.JobDefinition]:
+def relay_jobs(tables: list[str]) -> list[dg.JobDefinition]:
     """A job per table (its run config fixed to the table and tagged for the run limit), plus ``relay_job``."""
     seconds = default_run_seconds()
     jobs = [

@@ -1,6 +1,5 @@
 """replay_dead_job: move dead messages back to pending by filter (dry run by default)."""
 
-from typing import List, Optional
 
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
@@ -32,15 +31,15 @@ class ReplayConfig(dg.Config):
 
     table: str = Field(default=ORDERS_TABLE, description=(
         "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
-    ids: Optional[List[int]] = Field(default=None, description=(
+    ids: list[int] | None = Field(default=None, description=(
         "Filter: only these row ids (the outbox table's id column), e.g. [101, 102]."))
-    topic: Optional[str] = Field(default=None, description="Filter: only rows of this topic (exact match), e.g. order.created.")
-    tenant_id: Optional[str] = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
-    error_code: Optional[str] = Field(default=None, description=(
+    topic: str | None = Field(default=None, description="Filter: only rows of this topic (exact match), e.g. order.created.")
+    tenant_id: str | None = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
+    error_code: str | None = Field(default=None, description=(
         "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
         "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code). An unknown code is refused with the list of known ones."))
-    since: Optional[str] = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
-    until: Optional[str] = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
+    since: str | None = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
+    until: str | None = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
     all: bool = Field(default=False, description=(
         "Set true to replay every dead row of the table when no filter is given. Without a filter and without "
         "all: true the run is refused and touches nothing."))
@@ -53,7 +52,7 @@ class ReplayConfig(dg.Config):
 
     @field_validator("since", "until")
     @classmethod
-    def _death_time(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+    def _death_time(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             try:
                 parse_death_time(value, info.field_name)
@@ -63,7 +62,7 @@ class ReplayConfig(dg.Config):
 
     @field_validator("ids")
     @classmethod
-    def _row_ids(cls, value: Optional[List[int]]) -> Optional[List[int]]:
+    def _row_ids(cls, value: list[int] | None) -> list[int] | None:
         for row_id in value or ():
             try:
                 check_row_id(row_id)
@@ -137,7 +136,7 @@ def replay_dead_op(context: dg.OpExecutionContext, config: ReplayConfig, outbox_
     yield dg.Output(None, metadata=metadata)
 
 
-def replay_jobs() -> List[dg.JobDefinition]:
+def replay_jobs() -> list[dg.JobDefinition]:
     @dg.job(description=(
         "Replay dead messages by filter (ids, topic, tenant, error code, died since/until) or all: true. "
         "Dry run by default: look at the op's 'rows' metadata, then run again with dry_run: false. "

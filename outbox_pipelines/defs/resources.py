@@ -2,7 +2,6 @@
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional
 
 import dagster as dg
 import sqlalchemy as sa
@@ -28,10 +27,10 @@ class OutboxDatabase(dg.ConfigurableResource):
     hold a session advisory lock and LISTEN, which must not go back to a pool.
     """
 
-    url: Optional[str] = None
-    config_path: Optional[str] = None
-    _resolved: Optional[str] = PrivateAttr(default=None)
-    _engine: Optional[sa.Engine] = PrivateAttr(default=None)
+    url: str | None = None
+    config_path: str | None = None
+    _resolved: str | None = PrivateAttr(default=None)
+    _engine: sa.Engine | None = PrivateAttr(default=None)
 
     def database_url(self) -> str:
         if self._resolved is None:
@@ -76,7 +75,7 @@ class OutboxDestinations(dg.ConfigurableResource):
     ``url_overrides`` sends a table's HTTP traffic elsewhere (a drill, a broker simulator).
     """
 
-    url_overrides: Dict[str, str] = {}
+    url_overrides: dict[str, str] = {}
 
     def for_table(self, table: TableSettings, settings: Settings) -> Destination:
         override = self.url_overrides.get(table.name)

@@ -1,6 +1,5 @@
 """Schedules and sensors that keep relaying continuous and the tables healthy."""
 
-from typing import Dict, List
 
 import dagster as dg
 
@@ -16,7 +15,7 @@ ACTIVE = [
 RUNNING = dg.DefaultScheduleStatus.RUNNING
 
 
-def relay_schedules(tables: List[str], jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
+def relay_schedules(tables: list[str], jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
     """Every OUTBOX_RELAY_RUN_MINUTES (default 30) a relay run starts for each table and relays that long
     plus a minute: consecutive runs overlap, so at steady state one is always active and a hand-off
     leaves no gap. The per-table run limit in dagster.yaml (2) keeps them from piling up."""
@@ -56,7 +55,7 @@ def backlog_sensor(table: str, job: dg.JobDefinition) -> dg.SensorDefinition:
     return _sensor
 
 
-def maintenance_schedules(jobs: Dict[str, dg.JobDefinition]) -> List[dg.ScheduleDefinition]:
+def maintenance_schedules(jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
     return [
         dg.ScheduleDefinition(name="requeue_stuck_every_5_minutes", job=jobs["requeue_stuck_job"],
                               cron_schedule="*/5 * * * *", default_status=RUNNING,

@@ -5,7 +5,7 @@ import logging
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -17,7 +17,7 @@ from outbox_pipelines.core.health import CHECK_NAMES, CheckVerdict
 from outbox_pipelines.core.oncall import check_condition
 from outbox_pipelines_tests.conftest import REPO
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 REPEAT = 1800.0
 TABLES = ("outbox_orders", "outbox_memory", "outbox_events", "outbox_members")
 

@@ -5,7 +5,7 @@ destination sees each message again with the same event_id (its idempotency key)
 and one audit row records what was done.
 """
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -107,5 +107,5 @@ def test_an_empty_window_delivers_nothing_and_still_records_the_backfill(db_url,
 
 def test_an_unknown_table_says_how_to_create_it(db_url):
     with pytest.raises(UnknownTable, match="db create-table hrm_outbox"):
-        redeliver_sent(db_url, "hrm_outbox", ScriptedDestination(), datetime(2026, 1, 1, tzinfo=timezone.utc),
-                       datetime(2026, 1, 2, tzinfo=timezone.utc))
+        redeliver_sent(db_url, "hrm_outbox", ScriptedDestination(), datetime(2026, 1, 1, tzinfo=UTC),
+                       datetime(2026, 1, 2, tzinfo=UTC))

@@ -3,7 +3,7 @@
 import multiprocessing
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -125,7 +125,7 @@ def test_notify_reaches_listener_on_commit_only(db_url):
 
 
 def test_available_at_delays_the_message(conn):
-    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    later = datetime.now(UTC) + timedelta(hours=1)
     result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={}, available_at=later))
     row = conn.execute("SELECT available_at FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
     assert abs((row["available_at"] - later).total_seconds()) < 0.001

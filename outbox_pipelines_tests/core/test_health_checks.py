@@ -1,7 +1,7 @@
 """health.evaluate_checks on its own: each check graded ok / warn / error at its thresholds, with the
 sentence on-call reads. No database: a TableStatus is what the snapshot would have read."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -125,8 +125,8 @@ def test_destination_failing_with_an_open_circuit_and_a_pause_tells_all_three():
     health = DestinationHealth(
         TABLE, "http://broker/orders", failing_for_s=150.0, consecutive_failures=12,
         error_codes={"NETWORK_TIMEOUT": 10, "BROKER_5XX": 2}, last_error="connection refused",
-        last_success_at=datetime(2026, 1, 1, tzinfo=timezone.utc), paused_for_s=20.0,
-        circuit_opened_at=datetime(2026, 1, 1, 0, 5, tzinfo=timezone.utc))
+        last_success_at=datetime(2026, 1, 1, tzinfo=UTC), paused_for_s=20.0,
+        circuit_opened_at=datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
     verdict = check("destination", status(destination=health, counts={"pending": 40, "retrying": 2}))
     assert verdict.severity == "warn"
     assert verdict.description == (

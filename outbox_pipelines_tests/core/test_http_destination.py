@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -35,7 +35,7 @@ def claimed(event_id: str = "ev-1", payload: object = None, attempts: int = 1, *
         payload_sha="sha256:" + "0" * 64,
         headers={},
         attempts=attempts,
-        created_at=datetime.now(timezone.utc),
+        created_at=datetime.now(UTC),
     )
     values.update(fields)
     return ClaimedMessage(**values)

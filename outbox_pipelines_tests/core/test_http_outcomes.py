@@ -3,7 +3,7 @@
 import email.utils
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -13,7 +13,7 @@ from outbox_pipelines.core.models import ERROR_TEXT_LIMIT
 
 JSON = {"content-type": "application/json"}
 # A fixed, far-from-now reference: a test that silently used the local clock would be off by years.
-SERVER_NOW = datetime(2015, 10, 21, 7, 28, 0, tzinfo=timezone.utc)
+SERVER_NOW = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC)
 
 
 def http_date(when: datetime) -> str:

@@ -6,7 +6,7 @@ processed". A request the HTTP client refuses to send is dead at once as BAD_REQ
 id of a delivery (``outbox_audit.detail``).
 """
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -61,7 +61,7 @@ def settle_audit(conn, key: str) -> list[dict]:
 
 def claimed(key: str, **fields) -> ClaimedMessage:
     values = dict(id=1, event_id=key, tenant_id=None, topic="order.created", payload={"qty": 1},
-                  payload_sha="sha256:" + "0" * 64, headers={}, attempts=1, created_at=datetime.now(timezone.utc))
+                  payload_sha="sha256:" + "0" * 64, headers={}, attempts=1, created_at=datetime.now(UTC))
     values.update(fields)
     return ClaimedMessage(**values)
 

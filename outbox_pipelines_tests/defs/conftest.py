@@ -1,5 +1,5 @@
-import pytest
 import dagster as dg
+import pytest
 
 from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
 

@@ -26,7 +26,6 @@ import httpx
 import pytest
 
 from outbox_pipelines import Outbox
-
 from outbox_pipelines_tests.drills.conftest import (
     ALERT_FIELDS,
     ALERT_KINDS,

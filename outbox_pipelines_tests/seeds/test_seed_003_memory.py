@@ -6,7 +6,12 @@ from datetime import timedelta
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.lease import (
-    ack_sent, check_dedup, claim_outbox, fail_retry, mark_dead_by_worker, renew_lease,
+    ack_sent,
+    check_dedup,
+    claim_outbox,
+    fail_retry,
+    mark_dead_by_worker,
+    renew_lease,
 )
 from outbox_pipelines.core.maintenance import requeue_stuck
 from outbox_pipelines.core.relay import Relay

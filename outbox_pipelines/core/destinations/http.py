@@ -286,7 +286,7 @@ class HttpDestination(Destination):
                 content = await response.read()
                 outcome = classify_response(response.status, response.headers, content)
                 attempt = Attempt(status=response.status)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._finish(message, None, httpx.ReadTimeout("no answer"), timeout)
         except Exception as exc:
             return self._finish(message, None, exc, timeout)

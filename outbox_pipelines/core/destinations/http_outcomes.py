@@ -19,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
-from datetime import timezone
+from datetime import UTC
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome
@@ -34,7 +34,7 @@ def _http_date_epoch(value: str) -> float:
     form and a ``-0000`` zone parse as naive datetimes, which must not be read as local time."""
     when = email.utils.parsedate_to_datetime(value)
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return when.timestamp()
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -93,7 +93,7 @@ class OrderBroker(Destination):
     def _paper(self, message: ClaimedMessage) -> Outcome:
         result = exec_result({
             "broker_order_id": "paper-" + hashlib.sha256(message.event_id.encode()).hexdigest()[:16],
-            "accepted_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "accepted_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "status": "accepted",
         }, message.event_id)
         with self._lock:

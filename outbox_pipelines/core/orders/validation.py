@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -202,7 +202,7 @@ def validate_order(body: Any, now: datetime | None = None) -> list[Violation]:
     out += [Violation(name, "is required") for name in REQUIRED if body.get(name) is None]
     if _bad_text(body):
         out.append(Violation("$", "strings must be valid Unicode without \\u0000"))
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     for name, check in FIELD_CHECKS:
         value = body.get(name)
         if value is not None:
