@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Arguments after -- go to pytest, e.g. `bench/drills.py --runs 1 -- -x -k outage`.",
     )
     parser.add_argument("--runs", type=int, default=3, help="how many times to run the drills (default 3)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.runs < 1:

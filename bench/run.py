@@ -104,8 +104,9 @@ SCENARIOS = [
     Scenario(
         "dagster",
         dagster_steady.run,
-        "The relay under Dagster: `outbox-pipelines dev` (daemon + webserver, the shipped relay schedules at a 1-minute cadence "
-        "(OUTBOX_RELAY_RUN_MINUTES=1: 2-minute runs, one a minute) and backlog sensors) on its own database; a producer process commits one "
+        "The relay under Dagster: `outbox-pipelines dev` (daemon + webserver, the shipped relay schedules at a "
+        "1-minute cadence (OUTBOX_RELAY_RUN_MINUTES=1: 2-minute runs, one a minute) and backlog sensors) on its own "
+        "database; a producer process commits one "
         "Outbox('outbox_events').enqueue per transaction at 200 msg/s for 300 s (--quick: 90 s). "
         "Commit-to-dispatch = published_at - created_at (an upper bound); the relay runs and their "
         "hand-offs from Dagster's storage; Dagster overhead per run. Targets: p99 <= 200 ms, no message "
@@ -201,10 +202,10 @@ def _cell(stats: dict[str, Any] | None, unit: str, runs: int, suffix: str = "") 
     return text
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def _header_lines(report: dict[str, Any]) -> list[str]:
+    """The title, how to read the table, the machine, PostgreSQL and the code measured."""
     m, pg = report["machine"], report["postgres"]
-    runs = report["runs"]
-    lines = [
+    return [
         "# outbox_pipelines benchmark results",
         "",
         f"Generated {report['timestamp']} by `{report['command']}` in {report['seconds'] / 60:.1f} min.",
@@ -221,6 +222,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- Code: commit {m['git_commit']}"
         + (" with uncommitted changes in the core" if m["core_uncommitted_changes"] else ""),
         "",
+    ]
+
+
+def _figure_rows(report: dict[str, Any]) -> list[str]:
+    """The results table: a row per figure."""
+    runs = report["runs"]
+    lines = [
         "| scenario | ours | ceiling / reference | ratio | target | result |",
         "|---|---|---|---|---|---|",
     ]
@@ -234,14 +242,18 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {f['label']} | {_cell(f['ours'], f['unit'], runs)} {f['unit']} | {ceiling} | {ratio} | "
             f"{f['target'] or '–'} | {verdict} |"
         )
-    lines += ["", "## Details", ""]
-    details = report["details"]
+    return lines
+
+
+def _drain_and_enqueue_details(details: dict[str, Any]) -> list[str]:
+    lines = []
     if "drain" in details:
         drift = details["drain"].get("ceiling_sql_matches_core", {})
         same = all(drift.values()) if drift else False
         lines.append(
             "- **drain**: the ceiling's claim/settle SQL is a hand copy of sql/queries/outbox.sql; it "
-            + ("matched the core's text in this run." if same else f"did NOT match the core's text in this run: {drift}.")
+            + ("matched the core's text in this run." if same
+               else f"did NOT match the core's text in this run: {drift}.")
         )
         lines.append(
             "  Each drain starts from freshly loaded rows after VACUUM ANALYZE, so PostgreSQL's statistics see "
@@ -256,22 +268,30 @@ def render_markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"{k} {v[-1]:.3f}" for k, v in p50.items())
             + ". The four variants take turns transaction by transaction, so WAL-flush noise hits all alike."
         )
-    if "latency" in details:
-        for kind, stats in details["latency"]["runs"].items():
-            per_run = "; ".join(
-                f"p99 {s['p99']:.2f} ms, max {s['max']:.2f} ms at {s['achieved_rate']:.0f} msg/s" for s in stats
-            )
-            lines.append(f"- **latency** {kind}, per run: {per_run}; {sum(s['missing'] for s in stats)} missing.")
-        target_rate = report["sizes"]["latency_rate"]
-        if any(s["achieved_rate"] < 0.9 * target_rate for runs in details["latency"]["runs"].values() for s in runs):
-            lines.append(
-                f"  The producer could not hold {target_rate:.0f} commits/s in some runs: the machine was busy "
-                "(commits waited on a shared disk), which inflates the tails of both consumers."
-            )
-        lines.append(
-            "  Commit time is read right after `commit()` returns in the producer, on the same monotonic "
-            "clock as the handler, so latencies are slightly understated, equally for both."
+    return lines
+
+
+def _latency_details(latency: dict[str, Any], target_rate: float) -> list[str]:
+    lines = []
+    for kind, stats in latency["runs"].items():
+        per_run = "; ".join(
+            f"p99 {s['p99']:.2f} ms, max {s['max']:.2f} ms at {s['achieved_rate']:.0f} msg/s" for s in stats
         )
+        lines.append(f"- **latency** {kind}, per run: {per_run}; {sum(s['missing'] for s in stats)} missing.")
+    if any(s["achieved_rate"] < 0.9 * target_rate for runs in latency["runs"].values() for s in runs):
+        lines.append(
+            f"  The producer could not hold {target_rate:.0f} commits/s in some runs: the machine was busy "
+            "(commits waited on a shared disk), which inflates the tails of both consumers."
+        )
+    lines.append(
+        "  Commit time is read right after `commit()` returns in the producer, on the same monotonic "
+        "clock as the handler, so latencies are slightly understated, equally for both."
+    )
+    return lines
+
+
+def _http_and_flat_details(details: dict[str, Any]) -> list[str]:
+    lines = []
     if "http" in details:
         h = details["http"]
         lines.append(
@@ -289,24 +309,41 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(
                 "  Drain msg/s per tenth: " + ", ".join(f"{v:,}" for v in mem["segment_msgs_per_s"] if v) + "."
             )
+    return lines
+
+
+def _detail_lines(report: dict[str, Any]) -> list[str]:
+    """The notes below the table, per scenario that ran."""
+    details = report["details"]
+    lines = ["", "## Details", ""] + _drain_and_enqueue_details(details)
+    if "latency" in details:
+        lines += _latency_details(details["latency"], report["sizes"]["latency_rate"])
+    lines += _http_and_flat_details(details)
     if "dagster" in details:
         lines += dagster_steady.detail_lines(details["dagster"])
     if "order" in details:
         lines += order_path.detail_lines(details["order"])
-    lines += [
-        "",
-        "## How to run",
-        "",
-        "```",
-        ".venv/bin/python bench/run.py                 # all scenarios, --runs 3",
-        ".venv/bin/python bench/run.py --quick         # smoke check, writes bench/.runs/quick-results.*",
-        ".venv/bin/python bench/run.py --scenario latency --runs 5",
-        ".venv/bin/python bench/run.py --help          # what each scenario measures",
-        "```",
-        "",
-        f"Set {BENCH_URL_ENV} to use an existing server instead of the embedded one (the role needs CREATEDB).",
-        "",
-    ]
+    return lines
+
+
+HOW_TO_RUN = [
+    "",
+    "## How to run",
+    "",
+    "```",
+    ".venv/bin/python bench/run.py                 # all scenarios, --runs 3",
+    ".venv/bin/python bench/run.py --quick         # smoke check, writes bench/.runs/quick-results.*",
+    ".venv/bin/python bench/run.py --scenario latency --runs 5",
+    ".venv/bin/python bench/run.py --help          # what each scenario measures",
+    "```",
+    "",
+    f"Set {BENCH_URL_ENV} to use an existing server instead of the embedded one (the role needs CREATEDB).",
+    "",
+]
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = _header_lines(report) + _figure_rows(report) + _detail_lines(report) + HOW_TO_RUN
     return "\n".join(lines)
 
 
@@ -318,7 +355,8 @@ def write_results(report: dict[str, Any], out_dir: Path, stem: str) -> tuple[Pat
     # Keep every run's raw figures (git-ignored), since results.* are overwritten.
     archive = BENCH_DIR / ".runs"
     archive.mkdir(exist_ok=True)
-    (archive / f"{stem}-{report['timestamp'].replace(':', '')}.json").write_text(json.dumps(report, indent=2, default=str))
+    archived = archive / f"{stem}-{report['timestamp'].replace(':', '')}.json"
+    archived.write_text(json.dumps(report, indent=2, default=str))
     return json_path, md_path
 
 
@@ -357,6 +395,26 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width)
 
 
+def _run_scenario(server: BenchServer, scenario: Scenario, sizes: Sizes, runs: int) -> tuple[ScenarioResult, float]:
+    """One scenario on a fresh database, its figures logged as they come: the result and its seconds."""
+    log(f"scenario {scenario.name}")
+    t0 = time.monotonic()
+    name, url = server.create_database(scenario.name)
+    try:
+        result = scenario.run(url, sizes, runs)
+    finally:
+        stop_all_processes()
+        server.drop_database(name)
+    seconds = round(time.monotonic() - t0, 1)
+    for figure in result.figures:
+        d = figure.as_dict()
+        ratio = f", ratio {d['ratio']['median']:.2f}x" if d["ratio"] else ""
+        verdict = {True: "pass", False: "MISS", None: "info"}[d["pass"]]
+        log(f"  => {figure.label}: {_fmt(d['ours']['median'], figure.unit)} {figure.unit}{ratio} [{verdict}]")
+    log(f"scenario {scenario.name} done in {seconds:.0f} s")
+    return result, seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = [BY_NAME[n] for n in dict.fromkeys(args.scenario)] if args.scenario else SCENARIOS
@@ -377,23 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"PostgreSQL {postgres['server_version']} ({postgres['server']}); {facts['nproc']} CPUs; runs={args.runs}"
             + (" (quick sizes)" if args.quick else ""))
         for scenario in chosen:
-            log(f"scenario {scenario.name}")
-            t0 = time.monotonic()
-            name, url = server.create_database(scenario.name)
-            try:
-                result = scenario.run(url, sizes, args.runs)
-            finally:
-                stop_all_processes()
-                server.drop_database(name)
-            seconds[scenario.name] = round(time.monotonic() - t0, 1)
+            result, seconds[scenario.name] = _run_scenario(server, scenario, sizes, args.runs)
             figures.extend(result.figures)
             details[scenario.name] = result.details
-            for figure in result.figures:
-                d = figure.as_dict()
-                ratio = f", ratio {d['ratio']['median']:.2f}x" if d["ratio"] else ""
-                verdict = {True: "pass", False: "MISS", None: "info"}[d["pass"]]
-                log(f"  => {figure.label}: {_fmt(d['ours']['median'], figure.unit)} {figure.unit}{ratio} [{verdict}]")
-            log(f"scenario {scenario.name} done in {seconds[scenario.name]:.0f} s")
     finally:
         stop_all_processes()
         server.close()

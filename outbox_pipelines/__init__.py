@@ -10,6 +10,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -22,7 +23,6 @@ from outbox_pipelines.core.errors import (
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
 from outbox_pipelines.core.retry import PRESETS, RetryPolicy
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
-from outbox_pipelines.core.store import Outbox
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations import HandlerDestination, HandlerRegistry, HttpDestination, PaperBroker

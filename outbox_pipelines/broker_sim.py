@@ -100,13 +100,13 @@ class BrokerSim:
     def __init__(self, faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         self.faults = faults or Faults()
         self.host, self.port = host, port
-        self.attempts: Counter = Counter()
+        self.attempts: Counter[str] = Counter()
         self.executed: dict[str, dict[str, Any]] = {}
         self.requests = 0
         # Requests for a key already executed (answered 409): duplicate deliveries.
         self.repeats = 0
         self.repeated_keys: set[str] = set()
-        self.answers: Counter = Counter()
+        self.answers: Counter[str] = Counter()
         self.started_at = time.time()
         self.first_request_at: float | None = None
         self.first_executed_at: float | None = None
@@ -313,10 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
 def add_fault_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
-    p.add_argument("--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key")
+    p.add_argument("--fail-first", type=int, default=0, metavar="N",
+                   help="answer 503 to the first N attempts of every key")
     p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
     p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
-    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)")
+    p.add_argument("--retry-after", type=float, default=1.0, metavar="S",
+                   help="Retry-After of the 429 answers (seconds)")
     p.add_argument("--every-nth-timeout", type=int, default=0, metavar="N",
                    help="hang on every Nth request (then execute it: a late answer)")
     p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")

@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,7 @@ from aiohttp import web
 from outbox_pipelines.broker_sim import CONTROL_HELP, BrokerSim, add_fault_options, faults_from_args
 from outbox_pipelines.core import db, metrics, migrate, schema
 from outbox_pipelines.core.destination_health import display_name
+from outbox_pipelines.core.enqueue import Outbox, check_message
 from outbox_pipelines.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -34,12 +36,11 @@ from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
+from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
 from outbox_pipelines.core.replay import iso as replay_iso
 from outbox_pipelines.core.replay import text_table as replay_text_table
-from outbox_pipelines.core.settings import Settings, load_settings, parse_duration
-from outbox_pipelines.core.store import Outbox, check_message
+from outbox_pipelines.core.settings import Settings, TableSettings, load_settings, parse_duration
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.core.wiring import load_registry
 from outbox_pipelines.demo import run_demo
@@ -66,11 +67,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings()
 
 
-def _tables(args: argparse.Namespace, settings: Settings) -> list[str]:
+def _chosen_tables(args: argparse.Namespace, settings: Settings) -> list[TableSettings]:
+    """The tables named by --table (repeatable), else every configured table in name order."""
     chosen = getattr(args, "table", None)
-    if chosen:
-        return [settings.table(name).name for name in chosen]
-    return sorted(settings.tables)
+    return [settings.table(table_name) for table_name in (chosen or sorted(settings.tables))]
 
 
 def _row_id(value: str) -> int:
@@ -128,7 +128,8 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
     if migrate.pending(url):
         raise UsageError("the database is not migrated yet: run 'outbox-pipelines db upgrade' first")
     created = schema.create_table(url, args.name, dedup_index=args.dedup)
-    print(f"created outbox table {args.name}" if created else f"outbox table {args.name} already exists (checked its indexes and trigger)")
+    print(f"created outbox table {args.name}" if created
+          else f"outbox table {args.name} already exists (checked its indexes and trigger)")
     if args.name not in _settings(args).tables:
         print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
     return EXIT_OK
@@ -209,13 +210,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     url = _database_url()
     reports = []
     with db.connect(url) as conn:
-        for name in _tables(args, settings):
-            table = settings.table(name)
-            reports.append(read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s, count_sent=True))
+        for table in _chosen_tables(args, settings):
+            outbox_table = OutboxTable(conn, table.name)
+            reports.append(read_status(outbox_table, stuck_after_s=table.stuck_threshold_s, count_sent=True))
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2, default=str))
         return EXIT_OK
-    header = f"{'table':<18}" + "".join(f"{s:>10}" for s in STATES) + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}"
+    header = (f"{'table':<18}" + "".join(f"{s:>10}" for s in STATES)
+              + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}")
     print(header)
     for r in reports:
         print(
@@ -266,10 +268,7 @@ def _status_replay_suggestions(args: argparse.Namespace, reports: list[Any]) -> 
 
 # -- relay -------------------------------------------------------------------
 def _print_progress(report: RelayReport) -> None:
-    say(
-        f"[{report.table}] {report.seconds:.0f}s: sent {report.sent}, retried {report.retried}, dead {report.dead}, "
-        f"conflicts {report.conflicts} ({report.throughput:.0f} msg/s)"
-    )
+    say(f"[{report.table}] {report.seconds:.0f}s: {report.progress_line()}")
 
 
 def _report_line(report: RelayReport) -> str:
@@ -279,7 +278,7 @@ def _report_line(report: RelayReport) -> str:
         f"in {report.seconds:.1f}s ({report.throughput:.0f} msg/s); stopped: {report.stopped_because}"
     )
     if report.dead_by_code:
-        line += "; dead by code: " + ", ".join(f"{k}={v}" for k, v in sorted(report.dead_by_code.items()))
+        line += "; dead by code: " + by_code(report.dead_by_code)
     return line
 
 
@@ -299,7 +298,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
     def started(relay: Relay) -> None:
         say(f"relaying {table.name} → {display_name(relay.destination.name)} as {relay.worker} "
-            f"({table.mode}, batch {relay.settings.batch_size})")
+            f"({table.mode}, batch {relay.table.batch_size})")
 
     # The same function as the Dagster relay op: one way to run a relay.
     report = run_table_relay(url, settings, table.name, max_seconds=args.max_seconds, max_entries=args.max_entries,
@@ -316,36 +315,40 @@ def cmd_relay(args: argparse.Namespace) -> int:
 def cmd_requeue_stuck(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = _database_url()
-    for name in _tables(args, settings):
-        table = settings.table(name)
+    for table in _chosen_tables(args, settings):
         if args.threshold is not None:
             table = replace(table, stuck_threshold_s=args.threshold)
         report = requeue_stuck(url, table, progress=say)
-        print(f"{name}: requeued {report.requeued}, dead (no attempts left) {report.dead}")
+        print(f"{table.name}: requeued {report.requeued}, dead (no attempts left) {report.dead}")
     return EXIT_OK
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    names = _tables(args, settings)
-    for name in names:  # every table's retention checked before anything is deleted
-        table = settings.table(name)
+    tables = _chosen_tables(args, settings)
+    for table in tables:  # every table's retention checked before anything is deleted
         check_retention(table, table.retention_s if args.retention is None else args.retention, force=args.force)
     url = _database_url()
-    for name in names:
-        table = settings.table(name)
+    for table in tables:
         if not table.cleaner_enabled and not args.force:
-            print(f"{name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
+            print(f"{table.name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
             continue
         report = clean(url, table, retention_s=args.retention, force=args.force, tenant_id=args.tenant, progress=say)
         retention = args.retention if args.retention is not None else table.retention_s
         whose = f" of tenant {args.tenant}" if args.tenant else ""
-        print(f"{name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
+        print(f"{table.name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
     # The shared tables once per run, whichever outbox tables were cleaned (or none).
     shared = clean_shared(url, audit_retention_s=args.audit_retention)
     print(f"idempo_ledger: deleted {shared.deleted_ledger} expired rows"
           + (f"; outbox_audit: deleted {shared.deleted_audit} old rows" if args.audit_retention else ""))
     return EXIT_OK
+
+
+def _applied_time(value: datetime | timedelta | None) -> str | None:
+    """A since/until of the report's selection: replay_dead resolved "that long ago" into a time."""
+    if isinstance(value, timedelta):
+        raise TypeError("replay_dead reports its filter with the times resolved")
+    return replay_iso(value)
 
 
 def _replay_command(args: argparse.Namespace, selection: ReplayFilter, *, dry_run: bool) -> str:
@@ -355,8 +358,8 @@ def _replay_command(args: argparse.Namespace, selection: ReplayFilter, *, dry_ru
     for row_id in selection.ids or ():
         parts += ["--id", str(row_id)]
     for flag, value in (("--topic", selection.topic), ("--tenant", selection.tenant_id),
-                        ("--error-code", selection.error_code), ("--since", replay_iso(selection.since)),
-                        ("--until", replay_iso(selection.until))):
+                        ("--error-code", selection.error_code), ("--since", _applied_time(selection.since)),
+                        ("--until", _applied_time(selection.until))):
         if value is not None:
             parts += [flag, value]
     if selection.is_empty():
@@ -432,7 +435,8 @@ def cmd_order_api(args: argparse.Namespace) -> int:
 def cmd_broker_sim(args: argparse.Namespace) -> int:
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
-    say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); faults: {faults.describe()}")
+    say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); "
+        f"faults: {faults.describe()}")
     web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
     return EXIT_OK
 
@@ -471,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_db_commands(sub: Any) -> None:
-    dbp = sub.add_parser("db", help="schema: upgrade, create-table, url, stop", description="Database schema and the embedded server.")
+    dbp = sub.add_parser("db", help="schema: upgrade, create-table, url, stop",
+                         description="Database schema and the embedded server.")
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
     p.set_defaults(handler=cmd_db_upgrade)
@@ -479,8 +484,10 @@ def _add_db_commands(sub: Any) -> None:
     p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
     p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
     p.set_defaults(handler=cmd_db_create_table)
-    p = dbsub.add_parser("url", help="print the database URL in use, its password masked (starts the embedded server if needed)")
-    p.add_argument("--show-password", action="store_true", help="print the password too (for scripts; keep it off screens and logs)")
+    p = dbsub.add_parser(
+        "url", help="print the database URL in use, its password masked (starts the embedded server if needed)")
+    p.add_argument("--show-password", action="store_true",
+                   help="print the password too (for scripts; keep it off screens and logs)")
     p.set_defaults(handler=cmd_db_url)
     p = dbsub.add_parser("stop", help="stop the embedded PostgreSQL under ./.outbox")
     p.set_defaults(handler=cmd_db_stop)
@@ -509,7 +516,8 @@ def _add_message_commands(sub: Any) -> None:
     p.add_argument("--table", required=True, help="outbox table to relay")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")
-    budget.add_argument("--max-seconds", type=float, metavar="S", help="stop claiming after S seconds (finishes the batch in flight)")
+    budget.add_argument("--max-seconds", type=float, metavar="S",
+                        help="stop claiming after S seconds (finishes the batch in flight)")
     p.add_argument("--max-entries", type=int, metavar="N", help="stop after claiming N messages")
     p.add_argument("--batch-size", type=int, help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)")
     p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
@@ -529,7 +537,8 @@ def _add_message_commands(sub: Any) -> None:
     p.add_argument("--since", type=_death_time("since"), metavar="TIME",
                    help="died at or after TIME: ISO 8601 like 2026-11-21T10:00:00Z (UTC if no offset), a date "
                         "like 2026-11-21, or a time ago like 30m, 2h, 7d")
-    p.add_argument("--until", type=_death_time("until"), metavar="TIME", help="died before TIME (same formats as --since)")
+    p.add_argument("--until", type=_death_time("until"), metavar="TIME",
+                   help="died before TIME (same formats as --since)")
     p.add_argument("--all", action="store_true", help="every dead row of the table (needed when no filter is given)")
     p.add_argument("--dry-run", action="store_true", help="list what would be replayed; change nothing")
     p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
@@ -539,13 +548,16 @@ def _add_message_commands(sub: Any) -> None:
 def _add_maintenance_commands(sub: Any) -> None:
     add = partial(_command, sub)
 
-    p = add("requeue-stuck", cmd_requeue_stuck, "return sending rows with an expired lease (or stuck past the threshold) to pending")
+    p = add("requeue-stuck", cmd_requeue_stuck,
+            "return sending rows with an expired lease (or stuck past the threshold) to pending")
     p.add_argument("--table", action="append", help="only this table (repeatable)")
-    p.add_argument("--threshold", type=_duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)")
+    p.add_argument("--threshold", type=_duration,
+                   help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)")
 
     p = add("clean", cmd_clean, "delete sent rows older than the retention, and expired ledger rows")
     p.add_argument("--table", action="append", help="only this table (repeatable)")
-    p.add_argument("--retention", type=_duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
+    p.add_argument("--retention", type=_duration,
+                   help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)")
     p.add_argument("--audit-retention", type=_duration, help="also delete audit rows older than this")
     p.add_argument("--tenant", help="only this tenant's sent rows (expired ledger rows are cleaned regardless)")
     p.add_argument("--force", action="store_true",
@@ -564,11 +576,13 @@ def _add_service_commands(sub: Any) -> None:
                    help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can "
                         "place orders)")
 
-    p = add("broker-sim", cmd_broker_sim, "a local broker that executes each idempotency key once, with fault injection",
+    p = add("broker-sim", cmd_broker_sim,
+            "a local broker that executes each idempotency key once, with fault injection",
             epilog=CONTROL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_fault_options(p)
 
-    p = add("dev", cmd_dev, "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
+    p = add("dev", cmd_dev,
+            "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
 
@@ -579,7 +593,8 @@ def _add_service_commands(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args) or 0)
     except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:

@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 from outbox_pipelines.core import db
+from outbox_pipelines.core.queries import shared_query
 
 DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
 
@@ -26,18 +26,16 @@ def dagster_storage_url(outbox_url: str) -> str:
 
     Without the right to create databases, Dagster gets a 'dagster' schema in the outbox's database.
     """
-    info = psycopg.conninfo.conninfo_to_dict(db.psycopg_url(outbox_url))
+    url = db.psycopg_url(outbox_url)
+    info = psycopg.conninfo.conninfo_to_dict(url)
     database = f"{info.get('dbname') or 'postgres'}_dagster"[:63]
-    with psycopg.connect(db.psycopg_url(outbox_url), autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
-        if not exists:
-            try:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-            except psycopg.errors.InsufficientPrivilege:
-                conn.execute("CREATE SCHEMA IF NOT EXISTS dagster")
-                url = db.psycopg_url(outbox_url)
-                joiner = "&" if "?" in url else "?"
-                return "postgresql+psycopg2://" + url[len("postgresql://"):] + joiner + "options=-csearch_path%3Ddagster"
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            db.create_database_if_missing(conn, database)
+        except psycopg.errors.InsufficientPrivilege:
+            conn.execute(shared_query("dagster_schema_create"))  # the schema "dagster"
+            joiner = "&" if "?" in url else "?"
+            return "postgresql+psycopg2://" + url[len("postgresql://"):] + joiner + "options=-csearch_path%3Ddagster"
     return "postgresql+psycopg2://" + db.url_with_database(outbox_url, database)[len("postgresql://"):]
 
 

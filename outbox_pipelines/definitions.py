@@ -4,16 +4,12 @@ Tables come from the same settings as the CLI (built-in defaults, OUTBOX_CONFIG)
 the database from OUTBOX_DATABASE_URL or the embedded default.
 """
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
 
-# Dagster's own beta/supersession notices about its internals are noise for operators.
-warnings.filterwarnings("ignore", category=dg.BetaWarning)
-warnings.filterwarnings("ignore", category=dg.SupersessionWarning)
-
+# Importing outbox_pipelines.defs first silences Dagster's beta/supersession notices (defs/__init__.py).
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
@@ -29,7 +25,6 @@ TABLES = sorted(SETTINGS.tables)
 RELAYED = [t for t in TABLES if SETTINGS.tables[t].relay_enabled]
 
 
-
 def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definitions:
     """The code location; tests and the demo pass their own resources (a database URL, a broker URL)."""
     jobs = relay_jobs(TABLES) + maintenance_jobs() + replay_jobs() + backfill_jobs()
@@ -40,7 +35,8 @@ def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definiti
         asset_checks=checks,
         jobs=[*jobs, CHECKS_JOB],
         schedules=relay_schedules(RELAYED, by_name) + maintenance_schedules(by_name),
-        sensors=[backlog_sensor(t, by_name[relay_job_name(t)]) for t in RELAYED] + [oncall_sensor, run_failure_alert],
+        sensors=[backlog_sensor(t, by_name[relay_job_name(t)]) for t in RELAYED]
+        + [oncall_sensor, run_failure_alert],
         resources=dict(resources) if resources is not None else {
             "outbox_db": OutboxDatabase(),
             "outbox_destinations": OutboxDestinations(),

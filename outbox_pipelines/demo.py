@@ -7,21 +7,35 @@ Backoffs are shortened so the demo finishes quickly; nothing else differs
 from production.
 """
 
+import os
+import socket
+import sys
+import threading
 import time
 import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from psycopg.rows import dict_row
 
 from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.store import Outbox
 from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.dagster_home import prepare_dagster_home
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 
-def _order(key: str, n: int) -> dict:
+def _order(key: str, n: int) -> dict[str, Any]:
     """An OrderRequest v1.1 as an application would enqueue it."""
-    return {"order_id": f"ord-{key}", "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3], "side": ("BUY", "SELL")[n % 2],
-            "qty": round(0.1 * (1 + n % 3), 2), "price": None if n % 2 else 145.0 + n / 100, "time_in_force": "IOC",
+    return {"order_id": f"ord-{key}", "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3],
+            "side": ("BUY", "SELL")[n % 2], "qty": round(0.1 * (1 + n % 3), 2),
+            "price": None if n % 2 else 145.0 + n / 100, "time_in_force": "IOC",
             "tags": ["demo"], "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
 
 
@@ -45,7 +59,8 @@ def _enqueue_samples(url: str, run: str) -> dict[str, int]:
         for n in range(8):
             events.enqueue(conn, Message(topic="org.changed", payload={"org_id": n}, event_id=f"{run}-org-{n}"))
         events.enqueue(conn, Message(topic="demo.flaky", payload={"x": 1}, event_id=f"{run}-flaky"))
-        events.enqueue(conn, Message(topic="org.changed", payload={"name": "no org_id"}, event_id=f"{run}-malformed"))
+        events.enqueue(conn, Message(topic="org.changed", payload={"name": "no org_id"},
+                                     event_id=f"{run}-malformed"))
         events.enqueue(conn, Message(topic="nobody.listens", payload={"x": 1}, event_id=f"{run}-unrouted"))
         member_events = Outbox("outbox_members")
         for n in range(3):
@@ -80,19 +95,21 @@ TABLES = ("outbox_orders", "outbox_memory", "outbox_events", "outbox_members")
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
     """Seed 001 over real HTTP: a new order, its replay, a conflicting body, an invalid order."""
-    import socket
-    import threading
-
-    import httpx
+    # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.5 s to every CLI command.
     import uvicorn
 
     from outbox_pipelines.api.app import ApiSettings, create_app
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(ApiSettings(database_url=url)), host="127.0.0.1", port=port,
                                            log_level="error"))
     thread = threading.Thread(target=server.run, name="order-api", daemon=True)
@@ -100,112 +117,155 @@ def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
     key = f"{run}-api-1"
     order = {"order_id": f"ord-{run}", "instrument": "USDJPY", "side": "BUY", "qty": 0.1, "price": None,
              "time_in_force": "IOC", "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
+    bad = {**order, "idempotency_key": f"{run}-api-2", "qty": 0.015, "instrument": "XAUUSD"}
+    calls = [("new order", order, key), ("same again", order, key), ("same key, other qty", {**order, "qty": 0.2}, key),
+             ("invalid order", bad, f"{run}-api-2")]
     answers = []
     try:
         while not server.started:
             time.sleep(0.05)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
-            headers = {"Idempotency-Key": key}
-            answers.append(("new order", client.post("/do/order", json=order, headers=headers).status_code))
-            answers.append(("same again", client.post("/do/order", json=order, headers=headers).status_code))
-            answers.append(("same key, other qty", client.post("/do/order", json={**order, "qty": 0.2}, headers=headers).status_code))
-            bad = {**order, "idempotency_key": f"{run}-api-2", "qty": 0.015, "instrument": "XAUUSD"}
-            answers.append(("invalid order", client.post("/do/order", json=bad, headers={"Idempotency-Key": bad["idempotency_key"]}).status_code))
+            for what, body, idempotency_key in calls:
+                answer = client.post("/do/order", json=body, headers={"Idempotency-Key": idempotency_key})
+                answers.append((what, answer.status_code))
     finally:
         server.should_exit = True
         thread.join(10)
     return answers, key
 
 
-def run_demo(url: str, quiet: bool = False) -> int:
-    import os
-    import sys
+def _write_demo_config() -> Path:
+    config_path = db.embedded_dir() / "demo-outbox.toml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(DEMO_CONFIG)
+    return config_path
 
+
+def _demo_faults(run: str) -> Faults:
+    return Faults(
+        flaky_keys={f"{run}-order-1": 1, f"{run}-order-2": 2},
+        rate_limited_keys={f"{run}-order-3": 1.0},
+        bad_keys={f"{run}-order-4"},
+    )
+
+
+def _relay_table_once(definitions: "dg.Definitions", instance: "dg.DagsterInstance", table_name: str,
+                      quiet: bool) -> None:
+    """One relay run of the table's job (once: drain what is ready), its counts printed when it claimed any."""
+    job = definitions.resolve_job_def(f"relay_{table_name}_job")
+    result = job.execute_in_process(
+        run_config={"ops": {"relay_table": {"config": {"table": table_name, "once": True}}}, **QUIET},
+        instance=instance, tags={"outbox/table": table_name, "outbox/trigger": "demo"},
+    )
+    meta = {k: getattr(v, "value", v) for e in result.all_events
+            if e.event_type_value == "STEP_OUTPUT" for k, v in e.step_output_data.metadata.items()}
+    if not quiet and meta.get("claimed"):
+        print(f"  run {result.run_id[:8]} {table_name}: sent {meta['sent']} (dedup {meta['dedup_hits']}), "
+              f"retried {meta['retried']}, dead {meta['dead']}")
+
+
+def _relay_until_settled(definitions: "dg.Definitions", instance: "dg.DagsterInstance", url: str,
+                         quiet: bool) -> int:
+    """Relay runs, table by table, until no table has a message due within 3 s (30 s at most); the runs made."""
+    runs = 0
+    deadline = time.monotonic() + 30
+    pending = set(TABLES)
+    while pending and time.monotonic() < deadline:
+        for table_name in sorted(pending):
+            _relay_table_once(definitions, instance, table_name, quiet)
+            runs += 1
+            with db.connect(url) as conn:
+                due = OutboxTable(conn, table_name).next_due_in_s()
+            if due is None or due > 3.0:
+                pending.discard(table_name)
+        if pending:
+            time.sleep(0.4)
+    return runs
+
+
+def _run_dagster_jobs(url: str, config_path: Path, broker_url: str,
+                      quiet: bool) -> tuple[int, list["dg.AssetCheckEvaluation"]]:
+    """The relay jobs until the tables settle, then the checks job: the runs made and the check verdicts."""
+    # Imported here: Dagster adds about a second to every CLI command, and only this one needs it.
     import dagster as dg
 
-    from outbox_pipelines.dagster_home import prepare_dagster_home
     from outbox_pipelines.definitions import build_definitions
     from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
 
+    definitions = build_definitions({
+        "outbox_db": OutboxDatabase(url=url, config_path=str(config_path)),
+        "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": broker_url}),
+    })
+    with dg.DagsterInstance.get() as instance:
+        runs = _relay_until_settled(definitions, instance, url, quiet)
+        checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance,
+                                                                                     run_config=QUIET)
+        verdicts = [e.asset_check_evaluation_data for e in checks.all_events
+                    if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    return runs + 1, verdicts
+
+
+def _print_tables(url: str, run: str) -> None:
+    print()
+    print(f"{'table':<16}" + "".join(f"{s:>10}" for s in STATES) + "   dead by code")
+    with db.connect(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        for table_name in TABLES:
+            status = read_status(OutboxTable(conn, table_name), count_sent=True)
+            dead = ", ".join(f"{k}={v}" for k, v in status.dead_by_code.items()) or "-"
+            print(f"{table_name:<16}" + "".join(f"{status.counts.get(s, 0):>10}" for s in STATES) + f"   {dead}")
+        audits = cur.execute(
+            "SELECT code, count(*) AS n FROM outbox_audit WHERE event_id LIKE %s GROUP BY code ORDER BY code",
+            (f"{run}-%",),
+        ).fetchall()
+    print("\naudit trail of this run: " + ", ".join(f"{r['code']}={r['n']}" for r in audits))
+
+
+def _print_outcomes(url: str, run: str, api_key: str, broker: BrokerSim) -> None:
+    """What the broker executed, the ledger of the API's order, and the welcome emails."""
+    print(f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests "
+          "(each key at most once)")
+    with db.connect(url) as conn, conn.cursor(row_factory=dict_row) as cur:
+        entry = cur.execute("SELECT status, result FROM idempo_ledger WHERE idempotency_key = %s",
+                            (api_key,)).fetchone()
+        emails = cur.execute("SELECT count(*) AS n FROM automated_email_recipients WHERE event_id LIKE %s",
+                             (f"{run}-%",)).fetchone()
+    assert entry is not None and emails is not None, "the API wrote its order's ledger row; a count is one row"
+    broker_result = entry["result"] or {}
+    print(f"ledger of order {api_key}: {entry['status']}, broker order {broker_result.get('broker_order_id')}")
+    print(f"welcome emails (seed 002): {emails['n']} sent, recorded in automated_email_recipients, files in "
+          f"{os.environ.get('OUTBOX_MAIL_DIR') or db.embedded_dir() / 'mail'}")
+
+
+def _print_checks(verdicts: list["dg.AssetCheckEvaluation"]) -> None:
+    failing = [f"{v.asset_key.path[-1]}:{v.check_name}={v.severity.value}" for v in verdicts if not v.passed]
+    print(f"asset checks: {len(verdicts) - len(failing)} passed"
+          + (f", not passing: {', '.join(failing)}" if failing else ""))
+
+
+def run_demo(url: str, quiet: bool = False) -> int:
     sys.stderr.flush()
     applied = migrate.upgrade(url)
     if applied:
         print(f"migrated the database: {', '.join(applied)}")
     os.environ.update(prepare_dagster_home(url))
     os.environ.setdefault(db.DATABASE_URL_ENV, url)  # the member handler records emails in this database
-    config_path = db.embedded_dir() / "demo-outbox.toml"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(DEMO_CONFIG)
+    config_path = _write_demo_config()
 
     run = time.strftime("%H%M%S") + "-" + uuid.uuid4().hex[:4]
-    faults = Faults(
-        flaky_keys={f"{run}-order-1": 1, f"{run}-order-2": 2},
-        rate_limited_keys={f"{run}-order-3": 1.0},
-        bad_keys={f"{run}-order-4"},
-    )
-    broker = BrokerSim(faults).start_in_thread()
+    broker = BrokerSim(_demo_faults(run)).start_in_thread()
     print(f"broker simulator on {broker.url} (503 for 2 orders, 429 + Retry-After for 1, 400 for 1)")
     extra = _enqueue_samples(url, run)
     api_answers, api_key = _order_api_calls(url, run)
     print("Order API (seed 001): " + ", ".join(f"{what} → {code}" for what, code in api_answers))
     print(f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
           "6 memory writes (2 repeated payloads), 11 events, 3 member sign-ups")
-    definitions = build_definitions({
-        "outbox_db": OutboxDatabase(url=url, config_path=str(config_path)),
-        "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": broker.url}),
-    })
-    runs = 0
     try:
-        with dg.DagsterInstance.get() as instance:
-            deadline = time.monotonic() + 30
-            pending = set(TABLES)
-            while pending and time.monotonic() < deadline:
-                for name in sorted(pending):
-                    job = definitions.resolve_job_def(f"relay_{name}_job")
-                    result = job.execute_in_process(
-                        run_config={"ops": {"relay_table": {"config": {"table": name, "once": True}}}, **QUIET},
-                        instance=instance, tags={"outbox/table": name, "outbox/trigger": "demo"},
-                    )
-                    runs += 1
-                    meta = {k: getattr(v, "value", v) for e in result.all_events
-                            if e.event_type_value == "STEP_OUTPUT" for k, v in e.event_specific_data.metadata.items()}
-                    if not quiet and meta.get("claimed"):
-                        print(f"  run {result.run_id[:8]} {name}: sent {meta['sent']} (dedup {meta['dedup_hits']}), "
-                              f"retried {meta['retried']}, dead {meta['dead']}")
-                    with db.connect(url) as conn:
-                        due = OutboxTable(conn, name).next_due_in_s()
-                    if due is None or due > 3.0:
-                        pending.discard(name)
-                if pending:
-                    time.sleep(0.4)
-            checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance, run_config=QUIET)
-            runs += 1
-            verdicts = [e.event_specific_data for e in checks.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        runs, verdicts = _run_dagster_jobs(url, config_path, broker.url, quiet)
     finally:
         broker.stop()
-    print()
-    print(f"{'table':<16}" + "".join(f"{s:>10}" for s in STATES) + "   dead by code")
-    with db.connect(url) as conn:
-        for name in TABLES:
-            status = read_status(OutboxTable(conn, name), count_sent=True)
-            dead = ", ".join(f"{k}={v}" for k, v in status.dead_by_code.items()) or "-"
-            print(f"{name:<16}" + "".join(f"{status.counts.get(s, 0):>10}" for s in STATES) + f"   {dead}")
-        audits = conn.execute(
-            "SELECT code, count(*) AS n FROM outbox_audit WHERE event_id LIKE %s GROUP BY code ORDER BY code",
-            (f"{run}-%",),
-        ).fetchall()
-    print("\naudit trail of this run: " + ", ".join(f"{r['code']}={r['n']}" for r in audits))
-    print(f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests (each key at most once)")
-    with db.connect(url) as conn:
-        entry = conn.execute("SELECT status, result FROM idempo_ledger WHERE idempotency_key = %s", (api_key,)).fetchone()
-        emails = conn.execute("SELECT count(*) AS n FROM automated_email_recipients WHERE event_id LIKE %s",
-                              (f"{run}-%",)).fetchone()["n"]
-    result = entry["result"] or {}
-    print(f"ledger of order {api_key}: {entry['status']}, broker order {result.get('broker_order_id')}")
-    print(f"welcome emails (seed 002): {emails} sent, recorded in automated_email_recipients, files in "
-          f"{os.environ.get('OUTBOX_MAIL_DIR') or db.embedded_dir() / 'mail'}")
-    failing = [f"{v.asset_key.path[-1]}:{v.check_name}={v.severity.value}" for v in verdicts if not v.passed]
-    print(f"asset checks: {len(verdicts) - len(failing)} passed" + (f", not passing: {', '.join(failing)}" if failing else ""))
+    _print_tables(url, run)
+    _print_outcomes(url, run, api_key, broker)
+    _print_checks(verdicts)
     print(f"\n{runs} Dagster runs recorded. Next: 'outbox-pipelines dev' and open the UI: Runs (relay metadata), "
           "Assets → outbox (checks); 'outbox-pipelines status'; "
           "'outbox-pipelines replay --table outbox_orders --all --dry-run' for the dead letters")

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from outbox_pipelines.core import db, migrate
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
@@ -24,9 +26,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> bool:
-    import httpx
-
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -66,6 +66,7 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
     this repeats until a pass finds nothing active. Returns the runs still active at the end.
     """
     os.environ.update(env)
+    # Imported here: Dagster adds about a second to every CLI command, and only this one needs it.
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     in_progress = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]

@@ -2,28 +2,37 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines.core.settings import TableSettings, load_settings
-from outbox_pipelines_tests.pg import TestServer
+from outbox_pipelines.testing import ScratchServer, TemplateDatabases
 from outbox_pipelines_tests.sink import HttpSink
 
 REPO = Path(__file__).resolve().parents[1]
+# A server of your own for the tests (the session creates and drops its databases there);
+# unset, the session starts an embedded one and stops it at the end.
+TEST_URL_ENV = "OUTBOX_TEST_DATABASE_URL"
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[TestServer]:
-    server = TestServer()
-    yield server
-    server.close()
+def pg_server() -> Iterator[TemplateDatabases]:
+    """One server per session, a template database with the migrations applied (pgqueuer's approach)."""
+    server = ScratchServer.from_env(TEST_URL_ENV, dir_prefix="outbox-test-pg-")
+    try:
+        databases = TemplateDatabases(server.admin_url, prefix=f"outbox_t{os.getpid()}")
+        yield databases
+        databases.drop_template()
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def db_url(pg_server: TestServer) -> Iterator[str]:
+def db_url(pg_server: TemplateDatabases) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
     name, url = pg_server.create_database()
     yield url
@@ -31,7 +40,7 @@ def db_url(pg_server: TestServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def conn(db_url: str) -> Iterator[psycopg.Connection]:
+def conn(db_url: str) -> Iterator[psycopg.Connection[DictRow]]:
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as connection:
         yield connection
 
@@ -45,7 +54,9 @@ def cli_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(env: dict[str, str], *args: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    env: dict[str, str], *args: str, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "outbox_pipelines.cli", *args],
         env=env,
@@ -56,13 +67,11 @@ def run_cli(env: dict[str, str], *args: str, timeout: float = 60, cwd: Path | No
     )
 
 
-def table_settings(name: str, **overrides: object) -> TableSettings:
-    """The shipped settings of ``name`` (built-in defaults), with test overrides."""
-    from dataclasses import replace
-
+def table_settings(table_name: str, **overrides: object) -> TableSettings:
+    """The shipped settings of ``table_name`` (built-in defaults), with test overrides."""
     settings = load_settings(env={}, path=None)
-    base = settings.tables.get(name) or TableSettings(name=name)
-    return replace(base, **overrides)
+    base = settings.tables.get(table_name) or TableSettings(name=table_name)
+    return replace(base, **overrides)  # type: ignore[arg-type]  # overrides are TableSettings fields by name
 
 
 @pytest.fixture

@@ -5,49 +5,61 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
+DictConnection = psycopg.Connection[DictRow]
 
-def order_payload(i: int, key: str | None = None) -> dict:
+
+def order_payload(i: int, key: str | None = None) -> dict[str, Any]:
     """A valid OrderRequest v1.1 (outbox_orders rows are orders: the broker adapter maps them)."""
     return {"order_id": f"ord-{i}", "instrument": "USDJPY", "side": "BUY" if i % 2 else "SELL", "qty": 0.1,
             "price": None, "time_in_force": "IOC", "tags": [], "idempotency_key": key or f"key-{i}",
             "requested_at": "2026-01-01T00:00:00Z"}
 
 
-def enqueue_n(conn, table: str, n: int, *, topic: str = "t", prefix: str = "e", payload=None) -> list[int]:
-    if payload is None and table == "outbox_orders":
+def enqueue_n(conn: DictConnection, table_name: str, n: int, *, topic: str = "t", prefix: str = "e",
+              payload: Callable[[int], dict[str, Any]] | None = None) -> list[int]:
+    if payload is None and table_name == "outbox_orders":
         payload = order_payload
     messages = [
         Message(topic=topic, payload=payload(i) if callable(payload) else {"n": i}, event_id=f"{prefix}{i}")
         for i in range(n)
     ]
-    return [r.id for r in Outbox(table).enqueue_many(conn, messages)]
+    return [r.id for r in Outbox(table_name).enqueue_many(conn, messages)]
 
 
-def db_now(conn) -> datetime:
-    return conn.execute("SELECT now() AS now").fetchone()["now"]
+def db_now(conn: DictConnection) -> datetime:
+    row = conn.execute("SELECT now() AS now").fetchone()
+    assert row is not None
+    now: datetime = row["now"]
+    return now
 
 
-def rows(conn, table: str, where: str = "true") -> list[dict]:
-    return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id").fetchall()
+def rows(conn: DictConnection, table_name: str, where: str = "true") -> list[dict[str, Any]]:
+    # ``where`` is SQL the test writes (never input), the table name a quoted identifier.
+    statement = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY id").format(sql.Identifier(table_name), sql.SQL(where))
+    return conn.execute(statement).fetchall()
 
 
-def statuses(conn, table: str) -> dict[str, int]:
-    found = conn.execute(f"SELECT status, count(*) AS n FROM {table} GROUP BY status").fetchall()
-    return {r["status"]: r["n"] for r in found}
+def statuses(conn: DictConnection, table_name: str) -> dict[str, int]:
+    statement = sql.SQL("SELECT status, count(*) AS n FROM {} GROUP BY status").format(sql.Identifier(table_name))
+    return {r["status"]: r["n"] for r in conn.execute(statement).fetchall()}
 
 
-def audit_codes(conn, table: str, message_id: int | None = None) -> list[str]:
+def audit_codes(conn: DictConnection, table_name: str, message_id: int | None = None) -> list[str]:
     if message_id is None:
-        found = conn.execute("SELECT code FROM outbox_audit WHERE outbox_table = %s ORDER BY id", (table,))
+        found = conn.execute("SELECT code FROM outbox_audit WHERE outbox_table = %s ORDER BY id", (table_name,))
     else:
         found = conn.execute(
-            "SELECT code FROM outbox_audit WHERE outbox_table = %s AND message_id = %s ORDER BY id", (table, message_id)
+            "SELECT code FROM outbox_audit WHERE outbox_table = %s AND message_id = %s ORDER BY id",
+            (table_name, message_id),
         )
     return [r["code"] for r in found.fetchall()]
 
@@ -57,7 +69,9 @@ class ScriptedDestination(Destination):
 
     name = "scripted"
 
-    def __init__(self, decide: Callable[[ClaimedMessage], Outcome] = lambda m: Outcome.sent(ref=f"ref-{m.id}")):
+    def __init__(
+        self, decide: Callable[[ClaimedMessage], Outcome] = lambda m: Outcome.sent(ref=f"ref-{m.id}")
+    ) -> None:
         self.decide = decide
         self.calls: list[ClaimedMessage] = []
 
@@ -89,10 +103,7 @@ class QueriesDatabase:
 
     database_url: str
 
-    def connect(self, autocommit: bool = True) -> Any:
-        import psycopg
-        from psycopg.rows import dict_row
-
+    def connect(self, autocommit: bool = True) -> DictConnection:
         return psycopg.connect(self.database_url, autocommit=autocommit, row_factory=dict_row, connect_timeout=10)
 
     def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:

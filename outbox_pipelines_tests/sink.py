@@ -33,7 +33,7 @@ class HttpSink:
     script: Script | None = None
     delay_s: float = 0.0
     received: list[Received] = field(default_factory=list)
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     url: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

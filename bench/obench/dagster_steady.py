@@ -149,8 +149,8 @@ class DagsterDev:
     def dagster_conn(self) -> psycopg.Connection:
         return psycopg.connect(self.url, dbname=self.dagster_db, autocommit=True)
 
-    def wait_run_claimed(self, table: str, timeout_s: float = 150.0) -> str:
-        """Wait until a Dagster relay run of `table` has claimed something (its worker is in the audit)."""
+    def wait_run_claimed(self, table_name: str, timeout_s: float = 150.0) -> str:
+        """Wait until a Dagster relay run of `table_name` has claimed something (its worker is in the audit)."""
         deadline = time.monotonic() + timeout_s
         with psycopg.connect(self.url, autocommit=True) as conn:
             while time.monotonic() < deadline:
@@ -158,11 +158,11 @@ class DagsterDev:
                     raise RuntimeError("outbox-pipelines dev exited")
                 row = conn.execute(
                     "SELECT worker FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' "
-                    "AND worker LIKE 'dagster:%%' ORDER BY id LIMIT 1", (table,)).fetchone()
+                    "AND worker LIKE 'dagster:%%' ORDER BY id LIMIT 1", (table_name,)).fetchone()
                 if row:
                     return row[0]
                 time.sleep(0.5)
-        raise RuntimeError(f"no Dagster relay run of {table} claimed anything within {timeout_s:.0f} s")
+        raise RuntimeError(f"no Dagster relay run of {table_name} claimed anything within {timeout_s:.0f} s")
 
     def stop(self) -> None:
         log(f"  stopping outbox-pipelines dev (pid {self.proc.pid})")
@@ -188,7 +188,8 @@ def dagster_runs(home: str, pg_url: str, job: str, barrier: Barrier) -> list[dic
         out.append({
             "run_id": run.run_id,
             "status": run.status.value,
-            "tags": {k: v for k, v in run.tags.items() if k.startswith(("outbox/", "dagster/schedule", "dagster/sensor"))},
+            "tags": {k: v for k, v in run.tags.items()
+                     if k.startswith(("outbox/", "dagster/schedule", "dagster/sensor"))},
             "created": record.create_timestamp.timestamp(),
             "enqueued": stats.enqueued_time,
             "launched": stats.launch_time,
@@ -201,12 +202,12 @@ def dagster_runs(home: str, pg_url: str, job: str, barrier: Barrier) -> list[dic
     return out
 
 
-def claims_by_worker(url: str, table: str) -> dict[str, tuple[float, float, int]]:
+def claims_by_worker(url: str, table_name: str) -> dict[str, tuple[float, float, int]]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT worker, extract(epoch FROM min(created_at))::float8, extract(epoch FROM max(created_at))::float8, "
             "count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' GROUP BY worker",
-            (table,)).fetchall()
+            (table_name,)).fetchall()
     # A relay run's worker is "dagster:<run id[:8]>:<pid>": key by the run.
     by_run: dict[str, tuple[float, float, int]] = {}
     for worker, first, last, n in rows:
@@ -218,9 +219,9 @@ def claims_by_worker(url: str, table: str) -> dict[str, tuple[float, float, int]
     return by_run
 
 
-def runs_with_claims(dev: DagsterDev, job: str, table: str) -> list[dict[str, Any]]:
+def runs_with_claims(dev: DagsterDev, job: str, table_name: str) -> list[dict[str, Any]]:
     (runs,) = run_processes([(dagster_runs, (str(dev.home), dev.pg_url, job))], timeout_s=120)
-    claims = claims_by_worker(dev.url, table)
+    claims = claims_by_worker(dev.url, table_name)
     for r in runs:
         c = claims.get(f"dagster:{r['run_id'][:8]}")
         r["first_claim"], r["last_claim"], r["claims"] = c if c else (None, None, 0)
@@ -253,6 +254,15 @@ def overhead(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"per_run": per_run, "median": medians}
 
 
+def _near_a_handoff(created: float, hand: list[dict[str, Any]]) -> bool:
+    """Whether a message created at ``created`` is within HANDOFF_WINDOW_S of one of a hand-off's moments."""
+    for h in hand:
+        points = [t for t in (h["from_last_claim"], h["from_end"], h["to_first_claim"]) if t]
+        if min(points) - HANDOFF_WINDOW_S <= created <= max(points) + HANDOFF_WINDOW_S:
+            return True
+    return False
+
+
 def handoffs(runs: list[dict[str, Any]], lat: list[tuple[float, float]]) -> list[dict[str, Any]]:
     """Each hand-off: run k's last claim / end, run k+1's first claim; the worst latency around it.
 
@@ -261,7 +271,7 @@ def handoffs(runs: list[dict[str, Any]], lat: list[tuple[float, float]]) -> list
     active = [r for r in runs if r["first_claim"] is not None]
     active.sort(key=lambda r: r["first_claim"])
     out = []
-    for prev, nxt in zip(active, active[1:]):
+    for prev, nxt in zip(active, active[1:], strict=False):  # consecutive pairs: one shorter
         points = [t for t in (prev["last_claim"], prev["ended"], nxt["first_claim"]) if t]
         lo, hi = min(points) - HANDOFF_WINDOW_S, max(points) + HANDOFF_WINDOW_S
         around = [v for c, v in lat if lo <= c <= hi]
@@ -281,8 +291,8 @@ def handoffs(runs: list[dict[str, Any]], lat: list[tuple[float, float]]) -> list
 
 
 def producer(url: str, rate: float, seconds: float, prefix: str, barrier: Barrier) -> dict[str, Any]:
+    from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.models import Message
-    from outbox_pipelines.core.store import Outbox
 
     outbox = Outbox(TABLE)
     count = int(rate * seconds)
@@ -303,21 +313,21 @@ def producer(url: str, rate: float, seconds: float, prefix: str, barrier: Barrie
     return {"count": count, "seconds": elapsed, "achieved_rate": count / elapsed, "late_over_50ms": late}
 
 
-def wait_settled(url: str, table: str, where: str, timeout_s: float) -> int:
+def wait_settled(url: str, table_name: str, where: str, timeout_s: float) -> int:
     """Wait until no row matching `where` is still pending/sending; return how many remain."""
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
             left = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'sending') AND " + where)
-                                .format(sql.Identifier(table))).fetchone()[0]
+                                .format(sql.Identifier(table_name))).fetchone()[0]
             if not left or time.monotonic() > deadline:
                 return int(left)
             time.sleep(1.0)
 
 
 def one_run(url: str, rate: float, seconds: float, run_no: int) -> dict[str, Any]:
+    from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.models import Message
-    from outbox_pipelines.core.store import Outbox
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {}, outbox_audit RESTART IDENTITY").format(sql.Identifier(TABLE)))
@@ -348,12 +358,7 @@ def one_run(url: str, rate: float, seconds: float, run_no: int) -> dict[str, Any
     values = [v for _, v in lat]
     slow = sorted(((c, v) for c, v in lat if v > SLOW_S), key=lambda x: x[0])
     hand = handoffs(runs, lat)
-    in_windows = 0
-    for c, _ in slow:
-        if any(min(t for t in (h["from_last_claim"], h["from_end"], h["to_first_claim"]) if t) - HANDOFF_WINDOW_S
-               <= c <= max(t for t in (h["from_last_claim"], h["from_end"], h["to_first_claim"]) if t) + HANDOFF_WINDOW_S
-               for h in hand):
-            in_windows += 1
+    in_windows = sum(1 for c, _ in slow if _near_a_handoff(c, hand))
     t_first = min((c for c, _ in lat), default=0.0)
     result = {
         "producer": prod,
@@ -388,9 +393,10 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
         log(f"  run {n + 1}/{runs}: outbox-pipelines dev + {rate:.0f} msg/s into {TABLE} for {seconds:.0f} s")
         r = one_run(url, rate, seconds, n)
         per_run.append(r)
-        log(f"  p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.0f} ms; "
-            f"{r['over_1s']} over 1 s ({r['over_1s_at_handoffs']} near hand-offs); {len(r['handoffs'])} hand-offs, "
-            f"worst near one {r['max_latency_at_handoffs_ms']} ms; producer {r['producer']['achieved_rate']:.0f} msg/s")
+        log(f"  p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+            f"max {r['max_ms']:.0f} ms; {r['over_1s']} over 1 s ({r['over_1s_at_handoffs']} near hand-offs); "
+            f"{len(r['handoffs'])} hand-offs, worst near one {r['max_latency_at_handoffs_ms']} ms; "
+            f"producer {r['producer']['achieved_rate']:.0f} msg/s")
     label = f"dagster: commit→dispatch at {rate:.0f} msg/s, {seconds:.0f} s"
     ov = [r["overhead"]["median"] for r in per_run]
 
@@ -408,7 +414,8 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
                target=Target("<= 1000 ms", value_max=1000.0)),
         Figure("dagster", "dagster: messages waiting > 1 s", "msgs", [float(r["over_1s"]) for r in per_run]),
         Figure("dagster", "dagster overhead per run: run created → launched (queue)", "ms", med("create_to_launch_s")),
-        Figure("dagster", "dagster overhead per run: launched → relay step started", "ms", med("launch_to_relay_start_s")),
+        Figure("dagster", "dagster overhead per run: launched → relay step started", "ms",
+               med("launch_to_relay_start_s")),
         Figure("dagster", "dagster overhead per run: run created → relay step started", "ms",
                med("create_to_relay_start_s")),
     ]
@@ -436,15 +443,15 @@ def detail_lines(d: dict[str, Any]) -> list[str]:
             )
         med = r["overhead"]["median"]
 
-        def ms(key: str) -> str:
+        def ms(key: str, med: dict[str, Any] = med) -> str:  # bound now: B023
             return f"{med[key] * 1000:.0f} ms" if med.get(key) is not None else "–"
 
         lines.append(
             f"  Dagster overhead per run (median of {len(r['overhead']['per_run'])} relay runs): created → launched "
             f"{ms('create_to_launch_s')}, launched → run started {ms('launch_to_start_s')}, run started → relay step "
             f"started {ms('start_to_step_s')} (launch → relay start {ms('launch_to_relay_start_s')}), relay step → "
-            f"first claim {ms('step_to_first_claim_s')} (for a scheduled single-active run this includes waiting on the "
-            f"table lock while the previous run still relays)."
+            f"first claim {ms('step_to_first_claim_s')} (for a scheduled single-active run this includes waiting "
+            f"on the table lock while the previous run still relays)."
         )
     lines.append(
         "  published_at is the start of the relay's settle transaction and created_at the start of the producer's "

@@ -31,22 +31,24 @@ TABLE = "outbox_orders"
 AUDIT_SUCCESS = "outbox_flush_success"
 
 
-def ours_worker(url: str, table: str, batch: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
+def ours_worker(url: str, table_name: str, batch: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import TableSettings
 
-    settings = TableSettings(name=table, mode="competing", batch_size=batch, on_success="mark_sent")
-    relay = Relay(url, settings, NoopDestination(), worker_id=f"bench-ours-{index}")
+    table = TableSettings(name=table_name, mode="competing", batch_size=batch, on_success="mark_sent")
+    relay = Relay(url, table, NoopDestination(), worker_id=f"bench-ours-{index}")
     barrier()
     started = time.monotonic()
     report = relay.run(once=True)
     return started, time.monotonic(), report.sent
 
 
-def ceiling_drain(conn: psycopg.Connection, table: str, batch: int, worker: str) -> int:
+def ceiling_drain(conn: psycopg.Connection, table_name: str, batch: int, worker: str) -> int:
     """Claim a batch, 'deliver' it, settle it as sent; until a claim comes back empty."""
-    claim, settle = ceiling_sql.bind(ceiling_sql.CLAIM, table), ceiling_sql.bind(ceiling_sql.SETTLE, table)
-    claim_params = {"now": None, "paused_topics": [], "limit": batch, "worker": worker, "lease_s": 60.0, "table_name": table}
+    claim = ceiling_sql.bind(ceiling_sql.CLAIM, table_name)
+    settle = ceiling_sql.bind(ceiling_sql.SETTLE, table_name)
+    claim_params = {"now": None, "paused_topics": [], "limit": batch, "worker": worker, "lease_s": 60.0,
+                    "table_name": table_name}
     sent = 0
     while True:
         rows = conn.execute(claim, claim_params).fetchall()
@@ -58,7 +60,7 @@ def ceiling_drain(conn: psycopg.Connection, table: str, batch: int, worker: str)
             {
                 "now": None,
                 "worker": worker,
-                "table_name": table,
+                "table_name": table_name,
                 "ids": [r[0] for r in rows],
                 "attempts": [r[7] for r in rows],
                 "statuses": ["sent"] * n,
@@ -73,12 +75,12 @@ def ceiling_drain(conn: psycopg.Connection, table: str, batch: int, worker: str)
         sent += n
 
 
-def ceiling_worker(url: str, table: str, batch: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
+def ceiling_worker(url: str, table_name: str, batch: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
     barrier()
     started = time.monotonic()
     # Connecting is inside the clock, as it is inside Relay.run for ours.
     with psycopg.connect(url, autocommit=True, options=ceiling_sql.SESSION_OPTIONS) as conn:
-        sent = ceiling_drain(conn, table, batch, f"bench-ceiling-{index}")
+        sent = ceiling_drain(conn, table_name, batch, f"bench-ceiling-{index}")
     return started, time.monotonic(), sent
 
 

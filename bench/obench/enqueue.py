@@ -34,8 +34,8 @@ from obench.common import (
 )
 from outbox_pipelines.core.canonical import canonical_json, digest
 from outbox_pipelines.core.db import sqlalchemy_url
+from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
-from outbox_pipelines.core.store import Outbox
 
 TABLE = "outbox_events"
 TOPIC = "order.created"
@@ -97,7 +97,8 @@ def transactions(pg: psycopg.Connection, engine: Any) -> dict[str, Callable[[Ite
             conn.execute(sa_business, {"body": payload})
             conn.execute(
                 sa_plain,
-                {"event_id": event_id, "topic": topic, "payload": payload, "payload_sha": payload_sha, "headers": headers},
+                {"event_id": event_id, "topic": topic, "payload": payload, "payload_sha": payload_sha,
+                 "headers": headers},
             )
 
     return {

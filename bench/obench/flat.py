@@ -57,9 +57,9 @@ def relay_with_rss(url: str, total: int, barrier: Barrier) -> dict[str, Any]:
         if report.claimed >= (len(samples) + 1) * step:
             samples.append((report.claimed, rss_kib(), time.monotonic() - started[0]))
 
-    settings = TableSettings(name=TABLE, mode="competing", batch_size=BATCH, on_success="delete")
+    table = TableSettings(name=TABLE, mode="competing", batch_size=BATCH, on_success="delete")
     # progress_every_s=0: the callback runs after every batch; it reads /proc only at each tenth.
-    relay = Relay(url, settings, NoopDestination(), worker_id="bench-flat", progress=progress, progress_every_s=0.0)
+    relay = Relay(url, table, NoopDestination(), worker_id="bench-flat", progress=progress, progress_every_s=0.0)
     barrier()
     before = rss_kib()
     started[0] = time.monotonic()
@@ -69,9 +69,9 @@ def relay_with_rss(url: str, total: int, barrier: Barrier) -> dict[str, Any]:
             "seconds": report.seconds}
 
 
-def load_pending(url: str, table: str, count: int, prefix: str) -> None:
+def load_pending(url: str, table_name: str, count: int, prefix: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        copy_rows(conn, table, iter_rows(count, "order.created", prefix))
+        copy_rows(conn, table_name, iter_rows(count, "order.created", prefix))
 
 
 def memory_run(url: str, sizes: Sizes) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def memory_run(url: str, sizes: Sizes) -> dict[str, Any]:
     worst = max(later, key=lambda rss: abs(rss - reference)) if later else reference
     # Throughput per tenth: shows whether the drain slows down as the table churns.
     segments = []
-    for (c0, _, s0), (c1, _, s1) in zip([(0, 0, 0.0)] + samples[:-1], samples):
+    for (c0, _, s0), (c1, _, s1) in zip([(0, 0, 0.0)] + samples[:-1], samples, strict=False):
         segments.append(round((c1 - c0) / (s1 - s0)) if s1 > s0 else None)
     return {"reference_kib": reference, "worst_kib": worst, "samples": samples, "segment_msgs_per_s": segments,
             "rss_before_kib": out["rss_before_kib"], "rss_after_kib": out["rss_after_kib"],
@@ -99,8 +99,8 @@ def memory_run(url: str, sizes: Sizes) -> dict[str, Any]:
 
 def prepare_claim_tables(url: str, sizes: Sizes) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in (EMPTY, FULL):
-            conn.execute("SELECT outbox_create_table(%s)", (table,))
+        for table_name in (EMPTY, FULL):
+            conn.execute("SELECT outbox_create_table(%s)", (table_name,))
         t0 = time.monotonic()
         conn.execute(
             sql.SQL(
@@ -131,22 +131,23 @@ def claim_run(url: str, sizes: Sizes, run_index: int) -> tuple[float, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(EMPTY)))
         conn.execute(sql.SQL("DELETE FROM {} WHERE status <> 'sent'").format(sql.Identifier(FULL)))
-    for table in (EMPTY, FULL):
-        load_pending(url, table, pending, f"claim-r{run_index}")
+    for table_name in (EMPTY, FULL):
+        load_pending(url, table_name, pending, f"claim-r{run_index}")
     settle_server(url, EMPTY, FULL)
     times: dict[str, list[float]] = {EMPTY: [], FULL: []}
     # The relay's own kind of connection (dict rows), and the core's own claim.
     with connect(url) as conn:
         for n in range(sizes.flat_claims):
             order = (EMPTY, FULL) if n % 2 == 0 else (FULL, EMPTY)
-            for table in order:
-                store = OutboxTable(conn, table)
+            for table_name in order:
+                outbox_table = OutboxTable(conn, table_name)
                 t0 = time.perf_counter()
-                batch = store.claim("bench-claim", BATCH, 60.0)
-                times[table].append((time.perf_counter() - t0) * 1000.0)
+                batch = outbox_table.claim("bench-claim", BATCH, 60.0)
+                times[table_name].append((time.perf_counter() - t0) * 1000.0)
                 if len(batch) != BATCH:
-                    raise RuntimeError(f"claim on {table} returned {len(batch)} rows, expected {BATCH}")
-                store.settle("bench-claim", [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch])
+                    raise RuntimeError(f"claim on {table_name} returned {len(batch)} rows, expected {BATCH}")
+                outbox_table.settle(
+                    "bench-claim", [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch])
     return percentile(times[EMPTY], 50), percentile(times[FULL], 50)
 
 

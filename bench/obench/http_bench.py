@@ -10,7 +10,7 @@ process, keep ``inflight`` requests in flight for a fixed time:
 - httpx.AsyncClient over httpx_aiohttp.AiohttpTransport;
 - aiohttp's own ClientSession.
 
-Ours: ``Relay`` with ``HttpDestination(url, parallelism=inflight, transport=T)``
+Ours: ``Relay`` with ``HttpDestination(url, max_in_flight=inflight, transport=T)``
 draining pending messages, for each transport T the core offers; msg/s = sent /
 relay seconds. Each transport is compared with the bare loop of the same client
 stack, and the default transport with the fastest bare loop that any of our
@@ -125,95 +125,117 @@ def _request_parts(n: int) -> tuple[bytes, dict[str, str]]:
     return body, headers
 
 
-def bare_client(kind: str, url: str, inflight: int, seconds: float, barrier: Barrier) -> dict[str, Any]:
-    """Keep ``inflight`` requests going for WARM_UP_S + seconds; count answers in the last ``seconds``."""
-    body, headers = _request_parts(1)
-    window: dict[str, float] = {}
-    counted = [0] * inflight
-    failures = [0] * inflight
+class _Lanes:
+    """``inflight`` lanes of back-to-back requests; answers counted only inside the measured window."""
 
-    def done(slot: int, status: int) -> None:
+    def __init__(self, inflight: int) -> None:
+        self.inflight = inflight
+        self.start = self.end = 0.0
+        self.counted = [0] * inflight
+        self.failures = [0] * inflight
+
+    def open_window(self, seconds: float) -> None:
+        self.start = time.monotonic() + WARM_UP_S
+        self.end = self.start + seconds
+
+    def running(self) -> bool:
+        return time.monotonic() < self.end
+
+    def done(self, slot: int, status: int) -> None:
         if status != 200:
-            failures[slot] += 1
-        elif window["start"] <= time.monotonic() < window["end"]:
-            counted[slot] += 1
+            self.failures[slot] += 1
+        elif self.start <= time.monotonic() < self.end:
+            self.counted[slot] += 1
 
-    async def run_async(post: Callable[[], Any]) -> None:
+    async def run_async(self, post: Callable[[], Any]) -> None:
         async def lane(slot: int) -> None:
-            while time.monotonic() < window["end"]:
-                done(slot, await post())
+            while self.running():
+                self.done(slot, await post())
 
-        await asyncio.gather(*(lane(i) for i in range(inflight)))
+        await asyncio.gather(*(lane(i) for i in range(self.inflight)))
+
+
+async def _with_httpx(lanes: _Lanes, url: str, body: bytes, headers: dict[str, str], limits: Any,
+                      transport: Any) -> None:
+    import httpx
+
+    client = httpx.AsyncClient(limits=limits, transport=transport) if transport else httpx.AsyncClient(limits=limits)
+    async with client:
+
+        async def post() -> int:
+            return (await client.post(url, content=body, headers=headers)).status_code
+
+        await lanes.run_async(post)
+
+
+async def _with_aiohttp(lanes: _Lanes, url: str, body: bytes, headers: dict[str, str]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=lanes.inflight)) as session:
+
+        async def post() -> int:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                return response.status
+
+        await lanes.run_async(post)
+
+
+def _with_threads(lanes: _Lanes, url: str, body: bytes, headers: dict[str, str], limits: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
+    with httpx.Client(limits=limits) as client:
+
+        def lane(slot: int) -> None:
+            while lanes.running():
+                lanes.done(slot, client.post(url, content=body, headers=headers).status_code)
+
+        with ThreadPoolExecutor(lanes.inflight) as pool:
+            list(pool.map(lane, range(lanes.inflight)))
+
+
+def bare_client(kind: str, url: str, inflight: int, seconds: float, barrier: Barrier) -> dict[str, Any]:
+    """Keep ``inflight`` requests going for WARM_UP_S + seconds; count answers in the last ``seconds``."""
+    # Imported in the worker: each measured process loads only the client stack it measures.
+    import httpx
+
+    body, headers = _request_parts(1)
+    lanes = _Lanes(inflight)
     limits = httpx.Limits(max_connections=inflight, max_keepalive_connections=inflight)
-
-    async def with_httpx(transport: Any) -> None:
-        client = httpx.AsyncClient(limits=limits, transport=transport) if transport else httpx.AsyncClient(limits=limits)
-        async with client:
-
-            async def post() -> int:
-                return (await client.post(url, content=body, headers=headers)).status_code
-
-            await run_async(post)
-
-    async def with_aiohttp() -> None:
-        import aiohttp
-
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=inflight)) as session:
-
-            async def post() -> int:
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    return response.status
-
-            await run_async(post)
-
-    def with_threads() -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with httpx.Client(limits=limits) as client:
-
-            def lane(slot: int) -> None:
-                while time.monotonic() < window["end"]:
-                    done(slot, client.post(url, content=body, headers=headers).status_code)
-
-            with ThreadPoolExecutor(inflight) as pool:
-                list(pool.map(lane, range(inflight)))
-
     barrier()
-    window["start"] = time.monotonic() + WARM_UP_S
-    window["end"] = window["start"] + seconds
+    lanes.open_window(seconds)
     if kind == "httpx-async":
-        asyncio.run(with_httpx(None))
+        asyncio.run(_with_httpx(lanes, url, body, headers, limits, None))
     elif kind == "httpx-aiohttp":
         from httpx_aiohttp import AiohttpTransport
 
-        asyncio.run(with_httpx(AiohttpTransport(limits=limits)))
+        asyncio.run(_with_httpx(lanes, url, body, headers, limits, AiohttpTransport(limits=limits)))
     elif kind == "aiohttp-raw":
-        asyncio.run(with_aiohttp())
+        asyncio.run(_with_aiohttp(lanes, url, body, headers))
     elif kind == "httpx-sync-threads":
-        with_threads()
+        _with_threads(lanes, url, body, headers, limits)
     else:
         raise ValueError(kind)
-    return {"kind": kind, "rate": sum(counted) / seconds, "failures": sum(failures)}
+    return {"kind": kind, "rate": sum(lanes.counted) / seconds, "failures": sum(lanes.failures)}
 
 
 # -- ours ----------------------------------------------------------------------
 
 
-def ours_relay(url: str, sink_url: str, transport: str, inflight: int, batch: int, seconds: float, barrier: Barrier) -> dict[str, Any]:
+def ours_relay(url: str, sink_url: str, transport: str, inflight: int, batch: int, seconds: float,
+               barrier: Barrier) -> dict[str, Any]:
     from outbox_pipelines.core.destinations.http import HttpDestination
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import TableSettings
 
-    destination = HttpDestination(sink_url, parallelism=inflight, transport=transport)
-    settings = TableSettings(
+    destination = HttpDestination(sink_url, max_in_flight=inflight, transport=transport)
+    table = TableSettings(
         name=TABLE, destination="http", url=sink_url, transport=transport, mode="competing",
-        batch_size=batch, concurrency=inflight, preset="orders",
+        batch_size=batch, requests_in_flight=inflight, preset="orders",
     )
-    relay = Relay(url, settings, destination, worker_id=f"bench-http-{transport}")
+    relay = Relay(url, table, destination, worker_id=f"bench-http-{transport}")
     try:
         barrier()
         # Drain until empty, or stop at the time budget (the slow transports).

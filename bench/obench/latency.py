@@ -54,8 +54,8 @@ DEADLINE_FACTOR, DEADLINE_SLACK_S = 3.0, 10.0
 
 
 def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float]]:
+    from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.models import Message
-    from outbox_pipelines.core.store import Outbox
 
     outbox = Outbox(TABLE)
     count = int(rate * seconds)
@@ -76,7 +76,9 @@ def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[s
     return "producer", committed
 
 
-def ours_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def ours_consumer(
+    url: str, expected: int, seconds: float, barrier: Barrier
+) -> tuple[str, dict[str, float], dict[str, Any]]:
     from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
     from outbox_pipelines.core.models import ClaimedMessage
     from outbox_pipelines.core.relay import Relay
@@ -93,14 +95,16 @@ def ours_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> 
     registry.register(TOPIC, handler)
     # The shipped outbox_events table: in-process handlers, single-active relay,
     # default batch (100) and idle sleep (200 ms); NOTIFY is what makes it prompt.
-    settings = TableSettings(name=TABLE, destination="handlers", mode="single-active")
-    relay = Relay(url, settings, HandlerDestination(registry), worker_id="bench-latency-ours")
+    table = TableSettings(name=TABLE, destination="handlers", mode="single-active")
+    relay = Relay(url, table, HandlerDestination(registry), worker_id="bench-latency-ours")
     barrier()
     report = relay.run(max_seconds=seconds)
     return "consumer", delivered, {"batches": report.batches, "sent": report.sent, "stopped": report.stopped_because}
 
 
-def bare_consumer(url: str, expected: int, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def bare_consumer(
+    url: str, expected: int, seconds: float, barrier: Barrier
+) -> tuple[str, dict[str, float], dict[str, Any]]:
     delivered: dict[str, float] = {}
     worker = "bench-latency-bare"
     claim, settle = ceiling_sql.bind(ceiling_sql.CLAIM, TABLE), ceiling_sql.bind(ceiling_sql.SETTLE, TABLE)
@@ -178,10 +182,12 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             stats[kind].append(m)
             log(
                 f"  latency run {run_index + 1}/{runs} {kind:5s} p50 {m['p50']:6.2f} ms  p95 {m['p95']:6.2f} ms  "
-                f"p99 {m['p99']:6.2f} ms  ({m['messages']:,} msgs at {m['achieved_rate']:.0f}/s, {m['missing']} missing)"
+                f"p99 {m['p99']:6.2f} ms  ({m['messages']:,} msgs at {m['achieved_rate']:.0f}/s, "
+                f"{m['missing']} missing)"
             )
             if m["achieved_rate"] < 0.9 * sizes.latency_rate:
-                log(f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): the machine is busy")
+                log(f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): "
+                    "the machine is busy")
             if m["missing"]:
                 raise RuntimeError(f"latency {kind}: {m['missing']} committed messages never reached the handler")
     label = f"latency commit→handler at {sizes.latency_rate:.0f} msg/s, {sizes.latency_seconds:.0f} s"

@@ -107,7 +107,8 @@ class ApiSettings:
         if self.auth_failures_per_minute < 1:
             raise ConfigError("OUTBOX_API_AUTH_FAILURES_PER_MINUTE must be at least 1")
         if self.metrics_require_token and not self.tokens:
-            raise ConfigError("OUTBOX_API_METRICS_REQUIRE_TOKEN=true needs OUTBOX_API_TOKEN (the tokens /metrics accepts)")
+            raise ConfigError("OUTBOX_API_METRICS_REQUIRE_TOKEN=true needs OUTBOX_API_TOKEN "
+                              "(the tokens /metrics accepts)")
         if not self.db_timeout_s > 0 or not self.pool_timeout_s > 0:
             raise ConfigError("OUTBOX_API_DB_TIMEOUT and OUTBOX_API_POOL_TIMEOUT must be over 0 (e.g. 2s, 500ms)")
         if self.pool_size < 1 or self.pool_max_overflow < 0:
@@ -159,7 +160,8 @@ class Rejection(Exception):
         self.reason = reason  # for the log line only, never in the body
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.code, "message": self.message, **self.extra}, self.status, headers=self.headers)
+        return JSONResponse({"error": self.code, "message": self.message, **self.extra}, self.status,
+                            headers=self.headers)
 
 
 class OrderApi:
@@ -284,7 +286,8 @@ class OrderApi:
         body = await self.read_json(request)
         body_key = body.get("idempotency_key") if isinstance(body, dict) else None
         if not header_key:
-            raise Rejection(422, "IDEMPOTENCY_MISMATCH", "the Idempotency-Key header is required and must equal body.idempotency_key")
+            raise Rejection(422, "IDEMPOTENCY_MISMATCH",
+                            "the Idempotency-Key header is required and must equal body.idempotency_key")
         if header_key != body_key:
             raise Rejection(422, "IDEMPOTENCY_MISMATCH", "the Idempotency-Key header must equal body.idempotency_key")
         violations = validate_order(body)
@@ -307,7 +310,8 @@ class OrderApi:
         except KeyReused:  # the transaction rolled back: nothing stored
             raise conflict(key, KEY_REUSED) from None
         except DatabaseTrouble as trouble:  # the transaction rolled back (or never began)
-            raise self.database_rejection(trouble, "retry with the same key (the same Idempotency-Key and body)") from None
+            raise self.database_rejection(
+                trouble, "retry with the same key (the same Idempotency-Key and body)") from None
         if acceptance.kind == "conflict":
             raise conflict(key, DIFFERENT_BODY)
         return acceptance
@@ -404,66 +408,91 @@ def log_request(method: str, route: str, status: int, reason_code: str, facts: R
     log.log(level, message, *(args + ((reason,) if reason else ())), extra=fields, exc_info=exc_info)
 
 
+def _server_span(api: OrderApi, span_name: str | None, request: Request) -> Any:
+    """The request's server span (continuing the caller's trace), or no span for a route without one."""
+    if not span_name:
+        return contextlib.nullcontext(None)
+    return api.tracer.start_as_current_span(span_name, context=tracing.incoming_context(request.headers),
+                                            kind=trace.SpanKind.SERVER, record_exception=False,
+                                            set_status_on_exception=False)
+
+
+async def _answer(handler: Any, request: Request) -> tuple[Response, str, Rejection | None, Any]:
+    """The handler's response and reason code, the rejection it raised, and a bug's exc_info: every
+    outcome of a request is an answer."""
+    try:
+        response: Response = await handler(request)
+        return response, "OK", None, None
+    except Rejection as rejected:
+        return rejected.response(), rejected.code, rejected, None
+    except ClientDisconnect:
+        # The client went away mid-body: nothing was read whole, nothing stored, nobody to answer.
+        return Response(status_code=CLIENT_CLOSED), "CLIENT_DISCONNECTED", None, None
+    except Exception:  # noqa: BLE001 - any bug is a 500 with its one log line (and traceback)
+        exc_info = sys.exc_info()
+        response = JSONResponse({"error": "INTERNAL_ERROR", "message": "unexpected error; retry with the same key"},
+                                500)
+        return response, "INTERNAL_ERROR", None, exc_info
+
+
+def _describe_span(span: trace.Span, method: str, route: str, status: int, reason_code: str,
+                   facts: RequestFacts) -> None:
+    span.set_attribute("http.request.method", method)
+    span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    span.set_attribute("order.reason_code", reason_code)
+    span.set_attribute("order.trace_id", facts.trace_id)
+    if facts.idempotency_key:
+        span.set_attribute("order.idempotency_key", facts.idempotency_key)
+    if status >= 500 and status != CLIENT_CLOSED:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, reason_code))
+
+
+def _endpoint(api: OrderApi, handler: Any, route: str, span_name: str | None = None) -> Any:
+    """``handler`` as a route: its trace id and span, the order routes' metric, one log line."""
+    order_route = route in ORDER_ROUTES
+
+    async def wrapped(request: Request) -> Response:
+        started = time.perf_counter()
+        facts = RequestFacts(route=route)
+        request.state.facts = facts
+        with _server_span(api, span_name, request) as span:
+            if span is not None:
+                facts.traceparent = tracing.traceparent(span)
+            facts.trace_id = _request_trace_id(request, span)
+            response, reason_code, rejection, exc_info = await _answer(handler, request)
+            status = response.status_code
+            if span is not None:
+                _describe_span(span, request.method, route, status, reason_code, facts)
+        if order_route:
+            response.headers["X-Trace-Id"] = facts.trace_id
+            metrics.ORDER_REQUESTS.labels(str(status)).inc()
+        if order_route or status >= 400:  # healthz, metrics and openapi: only their failures
+            log_request(request.method, route, status, reason_code, facts, (time.perf_counter() - started) * 1000,
+                        reason=rejection.reason if rejection is not None else "", exc_info=exc_info)
+        return response
+
+    return wrapped
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Routing errors (no such path, wrong method) answer in the same JSON shape as every other error,
+    and get their one log line (the route is unknown: the raw path is not logged)."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
+    log_request(request.method, "-", exc.status_code, code, None, 0.0)
+    return JSONResponse({"error": code, "message": exc.detail}, exc.status_code, headers=exc.headers)
+
+
 def create_app(settings: ApiSettings, *, tracer_provider: "trace.TracerProvider | None" = None) -> Starlette:
     """The Order API; spans go to ``tracer_provider`` (default: the global one, a no-op unless configured)."""
     api = OrderApi(settings, tracer_provider)
-
-    def endpoint(handler: Any, route: str, span_name: str | None = None) -> Any:
-        order_route = route in ORDER_ROUTES
-
-        async def wrapped(request: Request) -> Response:
-            started = time.perf_counter()
-            facts = RequestFacts(route=route)
-            request.state.facts = facts
-            spanning = (api.tracer.start_as_current_span(span_name, context=tracing.incoming_context(request.headers),
-                                                         kind=trace.SpanKind.SERVER, record_exception=False,
-                                                         set_status_on_exception=False)
-                        if span_name else contextlib.nullcontext(None))
-            with spanning as span:
-                if span is not None:
-                    facts.traceparent = tracing.traceparent(span)
-                facts.trace_id = _request_trace_id(request, span)
-                rejection: Rejection | None = None
-                exc_info = None
-                try:
-                    response = await handler(request)
-                    reason_code = "OK"
-                except Rejection as rejected:
-                    rejection, response, reason_code = rejected, rejected.response(), rejected.code
-                except ClientDisconnect:
-                    # The client went away mid-body: nothing was read whole, nothing stored, nobody to answer.
-                    response, reason_code = Response(status_code=CLIENT_CLOSED), "CLIENT_DISCONNECTED"
-                except Exception:  # noqa: BLE001 - any bug is a 500 with its one log line (and traceback)
-                    exc_info = sys.exc_info()
-                    reason_code = "INTERNAL_ERROR"
-                    response = JSONResponse({"error": "INTERNAL_ERROR", "message": "unexpected error; retry with the same key"}, 500)
-                status = response.status_code
-                if span is not None:
-                    span.set_attribute("http.request.method", request.method)
-                    span.set_attribute("http.route", route)
-                    span.set_attribute("http.response.status_code", status)
-                    span.set_attribute("order.reason_code", reason_code)
-                    span.set_attribute("order.trace_id", facts.trace_id)
-                    if facts.idempotency_key:
-                        span.set_attribute("order.idempotency_key", facts.idempotency_key)
-                    if status >= 500 and status != CLIENT_CLOSED:
-                        span.set_status(trace.Status(trace.StatusCode.ERROR, reason_code))
-            if order_route:
-                response.headers["X-Trace-Id"] = facts.trace_id
-                metrics.ORDER_REQUESTS.labels(str(status)).inc()
-            if order_route or status >= 400:  # healthz, metrics and openapi: only their failures
-                log_request(request.method, route, status, reason_code, facts, (time.perf_counter() - started) * 1000,
-                            reason=rejection.reason if rejection is not None else "", exc_info=exc_info)
-            return response
-
-        return wrapped
-
     routes = [
-        Route("/do/order", endpoint(api.submit, "/do/order", "do.order"), methods=["POST"]),
-        Route("/do/order/{key}", endpoint(api.status, "/do/order/{key}"), methods=["GET"]),
-        Route("/healthz", endpoint(api.health, "/healthz"), methods=["GET"]),
-        Route("/metrics", endpoint(api.metrics_endpoint, "/metrics"), methods=["GET"]),
-        Route("/openapi.json", endpoint(api.openapi, "/openapi.json"), methods=["GET"]),
+        Route("/do/order", _endpoint(api, api.submit, "/do/order", "do.order"), methods=["POST"]),
+        Route("/do/order/{key}", _endpoint(api, api.status, "/do/order/{key}"), methods=["GET"]),
+        Route("/healthz", _endpoint(api, api.health, "/healthz"), methods=["GET"]),
+        Route("/metrics", _endpoint(api, api.metrics_endpoint, "/metrics"), methods=["GET"]),
+        Route("/openapi.json", _endpoint(api, api.openapi, "/openapi.json"), methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager
@@ -472,14 +501,6 @@ def create_app(settings: ApiSettings, *, tracer_provider: "trace.TracerProvider 
         api.db.dispose()
         api.health_probe.dispose()
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        # Routing errors (no such path, wrong method) answer in the same JSON shape as every other error,
-        # and get their one log line (the route is unknown: the raw path is not logged).
-        assert isinstance(exc, HTTPException)
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "HTTP_ERROR")
-        log_request(request.method, "-", exc.status_code, code, None, 0.0)
-        return JSONResponse({"error": code, "message": exc.detail}, exc.status_code, headers=exc.headers)
-
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.api = api
     return app

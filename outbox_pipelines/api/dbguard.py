@@ -108,7 +108,7 @@ def with_session_timeouts(url: str, timeout_ms: int) -> str:
     ours = f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"
     info["options"] = f"{info['options']} {ours}" if info.get("options") else ours
     info.setdefault("connect_timeout", str(max(MIN_CONNECT_TIMEOUT_S, math.ceil(timeout_ms / 1000))))
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
 
 
 class Budget:
@@ -157,7 +157,8 @@ class GuardedEngine:
                     raise DatabaseTrouble("DATABASE_BUSY", "pool_timeout")
                 # A wait for a lock reports itself as such: the statement timeout is the backstop, a
                 # little later, for a statement that is slow without waiting for anyone.
-                pg.execute("SELECT set_config('lock_timeout', %(lock)s, true), set_config('statement_timeout', %(stmt)s, true)",
+                pg.execute("SELECT set_config('lock_timeout', %(lock)s, true), "
+                           "set_config('statement_timeout', %(stmt)s, true)",
                            {"lock": str(left_ms), "stmt": str(left_ms + STATEMENT_GRACE_MS)})
                 yield pg
         except DatabaseTrouble:

@@ -10,6 +10,8 @@ trace export when the OTEL_* variables ask for it.
 import logging
 from collections.abc import Callable
 
+import uvicorn
+
 from outbox_pipelines.api import tracing
 from outbox_pipelines.api.app import ApiSettings, create_app
 from outbox_pipelines.api.auth import check_exposure
@@ -28,8 +30,6 @@ def prepare(database_url: str, host: str, *, allow_anonymous: bool = False) -> A
 
 def serve(database_url: str, host: str, port: int, *, allow_anonymous: bool = False,
           say: Callable[[str], None] = print) -> int:
-    import uvicorn
-
     settings = prepare(database_url, host, allow_anonymous=allow_anonymous)
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)  # the request lines; the root handler (if any) prints them

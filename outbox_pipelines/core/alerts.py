@@ -46,8 +46,8 @@ def repeat_every_s() -> float:
     return parse_duration(raw, ALERT_REPEAT_ENV) if raw else DEFAULT_REPEAT_S
 
 
-def asset_link(table: str, base: str | None = None) -> str:
-    return f"{base or ui_url()}/assets/outbox/{quote(table)}?view=checks"
+def asset_link(table_name: str, base: str | None = None) -> str:
+    return f"{base or ui_url()}/assets/outbox/{quote(table_name)}?view=checks"
 
 
 def run_link(run_id: str, base: str | None = None) -> str:

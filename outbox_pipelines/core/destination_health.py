@@ -68,19 +68,21 @@ class DestinationGuard:
     - the failure streak the ``destination`` check grades.
     """
 
-    def __init__(self, table: str, destination: str, *, threshold: int = 10, probe_interval_s: float = 10.0) -> None:
-        self.table = table
+    def __init__(self, table_name: str, destination: str, *, threshold: int = 10, probe_interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.table_name = table_name
         self.destination = display_name(destination)
         self.threshold, self.probe_interval_s = threshold, probe_interval_s
         self.circuit_open = False
         self._throttle_probe = False
         self._streak_open: bool | None = None  # unknown until the first write
+        self._clock = clock  # for the success write's interval only (tests pass a fake one)
         self._last_success_write = float("-inf")
 
     def gate(self, conn: psycopg.Connection, *, now: datetime | None = None) -> Gate:
         """Read before every claim: so every relay honours a pause or an open circuit within one claim."""
         shared = SharedTables(conn)
-        row = shared.destination_gate(self.table, now=now)
+        row = shared.destination_gate(self.table_name, now=now)
         if row is None:
             self.circuit_open = False
             return OPEN
@@ -96,7 +98,7 @@ class DestinationGuard:
                 self._throttle_probe = True
                 return Gate(0.0, 1, False, "throttled: one message first")
             return OPEN
-        if shared.take_destination_probe(self.table, probe_interval_s=self.probe_interval_s, now=now):
+        if shared.take_destination_probe(self.table_name, probe_interval_s=self.probe_interval_s, now=now):
             return Gate(0.0, 1, True, "circuit open: sending one probe")
         wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
         return Gate(max(wait, 0.05), 0, True, "circuit open: waiting for the next probe")
@@ -104,7 +106,7 @@ class DestinationGuard:
     def pause(self, conn: psycopg.Connection, delay_s: float, reason: str, *, now: datetime | None = None) -> None:
         """The destination asked to slow down: hold every relay of the table for ``delay_s``."""
         self._quietly(lambda: SharedTables(conn).pause_destination(
-            self.table, destination=self.destination, delay_s=delay_s, reason=reason[:200], now=now))
+            self.table_name, destination=self.destination, delay_s=delay_s, reason=reason[:200], now=now))
 
     def observe(self, conn: psycopg.Connection, outcomes: Sequence[Outcome], *, now: datetime | None = None) -> None:
         """Record a delivered batch: a destination failure, or a success that ends a streak."""
@@ -114,16 +116,21 @@ class DestinationGuard:
         elif failures:
             self._observe_failures(conn, outcomes, failures, now)
 
+    def _success_write_due(self) -> bool:
+        """A success is written when it ends something (a streak, an open circuit, a throttle) and
+        otherwise at most every SUCCESS_EVERY_S: a steady run of deliveries is not a write per batch."""
+        return (self._streak_open is not False or self.circuit_open or self._throttle_probe
+                or self._clock() - self._last_success_write >= SUCCESS_EVERY_S)
+
     def _observe_success(self, conn: psycopg.Connection, now: datetime | None) -> None:
         was_open = self.circuit_open
-        if self._streak_open is not False or was_open or self._throttle_probe or \
-                time.monotonic() - self._last_success_write >= SUCCESS_EVERY_S:
+        if self._success_write_due():
             self._throttle_probe = False
             written = self._quietly(lambda: SharedTables(conn).record_destination_success(
-                self.table, destination=self.destination, now=now))
-            if written is not None:
+                self.table_name, destination=self.destination, now=now))
+            if written:
                 self._streak_open = False
-                self._last_success_write = time.monotonic()
+                self._last_success_write = self._clock()
         self.circuit_open = False
         if was_open:
             self._retry_now(conn, now)
@@ -132,7 +139,7 @@ class DestinationGuard:
                           now: datetime | None) -> None:
         last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
         opened = self._quietly(lambda: SharedTables(conn).record_destination_failures(
-            self.table, destination=self.destination, failures=sum(failures.values()), codes=dict(failures),
+            self.table_name, destination=self.destination, failures=sum(failures.values()), codes=dict(failures),
             error=cap_error(redact_text(last) if last else None), threshold=self.threshold,
             probe_interval_s=self.probe_interval_s, now=now))
         self._streak_open = True
@@ -140,13 +147,14 @@ class DestinationGuard:
             if opened and not self.circuit_open:
                 log.warning("%s: the circuit opened after %d destination failures in a row (%s); one probe "
                             "message every %.0fs until one succeeds, no attempts spent meanwhile",
-                            self.table, self.threshold, ", ".join(failures), self.probe_interval_s)
+                            self.table_name, self.threshold, ", ".join(failures), self.probe_interval_s)
             self.circuit_open = opened
 
     def _retry_now(self, conn: psycopg.Connection, now: datetime | None) -> None:
-        pulled = OutboxTable(conn, self.table).retry_destination_failures_now(sorted(DESTINATION_FAILURES), now=now)
+        outbox_table = OutboxTable(conn, self.table_name)
+        pulled = outbox_table.retry_destination_failures_now(sorted(DESTINATION_FAILURES), now=now)
         log.warning("%s: the circuit closed: the destination answers again; %d messages waiting out a backoff "
-                    "are due now", self.table, pulled)
+                    "are due now", self.table_name, pulled)
 
     def _quietly(self, write: Callable[[], Written]) -> Written | None:
         """Bookkeeping never stops deliveries: a refused write is logged (a lost connection is not ours to hide)."""
@@ -155,7 +163,7 @@ class DestinationGuard:
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
-            log.warning("could not record the state of %s's destination: %s", self.table, exc)
+            log.warning("could not record the state of %s's destination: %s", self.table_name, exc)
             return None
 
 
@@ -184,12 +192,12 @@ class DestinationHealth:
         return self.paused_for_s is not None and self.paused_for_s > 0
 
 
-def read_health(conn: psycopg.Connection, table: str, now: datetime | None = None) -> DestinationHealth:
-    row = SharedTables(conn).read_destination_health(table, now=now)
+def read_health(conn: psycopg.Connection, table_name: str, now: datetime | None = None) -> DestinationHealth:
+    row = SharedTables(conn).read_destination_health(table_name, now=now)
     if row is None:
-        return DestinationHealth(table)
+        return DestinationHealth(table_name)
     return DestinationHealth(
-        table, row["destination"], row["failing_for_s"], row["consecutive_failures"],
+        table_name, row["destination"], row["failing_for_s"], row["consecutive_failures"],
         {k: int(v) for k, v in (row["error_codes"] or {}).items()}, row["last_error"], row["last_success_at"],
         row["paused_for_s"], row["circuit_opened_at"],
     )

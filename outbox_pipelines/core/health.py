@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 import psycopg
 
-from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.table import OutboxTable
@@ -56,32 +55,26 @@ class TableStatus:
         return data
 
 
-def table_status(
-    url: str, table: str, *, stuck_after_s: float = 600.0, window_s: float = LAG_WINDOW_S, now: datetime | None = None
-) -> TableStatus:
-    with connect(url) as conn:
-        return read_status(OutboxTable(conn, table), stuck_after_s=stuck_after_s, window_s=window_s, now=now)
-
-
 def read_status(
-    store: OutboxTable, *, stuck_after_s: float = 600.0, window_s: float = LAG_WINDOW_S, now: datetime | None = None,
-    count_sent: bool = False,
+    outbox_table: OutboxTable, *, stuck_after_s: float = 600.0, window_s: float = LAG_WINDOW_S,
+    now: datetime | None = None, count_sent: bool = False,
 ) -> TableStatus:
     """A table's health at a bounded cost; ``count_sent`` adds the exact sent count (a full scan)."""
-    snap = store.health_snapshot(stuck_after_s=stuck_after_s, window_s=window_s, sample=LAG_SAMPLE, now=now)
-    status = TableStatus(store.table, lag_window_s=window_s)
+    snap = outbox_table.health_snapshot(stuck_after_s=stuck_after_s, window_s=window_s, sample=LAG_SAMPLE, now=now)
+    status = TableStatus(outbox_table.table_name, lag_window_s=window_s)
     status.counts = {"pending": int(snap["pending"]), "retrying": int(snap["retrying"]),
                      "sending": int(snap["sending"]), "sent": 0, "dead": int(snap["dead"])}
     if count_sent:
-        status.counts["sent"] = store.sent_count()
+        status.counts["sent"] = outbox_table.sent_count()
     status.ready = int(snap["ready"])
     status.oldest_waiting_age_s = snap["oldest_waiting_age_s"]
     status.next_due_in_s = snap["next_due_in_s"]
     status.stuck = int(snap["stuck"])
     status.lag_sample = int(snap["lag_sample"])
     status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = snap["lag_p50"], snap["lag_p95"], snap["lag_p99"]
-    status.dead_by_code = {code: int(n) for code, n in sorted((snap["dead_by_code"] or {}).items(), key=lambda kv: -int(kv[1]))}
-    status.destination = read_health(store.conn, store.table, now=now)
+    dead_by_code = (snap["dead_by_code"] or {}).items()
+    status.dead_by_code = {code: int(n) for code, n in sorted(dead_by_code, key=lambda kv: -int(kv[1]))}
+    status.destination = read_health(outbox_table.conn, outbox_table.table_name, now=now)
     return status
 
 
@@ -218,5 +211,5 @@ def _fmt(value: float | None) -> str:
     return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f} min"
 
 
-def ready_count(conn: psycopg.Connection, table: str, paused_topics: tuple[str, ...] = ()) -> int:
-    return OutboxTable(conn, table).ready_count(paused_topics)
+def ready_count(conn: psycopg.Connection, table_name: str, paused_topics: tuple[str, ...] = ()) -> int:
+    return OutboxTable(conn, table_name).ready_count(paused_topics)

@@ -10,7 +10,7 @@ on-call hears about it (the Dagster layer marks its run failed and alerts).
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import psycopg
@@ -28,10 +28,10 @@ REMOTE_SILENT_AFTER_S = 60.0
 HOST = socket.gethostname()
 
 
-def register(conn: psycopg.Connection, worker: str, table: str, run_id: str | None, *,
+def register(conn: psycopg.Connection, worker: str, table_name: str, run_id: str | None, *,
              now: datetime | None = None) -> None:
-    SharedTables(conn).register_relay(worker=worker, table=table, run_id=run_id, pid=os.getpid(), host=HOST,
-                                      now=now)
+    SharedTables(conn).register_relay(worker=worker, table_name=table_name, run_id=run_id, pid=os.getpid(),
+                                      host=HOST, now=now)
 
 
 def heartbeat(conn: psycopg.Connection, worker: str, *, now: datetime | None = None) -> bool:
@@ -76,8 +76,8 @@ def _process_gone(pid: int | None) -> bool:
     return False
 
 
-def find_dead(conn: psycopg.Connection, *, now: datetime | None = None,
-              silent_after_s: float = SILENT_AFTER_S, remote_silent_after_s: float = REMOTE_SILENT_AFTER_S) -> list[DeadRelay]:
+def find_dead(conn: psycopg.Connection, *, now: datetime | None = None, silent_after_s: float = SILENT_AFTER_S,
+              remote_silent_after_s: float = REMOTE_SILENT_AFTER_S) -> list[DeadRelay]:
     """Relays that stopped heartbeating and whose process is gone (or, on another host, silent long enough)."""
     dead = []
     for row in SharedTables(conn).silent_relays(silent_after_s=silent_after_s, now=now):
@@ -99,13 +99,13 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
     """
     if not stopped(conn, relay.worker, f"presumed dead: no heartbeat for {relay.silent_s:.0f}s"):
         return None
-    table = OutboxTable(conn, relay.table)
+    outbox_table = OutboxTable(conn, relay.table)
     held = returned = 0
     try:
-        held = table.held_by(relay.worker)
+        held = outbox_table.held_by(relay.worker)
         while True:
-            rows = table.requeue_stuck("liveness", stuck_after_s=10 * 365 * 86400.0, max_attempts=max_attempts,
-                                       dead_holder=relay.worker)
+            rows = outbox_table.requeue_stuck("liveness", stuck_after_s=10 * 365 * 86400.0,
+                                              max_attempts=max_attempts, dead_holder=relay.worker)
             # Only this relay's rows that went back to pending (others' expired leases ride along).
             returned += sum(1 for r in rows if r["status"] == "pending" and r["previous_holder"] == relay.worker)
             if len(rows) < 1000:
@@ -113,10 +113,11 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
     except UnknownTable:
         pass  # the table is gone: nothing to return
     log.warning("relay %s of %s presumed dead; %d held rows returned", relay.worker, relay.table, returned)
-    return DeadRelay(**{**relay.__dict__, "held": held, "returned": returned})
+    return replace(relay, held=held, returned=returned)
 
 
-def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str, max_attempts_of: dict[str, int]) -> list[DeadRelay]:
+def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str,
+                              max_attempts_of: dict[str, int]) -> list[DeadRelay]:
     """A run its orchestrator declared failed: its relays that never said goodbye died with it.
 
     Buried at once (their rows return now, not after their lease), unless a relay's process is

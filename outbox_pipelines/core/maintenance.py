@@ -53,9 +53,9 @@ def requeue_stuck(
     """
     report = RequeueReport(table.name)
     with connect(url) as conn:
-        store = OutboxTable(conn, table.name)
+        outbox_table = OutboxTable(conn, table.name)
         while True:
-            rows = store.requeue_stuck(
+            rows = outbox_table.requeue_stuck(
                 MAINTENANCE_WORKER,
                 stuck_after_s=table.stuck_threshold_s,
                 max_attempts=table.retry.max_attempts,
@@ -135,10 +135,10 @@ def clean(
     retention = table.retention_s if retention_s is None else retention_s
     check_retention(table, retention, force=force)
     with connect(url) as conn:
-        store = OutboxTable(conn, table.name)
+        outbox_table = OutboxTable(conn, table.name)
         while True:
-            deleted = store.clean_sent(MAINTENANCE_WORKER, retention_s=retention, limit=batch_size,
-                                       tenant_id=tenant_id, now=now)
+            deleted = outbox_table.clean_sent(MAINTENANCE_WORKER, retention_s=retention, limit=batch_size,
+                                              tenant_id=tenant_id, now=now)
             report.deleted_sent += deleted
             report.batches += 1
             if progress and deleted:

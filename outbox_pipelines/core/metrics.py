@@ -1,4 +1,4 @@
-"""Prometheus metrics with the seeds' names (DESIGN.md §4.5).
+"""Prometheus metrics with the seeds' names (docs/design.md §4.5).
 
 Counters and histograms are updated where things happen; the per-table
 gauges (pending, locked, lag) are read from the database when scraped.
@@ -11,9 +11,13 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.health import read_status
+from outbox_pipelines.core.table import OutboxTable
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -48,11 +52,11 @@ _topics = BoundedLabels(TOPIC_LIMIT)
 _tenants = BoundedLabels(TENANT_LIMIT)
 
 
-def topic_label(table: str, topic: str) -> str:
-    return _topics(table, topic)
+def topic_label(table_name: str, topic: str) -> str:
+    return _topics(table_name, topic)
 
 
-def tenant_label(table: str, tenant: str | None) -> str:
+def tenant_label(table_name: str, tenant: str | None) -> str:
     """The tenant as metrics and logs show it: plain, hashed, or left out (OUTBOX_TENANT_LABEL)."""
     if not tenant:
         return ""
@@ -61,7 +65,7 @@ def tenant_label(table: str, tenant: str | None) -> str:
         return ""
     if mode == "hash":
         tenant = "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:10]
-    return _tenants(table, tenant)
+    return _tenants(table_name, tenant)
 
 
 ENQUEUED = Counter("outbox_enqueue_total", "Messages enqueued", ["table", "topic"], registry=REGISTRY)
@@ -79,28 +83,28 @@ RETRY_COUNT = Histogram(
     "outbox_retry_count", "Attempts a message had used when it was settled", ["table"], registry=REGISTRY,
     buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
 )
-def count_enqueued(table: str, topics: Iterable[str]) -> None:
+def count_enqueued(table_name: str, topics: Iterable[str]) -> None:
     """outbox_enqueue_total{table,topic}: one add per topic of the statement."""
     counts: dict[str, int] = {}
     for topic in topics:
-        label = topic_label(table, topic)
+        label = topic_label(table_name, topic)
         counts[label] = counts.get(label, 0) + 1
     for label, n in counts.items():
-        ENQUEUED.labels(table, label).inc(n)
+        ENQUEUED.labels(table_name, label).inc(n)
 
 
-def count_claim(table: str, claimed: int) -> None:
+def count_claim(table_name: str, claimed: int) -> None:
     if claimed:
-        DEQUEUED.labels(table, "success").inc(claimed)
+        DEQUEUED.labels(table_name, "success").inc(claimed)
     else:
-        DEQUEUED.labels(table, "empty").inc()
+        DEQUEUED.labels(table_name, "empty").inc()
 
 
 class BatchTally:
     """A settled batch's counters, added once per label set (per-message label lookups cost too much)."""
 
-    def __init__(self, table: str) -> None:
-        self.table = table
+    def __init__(self, table_name: str) -> None:
+        self.table_name = table_name
         self._counts: dict[tuple[str, str, str], int] = {}
         self._latency: dict[tuple[str, str], list[float]] = {}
         self._attempts: list[int] = []
@@ -110,7 +114,7 @@ class BatchTally:
     def add(self, message: Any, result: str, in_dispatch_s: float | None, *, final: bool = False) -> None:
         labels = self._labels.get((message.topic, message.tenant_id))
         if labels is None:
-            labels = (topic_label(self.table, message.topic), tenant_label(self.table, message.tenant_id))
+            labels = (topic_label(self.table_name, message.topic), tenant_label(self.table_name, message.tenant_id))
             self._labels[(message.topic, message.tenant_id)] = labels
         topic, tenant = labels
         key = (topic, tenant, result)
@@ -122,15 +126,15 @@ class BatchTally:
 
     def flush(self) -> None:
         for (topic, tenant, result), n in self._counts.items():
-            DISPATCHED.labels(self.table, topic, tenant, result).inc(n)
+            DISPATCHED.labels(self.table_name, topic, tenant, result).inc(n)
             if result == "dead":
-                DEAD.labels(self.table, topic).inc(n)
+                DEAD.labels(self.table_name, topic).inc(n)
         for (topic, result), values in self._latency.items():
-            child = DISPATCH_LATENCY.labels(self.table, topic, result)
+            child = DISPATCH_LATENCY.labels(self.table_name, topic, result)
             for value in values:
                 child.observe(value)
         if self._attempts:
-            child = RETRY_COUNT.labels(self.table)
+            child = RETRY_COUNT.labels(self.table_name)
             for attempts in self._attempts:
                 child.observe(attempts)
 
@@ -146,14 +150,10 @@ ORDER_BROKER_LATENCY = Histogram(
 class OutboxStateCollector(Collector):
     """outbox_pending_count, outbox_locked_count and outbox_lag_seconds, read at scrape time."""
 
-    def __init__(self, url: str, tables: Iterable[str]) -> None:
-        self.url, self.tables = url, list(tables)
+    def __init__(self, url: str, table_names: Iterable[str]) -> None:
+        self.url, self.table_names = url, list(table_names)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from outbox_pipelines.core.db import connect
-        from outbox_pipelines.core.health import read_status
-        from outbox_pipelines.core.table import OutboxTable
-
         pending = GaugeMetricFamily("outbox_pending_count", "Messages waiting (pending or retrying)", labels=["table"])
         locked = GaugeMetricFamily("outbox_locked_count", "Messages held by a relay (sending)", labels=["table"])
         inflight = GaugeMetricFamily("outbox_inflight", "Messages in sending (seed 000's name for locked)",
@@ -166,17 +166,19 @@ class OutboxStateCollector(Collector):
                                    "hold off (429)", labels=["table"])
         try:
             with connect(self.url) as conn:
-                for table in self.tables:
-                    status = read_status(OutboxTable(conn, table))
-                    pending.add_metric([table], status.backlog)
-                    locked.add_metric([table], status.counts.get("sending", 0))
-                    inflight.add_metric([table], status.counts.get("sending", 0))
-                    for quantile, value in (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s)):
+                for table_name in self.table_names:
+                    status = read_status(OutboxTable(conn, table_name))
+                    pending.add_metric([table_name], status.backlog)
+                    locked.add_metric([table_name], status.counts.get("sending", 0))
+                    inflight.add_metric([table_name], status.counts.get("sending", 0))
+                    quantiles = (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s))
+                    for quantile, value in quantiles:
                         if value is not None:
-                            lag.add_metric([table, quantile], value)
+                            lag.add_metric([table_name, quantile], value)
                     health = status.destination
-                    circuit.add_metric([table], 1.0 if health and health.circuit_opened_at else 0.0)
-                    paused.add_metric([table], health.paused_for_s if health and health.paused else 0.0)
+                    circuit.add_metric([table_name], 1.0 if health and health.circuit_opened_at else 0.0)
+                    paused_for_s = health.paused_for_s if health and health.paused else None
+                    paused.add_metric([table_name], paused_for_s or 0.0)
         except Exception:  # a scrape must not fail because the database is briefly away
             return
         yield pending
@@ -187,10 +189,10 @@ class OutboxStateCollector(Collector):
         yield paused
 
 
-def watch_tables(url: str, tables: Iterable[str]) -> None:
+def watch_tables(url: str, table_names: Iterable[str]) -> None:
     """Add the per-table gauges to this process's /metrics (once)."""
     if not any(isinstance(c, OutboxStateCollector) for c in list(REGISTRY._collector_to_names)):  # noqa: SLF001
-        REGISTRY.register(OutboxStateCollector(url, tables))
+        REGISTRY.register(OutboxStateCollector(url, table_names))
 
 
 def exposition() -> bytes:
@@ -199,8 +201,6 @@ def exposition() -> bytes:
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose /metrics on a port of its own (the relay worker's --metrics-port)."""
-    from prometheus_client import start_http_server
-
     start_http_server(port, addr=host, registry=REGISTRY)
 
 

@@ -7,8 +7,10 @@ they run before the schema that table.py's statements need exists.
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import MigrationError
@@ -44,44 +46,57 @@ def discover(directory: Path | None = None) -> list[Migration]:
     return found
 
 
+def _run(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One bootstrap.sql statement; its rows as dicts (none for a statement that returns nothing)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(shared_query(name), params)
+        return cur.fetchall() if cur.description else []
+
+
+def _check_unchanged(migration: Migration, recorded_checksum: str) -> None:
+    if recorded_checksum != migration.checksum:
+        raise MigrationError(
+            f"migration {migration.name} was edited after it was applied to this database "
+            f"(checksum {recorded_checksum[:12]} recorded, {migration.checksum[:12]} on disk). "
+            "Migrations are forward-only: restore the file and put the change in a new migration."
+        )
+
+
+def _apply(conn: psycopg.Connection, migration: Migration) -> None:
+    """Run the migration and record it in one transaction: all of it, or nothing."""
+    try:
+        with conn.transaction():
+            conn.execute(migration.sql)
+            _run(conn, "outbox_schema_migrations_record",
+                 {"version": migration.version, "name": migration.name, "checksum": migration.checksum})
+    except psycopg.Error as exc:
+        raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
+
+
 def upgrade(url: str, directory: Path | None = None) -> list[str]:
     """Apply every migration not yet applied; return the names applied now."""
     migrations = discover(directory)
     applied_now: list[str] = []
     with connect(url) as conn:
         # A session lock serialises concurrent upgrades; the loser sees the winner's rows.
-        conn.execute(shared_query("outbox_schema_migrations_lock"), {"key": MIGRATION_LOCK_KEY})
+        _run(conn, "outbox_schema_migrations_lock", {"key": MIGRATION_LOCK_KEY})
         try:
-            conn.execute(shared_query("outbox_schema_migrations_create"))
-            rows = conn.execute(shared_query("outbox_schema_migrations_applied")).fetchall()
-            applied = {row["version"]: row for row in rows}
+            _run(conn, "outbox_schema_migrations_create")
+            checksums = {row["version"]: row["checksum"] for row in _run(conn, "outbox_schema_migrations_applied")}
             for migration in migrations:
-                row = applied.get(migration.version)
-                if row is not None:
-                    if row["checksum"] != migration.checksum:
-                        raise MigrationError(
-                            f"migration {migration.name} was edited after it was applied to this database "
-                            f"(checksum {row['checksum'][:12]} recorded, {migration.checksum[:12]} on disk). "
-                            "Migrations are forward-only: restore the file and put the change in a new migration."
-                        )
+                if migration.version in checksums:
+                    _check_unchanged(migration, checksums[migration.version])
                     continue
-                try:
-                    with conn.transaction():
-                        conn.execute(migration.sql)
-                        conn.execute(shared_query("outbox_schema_migrations_record"), {
-                            "version": migration.version, "name": migration.name, "checksum": migration.checksum})
-                except psycopg.Error as exc:
-                    raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
+                _apply(conn, migration)
                 applied_now.append(migration.name)
         finally:
-            conn.execute(shared_query("outbox_schema_migrations_unlock"), {"key": MIGRATION_LOCK_KEY})
+            _run(conn, "outbox_schema_migrations_unlock", {"key": MIGRATION_LOCK_KEY})
     return applied_now
 
 
 def pending(url: str, directory: Path | None = None) -> list[str]:
     with connect(url) as conn:
-        exists = conn.execute(shared_query("outbox_schema_migrations_exists")).fetchone()
         applied = set()
-        if exists and exists["ok"]:
-            applied = {r["version"] for r in conn.execute(shared_query("outbox_schema_migrations_applied"))}
+        if _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
+            applied = {row["version"] for row in _run(conn, "outbox_schema_migrations_applied")}
     return [m.name for m in discover(directory) if m.version not in applied]

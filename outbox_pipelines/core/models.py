@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from outbox_pipelines.core.errors import InvalidMessage
 
-# What users and the CLI see (DESIGN.md §3.2).
+# What users and the CLI see (docs/design.md §3.2).
 STATES = ("pending", "retrying", "sending", "sent", "dead")
 
 AUDIT_SUCCESS = "outbox_flush_success"
@@ -17,7 +17,7 @@ AUDIT_DEDUP_HIT = "outbox_flush_dedup_hit"
 AUDIT_DB_TIMEOUT = "outbox_flush_db_timeout"
 AUDIT_DB_ERROR = "outbox_flush_db_error"
 
-# Error codes (DESIGN.md §3.4).
+# Error codes (docs/design.md §3.4).
 CONFLICT_PROCESSED = "CONFLICT_PROCESSED"
 RATE_LIMITED = "RATE_LIMITED"
 BROKER_5XX = "BROKER_5XX"

@@ -52,6 +52,6 @@ def table_identifier(name: str) -> sql.Identifier:
     return sql.Identifier(validate_table_name(name))
 
 
-def notify_channel(table: str) -> str:
-    """The LISTEN/NOTIFY channel the insert trigger of ``table`` signals."""
-    return "outbox:" + validate_table_name(table)
+def notify_channel(table_name: str) -> str:
+    """The LISTEN/NOTIFY channel the insert trigger of ``table_name`` signals."""
+    return "outbox:" + validate_table_name(table_name)

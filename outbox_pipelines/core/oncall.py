@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from outbox_pipelines.core import liveness
-from outbox_pipelines.core.alerts import Condition, announce, announce_event, asset_link, run_link
+from outbox_pipelines.core.alerts import Condition, Severity, announce, announce_event, asset_link, run_link
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.health import CheckVerdict, evaluate_checks, read_status
@@ -21,7 +21,8 @@ from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.oncall")
 
-SEVERITY = {"ok": "ok", "warn": "warning", "error": "error"}
+# A check's grade as an alert's severity.
+SEVERITY: dict[str, Severity] = {"ok": "ok", "warn": "warning", "error": "error"}
 
 
 @dataclass
@@ -33,17 +34,18 @@ class SweepReport:
     problems: list[str] = field(default_factory=list)
 
 
-def check_condition(table: str, verdict: CheckVerdict) -> Condition:
+def check_condition(table_name: str, verdict: CheckVerdict) -> Condition:
     return Condition(
-        key=f"check:{table}:{verdict.name}", severity=SEVERITY[verdict.severity],  # type: ignore[arg-type]
-        summary=verdict.description, kind="check", link=asset_link(table), table=table, check=verdict.name,
+        key=f"check:{table_name}:{verdict.name}", severity=SEVERITY[verdict.severity],
+        summary=verdict.description, kind="check", link=asset_link(table_name), table=table_name, check=verdict.name,
         figures={k: v for k, v in verdict.metadata.items() if v is not None},
     )
 
 
 def relay_died_condition(relay: liveness.DeadRelay) -> Condition:
     who = f"relay run {relay.run_id[:8]}" if relay.run_id else f"relay {relay.worker}"
-    why = f"no heartbeat for {relay.silent_s:.0f} s and its process is gone" if relay.silent_s else "its process is gone"
+    why = (f"no heartbeat for {relay.silent_s:.0f} s and its process is gone" if relay.silent_s
+           else "its process is gone")
     summary = (f"{relay.table}: {who} died ({why}) after "
                f"running {relay.ran_s / 60:.1f} min; it held {relay.held} message{'s' if relay.held != 1 else ''}, "
                f"{relay.returned} returned to pending for the next relay. If it happens again, read the run's logs "
@@ -85,7 +87,8 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
     return report
 
 
-def relays_died_with_run(url: str, settings: Settings, run_id: str, *, webhook_url: str | None = None) -> list[dict[str, Any]]:
+def relays_died_with_run(url: str, settings: Settings, run_id: str, *,
+                         webhook_url: str | None = None) -> list[dict[str, Any]]:
     """A failed run whose relay never said goodbye (SIGKILL, OOM): return its rows now and tell on-call
     that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
     max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}

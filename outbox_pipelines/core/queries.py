@@ -1,8 +1,8 @@
 """Named queries from sql/queries/*.sql, composed per table with a quoted identifier.
 
 Loading and composing only: core/table.py is the engine module that runs them
-(bootstrap.sql's aside, which run before the schema exists: core/db.py and
-core/migrate.py), and the order wing runs ledger.sql's.
+(bootstrap.sql's aside, which run before the schema exists: core/db.py,
+core/migrate.py and dagster_home.py), and the order wing runs ledger.sql's.
 """
 
 from functools import cache, lru_cache
@@ -49,13 +49,13 @@ def named_queries() -> dict[str, str]:
 
 
 @lru_cache(maxsize=1024)
-def table_query(name: str, table: str) -> str:
-    """The named query with ``{table}`` bound to the validated, quoted table name.
+def table_query(name: str, table_name: str) -> str:
+    """The named query with ``{table}`` bound to the quoted table name (validated by ``OutboxTable``).
 
     Rendered to text once: psycopg then reuses its parse of the query (and its
     server-side prepared statement) instead of re-composing it on every call.
     """
-    return sql.SQL(named_queries()[name]).format(table=table_identifier(table)).as_string(None)
+    return sql.SQL(named_queries()[name]).format(table=table_identifier(table_name)).as_string(None)
 
 
 def shared_query(name: str) -> sql.SQL:

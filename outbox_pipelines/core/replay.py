@@ -26,7 +26,6 @@ import psycopg
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import OutboxError
-from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 REPLAY_WORKER = "replay"
@@ -34,7 +33,7 @@ REPLAY_WORKER = "replay"
 # Rows listed (with their details) in a report; every row is counted.
 LIST_LIMIT = 100
 
-# The codes a dead row can carry, from core/models.py (DESIGN.md §3.4) and the
+# The codes a dead row can carry, from core/models.py (docs/design.md §3.4) and the
 # places that write codes of their own: http_outcomes.py ("CONFLICT", a 409
 # without "already processed"), relay.py ("DB_ERROR"), the stuck requeue
 # ("LEASE_EXPIRED") and PermanentError's default ("PERMANENT"). Handlers may
@@ -222,7 +221,8 @@ class ReplayReport:
     @property
     def summary(self) -> str:
         verb = "would replay" if self.dry_run else "replayed"
-        text = f"{self.table}: {self.matched} dead rows matched, {verb} {self.replayed if not self.dry_run else self.would_replay}"
+        moved = self.would_replay if self.dry_run else self.replayed
+        text = f"{self.table}: {self.matched} dead rows matched, {verb} {moved}"
         if self.refused:
             text += f", refused {self.refused} BAD_REQUEST rows (use --force / force: true to replay them)"
         return text
@@ -244,7 +244,7 @@ class ReplayReport:
         }
 
 
-def resolve_error_code(code: str, dead_codes: list[str], table: str) -> str:
+def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str:
     """The code as the filter uses it (upper case when known), or ReplayRefused listing the codes that exist."""
     wanted = code.strip()
     known = {c.upper(): c for c in KNOWN_ERROR_CODES}
@@ -256,7 +256,7 @@ def resolve_error_code(code: str, dead_codes: list[str], table: str) -> str:
     in_table = ", ".join(sorted(dead_codes)) or "none (the table has no dead rows)"
     raise ReplayRefused(
         f"error code {wanted!r} is unknown: known codes are {', '.join(KNOWN_ERROR_CODES)}; "
-        f"dead rows of {table} have: {in_table} (codes match case-insensitively)"
+        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)"
     )
 
 
@@ -269,14 +269,15 @@ def check_filter(selection: ReplayFilter, *, allow_all: bool) -> None:
         )
     for value in selection.ids or ():
         check_row_id(value)
-    if isinstance(selection.since, datetime) and isinstance(selection.until, datetime) and selection.since >= selection.until:
-        raise ReplayRefused(f"since ({iso(selection.since)}) must be before until ({iso(selection.until)}): nothing can match")
+    since, until = selection.since, selection.until
+    if isinstance(since, datetime) and isinstance(until, datetime) and since >= until:
+        raise ReplayRefused(f"since ({iso(since)}) must be before until ({iso(until)}): nothing can match")
 
 
 def _resolve_times(selection: ReplayFilter, conn: psycopg.Connection, now: datetime | None) -> ReplayFilter:
     if not isinstance(selection.since, timedelta) and not isinstance(selection.until, timedelta):
         return selection
-    if now is None:  # the database's clock, never the application's (DESIGN.md §3.2)
+    if now is None:  # the database's clock, never the application's (docs/design.md §3.2)
         now = SharedTables(conn).database_now()
     since, until = (now - v if isinstance(v, timedelta) else v for v in (selection.since, selection.until))
     resolved = replace(selection, since=since, until=until)
@@ -292,7 +293,7 @@ def _resolved(bound: datetime | timedelta | None) -> datetime | None:
 
 def replay_dead(
     url: str,
-    table: str,
+    table_name: str,
     selection: ReplayFilter,
     *,
     dry_run: bool = False,
@@ -308,20 +309,19 @@ def replay_dead(
     invalid and replaying it will fail the same way. An empty filter is refused
     (ReplayRefused) unless ``allow_all``; so is an unknown error code.
     """
-    validate_table_name(table)
     check_filter(selection, allow_all=allow_all)
     as_given = selection
     with connect(url) as conn:
-        store = OutboxTable(conn, table)
+        outbox_table = OutboxTable(conn, table_name)
         selection = _resolve_times(selection, conn, now)
         if selection.error_code is not None:
-            dead_codes = list(store.dead_counts_by_code())
-            code = resolve_error_code(selection.error_code, dead_codes, table)
+            dead_codes = list(outbox_table.dead_counts_by_code())
+            code = resolve_error_code(selection.error_code, dead_codes, table_name)
             selection = replace(selection, error_code=code)
-        report = ReplayReport(table, dry_run, filter=selection.describe(as_given), selection=selection)
+        report = ReplayReport(table_name, dry_run, filter=selection.describe(as_given), selection=selection)
         after_id = 0
         while True:
-            rows = store.replay_dead(
+            rows = outbox_table.replay_dead(
                 actor,
                 after_id=after_id,
                 ids=selection.ids,

@@ -1,8 +1,9 @@
-"""Backoff and retry horizons (DESIGN.md §3.5)."""
+"""Backoff and retry horizons (docs/design.md §3.5)."""
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from outbox_pipelines.core.errors import ConfigError
 
@@ -42,17 +43,18 @@ class RetryPolicy:
             1.0 + self.jitter
         )
 
-    def check_inside_window(self, window_s: float = IDEMPOTENCY_WINDOW_S, table: str = "") -> None:
+    def check_inside_window(self, window_s: float = IDEMPOTENCY_WINDOW_S, table_name: str = "") -> None:
         horizon = self.horizon_s()
         if horizon >= window_s * 0.5:
             raise ConfigError(
-                f"{table or 'table'}: retries may go on for {horizon / 3600:.1f} h, which is not well inside "
+                f"{table_name or 'table'}: retries may go on for {horizon / 3600:.1f} h, which is not well inside "
                 f"the destination's idempotency window of {window_s / 3600:.0f} h; a late retry could run twice. "
                 "Lower max_attempts or max backoff."
             )
 
     def with_overrides(self, **overrides: float | int | None) -> "RetryPolicy":
-        chosen = {key: value for key, value in overrides.items() if value is not None}
+        # Any: each key is a field of its own type (replace checks the names at run time).
+        chosen: dict[str, Any] = {key: value for key, value in overrides.items() if value is not None}
         return replace(self, **chosen).validate()
 
 

@@ -11,7 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 from urllib.parse import urlsplit
 
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
@@ -67,6 +67,10 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -
     return value
 
 
+@overload
+def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool: ...
+@overload
+def env_bool(env: Mapping[str, str], name: str, default: None) -> bool | None: ...
 def env_bool(env: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     """A true/false variable (unset or empty: ``default``), or ConfigError saying what is wrong."""
     raw = _env(env, name)
@@ -81,10 +85,11 @@ def env_bool(env: Mapping[str, str], name: str, default: bool | None) -> bool | 
 
 @dataclass(frozen=True)
 class GlobalSettings:
-    """The seeds' environment variables (DESIGN.md §4.4) with their defaults."""
+    """The seeds' environment variables (docs/design.md §4.4) with their defaults."""
 
     batch_size: int = 100
-    parallelism: int = 4
+    # OUTBOX_PARALLELISM: a handlers table's threads, unless its section sets ``parallelism``.
+    handler_threads: int = 4
     retry_max: int | None = None
     idle_sleep_s: float = 0.2
     stuck_threshold_s: float = 600.0
@@ -107,12 +112,13 @@ class GlobalSettings:
         relay_max = _env(env, "OUTBOX_RELAY_MAX_ATTEMPTS")
         return cls(
             batch_size=env_int(env, "OUTBOX_BATCH_SIZE", env_int(env, "OUTBOX_RELAY_BATCH_SIZE", 100)),
-            parallelism=env_int(env, "OUTBOX_PARALLELISM", 4),
+            handler_threads=env_int(env, "OUTBOX_PARALLELISM", 4),
             retry_max=env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
             idle_sleep_s=env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
             stuck_threshold_s=env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
             relay_enabled=env_bool(env, "OUTBOX_RELAY_ENABLED", True),
-            poll_interval_s=parse_duration(_env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s", "OUTBOX_RELAY_POLL_INTERVAL"),
+            poll_interval_s=parse_duration(_env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s",
+                                           "OUTBOX_RELAY_POLL_INTERVAL"),
             lock_ttl_s=parse_duration(_env(env, "OUTBOX_RELAY_LOCK_TTL") or "60s", "OUTBOX_RELAY_LOCK_TTL"),
             relay_max_attempts=env_int(env, "OUTBOX_RELAY_MAX_ATTEMPTS", 25) if relay_max else None,
             cleaner_enabled=env_bool(env, "OUTBOX_CLEANER_ENABLED", True),
@@ -202,14 +208,15 @@ class TableSettings:
     transport: str = "aiohttp-native"
     preset: str = "generic"
     retry: RetryPolicy = field(default_factory=lambda: preset("generic"))
-    # Seed 004 / DESIGN §2: one active relay per table unless a table says competing.
+    # Seed 004 / docs/design.md §2: one active relay per table unless a table says competing.
     mode: str = "single-active"
     on_success: str = "mark_sent"
     dedup: bool = False
     batch_size: int = 100
-    parallelism: int = 4
-    # Requests in flight at once for an HTTP destination.
-    concurrency: int = 32
+    # Threads running an in-process handlers destination (the ``parallelism`` key, OUTBOX_PARALLELISM).
+    handler_threads: int = 4
+    # Requests in flight at once for an HTTP destination (the ``concurrency`` key).
+    requests_in_flight: int = 32
     lease_s: float = 60.0
     stuck_threshold_s: float = 600.0
     retention_s: float = 168 * 3600.0
@@ -308,7 +315,8 @@ def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
     tables = data.get("tables", {})
     unknown_top = set(data) - {"tables"}
     if unknown_top:
-        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)}; put table settings under [tables.NAME]")
+        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)}; "
+                          "put table settings under [tables.NAME]")
     if not isinstance(tables, dict):
         raise ConfigError(f"{path}: [tables] must be a table of tables")
     for name, section in tables.items():
@@ -318,14 +326,15 @@ def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"{path}: [tables.{name}]: {exc}") from None
         unknown = set(section) - TABLE_KEYS
         if unknown:
-            raise ConfigError(f"{path}: [tables.{name}] has unknown keys {sorted(unknown)}; known keys: {sorted(TABLE_KEYS)}")
+            raise ConfigError(f"{path}: [tables.{name}] has unknown keys {sorted(unknown)}; "
+                              f"known keys: {sorted(TABLE_KEYS)}")
     return tables
 
 
 def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
         raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-    return value
+    return str(value)
 
 
 def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:
@@ -349,21 +358,23 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
     url_source = f"{where} url"
     from_env = section.get("url_from_env")
     if url is None and from_env in URL_FROM_ENV:
-        # A shipped table whose URL, unless its section sets one, comes from a variable (the orders table: OUTBOX_BROKER_URL).
+        # A shipped table whose URL, unless its section sets one, comes from a variable
+        # (the orders table: OUTBOX_BROKER_URL).
         url, url_source = getattr(env, from_env), URL_FROM_ENV[from_env]
     if destination == "http" and not url:
         # An HTTP table with no URL falls back to the paper broker (the seed's default).
         destination = "paper"
     if destination in URL_DESTINATIONS and url:
         check_destination_credentials(url_source, url, env)
-        policy.check_inside_window(table=name)
+        policy.check_inside_window(table_name=name)
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
     return destination, url
 
 
 def _thresholds(section: Mapping[str, Any], where: str) -> CheckThresholds:
-    thresholds: dict[str, float | int] = {}
+    # Any: durations are floats, counts ints, each the type of its CheckThresholds field.
+    thresholds: dict[str, Any] = {}
     for key, (attribute, kind) in THRESHOLD_KEYS.items():
         if key in section:
             value = parse_duration(section[key], f"{where} {key}") if kind == "duration" else section[key]
@@ -399,10 +410,11 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
         dedup=bool(section.get("dedup", False)),
         batch_size=int(section.get("batch_size", env.batch_size)),
-        parallelism=int(section.get("parallelism", env.parallelism)),
-        concurrency=int(section.get("concurrency", 32)),
+        handler_threads=int(section.get("parallelism", env.handler_threads)),
+        requests_in_flight=int(section.get("concurrency", 32)),
         lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),
-        stuck_threshold_s=parse_duration(section.get("stuck_threshold", env.stuck_threshold_s), f"{where} stuck_threshold"),
+        stuck_threshold_s=parse_duration(section.get("stuck_threshold", env.stuck_threshold_s),
+                                         f"{where} stuck_threshold"),
         retention_s=parse_duration(section.get("retention", env.cleaner_retention_s), f"{where} retention"),
         paused_topics=paused,
         relay_enabled=bool(section.get("relay_enabled", env.relay_enabled)),

@@ -3,9 +3,10 @@
 
 This is the one engine module that names queries (sql/queries/*.sql). The
 order wing's ledger keeps its own (ledger.sql), and the statements that run
-before the schema exists are bootstrap.sql's, read by core/db.py and
-core/migrate.py. ``now`` parameters exist for tests that move database time;
-production passes None and every statement uses the server's ``now()``.
+before the schema exists are bootstrap.sql's, read by core/db.py,
+core/migrate.py and dagster_home.py. ``now`` parameters exist for tests that
+move database time; production passes None and every statement uses the
+server's ``now()``.
 """
 
 from collections.abc import Sequence
@@ -27,10 +28,10 @@ Row = dict[str, Any]
 Statement = str | sql.SQL | sql.Composed
 
 
-def unknown_table(table: str) -> UnknownTable:
+def unknown_table(table_name: str) -> UnknownTable:
     return UnknownTable(
-        f"outbox table {table!r} does not exist: run 'outbox-pipelines db upgrade', "
-        f"or 'outbox-pipelines db create-table {table}' for a new table"
+        f"outbox table {table_name!r} does not exist: run 'outbox-pipelines db upgrade', "
+        f"or 'outbox-pipelines db create-table {table_name}' for a new table"
     )
 
 
@@ -62,21 +63,25 @@ def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any
 
 
 class OutboxTable:
-    """Enqueue into, claim, settle and maintain one outbox table through one psycopg connection."""
+    """Enqueue into, claim, settle and maintain one outbox table through one psycopg connection.
 
-    def __init__(self, conn: psycopg.Connection, table: str) -> None:
+    The table's name is validated here, where it enters the engine; the statements
+    below quote it as an identifier and do not check it again.
+    """
+
+    def __init__(self, conn: psycopg.Connection, table_name: str) -> None:
         self.conn = conn
-        self.table = validate_table_name(table)
+        self.table_name = validate_table_name(table_name)
 
     def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
         try:
-            return _fetch(self.conn, table_query(query, self.table), {"table_name": self.table, **params})
+            return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params})
         except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table) from None
+            raise unknown_table(self.table_name) from None
 
     def _run_shared(self, query: str, params: dict[str, Any]) -> list[Row]:
         """A statement of the shared tables about this table (its lock, its audit rows)."""
-        return _fetch(self.conn, shared_query(query), {"table_name": self.table, **params})
+        return _fetch(self.conn, shared_query(query), {"table_name": self.table_name, **params})
 
     # -- enqueue -------------------------------------------------------------
     def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
@@ -337,9 +342,9 @@ class SharedTables:
         return float(self._run("database_seconds_until", {"at": at, "now": now})[0]["seconds"])
 
     # -- relay liveness (outbox_relay_workers) -------------------------------
-    def register_relay(self, *, worker: str, table: str, run_id: str | None, pid: int, host: str,
+    def register_relay(self, *, worker: str, table_name: str, run_id: str | None, pid: int, host: str,
                        now: datetime | None = None) -> None:
-        self._run("outbox_relay_workers_register", {"worker": worker, "table_name": table, "run_id": run_id,
+        self._run("outbox_relay_workers_register", {"worker": worker, "table_name": table_name, "run_id": run_id,
                                                      "pid": pid, "host": host, "now": now})
 
     def heartbeat_relay(self, worker: str, *, now: datetime | None = None) -> bool:
@@ -358,36 +363,38 @@ class SharedTables:
         return self._run("outbox_relay_workers_by_run", {"run_id": run_id})
 
     # -- destination health (outbox_destination_health) ---------------------
-    def destination_gate(self, table: str, *, now: datetime | None = None) -> Row | None:
+    def destination_gate(self, table_name: str, *, now: datetime | None = None) -> Row | None:
         """The table's pause and circuit, with the database's ``now``; None if never recorded."""
-        rows = self._run("outbox_destination_gate", {"table_name": table, "now": now})
+        rows = self._run("outbox_destination_gate", {"table_name": table_name, "now": now})
         return rows[0] if rows else None
 
-    def take_destination_probe(self, table: str, *, probe_interval_s: float, now: datetime | None = None) -> bool:
+    def take_destination_probe(self, table_name: str, *, probe_interval_s: float,
+                               now: datetime | None = None) -> bool:
         """True if this relay may send the open circuit's next probe (the next one is then due later)."""
         return self._count("outbox_destination_take_probe",
-                           {"table_name": table, "probe_interval_s": probe_interval_s, "now": now}) > 0
+                           {"table_name": table_name, "probe_interval_s": probe_interval_s, "now": now}) > 0
 
-    def pause_destination(self, table: str, *, destination: str, delay_s: float, reason: str,
+    def pause_destination(self, table_name: str, *, destination: str, delay_s: float, reason: str,
                           now: datetime | None = None) -> None:
-        self._run("outbox_destination_pause", {"table_name": table, "destination": destination,
+        self._run("outbox_destination_pause", {"table_name": table_name, "destination": destination,
                                                "delay_s": delay_s, "reason": reason, "now": now})
 
-    def record_destination_success(self, table: str, *, destination: str, now: datetime | None = None) -> None:
-        self._run("outbox_destination_health_success", {"table_name": table, "destination": destination,
-                                                        "now": now})
+    def record_destination_success(self, table_name: str, *, destination: str, now: datetime | None = None) -> bool:
+        """End the failure streak and close the circuit; True once written (the row is upserted)."""
+        return self._count("outbox_destination_health_success",
+                           {"table_name": table_name, "destination": destination, "now": now}) > 0
 
-    def record_destination_failures(self, table: str, *, destination: str, failures: int, codes: dict[str, int],
-                                    error: str | None, threshold: int, probe_interval_s: float,
-                                    now: datetime | None = None) -> bool:
+    def record_destination_failures(self, table_name: str, *, destination: str, failures: int,
+                                    codes: dict[str, int], error: str | None, threshold: int,
+                                    probe_interval_s: float, now: datetime | None = None) -> bool:
         """Extend the failure streak by ``failures``; True if the circuit is open now."""
         rows = self._run("outbox_destination_health_failure", {
-            "table_name": table, "destination": destination, "failures": failures, "codes": Jsonb(codes),
+            "table_name": table_name, "destination": destination, "failures": failures, "codes": Jsonb(codes),
             "error": error, "threshold": threshold, "probe_interval_s": probe_interval_s, "now": now})
         return bool(rows[0]["circuit_open"])
 
-    def read_destination_health(self, table: str, *, now: datetime | None = None) -> Row | None:
-        rows = self._run("outbox_destination_health_read", {"table_name": table, "now": now})
+    def read_destination_health(self, table_name: str, *, now: datetime | None = None) -> Row | None:
+        rows = self._run("outbox_destination_health_read", {"table_name": table_name, "now": now})
         return rows[0] if rows else None
 
     # -- alert memory (outbox_alert_state) -----------------------------------
@@ -413,11 +420,15 @@ class SharedTables:
         """Tables of the current schema that carry the outbox's notify trigger."""
         return [row["table_name"] for row in self._run("outbox_tables_list", {})]
 
-    def find_relation(self, table: str) -> Row | None:
-        """What already bears the (validated) name ``table`` here, if anything: kind, schema, columns."""
-        rows = self._run("pg_class_find_relation", {"quoted_name": f'"{validate_table_name(table)}"'})
+    def find_relation(self, table_name: str) -> Row | None:
+        """What already bears the name ``table_name`` here, if anything: kind, schema, columns."""
+        rows = self._run("pg_class_find_relation", {"table_name": table_name})
         return rows[0] if rows else None
 
-    def create_outbox_table(self, table: str, *, dedup_index: bool) -> None:
-        """Create the table of the canonical shape, or check the indexes and trigger of the one that exists."""
-        self._run("outbox_table_create", {"table_name": validate_table_name(table), "dedup_index": dedup_index})
+    def create_outbox_table(self, table_name: str, *, dedup_index: bool) -> None:
+        """Create the table of the canonical shape, or check the indexes and trigger of the one that exists.
+
+        The SQL function refuses a name that is not a plain identifier; the reserved names are
+        the caller's to refuse (core/schema.py, where the name comes in).
+        """
+        self._run("outbox_table_create", {"table_name": table_name, "dedup_index": dedup_index})

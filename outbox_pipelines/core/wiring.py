@@ -42,7 +42,7 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         return HttpDestination(
             table.url,
             timeout_s=table.timeout_s,
-            parallelism=table.concurrency,
+            max_in_flight=table.requests_in_flight,
             token=settings.env.broker_token,
             transport=table.transport,
         )
@@ -50,5 +50,5 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         return build_wing_destination(table, settings)
     if table.destination == "handlers":
         assert table.handlers
-        return HandlerDestination(load_registry(table.handlers), name=table.handlers, parallelism=table.parallelism)
+        return HandlerDestination(load_registry(table.handlers), name=table.handlers, threads=table.handler_threads)
     return PaperBroker()

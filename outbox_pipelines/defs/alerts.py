@@ -29,17 +29,19 @@ RECORD_EVERY_S = 60.0
 SWEEP_EVERY_S = 15
 
 
-def _check_evaluations(report: SweepReport, recorded: dict[str, list[Any]], now: float) -> list[dg.AssetCheckEvaluation]:
+def _check_evaluations(
+    report: SweepReport, recorded: dict[str, list[Any]], now: float
+) -> list[dg.AssetCheckEvaluation]:
     events = []
-    for table, verdicts in report.verdicts.items():
+    for table_name, verdicts in report.verdicts.items():
         for verdict in verdicts:
-            key = f"{table}:{verdict.name}"
+            key = f"{table_name}:{verdict.name}"
             last_severity, last_at = recorded.get(key, (None, 0.0))
             if last_severity == verdict.severity and now - last_at < RECORD_EVERY_S:
                 continue
             recorded[key] = [verdict.severity, now]
             events.append(dg.AssetCheckEvaluation(
-                asset_key=table_asset_key(table), check_name=verdict.name, passed=verdict.passed,
+                asset_key=table_asset_key(table_name), check_name=verdict.name, passed=verdict.passed,
                 severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
                 description=verdict.description, metadata=check_metadata(verdict.metadata),
             ))
@@ -66,7 +68,7 @@ def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport)
                  "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
                  "(resolved)."),
 )
-def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase):
+def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase) -> dg.SensorResult:
     report = outbox_db.sweep()
     _fail_runs_of_dead_relays(context.instance, report)
     state = json.loads(context.cursor) if context.cursor else {}
@@ -86,7 +88,7 @@ def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None)
         data = event.step_failure_data if event is not None else None
         if data is not None and data.error is not None:
             cause = data.error.cause or data.error
-            while cause.cause is not None and "dagster" in cause.cls_name.lower():
+            while cause.cause is not None and "dagster" in (cause.cls_name or "").lower():
                 cause = cause.cause
             user = data.user_failure_data
             if user is not None and user.description:
@@ -103,7 +105,7 @@ def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None)
     minimum_interval_seconds=10,
     monitor_all_code_locations=False,
 )
-def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDatabase):
+def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDatabase) -> dg.SkipReason | None:
     run = context.dagster_run
     if run.tags.get(FAILURE_TAG):
         return dg.SkipReason(f"run {run.run_id[:8]} already reported ({run.tags[FAILURE_TAG]})")
@@ -121,15 +123,16 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxData
         # on the way out; a stop is not a fault. A killed relay raises nothing and is told as relay_died.
         context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "interrupted_by_stop"})
         return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed")
-    table = run.tags.get(TABLE_TAG)
+    table_name = run.tags.get(TABLE_TAG)
     stats = context.instance.get_run_stats(run.run_id)
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
-    where = f" of {table}" if table else ""
+    where = f" of {table_name}" if table_name else ""
     condition = Condition(
-        key=f"run:{run.run_id}", severity="error", kind="run_failure", link=run_link(run.run_id), table=table,
+        key=f"run:{run.run_id}", severity="error", kind="run_failure", link=run_link(run.run_id), table=table_name,
         job=run.job_name, run_id=run.run_id,
         summary=(f"{run.job_name}{where} failed (run {run.run_id[:8]}): {cause}. Open the run for its logs; "
                  "scheduled jobs run again on their own."),
         figures={"ran_s": round(ran_s, 1) if ran_s is not None else None},
     )
     announce_event(condition, now=datetime.now(UTC))
+    return None

@@ -1,10 +1,12 @@
 """backfill_job: re-deliver the sent messages of one day (a partition) to a chosen destination."""
 
+from collections.abc import Iterator
 
 import dagster as dg
 
 from outbox_pipelines.core.backfill import redeliver_sent
 from outbox_pipelines.core.destinations import HttpDestination
+from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
@@ -22,15 +24,18 @@ class BackfillConfig(dg.Config):
 @dg.op(description="Deliver again, with the same idempotency keys, the messages sent on the partition's day.",
        out=dg.Out(dg.Nothing))
 def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_db: OutboxDatabase,
-                outbox_destinations: OutboxDestinations):
+                outbox_destinations: OutboxDestinations) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     window = context.partition_time_window
+    destination: Destination
     if config.destination_url:
-        destination = HttpDestination(config.destination_url, timeout_s=table.timeout_s, parallelism=table.concurrency)
+        destination = HttpDestination(config.destination_url, timeout_s=table.timeout_s,
+                                      max_in_flight=table.requests_in_flight)
     else:
         destination = outbox_destinations.for_table(table, settings)
-    context.log.info(f"re-delivering {table.name} messages sent in [{window.start}, {window.end}) to {destination.name}")
+    context.log.info(f"re-delivering {table.name} messages sent in [{window.start}, {window.end}) "
+                     f"to {destination.name}")
     try:
         report = redeliver_sent(outbox_db.database_url(), table.name, destination, window.start, window.end,
                                 batch_size=config.batch_size, progress=context.log.info,
@@ -40,7 +45,8 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_d
     if report.found == 0:
         context.log.warning(f"{table.name}: no message was sent on {context.partition_key}; nothing to backfill")
     elif report.failed:
-        context.log.warning(f"{table.name}: {report.failed} of {report.found} deliveries failed: {report.failures_by_code}")
+        context.log.warning(f"{table.name}: {report.failed} of {report.found} deliveries failed: "
+                            f"{report.failures_by_code}")
     yield dg.Output(None, metadata=metadata_values({
         "table": table.name, "day": context.partition_key, "destination": destination.name, "found": report.found,
         "delivered": report.delivered, "failed": report.failed, "failures_by_code": report.failures_by_code or None,
@@ -51,7 +57,7 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_d
 def backfill_jobs() -> list[dg.JobDefinition]:
     @dg.job(description="Re-deliver one day's sent messages (partitioned by day).",
             partitions_def=BACKFILL_PARTITIONS, executor_def=dg.in_process_executor)
-    def backfill_job():
+    def backfill_job() -> None:
         backfill_op()
 
     return [backfill_job]

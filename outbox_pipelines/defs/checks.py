@@ -1,5 +1,7 @@
 """Each outbox table is an observed asset with four checks: lag, dead letters, stuck, backlog."""
 
+from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -19,7 +21,7 @@ CHECK_DESCRIPTIONS = {
 }
 
 
-def check_metadata(values: dict) -> dict:
+def check_metadata(values: dict[str, Any]) -> dict[str, Any]:
     """Measurements as numbers (the UI plots them); thresholds as text (a flat line is noise)."""
     measured = {k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s"))
                 and v is not None}
@@ -27,32 +29,34 @@ def check_metadata(values: dict) -> dict:
     return {**metadata_values(measured), **limits}
 
 
-def table_asset(table: str) -> dg.AssetSpec:
+def table_asset(table_name: str) -> dg.AssetSpec:
     return dg.AssetSpec(
-        key=table_asset_key(table),
-        description=f"The outbox table {table}: observed by relay runs and its checks, never materialized.",
+        key=table_asset_key(table_name),
+        description=f"The outbox table {table_name}: observed by relay runs and its checks, never materialized.",
         group_name="outbox",
         kinds={"postgres"},
-        metadata={"table": table},
+        metadata={"table": table_name},
     )
 
 
-def table_checks(table: str) -> dg.AssetChecksDefinition:
-    key = table_asset_key(table)
+def table_checks(table_name: str) -> dg.AssetChecksDefinition:
+    key = table_asset_key(table_name)
 
     @dg.multi_asset_check(
-        name=f"{table}_health",
+        name=f"{table_name}_health",
         specs=[dg.AssetCheckSpec(name=name, asset=key, description=CHECK_DESCRIPTIONS[name]) for name in CHECK_NAMES],
-        description=f"Health of {table}",
+        description=f"Health of {table_name}",
         # Each check can run on its own, so the Checks tab can execute one, or all (no materialization needed).
         can_subset=True,
     )
-    def _checks(context: dg.AssetCheckExecutionContext, outbox_db: OutboxDatabase):
+    def _checks(
+        context: dg.AssetCheckExecutionContext, outbox_db: OutboxDatabase
+    ) -> Iterator[dg.AssetCheckResult]:
         selected = {check.name for check in context.selected_asset_check_keys}
         settings = outbox_db.settings()
-        table_settings = settings.table(table)
-        status = outbox_db.table_status(table_settings)
-        for verdict in evaluate_checks(status, table_settings.checks):
+        table = settings.table(table_name)
+        status = outbox_db.table_status(table)
+        for verdict in evaluate_checks(status, table.checks):
             if verdict.name not in selected:
                 continue
             yield dg.AssetCheckResult(
@@ -67,8 +71,10 @@ def table_checks(table: str) -> dg.AssetChecksDefinition:
     return _checks
 
 
-def assets_and_checks(tables: list[str]):
-    return [table_asset(t) for t in tables], [table_checks(t) for t in tables]
+def assets_and_checks(
+    table_names: list[str],
+) -> tuple[list[dg.AssetSpec], list[dg.AssetChecksDefinition]]:
+    return [table_asset(t) for t in table_names], [table_checks(t) for t in table_names]
 
 
 CHECKS_JOB = dg.define_asset_job(

@@ -8,18 +8,18 @@ from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownT
 from outbox_pipelines.core.settings import Settings, TableSettings
 
 
-def table_asset_key(table: str) -> dg.AssetKey:
-    return dg.AssetKey(["outbox", table])
+def table_asset_key(table_name: str) -> dg.AssetKey:
+    return dg.AssetKey(["outbox", table_name])
 
 
-def resolve_table(settings: Settings, name: str) -> TableSettings:
+def resolve_table(settings: Settings, table_name: str) -> TableSettings:
     """The table's settings, or a run failure that says which tables exist and where to add one."""
     try:
-        return settings.table(name)
+        return settings.table(table_name)
     except (UnknownTable, InvalidTableName, ConfigError) as exc:
         raise dg.Failure(
             description=str(exc),
-            metadata={"table": name, "known_tables": ", ".join(sorted(settings.tables))},
+            metadata={"table": table_name, "known_tables": ", ".join(sorted(settings.tables))},
             allow_retries=False,
         ) from None
 

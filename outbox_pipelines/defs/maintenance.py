@@ -1,12 +1,13 @@
 """Maintenance jobs: requeue stuck rows, clean old sent rows, prune Dagster's own run history."""
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck
-from outbox_pipelines.core.settings import parse_duration
+from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase
 
@@ -26,27 +27,35 @@ class CleanConfig(TablesConfig):
         "delivered again)."))
 
 
-def _chosen(outbox_db: OutboxDatabase, tables: list[str]):
+def _chosen_tables(outbox_db: OutboxDatabase, table_names: list[str]) -> list[TableSettings]:
+    """The tables the config names, else every configured table in name order."""
     settings = outbox_db.settings()
-    return settings, [resolve_table(settings, name) for name in (tables or sorted(settings.tables))]
+    return [resolve_table(settings, name) for name in (table_names or sorted(settings.tables))]
 
 
-@dg.op(description="Return sending rows whose lease expired (or stuck past the threshold) to pending.", out=dg.Out(dg.Nothing))
-def requeue_stuck_op(context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDatabase):
-    _, tables = _chosen(outbox_db, config.tables)
+@dg.op(out=dg.Out(dg.Nothing))
+def requeue_stuck_op(
+    context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDatabase
+) -> Iterator[dg.Output[None]]:
+    """Return sending rows whose lease expired (or stuck past the threshold) to pending."""
+    tables = _chosen_tables(outbox_db, config.tables)
     changed = {}
     for table in tables:
         report = requeue_stuck(outbox_db.database_url(), table, progress=context.log.info)
         changed[table.name] = {"requeued": report.requeued, "dead_no_attempts_left": report.dead}
         if report.requeued or report.dead:
-            context.log.warning(f"{table.name}: requeued {report.requeued}, dead {report.dead} (a relay died holding them)")
+            context.log.warning(f"{table.name}: requeued {report.requeued}, dead {report.dead} "
+                                "(a relay died holding them)")
     total = sum(v["requeued"] for v in changed.values())
     yield dg.Output(None, metadata=metadata_values({"requeued_total": total, "by_table": changed}))
 
 
-@dg.op(description="Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.", out=dg.Out(dg.Nothing))
-def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDatabase):
-    _, tables = _chosen(outbox_db, config.tables)
+@dg.op(out=dg.Out(dg.Nothing))
+def clean_op(
+    context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDatabase
+) -> Iterator[dg.Output[None]]:
+    """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows."""
+    tables = _chosen_tables(outbox_db, config.tables)
     retention = parse_duration(config.retention, "retention") if config.retention else None
     audit_retention = parse_duration(config.audit_retention, "audit_retention") if config.audit_retention else None
     changed = {}
@@ -71,8 +80,9 @@ class PruneConfig(dg.Config):
     batch: int = 500
 
 
-@dg.op(description="Delete finished Dagster runs older than keep_days (open-source Dagster keeps runs forever).", out=dg.Out(dg.Nothing))
-def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig):
+@dg.op(out=dg.Out(dg.Nothing))
+def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) -> Iterator[dg.Output[None]]:
+    """Delete finished Dagster runs older than keep_days (open-source Dagster keeps runs forever)."""
     cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
     finished = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
     deleted = 0
@@ -92,15 +102,15 @@ def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig):
 
 def maintenance_jobs() -> list[dg.JobDefinition]:
     @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor)
-    def requeue_stuck_job():
+    def requeue_stuck_job() -> None:
         requeue_stuck_op()
 
     @dg.job(description="Clean old sent rows and expired ledger rows.", executor_def=dg.in_process_executor)
-    def clean_job():
+    def clean_job() -> None:
         clean_op()
 
     @dg.job(description="Prune Dagster's own run history older than keep_days.", executor_def=dg.in_process_executor)
-    def prune_run_history_job():
+    def prune_run_history_job() -> None:
         prune_run_history_op()
 
     return [requeue_stuck_job, clean_job, prune_run_history_job]

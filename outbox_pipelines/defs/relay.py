@@ -2,7 +2,7 @@
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -49,7 +49,7 @@ class RelayRunConfig(dg.Config):
     once: bool = Field(default=False, description="Drain what is ready now, then end the run.")
 
 
-def _report_metadata(report: RelayReport, mode: str) -> dict:
+def _report_metadata(report: RelayReport, mode: str) -> dict[str, Any]:
     values = {
         "table": report.table,
         "mode": mode,
@@ -79,7 +79,9 @@ def _report_metadata(report: RelayReport, mode: str) -> dict:
     return values
 
 
-def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[Relay], None]], RelayReport]) -> RelayReport:
+def _relay_in_thread(
+    context: dg.OpExecutionContext, start: Callable[[Callable[[Relay], None]], RelayReport]
+) -> RelayReport:
     """Run the relay on a thread of its own; the op's thread only waits.
 
     Dagster delivers "Terminate" (and a clean stop of `outbox-pipelines dev`) as an interrupt
@@ -88,14 +90,15 @@ def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[
     relay settles its batch, and then lets the interrupt end the run as CANCELED.
     """
     relays: list[Relay] = []
-    outcome: dict[str, Any] = {}
+    reports: list[RelayReport] = []
+    errors: list[BaseException] = []
     done = threading.Event()
 
     def target() -> None:
         try:
-            outcome["report"] = start(relays.append)
+            reports.append(start(relays.append))
         except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
-            outcome["error"] = exc
+            errors.append(exc)
         finally:
             done.set()
 
@@ -110,15 +113,14 @@ def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[
         for relay in relays:
             relay.request_stop()
         done.wait()
-        report = outcome.get("report")
-        if report is not None:
+        for report in reports:
             context.log.info(f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, "
                              f"dead {report.dead} in {report.seconds:.1f}s; nothing left in sending")
             context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "cancelled"})
         raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["report"]
+    if errors:
+        raise errors[0]
+    return reports[0]
 
 
 @dg.op(
@@ -130,11 +132,12 @@ def relay_table(
     config: RelayRunConfig,
     outbox_db: OutboxDatabase,
     outbox_destinations: OutboxDestinations,
-):
+) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     if not table.relay_enabled:
-        context.log.warning(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); nothing done")
+        context.log.warning(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); "
+                            "nothing done")
         context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "disabled"})
         yield dg.Output(None, metadata={"table": table.name, "relay_enabled": False})
         return
@@ -177,26 +180,26 @@ def relay_table(
 
 
 @dg.graph(description="Relay one outbox table.")
-def relay_graph():
+def relay_graph() -> None:
     relay_table()
 
 
-def relay_job_name(table: str) -> str:
-    return f"relay_{table}_job"
+def relay_job_name(table_name: str) -> str:
+    return f"relay_{table_name}_job"
 
 
-def relay_jobs(tables: list[str]) -> list[dg.JobDefinition]:
+def relay_jobs(table_names: list[str]) -> list[dg.JobDefinition]:
     """A job per table (its run config fixed to the table and tagged for the run limit), plus ``relay_job``."""
     seconds = default_run_seconds()
     jobs = [
         relay_graph.to_job(
-            name=relay_job_name(table),
-            description=f"Relay {table}: claim → dispatch → settle for up to {seconds / 60:.0f} min.",
-            config={"ops": {"relay_table": {"config": {"table": table, "max_seconds": seconds}}}},
-            tags={TABLE_TAG: table},
+            name=relay_job_name(table_name),
+            description=f"Relay {table_name}: claim → dispatch → settle for up to {seconds / 60:.0f} min.",
+            config={"ops": {"relay_table": {"config": {"table": table_name, "max_seconds": seconds}}}},
+            tags={TABLE_TAG: table_name},
             executor_def=dg.in_process_executor,
         )
-        for table in tables
+        for table_name in table_names
     ]
     jobs.append(
         relay_graph.to_job(

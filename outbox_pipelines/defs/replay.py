@@ -1,5 +1,6 @@
 """replay_dead_job: move dead messages back to pending by filter (dry run by default)."""
 
+from collections.abc import Iterator
 
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
@@ -33,7 +34,8 @@ class ReplayConfig(dg.Config):
         "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
     ids: list[int] | None = Field(default=None, description=(
         "Filter: only these row ids (the outbox table's id column), e.g. [101, 102]."))
-    topic: str | None = Field(default=None, description="Filter: only rows of this topic (exact match), e.g. order.created.")
+    topic: str | None = Field(default=None, description=(
+        "Filter: only rows of this topic (exact match), e.g. order.created."))
     tenant_id: str | None = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
     error_code: str | None = Field(default=None, description=(
         "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
@@ -55,7 +57,8 @@ class ReplayConfig(dg.Config):
     def _death_time(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             try:
-                parse_death_time(value, info.field_name)
+                # A field validator always knows its field; "time" only satisfies the type.
+                parse_death_time(value, info.field_name or "time")
             except ReplayRefused as exc:
                 raise ValueError(str(exc)) from None
         return value
@@ -105,7 +108,9 @@ def selection_from_config(config: ReplayConfig) -> ReplayFilter:
     ),
     out=dg.Out(dg.Nothing),
 )
-def replay_dead_op(context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDatabase):
+def replay_dead_op(
+    context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDatabase
+) -> Iterator[dg.Output[None]]:
     selection = selection_from_config(config)  # before anything touches the database
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
@@ -125,13 +130,14 @@ def replay_dead_op(context: dg.OpExecutionContext, config: ReplayConfig, outbox_
         "replayed_ids": report.replayed_ids[:1000], "refused_ids": report.refused_ids[:1000],
         "by_error_code": report.by_error_code or None, "summary": report.summary,
     })
+    verb, count = ("Would replay", report.would_replay) if config.dry_run else ("Replayed", report.replayed)
     metadata["rows"] = dg.MetadataValue.md(
-        f"**{'Would replay' if config.dry_run else 'Replayed'} {report.would_replay if config.dry_run else report.replayed}** "
-        f"dead rows of `{table.name}` (filter: {report.filter})\n\n{report.rows_markdown()}"
+        f"**{verb} {count}** dead rows of `{table.name}` (filter: {report.filter})\n\n{report.rows_markdown()}"
     )
     if report.refused:
         metadata["refused_rows"] = dg.MetadataValue.md(
-            f"**Refused {report.refused}** BAD_REQUEST rows (set force: true to replay them)\n\n{report.refused_markdown()}"
+            f"**Refused {report.refused}** BAD_REQUEST rows (set force: true to replay them)\n\n"
+            f"{report.refused_markdown()}"
         )
     yield dg.Output(None, metadata=metadata)
 
@@ -142,7 +148,7 @@ def replay_jobs() -> list[dg.JobDefinition]:
         "Dry run by default: look at the op's 'rows' metadata, then run again with dry_run: false. "
         "BAD_REQUEST rows need force."),
             executor_def=dg.in_process_executor)
-    def replay_dead_job():
+    def replay_dead_job() -> None:
         replay_dead_op()
 
     return [replay_dead_job]

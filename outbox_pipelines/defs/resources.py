@@ -2,24 +2,28 @@
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 from pydantic import PrivateAttr
 
 from outbox_pipelines.core import db
+from outbox_pipelines.core.db import driver_connection
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import TableStatus, read_status, ready_count
 from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
-from outbox_pipelines.core.store import driver_connection
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.core.wiring import build_destination
 
 TABLE_TAG = "outbox/table"
 
+# The resources subclass ConfigurableResource bare, as Dagster's documentation does: subscripting
+# it (a pydantic model) would build a parametrized class at runtime. Hence type: ignore[type-arg].
 
-class OutboxDatabase(dg.ConfigurableResource):
+
+class OutboxDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]  # see above
     """The outbox's PostgreSQL: ``url``, else OUTBOX_DATABASE_URL, else the embedded server.
 
     ``engine()`` is a pooled SQLAlchemy engine on psycopg 3 for short reads
@@ -57,7 +61,7 @@ class OutboxDatabase(dg.ConfigurableResource):
         """The on-call sweep over every configured table (core.oncall.sweep)."""
         return sweep(self.database_url(), self.settings())
 
-    def relays_died_with_run(self, run_id: str) -> list[dict]:
+    def relays_died_with_run(self, run_id: str) -> list[dict[str, Any]]:
         """Bury the relays of a failed run that never said goodbye; the alerts told (core.oncall)."""
         return relays_died_with_run(self.database_url(), self.settings(), run_id)
 
@@ -69,7 +73,7 @@ class OutboxDatabase(dg.ConfigurableResource):
             self._engine.dispose()
 
 
-class OutboxDestinations(dg.ConfigurableResource):
+class OutboxDestinations(dg.ConfigurableResource):  # type: ignore[type-arg]  # see above
     """Builds each table's destination from its settings (HTTP via httpx, handlers, paper broker).
 
     ``url_overrides`` sends a table's HTTP traffic elsewhere (a drill, a broker simulator).

@@ -118,7 +118,8 @@ def test_keys_accepted_before_the_upgrade_still_replay_under_their_legacy_scope(
     assert scopes == {(KEY, legacy_scope(TOKEN)), (KEY, hmac_scope(secret, OTHER)),
                       ("k-after-upgrade", hmac_scope(secret, TOKEN))}
     assert [r["event_id"] for r in rows(conn, "outbox_orders")] == [
-        f"{legacy_scope(TOKEN)}:{KEY}", f"{hmac_scope(secret, OTHER)}:{KEY}", f"{hmac_scope(secret, TOKEN)}:k-after-upgrade"]
+        f"{legacy_scope(TOKEN)}:{KEY}", f"{hmac_scope(secret, OTHER)}:{KEY}",
+        f"{hmac_scope(secret, TOKEN)}:k-after-upgrade"]
 
 
 # -- failed authentications ------------------------------------------------------------------------
@@ -173,15 +174,16 @@ def test_failed_authentications_behind_a_trusted_proxy_count_per_forwarded_clien
 
 
 # -- open or not -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True), ("[::1]", True),
-                                                ("localhost", True), ("0.0.0.0", False), ("::", False),
-                                                ("192.0.2.10", False), ("api.example.com", False)])
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
+                                                ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
+                                                ("::", False), ("192.0.2.10", False), ("api.example.com", False)])
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
 
 def test_without_tokens_a_non_loopback_address_is_refused_unless_anonymous_is_allowed():
-    with pytest.raises(ConfigError, match="refusing to serve the Order API on 0.0.0.0 without a token.*--allow-anonymous"):
+    with pytest.raises(ConfigError,
+                       match="refusing to serve the Order API on 0.0.0.0 without a token.*--allow-anonymous"):
         check_exposure("0.0.0.0", has_tokens=False, allow_anonymous=False)
     assert "--allow-anonymous" in check_exposure("0.0.0.0", has_tokens=False, allow_anonymous=True)
     assert "open on loopback only" in check_exposure("127.0.0.1", has_tokens=False, allow_anonymous=False)
@@ -249,7 +251,8 @@ def test_a_client_that_disconnects_mid_body_is_info_and_499_not_an_error(start_a
     caplog.set_level(logging.DEBUG)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).addHandler(caplog.handler)
-    errors_before, closed_before = sample("order_requests_total", status="500"), sample("order_requests_total", status="499")
+    errors_before = sample("order_requests_total", status="500")
+    closed_before = sample("order_requests_total", status="499")
     try:
         host, port = api.url.removeprefix("http://").split(":")
         body = json.dumps(order(KEY)).encode()
@@ -281,15 +284,10 @@ def test_the_default_api_settings_hide_tokens_and_urls_from_repr():
 
 
 def test_rate_and_body_limits_from_the_environment_must_be_whole_positive_numbers(monkeypatch):
-    import pytest as _pytest
-
-    from outbox_pipelines.api.app import ApiSettings
-    from outbox_pipelines.core.errors import ConfigError
-
     for name, value in (("OUTBOX_API_RATE_PER_MINUTE", "-5"), ("OUTBOX_API_RATE_PER_MINUTE", "lots"),
                         ("OUTBOX_API_MAX_BODY_BYTES", "0")):
         monkeypatch.setenv(name, value)
-        with _pytest.raises(ConfigError, match=name):
+        with pytest.raises(ConfigError, match=name):
             ApiSettings.from_env("postgresql:///x")
         monkeypatch.delenv(name)
     monkeypatch.setenv("OUTBOX_API_RATE_PER_MINUTE", "")

@@ -45,7 +45,8 @@ def test_first_post_is_201_with_the_ledger_row_and_one_outbox_row_in_the_same_co
     assert ack["request_digest"] == request_digest(body)
 
     [entry] = ledger(conn)
-    assert (entry["idempotency_key"], entry["scope"], entry["status"], entry["http_status"]) == (KEY, "", "accepted", 201)
+    assert (entry["idempotency_key"], entry["scope"], entry["status"], entry["http_status"]) == (
+        KEY, "", "accepted", 201)
     assert entry["request_digest"] == ack["request_digest"] and entry["response"] == ack
     assert 47.9 * 3600 < (entry["expires_at"] - entry["created_at"]).total_seconds() <= 48 * 3600
 
@@ -95,7 +96,8 @@ def test_same_key_with_a_different_body_is_409_and_nothing_new_is_stored(client,
     assert post_order(client, order(KEY, qty=0.1)).status_code == 201
     before_ledger, before_rows = ledger(conn), rows(conn, "outbox_orders")
 
-    for changed in (order(KEY, qty=0.2), order(KEY, side="SELL"), order(KEY, time_in_force="GTC"), order(KEY, tags=["x"])):
+    for changed in (order(KEY, qty=0.2), order(KEY, side="SELL"), order(KEY, time_in_force="GTC"),
+                    order(KEY, tags=["x"])):
         body = assert_error(post_order(client, changed), 409, "IDEMPOTENCY_CONFLICT")
         assert body["idempotency_key"] == KEY
 
@@ -107,7 +109,8 @@ def test_same_key_with_a_different_body_is_409_and_nothing_new_is_stored(client,
 # -- 422 -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("header_key", "why"),
-    [(None, "no header"), ("", "empty header"), ("other-key", "different key"), (KEY.lower(), "keys are case-sensitive")],
+    [(None, "no header"), ("", "empty header"), ("other-key", "different key"),
+     (KEY.lower(), "keys are case-sensitive")],
 )
 def test_header_and_body_keys_must_match_422_idempotency_mismatch(client, conn, header_key, why):
     response = post_order(client, order(KEY), key=header_key)
@@ -288,7 +291,8 @@ def token_api(start_api) -> LiveApi:
 
 
 @pytest.mark.parametrize(
-    "authorization", [None, "Bearer wrong-token", "Bearer", "Basic dG9rZW4tYWxwaGE6", "token-alpha", "Bearer token-alph"]
+    "authorization",
+    [None, "Bearer wrong-token", "Bearer", "Basic dG9rZW4tYWxwaGE6", "token-alpha", "Bearer token-alph"],
 )
 def test_without_a_valid_bearer_token_it_is_401_and_nothing_is_stored(token_api, conn, authorization):
     headers = {"Authorization": authorization} if authorization else {}
@@ -338,7 +342,8 @@ def test_a_body_over_the_limit_is_413_declared_or_streamed(start_api, conn):
                 yield b" " * 64
             yield json.dumps(order(KEY)).encode()
 
-        streamed = client.post("/do/order", content=chunks(), headers={"Content-Type": "application/json", "Idempotency-Key": KEY})
+        streamed = client.post("/do/order", content=chunks(),
+                               headers={"Content-Type": "application/json", "Idempotency-Key": KEY})
         assert "content-length" not in streamed.request.headers
         assert_error(streamed, 413, "PAYLOAD_TOO_LARGE")
         assert_nothing_stored(conn)
@@ -393,7 +398,8 @@ def test_malformed_json_is_400_never_5xx(client, conn, content):
         (None, 422, "IDEMPOTENCY_MISMATCH"),
         ({"idempotency_key": KEY}, 422, "VALIDATION_ERROR"),
         ({"idempotency_key": KEY, "x" * 10_000: 1}, 422, "VALIDATION_ERROR"),
-        ({"idempotency_key": KEY, "qty": raw("1e400"), "price": raw("-1e400"), "n": raw("1e400")}, 422, "VALIDATION_ERROR"),
+        ({"idempotency_key": KEY, "qty": raw("1e400"), "price": raw("-1e400"), "n": raw("1e400")}, 422,
+         "VALIDATION_ERROR"),
         ({**order(KEY), "qty": 10**4000}, 422, "VALIDATION_ERROR"),
         ({**order(KEY), "nested": {"\u0000key": "\u0000"}}, 422, "VALIDATION_ERROR"),
     ],
@@ -516,7 +522,8 @@ def test_unknown_paths_are_404_in_the_json_error_shape(client, path):
     assert_error(client.get(path), 404, "NOT_FOUND")
 
 
-@pytest.mark.parametrize(("method", "path", "allow"), [("PUT", "/do/order", "POST"), ("DELETE", f"/do/order/{KEY}", "GET"),
+@pytest.mark.parametrize(("method", "path", "allow"), [("PUT", "/do/order", "POST"),
+                                                       ("DELETE", f"/do/order/{KEY}", "GET"),
                                                        ("POST", "/healthz", "GET")])
 def test_a_wrong_method_is_405_with_allow(client, conn, method, path, allow):
     response = client.request(method, path, content=json.dumps(order(KEY)).encode(),
@@ -531,7 +538,8 @@ def test_without_its_database_the_api_answers_503_and_the_client_may_retry(pg_se
     try:
         with servers.start().client() as client:
             assert_error(client.get("/healthz"), 503, "DATABASE_UNAVAILABLE")
-            assert "retry with the same key" in assert_error(post_order(client, order(KEY)), 503, "DATABASE_UNAVAILABLE")["message"]
+            error = assert_error(post_order(client, order(KEY)), 503, "DATABASE_UNAVAILABLE")
+            assert "retry with the same key" in error["message"]
             assert_error(client.get(f"/do/order/{KEY}"), 503, "DATABASE_UNAVAILABLE")
             assert client.get("/metrics").status_code == 200  # a scrape does not fail with the database
     finally:

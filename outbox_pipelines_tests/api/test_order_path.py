@@ -12,22 +12,29 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
+import pytest
 
+from outbox_pipelines.api.app import ACCEPTANCE_STATUS
+from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core import metrics
+from outbox_pipelines.core.orders.broker import OrderBroker
+from outbox_pipelines.core.orders.ledger import KeyReused, SettledOrder, accept_order, record_outcomes
 from outbox_pipelines.core.orders.model import broker_request, broker_timeout_s, result_digest
-from outbox_pipelines.core.relay import RelayReport, run_table_relay
+from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
 from outbox_pipelines_tests.api.conftest import (
     broker_settings,
     ledger,
     order,
+    paper_settings,
     post_order,
     sample,
 )
-from outbox_pipelines_tests.conftest import REPO, run_cli
-from outbox_pipelines_tests.helpers import audit_codes, rows
+from outbox_pipelines_tests.conftest import REPO, run_cli, table_settings
+from outbox_pipelines_tests.helpers import audit_codes, order_payload, rows
 
 TABLE = "outbox_orders"
 KEY = "01JB4A-ORDER-PATH-0001"
@@ -116,10 +123,12 @@ def test_5xx_is_retried_with_exponential_backoff_to_a_final_success(client, conn
     assert the_entry(conn)["status"] == "succeeded"
 
     assert audit_codes(conn, TABLE, row["id"]) == [
-        "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_success",
+        "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_retry", "outbox_claim",
+        "outbox_flush_success",
     ]
     transitions = conn.execute(
-        "SELECT from_status, to_status, attempts, error_code, trace_id FROM outbox_audit WHERE message_id = %s ORDER BY id",
+        "SELECT from_status, to_status, attempts, error_code, trace_id FROM outbox_audit "
+        "WHERE message_id = %s ORDER BY id",
         (row["id"],),
     ).fetchall()
     assert [(t["from_status"], t["to_status"], t["attempts"]) for t in transitions] == [
@@ -221,7 +230,7 @@ def test_the_broker_request_maps_the_order_and_every_attempt_carries_the_same_ke
         assert header(request, "Idempotency-Key") == request.body["idempotency_key"] == request.key
         received.setdefault(request.key, []).append(request.body)
     assert {k: len(v) for k, v in received.items()} == {KEY: 2, "k-market": 2, scoped_key: 2}
-    for key, bodies in received.items():
+    for bodies in received.values():
         assert bodies[0] == bodies[1], "every attempt sends the same request"
 
     assert received[KEY][0] == {
@@ -303,7 +312,8 @@ def test_broker_sim_command_serves_with_fault_injection():
         url = f"http://127.0.0.1:{port}/orders"
         with httpx.Client(trust_env=False, timeout=10) as client:
             def send(key: str) -> httpx.Response:
-                return client.post(url, json={"idempotency_key": key, "symbol": "USDJPY"}, headers={"Idempotency-Key": key})
+                return client.post(url, json={"idempotency_key": key, "symbol": "USDJPY"},
+                                   headers={"Idempotency-Key": key})
 
             answers = [send("cli-a"), send("cli-b")]
             assert sorted(a.status_code for a in answers) == [201, 503]
@@ -321,15 +331,6 @@ def test_broker_sim_command_serves_with_fault_injection():
 
 def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     """Reported by the API tests: the replay of a dead order must say failed, with the reason."""
-
-    from outbox_pipelines.api.app import ACCEPTANCE_STATUS
-    from outbox_pipelines.broker_sim import BrokerSim, Faults
-    from outbox_pipelines.core.orders.broker import OrderBroker
-    from outbox_pipelines.core.orders.ledger import accept_order
-    from outbox_pipelines.core.relay import Relay
-    from outbox_pipelines_tests.conftest import table_settings
-    from outbox_pipelines_tests.helpers import order_payload
-
     sim = BrokerSim(Faults(bad_keys={"bad-1"})).start_in_thread()
     try:
         order = order_payload(1, key="bad-1")
@@ -345,35 +346,41 @@ def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     finally:
         sim.stop()
     assert (replay.kind, ACCEPTANCE_STATUS[replay.kind]) == ("replay", 200)
-    assert replay.response["status"] == "failed" and replay.response["reason"].startswith("BROKER_REJECTED: BAD_REQUEST")
+    assert replay.response["status"] == "failed"
+    assert replay.response["reason"].startswith("BROKER_REJECTED: BAD_REQUEST")
     assert (replay.response["error"], replay.response["http_status"]) == ("BROKER_REJECTED", 400)
 
 
 def test_a_key_reused_after_the_ledger_forgot_it_is_refused(db_url, conn):
-    from outbox_pipelines.core.orders.ledger import KeyReused, accept_order
-    from outbox_pipelines_tests.helpers import order_payload
-
     with conn.transaction():
         accept_order(conn, "", order_payload(1, key="old-key"))
     conn.execute("DELETE FROM idempo_ledger")  # the cleaner removed it after 48 h; the sent row is kept 168 h
-    import pytest as _pytest
-
-    with _pytest.raises(KeyReused):
+    with pytest.raises(KeyReused):
         with conn.transaction():
             accept_order(conn, "", order_payload(2, key="old-key"))
     assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 0
 
 
+def test_the_ledger_reads_the_time_it_is_given(db_url, conn):
+    """``now`` (a test moving database time) stamps the acceptance, the expiry and the settle alike."""
+    at = datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    with conn.transaction():
+        accepted = accept_order(conn, "", order_payload(1, key="k-clock"), ttl_s=60, now=at)
+    assert accepted.response["accepted_at"] == "2030-01-02T03:04:05.678Z"
+    [entry] = ledger(conn)
+    assert (entry["created_at"], entry["updated_at"], entry["expires_at"]) == (at, at, at + timedelta(seconds=60))
+    settled_at = at + timedelta(minutes=5)
+    record_outcomes(conn, [SettledOrder(entry["event_id"], "succeeded", {"status": "accepted"}, "sha256:x")],
+                    now=settled_at)
+    [entry] = ledger(conn)
+    assert (entry["status"], entry["created_at"], entry["updated_at"]) == ("succeeded", at, settled_at)
+
+
 def test_a_key_whose_broker_key_another_caller_holds_is_refused(db_url, conn):
     """The broker sees '<scope>:<key>': an open-API key spelled like another caller's broker key was used."""
-    import pytest as _pytest
-
-    from outbox_pipelines.core.orders.ledger import KeyReused, accept_order
-    from outbox_pipelines_tests.helpers import order_payload
-
     with conn.transaction():
         accept_order(conn, "h:abc", order_payload(1, key="k-1"))
-    with _pytest.raises(KeyReused):
+    with pytest.raises(KeyReused):
         with conn.transaction():
             accept_order(conn, "", order_payload(2, key="h:abc:k-1"))
     assert [e["idempotency_key"] for e in ledger(conn)] == ["k-1"]
@@ -382,10 +389,6 @@ def test_a_key_whose_broker_key_another_caller_holds_is_refused(db_url, conn):
 def test_each_caller_scoped_order_settles_its_own_ledger_row_with_the_callers_key(db_url, conn):
     """Two callers, one key: the relay finds each ledger row by its message's event id ('<scope>:<key>'),
     and each ExecResult carries the key the caller sent, not the broker's."""
-    from outbox_pipelines.core.orders.ledger import accept_order
-    from outbox_pipelines_tests.api.conftest import paper_settings
-    from outbox_pipelines_tests.helpers import order_payload
-
     with conn.transaction():
         accept_order(conn, "h:abc", order_payload(1, key="k-1"))
         accept_order(conn, "h:def", order_payload(2, key="k-1"))

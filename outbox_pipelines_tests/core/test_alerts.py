@@ -31,8 +31,8 @@ def _no_alert_env(monkeypatch):
 def cond(severity: str, key: str = "check:outbox_orders:lag", summary: str = "outbox_orders: lag p95 2.0 min.",
          **extra) -> Condition:
     return Condition(key=key, severity=severity, summary=summary, kind=extra.pop("kind", "check"),  # type: ignore[arg-type]
-                     link=extra.pop("link", alerts.asset_link("outbox_orders")), table=extra.pop("table", "outbox_orders"),
-                     check=extra.pop("check", "lag"), **extra)
+                     link=extra.pop("link", alerts.asset_link("outbox_orders")),
+                     table=extra.pop("table", "outbox_orders"), check=extra.pop("check", "lag"), **extra)
 
 
 def at(seconds: float) -> datetime:

@@ -104,7 +104,8 @@ def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     with pytest.raises(ConfigError) as refused:
         load_settings(env={"OUTBOX_BROKER_URL": url, "OUTBOX_BROKER_TOKEN": "brk-token"}, path=None)
     message = str(refused.value)
-    assert "OUTBOX_BROKER_URL" in message and "OUTBOX_BROKER_TOKEN" in message and "http://***@127.0.0.1:1/orders" in message
+    assert "OUTBOX_BROKER_URL" in message and "OUTBOX_BROKER_TOKEN" in message
+    assert "http://***@127.0.0.1:1/orders" in message
     assert PASSWORD not in message and "brokeruser" not in message and "brk-token" not in message
 
     config = tmp_path / "outbox.toml"
@@ -178,7 +179,8 @@ def test_a_relay_to_a_broker_with_user_info_shows_no_credential_anywhere(db_url,
     with conn.transaction():
         accept_order(conn, "", order_payload(1, "k-sent"))
         accept_order(conn, "", order_payload(2, "k-retry"))
-    Outbox("outbox_orders").enqueue(conn, Message(topic="order.submitted", payload={"not": "an order"}, event_id="k-bad"))
+    Outbox("outbox_orders").enqueue(conn, Message(topic="order.submitted", payload={"not": "an order"},
+                                                  event_id="k-bad"))
     caplog.set_level(logging.DEBUG)
     report = run_table_relay(db_url, settings, "outbox_orders", once=True)
     assert (report.sent, report.retried, report.dead) == (1, 1, 1), report

@@ -7,7 +7,7 @@ import pytest
 
 from outbox_pipelines import Outcome
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import DestinationGuard, read_health
+from outbox_pipelines.core.destination_health import SUCCESS_EVERY_S, DestinationGuard, read_health
 from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.health import evaluate_checks, read_status
 from outbox_pipelines.core.relay import Relay
@@ -154,3 +154,42 @@ def test_the_recorder_ignores_dedup_hits_and_a_partial_success_ends_the_streak(c
     # Another relay of the same table opens a new streak; its own codes only.
     DestinationGuard(EVENTS, "http://broker.example/").observe(conn, [Outcome.retry(m.UNKNOWN, "garbled")])
     assert read_health(conn, EVENTS).error_codes == {m.UNKNOWN: 1}
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def test_a_run_of_delivered_batches_writes_the_success_row_at_most_once_per_interval(conn):
+    clock = FakeClock()
+    guard = DestinationGuard(EVENTS, "http://broker.example/", clock=clock)
+    t0 = db_now(conn)
+    written_at = set()
+    for second in range(12):  # one delivered batch a second; the database time marks which batch wrote
+        clock.seconds = float(second)
+        guard.observe(conn, [Outcome.sent(ref=f"r{second}")], now=t0 + timedelta(seconds=second))
+        written_at.add(read_health(conn, EVENTS).last_success_at - t0)
+    assert sorted(written_at) == [timedelta(seconds=s) for s in (0, SUCCESS_EVERY_S, 2 * SUCCESS_EVERY_S)]
+
+    # A streak opened meanwhile (by another relay) is ended by the next write, within the interval.
+    DestinationGuard(EVENTS, "http://broker.example/").observe(
+        conn, [Outcome.retry(m.BROKER_5XX, "HTTP 502")], now=t0 + timedelta(seconds=12))
+    clock.seconds = 13.0
+    guard.observe(conn, [Outcome.sent(ref="r13")], now=t0 + timedelta(seconds=13))
+    assert read_health(conn, EVENTS).failing
+    clock.seconds = 15.0
+    guard.observe(conn, [Outcome.sent(ref="r15")], now=t0 + timedelta(seconds=15))
+    health = read_health(conn, EVENTS, now=t0 + timedelta(seconds=15))
+    assert not health.failing and health.last_success_at == t0 + timedelta(seconds=15)
+
+    # This relay's own failure ends its quiet interval: its next success is written at once.
+    guard.observe(conn, [Outcome.retry(m.NETWORK_TIMEOUT, "timeout")], now=t0 + timedelta(seconds=16))
+    clock.seconds = 16.5
+    guard.observe(conn, [Outcome.sent(ref="r16")], now=t0 + timedelta(seconds=16.5))
+    assert not read_health(conn, EVENTS).failing

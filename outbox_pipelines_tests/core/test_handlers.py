@@ -24,10 +24,10 @@ def enqueue(conn, table: str, topic: str, payload: dict, event_id: str) -> str:
     return event_id
 
 
-def run_relay(db_url: str, registry: HandlerRegistry, table: str = EVENTS, parallelism: int = 1, **overrides):
+def run_relay(db_url: str, registry: HandlerRegistry, table: str = EVENTS, threads: int = 1, **overrides):
     overrides.setdefault("retry", SMALL_RETRY)
     settings = table_settings(table, mode="competing", **overrides)
-    destination = HandlerDestination(registry, parallelism=parallelism)
+    destination = HandlerDestination(registry, threads=threads)
     try:
         return Relay(db_url, settings, destination, worker_id="test-relay").run(once=True, max_seconds=30)
     finally:
@@ -90,8 +90,8 @@ CLAIM = ("outbox_claim", "sending", None)
 # -- handlers -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("parallelism", [1, 4])
-def test_every_handler_of_the_topic_runs(conn, db_url, parallelism):
+@pytest.mark.parametrize("threads", [1, 4])
+def test_every_handler_of_the_topic_runs(conn, db_url, threads):
     calls, registry = Calls(), HandlerRegistry()
     registry.register("member.created", calls.handler("send_welcome_email", result="mail-1"))
     registry.register("member.created", calls.handler("update_crm", result="crm-1"))
@@ -99,10 +99,11 @@ def test_every_handler_of_the_topic_runs(conn, db_url, parallelism):
     registry.register("member.deleted", calls.handler("farewell"))
     keys = [enqueue(conn, EVENTS, "member.created", {"member_id": n}, f"m-{n}") for n in range(3)]
 
-    report = run_relay(db_url, registry, parallelism=parallelism)
+    report = run_relay(db_url, registry, threads=threads)
 
     assert report.sent == 3
-    assert sorted(calls.seen) == sorted((h, k) for k in keys for h in ("send_welcome_email", "update_crm", "count_signup"))
+    handlers = ("send_welcome_email", "update_crm", "count_signup")
+    assert sorted(calls.seen) == sorted((h, k) for k in keys for h in handlers)
     for key in keys:
         assert state(conn, key) == ("sent", 1, None)
         assert row(conn, key)["result_ref"] == "mail-1,crm-1"
@@ -114,11 +115,13 @@ def test_handlers_receive_the_message(conn, db_url):
     registry = HandlerRegistry()
     registry.on("org.changed")(received.append)
     Outbox(EVENTS).enqueue(
-        conn, Message(topic="org.changed", payload={"org_id": 7}, event_id="org-7", tenant_id="acme", headers={"trace_id": "t1"})
+        conn, Message(topic="org.changed", payload={"org_id": 7}, event_id="org-7", tenant_id="acme",
+                      headers={"trace_id": "t1"})
     )
     run_relay(db_url, registry)
     [message] = received
-    assert (message.event_id, message.topic, message.payload, message.tenant_id) == ("org-7", "org.changed", {"org_id": 7}, "acme")
+    assert (message.event_id, message.topic, message.payload, message.tenant_id) == (
+        "org-7", "org.changed", {"org_id": 7}, "acme")
     assert (message.attempts, message.trace_id) == (1, "t1")
 
 
@@ -165,7 +168,8 @@ def test_a_handler_that_recovers_sends_the_message_on_a_later_attempt(conn, db_u
 
 def test_permanent_error_is_dead_at_once_with_its_code(conn, db_url):
     calls, registry = Calls(), HandlerRegistry()
-    registry.register("org.changed", calls.handler("parse_org", error=PermanentError("org.changed needs org_id", code="BAD_PAYLOAD")))
+    unparseable = PermanentError("org.changed needs org_id", code="BAD_PAYLOAD")
+    registry.register("org.changed", calls.handler("parse_org", error=unparseable))
     registry.register("org.changed", calls.handler("audit_org", error=RuntimeError("also broken")))
     key = enqueue(conn, EVENTS, "org.changed", {"name": "no id"}, "o-1")
 

@@ -167,10 +167,10 @@ def test_dead_by_code_and_the_dead_letters_check(conn):
 
 def test_stuck_rows_past_their_lease_or_the_threshold(conn):
     enqueue_n(conn, EVENTS, 3)
-    store = OutboxTable(conn, EVENTS)
-    store.claim("gone", 1, 5)   # lease 5 s
-    store.claim("slow", 1, 3600)  # lease 1 h
-    store.claim("fine", 1, 3600)
+    outbox_table = OutboxTable(conn, EVENTS)
+    outbox_table.claim("gone", 1, 5)   # lease 5 s
+    outbox_table.claim("slow", 1, 3600)  # lease 1 h
+    outbox_table.claim("fine", 1, 3600)
     t0 = db_now(conn)
     assert status_of(conn, now=t0).stuck == 0
     # 10 s later the 5 s lease expired

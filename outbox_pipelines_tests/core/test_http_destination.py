@@ -85,7 +85,8 @@ class RawServer:
                 # Read the whole request first: closing with unread bytes would send a reset
                 # (a network error) instead of the answer under test.
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
-                length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+                length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:")]
                 await asyncio.wait_for(reader.readexactly(length[0] if length else 0), 2)
                 writer.write(self.reply)
                 await writer.drain()
@@ -147,7 +148,7 @@ def test_every_attempt_carries_the_event_id_as_idempotency_key(http_sink, transp
 
 def test_each_message_of_a_batch_carries_its_own_key(http_sink, transport):
     messages = [claimed(f"ev-{n}", id=n) for n in range(10)]
-    with http_destination(http_sink.url, transport, parallelism=4) as destination:
+    with http_destination(http_sink.url, transport, max_in_flight=4) as destination:
         outcomes = destination.deliver(messages)
     # Outcomes come back in the order of the messages, each with the sink's ack reference.
     assert [o.ref for o in outcomes] == [f"ref-ev-{n}" for n in range(10)]
@@ -394,7 +395,8 @@ def test_a_400_poison_pill_is_dead_after_one_attempt_and_never_blocks_the_rest(c
     report = run_once(db_url, http_sink, batch_size=2)
     assert (report.sent, report.dead, report.dead_by_code) == (4, 1, {"BAD_REQUEST": 1})
     found = rows(conn)
-    assert {k: found[k]["status"] for k in keys} == {"o-1": "sent", "o-2": "sent", "poison": "dead", "o-3": "sent", "o-4": "sent"}
+    assert {k: found[k]["status"] for k in keys} == {
+        "o-1": "sent", "o-2": "sent", "poison": "dead", "o-3": "sent", "o-4": "sent"}
     assert (found["poison"]["attempts"], found["poison"]["last_error_code"]) == (1, "BAD_REQUEST")
     assert "qty invalid" in found["poison"]["last_error"]
     assert audit_codes(conn, "poison") == ["outbox_claim", "outbox_flush_dead"]
@@ -513,10 +515,12 @@ def test_audit_rows_record_every_transition(conn, db_url, http_sink):
     by_event: dict[str, list[tuple]] = {}
     for t in transitions:
         assert t["worker"] == "test-relay"
-        by_event.setdefault(t["event_id"], []).append((t["from_status"], t["to_status"], t["attempts"], t["code"], t["error_code"]))
+        by_event.setdefault(t["event_id"], []).append(
+            (t["from_status"], t["to_status"], t["attempts"], t["code"], t["error_code"]))
     assert by_event == {
         "ok": [("pending", "sending", 1, "outbox_claim", None), ("sending", "sent", 1, "outbox_flush_success", None)],
-        "bad": [("pending", "sending", 1, "outbox_claim", None), ("sending", "dead", 1, "outbox_flush_dead", "BAD_REQUEST")],
+        "bad": [("pending", "sending", 1, "outbox_claim", None),
+                ("sending", "dead", 1, "outbox_flush_dead", "BAD_REQUEST")],
         "flaky": [
             ("pending", "sending", 1, "outbox_claim", None),
             ("sending", "pending", 1, "outbox_flush_retry", "BROKER_5XX"),

@@ -1,4 +1,4 @@
-"""The mapping of HTTP answers to outcomes (DESIGN.md §3.4), without sockets."""
+"""The mapping of HTTP answers to outcomes (docs/design.md §3.4), without sockets."""
 
 import email.utils
 import json
@@ -141,7 +141,8 @@ def test_parse_retry_after_seconds():
 def test_parse_retry_after_date_uses_the_date_header_over_the_local_clock():
     retry_at = http_date(SERVER_NOW + timedelta(seconds=90))
     far_local_clock = (SERVER_NOW - timedelta(days=2)).timestamp()
-    assert parse_retry_after(retry_at, now_epoch=far_local_clock, date_header=http_date(SERVER_NOW)) == pytest.approx(90)
+    waited = parse_retry_after(retry_at, now_epoch=far_local_clock, date_header=http_date(SERVER_NOW))
+    assert waited == pytest.approx(90)
 
 
 def test_parse_retry_after_date_without_a_date_header_uses_now():
@@ -213,7 +214,8 @@ SEED_000_TABLE = [
     (404, "dead", "BAD_REQUEST"), (405, "dead", "BAD_REQUEST"), (408, "retry", "NETWORK_TIMEOUT"),
     (409, "dead", "BAD_REQUEST"), (410, "dead", "BAD_REQUEST"), (413, "dead", "BAD_REQUEST"),
     (422, "dead", "BAD_REQUEST"), (429, "retry", "RATE_LIMITED"),
-    (500, "retry", "BROKER_5XX"), (502, "retry", "BROKER_5XX"), (503, "retry", "BROKER_5XX"), (504, "retry", "BROKER_5XX"),
+    (500, "retry", "BROKER_5XX"), (502, "retry", "BROKER_5XX"), (503, "retry", "BROKER_5XX"),
+    (504, "retry", "BROKER_5XX"),
     (302, "retry", "UNKNOWN"),
 ]
 

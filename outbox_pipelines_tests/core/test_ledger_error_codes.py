@@ -151,7 +151,8 @@ def test_get_and_replay_tell_an_outage_from_a_rejection(conn, db_url, http_sink)
         with api.client() as client:
             rejected = client.get("/do/order/k-rejected").json()
             outage = client.get("/do/order/k-outage").json()
-            replay = client.post("/do/order", json=order_payload(2, "k-outage"), headers={"Idempotency-Key": "k-outage"})
+            replay = client.post("/do/order", json=order_payload(2, "k-outage"),
+                                 headers={"Idempotency-Key": "k-outage"})
     finally:
         servers.stop_all()
     assert (rejected["status"], rejected["http_status"]) == ("failed", 400)
@@ -159,7 +160,8 @@ def test_get_and_replay_tell_an_outage_from_a_rejection(conn, db_url, http_sink)
     assert (outage["status"], outage["http_status"]) == ("failed", 503)
     assert outage["reason"].startswith("BROKER_DOWN: BROKER_5XX: gave up after 2 of 2 attempts: HTTP 503")
     assert replay.status_code == 200
-    assert (replay.json()["status"], replay.json()["error"], replay.json()["http_status"]) == ("failed", BROKER_DOWN, 503)
+    answer = replay.json()
+    assert (answer["status"], answer["error"], answer["http_status"]) == ("failed", BROKER_DOWN, 503)
 
 
 def test_a_broker_answer_after_a_failure_still_succeeds_with_200(conn, db_url):
@@ -183,7 +185,8 @@ def test_a_broker_answer_after_a_failure_still_succeeds_with_200(conn, db_url):
     ((m.BAD_REQUEST, "HTTP 413: ''", 413, None), (BROKER_REJECTED, 413)),
     ((m.UNAUTHORIZED, "HTTP 403: check", 403, None), (BROKER_REJECTED, 403)),
     ((m.BAD_REQUEST, "the HTTP client refused to send the request: ...", None, "refused"), (BROKER_REJECTED, 400)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 2.5 s", None, "timeout"), (BROKER_TIMEOUT, 504)),
+    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 2.5 s", None, "timeout"),
+     (BROKER_TIMEOUT, 504)),
     ((m.NETWORK_TIMEOUT, "gave up ...: HTTP 408 request timeout", 408, None), (BROKER_TIMEOUT, 408)),
     ((m.BROKER_5XX, "gave up ...: HTTP 504: ''", 504, None), (BROKER_TIMEOUT, 504)),
     ((m.NETWORK_TIMEOUT, "gave up ...: connection failed: ConnectError", None, "connection"), (BROKER_DOWN, 503)),
@@ -195,8 +198,10 @@ def test_a_broker_answer_after_a_failure_still_succeeds_with_200(conn, db_url):
     ((m.BAD_REQUEST, "HTTP 404: 'no route'", None, None), (BROKER_REJECTED, 404)),
     ((m.BAD_REQUEST, "cannot build the request: KeyError: 'instrument'", None, None), (BROKER_REJECTED, 400)),
     ((m.UNAUTHORIZED, "HTTP 401: check the destination's credentials", None, None), (BROKER_REJECTED, 401)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 5 s (ReadTimeout)", None, None), (BROKER_TIMEOUT, 504)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: connection failed: ConnectError", None, None), (BROKER_DOWN, 503)),
+    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 5 s (ReadTimeout)", None, None),
+     (BROKER_TIMEOUT, 504)),
+    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: connection failed: ConnectError", None, None),
+     (BROKER_DOWN, 503)),
     ((m.BROKER_5XX, "gave up after 8 of 8 attempts: HTTP 502: 'bad gateway'", None, None), (BROKER_DOWN, 502)),
     ((m.UNKNOWN, "gave up after 8 of 8 attempts: unusable answer", None, None), (BROKER_DOWN, 502)),
     (("DB_ERROR", "the settle failed", None, None), (INTERNAL_ERROR, 500)),

@@ -169,9 +169,9 @@ def test_a_relay_on_another_host_is_dead_only_after_a_minute(conn):
 def test_rows_out_of_attempts_go_dead_and_are_not_counted_as_returned(conn):
     ids = enqueue_n(conn, EVENTS, 3)
     add_worker(conn, "ghost", host=liveness.HOST, pid=gone_pid(), silent_s=60)
-    store = OutboxTable(conn, EVENTS)
-    store.claim("ghost", 2, 600)  # ids[0], ids[1] at attempt 1
-    store.claim("someone-else", 1, 600)  # ids[2]: not the dead relay's
+    outbox_table = OutboxTable(conn, EVENTS)
+    outbox_table.claim("ghost", 2, 600)  # ids[0], ids[1] at attempt 1
+    outbox_table.claim("someone-else", 1, 600)  # ids[2]: not the dead relay's
     [dead] = liveness.find_dead(conn)
     buried = liveness.bury(conn, dead, max_attempts=1)
     found = {r["id"]: (r["status"], r["last_error_code"]) for r in rows(conn, EVENTS)}
@@ -196,9 +196,9 @@ def test_a_dead_relay_of_a_dagster_run_links_to_its_run(db_url, conn, http_sink)
 def test_bury_counts_only_the_dead_relays_rows(conn):
     ids = enqueue_n(conn, EVENTS, 2)
     add_worker(conn, "ghost", host=liveness.HOST, pid=gone_pid(), silent_s=60)
-    store = OutboxTable(conn, EVENTS)
-    store.claim("ghost", 1, 600)  # ids[0]
-    store.claim("alive", 1, 600)  # ids[1], whose lease has just run out (its relay will requeue it)
+    outbox_table = OutboxTable(conn, EVENTS)
+    outbox_table.claim("ghost", 1, 600)  # ids[0]
+    outbox_table.claim("alive", 1, 600)  # ids[1], whose lease has just run out (its relay will requeue it)
     conn.execute("UPDATE outbox_events SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (ids[1],))
     [dead] = liveness.find_dead(conn)
     buried = liveness.bury(conn, dead, max_attempts=25)

@@ -18,8 +18,8 @@ def set_rows(conn, sql: str, *params) -> None:
 
 def test_requeue_returns_expired_leases_and_kills_rows_out_of_attempts(db_url, conn):
     ids = enqueue_n(conn, EVENTS, 3)
-    store = OutboxTable(conn, EVENTS)
-    store.claim("crashed-worker", 3, 30)
+    outbox_table = OutboxTable(conn, EVENTS)
+    outbox_table.claim("crashed-worker", 3, 30)
     set_rows(conn, "UPDATE outbox_events SET attempts = 5 WHERE id = %s", ids[2])
     settings = table_settings(EVENTS, retry=RetryPolicy(base_s=1, max_s=10, max_attempts=5, jitter=0))
     t0 = db_now(conn)
@@ -48,10 +48,13 @@ def test_cleaner_deletes_only_old_sent_rows(db_url, conn):
     ids = enqueue_n(conn, EVENTS, 6)
     t0 = db_now(conn)
     # old sent, recent sent, pending, dead (old), sending (old), retrying
-    set_rows(conn, "UPDATE outbox_events SET status = 'sent', published_at = %s WHERE id = %s", t0 - timedelta(days=8), ids[0])
-    set_rows(conn, "UPDATE outbox_events SET status = 'sent', published_at = %s WHERE id = %s", t0 - timedelta(days=6), ids[1])
-    set_rows(conn, "UPDATE outbox_events SET status = 'dead', updated_at = %s WHERE id = %s", t0 - timedelta(days=30), ids[3])
-    set_rows(conn, "UPDATE outbox_events SET status = 'sending', locked_by = 'w', updated_at = %s WHERE id = %s", t0 - timedelta(days=9), ids[4])
+    sent = "UPDATE outbox_events SET status = 'sent', published_at = %s WHERE id = %s"
+    set_rows(conn, sent, t0 - timedelta(days=8), ids[0])
+    set_rows(conn, sent, t0 - timedelta(days=6), ids[1])
+    set_rows(conn, "UPDATE outbox_events SET status = 'dead', updated_at = %s WHERE id = %s", t0 - timedelta(days=30),
+             ids[3])
+    set_rows(conn, "UPDATE outbox_events SET status = 'sending', locked_by = 'w', updated_at = %s WHERE id = %s",
+             t0 - timedelta(days=9), ids[4])
     set_rows(conn, "UPDATE outbox_events SET attempts = 2 WHERE id = %s", ids[5])
     report = clean(db_url, table_settings(EVENTS), retention_s=7 * 86400)
     assert report.deleted_sent == 1
@@ -113,7 +116,8 @@ def test_replay_filters_dry_run_and_bad_request_guard(db_url, conn):
     assert (dry.matched, dry.replayed, dry.refused) == (4, 0, 2)
     assert statuses(conn, EVENTS) == {"dead": 6, "pending": 2}
 
-    assert replay_dead(db_url, EVENTS, ReplayFilter(tenant_id="t2", until=t0 - timedelta(days=1))).replayed_ids == ids[2:4]
+    tenant_t2 = ReplayFilter(tenant_id="t2", until=t0 - timedelta(days=1))
+    assert replay_dead(db_url, EVENTS, tenant_t2).replayed_ids == ids[2:4]
     assert replay_dead(db_url, EVENTS, ReplayFilter(error_code="BROKER_5XX")).replayed_ids == ids[0:2]
     guarded = replay_dead(db_url, EVENTS, ReplayFilter(ids=tuple(ids[4:6])))
     assert (guarded.replayed, guarded.refused, guarded.refused_ids) == (0, 2, ids[4:6])
@@ -124,7 +128,8 @@ def test_replay_filters_dry_run_and_bad_request_guard(db_url, conn):
     replayed = rows(conn, EVENTS, f"id = {ids[0]}")[0]
     assert (replayed["status"], replayed["attempts"], replayed["last_error_code"]) == ("pending", 0, None)
     audit = conn.execute(
-        "SELECT error_code, detail, worker FROM outbox_audit WHERE code = 'outbox_replay' AND message_id = %s", (ids[0],)
+        "SELECT error_code, detail, worker FROM outbox_audit WHERE code = 'outbox_replay' AND message_id = %s",
+        (ids[0],),
     ).fetchone()
     assert (audit["error_code"], audit["detail"], audit["worker"]) == ("BROKER_5XX", "boom", "replay")
 

@@ -1,4 +1,4 @@
-"""Every metric the seeds name (000 §8.2, 004 §10.2, DESIGN §4.5) exists, moves, and stays bounded."""
+"""Every metric the seeds name (000 §8.2, 004 §10.2, docs/design.md §4.5) exists, moves, and stays bounded."""
 
 import uuid
 
@@ -61,7 +61,7 @@ def test_every_seed_metric_is_exposed_and_counts_what_happened(db_url, conn):
     assert moved("outbox_dispatch_latency_seconds_count", table=EVENTS, topic=topic) == 4
     # seed 000 §8.2: the distribution of attempts of settled messages (sent and dead; the retry is not final)
     assert moved("outbox_retry_count_count", table=EVENTS) == 3
-    # gauges read at scrape time (seed 004 §10.2, seed 000 inflight, DESIGN §4.5 lag, the circuit)
+    # gauges read at scrape time (seed 004 §10.2, seed 000 inflight, docs/design.md §4.5 lag, the circuit)
     for gauge in ("outbox_pending_count", "outbox_locked_count", "outbox_inflight", "outbox_circuit_open",
                   "outbox_paused_seconds"):
         assert any(s.labels.get("table") == EVENTS for s in after.get(gauge, [])), gauge

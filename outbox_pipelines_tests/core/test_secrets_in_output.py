@@ -145,6 +145,7 @@ def test_a_malformed_database_url_is_exit_2_with_the_password_masked(cli_env, ur
 
 def test_the_dagster_resource_fails_with_a_masked_config_error(monkeypatch):
     """What Dagster stores as a step's failure (message, stack, causes) holds no password."""
+    # Imported here: only this test of the module needs Dagster (~0.8 s to import).
     from dagster._utils.error import serializable_error_info_from_exc_info
 
     from outbox_pipelines.defs.resources import OutboxDatabase

@@ -35,7 +35,8 @@ def transport(request) -> str:
 def enqueue(conn, *keys: str, payload: dict | None = None) -> None:
     outbox = Outbox(ORDERS)
     for key in keys:
-        outbox.enqueue(conn, Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1}, event_id=key))
+        outbox.enqueue(conn, Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1},
+                                     event_id=key))
 
 
 def relay_once(db_url: str, destination, url: str):
@@ -131,7 +132,8 @@ def test_429_is_throttled_not_dead(conn, db_url, http_sink):
 
 @pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "line\nbreak", "vtab\x0bchar", "bell\x07"])
 def test_a_header_the_client_refuses_is_dead_bad_request_at_once(conn, db_url, http_sink, transport, value):
-    """A header built from the message with CR/LF or another control character: dead after one attempt, nothing on the wire."""
+    """A header built from the message with CR/LF or another control character: dead after one attempt,
+    nothing on the wire."""
     enqueue(conn, "k-crlf", payload={"note": value})
     enqueue(conn, "k-fine", payload={"note": "plain"})
     build = lambda m: HttpRequest(body=m.payload, headers={"X-Note": m.payload["note"]})  # noqa: E731
@@ -207,7 +209,8 @@ def test_settle_audit_rows_carry_the_broker_order_id_or_the_error_text(conn, db_
                 accept_order(conn, "", order_payload(i, key))
         # k-dup was executed before (its answer lost): the broker answers 409 "already processed".
         with httpx.Client(trust_env=False) as direct:
-            assert direct.post(sim.url, json={"idempotency_key": "k-dup"}, headers={"Idempotency-Key": "k-dup"}).status_code == 201
+            executed = direct.post(sim.url, json={"idempotency_key": "k-dup"}, headers={"Idempotency-Key": "k-dup"})
+            assert executed.status_code == 201
         settings = table_settings(ORDERS, url=sim.url)
         for _ in range(2):
             broker = OrderBroker(sim.url)

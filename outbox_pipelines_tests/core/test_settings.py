@@ -16,8 +16,9 @@ def test_defaults_without_file_or_environment():
     events = settings.table("outbox_events")
     assert (events.destination, events.mode) == ("handlers", "single-active")
     env = settings.env
-    assert (env.batch_size, env.parallelism, env.idle_sleep_s, env.stuck_threshold_s) == (100, 4, 0.2, 600.0)
-    assert (env.lock_ttl_s, env.cleaner_retention_s, env.relay_enabled, env.cleaner_enabled) == (60.0, 604800.0, True, True)
+    assert (env.batch_size, env.handler_threads, env.idle_sleep_s, env.stuck_threshold_s) == (100, 4, 0.2, 600.0)
+    assert (env.lock_ttl_s, env.cleaner_retention_s, env.relay_enabled, env.cleaner_enabled) == (
+        60.0, 604800.0, True, True)
 
 
 def test_seed_environment_variables():
@@ -29,7 +30,7 @@ def test_seed_environment_variables():
     }, path=None)
     orders = settings.table("outbox_orders")
     assert (orders.destination, orders.url) == ("orders", "http://127.0.0.1:9/orders")
-    assert (orders.batch_size, orders.parallelism, orders.retry.max_attempts) == (32, 2, 5)
+    assert (orders.batch_size, orders.handler_threads, orders.retry.max_attempts) == (32, 2, 5)
     assert (orders.idle_sleep_s, orders.stuck_threshold_s, orders.lease_s) == (0.05, 180.0, 90.0)
     assert settings.table("outbox_events").retry.max_attempts == 12
     assert settings.table("outbox_events").retention_s == 86400.0
@@ -60,7 +61,8 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
         ("[tables.x]\ndestination = 'handlers'\n", "needs handlers"),
         ("[tables.x]\ntimeout = 'soon'\n", "cannot read duration 'soon'"),
         ("[tables.x\n", "not valid TOML"),
-        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n", "idempotency window"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n",
+         "idempotency window"),
     ],
 )
 def test_config_errors_say_what_to_fix(tmp_path, text, message):
@@ -83,7 +85,8 @@ def test_config_found_through_environment(tmp_path):
         load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "missing.toml")})
 
 
-@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("60s", 60), ("10m", 600), ("168h", 604800), ("7d", 604800), ("2.5", 2.5)])
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("60s", 60), ("10m", 600), ("168h", 604800),
+                                           ("7d", 604800), ("2.5", 2.5)])
 def test_durations(text, seconds):
     assert parse_duration(text, "x") == seconds
 

@@ -15,7 +15,8 @@ def check_results(result) -> dict:
         if event.event_type_value == "ASSET_CHECK_EVALUATION":
             data = event.event_specific_data
             if data.asset_key == dg.AssetKey(["outbox", "outbox_orders"]):
-                found[data.check_name] = (data.passed, data.severity.value, {k: v.value for k, v in data.metadata.items()})
+                metadata = {k: v.value for k, v in data.metadata.items()}
+                found[data.check_name] = (data.passed, data.severity.value, metadata)
     return found
 
 
@@ -32,7 +33,8 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
 
 def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 60)
-    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)", (ids[:2],))
+    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)",
+                 (ids[:2],))
     conn.execute("UPDATE outbox_orders SET status = 'sending', locked_by = 'gone', attempts = 1, "
                  "lease_expires_at = now() - interval '1 minute' WHERE id = ANY(%s)", (ids[2:55],))
     conn.execute("UPDATE outbox_orders SET created_at = now() - interval '1 hour' WHERE id = ANY(%s)", (ids[55:],))
@@ -48,7 +50,8 @@ def test_thresholds_come_from_the_table_settings(db_url, conn, instance, tmp_pat
     config = tmp_path / "outbox.toml"
     config.write_text("[tables.outbox_orders]\nbacklog_warn = 2\nbacklog_error = 5\n")
     enqueue_n(conn, "outbox_orders", 3)
-    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)), "outbox_destinations": OutboxDestinations()}
+    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)),
+                 "outbox_destinations": OutboxDestinations()}
     checks = check_results(run_job("outbox_checks_job", resources, instance))
     assert checks["backlog"][:2] == (False, "WARN")
 
@@ -101,7 +104,8 @@ def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, i
     assert not dead.passed and dead.severity == dg.AssetCheckSeverity.WARN
     assert len(evaluations) == 4 * 5  # every table, every check
     [alert] = [r.body for r in http_sink.received]
-    assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == ("firing", "warning", "outbox_orders", "dead_letters")
+    assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == (
+        "firing", "warning", "outbox_orders", "dead_letters")
     assert "--error-code UNAUTHORIZED --dry-run" in alert["summary"]
     # the next tick: nothing new to say, and unchanged evaluations are not recorded again within a minute
     again = oncall_tick(instance, db_url, cursor=result.cursor)

@@ -23,7 +23,8 @@ def _failure(result) -> str:
 
 
 def _snapshot(conn):
-    return conn.execute(f"SELECT id, status, attempts, last_error_code, updated_at FROM {ORDERS} ORDER BY id").fetchall()
+    return conn.execute(
+        f"SELECT id, status, attempts, last_error_code, updated_at FROM {ORDERS} ORDER BY id").fetchall()
 
 
 @pytest.fixture

@@ -311,7 +311,8 @@ class DevProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"outbox-pipelines dev did not answer {self.url}/server_info within {timeout_s:.0f} s")
+                raise RuntimeError(
+                    f"outbox-pipelines dev did not answer {self.url}/server_info within {timeout_s:.0f} s")
             time.sleep(0.5)
 
     def leftovers(self) -> list[int]:

@@ -45,9 +45,9 @@ from outbox_pipelines_tests.drills.conftest import (
 pytestmark = pytest.mark.drill
 
 
-def is_check(alert: Alert, check: str, status: str = "firing", table: str = TABLE) -> bool:
+def is_check(alert: Alert, check: str, status: str = "firing", table_name: str = TABLE) -> bool:
     return (alert.get("kind") == "check" and alert.get("check") == check and alert.get("status") == status
-            and alert.get("table") == table)
+            and alert.get("table") == table_name)
 
 
 def assert_alert_shape(alert: Alert) -> None:
@@ -195,7 +195,8 @@ def test_killed_relay_run_alerts_and_releases_rows(stack: DrillStack) -> None:
             def holding_worker() -> bool:
                 rows = stack.query(
                     f"""SELECT w.worker, w.run_id, w.pid,
-                               (SELECT count(*) FROM {TABLE} o WHERE o.status = 'sending' AND o.locked_by = w.worker) AS held
+                               (SELECT count(*) FROM {TABLE} o
+                                 WHERE o.status = 'sending' AND o.locked_by = w.worker) AS held
                           FROM outbox_relay_workers w
                          WHERE w.table_name = %s AND w.run_id IS NOT NULL AND w.stopped_at IS NULL
                            AND w.heartbeat_at > now() - interval '15 seconds'
@@ -248,8 +249,9 @@ def test_burst_of_30k_orders_alerts_backlog_then_drains(stack: DrillStack) -> No
         t0 = stack.enqueue(stack.orders("burst", n), batch=1000)  # one transaction: 30,000 ready at once
         enqueue_s = t0 - t_start
 
-        alert = stack.receiver.wait_for(lambda a: is_check(a, "backlog"), since=t_start, timeout_s=120,
-                                        what=f"check 'backlog' firing for outbox_orders (enqueue took {enqueue_s:.1f} s)")
+        alert = stack.receiver.wait_for(
+            lambda a: is_check(a, "backlog"), since=t_start, timeout_s=120,
+            what=f"check 'backlog' firing for outbox_orders (enqueue took {enqueue_s:.1f} s)")
         stack.record("burst_30k.backlog", alert.at - t0)
         check_shape(stack, alert)
 

@@ -1,6 +1,7 @@
 """Seed 003 end to end: a memory store over HTTP, dedup by (target, payload_sha), leases held by their holder."""
 
 import json
+import time
 from datetime import timedelta
 
 from outbox_pipelines import Message, Outbox
@@ -61,8 +62,6 @@ def test_the_lease_is_renewed_around_a_slow_store_call(db_url, conn, http_sink):
     swept = []
 
     def slow_store(key, attempt, body):
-        import time
-
         time.sleep(1.2)  # the relay's 0.6 s lease would have expired twice without renewal
         settings = table_settings(TABLE)
         swept.append(requeue_stuck(db_url, settings).requeued)

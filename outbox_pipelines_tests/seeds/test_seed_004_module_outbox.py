@@ -37,7 +37,8 @@ def test_enqueue_in_the_business_transaction_and_duplicate_event_ids(db_url, con
     outbox = Outbox(TABLE)
     with engine.begin() as tx:
         tx.execute(sa.text("INSERT INTO orgs VALUES (1, 'acme')"))
-        first = outbox.enqueue(tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v1", tenant_id="t1"))
+        first = outbox.enqueue(tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v1",
+                                           tenant_id="t1"))
     with pytest.raises(sa.exc.IntegrityError):
         with engine.begin() as tx:
             outbox.enqueue(tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v2"))
@@ -113,7 +114,8 @@ def test_cleaner_retention_keeps_unpublished_and_recent_rows(db_url, conn, org_o
     now = db_now(conn)
     conn.execute(f"UPDATE {TABLE} SET status = 'sent', published_at = %s WHERE event_id IN ('c0', 'c1')",
                  (now - timedelta(hours=169),))
-    conn.execute(f"UPDATE {TABLE} SET status = 'sent', published_at = %s WHERE event_id = 'c2'", (now - timedelta(hours=1),))
+    conn.execute(f"UPDATE {TABLE} SET status = 'sent', published_at = %s WHERE event_id = 'c2'",
+                 (now - timedelta(hours=1),))
     report = clean(db_url, settings(), retention_s=168 * 3600)
     assert report.deleted_sent == 2
     assert sorted(r["event_id"] for r in rows(conn, TABLE)) == ["c2", "c3"]

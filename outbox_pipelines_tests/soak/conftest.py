@@ -285,7 +285,8 @@ class SoakStack:
         parts = []
         for slot in sorted(self.relays):
             relay = self.relays[slot]
-            parts.append(f"--- {relay.log.name} (pid {relay.pid}, running={relay.running}) ---\n{tail(relay.log, lines)}")
+            parts.append(f"--- {relay.log.name} (pid {relay.pid}, running={relay.running}) ---\n"
+                         f"{tail(relay.log, lines)}")
         return "\n".join(parts)
 
     def diagnostics(self) -> str:

@@ -124,4 +124,5 @@ def test_soak_chaos_8_relays_sigkill_every_7s_broker_25pct_faults(soak_stack):
     assert figures["max_attempts"] <= ORDERS_MAX_ATTEMPTS
     assert stats["requests"] <= 2 * n, f"{stats['requests']} requests for {n} orders"
     assert not exited_by_themselves, exited_by_themselves
-    assert set(exit_codes.values()) == {0}, f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}"
+    assert set(exit_codes.values()) == {0}, (
+        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}")

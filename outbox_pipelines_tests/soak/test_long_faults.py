@@ -43,8 +43,9 @@ def sample_table(stack: SoakStack) -> dict[str, Any]:
     row = stack.db.query(
         f"SELECT count(*) FILTER (WHERE status = 'dead') AS dead, coalesce(max(attempts), 0) AS max_attempts, "
         f"count(*) FILTER (WHERE status = 'sent') AS sent FROM {TABLE}")[0]
-    health = stack.db.query("SELECT circuit_opened_at, paused_until, consecutive_failures FROM outbox_destination_health "
-                            "WHERE table_name = %s", (TABLE,))
+    health = stack.db.query(
+        "SELECT circuit_opened_at, paused_until, consecutive_failures FROM outbox_destination_health "
+        "WHERE table_name = %s", (TABLE,))
     return {**row, **(health[0] if health else {"circuit_opened_at": None, "paused_until": None,
                                                  "consecutive_failures": 0})}
 
@@ -230,7 +231,8 @@ def storm_429(stack: SoakStack, n: int, storm_s: float) -> dict[str, Any]:
     ceiling = RELAYS * 2 / RETRY_AFTER_S * 1.5
     if figures["storm_requests_per_s"] > ceiling:
         problems.append(f"{figures['storm_requests_per_s']} requests/s during the storm: more than "
-                        f"{ceiling:.0f}/s (1.5 x two requests per relay per Retry-After): the pause does not hold the table")
+                        f"{ceiling:.0f}/s (1.5 x two requests per relay per Retry-After): "
+                        "the pause does not hold the table")
     if figures["recovery_s"] is None or figures["recovery_s"] > RETRY_AFTER_S + RESUME_LIMIT_S:
         problems.append(f"delivery resumed {figures['recovery_s']} s after the storm")
     if set(exit_codes.values()) != {0}:

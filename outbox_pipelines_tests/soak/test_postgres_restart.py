@@ -131,4 +131,5 @@ def test_soak_hard_postgres_restart_mid_drain(soak_stack):
     assert figures["duplicate_deliveries"] <= bound, figures
     assert stats["requests"] == n + stats["repeats"], f"{stats['requests']} requests for {n} orders (no faults)"
     assert reconnects >= RELAYS, stack.relay_logs()
-    assert set(exit_codes.values()) == {0}, f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}"
+    assert set(exit_codes.values()) == {0}, (
+        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}")

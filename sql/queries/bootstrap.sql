@@ -1,7 +1,7 @@
 -- Statements that run before the outbox's schema exists: the embedded server's
--- database, and the migration runner's own bookkeeping. core/db.py and
--- core/migrate.py read them through queries.py (not core/table.py, whose
--- statements need the schema these create).
+-- database, Dagster's storage next to it, and the migration runner's own
+-- bookkeeping. core/db.py, dagster_home.py and core/migrate.py read them through
+-- queries.py (not core/table.py, whose statements need the schema these create).
 
 -- name: pg_database_exists
 SELECT 1 FROM pg_database WHERE datname = %(database)s
@@ -9,6 +9,11 @@ SELECT 1 FROM pg_database WHERE datname = %(database)s
 -- name: pg_database_create
 -- {database} is the quoted identifier (psycopg.sql), never text formatted from input.
 CREATE DATABASE {database}
+
+-- name: dagster_schema_create
+-- Dagster's storage when the role may not create a database: a schema of its own in the outbox's
+-- database (dagster_home.py puts it on the storage URL's search_path).
+CREATE SCHEMA IF NOT EXISTS dagster
 
 -- name: outbox_schema_migrations_lock
 -- A session lock serialises concurrent upgrades; the loser sees the winner's rows.

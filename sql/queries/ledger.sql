@@ -1,4 +1,5 @@
--- Named queries over idempo_ledger (seed 001).
+-- Named queries over idempo_ledger (seed 001). Every time they read or write is
+-- coalesce(%(now)s::timestamptz, now()): the database's clock, unless a test moves it.
 
 -- name: idempo_ledger_reserve
 -- First sight of (scope, key) inserts the accepted row and its ack, with the event id of
@@ -6,12 +7,15 @@
 -- idempo_ledger_get tells replay from conflict). So does an event id another
 -- (scope, key) already holds: no arbiter is named, so either unique index makes it a
 -- no-op (and the caller finds no row under its own key: the key was used).
-INSERT INTO idempo_ledger (idempotency_key, scope, request_digest, status, http_status, response, expires_at, event_id)
+INSERT INTO idempo_ledger (idempotency_key, scope, request_digest, status, http_status, response,
+                           created_at, updated_at, expires_at, event_id)
 VALUES (%(key)s, %(scope)s, %(request_digest)s, 'accepted', 201,
         jsonb_build_object('status', 'accepted', 'idempotency_key', %(key)s::text, 'order_id', %(order_id)s::text,
                            'request_digest', %(request_digest)s::text,
-                           'accepted_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
-        now() + make_interval(secs => %(ttl_s)s), %(event_id)s)
+                           'accepted_at', to_char(coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC',
+                                                  'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl_s)s), %(event_id)s)
 ON CONFLICT DO NOTHING
 RETURNING idempotency_key, scope, request_digest, status, http_status, response, result, result_digest, reason,
           created_at, updated_at, expires_at
@@ -42,7 +46,7 @@ SET status = i.status,
                                             'reason', i.reason, 'request_digest', l.request_digest) END,
     http_status = CASE WHEN i.status = 'succeeded' THEN 200 ELSE coalesce(i.http_status, 400) END,
     reason = i.reason,
-    updated_at = now()
+    updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(event_ids)s::text[], %(statuses)s::text[], %(results)s::text[],
             %(result_digests)s::text[], %(reasons)s::text[], %(errors)s::text[], %(http_statuses)s::int[],
             %(reason_codes)s::text[])

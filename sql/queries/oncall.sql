@@ -35,10 +35,6 @@ FROM outbox_relay_workers
 WHERE run_id = %(run_id)s
 ORDER BY started_at DESC
 
--- name: outbox_relay_workers_clean_stopped
-DELETE FROM outbox_relay_workers
-WHERE stopped_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
-
 -- name: outbox_destination_health_failure
 -- A batch in which the destination itself failed. Starts a streak or extends it,
 -- and opens the circuit once the streak reaches the threshold.
@@ -78,7 +74,8 @@ RETURNING circuit_opened_at IS NOT NULL AS circuit_open
 -- name: outbox_destination_health_success
 -- A delivery succeeded: the streak (if any) is over, the circuit closes, an
 -- expired throttle is lifted.
--- Written when a streak is open, and otherwise at most every few seconds per relay.
+-- Written when a streak is open, and otherwise at most every SUCCESS_EVERY_S per relay
+-- (core/destination_health.py).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 )

@@ -67,11 +67,12 @@ SELECT greatest(extract(epoch FROM %(at)s::timestamptz - coalesce(%(now)s::times
 
 -- name: pg_class_find_relation
 -- What an existing relation of that name is, so create-table never adopts a business table or a catalog.
+-- quote_ident: the name as one identifier, never parsed as schema.name.
 SELECT c.oid, c.relkind, n.nspname, n.nspname = current_schema() AS here,
        ARRAY(SELECT a.attname::text FROM pg_attribute AS a
              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass(%(quoted_name)s)
+WHERE c.oid = to_regclass(quote_ident(%(table_name)s))
 
 -- name: outbox_table_create
 -- outbox_create_table (migration 0001) creates the table, or checks the indexes and trigger of one that exists.

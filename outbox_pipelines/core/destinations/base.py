@@ -26,6 +26,9 @@ class Destination:
     # True when deliveries wait on the network: the relay then claims and settles the
     # next batch while this one is in flight.
     pipelined: bool = False
+    # True when after_settle writes to the database: the relay then settles in one transaction with it;
+    # otherwise the settle is one autocommit statement.
+    writes_on_settle: bool = False
 
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         raise NotImplementedError
@@ -36,7 +39,8 @@ class Destination:
         return ()
 
     def after_settle(self, conn: psycopg.Connection, settled: Sequence[tuple[ClaimedMessage, "Settlement"]]) -> None:
-        """Runs in the settle's transaction with each settled message and how it ended; nothing by default."""
+        """Runs after each settle with each settled message and how it ended (in the settle's transaction
+        when ``writes_on_settle``); nothing by default."""
 
     def close(self) -> None:
         """Release what the destination holds (HTTP pools, threads); nothing by default."""

@@ -86,13 +86,14 @@ class HandlerRegistry:
 
 
 class HandlerDestination(Destination):
-    """Runs the registry's handlers for each message, ``parallelism`` at a time."""
+    """Runs the registry's handlers for each message, on ``threads`` threads at a time."""
 
-    def __init__(self, registry: HandlerRegistry, *, name: str = "handlers", parallelism: int = 1) -> None:
+    def __init__(self, registry: HandlerRegistry, *, name: str = "handlers", threads: int = 1) -> None:
         self.registry = registry
         self.name = name
-        self.parallelism = max(1, parallelism)
-        self._pool = ThreadPoolExecutor(self.parallelism, thread_name_prefix="outbox-handler") if self.parallelism > 1 else None
+        self.threads = max(1, threads)
+        # One thread: the relay's own, no pool to hand messages over to.
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="outbox-handler") if self.threads > 1 else None
 
     @property
     def paused_topics(self) -> tuple[str, ...]:

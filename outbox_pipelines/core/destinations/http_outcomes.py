@@ -1,4 +1,4 @@
-"""The mapping of HTTP answers to outcomes (DESIGN.md §3.4, seed 000 §5 and §7). Pure functions.
+"""The mapping of HTTP answers to outcomes (docs/design.md §3.4, seed 000 §5 and §7). Pure functions.
 
 | answer | outcome | code |
 |---|---|---|
@@ -38,7 +38,8 @@ def _http_date_epoch(value: str) -> float:
     return when.timestamp()
 
 
-def parse_retry_after(value: str | None, *, now_epoch: float | None = None, date_header: str | None = None) -> float | None:
+def parse_retry_after(value: str | None, *, now_epoch: float | None = None,
+                      date_header: str | None = None) -> float | None:
     """Seconds to wait from a Retry-After value: delta-seconds or an HTTP date.
 
     A date is measured against the response's own Date header when there is
@@ -107,7 +108,8 @@ def classify_response(
             try:
                 json.loads(body)
             except ValueError:
-                return Outcome.retry(m.UNKNOWN, f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
+                return Outcome.retry(m.UNKNOWN,
+                                     f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
         return Outcome.sent(ref=_reference(body) if body else None)
     if status == 409:
         if _is_already_processed(body):

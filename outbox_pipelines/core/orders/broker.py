@@ -47,14 +47,16 @@ class _Delivery:
 class OrderBroker(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
+    # after_settle records each order's outcome in the ledger: in the settle's transaction.
+    writes_on_settle = True
 
-    def __init__(self, url: str | None = None, *, token: str | None = None, concurrency: int = 32,
+    def __init__(self, url: str | None = None, *, token: str | None = None, max_in_flight: int = 32,
                  transport: str = "aiohttp-native") -> None:
         # Keyed by message id; deliveries run on the HTTP threads while the relay settles other batches.
         self._deliveries: dict[int, _Delivery] = {}
         self._lock = threading.Lock()
         self.http = (
-            HttpDestination(url, name=f"order broker {redact_url(url)}", parallelism=concurrency, token=token,
+            HttpDestination(url, name=f"order broker {redact_url(url)}", max_in_flight=max_in_flight, token=token,
                             transport=transport, build_request=self._request, on_result=self._answered)
             if url else None
         )
@@ -143,5 +145,5 @@ def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _
 
 def build_order_broker(table: "TableSettings", settings: "Settings") -> OrderBroker:
     """The destination of a table whose settings say ``destination = "orders"`` (settings.WING_DESTINATIONS)."""
-    return OrderBroker(table.url, token=settings.env.broker_token, concurrency=table.concurrency,
+    return OrderBroker(table.url, token=settings.env.broker_token, max_in_flight=table.requests_in_flight,
                        transport=table.transport)

@@ -30,11 +30,12 @@ def failure_code(error_code: str | None, error: str | None = None, http_status: 
         http_status = int(found.group(1)) if found else None
     if http_status is not None and 400 <= http_status < 500 and http_status not in (408, 429):
         return BROKER_REJECTED, http_status  # 400, 401, 403, 404, 409, 422 ...: the broker said no
-    if failure == "refused" or (http_status is None and failure is None and error_code in (m.BAD_REQUEST, m.UNAUTHORIZED)):
+    no_answer = http_status is None and failure is None
+    if failure == "refused" or (no_answer and error_code in (m.BAD_REQUEST, m.UNAUTHORIZED)):
         # Never sent: the request could not be built or the HTTP client refused it (seed 001: BROKER_REJECTED 400).
         return BROKER_REJECTED, 401 if error_code == m.UNAUTHORIZED else 400
     if http_status in (408, 504) or failure == "timeout" or (
-        http_status is None and failure is None and error_code == m.NETWORK_TIMEOUT and "no answer within" in (error or "")
+        no_answer and error_code == m.NETWORK_TIMEOUT and "no answer within" in (error or "")
     ):
         return BROKER_TIMEOUT, http_status or 504
     if http_status is not None and 500 <= http_status < 600:

@@ -9,17 +9,18 @@ bodies) is the API's business: the ledger says what happened.
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.core.orders.model import broker_key, normalize_order, request_digest
 from outbox_pipelines.core.queries import shared_query
-from outbox_pipelines.core.store import Outbox
 
 LEDGER_TTL_S = 48 * 3600.0
 
@@ -50,11 +51,13 @@ def _get(conn: psycopg.Connection, scope: str, key: str) -> dict[str, Any] | Non
 
 def accept_order(
     conn: psycopg.Connection, scope: str, order: dict[str, Any], *, trace_id: str | None = None,
-    traceparent: str | None = None, table: str = ORDERS_TABLE, ttl_s: float = LEDGER_TTL_S,
+    traceparent: str | None = None, table_name: str = ORDERS_TABLE, ttl_s: float = LEDGER_TTL_S,
+    now: datetime | None = None,
 ) -> Acceptance:
     """Accepted the first time, a replay for an identical repeat, a conflict for a different body.
 
     Raises KeyReused when the key's order is still in the outbox though its ledger row is gone.
+    ``now`` (tests that move database time) stamps the ledger row; None: the database's clock.
     """
     order = normalize_order(order)
     key = order["idempotency_key"]
@@ -63,7 +66,7 @@ def accept_order(
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(shared_query("idempo_ledger_reserve"),
                     {"key": key, "scope": scope, "request_digest": digest, "order_id": order.get("order_id"),
-                     "event_id": event_id, "ttl_s": ttl_s})
+                     "event_id": event_id, "ttl_s": ttl_s, "now": now})
         reserved = cur.fetchone()
     if reserved is None:
         existing = _get(conn, scope, key)
@@ -79,7 +82,7 @@ def accept_order(
         headers["trace_id"] = trace_id
     if traceparent:
         headers["traceparent"] = traceparent
-    queued = Outbox(table).enqueue(
+    queued = Outbox(table_name).enqueue(
         conn, Message(topic="order.submitted", payload=order, event_id=event_id, headers=headers)
     )
     if queued.duplicate:
@@ -106,7 +109,7 @@ class SettledOrder(NamedTuple):
     reason_code: str | None = None  # failed: the outbox's code (BAD_REQUEST, NETWORK_TIMEOUT, BROKER_5XX ...)
 
 
-def record_outcomes(conn: psycopg.Connection, outcomes: list[SettledOrder]) -> None:
+def record_outcomes(conn: psycopg.Connection, outcomes: list[SettledOrder], *, now: datetime | None = None) -> None:
     """Record each settled order: succeeded with its ExecResult, or failed with seed 001's code and status.
 
     A message with no ledger row (an order enqueued without the Order API) changes nothing.
@@ -122,4 +125,5 @@ def record_outcomes(conn: psycopg.Connection, outcomes: list[SettledOrder]) -> N
         "errors": [o.error if o.status == "failed" else None for o in outcomes],
         "http_statuses": [o.http_status for o in outcomes],
         "reason_codes": [o.reason_code for o in outcomes],
+        "now": now,
     })

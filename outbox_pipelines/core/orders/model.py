@@ -11,7 +11,8 @@ EXEC_RESULT_FIELDS = ("broker_order_id", "accepted_at", "status", "fills", "idem
 
 
 def broker_key(scope: str, key: str) -> str:
-    """The key the broker sees (the order's event id): the client's key, qualified by its caller when tokens scope keys."""
+    """The key the broker sees (the order's event id): the client's key, qualified by its caller when tokens
+    scope keys."""
     return f"{scope}:{key}" if scope else key
 
 

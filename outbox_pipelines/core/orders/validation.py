@@ -170,7 +170,8 @@ def _check_risk(risk: Any, now: datetime) -> list[Violation]:
     if max_dd is not None and not 0 < (_finite(max_dd) or 0) <= 1:
         out.append(Violation("risk_constraints.max_dd", "must be a fraction in (0, 1]"))
     losses = risk.get("max_consecutive_loss")
-    if losses is not None and not 0 <= (_whole(losses) if _whole(losses) is not None else -1) <= 1000:
+    whole_losses = _whole(losses) if losses is not None else None
+    if losses is not None and not (whole_losses is not None and 0 <= whole_losses <= 1000):
         out.append(Violation("risk_constraints.max_consecutive_loss", "must be a whole number from 0 to 1000"))
     spread = risk.get("max_spread")
     if spread is not None and not 0 < (_finite(spread) or 0) <= 1:

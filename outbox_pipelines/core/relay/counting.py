@@ -21,7 +21,7 @@ _DELIVERED_RESULTS = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_proc
 
 
 def count_settled_batch(
-    table: str,
+    table_name: str,
     batch: Sequence[ClaimedMessage],
     settlements: Sequence[Settlement],
     outcomes: Sequence[Outcome],
@@ -33,8 +33,8 @@ def count_settled_batch(
     and ``lag`` gains each delivered message's created → delivered seconds."""
     counts = BatchCounts()
     settled_mono = time.monotonic()
-    tally = metrics.BatchTally(table)
-    for message, settlement, outcome in zip(batch, settlements, outcomes):
+    tally = metrics.BatchTally(table_name)
+    for message, settlement, outcome in zip(batch, settlements, outcomes, strict=True):
         claimed_mono = claimed_at.pop(message.id, None)
         in_dispatch = settled_mono - claimed_mono if claimed_mono is not None else None
         if settlement.id not in settled:
@@ -49,9 +49,9 @@ def count_settled_batch(
                 lag.add(max(waited, 0.0) + in_dispatch)
             result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
         elif settlement.status == "pending":
-            result = _count_retry(table, message, settlement, outcome, counts)
+            result = _count_retry(table_name, message, settlement, outcome, counts)
         else:
-            result = _count_dead(table, message, settlement, counts)
+            result = _count_dead(table_name, message, settlement, counts)
         tally.add(message, result, in_dispatch, final=settlement.status != "pending")
     tally.flush()
     _, failures = destination_failures(outcomes)
@@ -59,27 +59,27 @@ def count_settled_batch(
     return counts
 
 
-def _count_retry(table: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome,
+def _count_retry(table_name: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome,
                  counts: BatchCounts) -> str:
     counts.retried += 1
-    log.info("%s: message %s (event %s%s) retries in %.1fs: %s", table, message.id,
-             message.event_id, _tenant_part(table, message), settlement.delay_s, settlement.error_code)
+    log.info("%s: message %s (event %s%s) retries in %.1fs: %s", table_name, message.id,
+             message.event_id, _tenant_part(table_name, message), settlement.delay_s, settlement.error_code)
     if outcome.code == m.RATE_LIMITED:
         counts.rate_limited += 1
         counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
     return "retry"
 
 
-def _count_dead(table: str, message: ClaimedMessage, settlement: Settlement, counts: BatchCounts) -> str:
+def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement, counts: BatchCounts) -> str:
     counts.dead += 1
     code = settlement.error_code or m.UNKNOWN
     counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
-    log.warning("%s: message %s (event %s%s) is dead after %d attempts: %s", table,
-                message.id, message.event_id, _tenant_part(table, message), message.attempts, code)
+    log.warning("%s: message %s (event %s%s) is dead after %d attempts: %s", table_name,
+                message.id, message.event_id, _tenant_part(table_name, message), message.attempts, code)
     return "dead"
 
 
-def _tenant_part(table: str, message: ClaimedMessage) -> str:
+def _tenant_part(table_name: str, message: ClaimedMessage) -> str:
     """", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
-    tenant = metrics.tenant_label(table, message.tenant_id)
+    tenant = metrics.tenant_label(table_name, message.tenant_id)
     return f", tenant {tenant}" if tenant else ""

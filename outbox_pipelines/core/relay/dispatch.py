@@ -27,13 +27,13 @@ class DispatchPlan:
     followers: dict[int, int] = field(default_factory=dict)
 
 
-def plan_dispatch(store: OutboxTable, batch: list[ClaimedMessage], dedup: bool) -> DispatchPlan:
+def plan_dispatch(outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup: bool) -> DispatchPlan:
     """Which messages go to the destination; dedup hits (seed 003) are answered from the table."""
     plan = DispatchPlan(outcomes=[None] * len(batch), to_send=list(range(len(batch))))
     if not dedup:
         return plan
     keys = [(msg.topic, msg.payload_sha) for msg in batch]
-    already = store.dedup_lookup(sorted(set(keys)))
+    already = outbox_table.dedup_lookup(sorted(set(keys)))
     first_in_batch: dict[tuple[str, str], int] = {}
     plan.to_send = []
     for index, key in enumerate(keys):
@@ -47,13 +47,13 @@ def plan_dispatch(store: OutboxTable, batch: list[ClaimedMessage], dedup: bool) 
     return plan
 
 
-def deliver_planned(destination: Destination, table: str, batch: list[ClaimedMessage],
+def deliver_planned(destination: Destination, table_name: str, batch: list[ClaimedMessage],
                     plan: DispatchPlan) -> list[Outcome]:
     """Call the destination (no database work here: this may run on the pipeline thread)."""
     if not plan.to_send:
         return []
     messages = [batch[i] for i in plan.to_send]
-    spans = SendSpans(table, messages) if tracing.enabled() else None
+    spans = SendSpans(table_name, messages) if tracing.enabled() else None
     if spans is not None:
         messages = spans.messages
     try:
@@ -69,7 +69,8 @@ def deliver_planned(destination: Destination, table: str, batch: list[ClaimedMes
 def combine_outcomes(plan: DispatchPlan, delivered: list[Outcome]) -> list[Outcome]:
     """Every message's outcome, in batch order: answered from the table, delivered, or its twin's."""
     outcomes = list(plan.outcomes)
-    for index, outcome in zip(plan.to_send, delivered):
+    # A destination that breaks its contract may answer fewer outcomes: the rest end as "no outcome" below.
+    for index, outcome in zip(plan.to_send, delivered, strict=False):
         outcomes[index] = outcome
     for index, leader in plan.followers.items():
         lead = outcomes[leader]

@@ -22,9 +22,9 @@ class LeaseKeeper:
     the relay was declared dead meanwhile (``declared_dead``: the relay must stop claiming).
     """
 
-    def __init__(self, url: str, table: str, worker: str, lease_s: float,
+    def __init__(self, url: str, table_name: str, worker: str, lease_s: float,
                  heartbeat_s: float = liveness.HEARTBEAT_EVERY_S) -> None:
-        self.url, self.table, self.worker, self.lease_s = url, table, worker, lease_s
+        self.url, self.table_name, self.worker, self.lease_s = url, table_name, worker, lease_s
         self.interval = max(lease_s / 3.0, 0.05)
         self.heartbeat_s = heartbeat_s
         self.lost: set[int] = set()
@@ -36,7 +36,7 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         self._closed = False
         self._conn: psycopg.Connection | None = None
-        self._thread = threading.Thread(target=self._run, name=f"outbox-lease-{table}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"outbox-lease-{table_name}", daemon=True)
         self._thread.start()
 
     def hold(self, held: Sequence[tuple[int, int]]) -> None:
@@ -82,7 +82,7 @@ class LeaseKeeper:
                 if due:
                     self._renew(held)
             except Exception as exc:  # noqa: BLE001 - any failure: drop the connection, try again next turn
-                log.warning("relay %s: lease keeper could not reach the database: %s", self.table, exc)
+                log.warning("relay %s: lease keeper could not reach the database: %s", self.table_name, exc)
                 if self._conn is not None:
                     self._conn.close()
                 self._conn = None
@@ -91,12 +91,12 @@ class LeaseKeeper:
         if not liveness.heartbeat(self._connection(), self.worker):
             if not self.declared_dead:
                 log.error("relay %s: this relay (%s) was declared dead by the liveness sweep; stopping",
-                          self.table, self.worker)
+                          self.table_name, self.worker)
             self.declared_dead = True
         self._last_beat = time.monotonic()
 
     def _renew(self, held: list[tuple[int, int]]) -> None:
-        renewed = OutboxTable(self._connection(), self.table).renew(self.worker, held, self.lease_s)
+        renewed = OutboxTable(self._connection(), self.table_name).renew(self.worker, held, self.lease_s)
         with self._cond:
             if self._held != held:
                 return  # released or replaced meanwhile: those leases are no longer ours to count

@@ -27,7 +27,6 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destination_health import DestinationGuard
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
-from outbox_pipelines.core.queries import shared_query
 from outbox_pipelines.core.relay import single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
@@ -63,7 +62,7 @@ class _Invocation:
     budget: Budget
     report: RelayReport
     conn: psycopg.Connection
-    store: OutboxTable
+    outbox_table: OutboxTable
     keeper: LeaseKeeper
     single_active: bool
     started: float
@@ -72,7 +71,7 @@ class _Invocation:
     requeue_every: float
 
     def use(self, conn: psycopg.Connection) -> None:
-        self.conn, self.store = conn, OutboxTable(conn, self.report.table)
+        self.conn, self.outbox_table = conn, OutboxTable(conn, self.report.table)
 
 
 class Relay:
@@ -103,11 +102,6 @@ class Relay:
         self.pipeline = Pipeline(self.batches)
         self._stop = threading.Event()
 
-    @property
-    def settings(self) -> TableSettings:
-        """The table's settings under their former name (``cli.py`` reads ``relay.settings``)."""
-        return self.table
-
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
         """Finish the batch in flight, settle it, and return (safe from a signal handler)."""
@@ -118,7 +112,8 @@ class Relay:
         signal.signal(signal.SIGINT, self.request_stop)
 
     # -- the loop ------------------------------------------------------------
-    def run(self, *, max_seconds: float | None = None, max_entries: int | None = None, once: bool = False) -> RelayReport:
+    def run(self, *, max_seconds: float | None = None, max_entries: int | None = None,
+            once: bool = False) -> RelayReport:
         budget = Budget.starting_now(self._stop, max_seconds=max_seconds, max_entries=max_entries, once=once)
         run = self._start(budget)
         try:
@@ -145,15 +140,15 @@ class Relay:
         """Single-active: take the table's lock, standing by while another relay holds it. False: gave up."""
         if not run.single_active:
             return True
-        table, report = self.table.name, run.report
-        report.lock_held = single_active.try_lock(run.conn, table)
+        report = run.report
+        report.lock_held = single_active.try_lock(run.outbox_table)
         while not report.lock_held:
             if run.budget.once or run.budget.stop_requested or run.budget.out_of_time():
                 report.stopped_because = "another relay holds the single-active lock"
                 return False
             # Standby: take over as soon as the holder stops (checked for stop requests every second).
             wait_s = min(self.table.poll_interval_s, 1.0, run.budget.time_left())
-            report.lock_held = single_active.wait_for_lock(run.conn, table, wait_s)
+            report.lock_held = single_active.wait_for_lock(run.outbox_table, wait_s)
         return True
 
     def _turn(self, run: _Invocation) -> bool:
@@ -203,16 +198,16 @@ class Relay:
             run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
                                           else "nothing ready")
             return False
-        due = run.store.next_due_in_s()
+        due = run.outbox_table.next_due_in_s()
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
         wait_for_wakeup(run.conn, min(idle, run.budget.time_left()), self._stop)
         return True
 
     def _relay(self, run: _Invocation, batch: list[ClaimedMessage]) -> None:
         if self.destination.pipelined:
-            self.pipeline.run(run.store, run.keeper, batch, run.report, lambda: self._claim_next(run))
+            self.pipeline.run(run.outbox_table, run.keeper, batch, run.report, lambda: self._claim_next(run))
         else:
-            self.batches.run(run.store, run.keeper, batch, run.report)
+            self.batches.run(run.outbox_table, run.keeper, batch, run.report)
         drop_stale_wakeups(run.conn)
 
     def _end(self, run: _Invocation) -> None:
@@ -230,7 +225,7 @@ class Relay:
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
         if limit <= 0 or self.pause.active:
             return []
-        gate = self.guard.gate(run.store.conn)
+        gate = self.guard.gate(run.outbox_table.conn)
         report.circuit = "open" if gate.circuit_open else "closed"
         if gate.limit == 0:
             self.pause.hold(gate.wait_s, gate.reason)
@@ -238,9 +233,11 @@ class Relay:
         if gate.limit is not None:
             limit = min(limit, gate.limit)
             report.probes += 1
-        with tracing.tracer().start_as_current_span("outbox.claim", attributes={"outbox.table": self.table.name}) as span:
-            claimed = run.store.claim(self.worker, limit, self.table.lease_s, paused_topics=self._paused_topics(),
-                                      max_attempts=self.table.retry.max_attempts)
+        attributes = {"outbox.table": self.table.name}
+        with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
+            claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
+                                             paused_topics=self._paused_topics(),
+                                             max_attempts=self.table.retry.max_attempts)
             span.set_attribute("outbox.claimed", len(claimed))
         report.claimed += len(claimed)
         metrics.count_claim(self.table.name, len(claimed))
@@ -255,8 +252,8 @@ class Relay:
         now = time.monotonic()
         if now < run.next_requeue:
             return
-        rows = run.store.requeue_stuck(self.worker, stuck_after_s=self.table.stuck_threshold_s,
-                                       max_attempts=self.table.retry.max_attempts)
+        rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=self.table.stuck_threshold_s,
+                                              max_attempts=self.table.retry.max_attempts)
         run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
         run.next_requeue = now + run.requeue_every
 
@@ -272,7 +269,7 @@ class Relay:
         if fresh is None:
             return False
         run.use(fresh)
-        self._audit_db_problem(fresh, batch, exc)
+        self._audit_db_problem(run.outbox_table, batch, exc)
         self._give_back_held(run)
         return True
 
@@ -290,7 +287,7 @@ class Relay:
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if run.single_active and not single_active.try_lock(new, self.table.name):
+            if run.single_active and not single_active.try_lock(OutboxTable(new, self.table.name)):
                 report.lock_held = False
                 report.stopped_because = "lost the single-active lock while reconnecting"
                 new.close()
@@ -299,14 +296,13 @@ class Relay:
         report.stopped_because = "stop requested"
         return None
 
-    def _audit_db_problem(self, conn: psycopg.Connection, batch: list[ClaimedMessage], exc: BaseException) -> None:
+    def _audit_db_problem(self, outbox_table: OutboxTable, batch: list[ClaimedMessage],
+                          exc: BaseException) -> None:
         code = m.AUDIT_DB_TIMEOUT if isinstance(exc, psycopg.errors.QueryCanceled) else m.AUDIT_DB_ERROR
-        ids: list[int | None] = [msg.id for msg in batch] or [None]  # no batch yet: one row, no message id
         try:
-            conn.execute(shared_query("outbox_audit_insert"), {
-                "table_name": self.table.name, "ids": ids, "code": code,
-                "error_code": type(exc).__name__, "worker": self.worker, "detail": cap_error(str(exc)),
-            })
+            # With no batch yet (the claim itself failed): one row about the table, no message id.
+            outbox_table.audit_messages([msg.id for msg in batch], code=code, error_code=type(exc).__name__,
+                                        worker=self.worker, detail=cap_error(str(exc)))
         except psycopg.Error:
             log.warning("relay %s: could not audit %s", self.table.name, code)
 
@@ -315,8 +311,9 @@ class Relay:
         answer was lost) go back to pending now, so none strands until its lease expires. Their attempt
         stays counted: they may have been delivered, and will be again (the idempotency key makes it once)."""
         try:
-            rows = run.store.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
-                                           max_attempts=self.table.retry.max_attempts, dead_holder=self.worker)
+            rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
+                                                  max_attempts=self.table.retry.max_attempts,
+                                                  dead_holder=self.worker)
         except psycopg.Error as exc:
             log.warning("relay %s: could not give back the rows it held: %s", self.table.name, exc)
             return
@@ -332,7 +329,7 @@ class Relay:
                 if conn.closed:
                     conn = open_session(self.url)
                 if unlock:
-                    single_active.unlock(conn, self.table.name)
+                    single_active.unlock(OutboxTable(conn, self.table.name))
                 liveness.stopped(conn, self.worker, reason)
                 break
             except Exception as exc:  # noqa: BLE001 - a stop must always finish

@@ -23,17 +23,17 @@ class Pipeline:
         self._thread: ThreadPoolExecutor | None = None
         self._in_flight: Future[list[Outcome]] | None = None
 
-    def run(self, store: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
+    def run(self, outbox_table: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
             claim_next: Callable[[], list[ClaimedMessage]]) -> None:
         """Relay ``first`` and the batches ``claim_next`` gives, until it gives none (no ready rows, a budget,
         a stop or a 429 pause); every batch in flight is settled before this returns."""
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-deliver-{self.batches.table.name}")
-        plan = self.batches.plan(store, first)
+        plan = self.batches.plan(outbox_table, first)
         self._in_flight = self._thread.submit(self.batches.deliver, first, plan)
         keeper.hold(held(first))
         try:
-            self._loop(store, keeper, first, plan, report, claim_next)
+            self._loop(outbox_table, keeper, first, plan, report, claim_next)
         except BaseException:
             # Nothing may be given back while it is still on the wire: wait for the delivery in flight.
             wait([self._in_flight])
@@ -44,7 +44,7 @@ class Pipeline:
             self._thread.shutdown(wait=True)
             self._thread = None
 
-    def _loop(self, store: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage], plan: DispatchPlan,
+    def _loop(self, outbox_table: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage], plan: DispatchPlan,
               report: RelayReport, claim_next: Callable[[], list[ClaimedMessage]]) -> None:
         assert self._thread is not None and self._in_flight is not None
         while True:
@@ -54,14 +54,14 @@ class Pipeline:
             delivered = self._in_flight.result()
             # Settle before the next batch goes on the wire: if the database fails now, at most this one
             # batch was delivered without being recorded (and is delivered again), never two.
-            self.batches.finish(store, current, combine_outcomes(plan, delivered), report)
+            self.batches.finish(outbox_table, current, combine_outcomes(plan, delivered), report)
             if upcoming and self._must_wait():
-                self._release_unsent(store, upcoming, report)
+                self._release_unsent(outbox_table, upcoming, report)
                 upcoming = []
             if not upcoming:
                 keeper.release()
                 return
-            plan = self.batches.plan(store, upcoming)
+            plan = self.batches.plan(outbox_table, upcoming)
             self._in_flight = self._thread.submit(self.batches.deliver, upcoming, plan)
             keeper.hold(held(upcoming))
             current = upcoming
@@ -70,8 +70,8 @@ class Pipeline:
         """A 429 or an open circuit: the table must wait, so the batch claimed ahead may not be sent."""
         return self.batches.pause.active or self.batches.guard.circuit_open
 
-    def _release_unsent(self, store: OutboxTable, upcoming: list[ClaimedMessage], report: RelayReport) -> None:
+    def _release_unsent(self, outbox_table: OutboxTable, upcoming: list[ClaimedMessage], report: RelayReport) -> None:
         """The prefetched batch goes back unsent, its attempt given back."""
         why = self.batches.pause.reason if self.batches.pause.active else "the circuit is open"
-        store.release_unsent(self.batches.worker, held(upcoming), f"released unsent: {why}")
+        outbox_table.release_unsent(self.batches.worker, held(upcoming), f"released unsent: {why}")
         report.claimed -= len(upcoming)

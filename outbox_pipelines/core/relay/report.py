@@ -28,7 +28,8 @@ class LagSample:
         def at(q: float) -> float | None:
             return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
 
-        return {"lag_p50_s": at(0.50), "lag_p95_s": at(0.95), "lag_p99_s": at(0.99), "lag_max_s": ordered[-1] if ordered else None}
+        return {"lag_p50_s": at(0.50), "lag_p95_s": at(0.95), "lag_p99_s": at(0.99),
+                "lag_max_s": ordered[-1] if ordered else None}
 
 
 def by_code(counts: dict[str, int]) -> str:

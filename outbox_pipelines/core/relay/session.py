@@ -21,10 +21,11 @@ def open_session(url: str) -> psycopg.Connection:
     return connect(url, options=RELAY_SESSION_OPTIONS)
 
 
-def open_listening_session(url: str, table: str) -> psycopg.Connection:
+def open_listening_session(url: str, table_name: str) -> psycopg.Connection:
     """The relay's own connection: it LISTENs on the table's channel, so an enqueue wakes an idle relay."""
     conn = open_session(url)
-    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table))))
+    # LISTEN takes the channel as an identifier, which no query parameter can bind: composed, quoted, here.
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table_name))))
     return conn
 
 

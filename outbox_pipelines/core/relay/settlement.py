@@ -70,35 +70,36 @@ def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettin
     return asked
 
 
-def settle_batch(store: OutboxTable, worker: str, settlements: list[Settlement], table: str) -> set[int] | None:
+def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
+                 table_name: str) -> set[int] | None:
     """Settle the batch in one statement: the ids settled, or None when the database refused it for a
     data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
     statement timeout is not a data reason: it propagates."""
-    conn = store.conn
+    conn = outbox_table.conn
     in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     try:
         if not in_transaction:
-            return store.settle(worker, settlements)
+            return outbox_table.settle(worker, settlements)
         with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
-            return store.settle(worker, settlements)
+            return outbox_table.settle(worker, settlements)
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:
-        log.warning("relay %s: batch settle refused (%s); settling row by row", table, exc)
+        log.warning("relay %s: batch settle refused (%s); settling row by row", table_name, exc)
         return None
 
 
-def settle_row_by_row(store: OutboxTable, worker: str, settlements: list[Settlement]) -> set[int]:
+def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[Settlement]) -> set[int]:
     """Each row in a transaction (a savepoint inside one) of its own; a refused row ends as DB_ERROR, never stuck."""
     settled: set[int] = set()
     for settlement in settlements:
         try:
-            with store.conn.transaction():
-                settled |= store.settle(worker, [settlement])
+            with outbox_table.conn.transaction():
+                settled |= outbox_table.settle(worker, [settlement])
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
-            settled |= store.settle(worker, [_unrecordable(settlement, exc)])
+            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)])
     return settled
 
 

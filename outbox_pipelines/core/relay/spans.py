@@ -13,7 +13,7 @@ class SendSpans:
     """One span per message sent, each a child of the span that wrote the message (its stored
     ``traceparent``); the messages handed to the destination carry the send span's traceparent."""
 
-    def __init__(self, table: str, messages: list[ClaimedMessage]) -> None:
+    def __init__(self, table_name: str, messages: list[ClaimedMessage]) -> None:
         tracer = tracing.tracer()
         self.spans = []
         self.messages = []
@@ -21,10 +21,11 @@ class SendSpans:
             span = tracer.start_span(
                 f"outbox.send {message.topic}", context=tracing.context_of(message.headers),
                 kind=trace.SpanKind.PRODUCER,
-                attributes={"messaging.system": "outbox", "messaging.destination.name": table,
-                            "outbox.table": table, "outbox.topic": message.topic, "outbox.event_id": message.event_id,
+                attributes={"messaging.system": "outbox", "messaging.destination.name": table_name,
+                            "outbox.table": table_name, "outbox.topic": message.topic,
+                            "outbox.event_id": message.event_id,
                             "outbox.attempt": message.attempts,
-                            "outbox.tenant": metrics.tenant_label(table, message.tenant_id)},
+                            "outbox.tenant": metrics.tenant_label(table_name, message.tenant_id)},
             )
             self.spans.append(span)
             parent = tracing.traceparent(span)
@@ -32,7 +33,8 @@ class SendSpans:
                                  if parent else message)
 
     def end(self, outcomes: Sequence[Outcome]) -> None:
-        for span, outcome in zip(self.spans, outcomes):
+        # Ends only the spans of the outcomes there are (a destination that breaks its contract may answer fewer).
+        for span, outcome in zip(self.spans, outcomes, strict=False):
             span.set_attribute("outbox.outcome", outcome.kind)
             if outcome.code:
                 span.set_attribute("outbox.code", outcome.code)

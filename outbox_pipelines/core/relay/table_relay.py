@@ -1,4 +1,8 @@
-"""Relay one configured table: the one entry point the CLI's relay command and the Dagster op share."""
+"""Relay one configured table: the one entry point the CLI's relay command and the Dagster op share.
+
+The one relay module that builds destinations (through wiring); the others know a destination only
+through the Destination base class.
+"""
 
 from collections.abc import Callable
 
@@ -7,12 +11,13 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.settings import Settings
+from outbox_pipelines.core.wiring import build_destination
 
 
 def run_table_relay(
     url: str,
     settings: Settings,
-    table: str,
+    table_name: str,
     *,
     max_seconds: float | None = None,
     max_entries: int | None = None,
@@ -25,15 +30,11 @@ def run_table_relay(
     relay_started: Callable[[Relay], None] | None = None,
 ) -> RelayReport:
     """Relay one configured table: build its destination (unless given), run under the budget, close it."""
-    # At use: wiring composes every destination (HTTP clients, the order wing); the relay's own
-    # modules know destinations only through the Destination base class.
-    from outbox_pipelines.core.wiring import build_destination
-
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-    table_settings = settings.table(table)
+    table = settings.table(table_name)
     owned = destination is None
-    destination = destination or build_destination(table_settings, settings)
-    relay = Relay(url, table_settings, destination, worker_id=worker_id, progress=progress, run_id=run_id)
+    destination = destination or build_destination(table, settings)
+    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id)
     if install_signal_handlers:
         relay.install_signal_handlers()
     if relay_started is not None:

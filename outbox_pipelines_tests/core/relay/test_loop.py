@@ -4,9 +4,18 @@ import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 
-from outbox_pipelines import DatabaseUnavailable, Outcome, RetryPolicy
+from outbox_pipelines import (
+    DatabaseUnavailable,
+    HandlerDestination,
+    HandlerRegistry,
+    Message,
+    Outbox,
+    Outcome,
+    RetryPolicy,
+)
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay import Relay
@@ -76,7 +85,8 @@ def test_single_active_standby_takes_over_when_the_holder_stops(db_url, conn):
     enqueue_n(conn, EVENTS, 2)
     settings = events_settings(mode="single-active", poll_interval_s=0.05)
     conn.execute("SELECT pg_advisory_lock(hashtext('outbox:' || 'outbox_events'))")
-    threading.Timer(0.3, lambda: conn.execute("SELECT pg_advisory_unlock(hashtext('outbox:' || 'outbox_events'))")).start()
+    unlock = "SELECT pg_advisory_unlock(hashtext('outbox:' || 'outbox_events'))"
+    threading.Timer(0.3, lambda: conn.execute(unlock)).start()
     report = Relay(db_url, settings, ScriptedDestination()).run(max_seconds=5, max_entries=2)
     assert (report.lock_held, report.sent) == (True, 2)
 
@@ -96,8 +106,6 @@ def test_time_budget_returns_when_idle(db_url):
 
 
 def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
-    from outbox_pipelines import Message, Outbox
-
     delivered = threading.Event()
     destination = ScriptedDestination(lambda msg: (delivered.set(), Outcome.sent())[1])
     relay = Relay(db_url, events_settings(idle_sleep_s=30.0), destination)
@@ -122,7 +130,8 @@ def test_rate_limit_slows_the_whole_table(db_url, conn):
     # the throttled row waits out Retry-After with its attempt given back; the others were never claimed
     waiting = rows(conn, EVENTS, "last_error_code = 'RATE_LIMITED'")
     assert [(r["status"], r["attempts"]) for r in waiting] == [("pending", 0)]
-    delay = conn.execute("SELECT available_at - now() AS d FROM outbox_events WHERE last_error_code = 'RATE_LIMITED'").fetchone()["d"]
+    delay = conn.execute(
+        "SELECT available_at - now() AS d FROM outbox_events WHERE last_error_code = 'RATE_LIMITED'").fetchone()["d"]
     assert timedelta(seconds=28) < delay <= timedelta(seconds=30)
     # the pause is the table's, in the database, for every relay of it
     paused = conn.execute("SELECT paused_until - now() AS d FROM outbox_destination_health WHERE table_name = %s",
@@ -142,8 +151,9 @@ def test_lease_is_renewed_during_a_long_dispatch(db_url, conn):
         first = None
         while time.monotonic() < deadline:
             time.sleep(0.1)
-            with __import__("psycopg").connect(db_url) as probe:
-                expiry = probe.execute("SELECT lease_expires_at FROM outbox_events WHERE id = %s", (row_id,)).fetchone()[0]
+            with psycopg.connect(db_url) as probe:
+                expiry = probe.execute("SELECT lease_expires_at FROM outbox_events WHERE id = %s",
+                                       (row_id,)).fetchone()[0]
                 first = first or expiry
                 observed["last"] = expiry
                 observed["first"] = first
@@ -192,14 +202,16 @@ def test_relay_survives_a_dropped_database_connection(db_url, conn):
             )
         return Outcome.sent()
 
-    report = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(kill_relay_session_once)).run(max_seconds=5, max_entries=3)
+    relay = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(kill_relay_session_once))
+    report = relay.run(max_seconds=5, max_entries=3)
     assert report.db_errors >= 1
     # The first row's settle was lost with the connection: given back as soon as the relay reconnected,
     # not left leased (it may be delivered again: the idempotency key makes that once).
     found = statuses(conn, EVENTS)
     assert found.get("sent", 0) >= 2 and found.get("sending", 0) == 0
     assert found.get("sent", 0) + found.get("pending", 0) == 3
-    assert conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_flush_db_error'").fetchone()["n"] >= 1
+    db_errors = conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_flush_db_error'")
+    assert db_errors.fetchone()["n"] >= 1
 
 
 def test_an_outcome_the_database_cannot_store_still_ends_visible(db_url, conn):
@@ -221,8 +233,6 @@ def test_a_one_shot_run_does_not_wait_out_a_rate_limit(db_url, conn):
 
 
 def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
-    from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox
-
     registry = HandlerRegistry()
     handled = []
     registry.register("a", lambda msg: handled.append(msg.topic))

@@ -1,19 +1,16 @@
 """plan_settlement: how a row ends, from the outcome, the attempt count and the table's policy."""
 
 from dataclasses import replace
-from datetime import UTC
+from datetime import UTC, datetime
 
 from outbox_pipelines import Outcome, RetryPolicy
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import plan_settlement
 from outbox_pipelines_tests.core.relay.events import events_settings
 
 
 def test_plan_settlement_caps_retry_after_and_uses_injected_jitter():
-    from datetime import datetime
-
-    from outbox_pipelines.core.models import ClaimedMessage
-
     msg = ClaimedMessage(1, "e", None, "t", {}, "sha256:x", {}, 2, datetime.now(UTC))
     settings = events_settings(retry=RetryPolicy(base_s=4, max_s=100, max_attempts=5, jitter=0.5))
     capped = plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), settings)
