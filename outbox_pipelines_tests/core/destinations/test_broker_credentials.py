@@ -23,7 +23,7 @@ from outbox_pipelines.core.orders.ledger import accept_order
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import GlobalSettings, load_settings
 from outbox_pipelines.core.wiring import build_destination
-from outbox_pipelines_tests.core.test_http_destination import claimed
+from outbox_pipelines_tests.core.destinations.test_http import claimed
 from outbox_pipelines_tests.helpers import order_payload, rows
 
 PASSWORD = "brokerpass-9f3"
