@@ -25,12 +25,19 @@ from outbox_pipelines.core.retry import PRESETS, RetryPolicy
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
 
 if TYPE_CHECKING:
-    from outbox_pipelines.core.destinations import HandlerDestination, HandlerRegistry, HttpDestination, PaperBroker
+    from outbox_pipelines.core.destinations import (
+        Destination,
+        HandlerDestination,
+        HandlerRegistry,
+        HttpDestination,
+        PaperBroker,
+    )
     from outbox_pipelines.core.relay import Relay, RelayReport
 
 # The relay side loads on first use: its HTTP destination imports aiohttp and httpx
 # (~0.3 s measured with -X importtime), which an application that only enqueues never needs.
 _RELAY_SIDE = {
+    "Destination": "outbox_pipelines.core.destinations",
     "HandlerDestination": "outbox_pipelines.core.destinations",
     "HandlerRegistry": "outbox_pipelines.core.destinations",
     "HttpDestination": "outbox_pipelines.core.destinations",
@@ -54,6 +61,7 @@ __all__ = [
     "ClaimedMessage",
     "ConfigError",
     "DatabaseUnavailable",
+    "Destination",
     "EnqueueResult",
     "HandlerDestination",
     "HandlerRegistry",

@@ -33,7 +33,7 @@ from outbox_pipelines.core.errors import (
     UnknownTable,
 )
 from outbox_pipelines.core.health import read_status
-from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck
+from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
@@ -337,7 +337,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
         retention = args.retention if args.retention is not None else table.retention_s
         whose = f" of tenant {args.tenant}" if args.tenant else ""
         print(f"{table.name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
-    # The shared tables once per run, whichever outbox tables were cleaned (or none).
+    # The shared tables once per run, whichever of the chosen tables have their cleaner on.
+    if not shared_cleanup_due(tables, force=args.force):
+        print("idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)")
+        return EXIT_OK
     shared = clean_shared(url, audit_retention_s=args.audit_retention)
     print(f"idempo_ledger: deleted {shared.deleted_ledger} expired rows"
           + (f"; outbox_audit: deleted {shared.deleted_audit} old rows" if args.audit_retention else ""))

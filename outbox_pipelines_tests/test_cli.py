@@ -129,6 +129,15 @@ def test_clean_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_
     assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 0
 
 
+def test_clean_with_the_cleaner_switched_off_everywhere_deletes_nothing_not_even_the_ledger(cli_env, conn):
+    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+                 "('old', 'sha256:a', now() - interval '1 minute')")
+    result = run_cli({**cli_env, "OUTBOX_CLEANER_ENABLED": "false"}, "clean")
+    assert result.returncode == 0, result.stderr
+    assert "idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)" in result.stdout
+    assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 1
+
+
 def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
     config = tmp_path / "outbox.toml"
     config.write_text('[tables.hrm_outbox]\ndestination = "paper"\npreset = "generic"\nmax_attempts = 5\n')

@@ -65,7 +65,7 @@ def redeliver_sent(
 
 
 def _tally(report: BackfillReport, messages: list[ClaimedMessage], outcomes: Sequence[Outcome]) -> None:
-    for message, outcome in zip(messages, outcomes, strict=True):
+    for message, outcome in zip(messages, outcomes, strict=False):
         if outcome.kind == "sent":
             report.delivered += 1
         else:

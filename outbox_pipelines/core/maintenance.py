@@ -5,7 +5,7 @@ A cleaner run is ``clean`` once per outbox table whose cleaner is on, and
 idempotency ledger, the audit), whichever outbox tables are cleaned.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -145,6 +145,12 @@ def clean(
                 progress(f"{table.name}: deleted {report.deleted_sent} sent rows")
             if deleted < batch_size:
                 return report
+
+
+def shared_cleanup_due(tables: Sequence[TableSettings], *, force: bool = False) -> bool:
+    """The shared tables are cleaned when the cleaner runs for at least one of the chosen tables:
+    a cleaner switched off everywhere (OUTBOX_CLEANER_ENABLED=false) deletes nothing at all."""
+    return force or any(table.cleaner_enabled for table in tables)
 
 
 def clean_shared(

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 from pydantic import Field
 
-from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck
+from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDatabase
@@ -66,9 +66,13 @@ def clean_op(
         report = clean(outbox_db.database_url(), table, retention_s=retention, tenant_id=config.tenant_id,
                        force=config.force, progress=context.log.info)
         changed[table.name] = report.deleted_sent
-    # The shared tables once per run, whichever outbox tables were cleaned (or none).
-    shared = clean_shared(outbox_db.database_url(), audit_retention_s=audit_retention)
-    ledger, audit = shared.deleted_ledger, shared.deleted_audit
+    # The shared tables once per run, whichever of the chosen tables have their cleaner on.
+    ledger = audit = 0
+    if shared_cleanup_due(tables, force=config.force):
+        shared = clean_shared(outbox_db.database_url(), audit_retention_s=audit_retention)
+        ledger, audit = shared.deleted_ledger, shared.deleted_audit
+    else:
+        context.log.info("idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)")
     context.log.info(f"deleted sent rows {changed}, expired ledger rows {ledger}, audit rows {audit}")
     yield dg.Output(None, metadata=metadata_values(
         {"deleted_sent_by_table": changed, "deleted_sent_total": sum(changed.values()),

@@ -96,6 +96,17 @@ def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_clea
     assert [r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger")] == ["fresh"]
 
 
+def test_clean_job_with_the_cleaner_switched_off_everywhere_deletes_nothing(db_url, conn, instance, monkeypatch):
+    monkeypatch.setenv("OUTBOX_CLEANER_ENABLED", "false")
+    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+                 "('old', 'sha256:a', now() - interval '1 minute')")
+    resources = {"outbox_db": OutboxDatabase(url=db_url), "outbox_destinations": OutboxDestinations()}
+    result = run_job("clean_job", resources, instance)
+    assert result.success
+    assert op_metadata(result, "clean_op")["deleted_ledger"] == 0
+    assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 1
+
+
 def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 3)
     conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BROKER_5XX'")

@@ -87,6 +87,11 @@ class Relay:
         progress_every_s: float = 5.0,
         run_id: str | None = None,
     ) -> None:
+        if not isinstance(destination, Destination):
+            # The relay uses the base class's defaults (pipelined, paused_topics, after_settle): a
+            # duck-typed object would fail at its first claim instead of here.
+            raise TypeError(f"{type(destination).__name__} is not a Destination: subclass "
+                            "outbox_pipelines.Destination and override deliver (and what else it needs)")
         self.url = url
         self.table = table
         self.destination = destination

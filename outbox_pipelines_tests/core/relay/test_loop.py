@@ -253,3 +253,14 @@ def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
         worker.join(10)
     assert handled == ["b"]
     assert rows(conn, EVENTS, "topic = 'a'")[0]["status"] == "pending"
+
+
+def test_a_destination_that_is_not_a_destination_subclass_is_refused_with_what_to_do():
+    class DuckTyped:
+        name = "duck"
+
+        def deliver(self, messages):
+            return []
+
+    with pytest.raises(TypeError, match="subclass outbox_pipelines.Destination"):
+        Relay("postgresql://unused", events_settings(), DuckTyped())
