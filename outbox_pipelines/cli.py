@@ -144,8 +144,10 @@ def cmd_db_url(args: argparse.Namespace) -> int:
 def cmd_db_stop(args: argparse.Namespace) -> int:
     if os.environ.get(db.DATABASE_URL_ENV):
         raise UsageError("OUTBOX_DATABASE_URL is set: this command only stops the embedded server")
-    stopped = db.stop_embedded()
-    print("stopped the embedded PostgreSQL" if stopped else "no embedded PostgreSQL was running")
+    root = db.embedded_dir()
+    stopped = db.stop_embedded(root)
+    print(f"stopped the embedded PostgreSQL under {root}" if stopped
+          else f"no embedded PostgreSQL was running under {root}")
     return EXIT_OK
 
 
@@ -463,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="outbox-pipelines",
         description=(
             "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL, or an embedded PostgreSQL "
-            "under ./.outbox when it is unset. Table settings come from OUTBOX_CONFIG (or ./outbox.toml)."
+            "under the project's .outbox/ when it is unset (the nearest directory up from here holding "
+            "pyproject.toml, outbox.toml or .outbox). Table settings come from OUTBOX_CONFIG (or ./outbox.toml)."
         ),
         epilog="Exit codes: 0 done, 1 failed, 2 bad input or usage (nothing written).",
     )
@@ -492,7 +495,7 @@ def _add_db_commands(sub: Any) -> None:
     p.add_argument("--show-password", action="store_true",
                    help="print the password too (for scripts; keep it off screens and logs)")
     p.set_defaults(handler=cmd_db_url)
-    p = dbsub.add_parser("stop", help="stop the embedded PostgreSQL under ./.outbox")
+    p = dbsub.add_parser("stop", help="stop the project's embedded PostgreSQL (under its .outbox/)")
     p.set_defaults(handler=cmd_db_stop)
 
 

@@ -14,8 +14,11 @@ DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
 
 
 def dagster_yaml_source() -> Path:
+    """The project's dagster.yaml (found from any sub-directory), else the one shipped with the package."""
     here = Path(__file__).resolve().parent
-    for candidate in (Path.cwd() / "dagster.yaml", here.parent / "dagster.yaml", here / "_dagster.yaml"):
+    candidates = (Path.cwd() / "dagster.yaml", db.project_root() / "dagster.yaml",
+                  here.parent / "dagster.yaml", here / "_dagster.yaml")
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError("cannot find dagster.yaml (expected next to workspace.yaml)")

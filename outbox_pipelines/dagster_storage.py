@@ -1,0 +1,91 @@
+"""Dagster's own storage on PostgreSQL, found the way `outbox-pipelines dev` finds it.
+
+The repository's dagster.yaml names ``OutboxDagsterStorage``, so a Dagster command typed in
+the project with nothing set (`dagster dev`, `dagster definitions validate`, `dg dev`,
+`dg check defs`) needs no variable: the storage resolves its own URL. In order:
+
+1. ``OUTBOX_DAGSTER_PG_URL`` (what `outbox-pipelines dev` sets, and what a deployment sets);
+2. a database of its own next to the outbox's: ``<outbox db>_dagster`` on the server of
+   ``OUTBOX_DATABASE_URL``, else on the embedded server under the project's ``.outbox/``
+   (started if needed and left running, as every CLI command does). The embedded default
+   is the project's own, so its outbox schema is brought up to date here, as
+   `outbox-pipelines dev` does: the sensors find their tables on a fresh clone. A server
+   named by OUTBOX_DATABASE_URL is migrated by its owner (`outbox-pipelines db upgrade`);
+   Dagster may run there under a role that cannot.
+
+Every Dagster process (webserver, daemon, run workers) builds the storage from the same
+dagster.yaml, so each resolves the URL itself; they agree because they share the
+environment and the project root.
+"""
+
+import os
+import sys
+from typing import Any
+
+from dagster import Field
+from dagster._serdes import ConfigurableClassData
+from dagster_postgres import DagsterPostgresStorage
+
+from outbox_pipelines.core import db, migrate
+from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
+
+# Set once the message is out: the webserver, daemon and run workers a command starts inherit
+# it and stay quiet, so one command says it once.
+_ANNOUNCED_ENV = "_OUTBOX_DAGSTER_STORAGE_ANNOUNCED"
+
+
+def resolve_storage_url() -> tuple[str, str]:
+    """(the psycopg2 URL Dagster's storage uses, where it came from, for people)."""
+    explicit = os.environ.get(DAGSTER_PG_URL_ENV)
+    if explicit:
+        return explicit, DAGSTER_PG_URL_ENV
+    outbox = db.resolve_database(announce=False)
+    if not outbox.embedded:
+        return dagster_storage_url(outbox.url), f"on the server of {db.DATABASE_URL_ENV}"
+    applied = migrate.upgrade(outbox.url)
+    where = f"on the embedded PostgreSQL under {db.embedded_dir()}, left running: 'outbox-pipelines db stop' stops it"
+    if applied:
+        where += f"; outbox migrations applied: {', '.join(applied)}"
+    return dagster_storage_url(outbox.url), where
+
+
+def _announce(url: str, source: str) -> None:
+    """Say which database Dagster uses unless it was named explicitly; on stderr, so stdout stays the command's."""
+    if source == DAGSTER_PG_URL_ENV or os.environ.get(_ANNOUNCED_ENV):
+        return
+    print(f"Dagster storage: {db.redact(url)}, {source}", file=sys.stderr, flush=True)
+    os.environ[_ANNOUNCED_ENV] = "1"
+
+
+class OutboxDagsterStorage(DagsterPostgresStorage):
+    """dagster-postgres' storage with the URL resolved as above rather than read from dagster.yaml."""
+
+    @classmethod
+    def config_type(cls) -> dict[str, Field]:
+        return {"should_autocreate_tables": Field(bool, is_required=False, default_value=True)}
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]  # our config has no URL fields
+        cls, inst_data: ConfigurableClassData | None, config_value: dict[str, Any]
+    ) -> "OutboxDagsterStorage":
+        url, source = resolve_storage_url()
+        _announce(url, source)
+        return cls(
+            postgres_url=url,
+            should_autocreate_tables=config_value.get("should_autocreate_tables", True),
+            inst_data=inst_data,
+        )
+
+    # dagster-postgres describes its three storages with its own config, which here holds
+    # no URL: nothing in Dagster reads these, and a wrong description is worse than none.
+    @property
+    def event_storage_data(self) -> ConfigurableClassData | None:
+        return None
+
+    @property
+    def run_storage_data(self) -> ConfigurableClassData | None:
+        return None
+
+    @property
+    def schedule_storage_data(self) -> ConfigurableClassData | None:
+        return None

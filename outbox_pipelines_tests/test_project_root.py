@@ -1,0 +1,74 @@
+"""One embedded server per project: commands find the project's .outbox/ from any sub-directory."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox_pipelines.core import db
+from outbox_pipelines_tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("marker", ["pyproject.toml", "outbox.toml", ".outbox"])
+def test_the_root_is_the_nearest_directory_holding_a_marker(tmp_path, marker):
+    root = tmp_path / "project"
+    deep = root / "docs" / "screenshots"
+    deep.mkdir(parents=True)
+    if marker == ".outbox":
+        (root / marker).mkdir()
+    else:
+        (root / marker).write_text("")
+    assert db.project_root(deep) == root.resolve()
+    assert db.project_root(root) == root.resolve()
+
+
+def test_a_nested_project_is_its_own_root(tmp_path):
+    outer, inner = tmp_path / "outer", tmp_path / "outer" / "vendored"
+    (inner / "src").mkdir(parents=True)
+    (outer / "pyproject.toml").write_text("")
+    (inner / "outbox.toml").write_text("")
+    assert db.project_root(inner / "src") == inner.resolve()
+
+
+def test_outside_any_project_the_directory_itself_is_the_root(tmp_path, monkeypatch):
+    bare = tmp_path / "nowhere" / "special"
+    bare.mkdir(parents=True)
+    # A marker no directory above tmp_path holds: the walk goes up to / and finds nothing.
+    monkeypatch.setattr(db, "PROJECT_MARKERS", ("no-such-marker-3f9c",))
+    assert db.project_root(bare) == bare.resolve()
+
+
+def test_the_embedded_directory_follows_the_root_unless_named(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    monkeypatch.delenv(db.EMBEDDED_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path / "pkg" / "sub")
+    assert db.embedded_dir() == (tmp_path / ".outbox").resolve()
+    monkeypatch.setenv(db.EMBEDDED_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert db.embedded_dir() == (tmp_path / "elsewhere").resolve()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    """A project with two sub-directories; its embedded server is stopped at the end."""
+    root = tmp_path / "proj"
+    for sub in ("outbox_pipelines", "docs"):
+        (root / sub).mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "someone_elses"\n')
+    yield root
+    db.stop_embedded(root / ".outbox")  # by the pid in its postmaster.pid: only this test's server
+
+
+def test_commands_in_sub_directories_share_the_projects_server(project):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}  # the embedded default
+    upgrade = run_cli(env, "db", "upgrade", cwd=project / "outbox_pipelines", timeout=180)
+    assert upgrade.returncode == 0, upgrade.stderr
+    root_dir = (project / ".outbox").resolve()
+    assert f"using the embedded PostgreSQL under {root_dir}: postgresql://" in upgrade.stderr
+    # Tables made from one sub-directory are there from another: the same server, not a second one.
+    status = run_cli(env, "status", "--json", cwd=project / "docs", timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert f"under {root_dir}" in status.stderr
+    assert not (project / "outbox_pipelines" / ".outbox").exists()
+    assert not (project / "docs" / ".outbox").exists()
