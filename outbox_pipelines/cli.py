@@ -20,7 +20,7 @@ import psycopg
 from aiohttp import web
 
 from outbox_pipelines.broker_sim import CONTROL_HELP, BrokerSim, add_fault_options, faults_from_args
-from outbox_pipelines.core import db, metrics, migrate, schema
+from outbox_pipelines.core import db, metrics, migrate, roles, schema
 from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.enqueue import Outbox, check_message
 from outbox_pipelines.core.errors import (
@@ -132,6 +132,47 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
           else f"outbox table {args.name} already exists (checked its indexes and trigger)")
     if args.name not in _settings(args).tables:
         print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
+    return EXIT_OK
+
+
+GRANT_HELP = (
+    "create the least-privilege group roles (NOLOGIN) and grant each its rights on the outbox tables: "
+    f"{', '.join(roles.ROLE_NAMES)}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
+    "'db upgrade', and again after every 'db create-table' so the roles reach the new table; safe to repeat "
+    "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
+    "GRANT outbox_relay TO relay_login."
+)
+
+
+def cmd_db_grant(args: argparse.Namespace) -> int:
+    url = _database_url()
+    if migrate.pending(url):
+        raise UsageError("the database is not migrated yet: run 'outbox-pipelines db upgrade' first")
+    try:
+        plan, statements = roles.grant_roles(url, dry_run=args.dry_run)
+    except roles.GrantRefused as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except psycopg.errors.InsufficientPrivilege as exc:  # CREATE ROLE without CREATEROLE
+        say(f"error: the database refused: {redact_text(str(exc).strip().splitlines()[0])}. Run 'db grant' as the "
+            "owner of the outbox tables with CREATEROLE (or as a superuser), like 'db upgrade'.")
+        return EXIT_FAILED
+    if args.dry_run:
+        print("\n".join(statements))
+        print("-- dry run: nothing changed")
+        return EXIT_OK
+    if plan.missing_roles:
+        print(f"created roles: {', '.join(plan.missing_roles)}")
+    print(f"granted on schema {plan.schema} and its {len(plan.outbox_tables)} outbox tables "
+          f"({', '.join(plan.outbox_tables) or 'none'}):")
+    for spec in roles.ROLES:
+        print(f"  {spec.name}: {spec.job}")
+        for line in roles.rights(spec):
+            print(f"      {line}")
+    if plan.absent_tables:
+        print(f"not in this database, skipped: {', '.join(plan.absent_tables)}")
+    print("put each process's login role in its group (GRANT outbox_relay TO relay_login), and run "
+          "'outbox-pipelines db grant' again after 'db create-table' so the roles reach the new table")
     return EXIT_OK
 
 
@@ -481,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_db_commands(sub: Any) -> None:
-    dbp = sub.add_parser("db", help="schema: upgrade, create-table, url, stop",
+    dbp = sub.add_parser("db", help="schema: upgrade, create-table, grant, url, stop",
                          description="Database schema and the embedded server.")
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
@@ -490,6 +531,10 @@ def _add_db_commands(sub: Any) -> None:
     p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
     p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
     p.set_defaults(handler=cmd_db_create_table)
+    p = dbsub.add_parser("grant", help="create the least-privilege database roles and grant their rights "
+                         "(re-run after create-table)", description=GRANT_HELP)
+    p.add_argument("--dry-run", action="store_true", help="print the SQL it would run; change nothing")
+    p.set_defaults(handler=cmd_db_grant)
     p = dbsub.add_parser(
         "url", help="print the database URL in use, its password masked (starts the embedded server if needed)")
     p.add_argument("--show-password", action="store_true",

@@ -81,7 +81,10 @@ def upgrade(url: str, directory: Path | None = None) -> list[str]:
         # A session lock serialises concurrent upgrades; the loser sees the winner's rows.
         _run(conn, "outbox_schema_migrations_lock", {"key": MIGRATION_LOCK_KEY})
         try:
-            _run(conn, "outbox_schema_migrations_create")
+            # Created only when missing: CREATE TABLE IF NOT EXISTS needs CREATE on the schema even when the
+            # table exists, which the Order API's role (db grant) does not hold.
+            if not _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
+                _run(conn, "outbox_schema_migrations_create")
             checksums = {row["version"]: row["checksum"] for row in _run(conn, "outbox_schema_migrations_applied")}
             for migration in migrations:
                 if migration.version in checksums:

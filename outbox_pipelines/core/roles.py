@@ -1,0 +1,253 @@
+"""Least-privilege group roles: what each part of the outbox may do in the database (``db grant``).
+
+Five NOLOGIN group roles; an operator puts each process's login role into one
+(``GRANT outbox_relay TO relay_login``). Their rights are declared here, in
+``ROLES``, and applied by ``grant_roles``: the fixed group roles are created when
+missing, then, in one transaction, every right they hold on the managed tables
+is revoked and the declared set granted, so a re-run converges on the
+declaration instead of adding to it. An outbox table made later (``db
+create-table``) is reached by running it again.
+
+The rights follow the statements each part runs (sql/queries/*.sql), including
+what PostgreSQL checks beneath them:
+
+- ``INSERT ... ON CONFLICT (event_id) ... RETURNING id`` needs SELECT on
+  ``event_id`` and ``id``; ``Outbox.enqueue``'s duplicate path reads ``id``,
+  ``event_id`` and ``payload_sha``. The producer gets SELECT on those three
+  columns only: it can tell a duplicate but cannot read a message.
+- The relay's settle statement carries its DELETE branch (tables that delete on
+  success) whatever the table's setting, so the relay holds DELETE on the outbox
+  tables; cleaning sent rows adds no right on them, only on the shared tables.
+- Identity columns, the NOTIFY trigger, ``pg_notify``, LISTEN and advisory locks
+  need no grant (identity sequences are not checked; the functions are PUBLIC).
+
+The statements are roles.sql's, composed with psycopg.sql identifiers; role
+names are constants and table names come from the catalog, each validated.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.errors import OutboxError
+from outbox_pipelines.core.names import table_identifier, validate_table_name
+from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.table import SharedTables
+
+PRODUCER = "outbox_producer"
+RELAY = "outbox_relay"
+MAINTAINER = "outbox_maintainer"
+READER = "outbox_reader"
+ORDER_API = "outbox_order_api"
+
+# Stands for every outbox table of the schema (those carrying the notify trigger) in a Grant.
+EVERY_OUTBOX_TABLE = "*"
+# The Order API's outbox table (core.orders.ORDERS_TABLE: the engine does not import the order wing).
+ORDERS_TABLE = "outbox_orders"
+# What Outbox.enqueue reads back: the new id, and a duplicate's id and payload digest.
+ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha")
+PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+
+
+class GrantRefused(OutboxError):
+    """This session may not grant on the outbox's schema or tables: it does not own them."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Privileges on one table (a shared table's name, or EVERY_OUTBOX_TABLE); ``columns``: SELECT on those only."""
+
+    table: str
+    privileges: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.privileges) - PRIVILEGES
+        if unknown:
+            raise ValueError(f"unknown privileges {sorted(unknown)}")
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    job: str  # who runs under it, one line for the CLI and the docs
+    grants: tuple[Grant, ...]
+
+
+_READ_AND_WRITE = ("SELECT", "INSERT", "UPDATE")
+# The relay's shared tables: its audit rows, its heartbeat, the destination's health, the
+# order outcomes it records in the ledger, and seed 002's handler record (written by the handler
+# in the relay's transaction; an application's own handler tables are the application's to grant).
+_RELAY_SHARED = (
+    Grant("outbox_audit", ("INSERT",)),
+    Grant("outbox_relay_workers", _READ_AND_WRITE),
+    Grant("outbox_destination_health", _READ_AND_WRITE),
+    Grant("idempo_ledger", ("SELECT", "UPDATE")),
+    Grant("automated_email_recipients", ("SELECT", "INSERT")),
+)
+_RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "UPDATE", "DELETE"))
+
+ROLES: tuple[RoleSpec, ...] = (
+    RoleSpec(PRODUCER, "applications that enqueue (Outbox.enqueue in their own transaction)", (
+        Grant(EVERY_OUTBOX_TABLE, ("INSERT",), columns=ENQUEUE_READ_COLUMNS),
+    )),
+    RoleSpec(RELAY, "standalone relays (outbox-pipelines relay)", (_RELAY_OUTBOX, *_RELAY_SHARED)),
+    RoleSpec(MAINTAINER, "the Dagster code location, and the CLI's relay, requeue-stuck, clean and replay", (
+        _RELAY_OUTBOX,
+        Grant("outbox_audit", ("SELECT", "INSERT", "DELETE")),
+        Grant("outbox_relay_workers", _READ_AND_WRITE),
+        Grant("outbox_destination_health", _READ_AND_WRITE),
+        Grant("idempo_ledger", ("SELECT", "UPDATE", "DELETE")),
+        Grant("automated_email_recipients", ("SELECT", "INSERT")),
+        Grant("outbox_alert_state", _READ_AND_WRITE),
+        Grant("outbox_schema_migrations", ("SELECT",)),
+    )),
+    RoleSpec(READER, "outbox-pipelines status, dashboards and metrics scrapers (read only)", (
+        Grant(EVERY_OUTBOX_TABLE, ("SELECT",)),
+        *(Grant(name, ("SELECT",)) for name in ("outbox_audit", "outbox_relay_workers", "outbox_destination_health",
+                                                 "outbox_alert_state", "outbox_schema_migrations")),
+    )),
+    RoleSpec(ORDER_API, "the Order API (outbox-pipelines order-api)", (
+        # SELECT on the whole table: its /metrics reads the table's health as the reader does.
+        Grant(ORDERS_TABLE, ("SELECT", "INSERT")),
+        Grant("idempo_ledger", ("SELECT", "INSERT")),
+        Grant("outbox_api_secret", ("SELECT", "INSERT")),
+        Grant("outbox_destination_health", ("SELECT",)),
+        Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the migrations as it starts
+    )),
+)
+ROLE_NAMES = tuple(spec.name for spec in ROLES)
+
+
+@dataclass
+class GrantPlan:
+    """What ``db grant`` does on one database: the roles to create, then one transaction of statements."""
+
+    schema: str
+    outbox_tables: list[str]
+    missing_roles: list[str]
+    statements: list[sql.Composed] = field(default_factory=list)
+    absent_tables: list[str] = field(default_factory=list)  # shared tables this database does not have
+
+    def sql_text(self, conn: psycopg.Connection) -> list[str]:
+        """Every statement as SQL text, as psql could run it: role creation, then the transaction (--dry-run)."""
+        creates = [_composed("role_create", role=sql.Identifier(role)) for role in self.missing_roles]
+        text = [_without_comments(statement.as_string(conn)) + ";" for statement in self.statements]
+        return [_without_comments(c.as_string(conn)) + ";" for c in creates] + ["BEGIN;", *text, "COMMIT;"]
+
+
+def _without_comments(text: str) -> str:
+    """The statement without roles.sql's comment lines (they explain the file, not each statement printed)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+def _composed(query: str, **parts: sql.Composable) -> sql.Composed:
+    return shared_query(query).format(**parts)
+
+
+def _fetch_one(conn: psycopg.Connection, query: str, params: dict[str, object]) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(shared_query(query), params)
+        row = cur.fetchone()
+    assert row is not None  # each of these statements returns one row
+    return row
+
+
+def _tables_of(grant: Grant, outbox_tables: Sequence[str]) -> list[str]:
+    return list(outbox_tables) if grant.table == EVERY_OUTBOX_TABLE else [grant.table]
+
+
+def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str]) -> list[sql.Composed]:
+    role = sql.Identifier(spec.name)
+    statements = []
+    for table_name in tables:
+        table = table_identifier(table_name) if grant.table == EVERY_OUTBOX_TABLE else sql.Identifier(table_name)
+        if grant.privileges:
+            privileges = sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges)  # keywords from PRIVILEGES
+            statements.append(_composed("role_table_grant", privileges=privileges, table=table, role=role))
+        if grant.columns:
+            columns = sql.SQL(", ").join(sql.Identifier(c) for c in grant.columns)
+            statements.append(_composed("role_columns_grant", columns=columns, table=table, role=role))
+    return statements
+
+
+def _check_grantable(conn: psycopg.Connection, tables: list[str]) -> str:
+    """The current schema's name, once this session may grant on it and on ``tables`` (GrantRefused if not)."""
+    found = _fetch_one(conn, "role_grantable", {"tables": tables})
+    not_owned: list[str] = found["not_owned"]
+    if not found["owns_schema"] or not_owned:
+        what = ([f"schema {found['schema_name']}"] if not found["owns_schema"] else []) + not_owned
+        raise GrantRefused(
+            f"this role does not own {', '.join(what)}, and only an owner can grant on them: run "
+            "'outbox-pipelines db grant' as the role that ran 'db upgrade' (with CREATEROLE), or as a superuser"
+        )
+    return str(found["schema_name"])
+
+
+def plan_grants(conn: psycopg.Connection) -> GrantPlan:
+    """The statements that bring the five roles to their declared rights on this database; changes nothing.
+
+    GrantRefused when this session does not own the schema and the tables (a GRANT by anyone
+    else only warns, and would change nothing).
+    """
+    outbox_tables = [validate_table_name(name) for name in SharedTables(conn).outbox_table_names()]
+    shared = sorted({g.table for spec in ROLES for g in spec.grants if g.table != EVERY_OUTBOX_TABLE}
+                    - set(outbox_tables))
+    present = [name for name in shared if _fetch_one(conn, "role_table_exists", {"table_name": name})["found"]]
+    schema = _check_grantable(conn, [*outbox_tables, *present])
+    missing = [role for role in ROLE_NAMES if not _fetch_one(conn, "role_exists", {"role": role})["found"]]
+    plan = GrantPlan(schema, outbox_tables, missing)
+    plan.absent_tables = [name for name in shared if name not in present]
+    roles = sql.SQL(", ").join(sql.Identifier(role) for role in ROLE_NAMES)
+    plan.statements.append(_composed("role_schema_usage", schema=sql.Identifier(schema), roles=roles))
+    for table_name in [*outbox_tables, *present]:
+        plan.statements.append(_composed("role_table_revoke", table=sql.Identifier(table_name), roles=roles))
+    for spec in ROLES:
+        for grant in spec.grants:
+            tables = [t for t in _tables_of(grant, outbox_tables) if t in outbox_tables or t in present]
+            plan.statements += _grant_statements(spec, grant, tables)
+    return plan
+
+
+def _create_role(conn: psycopg.Connection, role: str) -> None:
+    """CREATE ROLE in a transaction of its own (``conn`` is in autocommit), tolerating another session
+    that created it meanwhile: roles are cluster-wide, and several databases may be granted at once."""
+    try:
+        conn.execute(_composed("role_create", role=sql.Identifier(role)))
+    except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+        pass
+
+
+def apply_plan(conn: psycopg.Connection, plan: GrantPlan) -> None:
+    """Create the missing roles (each on its own), then revoke and grant in one transaction."""
+    for role in plan.missing_roles:
+        _create_role(conn, role)
+    with conn.transaction():
+        for statement in plan.statements:
+            conn.execute(statement)
+
+
+def grant_roles(url: str, *, dry_run: bool = False) -> tuple[GrantPlan, list[str]]:
+    """Create and grant the five group roles on the database at ``url`` (as the tables' owner with
+    CREATEROLE, or a superuser); the plan, and its SQL text. ``dry_run`` changes nothing."""
+    with connect(url) as conn:
+        plan = plan_grants(conn)
+        text = plan.sql_text(conn)
+        if not dry_run:
+            apply_plan(conn, plan)
+    return plan, text
+
+
+def rights(spec: RoleSpec) -> list[str]:
+    """The role's rights, one line a grant: 'SELECT, UPDATE, DELETE on every outbox table'."""
+    lines = []
+    for grant in spec.grants:
+        where = "every outbox table" if grant.table == EVERY_OUTBOX_TABLE else grant.table
+        granted = list(grant.privileges) + ([f"SELECT ({', '.join(grant.columns)})"] if grant.columns else [])
+        lines.append(f"{', '.join(granted)} on {where}")
+    return lines
