@@ -32,6 +32,9 @@ from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_ur
 # Set once the message is out: the webserver, daemon and run workers a command starts inherit
 # it and stay quiet, so one command says it once.
 _ANNOUNCED_ENV = "_OUTBOX_DAGSTER_STORAGE_ANNOUNCED"
+# The embedded database brought up to date by this command: the processes it starts (webserver,
+# daemon, every run worker) inherit it and skip the migration check instead of repeating it.
+_MIGRATED_ENV = "_OUTBOX_EMBEDDED_MIGRATED"
 
 
 def resolve_storage_url() -> tuple[str, str]:
@@ -42,7 +45,10 @@ def resolve_storage_url() -> tuple[str, str]:
     outbox = db.resolve_database(announce=False)
     if not outbox.embedded:
         return dagster_storage_url(outbox.url), f"on the server of {db.DATABASE_URL_ENV}"
-    applied = migrate.upgrade(outbox.url)
+    applied: list[str] = []
+    if os.environ.get(_MIGRATED_ENV) != outbox.url:
+        applied = migrate.upgrade(outbox.url)
+        os.environ[_MIGRATED_ENV] = outbox.url
     where = f"on the embedded PostgreSQL under {db.embedded_dir()}, left running: 'outbox-pipelines db stop' stops it"
     if applied:
         where += f"; outbox migrations applied: {', '.join(applied)}"

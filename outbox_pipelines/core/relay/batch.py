@@ -1,6 +1,7 @@
 """One claimed batch, start to end: plan what to send, deliver it, settle what happened, count it."""
 
 import time
+from contextlib import nullcontext
 
 from outbox_pipelines.core import tracing
 from outbox_pipelines.core.destination_health import DestinationGuard
@@ -94,11 +95,8 @@ class BatchRunner:
                 report: RelayReport) -> set[int]:
         # A transaction costs round trips on every batch: only a destination whose after_settle writes
         # (the order ledger) shares one with the settle.
-        if not self.destination.writes_on_settle:
-            settled = self._write(outbox_table, settlements, report)
-            self.destination.after_settle(outbox_table.conn, _settled_pairs(batch, settlements, settled))
-            return settled
-        with outbox_table.conn.transaction():
+        scope = outbox_table.conn.transaction() if self.destination.writes_on_settle else nullcontext()
+        with scope:
             settled = self._write(outbox_table, settlements, report)
             self.destination.after_settle(outbox_table.conn, _settled_pairs(batch, settlements, settled))
         return settled
