@@ -140,10 +140,30 @@ def test_nothing_set_uses_the_projects_embedded_server(fresh_project):
     assert f"on the embedded PostgreSQL under {embedded}" in listed.stderr  # the same server, reused
 
 
+LOCATION_STATUS = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
+
+
+def _code_location_loaded(port: int, deadline: float) -> bool:
+    """Wait until the webserver has loaded the code location, as a user opening the UI would see it.
+    A stop that arrives while the code server is still starting (a fresh clone compiles every module
+    first) is a different drill from the one this test is about."""
+    while time.monotonic() < deadline:
+        try:
+            answer = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": LOCATION_STATUS}, timeout=5).json()
+            entries = answer["data"]["workspaceOrError"]["locationEntries"]
+            if entries and all(entry["loadStatus"] == "LOADED" for entry in entries):
+                return True
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+            pass
+        time.sleep(0.5)
+    return False
+
+
 def _stop_group(proc: subprocess.Popen[bytes]) -> int | None:
-    """SIGTERM the process group (dagster dev stops its webserver, daemon and code servers), then
-    kill whatever is still in it; the leader's exit code, None if it had to be killed."""
-    os.killpg(proc.pid, signal.SIGTERM)
+    """Ctrl-C as a terminal sends it (SIGINT to the foreground process group: dagster dev, its
+    webserver, daemon and code servers), then kill whatever is still in it; the leader's exit
+    code, None if it had to be killed."""
+    os.killpg(proc.pid, signal.SIGINT)
     try:
         code: int | None = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -179,6 +199,7 @@ def test_dev_serves_the_ui_from_the_root(user_env, tmp_path, command):
         assert "dagster_webserver_version" in info
         assert "Traceback" not in started
         assert f"on the server of {db.DATABASE_URL_ENV}" in started
+        assert _code_location_loaded(port, time.monotonic() + 120), log_path.read_text(errors="replace")[-3000:]
     finally:
         code = _stop_group(proc)
         # Ours only (other sessions may run dagster dev here too); never left in the repository.

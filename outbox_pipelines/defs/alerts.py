@@ -122,7 +122,10 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxData
         # Interrupted by a stop (a run that started while `dev` was stopping): the relay settled its batch
         # on the way out; a stop is not a fault. A killed relay raises nothing and is told as relay_died.
         context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "interrupted_by_stop"})
-        return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed")
+        # Shown as what it was: the same status a Terminate or a stop mid-relay gives.
+        context.instance.report_run_canceled(
+            run, message="Interrupted by a stop (outbox-pipelines dev or the daemon was stopping): not a failure.")
+        return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed; marked canceled")
     table_name = run.tags.get(TABLE_TAG)
     stats = context.instance.get_run_stats(run.run_id)
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None

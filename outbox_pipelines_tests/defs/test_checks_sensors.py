@@ -131,6 +131,33 @@ def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http
     assert "Steps failed" not in alert["text"] and ".dagster/" not in str(alert)
 
 
+def test_a_run_interrupted_by_a_stop_is_marked_canceled_and_not_alerted(instance, resources, http_sink, monkeypatch):
+    """A run the daemon launched while `dev` was stopping is interrupted before its relay starts: that is a
+    stop, shown as CANCELED like any other run a stop ends, never a failure alert."""
+    from outbox_pipelines.defs.alerts import run_failure_alert
+
+    @dg.op
+    def starting() -> None:
+        raise dg.DagsterExecutionInterruptedError()
+
+    @dg.job
+    def interrupted_job() -> None:
+        starting()
+
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    failed = interrupted_job.execute_in_process(instance=instance, raise_on_error=False)
+    assert instance.get_run_by_id(failed.run_id).status == dg.DagsterRunStatus.FAILURE
+    with dg.build_run_status_sensor_context(
+        sensor_name="outbox_run_failure_alert", dagster_instance=instance, dagster_run=failed.dagster_run,
+        dagster_event=failed.get_run_failure_event(), resources={"outbox_db": resources["outbox_db"]},
+    ) as context:
+        run_failure_alert(context.for_run_failure())
+    run = instance.get_run_by_id(failed.run_id)
+    assert run.status == dg.DagsterRunStatus.CANCELED
+    assert run.tags["outbox/failure"] == "interrupted_by_stop"
+    assert http_sink.received == []
+
+
 def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):
     from outbox_pipelines.core.alerts import post_alert
 
