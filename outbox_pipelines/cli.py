@@ -563,7 +563,10 @@ def _add_message_commands(sub: Any) -> None:
     p.add_argument("--table", action="append", help="only this table (repeatable); default: every configured table")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = add("relay", cmd_relay, "run a relay worker: claim, dispatch, settle")
+    p = add("relay", cmd_relay, "run a relay worker: claim, dispatch, settle", epilog=(
+        "Behind a transaction pooler (PgBouncer) set OUTBOX_DIRECT_DATABASE_URL to a direct connection: the "
+        "relay's session (LISTEN wake-ups, the single-active lock) needs one. Without it a competing table's "
+        "relay polls, and a single-active table's relay refuses to start."))
     p.add_argument("--table", required=True, help="outbox table to relay")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")

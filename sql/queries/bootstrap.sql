@@ -38,3 +38,7 @@ SELECT version, name, checksum FROM outbox_schema_migrations
 
 -- name: outbox_schema_migrations_record
 INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
+
+-- name: server_backend_pid
+-- The server's own pid for this session; a pooler reports another at connect (core/pooler.py).
+SELECT pg_backend_pid() AS pid

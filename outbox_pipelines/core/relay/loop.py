@@ -1,7 +1,8 @@
 """The relay: claim → dispatch → settle, over one outbox table, under a budget.
 
 One relay owns one database connection for claims and settles (it also holds
-the single-active lock and LISTENs for wake-ups), and a lease keeper thread
+the single-active lock and LISTENs for wake-ups; behind a transaction pooler it
+is the direct connection, or it polls: relay/session.py), and a lease keeper thread
 that renews the leases of a batch whose dispatch runs long. An invocation runs
 under a time budget and/or an entry budget (what a Dagster run uses), drains
 once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
@@ -35,8 +36,9 @@ from outbox_pipelines.core.relay.pause import Pause
 from outbox_pipelines.core.relay.pipeline import Pipeline
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.session import (
+    RelaySession,
     drop_stale_wakeups,
-    open_listening_session,
+    open_relay_session,
     open_session,
     wait_for_wakeup,
 )
@@ -61,7 +63,7 @@ class _Invocation:
 
     budget: Budget
     report: RelayReport
-    conn: psycopg.Connection
+    session: RelaySession
     outbox_table: OutboxTable
     keeper: LeaseKeeper
     single_active: bool
@@ -70,8 +72,12 @@ class _Invocation:
     next_requeue: float
     requeue_every: float
 
-    def use(self, conn: psycopg.Connection) -> None:
-        self.conn, self.outbox_table = conn, OutboxTable(conn, self.report.table)
+    @property
+    def conn(self) -> psycopg.Connection:
+        return self.session.conn
+
+    def use(self, session: RelaySession) -> None:
+        self.session, self.outbox_table = session, OutboxTable(session.conn, self.report.table)
 
 
 class Relay:
@@ -86,6 +92,7 @@ class Relay:
         progress: Callable[[RelayReport], None] | None = None,
         progress_every_s: float = 5.0,
         run_id: str | None = None,
+        direct_url: str | None = None,
     ) -> None:
         if not isinstance(destination, Destination):
             # The relay uses the base class's defaults (pipelined, paused_topics, after_settle): a
@@ -93,6 +100,7 @@ class Relay:
             raise TypeError(f"{type(destination).__name__} is not a Destination: subclass "
                             "outbox_pipelines.Destination and override deliver (and what else it needs)")
         self.url = url
+        self.direct_url = direct_url  # the relay's session, when a transaction pooler sits at url (core/pooler.py)
         self.table = table
         self.destination = destination
         self.worker = worker_id or default_worker_id()
@@ -131,11 +139,12 @@ class Relay:
 
     def _start(self, budget: Budget) -> _Invocation:
         started = time.monotonic()
-        conn = open_listening_session(self.url, self.table.name)
+        session = open_relay_session(self.url, self.table, self.direct_url)
+        conn = session.conn
         liveness.register(conn, self.worker, self.table.name, self.run_id)
         keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
         return _Invocation(
-            budget, RelayReport(self.table.name, self.worker), conn, OutboxTable(conn, self.table.name), keeper,
+            budget, RelayReport(self.table.name, self.worker), session, OutboxTable(conn, self.table.name), keeper,
             single_active=self.table.mode == "single-active", started=started,
             next_progress=started + self.progress_every_s, next_requeue=started,
             requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s),
@@ -194,7 +203,7 @@ class Relay:
         if run.budget.once:
             run.report.stopped_because = f"{self.pause.reason}; the rest waits as pending"
             return False
-        wait_for_wakeup(run.conn, min(self.pause.remaining(), run.budget.time_left()), self._stop)
+        wait_for_wakeup(run.session, min(self.pause.remaining(), run.budget.time_left()), self._stop)
         return True
 
     def _idle(self, run: _Invocation) -> bool:
@@ -205,7 +214,7 @@ class Relay:
             return False
         due = run.outbox_table.next_due_in_s()
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
-        wait_for_wakeup(run.conn, min(idle, run.budget.time_left()), self._stop)
+        wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)
         return True
 
     def _relay(self, run: _Invocation, batch: list[ClaimedMessage]) -> None:
@@ -213,7 +222,7 @@ class Relay:
             self.pipeline.run(run.outbox_table, run.keeper, batch, run.report, lambda: self._claim_next(run))
         else:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
-        drop_stale_wakeups(run.conn)
+        drop_stale_wakeups(run.session)
 
     def _end(self, run: _Invocation) -> None:
         run.keeper.close()
@@ -278,7 +287,7 @@ class Relay:
         self._give_back_held(run)
         return True
 
-    def _reconnect(self, run: _Invocation) -> psycopg.Connection | None:
+    def _reconnect(self, run: _Invocation) -> RelaySession | None:
         run.conn.close()
         report, delay = run.report, 0.1
         while not self._stop.is_set():
@@ -286,16 +295,16 @@ class Relay:
                 report.stopped_because = "time budget used while the database was unreachable"
                 return None
             try:
-                new = open_listening_session(self.url, self.table.name)
+                new = open_relay_session(self.url, self.table, self.direct_url)
             except Exception as exc:  # noqa: BLE001 - any failure to connect: try again after a backoff
                 log.warning("relay %s: reconnect failed (%s); retrying in %.1fs", self.table.name, exc, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if run.single_active and not single_active.try_lock(OutboxTable(new, self.table.name)):
+            if run.single_active and not single_active.try_lock(OutboxTable(new.conn, self.table.name)):
                 report.lock_held = False
                 report.stopped_because = "lost the single-active lock while reconnecting"
-                new.close()
+                new.conn.close()
                 return None
             return new
         report.stopped_because = "stop requested"

@@ -2,12 +2,16 @@
 
 import threading
 import time
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
-from outbox_pipelines.core.db import connect
+from outbox_pipelines.core import pooler
+from outbox_pipelines.core.db import connect, redact
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.names import notify_channel
+from outbox_pipelines.core.settings import TableSettings
 
 STATEMENT_TIMEOUT_MS = 30_000
 # Custom plans for the relay's statements: a generic plan guesses a handful of input rows and
@@ -21,20 +25,49 @@ def open_session(url: str) -> psycopg.Connection:
     return connect(url, options=RELAY_SESSION_OPTIONS)
 
 
-def open_listening_session(url: str, table_name: str) -> psycopg.Connection:
-    """The relay's own connection: it LISTENs on the table's channel, so an enqueue wakes an idle relay."""
-    conn = open_session(url)
+@dataclass
+class RelaySession:
+    """The relay's own connection, and whether it LISTENs (not through a transaction pooler)."""
+
+    conn: psycopg.Connection
+    listening: bool
+
+
+def open_relay_session(url: str, table: TableSettings, direct_url: str | None = None) -> RelaySession:
+    """The relay's own connection: it LISTENs on the table's channel, so an enqueue wakes an idle relay.
+
+    ``direct_url`` (OUTBOX_DIRECT_DATABASE_URL), when set, is a connection that keeps its session and
+    carries the relay's session whole. Without it, behind a pooler (core/pooler.py) a competing table's
+    relay polls every ``idle_sleep_s``, and a single-active one refuses: ConfigError says what to set.
+    """
+    conn = open_session(direct_url or url)
+    if direct_url is None and pooler.behind_pooler(conn):
+        if table.mode == "single-active":
+            conn.close()
+            raise ConfigError(
+                f"table {table.name} is single-active: its relay holds a session lock, which cannot pass the "
+                f"connection pooler at {redact(url)}. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct "
+                "connection to PostgreSQL (or a session-mode pool) for the relay's session, "
+                f'or make the table competing (mode = "competing").')
+        pooler.say_once(f"listen {redact(url)}", (
+            f"relay {table.name}: a connection pooler sits between the relay and PostgreSQL at {redact(url)}, "
+            f"and LISTEN/NOTIFY cannot pass a transaction pooler: polling every {table.idle_sleep_s:g}s instead "
+            f"of waking on enqueue. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct connection to wake at once."))
+        return RelaySession(conn, listening=False)
     # LISTEN takes the channel as an identifier, which no query parameter can bind: composed, quoted, here.
-    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table_name))))
-    return conn
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table.name))))
+    return RelaySession(conn, listening=True)
 
 
-def wait_for_wakeup(conn: psycopg.Connection, seconds: float, stop: threading.Event) -> None:
-    """Sleep up to ``seconds``, waking at once on a NOTIFY or a stop request.
+def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event) -> None:
+    """Sleep up to ``seconds``, waking at once on a NOTIFY (when the session LISTENs) or a stop request.
 
     psycopg keeps notifications that arrive during other statements in a
     backlog that ``notifies()`` yields first, so a wake-up is never missed.
     """
+    if not session.listening:
+        stop.wait(max(seconds, 0.0))
+        return
     deadline = time.monotonic() + max(seconds, 0.0)
     woken = False
     while not woken and not stop.is_set():
@@ -42,11 +75,12 @@ def wait_for_wakeup(conn: psycopg.Connection, seconds: float, stop: threading.Ev
         if remaining <= 0:
             break
         # Slices keep a stop request prompt; a NOTIFY ends the wait immediately.
-        for _ in conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
+        for _ in session.conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
             woken = True
 
 
-def drop_stale_wakeups(conn: psycopg.Connection) -> None:
+def drop_stale_wakeups(session: RelaySession) -> None:
     """Empty the notification backlog while busy, so it cannot grow without bound."""
-    for _ in conn.notifies(timeout=0):
-        pass
+    if session.listening:
+        for _ in session.conn.notifies(timeout=0):
+            pass

@@ -6,7 +6,7 @@ through the Destination base class.
 
 from collections.abc import Callable
 
-from outbox_pipelines.core import tracing
+from outbox_pipelines.core import pooler, tracing
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
@@ -34,7 +34,8 @@ def run_table_relay(
     table = settings.table(table_name)
     owned = destination is None
     destination = destination or build_destination(table, settings)
-    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id)
+    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id,
+                  direct_url=pooler.direct_database_url())
     if install_signal_handlers:
         relay.install_signal_handlers()
     if relay_started is not None:
