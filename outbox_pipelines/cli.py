@@ -17,9 +17,8 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from aiohttp import web
 
-from outbox_pipelines.broker_sim import CONTROL_HELP, BrokerSim, add_fault_options, faults_from_args
+from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options, faults_from_args
 from outbox_pipelines.core import db, metrics, migrate, roles, schema
 from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.enqueue import Outbox, check_message
@@ -43,8 +42,6 @@ from outbox_pipelines.core.replay import text_table as replay_text_table
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings, parse_duration
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.core.wiring import load_registry
-from outbox_pipelines.demo import run_demo
-from outbox_pipelines.dev import run_dev
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -463,6 +460,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # -- demo --------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
+    from outbox_pipelines.demo import run_demo  # Dagster: only for this command
+
     return run_demo(_database_url(), quiet=args.quiet)
 
 
@@ -479,6 +478,10 @@ def cmd_order_api(args: argparse.Namespace) -> int:
 
 
 def cmd_broker_sim(args: argparse.Namespace) -> int:
+    from aiohttp import web  # the server stack: only for this command, so a relay starts faster
+
+    from outbox_pipelines.broker_sim import BrokerSim
+
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
     say(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); "
@@ -488,6 +491,8 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from outbox_pipelines.dev import run_dev  # Dagster: only for this command
+
     return run_dev(host=args.host, port=args.port)
 
 
@@ -649,6 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # Handler modules an outbox.toml names next to it import as under `python -m` (the console
+    # script alone does not put the working directory on the path).
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return int(args.handler(args) or 0)
     except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:

@@ -1,6 +1,9 @@
 """The command line as a user runs it: help, exit codes, clear errors, nothing written on bad input."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +187,29 @@ def test_relay_serves_prometheus_metrics_while_it_runs(cli_env, conn):
         proc.terminate()
         proc.wait(timeout=20)
     assert proc.returncode == 0
+
+
+def test_a_handler_module_next_to_outbox_toml_imports_under_the_console_script(cli_env, conn, tmp_path):
+    (tmp_path / "team_handlers.py").write_text(
+        "from outbox_pipelines.core.destinations.handlers import HandlerRegistry\n"
+        "registry = HandlerRegistry()\n"
+        "registry.on('team.joined')(lambda message: 'team:' + str(message.payload['team']))\n")
+    (tmp_path / "outbox.toml").write_text('[tables.outbox_events]\nhandlers = "team_handlers:registry"\n')
+    console_script = [str(Path(sys.executable).with_name("outbox-pipelines"))]
+    env = {**cli_env, "PYTHONPATH": ""}  # the console script as installed, nothing on the path but the package
+    for args in (["enqueue", "--table", "outbox_events", "--topic", "team.joined", "--payload", '{"team": 4}'],
+                 ["relay", "--table", "outbox_events", "--once", "--quiet"]):
+        result = subprocess.run(console_script + args, env=env, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+    assert [(r["status"], r["result_ref"]) for r in rows(conn, "outbox_events")] == [("sent", "team:4")]
+
+
+def test_a_relay_of_in_process_handlers_loads_no_http_or_dagster_stack(cli_env):
+    """Each relay process starts in a fraction of a second: scaling out is starting more of them."""
+    probe = ("import sys; from outbox_pipelines.cli import main; "
+             "code = main(['relay', '--table', 'outbox_events', '--once', '--quiet']); "
+             "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))")
+    result = subprocess.run([sys.executable, "-c", probe], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "0 []"

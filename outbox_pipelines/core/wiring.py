@@ -5,8 +5,9 @@ e.g. the order broker) through its factory, imported by name when a table uses i
 the engine never imports a wing.
 """
 
-from outbox_pipelines.core.destinations import HandlerDestination, HandlerRegistry, HttpDestination, PaperBroker
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
+from outbox_pipelines.core.destinations.paper import PaperBroker
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.settings import WING_DESTINATIONS, Settings, TableSettings, import_attribute
 
@@ -36,6 +37,9 @@ def build_wing_destination(table: TableSettings, settings: Settings) -> Destinat
 
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
     if table.destination == "http":
+        # httpx only for an HTTP table: a relay of in-process handlers starts without it.
+        from outbox_pipelines.core.destinations.http import HttpDestination
+
         assert table.url
         # The destination's own credential (OUTBOX_BROKER_TOKEN), never the Order API's tokens; its name
         # (logs, run logs, alerts) is the URL without user-info.
