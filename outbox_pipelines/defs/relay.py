@@ -79,6 +79,16 @@ def _report_metadata(report: RelayReport, mode: str) -> dict[str, Any]:
     return values
 
 
+def _wait_through_interrupts(done: threading.Event) -> None:
+    """Wait for the relay to settle, whatever further interrupts arrive meanwhile (a repeated stop)."""
+    while True:
+        try:
+            done.wait()
+            return
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+            continue
+
+
 def _relay_in_thread(
     context: dg.OpExecutionContext, start: Callable[[Callable[[Relay], None]], RelayReport]
 ) -> RelayReport:
@@ -109,10 +119,12 @@ def _relay_in_thread(
         while not done.wait(0.5):
             pass
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
-        context.log.info("termination requested: finishing and settling the batch in flight")
+        # Ask first: a second interrupt may land in the log call below (a database write), and
+        # must find the stop already requested.
         for relay in relays:
             relay.request_stop()
-        done.wait()
+        _wait_through_interrupts(done)
+        context.log.info("termination requested: finished and settled the batch in flight")
         for report in reports:
             context.log.info(f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, "
                              f"dead {report.dead} in {report.seconds:.1f}s; nothing left in sending")

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -178,3 +179,27 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
     assert not [t for t in texts if "BrokerPw-dagster" in t]
     orders = [r for r in http_sink.received if r.key]  # the webhook's alerts carry no Idempotency-Key
     assert len(orders) == 3 and all(r.headers.get("Authorization", "").startswith("Basic ") for r in orders)
+
+
+def test_a_second_stop_while_the_relay_settles_does_not_cut_the_wait_short():
+    """A repeated Terminate (or Ctrl-C twice) lands while the op waits for the relay's settle: it keeps waiting."""
+    import os
+    import signal
+    import threading
+
+    from outbox_pipelines.defs.relay import _wait_through_interrupts
+
+    settled = threading.Event()
+    interrupts = 0
+
+    def interrupt_twice_then_settle() -> None:
+        nonlocal interrupts
+        for _ in range(2):
+            time.sleep(0.2)  # the main thread is waiting by then
+            os.kill(os.getpid(), signal.SIGINT)  # raised as KeyboardInterrupt in the main thread
+            interrupts += 1
+        settled.set()
+
+    threading.Thread(target=interrupt_twice_then_settle).start()
+    _wait_through_interrupts(settled)
+    assert settled.is_set() and interrupts == 2
