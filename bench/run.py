@@ -35,6 +35,7 @@ for entry in (str(BENCH_DIR), str(REPO)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
+import scale_out  # noqa: E402
 from obench import check_cost, dagster_steady, drain, enqueue, flat, http_bench, latency, order_path  # noqa: E402  # noqa: E402
 from obench.common import (  # noqa: E402
     BENCH_URL_ENV,
@@ -119,6 +120,15 @@ SCENARIOS = [
         "broker-sim, relay): accepted orders/s with 32 in flight for 10 s; accepted -> executed "
         "(idempo_ledger created_at -> updated_at at 'succeeded', an upper bound) at 100 orders/s for 30 s "
         "with the CLI relay worker (target p99 <= 50 ms) and with the Dagster relay job (information).",
+    ),
+    Scenario(
+        "scale",
+        scale_out.run,
+        "Scale-out with real `outbox-pipelines relay --once` processes: one competing-mode table of 40,000 "
+        "pending messages (--scale-messages; --quick 8,000) to a no-op handler, drained by 1, 2, 4 and 8 "
+        "relay processes started together, and 4 tables of N/4 each with one relay process per table; rounds "
+        "interleaved. msg/s from launch to all sent and from the first relay's connect to all sent (database "
+        "clock); the ratio is the speed-up over 1 relay in the same round. Information, no target.",
     ),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
@@ -323,6 +333,8 @@ def _detail_lines(report: dict[str, Any]) -> list[str]:
         lines += dagster_steady.detail_lines(details["dagster"])
     if "order" in details:
         lines += order_path.detail_lines(details["order"])
+    if "scale" in details:
+        lines += scale_out.detail_lines(details["scale"])
     return lines
 
 
@@ -383,6 +395,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output", type=Path, default=None,
         help="directory for results.json/results.md (default: bench/, or bench/.runs/ with --quick)",
     )
+    scale_out.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -417,6 +430,7 @@ def _run_scenario(server: BenchServer, scenario: Scenario, sizes: Sizes, runs: i
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    scale_out.configure(args)
     chosen = [BY_NAME[n] for n in dict.fromkeys(args.scenario)] if args.scenario else SCENARIOS
     sizes = Sizes.quick() if args.quick else Sizes()
     out_dir = args.output or (BENCH_DIR / ".runs" if args.quick else BENCH_DIR)
