@@ -41,7 +41,8 @@ def open_relay_session(url: str, table: TableSettings, direct_url: str | None = 
     relay polls every ``idle_sleep_s``, and a single-active one refuses: ConfigError says what to set.
     """
     conn = open_session(direct_url or url)
-    if direct_url is None and pooler.behind_pooler(conn):
+    # db.connect asked the server already, and turned statement preparation off behind a pooler.
+    if direct_url is None and conn.prepare_threshold is None:
         if table.mode == "single-active":
             conn.close()
             raise ConfigError(
