@@ -14,10 +14,15 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NESTING_DEPTH = 100
 
 
+# One encoder for every call: json.dumps with options builds a new one each time, which
+# costs as much as encoding a small payload.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, UTF-8 kept: equal values give equal text."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _CANONICAL.encode(value)
     except ValueError as exc:
         if "Out of range float" in str(exc):
             raise InvalidMessage("payload has a number JSON cannot represent (NaN or infinity)") from None
@@ -27,7 +32,11 @@ def canonical_json(value: Any) -> str:
 
 
 def digest(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return digest_bytes(text.encode("utf-8"))
+
+
+def digest_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _reject_nul(value: Any, path: str, what: str = "payload") -> None:
@@ -55,10 +64,30 @@ def check_structure(value: Any, what: str = "payload", max_depth: int = MAX_NEST
     Iterative (no recursion, whatever the depth) and it only visits containers,
     so a flat payload costs next to nothing. json.dumps would silently turn
     integer (or bool, None, float) keys into strings, so that the stored body
-    is not the one given; refuse them instead.
+    is not the one given; refuse them instead. The walk keeps no paths (it runs
+    for every message of a batch enqueue); only a message that fails is walked
+    again to say where.
     """
-    if not isinstance(value, (dict, list, tuple)):
-        return
+    if isinstance(value, (dict, list, tuple)) and not _well_formed(value, 1, max_depth):
+        _explain_structure(value, what, max_depth)
+
+
+def _well_formed(node: dict[Any, Any] | list[Any] | tuple[Any, ...], depth: int, max_depth: int) -> bool:
+    # Recursion is bounded by max_depth (far below Python's limit) and is the fastest walk.
+    if depth > max_depth:
+        return False
+    if isinstance(node, dict):
+        for key, item in node.items():
+            if not isinstance(key, str):
+                return False
+            if isinstance(item, (dict, list, tuple)) and not _well_formed(item, depth + 1, max_depth):
+                return False
+        return True
+    return all(_well_formed(item, depth + 1, max_depth) for item in node if isinstance(item, (dict, list, tuple)))
+
+
+def _explain_structure(value: Any, what: str, max_depth: int) -> None:
+    """The slow walk of a value ``check_structure`` refused: raise InvalidMessage naming where."""
     stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
     while stack:
         node, depth, path = stack.pop()
@@ -80,6 +109,7 @@ def check_structure(value: Any, what: str = "payload", max_depth: int = MAX_NEST
             for index, item in enumerate(node):
                 if isinstance(item, (dict, list, tuple)):
                     stack.append((item, depth + 1, f"{path}[{index}]"))
+    raise AssertionError("check_structure refused a value the explaining walk accepts")
 
 
 def parse_payload(payload: Any, what: str = "payload") -> Any:
@@ -116,12 +146,13 @@ def checked_canonical_payload(
     if "\\u0000" in text:
         _reject_nul(value, "$", what)
     try:
-        size = len(text.encode("utf-8"))
+        data = text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidMessage(f"{what} contains a lone surrogate (text that is not valid Unicode)") from None
+    size = len(data)
     if size > max_bytes:
         raise InvalidMessage(
             f"{what} is {size} bytes, over the limit of {max_bytes} bytes "
             "(set OUTBOX_MAX_PAYLOAD_BYTES to change it, or store the body elsewhere and enqueue a reference)"
         )
-    return text, digest(text)
+    return text, digest_bytes(data)

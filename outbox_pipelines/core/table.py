@@ -102,6 +102,27 @@ class OutboxTable:
             "available_ats": list(available_ats), "now": now})
         return {row["event_id"]: int(row["id"]) for row in rows}
 
+    def copy_new(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
+                 payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str]) -> dict[str, int] | None:
+        """COPY new messages in (due now), under a savepoint; their ids by event_id, or None, having
+        written nothing, when an event_id is already stored (the caller then inserts row by row).
+
+        The ids are reserved first because COPY returns none; the reservation also opens the
+        caller's transaction on a connection that is idle outside autocommit, so the block below is
+        a savepoint inside it and not a transaction of its own.
+        """
+        ids = [int(row["id"]) for row in self._run("outbox_reserve_ids", {"count": len(event_ids)})]
+        statement = table_query("outbox_copy_in", self.table_name)
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(statement) as copy:
+                for row in zip(ids, event_ids, tenant_ids, topics, payloads, payload_shas, headers, strict=True):
+                    copy.write_row(row)
+        except psycopg.errors.UniqueViolation:
+            return None
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+        return dict(zip(event_ids, ids, strict=True))
+
     def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
         """(id, payload_sha) of the stored rows with these event ids, by event_id."""
         rows = self._run("outbox_find_by_event_ids", {"event_ids": list(event_ids)})

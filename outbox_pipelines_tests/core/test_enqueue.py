@@ -209,3 +209,88 @@ def test_enqueue_then_read(conn):
     assert row["status"] == "pending"
     assert row["payload"] == {"a": 1}
     assert row["payload_sha"].startswith("sha256:")
+
+
+# -- a large batch: COPY, with the same guarantees ------------------------------------------
+from outbox_pipelines.core.enqueue import COPY_MIN_ROWS  # noqa: E402
+
+
+def _batch(prefix: str, count_: int = COPY_MIN_ROWS * 3) -> list[Message]:
+    return [Message(topic="t", payload={"n": n}, event_id=f"{prefix}-{n}") for n in range(count_)]
+
+
+def test_a_large_batch_is_written_in_one_copy_and_gets_its_ids_in_order(db_url, conn):
+    with psycopg.connect(db_url) as writer:
+        # An idle connection outside autocommit: the batch joins the transaction it opens.
+        results = Outbox("outbox_events").enqueue_many(writer, _batch("big"))
+        assert count(conn) == 0  # not visible before the caller commits
+        writer.commit()
+    rows = conn.execute("SELECT id, event_id, payload, payload_sha, status, available_at <= now() AS due "
+                        "FROM outbox_events ORDER BY id").fetchall()
+    assert [r["event_id"] for r in rows] == [r.event_id for r in results] == [f"big-{n}" for n in range(len(rows))]
+    assert [r["id"] for r in rows] == [r.id for r in results]
+    assert all(r["status"] == "pending" and r["due"] for r in rows)
+    assert rows[5]["payload"] == {"n": 5} and rows[5]["payload_sha"] == digest('{"n":5}')
+
+
+def test_a_large_batch_rolled_back_by_the_caller_leaves_nothing(db_url, conn):
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    with pytest.raises(RuntimeError):
+        with engine.begin() as sa_conn:
+            Outbox("outbox_events").enqueue_many(sa_conn, _batch("gone"))
+            raise RuntimeError("business logic failed")
+    with engine.begin() as sa_conn:
+        sa_conn.execute(sa.text("CREATE TABLE business (id int PRIMARY KEY)"))
+        sa_conn.execute(sa.text("INSERT INTO business VALUES (1)"))
+        Outbox("outbox_events").enqueue_many(sa_conn, _batch("kept"))
+    engine.dispose()
+    assert count(conn, where="event_id LIKE 'gone-%%'") == 0
+    assert count(conn, where="event_id LIKE 'kept-%%'") == COPY_MIN_ROWS * 3
+    assert count(conn, "business") == 1
+
+
+def test_a_large_batch_with_stored_duplicates_reports_them_and_keeps_the_transaction(db_url, conn):
+    outbox = Outbox("outbox_events")
+    stored = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="dup-1"))
+    other = outbox.enqueue(conn, Message(topic="t", payload={"n": 999}, event_id="dup-2"))
+    with psycopg.connect(db_url) as writer:
+        writer.execute("CREATE TABLE business (id int PRIMARY KEY)")
+        writer.execute("INSERT INTO business VALUES (1)")
+        # The COPY meets dup-1 and dup-2, is rolled back to its savepoint, and the batch is
+        # inserted skipping them; the business row written before it stays.
+        results = outbox.enqueue_many(writer, _batch("dup"))
+        writer.commit()
+    by_event = {r.event_id: r for r in results}
+    assert (by_event["dup-1"].id, by_event["dup-1"].duplicate, by_event["dup-1"].same_payload) == (stored.id, True, True)
+    assert (by_event["dup-2"].id, by_event["dup-2"].duplicate, by_event["dup-2"].same_payload) == (other.id, True, False)
+    assert sum(r.duplicate for r in results) == 2
+    assert count(conn) == COPY_MIN_ROWS * 3
+    assert count(conn, "business") == 1
+
+
+def test_a_large_batch_wakes_the_relay_on_commit_only(db_url):
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as writer:
+        listener.execute('LISTEN "outbox:outbox_events"')
+        Outbox("outbox_events").enqueue_many(writer, _batch("wake"))
+        assert list(listener.notifies(timeout=0.2)) == []
+        writer.commit()
+        assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == ["outbox:outbox_events"]
+        Outbox("outbox_events").enqueue_many(writer, _batch("unwoken"))
+        writer.rollback()
+        assert list(listener.notifies(timeout=0.2)) == []
+
+
+def test_a_large_batch_with_one_bad_message_writes_nothing(conn):
+    batch = _batch("bad")
+    batch[-1] = Message(topic="t", payload={"bad": float("nan")}, event_id="bad-last")
+    with pytest.raises(InvalidMessage, match="NaN"):
+        Outbox("outbox_events").enqueue_many(conn, batch)
+    assert count(conn) == 0
+
+
+def test_a_large_batch_of_delayed_messages_keeps_each_available_at(conn):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    batch = [Message(topic="t", payload={}, event_id=f"late-{n}", available_at=later if n % 2 else None)
+             for n in range(COPY_MIN_ROWS * 2)]
+    Outbox("outbox_events").enqueue_many(conn, batch)
+    assert count(conn, where="available_at > now() + interval '59 minutes'") == COPY_MIN_ROWS

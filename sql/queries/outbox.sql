@@ -21,6 +21,16 @@ ORDER BY m.n
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id, event_id
 
+-- name: outbox_reserve_ids
+-- Ids for rows a COPY writes (COPY has no RETURNING), ascending.
+SELECT nextval(pg_get_serial_sequence(%(table_name)s, 'id')) AS id
+FROM generate_series(1, %(count)s) ORDER BY 1
+
+-- name: outbox_copy_in
+-- A large batch enqueue: COPY writes the given identity values (as INSERT ... OVERRIDING
+-- SYSTEM VALUE would); available_at and the timestamps take their defaults.
+COPY {table} (id, event_id, tenant_id, topic, payload, payload_sha, headers) FROM STDIN
+
 -- name: outbox_find_by_event_ids
 SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s::text[])
 
