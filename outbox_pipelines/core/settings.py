@@ -33,6 +33,14 @@ URL_DESTINATIONS = ("http", *WING_DESTINATIONS)
 URL_FROM_ENV = {"broker_url": "OUTBOX_BROKER_URL"}
 MODES = ("competing", "single-active")
 SUCCESS_POLICIES = ("mark_sent", "delete")
+# How a relay holds a claimed batch (docs/design.md "Claim modes"): "lease" writes the claim (status
+# sending, attempt counted) and settles in a second transaction; "transaction" locks the rows in
+# one open transaction that the settle commits, half the row writes, but a message that kills
+# the relay process is retried without its attempt being counted.
+CLAIM_MODES = ("lease", "transaction")
+# What the audit trail keeps: "all" every transition; "failures" leaves out claims and
+# deliveries (a sent row still says when it went), keeps retries, deaths, conflicts, re-takes.
+AUDIT_MODES = ("all", "failures")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -211,6 +219,8 @@ class TableSettings:
     # Seed 004 / docs/design.md §2: one active relay per table unless a table says competing.
     mode: str = "single-active"
     on_success: str = "mark_sent"
+    claim: str = "lease"
+    audit: str = "all"
     dedup: bool = False
     batch_size: int = 100
     # Threads running an in-process handlers destination (the ``parallelism`` key, OUTBOX_PARALLELISM).
@@ -289,7 +299,7 @@ TABLE_KEYS = {
     "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
-    "max_retry_after", "circuit_threshold", "probe_interval",
+    "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit",
 } | set(THRESHOLD_KEYS)
 
 
@@ -408,6 +418,8 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         retry=policy,
         mode=_one_of(section.get("mode", "single-active"), MODES, f"{where} mode"),
         on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
+        claim=_one_of(section.get("claim", "lease"), CLAIM_MODES, f"{where} claim"),
+        audit=_one_of(section.get("audit", "all"), AUDIT_MODES, f"{where} audit"),
         dedup=bool(section.get("dedup", False)),
         batch_size=int(section.get("batch_size", env.batch_size)),
         handler_threads=int(section.get("parallelism", env.handler_threads)),

@@ -137,18 +137,32 @@ class OutboxTable:
         *,
         paused_topics: Sequence[str] = (),
         max_attempts: int = 2**31 - 1,
+        audit_claims: bool = True,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number)."""
         rows = self._run(
             "outbox_claim",
             {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
-             "max_attempts": max_attempts, "now": now},
+             "max_attempts": max_attempts, "audit_claims": audit_claims, "now": now},
         )
         return [ClaimedMessage(**row) for row in rows]
 
-    def settle(self, worker: str, settlements: Sequence[Settlement], *, now: datetime | None = None) -> set[int]:
-        """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited)."""
+    def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (),
+                   now: datetime | None = None) -> list[ClaimedMessage]:
+        """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
+        in the same transaction ends them. The server ends a transaction left idle for ``hold_s``."""
+        rows = self._run("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
+                                               "hold_timeout_ms": max(int(hold_s * 1000), 1), "now": now})
+        return [ClaimedMessage(**row) for row in rows]
+
+    def settle(self, worker: str, settlements: Sequence[Settlement], *, held: bool = False,
+               audit_successes: bool = True, now: datetime | None = None) -> set[int]:
+        """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited).
+
+        ``held``: the rows were claimed with ``claim_held`` in this transaction (their attempt is
+        counted now). ``audit_successes`` False: deliveries leave no audit row (audit = "failures").
+        """
         if not settlements:
             return set()
         kept = [s for s in settlements if s.status != "deleted"]
@@ -158,6 +172,8 @@ class OutboxTable:
             {
                 "worker": worker,
                 "now": now,
+                "held": held,
+                "audit_successes": audit_successes,
                 "ids": [s.id for s in kept],
                 "attempts": [s.attempts for s in kept],
                 "statuses": [s.status for s in kept],

@@ -81,9 +81,31 @@ WITH clock AS (
            %(worker)s, c.headers->>'trace_id',
            CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END
     FROM claimed AS c
+    -- audit = "failures" keeps only re-takes: a claim that ends well is told by its row.
+    WHERE %(audit_claims)s OR c.was = 'sending'
 )
 SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at
 FROM claimed ORDER BY id
+
+-- name: outbox_claim_held
+-- claim = "transaction": due pending rows are locked, not written, inside the relay's open
+-- transaction, which the settle of the batch commits. A relay that dies leaves them as they
+-- were; one that hangs is ended by the server after the lease (the transaction's own
+-- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too).
+-- The attempt is counted when the batch settles, so the number returned is the one it will have.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout
+)
+SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts + 1 AS attempts,
+       t.created_at, (SELECT now FROM clock) AS claimed_at
+FROM {table} AS t
+WHERE t.status = 'pending'
+  AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL)
+  AND t.topic <> ALL(%(paused_topics)s::text[])
+ORDER BY t.id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED
 
 -- name: outbox_settle
 -- One statement settles a whole batch: sent / retry / dead rows are updated,
@@ -101,8 +123,9 @@ WITH clock AS (
     UPDATE {table} AS t
     SET status = i.status,
         -- Throttling, and failures while the circuit is open, are not the message's fault:
-        -- the attempt counted at claim is given back.
-        attempts = CASE WHEN i.refund THEN t.attempts - 1 ELSE t.attempts END,
+        -- the attempt counted at claim is given back. (i.attempts is the attempt being settled:
+        -- counted on the row at claim under a lease, written here under claim = "transaction".)
+        attempts = CASE WHEN i.refund THEN i.attempts - 1 ELSE i.attempts END,
         available_at = CASE WHEN i.status = 'pending'
                             THEN clock.now + make_interval(secs => i.delay_s)
                             ELSE t.available_at END,
@@ -116,9 +139,10 @@ WITH clock AS (
         updated_at = clock.now
     FROM input AS i, clock
     WHERE t.id = i.id
-      AND t.status = 'sending'
-      AND t.locked_by = %(worker)s
-      AND t.attempts = i.attempts
+      -- A leased row is this worker's at this attempt; a held row is locked by this transaction.
+      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
+      AND (%(held)s OR t.locked_by = %(worker)s)
+      AND t.attempts = i.attempts - %(held)s::int
     RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code, t.tenant_id
 ), deleted AS (
     -- Deletions come in arrays of their own (empty unless the table deletes on success), so
@@ -127,10 +151,10 @@ WITH clock AS (
     USING unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_audit_codes)s::text[],
                  %(delete_error_codes)s::text[]) AS d(id, attempts, audit_code, error_code)
     WHERE t.id = d.id
-      AND t.status = 'sending'
-      AND t.locked_by = %(worker)s
-      AND t.attempts = d.attempts
-    RETURNING t.id, t.event_id, t.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code,
+      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
+      AND (%(held)s OR t.locked_by = %(worker)s)
+      AND t.attempts = d.attempts - %(held)s::int
+    RETURNING t.id, t.event_id, d.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code,
               t.tenant_id
 ), all_input AS (
     SELECT id, attempts, status, error_code FROM input
@@ -145,12 +169,15 @@ WITH clock AS (
     -- characters), and the destination's reference of a delivery ("ref=<broker order id>").
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
-    SELECT %(table_name)s, s.id, s.event_id, s.tenant_id, 'sending', s.status, s.attempts, s.audit_code,
+    SELECT %(table_name)s, s.id, s.event_id, s.tenant_id,
+           CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END, s.status, s.attempts, s.audit_code,
            s.error_code, %(worker)s, s.headers->>'trace_id',
            CASE WHEN s.status IN ('sent', 'deleted') THEN 'ref=' || left(i.ref, 1996)
                 ELSE left(i.error, 2000) END
     FROM settled AS s
     LEFT JOIN input AS i ON i.id = s.id
+    -- audit = "failures": a delivery leaves no audit row (the sent row keeps when it went).
+    WHERE %(audit_successes)s OR s.status NOT IN ('sent', 'deleted')
     UNION ALL
     SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, i.status, i.attempts,
            'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',

@@ -66,6 +66,11 @@ class BatchRunner:
     def run(self, outbox_table: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage],
             report: RelayReport) -> None:
         """One batch, start to end, on this thread: plan, deliver, settle."""
+        if self.table.claim == "transaction":
+            # The batch's rows are locked by the open transaction, not leased: nothing to renew.
+            plan = self.plan(outbox_table, batch)
+            self.finish(outbox_table, batch, combine_outcomes(plan, self.deliver(batch, plan)), report)
+            return
         keeper.hold(held(batch))
         try:
             plan = self.plan(outbox_table, batch)
@@ -95,15 +100,16 @@ class BatchRunner:
                 report: RelayReport) -> set[int]:
         # A transaction costs round trips on every batch: only a destination whose after_settle writes
         # (the order ledger) shares one with the settle.
-        scope = outbox_table.conn.transaction() if self.destination.writes_on_settle else nullcontext()
+        shared = self.destination.writes_on_settle and self.table.claim == "lease"
+        scope = outbox_table.conn.transaction() if shared else nullcontext()
         with scope:
             settled = self._write(outbox_table, settlements, report)
             self.destination.after_settle(outbox_table.conn, _settled_pairs(batch, settlements, settled))
         return settled
 
     def _write(self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
-        settled = settle_batch(outbox_table, self.worker, settlements, self.table.name)
+        settled = settle_batch(outbox_table, self.worker, settlements, self.table)
         if settled is None:
             report.db_errors += 1
-            settled = settle_row_by_row(outbox_table, self.worker, settlements)
+            settled = settle_row_by_row(outbox_table, self.worker, settlements, self.table)
         return settled

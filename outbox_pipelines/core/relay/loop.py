@@ -177,10 +177,18 @@ class Relay:
         batch: list[ClaimedMessage] = []
         try:
             self._requeue_expired_if_due(run)
-            batch = self._claim_next(run)
+            if self.table.claim == "transaction":
+                with run.conn.transaction():
+                    batch = self._claim_next(run)
+                    if batch:
+                        self.batches.run(run.outbox_table, run.keeper, batch, run.report)
+            else:
+                batch = self._claim_next(run)
+                if batch:
+                    self._relay(run, batch)
             if not batch:
                 return self._idle(run)
-            self._relay(run, batch)
+            drop_stale_wakeups(run.session)
             return True
         except psycopg.OperationalError as exc:
             return self._recover(run, batch, exc)
@@ -222,7 +230,6 @@ class Relay:
             self.pipeline.run(run.outbox_table, run.keeper, batch, run.report, lambda: self._claim_next(run))
         else:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
-        drop_stale_wakeups(run.session)
 
     def _end(self, run: _Invocation) -> None:
         run.keeper.close()
@@ -249,9 +256,13 @@ class Relay:
             report.probes += 1
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
-            claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
-                                             paused_topics=self._paused_topics(),
-                                             max_attempts=self.table.retry.max_attempts)
+            if self.table.claim == "transaction":
+                claimed = run.outbox_table.claim_held(limit, self.table.lease_s, paused_topics=self._paused_topics())
+            else:
+                claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
+                                                 paused_topics=self._paused_topics(),
+                                                 max_attempts=self.table.retry.max_attempts,
+                                                 audit_claims=self.table.audit == "all")
             span.set_attribute("outbox.claimed", len(claimed))
         report.claimed += len(claimed)
         metrics.count_claim(self.table.name, len(claimed))

@@ -71,7 +71,7 @@ def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettin
 
 
 def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
-                 table_name: str) -> set[int] | None:
+                 table: TableSettings) -> set[int] | None:
     """Settle the batch in one statement: the ids settled, or None when the database refused it for a
     data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
     statement timeout is not a data reason: it propagates."""
@@ -79,27 +79,35 @@ def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settl
     in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     try:
         if not in_transaction:
-            return outbox_table.settle(worker, settlements)
+            return outbox_table.settle(worker, settlements, **settle_options(table))
         with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
-            return outbox_table.settle(worker, settlements)
+            return outbox_table.settle(worker, settlements, **settle_options(table))
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:
-        log.warning("relay %s: batch settle refused (%s); settling row by row", table_name, exc)
+        log.warning("relay %s: batch settle refused (%s); settling row by row", table.name, exc)
         return None
 
 
-def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[Settlement]) -> set[int]:
+def settle_options(table: TableSettings) -> dict[str, bool]:
+    """How ``OutboxTable.settle`` writes this table's outcomes: held rows, and whether deliveries are audited."""
+    return {"held": table.claim == "transaction", "audit_successes": table.audit == "all"}
+
+
+def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
+                      table: TableSettings) -> set[int]:
     """Each row in a transaction (a savepoint inside one) of its own; a refused row ends as DB_ERROR, never stuck."""
     settled: set[int] = set()
+    options = settle_options(table)
     for settlement in settlements:
         try:
             with outbox_table.conn.transaction():
-                settled |= outbox_table.settle(worker, [settlement])
+                settled |= outbox_table.settle(worker, [settlement], **options)
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
-            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)])
+            # The unrecordable row is audited whatever the audit setting: it is a failure.
+            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)], held=options["held"])
     return settled
 
 

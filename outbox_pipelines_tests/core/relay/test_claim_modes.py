@@ -1,0 +1,150 @@
+"""The per-table claim and audit settings: claim = "transaction" (rows locked in one transaction
+from claim to settle) and audit = "failures" (deliveries leave no audit row)."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from outbox_pipelines import Outcome, RetryPolicy
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.settings import load_settings
+from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
+from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
+
+ORDERS = "outbox_orders"
+
+
+def audit_rows(conn, message_id):
+    return conn.execute("SELECT code, from_status, to_status, attempts, worker FROM outbox_audit "
+                        "WHERE outbox_table = %s AND message_id = %s ORDER BY id", (EVENTS, message_id)).fetchall()
+
+
+def test_a_transaction_claim_settles_sent_retry_and_dead_as_a_lease_does(db_url, conn):
+    ok, flaky, poison = enqueue_n(conn, EVENTS, 3)
+    settings = events_settings(claim="transaction", retry=RetryPolicy(base_s=60, max_s=60, max_attempts=2, jitter=0))
+    outcomes = {ok: Outcome.sent(ref="r-1"), flaky: Outcome.retry(m.BROKER_5XX, "HTTP 503"),
+                poison: Outcome.dead(m.BAD_REQUEST, "HTTP 400")}
+    destination = ScriptedDestination(lambda msg: outcomes[msg.id])
+    report = Relay(db_url, settings, destination, worker_id="relay-a").run(once=True)
+    assert (report.sent, report.retried, report.dead) == (1, 1, 1)
+    by_id = {r["id"]: r for r in rows(conn, EVENTS)}
+    assert (by_id[ok]["status"], by_id[ok]["attempts"], by_id[ok]["result_ref"]) == ("sent", 1, "r-1")
+    assert (by_id[flaky]["status"], by_id[flaky]["attempts"], by_id[flaky]["last_error_code"]) == (
+        "pending", 1, m.BROKER_5XX)
+    assert (by_id[poison]["status"], by_id[poison]["attempts"]) == ("dead", 1)
+    # The rows were never 'sending': the audit tells pending -> outcome, by this worker, at attempt 1.
+    assert audit_rows(conn, ok) == [
+        {"code": "outbox_flush_success", "from_status": "pending", "to_status": "sent", "attempts": 1,
+         "worker": "relay-a"}]
+    assert [r["code"] for r in audit_rows(conn, flaky)] == ["outbox_flush_retry"]
+    # The second attempt is the last one: dead, with the attempts counted.
+    conn.execute("UPDATE outbox_events SET available_at = now() WHERE id = %s", (flaky,))
+    Relay(db_url, settings, destination).run(once=True)
+    assert rows(conn, EVENTS, f"id = {flaky}")[0]["status"] == "dead"
+    assert rows(conn, EVENTS, f"id = {flaky}")[0]["attempts"] == 2
+
+
+def test_a_transaction_claim_deletes_on_success_and_gives_back_a_throttled_attempt(db_url, conn):
+    sent, throttled = enqueue_n(conn, EVENTS, 2)
+    destination = ScriptedDestination(
+        lambda msg: Outcome.sent() if msg.id == sent else Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30))
+    Relay(db_url, events_settings(claim="transaction", on_success="delete"), destination).run(once=True)
+    left = rows(conn, EVENTS)
+    assert [(r["id"], r["status"], r["attempts"]) for r in left] == [(throttled, "pending", 0)]
+    assert audit_codes(conn, EVENTS, sent) == ["outbox_flush_success"]
+
+
+def test_audit_failures_keeps_retries_and_deaths_but_not_claims_or_deliveries(db_url, conn):
+    ok, flaky = enqueue_n(conn, EVENTS, 2)
+    destination = ScriptedDestination(
+        lambda msg: Outcome.sent() if msg.id == ok else Outcome.retry(m.BROKER_5XX, "HTTP 503"))
+    for claim in ("lease", "transaction"):
+        conn.execute("UPDATE outbox_events SET status = 'pending', available_at = now(), attempts = 0")
+        conn.execute("TRUNCATE outbox_audit")
+        Relay(db_url, events_settings(claim=claim, audit="failures"), destination).run(once=True)
+        assert audit_codes(conn, EVENTS, ok) == [], claim
+        assert audit_codes(conn, EVENTS, flaky) == ["outbox_flush_retry"], claim
+        sent_row = rows(conn, EVENTS, f"id = {ok}")[0]
+        assert sent_row["status"] == "sent" and sent_row["published_at"] is not None  # when it went is on the row
+
+
+def test_the_default_audit_keeps_every_claim_and_delivery(db_url, conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    Relay(db_url, events_settings(), ScriptedDestination()).run(once=True)
+    assert audit_codes(conn, EVENTS, row_id) == ["outbox_claim", "outbox_flush_success"]
+
+
+def test_claim_and_audit_settings_are_checked(tmp_path):
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.outbox_orders]\nclaim = "transaction"\naudit = "failures"\n')
+    orders = load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
+    assert (orders.claim, orders.audit) == ("transaction", "failures")
+    assert load_settings(env={}).table(ORDERS).claim == "lease"
+    config.write_text('[tables.outbox_orders]\nclaim = "locked"\n')
+    with pytest.raises(ConfigError, match="claim must be one of lease, transaction, got 'locked'"):
+        load_settings(env={"OUTBOX_CONFIG": str(config)})
+
+
+# -- real relay processes ---------------------------------------------------------------------
+
+
+def _transaction_relay(cli_env, tmp_path, sink_url: str, lease: str = "60s", *args: str) -> subprocess.Popen:
+    config = tmp_path / "outbox.toml"
+    config.write_text(f'[tables.outbox_orders]\nclaim = "transaction"\nmode = "competing"\nlease = "{lease}"\n')
+    env = {**cli_env, "OUTBOX_CONFIG": str(config), "OUTBOX_BROKER_URL": sink_url, "OUTBOX_BATCH_SIZE": "10"}
+    return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_transaction_relay_killed_mid_batch_frees_its_rows_at_once(cli_env, tmp_path, conn, http_sink):
+    enqueue_n(conn, ORDERS, 30, prefix="order-")
+    http_sink.delay_s = 5.0
+    proc = _transaction_relay(cli_env, tmp_path, http_sink.url)
+    try:
+        _wait_for(lambda: len(http_sink.received) >= 10, "the relay to be mid-batch")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    # No lease to wait out: the dead session's transaction is gone, its rows are pending as they were.
+    _wait_for(lambda: statuses(conn, ORDERS) == {"pending": 30}, "the rows to be free")
+    assert {r["attempts"] for r in rows(conn, ORDERS)} == {0}
+    http_sink.delay_s = 0.0
+    again = _transaction_relay(cli_env, tmp_path, http_sink.url, "60s", "--once")
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert statuses(conn, ORDERS) == {"sent": 30}
+    reached_twice = [key for key, n in http_sink.counts.items() if n == 2]
+    assert len(reached_twice) == 10 and set(http_sink.counts.values()) == {1, 2}  # at least once, same key
+
+
+def test_a_transaction_relay_that_hangs_past_its_lease_is_cut_off_by_the_server(cli_env, tmp_path, conn, http_sink):
+    enqueue_n(conn, ORDERS, 5, prefix="order-")
+    http_sink.delay_s = 4.0  # longer than the lease: the server ends the idle transaction
+    proc = _transaction_relay(cli_env, tmp_path, http_sink.url, "1s")
+    try:
+        _wait_for(lambda: len(http_sink.received) >= 5, "the first delivery")
+        # While the relay still waits for its answers, the rows are free again for anyone.
+        _wait_for(lambda: conn.execute(
+            "SELECT count(*) AS n FROM outbox_orders WHERE status = 'pending' "
+            "AND id NOT IN (SELECT id FROM outbox_orders FOR UPDATE SKIP LOCKED)").fetchone()["n"] == 0,
+            "the server to end the hung transaction", timeout_s=3.5)
+        http_sink.delay_s = 0.0
+        _wait_for(lambda: statuses(conn, ORDERS) == {"sent": 5}, "the relay to reconnect and deliver", 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert "database error" in err  # said, not hidden
+    assert set(http_sink.counts.values()) <= {1, 2, 3}
