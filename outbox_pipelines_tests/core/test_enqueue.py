@@ -261,8 +261,9 @@ def test_a_large_batch_with_stored_duplicates_reports_them_and_keeps_the_transac
         results = outbox.enqueue_many(writer, _batch("dup"))
         writer.commit()
     by_event = {r.event_id: r for r in results}
-    assert (by_event["dup-1"].id, by_event["dup-1"].duplicate, by_event["dup-1"].same_payload) == (stored.id, True, True)
-    assert (by_event["dup-2"].id, by_event["dup-2"].duplicate, by_event["dup-2"].same_payload) == (other.id, True, False)
+    dup_1, dup_2 = by_event["dup-1"], by_event["dup-2"]
+    assert (dup_1.id, dup_1.duplicate, dup_1.same_payload) == (stored.id, True, True)
+    assert (dup_2.id, dup_2.duplicate, dup_2.same_payload) == (other.id, True, False)
     assert sum(r.duplicate for r in results) == 2
     assert count(conn) == COPY_MIN_ROWS * 3
     assert count(conn, "business") == 1

@@ -7,6 +7,7 @@ unrecordable row cannot hold the others back.
 
 import logging
 import random
+from typing import TypedDict
 
 import psycopg
 
@@ -89,7 +90,12 @@ def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settl
         return None
 
 
-def settle_options(table: TableSettings) -> dict[str, bool]:
+class SettleOptions(TypedDict):
+    held: bool
+    audit_successes: bool
+
+
+def settle_options(table: TableSettings) -> SettleOptions:
     """How ``OutboxTable.settle`` writes this table's outcomes: held rows, and whether deliveries are audited."""
     return {"held": table.claim == "transaction", "audit_successes": table.audit == "all"}
 

@@ -97,8 +97,8 @@ def _transaction_relay(cli_env, tmp_path, sink_url: str, lease: str = "60s", *ar
     config = tmp_path / "outbox.toml"
     config.write_text(f'[tables.outbox_orders]\nclaim = "transaction"\nmode = "competing"\nlease = "{lease}"\n')
     env = {**cli_env, "OUTBOX_CONFIG": str(config), "OUTBOX_BROKER_URL": sink_url, "OUTBOX_BATCH_SIZE": "10"}
-    return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
