@@ -165,6 +165,14 @@ class OutboxTable:
         """
         if not settlements:
             return set()
+        audit_code = settlements[0].audit_code
+        if all(s.status == "sent" and s.error is None and s.error_code is None and s.ref is None and not s.refund
+               and s.audit_code == audit_code for s in settlements):
+            rows = self._run("outbox_settle_sent", {
+                "worker": worker, "now": now, "held": held, "audit_successes": audit_successes,
+                "audit_code": audit_code, "ids": [s.id for s in settlements],
+                "attempts": [s.attempts for s in settlements]})
+            return {row["id"] for row in rows}
         kept = [s for s in settlements if s.status != "deleted"]
         gone = [s for s in settlements if s.status == "deleted"]
         rows = self._run(

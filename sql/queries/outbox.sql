@@ -138,7 +138,9 @@ WITH clock AS (
         published_at = CASE WHEN i.status = 'sent' THEN clock.now ELSE t.published_at END,
         updated_at = clock.now
     FROM input AS i, clock
-    WHERE t.id = i.id
+    -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
+    WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.id = i.id
       -- A leased row is this worker's at this attempt; a held row is locked by this transaction.
       AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
       AND (%(held)s OR t.locked_by = %(worker)s)
@@ -150,7 +152,8 @@ WITH clock AS (
     DELETE FROM {table} AS t
     USING unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_audit_codes)s::text[],
                  %(delete_error_codes)s::text[]) AS d(id, attempts, audit_code, error_code)
-    WHERE t.id = d.id
+    WHERE t.id = ANY(%(delete_ids)s::bigint[])
+      AND t.id = d.id
       AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
       AND (%(held)s OR t.locked_by = %(worker)s)
       AND t.attempts = d.attempts - %(held)s::int
@@ -187,6 +190,50 @@ WITH clock AS (
     WHERE i.id NOT IN (SELECT id FROM settled)
 )
 SELECT id FROM settled
+
+-- name: outbox_settle_sent
+-- The common batch, every message delivered with nothing more to record: the same checks and
+-- audit as outbox_settle, from two arrays instead of thirteen (their parameters cost more to
+-- build than the update costs to run).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
+), updated AS (
+    UPDATE {table} AS t
+    SET status = 'sent',
+        attempts = i.attempts,
+        locked_by = NULL,
+        locked_at = NULL,
+        lease_expires_at = NULL,
+        last_error = NULL,
+        last_error_code = NULL,
+        published_at = clock.now,
+        updated_at = clock.now
+    FROM input AS i, clock
+    -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
+    WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.id = i.id
+      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
+      AND (%(held)s OR t.locked_by = %(worker)s)
+      AND t.attempts = i.attempts - %(held)s::int
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
+                              attempts, code, worker, trace_id, detail)
+    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END,
+           'sent', u.attempts, %(audit_code)s, %(worker)s, u.headers->>'trace_id', NULL
+    FROM updated AS u
+    WHERE %(audit_successes)s
+    UNION ALL
+    SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, 'sent', i.attempts,
+           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+    FROM input AS i
+    LEFT JOIN {table} AS cur ON cur.id = i.id
+    WHERE i.id NOT IN (SELECT id FROM updated)
+)
+SELECT id FROM updated
 
 -- name: outbox_renew_leases
 WITH clock AS (
