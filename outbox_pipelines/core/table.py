@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core.errors import UnknownTable
@@ -76,6 +76,16 @@ class OutboxTable:
     def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
         try:
             return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params})
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+
+    def _claimed(self, query: str, params: dict[str, Any]) -> list[ClaimedMessage]:
+        """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
+        statement = table_query(query, self.table_name)
+        try:
+            with self.conn.cursor(row_factory=args_row(ClaimedMessage)) as cur:
+                cur.execute(statement, {"table_name": self.table_name, **params})
+                return cur.fetchall()
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
 
@@ -141,20 +151,18 @@ class OutboxTable:
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number)."""
-        rows = self._run(
+        return self._claimed(
             "outbox_claim",
             {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
              "max_attempts": max_attempts, "audit_claims": audit_claims, "now": now},
         )
-        return [ClaimedMessage(**row) for row in rows]
 
     def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (),
                    now: datetime | None = None) -> list[ClaimedMessage]:
         """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
         in the same transaction ends them. The server ends a transaction left idle for ``hold_s``."""
-        rows = self._run("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
-                                               "hold_timeout_ms": max(int(hold_s * 1000), 1), "now": now})
-        return [ClaimedMessage(**row) for row in rows]
+        return self._claimed("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
+                                                   "hold_timeout_ms": max(int(hold_s * 1000), 1), "now": now})
 
     def settle(self, worker: str, settlements: Sequence[Settlement], *, held: bool = False,
                audit_successes: bool = True, now: datetime | None = None) -> set[int]:
