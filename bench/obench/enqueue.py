@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from obench import ceiling_sql
+from obench import ceiling_sql, peers
 from obench.common import (
     Figure,
     ScenarioResult,
@@ -184,4 +184,127 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     )
     result.details["mean_ms_per_txn"] = mean_ms
     result.details["p50_ms_per_txn"] = p50_ms
+    _batch_enqueue(url, sizes, runs, result)
     return result
+
+
+# -- batch enqueue: enqueue_many against what a person would write -------------------------
+
+BATCH = 1_000
+BATCH_VARIANTS = ("ours", "ours-insert", "executemany", "copy", "pgqueuer")
+
+
+def _batch_items(run_index: int, n: int, variant: str) -> list[peers.EnqueueItem]:
+    return [(f"b{run_index}-{variant}-{n}-{i}-{uuid.uuid4().hex[:8]}", TOPIC, sample_payload(i),
+             {"trace_id": uuid.uuid4().hex}) for i in range(BATCH)]
+
+
+def _batch_calls(pg: psycopg.Connection, pgq: Any) -> dict[str, Callable[[list[peers.EnqueueItem]], None]]:
+    """One committed batch of 1,000 per variant, each from the same kind of input (dicts)."""
+    from outbox_pipelines.core import enqueue as enqueue_module
+
+    outbox = Outbox(TABLE)
+
+    def messages(items: list[peers.EnqueueItem]) -> list[Message]:
+        return [Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items]
+
+    def ours(items: list[peers.EnqueueItem]) -> None:
+        outbox.enqueue_many(pg, messages(items))
+        pg.commit()
+
+    def ours_insert(items: list[peers.EnqueueItem]) -> None:
+        # The INSERT ... SELECT FROM unnest path enqueue_many takes below COPY_MIN_ROWS rows.
+        saved, enqueue_module.COPY_MIN_ROWS = enqueue_module.COPY_MIN_ROWS, 10**9
+        try:
+            outbox.enqueue_many(pg, messages(items))
+            pg.commit()
+        finally:
+            enqueue_module.COPY_MIN_ROWS = saved
+
+    def executemany(items: list[peers.EnqueueItem]) -> None:
+        peers.executemany_insert(pg, TABLE, items)
+        pg.commit()
+
+    def copy(items: list[peers.EnqueueItem]) -> None:
+        peers.bare_copy(pg, TABLE, items)
+        pg.commit()
+
+    def pgqueuer(items: list[peers.EnqueueItem]) -> None:
+        peers.pgqueuer_enqueue_batch(pgq, [p for _, _, p, _ in items])
+
+    return {"ours": ours, "ours-insert": ours_insert, "executemany": executemany, "copy": copy,
+            "pgqueuer": pgqueuer}
+
+
+def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
+    """ms per 1,000 messages of each Python step of enqueue_many, against json.dumps alone."""
+    import json
+
+    from outbox_pipelines.core.canonical import check_structure
+    from outbox_pipelines.core.enqueue import _prepare
+
+    msgs = [Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items]
+    steps: dict[str, Callable[[], object]] = {
+        "json.dumps (what any writer pays)": lambda: [json.dumps(m.payload) for m in msgs],
+        "canonical JSON (sorted keys)": lambda: [canonical_json(m.payload) for m in msgs],
+        "sha256 digest": lambda: [digest(t) for t in [canonical_json(m.payload) for m in msgs]],
+        "structure check (depth, string keys)": lambda: [check_structure(m.payload) for m in msgs],
+        "whole preparation (checks, payload, digest, headers)": lambda: [_prepare(m, 1 << 20) for m in msgs],
+    }
+    timings = {}
+    for label, step in steps.items():
+        best = min(_timed(step) for _ in range(7))
+        timings[label] = best * 1000.0
+    timings["sha256 digest"] -= timings["canonical JSON (sorted keys)"]
+    return timings
+
+
+def _timed(step: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+def _batch_enqueue(url: str, sizes: Sizes, runs: int, result: ScenarioResult) -> None:
+    batches = max(sizes.enqueue_transactions // 150, 3)  # 20 batches of 1,000 per run (--quick: 3)
+    peers.pgqueuer_install(url)
+    rates: dict[str, list[float]] = {v: [] for v in BATCH_VARIANTS}
+    with psycopg.connect(url) as pg, psycopg.connect(url, autocommit=True) as pgq_conn:
+        pgq = peers._sync_queries(pgq_conn)
+        calls = _batch_calls(pg, pgq)
+        for run_index in range(runs):
+            reset_table(url, TABLE)
+            peers.pgqueuer_reset(url)
+            settle_server(url, TABLE)
+            for variant in BATCH_VARIANTS:  # warm-up: connections, prepared statements
+                calls[variant](_batch_items(run_index, -1, variant))
+            seconds: dict[str, float] = {v: 0.0 for v in BATCH_VARIANTS}
+            for n in range(batches):
+                shift = n % len(BATCH_VARIANTS)
+                for variant in BATCH_VARIANTS[shift:] + BATCH_VARIANTS[:shift]:
+                    items = _batch_items(run_index, n, variant)
+                    t0 = time.perf_counter()
+                    calls[variant](items)
+                    seconds[variant] += time.perf_counter() - t0
+            for variant in BATCH_VARIANTS:
+                rates[variant].append(batches * BATCH / seconds[variant])
+            log("  enqueue_many run " + f"{run_index + 1}/{runs}: "
+                + ", ".join(f"{v} {rates[v][-1]:,.0f} msg/s" for v in BATCH_VARIANTS))
+        stored = pg.execute("SELECT count(*) FROM outbox_events").fetchone()[0]  # type: ignore[index]
+        pg.commit()
+    expected = (batches + 1) * BATCH * 4
+    if stored != expected:
+        raise RuntimeError(f"enqueue_many: {stored} outbox rows after the last run, expected {expected}")
+    reference = "same rows, json.dumps inside the clock, commit per batch"
+    result.figures += [
+        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path)", "msg/s", rates["ours"], rates["executemany"],
+               f"psycopg executemany of the plain INSERT ({reference})", Target("≥ 0.8× executemany", ratio_min=0.8)),
+        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path) vs bare COPY", "msg/s", rates["ours"],
+               rates["copy"], f"bare COPY ({reference})", Target("≥ 0.8× bare COPY", ratio_min=0.8)),
+        Figure("enqueue", "enqueue_many, batches of 1,000 (INSERT ... unnest path, used below 20 rows)", "msg/s",
+               rates["ours-insert"], rates["executemany"], f"psycopg executemany ({reference})"),
+        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path) vs pgqueuer", "msg/s", rates["ours"],
+               rates["pgqueuer"], "pgqueuer 1.6 Queries.enqueue of 1,000 (its own table, autocommit)"),
+    ]
+    result.details["enqueue_many_msg_per_s"] = rates
+    result.details["enqueue_many_python_ms_per_1000"] = _where_the_time_goes(_batch_items(0, -2, "profile"))

@@ -18,13 +18,19 @@ stated, equally for both consumers; a message handled before the producer's
 clock read shows as a small negative latency and is kept as is.
 """
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from obench import ceiling_sql
+from obench import peers
 from obench.common import (
     Barrier,
     Figure,
@@ -102,49 +108,91 @@ def ours_consumer(
     return "consumer", delivered, {"batches": report.batches, "sent": report.sent, "stopped": report.stopped_because}
 
 
-def bare_consumer(
+def simple_consumer(
     url: str, expected: int, seconds: float, barrier: Barrier
 ) -> tuple[str, dict[str, float], dict[str, Any]]:
+    """The simple loop a person would write, woken by LISTEN: on each NOTIFY, claim (FOR UPDATE SKIP
+    LOCKED), handle, mark sent, commit, until a claim comes back empty. Batch 100, as ours."""
     delivered: dict[str, float] = {}
-    worker = "bench-latency-bare"
-    claim, settle = ceiling_sql.bind(ceiling_sql.CLAIM, TABLE), ceiling_sql.bind(ceiling_sql.SETTLE, TABLE)
-    params = {"now": None, "paused_topics": [], "limit": 100, "worker": worker, "lease_s": 60.0, "table_name": TABLE}
+    claim = sql.SQL(peers.SIMPLE_CLAIM).format(sql.Identifier(TABLE))
+    settle = sql.SQL(peers.SIMPLE_SETTLE).format(sql.Identifier(TABLE))
     batches = 0
     barrier()
     deadline = time.monotonic() + seconds
-    with psycopg.connect(url, autocommit=True, options=ceiling_sql.SESSION_OPTIONS) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"outbox:{TABLE}")))
+    with psycopg.connect(url, autocommit=True) as listener, psycopg.connect(url) as conn:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"outbox:{TABLE}")))
         while len(delivered) < expected and time.monotonic() < deadline:
-            # Drain: claim until empty. NOTIFYs that arrive meanwhile wait in
-            # psycopg's backlog and end the next wait at once.
             while True:
-                rows = conn.execute(claim, params).fetchall()
+                rows = conn.execute(claim, (100,)).fetchall()
                 if not rows:
+                    conn.commit()
                     break
                 now = time.monotonic()
                 for row in rows:
                     delivered[row[1]] = now
-                n = len(rows)
-                conn.execute(
-                    settle,
-                    {
-                        "now": None, "worker": worker, "table_name": TABLE,
-                        "ids": [r[0] for r in rows], "attempts": [r[7] for r in rows],
-                        "statuses": ["sent"] * n, "delays": [0.0] * n, "error_codes": [None] * n,
-                        "errors": [None] * n, "refs": [None] * n, "audit_codes": ["outbox_flush_success"] * n,
-                        "delete_ids": [], "delete_attempts": [], "delete_audit_codes": [], "delete_error_codes": [],
-                    },
-                ).fetchall()
+                conn.execute(settle, ([row[0] for row in rows],))
+                conn.commit()
                 batches += 1
-            for _ in conn.notifies(timeout=max(min(0.25, deadline - time.monotonic()), 0.0), stop_after=1):
+            for _ in listener.notifies(timeout=max(min(0.25, deadline - time.monotonic()), 0.0), stop_after=1):
                 pass
     return "consumer", delivered, {"batches": batches, "sent": len(delivered)}
 
 
+def cli_consumer(
+    url: str, expected: int, seconds: float, barrier: Barrier
+) -> tuple[str, dict[str, float], dict[str, Any]]:
+    """``outbox-pipelines relay --table outbox_events`` as a user runs it, its handler from
+    obench.latency_handlers; released once the relay has registered (connected and LISTENing)."""
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-latency-") as scratch:
+        config, out = Path(scratch) / "outbox.toml", Path(scratch) / "delivered.json"
+        config.write_text(f'[tables.{TABLE}]\ndestination = "handlers"\n'
+                          'handlers = "obench.latency_handlers:registry"\nmode = "single-active"\n')
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
+               "OUTBOX_DATABASE_URL": url, "OUTBOX_CONFIG": str(config), "OUTBOX_BENCH_LATENCY_OUT": str(out),
+               "OUTBOX_BENCH_LATENCY_EXPECTED": str(expected), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        relay = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet"],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for_registration(url, relay)
+            barrier()
+            try:
+                _, err = relay.communicate(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                relay.terminate()
+                _, err = relay.communicate(timeout=30)
+            if relay.returncode != 0:
+                raise RuntimeError(f"the CLI relay exited {relay.returncode}: {err[-2000:]}")
+            delivered = json.loads(out.read_text(encoding="utf-8"))
+        finally:
+            if relay.poll() is None:
+                relay.kill()
+                relay.wait(10)
+    return "consumer", delivered, {"sent": len(delivered)}
+
+
+def _wait_for_registration(url: str, relay: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if relay.poll() is not None:
+                raise RuntimeError(f"the CLI relay exited {relay.returncode} at start: {relay.stderr.read()[-2000:]}")
+            row = conn.execute("SELECT count(*) FROM outbox_relay_workers WHERE table_name = %s "
+                               "AND stopped_at IS NULL", (TABLE,)).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.05)
+    raise RuntimeError("the CLI relay did not register within 60 s")
+
+
+CONSUMERS = {"ours-cli": cli_consumer, "ours": ours_consumer, "simple": simple_consumer}
+
+
 def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
+    if kind == "pgqueuer":
+        return peers.pgqueuer_latency_measure(url, sizes.latency_rate, sizes.latency_seconds)
     reset_table(url, TABLE)
     settle_server(url, TABLE)
-    consumer = ours_consumer if kind == "ours" else bare_consumer
+    consumer = CONSUMERS[kind]
     expected = int(sizes.latency_rate * sizes.latency_seconds)
     deadline_s = PRODUCER_HEAD_START_S + sizes.latency_seconds * DEADLINE_FACTOR + DEADLINE_SLACK_S
     results = run_processes(
@@ -163,6 +211,7 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
         "p50": percentile(latencies_ms, 50),
         "p95": percentile(latencies_ms, 95),
         "p99": percentile(latencies_ms, 99),
+        "p99.9": percentile(latencies_ms, 99.9),
         "max": max(latencies_ms) if latencies_ms else float("nan"),
         "messages": len(latencies_ms),
         "missing": len(missing),
@@ -172,18 +221,23 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
     }
 
 
+KINDS = ("ours-cli", "ours", "simple", "pgqueuer")
+REFERENCE = "simple loop woken by LISTEN (FOR UPDATE SKIP LOCKED, UPDATE, commit), batch 100"
+
+
 def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     result = ScenarioResult()
-    stats: dict[str, list[dict[str, Any]]] = {"ours": [], "bare": []}
+    stats: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    peers.pgqueuer_install(url)
     for run_index in range(runs):
-        order = ("ours", "bare") if run_index % 2 == 0 else ("bare", "ours")
-        for kind in order:
+        shift = run_index % len(KINDS)
+        for kind in KINDS[shift:] + KINDS[:shift]:
             m = measure(url, kind, sizes)
             stats[kind].append(m)
             log(
-                f"  latency run {run_index + 1}/{runs} {kind:5s} p50 {m['p50']:6.2f} ms  p95 {m['p95']:6.2f} ms  "
-                f"p99 {m['p99']:6.2f} ms  ({m['messages']:,} msgs at {m['achieved_rate']:.0f}/s, "
-                f"{m['missing']} missing)"
+                f"  latency run {run_index + 1}/{runs} {kind:8s} p50 {m['p50']:6.2f} ms  p95 {m['p95']:6.2f} ms  "
+                f"p99 {m['p99']:6.2f} ms  p99.9 {m['p99.9']:6.2f} ms  ({m['messages']:,} msgs at "
+                f"{m['achieved_rate']:.0f}/s, {m['missing']} missing)"
             )
             if m["achieved_rate"] < 0.9 * sizes.latency_rate:
                 log(f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): "
@@ -191,28 +245,13 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             if m["missing"]:
                 raise RuntimeError(f"latency {kind}: {m['missing']} committed messages never reached the handler")
     label = f"latency commit→handler at {sizes.latency_rate:.0f} msg/s, {sizes.latency_seconds:.0f} s"
-    for quantile in ("p50", "p95"):
-        result.figures.append(
-            Figure(
-                "latency",
-                f"{label}: {quantile}",
-                "ms",
-                [m[quantile] for m in stats["ours"]],
-                [m[quantile] for m in stats["bare"]],
-                "bare LISTEN + claim/settle loop",
-                note="for information",
-            )
-        )
-    result.figures.append(
-        Figure(
-            "latency",
-            f"{label}: p99",
-            "ms",
-            [m["p99"] for m in stats["ours"]],
-            [m["p99"] for m in stats["bare"]],
-            "bare LISTEN + claim/settle loop",
-            Target("≤ 1.5× ceiling and ≤ 15 ms", ratio_max=1.5, value_max=15.0),
-        )
-    )
+    for kind, what in (("ours-cli", "CLI relay (outbox-pipelines relay)"), ("ours", "Relay in a process of ours"),
+                       ("pgqueuer", "pgqueuer 1.6 at its defaults")):
+        for quantile in ("p50", "p95", "p99", "p99.9"):
+            target = (Target("≤ 5 ms", value_max=5.0) if (kind, quantile) == ("ours-cli", "p99") else None)
+            result.figures.append(Figure(
+                "latency", f"{label}, {what}: {quantile}", "ms", [m[quantile] for m in stats[kind]],
+                [m[quantile] for m in stats["simple"]], REFERENCE, target,
+                note="" if target else "for information"))
     result.details["runs"] = stats
     return result

@@ -148,13 +148,19 @@ class OutboxTable:
         paused_topics: Sequence[str] = (),
         max_attempts: int = 2**31 - 1,
         audit_claims: bool = True,
+        fast_commit: bool = False,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
-        """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number)."""
+        """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number).
+
+        ``fast_commit``: on an autocommit connection, the claim commits without waiting for the WAL
+        flush (the relay's; a lost claim means a redelivery). Inside a caller's transaction it would
+        make the whole transaction so: leave it False there.
+        """
         return self._claimed(
             "outbox_claim",
             {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
-             "max_attempts": max_attempts, "audit_claims": audit_claims, "now": now},
+             "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit, "now": now},
         )
 
     def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (),

@@ -40,7 +40,11 @@ SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s
 -- attempt number moves on, which fences its old holder out of settling it; a row
 -- already on its last attempt is left to requeue-stuck, which marks it dead.
 WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+    -- The relay's claim (autocommit: this statement is its transaction) commits without waiting
+    -- for the WAL flush. A claim a database crash loses only sends its rows again, which
+    -- at-least-once delivery allows; the settle that records an outcome still waits.
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
 ), expired AS (
     SELECT t.id, t.status AS was, t.locked_by AS previous_holder
     FROM {table} AS t
@@ -55,7 +59,7 @@ WITH clock AS (
     SELECT t.id, t.status AS was, NULL::text AS previous_holder
     FROM {table} AS t
     WHERE t.status = 'pending'
-      AND t.available_at <= (SELECT now FROM clock)
+      AND t.available_at <= (SELECT now FROM clock WHERE commit_mode IS NOT NULL OR NOT %(fast_commit)s)
       AND t.topic <> ALL(%(paused_topics)s::text[])
     ORDER BY t.id
     LIMIT %(limit)s

@@ -262,7 +262,7 @@ class Relay:
                 claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
                                                  paused_topics=self._paused_topics(),
                                                  max_attempts=self.table.retry.max_attempts,
-                                                 audit_claims=self.table.audit == "all")
+                                                 audit_claims=self.table.audit == "all", fast_commit=True)
             span.set_attribute("outbox.claimed", len(claimed))
         report.claimed += len(claimed)
         metrics.count_claim(self.table.name, len(claimed))

@@ -148,3 +148,19 @@ def test_a_transaction_relay_that_hangs_past_its_lease_is_cut_off_by_the_server(
         out, err = proc.communicate(timeout=30)
     assert "database error" in err  # said, not hidden
     assert set(http_sink.counts.values()) <= {1, 2, 3}
+
+
+def test_a_fast_commit_claim_leaves_the_session_durable(db_url, conn):
+    from outbox_pipelines.core.db import connect
+    from outbox_pipelines.core.table import OutboxTable
+
+    enqueue_n(conn, EVENTS, 2)
+    with connect(db_url) as relay_conn:  # autocommit, as the relay's session
+        assert len(OutboxTable(relay_conn, EVENTS).claim("w", 1, 60, fast_commit=True)) == 1
+        # The setting lived for the claim's own transaction only: the settle after it waits for the flush.
+        assert relay_conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+    with connect(db_url) as caller:
+        with caller.transaction():
+            OutboxTable(caller, EVENTS).claim("w", 1, 60)
+            assert caller.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+    assert statuses(conn, EVENTS) == {"sending": 2}
