@@ -36,7 +36,7 @@ for entry in (str(BENCH_DIR), str(REPO)):
         sys.path.insert(0, entry)
 
 import scale_out  # noqa: E402
-from obench import check_cost, dagster_steady, drain, enqueue, flat, http_bench, latency, order_path  # noqa: E402  # noqa: E402
+from obench import check_cost, cleaner_cost, dagster_steady, drain, enqueue, flat, http_bench, latency, order_path  # noqa: E402  # noqa: E402
 from obench.common import (  # noqa: E402
     BENCH_URL_ENV,
     BenchServer,
@@ -103,6 +103,15 @@ SCENARIOS = [
         "Relay RSS sampled every tenth of a 1,000,000-message drain (batch 1,000, delete on success; "
         "once per invocation), target within +-10% after the first tenth; and claim time of 1,000 rows "
         "with 1,000,000 sent rows kept vs an empty table, target within +-25%. --quick uses 100,000.",
+    ),
+    Scenario(
+        "cleaner",
+        cleaner_cost.run,
+        "Cost of scale: a table keeping 10,000,000 sent rows published over the last 48 hours (the cleaner a "
+        "day behind; --quick 300,000). Claim time of 1,000 rows vs an empty twin, target within +-25%; the "
+        "cleaner's loop (clean_sent, 1-day retention, batch 5,000) alone for 60 s (--quick 15 s), and beside a "
+        "relay draining 200,000 messages (--quick 30,000): rows deleted per second, target >= 5,000 (the "
+        "arrival rate it must keep up with); the relay's msg/s for information.",
     ),
     Scenario(
         "dagster",
@@ -196,7 +205,7 @@ def machine_facts() -> dict[str, Any]:
 def _fmt(value: float | None, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if unit in ("msg/s", "req/s"):
+    if unit in ("msg/s", "req/s", "rows/s"):
         return f"{value:,.0f}"
     if unit == "ms/txn":
         return f"{value:.3f}"

@@ -369,6 +369,9 @@ class Sizes:
     flat_messages: int = 1_000_000
     flat_sent_rows: int = 1_000_000
     flat_claims: int = 20
+    cleaner_sent_rows: int = 10_000_000
+    cleaner_seconds: float = 60.0
+    cleaner_load_messages: int = 200_000
 
     @classmethod
     def quick(cls) -> "Sizes":
@@ -381,4 +384,7 @@ class Sizes:
             flat_messages=100_000,
             flat_sent_rows=100_000,
             flat_claims=8,
+            cleaner_sent_rows=300_000,
+            cleaner_seconds=15.0,
+            cleaner_load_messages=30_000,
         )
