@@ -36,7 +36,18 @@ for entry in (str(BENCH_DIR), str(REPO)):
         sys.path.insert(0, entry)
 
 import scale_out  # noqa: E402
-from obench import check_cost, cleaner_cost, dagster_steady, drain, enqueue, flat, http_bench, latency, order_path  # noqa: E402  # noqa: E402
+from obench import (  # noqa: E402  # noqa: E402
+    check_cost,
+    cleaner_cost,
+    dagster_steady,
+    defaults_sweep,
+    drain,
+    enqueue,
+    flat,
+    http_bench,
+    latency,
+    order_path,
+)
 from obench.common import (  # noqa: E402
     BENCH_URL_ENV,
     BenchServer,
@@ -112,6 +123,14 @@ SCENARIOS = [
         "cleaner's loop (clean_sent, 1-day retention, batch 5,000) alone for 60 s (--quick 15 s), and beside a "
         "relay draining 200,000 messages (--quick 30,000): rows deleted per second, target >= 5,000 (the "
         "arrival rate it must keep up with); the relay's msg/s for information.",
+    ),
+    Scenario(
+        "defaults",
+        defaults_sweep.run,
+        "The numbers behind the defaults: batch_size 50-1,000 with 4 relays (claim lease and transaction, "
+        "40,000 messages; --quick 8,000); parallelism 1-16 with handlers that wait 1 ms and with no-op "
+        "handlers (5,000 messages); concurrency 8-64 against a local HTTP sink answering in 5 ms (5,000 "
+        "messages). Information, no target.",
     ),
     Scenario(
         "dagster",

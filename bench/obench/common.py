@@ -372,6 +372,7 @@ class Sizes:
     cleaner_sent_rows: int = 10_000_000
     cleaner_seconds: float = 60.0
     cleaner_load_messages: int = 200_000
+    sweep_messages: int = 40_000
 
     @classmethod
     def quick(cls) -> "Sizes":
@@ -387,4 +388,5 @@ class Sizes:
             cleaner_sent_rows=300_000,
             cleaner_seconds=15.0,
             cleaner_load_messages=30_000,
+            sweep_messages=8_000,
         )

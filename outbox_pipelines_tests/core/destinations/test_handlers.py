@@ -2,6 +2,7 @@
 
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 
@@ -369,3 +370,22 @@ def test_without_dedup_identical_payloads_are_each_delivered(conn, db_url):
     run_relay(db_url, memory_registry(calls), table=MEMORY, dedup=False)
     assert calls == Counter({"w-0": 1, "w-1": 1})
     assert [state(conn, k, MEMORY) for k in keys] == [("sent", 1, None)] * 2
+
+
+def test_a_batch_of_one_runs_on_the_relays_thread_and_a_larger_one_on_the_pool():
+    seen: list[str] = []
+    registry = HandlerRegistry()
+    registry.register("t", lambda message: seen.append(threading.current_thread().name))
+    destination = HandlerDestination(registry, threads=4)
+
+    def message(n: int) -> ClaimedMessage:
+        return ClaimedMessage(id=n, event_id=f"e{n}", tenant_id=None, topic="t", payload={}, payload_sha="",
+                              headers={}, attempts=1, created_at=datetime.now(UTC))
+
+    try:
+        assert [o.kind for o in destination.deliver([message(1)])] == ["sent"]
+        assert seen == [threading.current_thread().name]  # no hand-off: a quiet table's latency
+        destination.deliver([message(n) for n in range(2, 10)])
+        assert all(name.startswith("outbox-handler") for name in seen[1:]) and len(seen) == 9
+    finally:
+        destination.close()
