@@ -5,8 +5,7 @@ Two kinds of peer, measured in the same run and on the same server as ours:
 - "the simplest loop a person would write": a psycopg 3 loop that claims pending
   rows of our outbox table with ``FOR UPDATE SKIP LOCKED``, calls a no-op handler
   and marks them sent, with no audit, lease, attempts or error handling. It is
-  the floor a team compares a library against ("why not just write the loop?"),
-  where ``ceiling_sql`` is the same SQL as ours with our Python taken away;
+  the floor a team compares a library against ("why not just write the loop?");
 - pgqueuer 1.6 (a published PostgreSQL job queue for Python), driven only
   through its public API (``PgQueuer``, ``Queries``/``SyncQueries``,
   ``PsycopgDriver``/``SyncPsycopgDriver``) with its DEFAULT settings, so the
@@ -207,6 +206,11 @@ def pgqueuer_install(url: str, fresh: bool = False) -> bool:
     Idempotent: an installed schema is left alone, unless ``fresh`` asks for
     Queries.uninstall() then install() (its tables, enum, trigger and function).
     """
+    try:
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "pgqueuer, the benchmark's peer, is not installed: .venv/bin/pip install -e '.[bench]'") from None
 
     async def install(queries: Any) -> bool:
         settings = queries.qbe.settings

@@ -1,6 +1,6 @@
 """Smoke check of obench.peers at small sizes: every peer runs, counts come out right, rates print.
 
-    cd bench && ../.venv/bin/python -m obench.test_peers_smoke
+    cd bench && ../.venv/bin/python -m obench.peers_smoke
 
 A script, not a pytest test (it starts the bench's own PostgreSQL, as
 bench/run.py does, and stops it on the way out). Sizes are small on purpose:
