@@ -280,6 +280,34 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+# Commit -> handler measurements (obench.latency, and pgqueuer's in obench.peers): the producer waits
+# PRODUCER_HEAD_START_S after release so the consumer LISTENs before the first commit; the messages
+# of the first WARM_UP_S are warm-up; a consumer gives up after rate x seconds x DEADLINE_FACTOR +
+# DEADLINE_SLACK_S (only a run that lost messages gets there).
+PRODUCER_HEAD_START_S = 0.5
+WARM_UP_S = 0.5
+DEADLINE_FACTOR, DEADLINE_SLACK_S = 3.0, 10.0
+
+
+def latency_summary(committed: dict[str, float], delivered: dict[str, float], rate: float) -> dict[str, Any]:
+    """Percentiles (ms) of handler time - commit time by key, the warm-up left out; how many never arrived,
+    and the rate the producer achieved."""
+    skip = int(WARM_UP_S * rate)
+    measured = [key for n, key in enumerate(committed) if n >= skip]
+    latencies_ms = [(delivered[key] - committed[key]) * 1000.0 for key in measured if key in delivered]
+    times = list(committed.values())
+    return {
+        "p50": percentile(latencies_ms, 50),
+        "p95": percentile(latencies_ms, 95),
+        "p99": percentile(latencies_ms, 99),
+        "p99.9": percentile(latencies_ms, 99.9),
+        "max": max(latencies_ms) if latencies_ms else float("nan"),
+        "messages": len(latencies_ms),
+        "missing": sum(1 for key in measured if key not in delivered),
+        "achieved_rate": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0,
+    }
+
+
 def spread(values: Sequence[float]) -> dict[str, Any]:
     finite = [v for v in values if not math.isnan(v)]
     if not finite:

@@ -12,13 +12,11 @@ rotates each round), medians over the runs:
   answers after 5 ms (a broker's latency on a LAN), batch 100.
 """
 
-import asyncio
 import time
 from typing import Any
 
 from obench import drain
 from obench.common import (
-    SPAWN,
     Barrier,
     Figure,
     ScenarioResult,
@@ -29,9 +27,8 @@ from obench.common import (
     reset_table,
     run_processes,
     settle_server,
-    stop_process,
-    track,
 )
+from obench.http_bench import Sink
 
 TABLE = "outbox_orders"
 BATCHES = (50, 100, 250, 500, 1000)
@@ -68,36 +65,16 @@ def handlers_worker(url: str, threads: int, wait_s: float, barrier: Barrier) -> 
     return report.seconds, report.sent
 
 
-def _handlers_rate(url: str, rows: list[Any], threads: int, wait_s: float) -> float:
+def _one_relay_rate(url: str, rows: list[Any], worker: Any, args: tuple[Any, ...], what: str) -> float:
+    """Load the rows, drain them with one relay process running ``worker(url, *args)``; msg/s (checked)."""
     _load(url, rows)
-    seconds, sent = run_processes([(handlers_worker, (url, threads, wait_s))], timeout_s=900)[0]
+    seconds, sent = run_processes([(worker, (url, *args))], timeout_s=900)[0]
     if sent != len(rows):
-        raise RuntimeError(f"handler threads {threads}: {sent} sent of {len(rows)}")
+        raise RuntimeError(f"{what}: {sent} sent of {len(rows)}")
     return float(sent / seconds)
 
 
 # -- requests in flight --------------------------------------------------------------
-
-
-def slow_sink_main(port_queue: Any, delay_s: float) -> None:
-    from aiohttp import web
-
-    async def accept(request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(delay_s)
-        return web.json_response({"status": "accepted", "id": request.headers.get("Idempotency-Key", "")})
-
-    async def serve() -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", accept)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        await asyncio.Event().wait()
-
-    asyncio.run(serve())
 
 
 def http_worker(url: str, sink_url: str, in_flight: int, barrier: Barrier) -> tuple[float, int]:
@@ -115,14 +92,6 @@ def http_worker(url: str, sink_url: str, in_flight: int, barrier: Barrier) -> tu
     finally:
         destination.close()
     return report.seconds, report.sent
-
-
-def _http_rate(url: str, rows: list[Any], sink_url: str, in_flight: int) -> float:
-    _load(url, rows)
-    seconds, sent = run_processes([(http_worker, (url, sink_url, in_flight))], timeout_s=900)[0]
-    if sent != len(rows):
-        raise RuntimeError(f"in flight {in_flight}: {sent} sent of {len(rows)}")
-    return float(sent / seconds)
 
 
 def _load(url: str, rows: list[Any]) -> None:
@@ -146,23 +115,22 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
         result.details[f"batch_size_claim_{claim}"] = rates
     handler_rows = make_rows(sizes.sweep_messages // 8, "order.created", "threads")
     for wait_s, what in ((HANDLER_WAIT_S, "handlers waiting 1 ms"), (0.0, "no-op handlers")):
-        rates = _interleaved(THREADS, runs, lambda t, w=wait_s: _handlers_rate(url, handler_rows, t, w),
+        rates = _interleaved(THREADS, runs, lambda t, w=wait_s: _one_relay_rate(
+            url, handler_rows, handlers_worker, (t, w), f"parallelism {t}"),
                              f"threads ({what})")
         for threads in THREADS:
             result.figures.append(Figure("defaults", f"1 relay, {what}, parallelism {threads}", "msg/s",
                                          rates[threads], note="for information"))
         result.details[f"threads_{what}"] = rates
-    ports = SPAWN.Queue()
-    sink = track(SPAWN.Process(target=slow_sink_main, args=(ports, SINK_DELAY_S), daemon=True))
-    sink.start()
+    sink = Sink(delay_s=SINK_DELAY_S)
     try:
-        sink_url = f"http://127.0.0.1:{ports.get(timeout=30)}/orders"
         http_rows = make_rows(sizes.sweep_messages // 8, "order.created", "inflight")
-        rates = _interleaved(IN_FLIGHT, runs, lambda n: _http_rate(url, http_rows, sink_url, n), "in flight")
+        rates = _interleaved(IN_FLIGHT, runs, lambda n: _one_relay_rate(
+            url, http_rows, http_worker, (sink.url, n), f"concurrency {n}"), "in flight")
         for in_flight in IN_FLIGHT:
             result.figures.append(Figure("defaults", f"1 relay, HTTP sink answering in 5 ms, concurrency {in_flight}",
                                          "msg/s", rates[in_flight], note="for information (batch 100)"))
         result.details["in_flight"] = rates
     finally:
-        stop_process(sink)
+        sink.stop()
     return result

@@ -64,7 +64,7 @@ TRANSPORT_TO_BARE = {
 # -- the sink ------------------------------------------------------------------
 
 
-def sink_main(port_queue: Any) -> None:
+def sink_main(port_queue: Any, delay_s: float = 0.0) -> None:
     from aiohttp import web
 
     try:
@@ -78,6 +78,8 @@ def sink_main(port_queue: Any) -> None:
     async def accept(request: web.Request) -> web.Response:
         nonlocal served
         await request.read()
+        if delay_s:
+            await asyncio.sleep(delay_s)  # a broker's own latency (the defaults sweep)
         served += 1
         key = request.headers.get("Idempotency-Key", "")
         return web.json_response({"status": "accepted", "id": f"ref-{key}"})
@@ -100,9 +102,11 @@ def sink_main(port_queue: Any) -> None:
 
 
 class Sink:
-    def __init__(self) -> None:
+    """The local HTTP sink in its own process; ``delay_s`` is how long it takes to answer."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
         ports = SPAWN.Queue()
-        self.process = track(SPAWN.Process(target=sink_main, args=(ports,), daemon=True))
+        self.process = track(SPAWN.Process(target=sink_main, args=(ports, delay_s), daemon=True))
         self.process.start()
         self.url = f"http://127.0.0.1:{ports.get(timeout=30)}/events"
         self._base = self.url.rsplit("/", 1)[0]

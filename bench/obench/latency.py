@@ -32,14 +32,17 @@ from psycopg import sql
 
 from obench import peers
 from obench.common import (
+    DEADLINE_FACTOR,
+    DEADLINE_SLACK_S,
+    PRODUCER_HEAD_START_S,
     Barrier,
     Figure,
     ScenarioResult,
     Sizes,
     Target,
     count_by_status,
+    latency_summary,
     log,
-    percentile,
     reset_table,
     run_processes,
     sample_payload,
@@ -48,15 +51,6 @@ from obench.common import (
 
 TABLE = "outbox_events"
 TOPIC = "bench.latency"
-# The consumer is released with the producer; the producer waits this long first
-# so the consumer has connected and is LISTENing before the first commit.
-PRODUCER_HEAD_START_S = 0.5
-# Messages of the first half second are warm-up (connection, statement preparation).
-WARM_UP_S = 0.5
-# A consumer stops once it has handled every message the producer will commit;
-# this deadline only ends a run that lost messages (the producer may fall behind
-# its schedule on a busy machine, so it is generous).
-DEADLINE_FACTOR, DEADLINE_SLACK_S = 3.0, 10.0
 
 
 def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float]]:
@@ -201,24 +195,8 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
     )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered, info = next((r[1], r[2]) for r in results if r[0] == "consumer")
-    skip = int(WARM_UP_S * sizes.latency_rate)
-    measured = [eid for n, eid in enumerate(committed) if n >= skip]
-    missing = [eid for eid in measured if eid not in delivered]
-    latencies_ms = [(delivered[eid] - committed[eid]) * 1000.0 for eid in measured if eid in delivered]
-    counts = count_by_status(url, TABLE)
-    first, last = list(committed.values())[0], list(committed.values())[-1]
-    return {
-        "p50": percentile(latencies_ms, 50),
-        "p95": percentile(latencies_ms, 95),
-        "p99": percentile(latencies_ms, 99),
-        "p99.9": percentile(latencies_ms, 99.9),
-        "max": max(latencies_ms) if latencies_ms else float("nan"),
-        "messages": len(latencies_ms),
-        "missing": len(missing),
-        "achieved_rate": (len(committed) - 1) / (last - first) if last > first else 0.0,
-        "table": counts,
-        **info,
-    }
+    return {**latency_summary(committed, delivered, sizes.latency_rate), "table": count_by_status(url, TABLE),
+            **info}
 
 
 KINDS = ("ours-cli", "ours", "simple", "pgqueuer")

@@ -60,8 +60,11 @@ import psycopg
 from psycopg import sql
 
 from obench.common import (
+    DEADLINE_FACTOR,
+    DEADLINE_SLACK_S,
+    PRODUCER_HEAD_START_S,
     Barrier,
-    percentile,
+    latency_summary,
     run_processes,
     sample_payload,
 )
@@ -400,10 +403,6 @@ def pgqueuer_drain_once(url: str, workers: int, count: int) -> float:
 
 # -- pgqueuer latency (commit -> handler), same pattern as obench.latency ------
 
-# The same constants and clock choice as obench.latency (see its docstring).
-PRODUCER_HEAD_START_S = 0.5
-WARM_UP_S = 0.5
-DEADLINE_FACTOR, DEADLINE_SLACK_S = 3.0, 10.0
 
 
 def _latency_key(n: int) -> str:
@@ -492,18 +491,4 @@ def pgqueuer_latency_measure(url: str, rate: float, seconds: float) -> dict[str,
     )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered, info = next((r[1], r[2]) for r in results if r[0] == "consumer")
-    skip = int(WARM_UP_S * rate)
-    measured = [key for n, key in enumerate(committed) if n >= skip]
-    latencies_ms = [(delivered[k] - committed[k]) * 1000.0 for k in measured if k in delivered]
-    times = list(committed.values())
-    return {
-        "p50": percentile(latencies_ms, 50),
-        "p95": percentile(latencies_ms, 95),
-        "p99": percentile(latencies_ms, 99),
-        "p99.9": percentile(latencies_ms, 99.9),
-        "max": max(latencies_ms) if latencies_ms else float("nan"),
-        "messages": len(latencies_ms),
-        "missing": sum(1 for k in measured if k not in delivered),
-        "achieved_rate": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
-        **info,
-    }
+    return {**latency_summary(committed, delivered, rate), **info}
