@@ -4,11 +4,13 @@ Counters and histograms are updated where things happen; the per-table
 gauges (pending, locked, lag) are read from the database when scraped.
 """
 
+import collections
 import hashlib
+import operator
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
@@ -117,6 +119,10 @@ def observe_repeated(child: Any, value: float, times: int) -> None:
             return
 
 
+_TOPIC_AND_TENANT = operator.attrgetter("topic", "tenant_id")
+_ATTEMPTS = operator.attrgetter("attempts")
+
+
 class BatchTally:
     """A settled batch's counters, added once per label set (per-message label lookups cost too much)."""
 
@@ -130,19 +136,29 @@ class BatchTally:
         self._labels: dict[tuple[str, str | None], tuple[str, str]] = {}
 
     def add(self, message: Any, result: str, in_dispatch_s: float | None, *, final: bool = False) -> None:
-        labels = self._labels.get((message.topic, message.tenant_id))
+        self._add(message.topic, message.tenant_id, result, in_dispatch_s, 1)
+        if final:
+            self._attempts[message.attempts] = self._attempts.get(message.attempts, 0) + 1
+
+    def add_all(self, messages: Sequence[Any], result: str, in_dispatch_s: float | None) -> None:
+        """``add(message, result, in_dispatch_s, final=True)`` for each message, counted in one pass."""
+        for (topic, tenant_id), n in collections.Counter(map(_TOPIC_AND_TENANT, messages)).items():
+            self._add(topic, tenant_id, result, in_dispatch_s, n)
+        for attempts, n in collections.Counter(map(_ATTEMPTS, messages)).items():
+            self._attempts[attempts] = self._attempts.get(attempts, 0) + n
+
+    def _add(self, topic_name: str, tenant_id: str | None, result: str, in_dispatch_s: float | None, n: int) -> None:
+        labels = self._labels.get((topic_name, tenant_id))
         if labels is None:
-            labels = (topic_label(self.table_name, message.topic), tenant_label(self.table_name, message.tenant_id))
-            self._labels[(message.topic, message.tenant_id)] = labels
+            labels = (topic_label(self.table_name, topic_name), tenant_label(self.table_name, tenant_id))
+            self._labels[(topic_name, tenant_id)] = labels
         topic, tenant = labels
         key = (topic, tenant, result)
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + n
         if in_dispatch_s is not None:
             # A batch is claimed and settled at one instant each: its messages share one value.
             values = self._latency.setdefault((topic, result), {})
-            values[in_dispatch_s] = values.get(in_dispatch_s, 0) + 1
-        if final:
-            self._attempts[message.attempts] = self._attempts.get(message.attempts, 0) + 1
+            values[in_dispatch_s] = values.get(in_dispatch_s, 0) + n
 
     def flush(self) -> None:
         for (topic, tenant, result), n in self._counts.items():

@@ -196,9 +196,9 @@ WITH clock AS (
 SELECT id FROM settled
 
 -- name: outbox_settle_sent
--- The common batch, every message delivered with nothing more to record: the same checks and
+-- The common leased batch, every message delivered with nothing more to record: the same checks and
 -- audit as outbox_settle, from two arrays instead of thirteen (their parameters cost more to
--- build than the update costs to run).
+-- build than the update costs to run), answering with the ids it could not settle.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), input AS (
@@ -218,15 +218,15 @@ WITH clock AS (
     -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
     WHERE t.id = ANY(%(ids)s::bigint[])
       AND t.id = i.id
-      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
-      AND (%(held)s OR t.locked_by = %(worker)s)
-      AND t.attempts = i.attempts - %(held)s::int
+      AND t.status = 'sending'
+      AND t.locked_by = %(worker)s
+      AND t.attempts = i.attempts
     RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
-    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END,
-           'sent', u.attempts, %(audit_code)s, %(worker)s, u.headers->>'trace_id', NULL
+    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'sending', 'sent', u.attempts, %(audit_code)s,
+           %(worker)s, u.headers->>'trace_id', NULL
     FROM updated AS u
     WHERE %(audit_successes)s
     UNION ALL
@@ -237,7 +237,48 @@ WITH clock AS (
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM updated)
 )
-SELECT id FROM updated
+-- The ids not settled (lost leases), usually none: one row, not a row per settled message.
+SELECT coalesce((SELECT array_agg(i.id) FROM input AS i WHERE i.id NOT IN (SELECT id FROM updated)),
+                ARRAY[]::bigint[]) AS lost
+
+-- name: outbox_settle_held_sent
+-- outbox_settle_sent for claim = "transaction": the rows are locked by this transaction since
+-- outbox_claim_held, so nobody changed them and no attempt needs checking; the attempt is counted
+-- here. A row not found pending (which the lock rules out) is still audited as a conflict.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), updated AS (
+    UPDATE {table} AS t
+    SET status = 'sent',
+        attempts = t.attempts + 1,
+        locked_by = NULL,
+        locked_at = NULL,
+        lease_expires_at = NULL,
+        last_error = NULL,
+        last_error_code = NULL,
+        published_at = clock.now,
+        updated_at = clock.now
+    FROM clock
+    WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.status = 'pending'
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts
+), lost AS (
+    SELECT i.id FROM unnest(%(ids)s::bigint[]) AS i(id) WHERE i.id NOT IN (SELECT id FROM updated)
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
+                              attempts, code, worker, trace_id, detail)
+    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'pending', 'sent', u.attempts, %(audit_code)s,
+           %(worker)s, u.headers->>'trace_id', NULL
+    FROM updated AS u
+    WHERE %(audit_successes)s
+    UNION ALL
+    SELECT %(table_name)s, l.id, cur.event_id, cur.tenant_id, cur.status, 'sent', cur.attempts,
+           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+    FROM lost AS l
+    LEFT JOIN {table} AS cur ON cur.id = l.id
+)
+SELECT coalesce((SELECT array_agg(id) FROM lost), ARRAY[]::bigint[]) AS lost
 
 -- name: outbox_renew_leases
 WITH clock AS (

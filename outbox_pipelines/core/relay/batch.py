@@ -1,13 +1,13 @@
 """One claimed batch, start to end: plan what to send, deliver it, settle what happened, count it."""
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 from outbox_pipelines.core import tracing
 from outbox_pipelines.core.destination_health import DestinationGuard
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.relay.counting import count_settled_batch
+from outbox_pipelines.core.relay.counting import count_delivered_batch, count_settled_batch
 from outbox_pipelines.core.relay.dispatch import (
     DispatchPlan,
     combine_outcomes,
@@ -18,8 +18,10 @@ from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.pause import Pause
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.settlement import (
+    plainly_sent,
     plan_settlement,
     settle_batch,
+    settle_delivered,
     settle_row_by_row,
 )
 from outbox_pipelines.core.retry import UniformSource
@@ -44,13 +46,17 @@ class BatchRunner:
                  pause: Pause, uniform: UniformSource) -> None:
         self.table, self.destination, self.worker = table, destination, worker
         self.guard, self.pause, self.uniform = guard, pause, uniform
-        # When each claimed message was claimed (time.monotonic()), for the dispatch latency metric.
+        self._after_settle_overridden = type(destination).after_settle is not Destination.after_settle
+        # When each claimed batch was claimed (time.monotonic()), by its first id, for the dispatch latency metric.
         self.claimed_at: dict[int, float] = {}
 
     def note_claimed(self, batch: list[ClaimedMessage]) -> None:
-        mono = time.monotonic()
-        for message in batch:
-            self.claimed_at[message.id] = mono
+        if batch:
+            self.claimed_at[batch[0].id] = time.monotonic()
+
+    def forget(self, batch: list[ClaimedMessage]) -> float | None:
+        """When the batch was claimed (None: unknown); it is not remembered any longer."""
+        return self.claimed_at.pop(batch[0].id, None) if batch else None
 
     def forget_claims(self) -> None:
         """The batches in flight were abandoned (a database error): none of them will be settled here."""
@@ -83,18 +89,40 @@ class BatchRunner:
                report: RelayReport) -> None:
         """Record what the destination did, settle the batch, count what happened."""
         self.guard.observe(outbox_table.conn, outcomes)  # first: a batch that opens the circuit spends no attempts
-        settlements = [plan_settlement(msg, out, self.table, self.uniform, circuit_open=self.guard.circuit_open)
-                       for msg, out in zip(batch, outcomes, strict=True)]
-        with tracing.tracer().start_as_current_span(
-                "outbox.settle", attributes={"outbox.table": self.table.name, "outbox.batch": len(batch)}):
-            settled = self._settle(outbox_table, batch, settlements, report)
-        counts = count_settled_batch(self.table.name, batch, settlements, outcomes, settled, self.claimed_at,
-                                     report.lag)
+        claimed_mono = self.forget(batch)
+        if self._delivered_plainly(outcomes):
+            # The common batch, delivered whole: settled and counted without a plan per message.
+            with self._settle_span(batch):
+                settled = settle_delivered(outbox_table, self.worker, batch, self.table)
+            if settled is not None and len(settled) == len(batch):
+                report.add_batch(count_delivered_batch(self.table.name, batch, claimed_mono, report.lag))
+                return
+            settlements = self._plan(batch, outcomes)
+            if settled is None:
+                settled = self._settle_refused(outbox_table, settlements, report)
+        else:
+            settlements = self._plan(batch, outcomes)
+            with self._settle_span(batch):
+                settled = self._settle(outbox_table, batch, settlements, report)
+        counts = count_settled_batch(self.table.name, batch, settlements, outcomes, settled, claimed_mono, report.lag)
         report.add_batch(counts)
         if counts.slow_down_s > 0:
             # 429: the destination is overloaded; hold the whole table, in every relay of it, not just this row.
             self.pause.hold(counts.slow_down_s, "the destination answered 429")
             self.guard.pause(outbox_table.conn, counts.slow_down_s, "429 Retry-After")
+
+    def _delivered_plainly(self, outcomes: list[Outcome]) -> bool:
+        """Whether ``settle_delivered`` can settle the batch: rows marked sent, and no after_settle to tell."""
+        return (self.table.on_success == "mark_sent" and not self._after_settle_overridden
+                and plainly_sent(outcomes))
+
+    def _plan(self, batch: list[ClaimedMessage], outcomes: list[Outcome]) -> list[Settlement]:
+        return [plan_settlement(msg, out, self.table, self.uniform, circuit_open=self.guard.circuit_open)
+                for msg, out in zip(batch, outcomes, strict=True)]
+
+    def _settle_span(self, batch: list[ClaimedMessage]) -> AbstractContextManager[object]:
+        return tracing.tracer().start_as_current_span(
+            "outbox.settle", attributes={"outbox.table": self.table.name, "outbox.batch": len(batch)})
 
     def _settle(self, outbox_table: OutboxTable, batch: list[ClaimedMessage], settlements: list[Settlement],
                 report: RelayReport) -> set[int]:
@@ -109,7 +137,10 @@ class BatchRunner:
 
     def _write(self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
         settled = settle_batch(outbox_table, self.worker, settlements, self.table)
-        if settled is None:
-            report.db_errors += 1
-            settled = settle_row_by_row(outbox_table, self.worker, settlements, self.table)
-        return settled
+        return settled if settled is not None else self._settle_refused(outbox_table, settlements, report)
+
+    def _settle_refused(self, outbox_table: OutboxTable, settlements: list[Settlement],
+                        report: RelayReport) -> set[int]:
+        """The database refused the batch's statement: row by row, so one row cannot hold the rest back."""
+        report.db_errors += 1
+        return settle_row_by_row(outbox_table, self.worker, settlements, self.table)

@@ -26,17 +26,15 @@ def count_settled_batch(
     settlements: Sequence[Settlement],
     outcomes: Sequence[Outcome],
     settled: set[int],
-    claimed_at: dict[int, float],
+    claimed_mono: float | None,
     lag: LagSample,
 ) -> BatchCounts:
-    """Count how each message ended; ``claimed_at`` (id → time.monotonic() at claim) loses the batch's ids,
-    and ``lag`` gains each delivered message's created → delivered seconds."""
+    """Count how each message ended; ``claimed_mono`` is time.monotonic() when the batch was claimed (None:
+    unknown), and ``lag`` gains each delivered message's created → delivered seconds."""
     counts = BatchCounts()
-    settled_mono = time.monotonic()
+    in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
     tally = metrics.BatchTally(table_name)
     for message, settlement, outcome in zip(batch, settlements, outcomes, strict=True):
-        claimed_mono = claimed_at.pop(message.id, None)
-        in_dispatch = settled_mono - claimed_mono if claimed_mono is not None else None
         if settlement.id not in settled:
             counts.conflicts += 1
             tally.add(message, "conflict", in_dispatch)
@@ -45,8 +43,7 @@ def count_settled_batch(
             counts.sent += 1
             counts.dedup_hits += outcome.code == m.DEDUP_HIT
             if message.claimed_at is not None and in_dispatch is not None:
-                waited = (message.claimed_at - message.created_at).total_seconds()
-                lag.add(max(waited, 0.0) + in_dispatch)
+                lag.add(_waited_s(message) + in_dispatch)
             result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
         elif settlement.status == "pending":
             result = _count_retry(table_name, message, settlement, outcome, counts)
@@ -57,6 +54,26 @@ def count_settled_batch(
     _, failures = destination_failures(outcomes)
     counts.destination_failures.update(failures)
     return counts
+
+
+def count_delivered_batch(table_name: str, batch: Sequence[ClaimedMessage], claimed_mono: float | None,
+                          lag: LagSample) -> BatchCounts:
+    """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit, no
+    reference) and settled: the same counts, metrics and lag, without looking at each outcome."""
+    in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
+    if in_dispatch is not None:
+        dispatched = in_dispatch
+        lag.add_each([msg for msg in batch if msg.claimed_at is not None], lambda msg: _waited_s(msg) + dispatched)
+    tally = metrics.BatchTally(table_name)
+    tally.add_all(batch, "success", in_dispatch)
+    tally.flush()
+    return BatchCounts(sent=len(batch))
+
+
+def _waited_s(message: ClaimedMessage) -> float:
+    """Created → claimed (the database's clock on both sides)."""
+    assert message.claimed_at is not None
+    return max((message.claimed_at - message.created_at).total_seconds(), 0.0)
 
 
 def _count_retry(table_name: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome,

@@ -74,4 +74,5 @@ class Pipeline:
         """The prefetched batch goes back unsent, its attempt given back."""
         why = self.batches.pause.reason if self.batches.pause.active else "the circuit is open"
         outbox_table.release_unsent(self.batches.worker, held(upcoming), f"released unsent: {why}")
+        self.batches.forget(upcoming)
         report.claimed -= len(upcoming)

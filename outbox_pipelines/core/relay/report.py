@@ -1,26 +1,57 @@
 """What a relay invocation did: its report, each batch's counts, and the delivery-lag sample."""
 
+import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class LagSample:
-    """A bounded uniform sample (reservoir) of created → delivered seconds, for percentiles."""
+    """A bounded uniform sample (reservoir) of created → delivered seconds, for percentiles.
+
+    Once full, the next value to keep is drawn ahead (Li's "Algorithm L"): the values in between are only
+    counted, so a relay pays for a random draw per kept value, not per message.
+    """
 
     def __init__(self, capacity: int = 20_000, rng: random.Random | None = None) -> None:
         self.capacity, self.count = capacity, 0
         self.values: list[float] = []
         self._rng = rng or random.Random(7)
+        self._weight = 1.0
+        self._next_kept = 0  # the count at which the next value replaces a random one (when full)
 
     def add(self, value: float) -> None:
-        self.count += 1
-        if len(self.values) < self.capacity:
-            self.values.append(value)
-        else:
-            slot = self._rng.randrange(self.count)
-            if slot < self.capacity:
-                self.values[slot] = value
+        self.add_each((value,), float)
+
+    def add_each(self, items: Sequence[T], value_of: Callable[[T], float]) -> None:
+        """Add ``value_of(item)`` for each item; once the sample is full, only the values kept are computed."""
+        room = self.capacity - len(self.values)
+        if room > 0:
+            head = items[:room]
+            self.values.extend(map(value_of, head))
+            self.count += len(head)
+            if len(self.values) < self.capacity:
+                return
+            items = items[room:]
+            if self._next_kept == 0:
+                self._draw_next_kept()
+        start, end = self.count, self.count + len(items)
+        while self._next_kept <= end:
+            self.values[self._rng.randrange(self.capacity)] = value_of(items[self._next_kept - start - 1])
+            self._draw_next_kept()
+        self.count = end
+
+    def _draw_next_kept(self) -> None:
+        self._weight *= math.exp(math.log(self._uniform()) / self.capacity)
+        skip = math.floor(math.log(self._uniform()) / math.log1p(-self._weight)) if self._weight < 1.0 else 0
+        self._next_kept = max(self._next_kept, self.count) + skip + 1
+
+    def _uniform(self) -> float:
+        """In (0, 1): a logarithm is taken."""
+        return self._rng.random() or 5e-324
 
     def percentiles(self) -> dict[str, float | None]:
         ordered = sorted(self.values)

@@ -1,11 +1,13 @@
 """The relay's database sessions: how they are opened, and waiting on the table's wake-up channel."""
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 from psycopg.types.json import set_json_loads
@@ -23,13 +25,21 @@ STATEMENT_TIMEOUT_MS = 30_000
 RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_custom_plan"
 
 
-# jsonb to Python for every claimed payload and headers: json.loads of bytes first sniffs the
-# encoding, which PostgreSQL's UTF-8 text makes pointless; this costs a third less per message.
+# jsonb to Python for every claimed payload and headers. orjson is 2.5x json's speed, but reads an
+# integer beyond 64 bits, or a number beyond a double, as a float (or refuses it) where json keeps it
+# exact: any run of 19 digits or more is read by json instead (a jsonb of that shape is rare).
 _decode_json = json.JSONDecoder().decode
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
 
 
 def _json_loads(data: str | bytes) -> Any:
-    return _decode_json(data if isinstance(data, str) else str(data, "utf-8"))
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return _decode_json(raw.decode("utf-8"))
 
 
 def open_session(url: str) -> psycopg.Connection:

@@ -7,6 +7,7 @@ unrecordable row cannot hold the others back.
 
 import logging
 import random
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 import psycopg
@@ -76,18 +77,39 @@ def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settl
     """Settle the batch in one statement: the ids settled, or None when the database refused it for a
     data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
     statement timeout is not a data reason: it propagates."""
+    return _unless_refused(outbox_table, table,
+                           lambda: outbox_table.settle(worker, settlements, **settle_options(table)))
+
+
+def settle_delivered(outbox_table: OutboxTable, worker: str, batch: Sequence[ClaimedMessage],
+                     table: TableSettings) -> set[int] | None:
+    """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
+    would be plainly sent): no settlement is planned per message."""
+    return _unless_refused(outbox_table, table, lambda: outbox_table.settle_sent(
+        worker, [msg.id for msg in batch], [msg.attempts for msg in batch], audit_code=m.AUDIT_SUCCESS,
+        **settle_options(table)))
+
+
+def _unless_refused(outbox_table: OutboxTable, table: TableSettings,
+                    settle: Callable[[], set[int]]) -> set[int] | None:
     conn = outbox_table.conn
     in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     try:
         if not in_transaction:
-            return outbox_table.settle(worker, settlements, **settle_options(table))
+            return settle()
         with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
-            return outbox_table.settle(worker, settlements, **settle_options(table))
+            return settle()
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:
         log.warning("relay %s: batch settle refused (%s); settling row by row", table.name, exc)
         return None
+
+
+def plainly_sent(outcomes: Sequence[Outcome]) -> bool:
+    """Every outcome a delivery with nothing more to record (no dedup hit, no reference): what
+    ``settle_delivered`` settles, for a table that marks sent rows."""
+    return all(o.kind == "sent" and o.code is None and o.ref is None for o in outcomes)
 
 
 class SettleOptions(TypedDict):

@@ -126,6 +126,22 @@ def test_handlers_receive_the_message(conn, db_url):
     assert (message.attempts, message.trace_id) == (1, "t1")
 
 
+
+@pytest.mark.parametrize("claim", ["lease", "transaction"])
+def test_a_handler_gets_numbers_exactly_as_they_were_enqueued(conn, db_url, claim):
+    """The relay decodes jsonb with orjson, which would round integers beyond 64 bits: those come through json."""
+    payload = {"big": 123456789012345678901234567890, "negative": -9223372036854775809, "money": 19.99,
+               "small": 42, "text": "überweisung", "nested": [{"id": 18446744073709551616}]}
+    received: list[ClaimedMessage] = []
+    registry = HandlerRegistry()
+    registry.on("ledger.posted")(received.append)
+    Outbox(EVENTS).enqueue(conn, Message(topic="ledger.posted", payload=payload, event_id="l-1",
+                                         headers={"trace_id": "t9", "seq": 10**20}))
+    run_relay(db_url, registry, claim=claim)
+    [message] = received
+    assert message.payload == payload
+    assert isinstance(message.payload["big"], int) and message.headers["seq"] == 10**20
+
 def test_a_failing_handler_retries_the_message_and_names_every_failing_handler(conn, db_url):
     calls, registry = Calls(), HandlerRegistry()
     registry.register("member.created", calls.handler("record_ok"))

@@ -165,6 +165,28 @@ def test_lease_is_renewed_during_a_long_dispatch(db_url, conn):
     assert rows(conn, EVENTS)[0]["status"] == "sent"
 
 
+def test_a_plainly_delivered_batch_with_leases_taken_over_settles_the_rest_and_counts_conflicts(db_url, conn):
+    """A batch delivered whole settles without a plan per message; rows another worker took meanwhile are
+    conflicts (audited, left to their new holder), the rest sent."""
+    ids = enqueue_n(conn, EVENTS, 6)
+    taken = ids[::2]
+
+    def take_over_then_deliver(msg):
+        if msg.id == ids[0]:
+            with psycopg.connect(db_url, autocommit=True) as other:
+                other.execute("UPDATE outbox_events SET locked_by = 'other', attempts = attempts + 1 "
+                              "WHERE id = ANY(%s)", (taken,))
+        return Outcome.sent()  # no reference, no code: the plain batch
+
+    report = Relay(db_url, events_settings(batch_size=6), ScriptedDestination(take_over_then_deliver)).run(once=True)
+    assert (report.sent, report.conflicts) == (3, 3)
+    by_id = {r["id"]: r for r in rows(conn, EVENTS)}
+    assert [by_id[i]["status"] for i in ids] == ["sending", "sent"] * 3
+    assert all(by_id[i]["locked_by"] == "other" for i in taken)
+    for row_id in taken:
+        assert audit_codes(conn, EVENTS, row_id)[-1] == "outbox_flush_conflict"
+    assert audit_codes(conn, EVENTS, ids[1])[-1] == "outbox_flush_success"
+
 def test_a_destination_that_raises_loses_nothing(db_url, conn):
     class Exploding(Destination):
         name = "exploding"
