@@ -6,8 +6,8 @@ interleaved (the order rotates each round so the machine's drift cancels):
 - the simple loop (obench.peers.simple_drain): one transaction per batch,
   ``SELECT ... FOR UPDATE SKIP LOCKED`` -> no-op handler -> one
   ``UPDATE ... WHERE id = ANY(...)``, no lease, attempts or audit;
-- ours, ``Relay(url, settings, NoopDestination()).run(once=True)`` per worker
-  process, with each claim setting (lease / transaction) and audit setting
+- ours, ``run_table_relay(..., once=True, destination=NoopDestination())`` per worker
+  process (what the CLI relay and the Dagster op call), with each claim setting (lease / transaction) and audit setting
   (all / failures);
 - at default settings, ours (every TableSettings default but competing mode,
   so 4 processes share the table) against pgqueuer 1.6 at its own defaults
@@ -47,14 +47,16 @@ TARGETS = {
 
 def ours_worker(url: str, table_name: str, overrides: dict[str, Any], index: int,
                 barrier: Barrier) -> tuple[float, float, int]:
-    from outbox_pipelines.core.relay import Relay
-    from outbox_pipelines.core.settings import TableSettings
+    """One process of ours, through run_table_relay: what `outbox-pipelines relay` and the Dagster op run."""
+    from outbox_pipelines.core.relay import run_table_relay
+    from outbox_pipelines.core.settings import GlobalSettings, Settings, TableSettings
 
     table = TableSettings(name=table_name, **{"mode": "competing", "on_success": "mark_sent", **overrides})
-    relay = Relay(url, table, NoopDestination(), worker_id=f"bench-ours-{index}")
+    settings = Settings(GlobalSettings.from_env({}), {table_name: table}, None)
     barrier()
     started = time.monotonic()
-    report = relay.run(once=True)
+    report = run_table_relay(url, settings, table_name, once=True, worker_id=f"bench-ours-{index}",
+                             destination=NoopDestination())
     return started, time.monotonic(), report.sent
 
 

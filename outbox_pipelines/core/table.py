@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import args_row, dict_row
+from psycopg.rows import RowMaker, dict_row
 from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core.errors import UnknownTable
@@ -57,6 +57,10 @@ def bigint_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
+def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
+    return ClaimedMessage.from_row
+
+
 def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> psycopg.Cursor[Row]:
     cur = conn.cursor(row_factory=dict_row)
     cur.execute(statement, params)
@@ -89,7 +93,7 @@ class OutboxTable:
         """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
         statement = table_query(query, self.table_name)
         try:
-            with self.conn.cursor(row_factory=args_row(ClaimedMessage)) as cur:
+            with self.conn.cursor(row_factory=_claimed_row) as cur:
                 cur.execute(statement, {"table_name": self.table_name, **params})
                 return cur.fetchall()
         except psycopg.errors.UndefinedTable:
