@@ -5,6 +5,8 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 from outbox_pipelines.core.errors import InvalidMessage
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -156,3 +158,24 @@ def checked_canonical_payload(
             "(set OUTBOX_MAX_PAYLOAD_BYTES to change it, or store the body elsewhere and enqueue a reference)"
         )
     return text, digest_bytes(data)
+
+
+# jsonb text to Python, for every claimed payload and headers. orjson is 2.5x json's speed, but
+# reads an integer beyond 64 bits as a float where json keeps it exact: a text with a run of 19
+# digits or more is read by json instead (rare in a jsonb). The run is found by mapping every digit
+# to "0" and every other byte to ".": a regular expression costs more than orjson's whole parse.
+_decode_json = json.JSONDecoder().decode
+_DIGITS_AS_ZEROS = bytes(ord("0") if 48 <= b <= 57 else ord(".") for b in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
+def loads_jsonb_text(data: str | bytes | memoryview) -> Any:
+    """PostgreSQL's text of a json/jsonb value (always valid JSON, UTF-8) as Python values, as json.loads
+    reads it."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZEROS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return _decode_json(raw.decode("utf-8"))

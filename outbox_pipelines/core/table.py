@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.rows import RowMaker, dict_row
 from psycopg.types.json import Jsonb
 
+from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.names import validate_table_name
@@ -58,7 +59,15 @@ def bigint_array(values: Iterable[int]) -> str:
 
 
 def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
-    return ClaimedMessage.from_row
+    return _claimed_message
+
+
+def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
+    """A claim's row (payload and headers as jsonb text: decoded here in one call per row, where psycopg's
+    jsonb loader would add a Python call per value)."""
+    columns = list(values)
+    columns[4], columns[6] = loads_jsonb_text(columns[4]), loads_jsonb_text(columns[6])
+    return ClaimedMessage.from_row(columns)
 
 
 def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> psycopg.Cursor[Row]:

@@ -88,7 +88,8 @@ WITH clock AS (
     -- audit = "failures" keeps only re-takes: a claim that ends well is told by its row.
     WHERE %(audit_claims)s OR c.was = 'sending'
 )
-SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at
+-- payload and headers as text: the relay decodes them (OutboxTable's claim row factory).
+SELECT id, event_id, tenant_id, topic, payload::text, payload_sha, headers::text, attempts, created_at, claimed_at
 FROM claimed ORDER BY id
 
 -- name: outbox_claim_held
@@ -97,11 +98,13 @@ FROM claimed ORDER BY id
 -- were; one that hangs is ended by the server after the lease (the transaction's own
 -- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too).
 -- The attempt is counted when the batch settles, so the number returned is the one it will have.
+-- payload and headers as text: the relay decodes them (OutboxTable's claim row factory).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout
 )
-SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts + 1 AS attempts,
+SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload::text, t.payload_sha, t.headers::text,
+       t.attempts + 1 AS attempts,
        t.created_at, (SELECT now FROM clock) AS claimed_at
 FROM {table} AS t
 WHERE t.status = 'pending'

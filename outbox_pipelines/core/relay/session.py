@@ -1,17 +1,15 @@
 """The relay's database sessions: how they are opened, and waiting on the table's wake-up channel."""
 
-import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg.types.json import set_json_loads
 
 from outbox_pipelines.core import pooler
+from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.db import connect, redact
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.names import notify_channel
@@ -24,29 +22,10 @@ STATEMENT_TIMEOUT_MS = 30_000
 RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_custom_plan"
 
 
-# jsonb to Python for every claimed payload and headers. orjson is 2.5x json's speed, but reads an
-# integer beyond 64 bits as a float where json keeps it exact: a text with a run of 19 digits or more
-# is read by json instead (rare in a jsonb). The run is found by mapping every digit to "0" and every
-# other byte to ".": a regular expression costs more than orjson's whole parse.
-_decode_json = json.JSONDecoder().decode
-_DIGITS_AS_ZEROS = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(".") for b in range(256))
-_LONG_NUMBER = b"0" * 19
-
-
-def _json_loads(data: str | bytes) -> Any:
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    if _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZEROS):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return _decode_json(raw.decode("utf-8"))
-
-
 def open_session(url: str) -> psycopg.Connection:
     """A connection with the relay's session settings (the lease keeper's, a goodbye's, the relay's own)."""
     conn = connect(url, options=RELAY_SESSION_OPTIONS)
-    set_json_loads(_json_loads, conn)
+    set_json_loads(loads_jsonb_text, conn)
     return conn
 
 
