@@ -63,8 +63,8 @@ def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
 
 
 def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
-    """A claim's row (payload and headers as jsonb text: decoded here in one call per row, where psycopg's
-    jsonb loader would add a Python call per value)."""
+    """A claim's row (payload and headers as the text of their jsonb, decoded here in one call per row,
+    where psycopg's jsonb loader would add a Python call per value)."""
     columns = list(values)
     columns[4], columns[6] = loads_jsonb_text(columns[4]), loads_jsonb_text(columns[6])
     return ClaimedMessage.from_row(columns)
@@ -102,7 +102,8 @@ class OutboxTable:
         """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
         statement = table_query(query, self.table_name)
         try:
-            with self.conn.cursor(row_factory=_claimed_row) as cur:
+            # Binary results: the timestamps cross as integers, not text to format and parse.
+            with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
                 cur.execute(statement, {"table_name": self.table_name, **params})
                 return cur.fetchall()
         except psycopg.errors.UndefinedTable:
