@@ -523,7 +523,16 @@ _ACTIVE: list[DrillStack] = []
 
 @pytest.fixture(scope="module")
 def drill_stack(pg_server: Any) -> Iterator[DrillStack]:
+    with running_stack(pg_server) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def running_stack(pg_server: Any, configure: Callable[[DrillStack], None] | None = None) -> Iterator[DrillStack]:
+    """A started stack, stopped at the end; ``configure`` adjusts it (e.g. dev's environment) before it starts."""
     stack = DrillStack(pg_server)
+    if configure is not None:
+        configure(stack)
     _ACTIVE.append(stack)
     try:
         try:

@@ -215,21 +215,11 @@ def broker_faults(broker_url: str, **faults: Any) -> dict[str, Any]:
 def tx_stack(pg_server: Any) -> Iterator[DrillStack]:
     """The drill stack (dev + broker-sim + webhook) with outbox_orders set to claim = "transaction",
     audit = "failures" through OUTBOX_CONFIG, as a user would."""
-    stack = DrillStack(pg_server)
-    config = write_config(stack.tmp / "outbox.toml")
-    stack.dev_env["OUTBOX_CONFIG"] = str(config)  # DevProcess runs with this very dict
-    drills._ACTIVE.append(stack)  # a failing drill's report gets the stack's logs
-    try:
-        try:
-            stack.start()
-        except Exception as exc:
-            raise RuntimeError(f"the drill stack did not start: {exc}\n{stack.diagnostics()}") from exc
+    def configure(stack: DrillStack) -> None:
+        stack.dev_env["OUTBOX_CONFIG"] = str(write_config(stack.tmp / "outbox.toml"))  # dev runs with this dict
+
+    with drills.running_stack(pg_server, configure) as stack:
         yield stack
-    finally:
-        drills._ACTIVE.remove(stack)
-        problems = stack.close()
-        if problems:
-            print("drill stack teardown: " + "; ".join(problems), file=sys.stderr)
 
 
 @pytest.mark.timeout(420)
