@@ -8,9 +8,10 @@ from typing import Any
 
 from outbox_pipelines.core.canonical import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    canonical_json,
-    check_structure,
+    checked_canonical_bytes,
     checked_canonical_payload,
+    digest_bytes,
+    plain_canonical_bytes,
 )
 from outbox_pipelines.core.db import driver_connection
 from outbox_pipelines.core.errors import InvalidMessage
@@ -23,7 +24,7 @@ from outbox_pipelines.core.models import (
     unprintable_problem,
 )
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import NewRow, OutboxTable
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM
@@ -36,12 +37,13 @@ def _max_payload_bytes() -> int:
     return int(raw) if raw else DEFAULT_MAX_PAYLOAD_BYTES
 
 
-def _check_identifiers(message: Message) -> str:
-    """The message's event_id (a new UUID when it has none), once topic, event_id and tenant are valid."""
+def _check_identifiers(message: Message, new_event_id: str | None = None) -> str:
+    """The message's event_id (``new_event_id`` or a new UUID when it has none), once topic, event_id and
+    tenant are valid."""
     if not isinstance(message.topic, str) or not message.topic.strip():
         raise InvalidMessage("message topic must be a non-empty string")
     check_printable("topic", message.topic)
-    event_id = message.event_id if message.event_id is not None else str(uuid.uuid4())
+    event_id = message.event_id if message.event_id is not None else new_event_id or str(uuid.uuid4())
     if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
         raise InvalidMessage("event_id must be a non-empty string of at most 255 characters")
     check_printable("event_id", event_id)
@@ -62,35 +64,87 @@ def _check_available_at(message: Message) -> None:
 def _headers_text(headers: dict[str, Any], max_bytes: int) -> str:
     if not headers:
         return "{}"
-    check_structure(headers, "headers")
-    text = canonical_json(headers)
-    # JSON escapes every control character with a backslash, and the pattern finds the rest
-    # (DEL, C1 controls, lone surrogates); text with neither is printable throughout, so the
-    # header-by-header walk that names the culprit runs only when something may be wrong.
-    if "\\" not in text and unprintable_problem(text) is None and len(text.encode("utf-8")) <= max_bytes:
+    try:
+        data = checked_canonical_bytes(headers, "headers")
+    except InvalidMessage:
+        check_header_values(headers)  # a lone surrogate: name the header that holds it
+        raise
+    text = data.decode("utf-8")
+    # JSON escapes every control character below U+0020 with a backslash; DEL is the only other
+    # one in ASCII, and the pattern finds the rest (C1 controls). Text with none is printable
+    # throughout, so the header-by-header walk that names the culprit runs only when something may be wrong.
+    printable = b"\x7f" not in data if data.isascii() else unprintable_problem(text) is None
+    if printable and b"\\" not in data and len(data) <= max_bytes:
         return text
     check_header_values(headers)
     return checked_canonical_payload(headers, max_bytes, what="headers")[0]
 
 
-def _prepare(message: Message, max_bytes: int) -> dict[str, Any]:
-    """The row to insert for ``message`` (its columns by name), or InvalidMessage saying what is wrong."""
+def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) -> NewRow:
+    """The row to insert for ``message``, or InvalidMessage saying what is wrong."""
     if not isinstance(message, Message):
         raise InvalidMessage(f"expected a Message, got {type(message).__name__}")
-    event_id = _check_identifiers(message)
+    event_id = _check_identifiers(message, new_event_id)
     if not isinstance(message.headers, dict):
         raise InvalidMessage("headers must be a JSON object")
     _check_available_at(message)
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
-    return {
-        "event_id": event_id,
-        "tenant_id": message.tenant_id,
-        "topic": message.topic,
-        "payload": payload_text,
-        "payload_sha": payload_sha,
-        "headers": _headers_text(message.headers, max_bytes),
-        "available_at": message.available_at,
-    }
+    return NewRow(event_id, message.tenant_id, message.topic, payload_text, payload_sha,
+                       _headers_text(message.headers, max_bytes), message.available_at)
+
+
+def _plain_identifiers(values: Iterable[Any], max_length: int) -> bool:
+    """Every value a non-empty string of at most ``max_length`` characters, all printable: one pattern
+    search over them all."""
+    values = list(values)
+    return (all(type(value) is str for value in values) and min(map(len, values), default=1) > 0
+            and max(map(len, values), default=0) <= max_length and unprintable_problem("".join(values)) is None)
+
+
+def _plain_event_ids(messages: list[Any]) -> list[str] | None:
+    """The batch's event ids (new UUIDs where none is given) when every message is a Message due now
+    whose identifiers plainly pass ``_prepare``'s checks; None at the first doubt.
+
+    Message by message, those checks cost as much as the COPY that writes a batch: here they are
+    made a column at a time, topics and tenants once each.
+    """
+    if not all(type(message) is Message and message.available_at is None for message in messages):
+        return None
+    event_ids = [message.event_id if message.event_id is not None else str(uuid.uuid4()) for message in messages]
+    try:
+        topics = {message.topic for message in messages}
+        tenants = {message.tenant_id for message in messages if message.tenant_id is not None}
+    except TypeError:  # an unhashable topic or tenant
+        return None
+    if (_plain_identifiers(event_ids, 255) and _plain_identifiers(topics, 2**31)
+            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants, 2**31)):
+        return event_ids
+    return None
+
+
+def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
+    """``_prepare`` for a message whose identifiers ``_plain_event_ids`` passed: payload and headers in
+    one orjson call each when they plainly pass, or ``_prepare``'s full checks (and its error)."""
+    headers, payload = message.headers, message.payload
+    if type(headers) is dict and type(payload) is dict:
+        headers_data = plain_canonical_bytes(headers) if headers else b"{}"
+        data = plain_canonical_bytes(payload)
+        # JSON escapes control characters with a backslash; DEL is the only other one in ASCII.
+        if (data is not None and headers_data is not None and len(data) <= max_bytes
+                and len(headers_data) <= max_bytes and headers_data.isascii()
+                and b"\\" not in headers_data and b"\x7f" not in headers_data):
+            return NewRow(event_id, message.tenant_id, message.topic, data.decode("utf-8"), digest_bytes(data),
+                          headers_data.decode("ascii"), None)
+    return _prepare(message, max_bytes, event_id)
+
+
+def _prepare_all(messages: list[Any], max_bytes: int) -> list[NewRow]:
+    """Every message's row, in order, or InvalidMessage naming the first bad message."""
+    event_ids = _plain_event_ids(messages)
+    if event_ids is None:
+        return [_prepare(message, max_bytes) for message in messages]
+    return [_prepare_checked(message, event_id, max_bytes)
+            for message, event_id in zip(messages, event_ids, strict=True)]
 
 
 def check_message(message: Message, max_payload_bytes: int | None = None) -> None:
@@ -105,17 +159,10 @@ def _invisible_conflict(event_id: str) -> InvalidMessage:
     )
 
 
-def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def _columns(rows: list[NewRow]) -> dict[str, list[Any]]:
     """The prepared rows as the parallel lists ``OutboxTable.insert_many`` takes."""
-    return {
-        "event_ids": [row["event_id"] for row in rows],
-        "tenant_ids": [row["tenant_id"] for row in rows],
-        "topics": [row["topic"] for row in rows],
-        "payloads": [row["payload"] for row in rows],
-        "payload_shas": [row["payload_sha"] for row in rows],
-        "headers": [row["headers"] for row in rows],
-        "available_ats": [row["available_at"] for row in rows],
-    }
+    names = ("event_ids", "tenant_ids", "topics", "payloads", "payload_shas", "headers", "available_ats")
+    return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
 class Outbox:
@@ -135,69 +182,78 @@ class Outbox:
     def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
         row = _prepare(message, self.max_payload_bytes)
-        event_id = row["event_id"]
+        event_id = row.event_id
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
-        row_id = outbox_table.insert(**row, now=now)
+        row_id = outbox_table.insert(**row._asdict(), now=now)
         if row_id is not None:
-            count_enqueued(self.table_name, [row["topic"]])
+            count_enqueued(self.table_name, [row.topic])
             return EnqueueResult(id=row_id, event_id=event_id, duplicate=False)
         # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
         existing = outbox_table.find_by_event_ids([event_id]).get(event_id)
         if existing is None:
             raise _invisible_conflict(event_id)
         existing_id, existing_sha = existing
-        return EnqueueResult(existing_id, event_id, True, same_payload=existing_sha == row["payload_sha"])
+        return EnqueueResult(existing_id, event_id, True, same_payload=existing_sha == row.payload_sha)
 
     def enqueue_many(
         self, conn: Any, messages: Iterable[Message], *, now: datetime | None = None
     ) -> list[EnqueueResult]:
-        """Insert many messages in one statement; results are in input order.
+        """Insert many messages at once; results are in input order.
 
-        Every message is checked before anything is written: one bad message
-        raises InvalidMessage and writes nothing.
+        All or nothing: one bad message raises InvalidMessage and writes nothing.
         """
-        prepared = [_prepare(message, self.max_payload_bytes) for message in messages]
+        batch = list(messages)
+        outbox_table = OutboxTable(driver_connection(conn), self.table_name)
+        event_ids = _plain_event_ids(batch) if len(batch) >= COPY_MIN_ROWS and now is None else None
+        if event_ids is not None and len(set(event_ids)) == len(event_ids):
+            copied = self._copy(outbox_table, batch, event_ids)
+            if copied is not None:
+                return copied
+        prepared = _prepare_all(batch, self.max_payload_bytes)
         if not prepared:
             return []
         # An event_id repeated in this call is written once, as its first occurrence; the
         # later ones are duplicates of it, compared with its payload (not with each other).
-        first_of: dict[str, dict[str, Any]] = {}
+        first_of: dict[str, NewRow] = {}
         for row in prepared:
-            first_of.setdefault(row["event_id"], row)
-        unique = list(first_of.values())
-        outbox_table = OutboxTable(driver_connection(conn), self.table_name)
-        inserted = _copy_if_worth_it(outbox_table, unique, now)
-        if inserted is None:
-            inserted = outbox_table.insert_many(**_columns(unique), now=now)
+            first_of.setdefault(row.event_id, row)
+        unique = list(first_of.values()) if len(first_of) < len(prepared) else prepared
+        inserted = outbox_table.insert_many(**_columns(unique), now=now)
         missing = [event_id for event_id in first_of if event_id not in inserted]
         existing = outbox_table.find_by_event_ids(missing) if missing else {}
-        count_enqueued(self.table_name, [row["topic"] for row in unique if row["event_id"] in inserted])
-        return [_result(row, first_of[row["event_id"]], inserted, existing) for row in prepared]
+        count_enqueued(self.table_name, [row.topic for row in unique if row.event_id in inserted])
+        return [_result(row, first_of[row.event_id], inserted, existing) for row in prepared]
+
+    def _copy(self, outbox_table: OutboxTable, batch: list[Message],
+              event_ids: list[str]) -> list[EnqueueResult] | None:
+        """Write a batch of new messages, due now, with COPY; None, having written nothing, when an event_id
+        is already stored (the INSERT that reports duplicates runs instead).
+
+        Rows stream into the COPY as they are prepared, so that the server stores one part while the
+        next is encoded (a bare COPY of rows made one by one gets the same overlap). A bad message
+        stops the COPY and undoes it: nothing is written, and the error is the one ``_prepare`` gives.
+        """
+        max_bytes = self.max_payload_bytes
+        rows = (_prepare_checked(message, event_id, max_bytes)
+                for message, event_id in zip(batch, event_ids, strict=True))
+        ids = outbox_table.copy_new(rows, len(batch))
+        if ids is None:
+            return None
+        count_enqueued(self.table_name, [message.topic for message in batch])
+        return [EnqueueResult.new(row_id, event_id) for row_id, event_id in zip(ids, event_ids, strict=True)]
 
 
-def _copy_if_worth_it(outbox_table: OutboxTable, rows: list[dict[str, Any]],
-                      now: datetime | None) -> dict[str, int] | None:
-    """The ids of ``rows`` written with COPY, or None when COPY does not fit: a small batch, a delayed
-    message or a moved clock (COPY takes the server's now() for available_at), or an event_id already
-    stored (then nothing was written, and the INSERT that skips duplicates runs instead)."""
-    if len(rows) < COPY_MIN_ROWS or now is not None or any(row["available_at"] is not None for row in rows):
-        return None
-    columns = _columns(rows)
-    del columns["available_ats"]
-    return outbox_table.copy_new(**columns)
-
-
-def _result(row: dict[str, Any], first: dict[str, Any], inserted: dict[str, int],
+def _result(row: NewRow, first: NewRow, inserted: dict[str, int],
             existing: dict[str, tuple[int, str]]) -> EnqueueResult:
     """What ``enqueue_many`` reports for one prepared row; ``first`` is the row of its event_id written first."""
-    event_id = row["event_id"]
+    event_id = row.event_id
     if event_id in inserted:
         if row is first:
             return EnqueueResult(inserted[event_id], event_id, False)
         # The same event_id again in this call: a duplicate of the one just written.
-        same_payload = row["payload_sha"] == first["payload_sha"]
+        same_payload = row.payload_sha == first.payload_sha
         return EnqueueResult(inserted[event_id], event_id, True, same_payload=same_payload)
     if event_id in existing:
         row_id, sha = existing[event_id]
-        return EnqueueResult(row_id, event_id, True, same_payload=sha == row["payload_sha"])
+        return EnqueueResult(row_id, event_id, True, same_payload=sha == row.payload_sha)
     raise _invisible_conflict(event_id)

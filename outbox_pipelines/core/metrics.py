@@ -88,9 +88,10 @@ RETRY_COUNT = Histogram(
 def count_enqueued(table_name: str, topics: Iterable[str]) -> None:
     """outbox_enqueue_total{table,topic}: one add per topic of the statement."""
     counts: dict[str, int] = {}
-    for topic in topics:
+    # Labelled per distinct topic, not per message: a label takes a lock (0.4 µs a message in a batch).
+    for topic, n in collections.Counter(topics).items():
         label = topic_label(table_name, topic)
-        counts[label] = counts.get(label, 0) + 1
+        counts[label] = counts.get(label, 0) + n
     for label, n in counts.items():
         ENQUEUED.labels(table_name, label).inc(n)
 

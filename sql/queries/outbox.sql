@@ -22,9 +22,12 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING id, event_id
 
 -- name: outbox_reserve_ids
--- Ids for rows a COPY writes (COPY has no RETURNING), ascending.
-SELECT nextval(pg_get_serial_sequence(%(table_name)s, 'id')) AS id
-FROM generate_series(1, %(count)s) ORDER BY 1
+-- Ids for rows a COPY writes (COPY has no RETURNING), ascending, as one array's text (a row
+-- per id costs the client more than the server). The sequence is looked up once: a stable
+-- function in the select list would be called per row, 3x the time for 1,000.
+WITH sequence AS MATERIALIZED (SELECT pg_get_serial_sequence(%(table_name)s, 'id')::regclass AS name)
+SELECT array_agg(id ORDER BY id)::text AS ids
+FROM (SELECT nextval(sequence.name) AS id FROM sequence, generate_series(1, %(count)s)) AS reserved
 
 -- name: outbox_copy_in
 -- A large batch enqueue: COPY writes the given identity values (as INSERT ... OVERRIDING
