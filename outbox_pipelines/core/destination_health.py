@@ -103,6 +103,10 @@ class DestinationGuard:
         wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
         return Gate(max(wait, 0.05), 0, True, "circuit open: waiting for the next probe")
 
+    def saw_open(self) -> None:
+        """A claim found the destination plainly open (a gated claim returned rows)."""
+        self.circuit_open = False
+
     def pause(self, conn: psycopg.Connection, delay_s: float, reason: str, *, now: datetime | None = None) -> None:
         """The destination asked to slow down: hold every relay of the table for ``delay_s``."""
         self._quietly(lambda: SharedTables(conn).pause_destination(

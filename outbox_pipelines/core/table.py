@@ -211,26 +211,31 @@ class OutboxTable:
         max_attempts: int = 2**31 - 1,
         audit_claims: bool = True,
         fast_commit: bool = False,
+        gated: bool = False,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number).
 
         ``fast_commit``: on an autocommit connection, the claim commits without waiting for the WAL
         flush (the relay's; a lost claim means a redelivery). Inside a caller's transaction it would
-        make the whole transaction so: leave it False there.
+        make the whole transaction so: leave it False there. ``gated``: nothing unless the table's
+        destination is plainly open (not paused, no throttle probe due, circuit closed).
         """
         return self._claimed(
             "outbox_claim",
             {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
-             "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit, "now": now},
+             "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit,
+             "gated": gated, "now": now},
         )
 
-    def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (),
+    def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (), gated: bool = False,
                    now: datetime | None = None) -> list[ClaimedMessage]:
         """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
-        in the same transaction ends them. The server ends a transaction left idle for ``hold_s``."""
+        in the same transaction ends them. The server ends a transaction left idle for ``hold_s``.
+        ``gated``: as for ``claim``."""
         return self._claimed("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
-                                                   "hold_timeout_ms": max(int(hold_s * 1000), 1), "now": now})
+                                                   "hold_timeout_ms": max(int(hold_s * 1000), 1), "gated": gated,
+                                                   "now": now})
 
     def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
                     held: bool = False, audit_successes: bool = True, now: datetime | None = None) -> set[int]:

@@ -47,12 +47,19 @@ WITH clock AS (
     -- for the WAL flush. A claim a database crash loses only sends its rows again, which
     -- at-least-once delivery allows; the settle that records an outcome still waits.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
+           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode,
+           -- gated: claim only while the table's destination is plainly open (not paused, no
+           -- throttle to end with a probe, circuit closed): the relay then needs no gate read first.
+           NOT %(gated)s OR NOT EXISTS (
+               SELECT 1 FROM outbox_destination_health AS h
+               WHERE h.table_name = %(table_name)s
+                 AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
+                      OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
 ), expired AS (
     SELECT t.id, t.status AS was, t.locked_by AS previous_holder
     FROM {table} AS t
     WHERE t.status = 'sending'
-      AND t.lease_expires_at < (SELECT now FROM clock)
+      AND t.lease_expires_at < (SELECT now FROM clock WHERE gate_open)
       AND t.attempts < %(max_attempts)s
       AND t.topic <> ALL(%(paused_topics)s::text[])
     ORDER BY t.lease_expires_at
@@ -62,7 +69,7 @@ WITH clock AS (
     SELECT t.id, t.status AS was, NULL::text AS previous_holder
     FROM {table} AS t
     WHERE t.status = 'pending'
-      AND t.available_at <= (SELECT now FROM clock WHERE commit_mode IS NOT NULL OR NOT %(fast_commit)s)
+      AND t.available_at <= (SELECT now FROM clock WHERE (commit_mode IS NOT NULL OR NOT %(fast_commit)s) AND gate_open)
       AND t.topic <> ALL(%(paused_topics)s::text[])
     ORDER BY t.id
     LIMIT %(limit)s
@@ -104,14 +111,20 @@ FROM claimed ORDER BY id
 -- payload and headers as text: the relay decodes them (OutboxTable's claim row factory).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout
+           set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout,
+           -- gated: as in outbox_claim.
+           NOT %(gated)s OR NOT EXISTS (
+               SELECT 1 FROM outbox_destination_health AS h
+               WHERE h.table_name = %(table_name)s
+                 AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
+                      OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
 )
 SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload::text, t.payload_sha, t.headers::text,
        t.attempts + 1 AS attempts,
        t.created_at, (SELECT now FROM clock) AS claimed_at
 FROM {table} AS t
 WHERE t.status = 'pending'
-  AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL)
+  AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
   AND t.topic <> ALL(%(paused_topics)s::text[])
 ORDER BY t.id
 LIMIT %(limit)s

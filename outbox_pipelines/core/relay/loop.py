@@ -246,27 +246,39 @@ class Relay:
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
         if limit <= 0 or self.pause.active:
             return []
-        gate = self.guard.gate(run.outbox_table.conn)
-        report.circuit = "open" if gate.circuit_open else "closed"
-        if gate.limit == 0:
-            self.pause.hold(gate.wait_s, gate.reason)
-            return []
-        if gate.limit is not None:
-            limit = min(limit, gate.limit)
-            report.probes += 1
+        # The table's pause and circuit are read at every claim, by the claim itself while the
+        # destination is plainly open (one round trip, not two, before a message reaches its
+        # handler). Only a claim that found nothing reads the gate: it may have been closed.
+        claimed = self._claim(run, limit, gated=True)
+        if claimed:
+            self.guard.saw_open()
+            report.circuit = "closed"
+        else:
+            gate = self.guard.gate(run.outbox_table.conn)
+            report.circuit = "open" if gate.circuit_open else "closed"
+            if gate.limit == 0:
+                self.pause.hold(gate.wait_s, gate.reason)
+            elif gate.limit is not None:  # a probe: one message past the closed gate
+                report.probes += 1
+                claimed = self._claim(run, min(limit, gate.limit), gated=False)
+        report.claimed += len(claimed)
+        metrics.count_claim(self.table.name, len(claimed))
+        self.batches.note_claimed(claimed)
+        return claimed
+
+    def _claim(self, run: _Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
             if self.table.claim == "transaction":
-                claimed = run.outbox_table.claim_held(limit, self.table.lease_s, paused_topics=self._paused_topics())
+                claimed = run.outbox_table.claim_held(limit, self.table.lease_s, paused_topics=self._paused_topics(),
+                                                      gated=gated)
             else:
                 claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
                                                  paused_topics=self._paused_topics(),
                                                  max_attempts=self.table.retry.max_attempts,
-                                                 audit_claims=self.table.audit == "all", fast_commit=True)
+                                                 audit_claims=self.table.audit == "all", fast_commit=True,
+                                                 gated=gated)
             span.set_attribute("outbox.claimed", len(claimed))
-        report.claimed += len(claimed)
-        metrics.count_claim(self.table.name, len(claimed))
-        self.batches.note_claimed(claimed)
         return claimed
 
     def _paused_topics(self) -> tuple[str, ...]:

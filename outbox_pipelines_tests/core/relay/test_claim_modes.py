@@ -164,3 +164,34 @@ def test_a_fast_commit_claim_leaves_the_session_durable(db_url, conn):
             OutboxTable(caller, EVENTS).claim("w", 1, 60)
             assert caller.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
     assert statuses(conn, EVENTS) == {"sending": 2}
+
+
+# -- the claim reads the destination's gate itself -------------------------------------------------
+@pytest.mark.parametrize("state", [
+    "paused_until = now() + interval '1 minute', pause_reason = '429'",
+    "paused_until = now() - interval '1 second', pause_reason = '429'",  # over, but a probe goes first
+    "circuit_opened_at = now(), next_probe_at = now() + interval '10 seconds'",
+])
+@pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
+def test_a_gated_claim_takes_nothing_unless_the_destination_is_plainly_open(conn, state, claim_mode):
+    from outbox_pipelines.core.table import OutboxTable
+
+    enqueue_n(conn, EVENTS, 3)
+    table = OutboxTable(conn, EVENTS)
+
+    def claim(gated):
+        if claim_mode == "transaction":
+            with conn.transaction():
+                return table.claim_held(10, 30.0, gated=gated)
+        return table.claim("w", 10, 30.0, gated=gated)
+
+    conn.execute("INSERT INTO outbox_destination_health (table_name) VALUES (%s)", (EVENTS,))
+    conn.execute(f"UPDATE outbox_destination_health SET {state} WHERE table_name = %s", (EVENTS,))
+    assert claim(gated=True) == []
+    assert statuses(conn, EVENTS) == {"pending": 3}
+    assert len(claim(gated=False)) == 3  # what a probe does, past the gate
+    conn.execute("UPDATE outbox_destination_health SET paused_until = NULL, pause_reason = NULL, "
+                 "circuit_opened_at = NULL WHERE table_name = %s", (EVENTS,))
+    enqueue_n(conn, EVENTS, 2, prefix="later-")
+    # Open again: the gated claim takes what is pending (under a lease, the 3 are being sent).
+    assert len(claim(gated=True)) == (2 if claim_mode == "lease" else 5)
