@@ -40,7 +40,7 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 # (json: 1e-05). So its text is kept only when it holds none of "null", a digit before "e-", or
 # "0.0000"; otherwise (and for any type orjson declines: subclasses of str, int, dict and list,
 # integers beyond 64 bits, lone surrogates, non-string keys) json writes it. Strings, key order
-# and every other number are written alike (core/test_canonical_orjson.py compares them).
+# and every other number are written alike (outbox_pipelines_tests/core/test_canonical_orjson.py compares them).
 _ORJSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
                    | orjson.OPT_PASSTHROUGH_SUBCLASS)
 _SMALL_FLOAT_EXPONENT = re.compile(rb"[0-9]e-")
