@@ -90,7 +90,7 @@ def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) 
     _check_available_at(message)
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
     return NewRow(event_id, message.tenant_id, message.topic, payload_text, payload_sha,
-                       _headers_text(message.headers, max_bytes), message.available_at)
+                  _headers_text(message.headers, max_bytes), message.available_at)
 
 
 def _plain_identifiers(values: Iterable[Any], max_length: int) -> bool:
