@@ -35,12 +35,12 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
                               default=_as_orjson_writes)
 
 # json's output above is the canonical form: stored digests and same_payload answers depend on it.
-# orjson writes the same bytes 3x faster (sorting included) except where its output says otherwise:
-# it writes NaN and infinity as null (json refuses them) and a float below 1e-4 as 0.00001 or 1e-5
-# (json: 1e-05). So its text is kept only when it holds none of "null", a digit before "e-", or
-# "0.0000"; otherwise (and for any type orjson declines: subclasses of str, int, dict and list,
-# integers beyond 64 bits, lone surrogates, non-string keys) json writes it. Strings, key order
-# and every other number are written alike (outbox_pipelines_tests/core/test_canonical_orjson.py compares them).
+# orjson writes the same bytes 3x faster (sorting and the checks below included) except where its
+# output says otherwise: it writes NaN and infinity as null (json refuses them) and a float below
+# 1e-4 as 0.00001 or 1e-5 (json: 1e-05). So its text is kept only when it holds none of "null", a
+# digit before "e-", or "0.0000"; otherwise (and for any type orjson declines: subclasses of str,
+# int, dict and list, integers beyond 64 bits, lone surrogates, non-string keys) json writes it.
+# Strings, key order and every other number are written alike (test_canonical_orjson.py compares).
 _ORJSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
                    | orjson.OPT_PASSTHROUGH_SUBCLASS)
 _SMALL_FLOAT_EXPONENT = re.compile(rb"[0-9]e-")
