@@ -198,7 +198,7 @@ def checked_canonical_bytes(value: Any, what: str = "payload") -> bytes:
         return data
     check_structure(value, what)
     try:
-        data = canonical_json(value).encode("utf-8")
+        data = _json_canonical(value).encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidMessage(f"{what} contains a lone surrogate (text that is not valid Unicode)") from None
     # NUL is written as the escape \u0000, so one search of the text finds it; only on a hit

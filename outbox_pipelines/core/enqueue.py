@@ -8,7 +8,6 @@ from typing import Any
 
 from outbox_pipelines.core.canonical import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    checked_canonical_bytes,
     checked_canonical_payload,
     digest_bytes,
     plain_canonical_bytes,
@@ -61,21 +60,27 @@ def _check_available_at(message: Message) -> None:
         raise InvalidMessage("available_at must be timezone-aware (database time is UTC-based)")
 
 
-def _headers_text(headers: dict[str, Any], max_bytes: int) -> str:
+def _plain_headers_text(headers: dict[str, Any], max_bytes: int) -> str | None:
+    """The headers' canonical JSON when they plainly pass every check (printable, within the limit);
+    None when ``_headers_text`` must look closer."""
     if not headers:
         return "{}"
-    try:
-        data = checked_canonical_bytes(headers, "headers")
-    except InvalidMessage:
-        check_header_values(headers)  # a lone surrogate: name the header that holds it
-        raise
+    data = plain_canonical_bytes(headers)
+    if data is None or b"\\" in data or len(data) > max_bytes:
+        return None
+    # JSON escapes every control character below U+0020 with a backslash; DEL is the only other one
+    # in ASCII, and the pattern finds the rest (C1 controls).
     text = data.decode("utf-8")
-    # JSON escapes every control character below U+0020 with a backslash; DEL is the only other
-    # one in ASCII, and the pattern finds the rest (C1 controls). Text with none is printable
-    # throughout, so the header-by-header walk that names the culprit runs only when something may be wrong.
     printable = b"\x7f" not in data if data.isascii() else unprintable_problem(text) is None
-    if printable and b"\\" not in data and len(data) <= max_bytes:
+    return text if printable else None
+
+
+def _headers_text(headers: dict[str, Any], max_bytes: int) -> str:
+    text = _plain_headers_text(headers, max_bytes)
+    if text is not None:
         return text
+    # Something may be wrong: the header-by-header walk names a header holding a control character
+    # or a lone surrogate, then the full checks name anything else.
     check_header_values(headers)
     return checked_canonical_payload(headers, max_bytes, what="headers")[0]
 
@@ -93,12 +98,13 @@ def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) 
                   _headers_text(message.headers, max_bytes), message.available_at)
 
 
-def _plain_identifiers(values: Iterable[Any], max_length: int) -> bool:
-    """Every value a non-empty string of at most ``max_length`` characters, all printable: one pattern
+def _plain_identifiers(values: Iterable[Any], max_length: int | None = None) -> bool:
+    """Every value a non-empty string (of at most ``max_length`` characters), all printable: one pattern
     search over them all."""
     values = list(values)
     return (all(type(value) is str for value in values) and min(map(len, values), default=1) > 0
-            and max(map(len, values), default=0) <= max_length and unprintable_problem("".join(values)) is None)
+            and (max_length is None or max(map(len, values), default=0) <= max_length)
+            and unprintable_problem("".join(values)) is None)
 
 
 def _plain_event_ids(messages: list[Any]) -> list[str] | None:
@@ -116,8 +122,8 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
         tenants = {message.tenant_id for message in messages if message.tenant_id is not None}
     except TypeError:  # an unhashable topic or tenant
         return None
-    if (_plain_identifiers(event_ids, 255) and _plain_identifiers(topics, 2**31)
-            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants, 2**31)):
+    if (_plain_identifiers(event_ids, 255) and _plain_identifiers(topics)
+            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants)):
         return event_ids
     return None
 
@@ -127,20 +133,17 @@ def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
     one orjson call each when they plainly pass, or ``_prepare``'s full checks (and its error)."""
     headers, payload = message.headers, message.payload
     if type(headers) is dict and type(payload) is dict:
-        headers_data = plain_canonical_bytes(headers) if headers else b"{}"
+        headers_text = _plain_headers_text(headers, max_bytes)
         data = plain_canonical_bytes(payload)
-        # JSON escapes control characters with a backslash; DEL is the only other one in ASCII.
-        if (data is not None and headers_data is not None and len(data) <= max_bytes
-                and len(headers_data) <= max_bytes and headers_data.isascii()
-                and b"\\" not in headers_data and b"\x7f" not in headers_data):
+        if data is not None and headers_text is not None and len(data) <= max_bytes:
             return NewRow(event_id, message.tenant_id, message.topic, data.decode("utf-8"), digest_bytes(data),
-                          headers_data.decode("ascii"), None)
+                          headers_text, None)
     return _prepare(message, max_bytes, event_id)
 
 
-def _prepare_all(messages: list[Any], max_bytes: int) -> list[NewRow]:
-    """Every message's row, in order, or InvalidMessage naming the first bad message."""
-    event_ids = _plain_event_ids(messages)
+def _prepare_all(messages: list[Any], max_bytes: int, event_ids: list[str] | None) -> list[NewRow]:
+    """Every message's row, in order, or InvalidMessage naming the first bad message. ``event_ids``:
+    what ``_plain_event_ids`` found for the batch."""
     if event_ids is None:
         return [_prepare(message, max_bytes) for message in messages]
     return [_prepare_checked(message, event_id, max_bytes)
@@ -204,12 +207,13 @@ class Outbox:
         """
         batch = list(messages)
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
-        event_ids = _plain_event_ids(batch) if len(batch) >= COPY_MIN_ROWS and now is None else None
-        if event_ids is not None and len(set(event_ids)) == len(event_ids):
+        event_ids = _plain_event_ids(batch)
+        if (event_ids is not None and len(batch) >= COPY_MIN_ROWS and now is None
+                and len(set(event_ids)) == len(event_ids)):
             copied = self._copy(outbox_table, batch, event_ids)
             if copied is not None:
                 return copied
-        prepared = _prepare_all(batch, self.max_payload_bytes)
+        prepared = _prepare_all(batch, self.max_payload_bytes, event_ids)
         if not prepared:
             return []
         # An event_id repeated in this call is written once, as its first occurrence; the

@@ -368,3 +368,13 @@ def test_a_large_batch_stores_every_message_as_a_single_enqueue_would(db_url, co
             assert row["event_id"] == message.event_id
     generated = results[[m.event_id for m in batch].index(None)]
     assert str(uuid.UUID(generated.event_id)) == generated.event_id
+
+
+def test_headers_none_means_no_headers_in_one_enqueue_and_in_a_batch(conn):
+    outbox = Outbox("outbox_events")
+    outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="no-headers-0", headers=None))
+    outbox.enqueue_many(conn, [Message(topic="t", payload={"n": n}, event_id=f"no-headers-{n}", headers=None)
+                               for n in range(1, COPY_MIN_ROWS + 1)])
+    rows = conn.execute("SELECT headers FROM outbox_events WHERE event_id LIKE 'no-headers-%%'").fetchall()
+    assert [r["headers"] for r in rows] == [{}] * (COPY_MIN_ROWS + 1)
+    assert Message(topic="t", payload={}).headers == {}
