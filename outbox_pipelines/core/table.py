@@ -95,11 +95,12 @@ def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
 
 
 def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
-    """A claim's row (payload and headers as the text of their jsonb, decoded here in one call per row,
-    where psycopg's jsonb loader would add a Python call per value)."""
-    columns = list(values)
-    columns[4], columns[6] = loads_jsonb_text(columns[4]), loads_jsonb_text(columns[6])
-    return ClaimedMessage.from_row(columns)
+    """A claim's row, whose ``body`` is the JSON array [payload, headers] as UTF-8 bytes: one decoding call
+    per row, where psycopg's jsonb loader would make two, and two conversions of text more."""
+    row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at = values
+    payload, headers = loads_jsonb_text(body)
+    return ClaimedMessage.from_row(
+        (row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at))
 
 
 def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> psycopg.Cursor[Row]:

@@ -14,6 +14,7 @@ ROW = (7, "evt-7", "acme", "order.created", {"order_id": 7}, "sha256:ab", {"trac
 def test_from_row_equals_the_constructor_and_stays_frozen():
     built, constructed = ClaimedMessage.from_row(ROW), ClaimedMessage(*ROW)
     assert built == constructed
+    assert list(vars(built)) == [f.name for f in dataclasses.fields(ClaimedMessage)]  # every field, no other
     assert dataclasses.astuple(built) == dataclasses.astuple(constructed)
     assert (built.trace_id, dataclasses.replace(built, attempts=3).attempts) == ("t7", 3)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -98,8 +98,11 @@ WITH clock AS (
     -- audit = "failures" keeps only re-takes: a claim that ends well is told by its row.
     WHERE %(audit_claims)s OR c.was = 'sending'
 )
--- payload and headers as text: the relay decodes them (OutboxTable's claim row factory).
-SELECT id, event_id, tenant_id, topic, payload::text, payload_sha, headers::text, attempts, created_at, claimed_at
+-- payload and headers as one UTF-8 JSON array [payload, headers]: the relay decodes both in one call
+-- (OutboxTable's claim row factory).
+SELECT id, event_id, tenant_id, topic,
+       convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
+       payload_sha, attempts, created_at, claimed_at
 FROM claimed ORDER BY id
 
 -- name: outbox_claim_held
@@ -108,7 +111,7 @@ FROM claimed ORDER BY id
 -- were; one that hangs is ended by the server after the lease (the transaction's own
 -- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too).
 -- The attempt is counted when the batch settles, so the number returned is the one it will have.
--- payload and headers as text: the relay decodes them (OutboxTable's claim row factory).
+-- payload and headers as in outbox_claim: one JSON array, decoded by the relay.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout,
@@ -118,17 +121,24 @@ WITH clock AS (
                WHERE h.table_name = %(table_name)s
                  AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
                       OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
+), held AS MATERIALIZED (
+    -- Only columns here: an expression in this list is computed for every row the scan reads,
+    -- before the lock is tried, so with relays competing it would run for the rows they hold too
+    -- (4 rows in 5 with 4 relays: measured, the text of their payloads cost the server a third more).
+    SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at
+    FROM {table} AS t
+    WHERE t.status = 'pending'
+      AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
+      AND t.topic <> ALL(%(paused_topics)s::text[])
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
 )
-SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload::text, t.payload_sha, t.headers::text,
-       t.attempts + 1 AS attempts,
-       t.created_at, (SELECT now FROM clock) AS claimed_at
-FROM {table} AS t
-WHERE t.status = 'pending'
-  AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
-  AND t.topic <> ALL(%(paused_topics)s::text[])
-ORDER BY t.id
-LIMIT %(limit)s
-FOR UPDATE OF t SKIP LOCKED
+SELECT id, event_id, tenant_id, topic,
+       convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
+       payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at
+FROM held
+ORDER BY id
 
 -- name: outbox_settle
 -- One statement settles a whole batch: sent / retry / dead rows are updated,
