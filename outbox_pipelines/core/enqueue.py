@@ -14,7 +14,7 @@ from outbox_pipelines.core.canonical import (
 )
 from outbox_pipelines.core.db import driver_connection
 from outbox_pipelines.core.errors import InvalidMessage
-from outbox_pipelines.core.metrics import count_enqueued
+from outbox_pipelines.core.metrics import count_enqueued, count_enqueued_one
 from outbox_pipelines.core.models import (
     EnqueueResult,
     Message,
@@ -189,7 +189,7 @@ class Outbox:
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
         row_id = outbox_table.insert(**row._asdict(), now=now)
         if row_id is not None:
-            count_enqueued(self.table_name, [row.topic])
+            count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult(id=row_id, event_id=event_id, duplicate=False)
         # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
         existing = outbox_table.find_by_event_ids([event_id]).get(event_id)

@@ -85,6 +85,22 @@ RETRY_COUNT = Histogram(
     "outbox_retry_count", "Attempts a message had used when it was settled", ["table"], registry=REGISTRY,
     buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
 )
+# outbox_enqueue_total's child per (table, topic) as the application names them: a one-row enqueue
+# otherwise spends 14 µs (cold, after its round trip) bounding the label and finding the child.
+# Bounded like the labels: past the limit, the child is looked up each time.
+_enqueued_children: dict[tuple[str, str], Any] = {}
+
+
+def count_enqueued_one(table_name: str, topic: str) -> None:
+    """``count_enqueued`` for one message."""
+    child = _enqueued_children.get((table_name, topic))
+    if child is None:
+        child = ENQUEUED.labels(table_name, topic_label(table_name, topic))
+        if len(_enqueued_children) < TOPIC_LIMIT * 4:
+            _enqueued_children[(table_name, topic)] = child
+    child.inc()
+
+
 def count_enqueued(table_name: str, topics: Iterable[str]) -> None:
     """outbox_enqueue_total{table,topic}: one add per topic of the statement."""
     counts: dict[str, int] = {}

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import RowMaker, dict_row
+from psycopg.rows import RowMaker, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
@@ -150,10 +150,17 @@ class OutboxTable:
     def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
                headers: str, available_at: datetime | None, now: datetime | None = None) -> int | None:
         """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
-        rows = self._run("outbox_insert", {
-            "event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
-            "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now})
-        return int(rows[0]["id"]) if rows else None
+        # A plain cursor, not _run's dict rows: this runs inside the application's own transaction,
+        # once per message, where the client's few microseconds are what an enqueue adds to it.
+        try:
+            with self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(table_query("outbox_insert", self.table_name), {
+                    "event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
+                    "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now})
+                row = cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+        return int(row[0]) if row else None
 
     def insert_many(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
                     payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str],
