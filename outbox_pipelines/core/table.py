@@ -10,12 +10,14 @@ server's ``now()``.
 """
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import RowMaker, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -179,15 +181,24 @@ class OutboxTable:
         ``rows`` is read as the COPY goes, a chunk at a time: the server stores one chunk while the next
         is made. An exception from it stops the COPY, undoes what was sent, and goes to the caller.
 
-        The ids are reserved first because COPY returns none; the reservation also opens the
-        caller's transaction on a connection that is idle outside autocommit, so the block below is
-        a savepoint inside it and not a transaction of its own.
+        On an autocommit connection outside a transaction the batch gets one of its own (all or
+        nothing); otherwise it joins the caller's, which an idle connection outside autocommit opens.
         """
-        ids_text = self._run("outbox_reserve_ids", {"count": count})[0]["ids"]
-        ids = [int(row_id) for row_id in ids_text[1:-1].split(",")]
-        statement = table_query("outbox_copy_in", self.table_name)
+        conn = self.conn
+        own_transaction = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        with conn.transaction() if own_transaction else nullcontext():
+            return self._copy_in_savepoint(rows, count)
+
+    def _copy_in_savepoint(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(statement) as copy:
+            # Client-side binding: the savepoint and the id reservation cross as one message.
+            with psycopg.ClientCursor(self.conn, row_factory=tuple_row) as opening:
+                opening.execute(table_query("outbox_copy_open", self.table_name),
+                                {"table_name": self.table_name, "count": count})
+                opening.nextset()
+                ids_text = opening.fetchone()[0]  # type: ignore[index]
+            ids = [int(row_id) for row_id in ids_text[1:-1].split(",")]
+            with self.conn.cursor() as cur, cur.copy(table_query("outbox_copy_in", self.table_name)) as copy:
                 lines, size = [], 0
                 for row_id, row in zip(ids, rows, strict=True):
                     line = _copy_line(row_id, row)
@@ -198,10 +209,23 @@ class OutboxTable:
                         lines, size = [], 0
                 copy.write("".join(lines))
         except psycopg.errors.UniqueViolation:
+            self._undo_copy()
             return None
         except psycopg.errors.UndefinedTable:
+            self._undo_copy()
             raise unknown_table(self.table_name) from None
+        except BaseException:
+            self._undo_copy()
+            raise
+        self.conn.execute(table_query("outbox_copy_release", self.table_name))
         return ids
+
+    def _undo_copy(self) -> None:
+        """Back to before ``outbox_copy_open``: the caller's transaction goes on. Where the savepoint was
+        never made (the transaction had failed before, the connection is gone) this fails too, and the
+        error that brought us here is the one to report."""
+        with suppress(psycopg.Error):
+            self.conn.execute(table_query("outbox_copy_undo", self.table_name))
 
     def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
         """(id, payload_sha) of the stored rows with these event ids, by event_id."""

@@ -378,3 +378,30 @@ def test_headers_none_means_no_headers_in_one_enqueue_and_in_a_batch(conn):
     rows = conn.execute("SELECT headers FROM outbox_events WHERE event_id LIKE 'no-headers-%%'").fetchall()
     assert [r["headers"] for r in rows] == [{}] * (COPY_MIN_ROWS + 1)
     assert Message(topic="t", payload={}).headers == {}
+
+
+def test_a_large_batch_nests_inside_the_callers_own_savepoints(db_url, conn):
+    # The batch's savepoint is opened and released by enqueue_many; psycopg's nested transaction
+    # blocks around it keep their meaning: the inner block's failure undoes only what it wrote.
+    with psycopg.connect(db_url) as writer:
+        with writer.transaction():
+            Outbox("outbox_events").enqueue_many(writer, _batch("kept"))
+            with pytest.raises(RuntimeError), writer.transaction():
+                Outbox("outbox_events").enqueue_many(writer, _batch("undone"))
+                raise RuntimeError("the inner business step failed")
+            Outbox("outbox_events").enqueue_many(writer, _batch("after"))
+    assert count(conn, where="event_id LIKE 'kept-%%'") == COPY_MIN_ROWS * 3
+    assert count(conn, where="event_id LIKE 'undone-%%'") == 0
+    assert count(conn, where="event_id LIKE 'after-%%'") == COPY_MIN_ROWS * 3
+
+
+def test_a_large_batch_into_an_unknown_table_keeps_the_callers_transaction(db_url, conn):
+    with psycopg.connect(db_url) as writer:
+        writer.execute("CREATE TABLE business (id int PRIMARY KEY)")
+        writer.execute("INSERT INTO business VALUES (1)")
+        with pytest.raises(UnknownTable, match="db create-table hrm_outbox"):
+            Outbox("hrm_outbox").enqueue_many(writer, _batch("lost"))
+        Outbox("outbox_events").enqueue_many(writer, _batch("found"))
+        writer.commit()
+    assert count(conn, "business") == 1
+    assert count(conn) == COPY_MIN_ROWS * 3
