@@ -10,7 +10,7 @@ A handler receives the ClaimedMessage and may return a reference string.
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
@@ -86,25 +86,53 @@ class HandlerRegistry:
 
 
 class HandlerDestination(Destination):
-    """Runs the registry's handlers for each message, on ``threads`` threads at a time."""
+    """Runs the registry's handlers for each message, on ``threads`` threads at a time.
+
+    The relay's own thread is one of them, beside ``threads - 1`` pool threads, and every thread
+    takes the batch's next message until none is left. So the first message of a batch, and most
+    of a small batch whose handlers are quick, run without a hand-off to another thread (a hand-off
+    is a thread woken up: it showed in the commit → handler latency and cost quick handlers a fifth
+    of their throughput), while handlers that wait (mail, HTTP) still run ``threads`` at once.
+    """
 
     def __init__(self, registry: HandlerRegistry, *, name: str = "handlers", threads: int = 1) -> None:
         self.registry = registry
         self.name = name
         self.threads = max(1, threads)
-        # One thread: the relay's own, no pool to hand messages over to.
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="outbox-handler") if self.threads > 1 else None
+        helpers = self.threads - 1
+        self._pool = ThreadPoolExecutor(helpers, thread_name_prefix="outbox-handler") if helpers else None
 
     @property
     def paused_topics(self) -> tuple[str, ...]:
         return self.registry.disabled_topics
 
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
-        # A batch of one (a quiet table, woken per message) runs on the relay's thread: handing it
-        # to the pool only adds a thread switch to its latency.
         if self._pool is None or len(messages) == 1:
             return [self.registry.dispatch(message) for message in messages]
-        return list(self._pool.map(self.registry.dispatch, messages))
+        outcomes: dict[int, Outcome] = {}
+        indexes = iter(range(len(messages)))  # the one cursor every lane takes from: each message once
+        taking = threading.Lock()
+
+        def lane() -> None:
+            while True:
+                with taking:
+                    index = next(indexes, None)
+                if index is None:
+                    return
+                outcomes[index] = self.registry.dispatch(messages[index])
+
+        helpers = [self._pool.submit(lane) for _ in range(min(self.threads, len(messages)) - 1)]
+        try:
+            lane()
+        finally:
+            # Every message is taken by now. A helper that has not started would find none: cancelled, it
+            # costs no wake-up to wait for. The started ones are waited for, so no handler of this batch
+            # is still running when the relay settles it.
+            wait([helper for helper in helpers if not helper.cancel()])
+        for helper in helpers:
+            if not helper.cancelled():
+                helper.result()  # dispatch catches handlers' errors; anything else is raised here
+        return [outcomes[index] for index in range(len(messages))]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -388,7 +388,7 @@ def test_without_dedup_identical_payloads_are_each_delivered(conn, db_url):
     assert [state(conn, k, MEMORY) for k in keys] == [("sent", 1, None)] * 2
 
 
-def test_a_batch_of_one_runs_on_the_relays_thread_and_a_larger_one_on_the_pool():
+def test_a_batch_of_one_runs_on_the_relays_thread():
     seen: list[str] = []
     registry = HandlerRegistry()
     registry.register("t", lambda message: seen.append(threading.current_thread().name))
@@ -401,7 +401,39 @@ def test_a_batch_of_one_runs_on_the_relays_thread_and_a_larger_one_on_the_pool()
     try:
         assert [o.kind for o in destination.deliver([message(1)])] == ["sent"]
         assert seen == [threading.current_thread().name]  # no hand-off: a quiet table's latency
-        destination.deliver([message(n) for n in range(2, 10)])
-        assert all(name.startswith("outbox-handler") for name in seen[1:]) and len(seen) == 9
     finally:
         destination.close()
+
+
+def test_a_batch_runs_on_exactly_parallelism_threads_at_once_the_relays_own_among_them():
+    # Handlers that wait (mail, HTTP) must overlap `threads` at a time, and never more: a barrier of
+    # 4 parties is passed only by 4 handlers running together (a missing lane breaks it, failing the
+    # message), and the peak count says no fifth ran beside them.
+    threads, lock = 4, threading.Lock()
+    barrier = threading.Barrier(threads, timeout=10)
+    running, peak, names = 0, 0, set()
+
+    def handler(message: ClaimedMessage) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+            names.add(threading.current_thread().name)
+        try:
+            barrier.wait()
+        finally:
+            with lock:
+                running -= 1
+
+    registry = HandlerRegistry()
+    registry.register("t", handler)
+    destination = HandlerDestination(registry, threads=threads)
+    batch = [ClaimedMessage(id=n, event_id=f"e{n}", tenant_id=None, topic="t", payload={}, payload_sha="",
+                            headers={}, attempts=1, created_at=datetime.now(UTC)) for n in range(12)]
+    try:
+        outcomes = destination.deliver(batch)
+    finally:
+        destination.close()
+    assert [o.kind for o in outcomes] == ["sent"] * 12
+    assert peak == threads
+    assert threading.current_thread().name in names and len(names) == threads
