@@ -208,14 +208,12 @@ class OutboxTable:
                         copy.write("".join(lines))
                         lines, size = [], 0
                 copy.write("".join(lines))
-        except psycopg.errors.UniqueViolation:
-            self._undo_copy()
-            return None
-        except psycopg.errors.UndefinedTable:
-            self._undo_copy()
-            raise unknown_table(self.table_name) from None
-        except BaseException:
-            self._undo_copy()
+        except BaseException as exc:
+            self._undo_copy()  # whatever stopped the COPY, nothing of it stays
+            if isinstance(exc, psycopg.errors.UniqueViolation):
+                return None
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                raise unknown_table(self.table_name) from None
             raise
         self.conn.execute(table_query("outbox_copy_release", self.table_name))
         return ids
