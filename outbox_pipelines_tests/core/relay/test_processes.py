@@ -102,3 +102,52 @@ def test_sigterm_finishes_the_batch_in_flight_and_releases_nothing_held(cli_env,
     assert "sending" not in found  # every claimed row was settled before exit
     assert found.get("sent", 0) >= 10 and found["sent"] + found.get("pending", 0) == 40
     assert set(http_sink.counts.values()) == {1}
+
+
+SLOW_HANDLERS = '''
+import os, threading, time
+from outbox_pipelines.core.destinations.handlers import HandlerRegistry
+
+registry = HandlerRegistry()
+_lock = threading.Lock()
+
+
+def _note(message):
+    time.sleep(0.2)  # the handler's own work: a mail API answering in 200 ms
+    with _lock, open(os.environ["SLOW_HANDLERS_LOG"], "a", encoding="utf-8") as log:
+        log.write(f"{message.event_id} {threading.current_thread().name}\\n")
+
+
+registry.register("t", _note)
+'''
+
+
+def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(cli_env, conn, tmp_path):
+    # With parallelism 4 the relay's main thread is one of the handler lanes, so the stop request
+    # arrives while it is inside a handler: the batch must still finish, be settled, and not rerun.
+    (tmp_path / "slow_handlers.py").write_text(SLOW_HANDLERS)
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "slow_handlers:registry"\n'
+                      'parallelism = 4\nbatch_size = 8\n')
+    log = tmp_path / "handled.log"
+    env = {**cli_env, "OUTBOX_CONFIG": str(config), "SLOW_HANDLERS_LOG": str(log),
+           "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}"}
+    enqueue_n(conn, "outbox_events", 40, prefix="slow-")
+    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
+                             "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def handled() -> list[tuple[str, str]]:
+        return [tuple(line.split()) for line in log.read_text().splitlines()] if log.exists() else []
+
+    wait_for(lambda: len(handled()) >= 10, what="the relay to be in its second batch")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "stop requested" in out
+    found = statuses(conn, "outbox_events")
+    assert "sending" not in found  # the batch in flight was finished and settled before exit
+    events = [event for event, _ in handled()]
+    assert len(events) == len(set(events)) == found["sent"]  # each handled once, each handled one sent
+    assert found["sent"] % 8 == 0 and found["sent"] + found.get("pending", 0) == 40
+    lanes = {thread for _, thread in handled()}
+    assert "MainThread" in lanes and len(lanes) == 4
