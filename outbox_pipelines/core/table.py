@@ -268,15 +268,21 @@ class OutboxTable:
                                                    "now": now})
 
     def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
-                    held: bool = False, audit_successes: bool = True, now: datetime | None = None) -> set[int]:
+                    held: bool = False, audit_successes: bool = True, fast_commit: bool = False,
+                    now: datetime | None = None) -> set[int]:
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
-        nothing else to record. Returns the ids settled; the others lost their lease (audited)."""
+        nothing else to record. Returns the ids settled; the others lost their lease (audited).
+
+        ``fast_commit`` (leased rows, autocommit connection): as for ``claim``, the settle commits without
+        waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
+        """
         params = {"worker": worker, "now": now, "audit_successes": audit_successes, "audit_code": audit_code,
                   "ids": bigint_array(ids)}
         if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
             rows = self._run("outbox_settle_held_sent", params)
         else:
-            rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts)})
+            rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts),
+                                                    "fast_commit": fast_commit})
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
 
@@ -356,8 +362,9 @@ class OutboxTable:
         )
         return {(row["topic"], row["payload_sha"]): row for row in rows}
 
-    def next_due_in_s(self, *, now: datetime | None = None) -> float | None:
-        rows = self._run("outbox_next_due_in", {"now": now})
+    def next_due_in_s(self, *, paused_topics: Sequence[str] = (), now: datetime | None = None) -> float | None:
+        """Seconds until the next pending row outside ``paused_topics`` is due (negative: overdue); None: none."""
+        rows = self._run("outbox_next_due_in", {"now": now, "paused_topics": list(paused_topics)})
         return rows[0]["next_due_in_s"] if rows else None
 
     def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:

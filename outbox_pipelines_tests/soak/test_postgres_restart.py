@@ -22,7 +22,9 @@ BATCH = 100
 LEASE_S = 20  # OUTBOX_RELAY_LOCK_TTL
 DOWN_S = 10.0
 # A relay claims the next batch while one is on the wire but settles a batch before sending the
-# next, so a crash can catch at most one delivered-but-unsettled batch per relay.
+# next, so a crash can catch at most one delivered-but-unsettled batch per relay. A quarter of the
+# way through every batch is full, and a full batch's settle waits for its WAL flush (only a batch
+# that empties the queue settles without: docs/design.md, claim modes), so none settled is lost.
 IN_FLIGHT_BATCHES = 1
 
 

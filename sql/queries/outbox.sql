@@ -242,7 +242,11 @@ SELECT id FROM settled
 -- audit as outbox_settle, from two arrays instead of thirteen (their parameters cost more to
 -- build than the update costs to run), answering with the ids it could not settle.
 WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+    -- fast_commit (a batch that emptied the queue, on the relay's autocommit session): this
+    -- statement's transaction commits without waiting for the WAL flush, as the claim does. A
+    -- settle a database crash loses sends its rows again, which at-least-once allows.
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
 ), input AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
 ), updated AS (
@@ -259,6 +263,7 @@ WITH clock AS (
     FROM input AS i, clock
     -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
     WHERE t.id = ANY(%(ids)s::bigint[])
+      AND (clock.commit_mode IS NOT NULL OR NOT %(fast_commit)s)
       AND t.id = i.id
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
@@ -487,9 +492,12 @@ GROUP BY 1
 ORDER BY 2 DESC
 
 -- name: outbox_next_due_in
+-- How long an idle relay may sleep. A paused topic's rows are not its to claim: counted, a due one
+-- would wake it at once, again and again, for a claim that takes nothing.
 SELECT extract(epoch FROM min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS next_due_in_s
 FROM {table}
 WHERE status = 'pending'
+  AND topic <> ALL(%(paused_topics)s::text[])
 
 -- name: outbox_sent_in_window
 -- Backfill: sent rows published in [start, end), paged by id.

@@ -220,7 +220,7 @@ class Relay:
             run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
                                           else "nothing ready")
             return False
-        due = run.outbox_table.next_due_in_s()
+        due = run.outbox_table.next_due_in_s(paused_topics=self._paused_topics())
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
         wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)
         return True

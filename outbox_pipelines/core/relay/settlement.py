@@ -85,17 +85,35 @@ def settle_delivered(outbox_table: OutboxTable, worker: str, batch: Sequence[Cla
                      table: TableSettings) -> set[int] | None:
     """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
     would be plainly sent): no settlement is planned per message."""
+    fast_commit = commits_without_flush(outbox_table.conn, table, len(batch))
     return _unless_refused(outbox_table, table, lambda: outbox_table.settle_sent(
         worker, [msg.id for msg in batch], [msg.attempts for msg in batch], audit_code=m.AUDIT_SUCCESS,
-        **settle_options(table)))
+        fast_commit=fast_commit, **settle_options(table)))
+
+
+def commits_without_flush(conn: psycopg.Connection, table: TableSettings, batch_size: int) -> bool:
+    """Whether a leased batch delivered whole settles without waiting for its WAL flush.
+
+    A batch smaller than ``batch_size`` emptied the queue: the relay is keeping up, each batch is a
+    message or a few, and the next message waits behind each flush (bench/results.md). A settle a
+    database crash loses (at most the last few hundred milliseconds of them) sends its rows again,
+    which at-least-once allows, like a lost claim. A full batch waits: a backlog is being drained,
+    one flush is shared by the whole batch, and a crash then re-sends only what was in flight.
+    Only on the relay's own autocommit session: inside a transaction it would make all of it so.
+    """
+    return (table.claim == "lease" and batch_size < table.batch_size and conn.autocommit
+            and not _in_transaction(conn))
+
+
+def _in_transaction(conn: psycopg.Connection) -> bool:
+    return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
 def _unless_refused(outbox_table: OutboxTable, table: TableSettings,
                     settle: Callable[[], set[int]]) -> set[int] | None:
     conn = outbox_table.conn
-    in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     try:
-        if not in_transaction:
+        if not _in_transaction(conn):
             return settle()
         with conn.transaction():  # a savepoint, so a refused statement does not doom the outer transaction
             return settle()

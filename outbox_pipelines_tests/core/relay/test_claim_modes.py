@@ -157,13 +157,58 @@ def test_a_fast_commit_claim_leaves_the_session_durable(db_url, conn):
     enqueue_n(conn, EVENTS, 2)
     with connect(db_url) as relay_conn:  # autocommit, as the relay's session
         assert len(OutboxTable(relay_conn, EVENTS).claim("w", 1, 60, fast_commit=True)) == 1
-        # The setting lived for the claim's own transaction only: the settle after it waits for the flush.
+        # The setting lived for the claim's own transaction only: the next statement waits for its flush.
         assert relay_conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
     with connect(db_url) as caller:
         with caller.transaction():
             OutboxTable(caller, EVENTS).claim("w", 1, 60)
             assert caller.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
     assert statuses(conn, EVENTS) == {"sending": 2}
+
+
+def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url, conn):
+    from outbox_pipelines.core.db import connect
+    from outbox_pipelines.core.table import OutboxTable
+
+    enqueue_n(conn, EVENTS, 2)
+    with connect(db_url, autocommit=False) as caller:  # a transaction to look inside
+        table = OutboxTable(caller, EVENTS)
+        (claimed,) = table.claim("w", 1, 60)
+        table.settle_sent("w", [claimed.id], [claimed.attempts], audit_code=m.AUDIT_SUCCESS, fast_commit=True)
+        assert caller.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
+        caller.rollback()
+    with connect(db_url) as relay_conn:  # autocommit, as the relay's session
+        table = OutboxTable(relay_conn, EVENTS)
+        claimed = table.claim("w", 2, 60)
+        settled = table.settle_sent("w", [c.id for c in claimed], [c.attempts for c in claimed],
+                                    audit_code=m.AUDIT_SUCCESS, fast_commit=True)
+        assert settled == {c.id for c in claimed}
+        assert relay_conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+    assert statuses(conn, EVENTS) == {"sent": 2}
+    assert audit_codes(conn, EVENTS).count(m.AUDIT_SUCCESS) == 2
+
+
+@pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
+def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_its_flush(
+        db_url, conn, monkeypatch, claim_mode):
+    from outbox_pipelines.core.table import OutboxTable
+
+    settles: list[tuple[int, bool]] = []
+    settle_sent = OutboxTable.settle_sent
+
+    def noting(self, worker, ids, attempts, **options):
+        settles.append((len(ids), options.get("fast_commit", False)))
+        return settle_sent(self, worker, ids, attempts, **options)
+
+    monkeypatch.setattr(OutboxTable, "settle_sent", noting)
+    enqueue_n(conn, EVENTS, 5)
+    settings = events_settings(batch_size=2, claim=claim_mode)
+    report = Relay(db_url, settings, ScriptedDestination(lambda msg: Outcome.sent())).run(once=True)
+    assert report.sent == 5 and statuses(conn, EVENTS) == {"sent": 5}
+    # Full batches drain a backlog and share one flush; the last one emptied the queue. Held rows
+    # commit in the relay's own transaction, which the claim opened: always flushed.
+    assert settles == ([(2, False), (2, False), (1, True)] if claim_mode == "lease" else
+                       [(2, False), (2, False), (1, False)])
 
 
 # -- the claim reads the destination's gate itself -------------------------------------------------

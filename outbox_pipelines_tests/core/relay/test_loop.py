@@ -277,6 +277,24 @@ def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
     assert rows(conn, EVENTS, "topic = 'a'")[0]["status"] == "pending"
 
 
+def test_a_switched_off_topic_waiting_as_pending_leaves_the_relay_idle(db_url, conn, monkeypatch):
+    from outbox_pipelines.core.table import OutboxTable
+
+    claims = []
+    claim = OutboxTable.claim
+    monkeypatch.setattr(OutboxTable, "claim", lambda self, *a, **k: claims.append(1) or claim(self, *a, **k))
+    registry = HandlerRegistry()
+    registry.register("a", lambda msg: None)
+    registry.set_enabled("a", False)
+    enqueue_n(conn, EVENTS, 3, topic="a")
+    report = Relay(db_url, events_settings(idle_sleep_s=0.2), HandlerDestination(registry)).run(max_seconds=1.0)
+    assert report.stopped_because == "time budget used" and report.claimed == 0
+    # About one claim per idle sleep: the switched-off rows, due but not the relay's to take, do not
+    # wake it (they made it claim nonstop, hundreds of times a second).
+    assert len(claims) <= 10, f"{len(claims)} claims in 1 s with idle_sleep 0.2 s"
+    assert statuses(conn, EVENTS) == {"pending": 3}
+
+
 def test_a_destination_that_is_not_a_destination_subclass_is_refused_with_what_to_do():
     class DuckTyped:
         name = "duck"
