@@ -186,7 +186,7 @@ class Relay:
                 batch = self._claim_next(run)
                 if batch:
                     self._relay(run, batch)
-            if not batch:
+            if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
             drop_stale_wakeups(run.session)
             return True
@@ -213,6 +213,15 @@ class Relay:
             return False
         wait_for_wakeup(run.session, min(self.pause.remaining(), run.budget.time_left()), self._stop)
         return True
+
+    def _emptied_the_queue(self, run: _Invocation, batch: list[ClaimedMessage]) -> bool:
+        """The claim took fewer rows than it asked for: nothing else was ready when it ran. A message
+        committed since has sent a NOTIFY (kept in the session's backlog while the batch ran), so the
+        relay waits for one instead of claiming again at once, which at a trickle cost every message an
+        empty claim and a gate read. A pipelined relay's last claim already came back empty; a one-shot
+        run drains until a claim does; a session that cannot LISTEN polls."""
+        return (run.session.listening and not run.budget.once and not self.destination.pipelined
+                and len(batch) < self.table.batch_size)
 
     def _idle(self, run: _Invocation) -> bool:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""

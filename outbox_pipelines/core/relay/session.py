@@ -69,6 +69,9 @@ def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event
 
     psycopg keeps notifications that arrive during other statements in a
     backlog that ``notifies()`` yields first, so a wake-up is never missed.
+    Woken, it also takes the notifications already on the socket (psycopg hands
+    over its backlog whole, not these): the claim that follows sees every row
+    they announced, and each would otherwise wake the relay for an empty claim.
     """
     if not session.listening:
         stop.wait(max(seconds, 0.0))
@@ -82,6 +85,8 @@ def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event
         # Slices keep a stop request prompt; a NOTIFY ends the wait immediately.
         for _ in session.conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
             woken = True
+    if woken:
+        drop_stale_wakeups(session)
 
 
 def drop_stale_wakeups(session: RelaySession) -> None:

@@ -122,6 +122,91 @@ def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
         worker.join(10)
 
 
+def counting_claims(monkeypatch) -> list[int]:
+    """The number of rows each claim of the relays in this test returned, in order."""
+    from outbox_pipelines.core.table import OutboxTable
+
+    claims: list[int] = []
+    claim = OutboxTable.claim
+
+    def counted(self, *args, **kwargs):
+        rows = claim(self, *args, **kwargs)
+        claims.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(OutboxTable, "claim", counted)
+    return claims
+
+
+def test_a_batch_that_empties_the_queue_is_followed_by_a_wait_not_by_an_empty_claim(db_url, conn, monkeypatch):
+    claims = counting_claims(monkeypatch)
+    enqueue_n(conn, EVENTS, 2)
+    report = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(lambda msg: Outcome.sent())).run(
+        max_seconds=0.5)
+    assert (report.sent, report.stopped_because) == (2, "time budget used")
+    assert claims == [2], "2 of 100 asked for: the queue was empty, nothing woke the relay, nothing to claim"
+
+
+def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, conn, monkeypatch):
+    claims = counting_claims(monkeypatch)
+    second_sent = threading.Event()
+
+    def deliver(msg):
+        if msg.event_id == "first":  # committed while the relay handles the first batch: only its NOTIFY tells
+            with psycopg.connect(db_url) as producer:
+                Outbox(EVENTS).enqueue(producer, Message(topic="t", payload={}, event_id="second"))
+        else:
+            second_sent.set()
+        return Outcome.sent()
+
+    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(deliver))
+    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
+    worker.start()
+    try:
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
+        started = time.monotonic()
+        assert second_sent.wait(5)
+        assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
+    finally:
+        relay.request_stop()
+        worker.join(10)
+    assert statuses(conn, EVENTS) == {"sent": 2}
+    assert claims[:2] == [1, 1]
+
+
+def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url, conn, monkeypatch):
+    claims = counting_claims(monkeypatch)
+    burst_committed, handled = threading.Event(), []
+
+    def deliver(msg):
+        if msg.event_id == "first":
+            # 20 commits, 20 NOTIFYs, while the relay is busy: one claim takes the 20 rows.
+            with psycopg.connect(db_url, autocommit=True) as producer:
+                for n in range(20):
+                    Outbox(EVENTS).enqueue(producer, Message(topic="t", payload={}, event_id=f"burst-{n}"))
+            burst_committed.set()
+        handled.append(msg.event_id)
+        return Outcome.sent()
+
+    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(deliver))
+    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
+    worker.start()
+    try:
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
+        assert burst_committed.wait(5)
+        deadline = time.monotonic() + 5
+        while len(handled) < 21 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # room for the empty claims the stale wake-ups would cost
+    finally:
+        relay.request_stop()
+        worker.join(10)
+    assert statuses(conn, EVENTS) == {"sent": 21}
+    # The first message, the burst in one claim, then at most one claim to find the queue empty
+    # (the other 19 NOTIFYs announced rows that claim already took).
+    assert claims[:2] == [1, 20] and claims[2:] in ([], [0]), claims
+
+
 def test_rate_limit_slows_the_whole_table(db_url, conn):
     enqueue_n(conn, EVENTS, 5)
     destination = ScriptedDestination(lambda msg: Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30))
