@@ -37,9 +37,9 @@ from outbox_pipelines.core.relay.pipeline import Pipeline
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.session import (
     RelaySession,
-    drop_stale_wakeups,
     open_relay_session,
     open_session,
+    take_wakeups,
     wait_for_wakeup,
 )
 from outbox_pipelines.core.retry import UniformSource
@@ -188,7 +188,7 @@ class Relay:
                     self._relay(run, batch)
             if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
-            drop_stale_wakeups(run.session)
+            take_wakeups(run.session)  # the next claim sees what they announced
             return True
         except psycopg.OperationalError as exc:
             return self._recover(run, batch, exc)
@@ -229,6 +229,8 @@ class Relay:
             run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
                                           else "nothing ready")
             return False
+        if take_wakeups(run.session):
+            return True  # a NOTIFY came while the relay was busy: claim now, no next-due read, no wait
         due = run.outbox_table.next_due_in_s(paused_topics=self._paused_topics())
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
         wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)

@@ -86,11 +86,14 @@ def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event
         for _ in session.conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
             woken = True
     if woken:
-        drop_stale_wakeups(session)
+        take_wakeups(session)
 
 
-def drop_stale_wakeups(session: RelaySession) -> None:
-    """Empty the notification backlog while busy, so it cannot grow without bound."""
+def take_wakeups(session: RelaySession) -> bool:
+    """Empty the notification backlog and the socket, so neither grows without bound while the relay
+    is busy; whether any NOTIFY was there (a message committed since the last claim may be ready)."""
+    taken = False
     if session.listening:
         for _ in session.conn.notifies(timeout=0):
-            pass
+            taken = True
+    return taken

@@ -122,19 +122,27 @@ def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
         worker.join(10)
 
 
-def counting_claims(monkeypatch) -> list[int]:
-    """The number of rows each claim of the relays in this test returned, in order."""
+def counting_claims(monkeypatch, reads: list[str] | None = None) -> list[int]:
+    """The number of rows each claim of the relays in this test returned, in order (and in ``reads``,
+    each claim and next-due read as it happened)."""
     from outbox_pipelines.core.table import OutboxTable
 
     claims: list[int] = []
-    claim = OutboxTable.claim
+    reads = [] if reads is None else reads
+    claim, next_due = OutboxTable.claim, OutboxTable.next_due_in_s
 
     def counted(self, *args, **kwargs):
         rows = claim(self, *args, **kwargs)
         claims.append(len(rows))
+        reads.append(f"claim {len(rows)}")
         return rows
 
+    def noted(self, *args, **kwargs):
+        reads.append("next due")
+        return next_due(self, *args, **kwargs)
+
     monkeypatch.setattr(OutboxTable, "claim", counted)
+    monkeypatch.setattr(OutboxTable, "next_due_in_s", noted)
     return claims
 
 
@@ -148,7 +156,8 @@ def test_a_batch_that_empties_the_queue_is_followed_by_a_wait_not_by_an_empty_cl
 
 
 def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, conn, monkeypatch):
-    claims = counting_claims(monkeypatch)
+    reads: list[str] = []
+    counting_claims(monkeypatch, reads)
     second_sent = threading.Event()
 
     def deliver(msg):
@@ -171,7 +180,9 @@ def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, con
         relay.request_stop()
         worker.join(10)
     assert statuses(conn, EVENTS) == {"sent": 2}
-    assert claims[:2] == [1, 1]
+    # Its NOTIFY was waiting when the first batch was settled: the relay claimed at once, without
+    # asking when the next row is due.
+    assert reads[reads.index("claim 1"):][:2] == ["claim 1", "claim 1"], reads
 
 
 def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url, conn, monkeypatch):
