@@ -219,9 +219,10 @@ class Relay:
         committed since has sent a NOTIFY (kept in the session's backlog while the batch ran), so the
         relay waits for one instead of claiming again at once, which at a trickle cost every message an
         empty claim and a gate read. A pipelined relay's last claim already came back empty; a one-shot
-        run drains until a claim does; a session that cannot LISTEN polls."""
+        run drains until a claim does; a session that cannot LISTEN polls. A batch cut short by the entry
+        budget used the budget up: the invocation ends instead."""
         return (run.session.listening and not run.budget.once and not self.destination.pipelined
-                and len(batch) < self.table.batch_size)
+                and len(batch) < self.table.batch_size and run.budget.used_up(run.report.claimed) is None)
 
     def _idle(self, run: _Invocation) -> bool:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""

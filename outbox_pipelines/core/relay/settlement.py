@@ -85,14 +85,15 @@ def settle_delivered(outbox_table: OutboxTable, worker: str, batch: Sequence[Cla
                      table: TableSettings) -> set[int] | None:
     """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
     would be plainly sent): no settlement is planned per message."""
-    fast_commit = commits_without_flush(outbox_table.conn, table, len(batch))
+    fast_commit = commits_without_flush(outbox_table.conn, table, delivered=len(batch))
     return _unless_refused(outbox_table, table, lambda: outbox_table.settle_sent(
         worker, [msg.id for msg in batch], [msg.attempts for msg in batch], audit_code=m.AUDIT_SUCCESS,
         fast_commit=fast_commit, **settle_options(table)))
 
 
-def commits_without_flush(conn: psycopg.Connection, table: TableSettings, batch_size: int) -> bool:
-    """Whether a leased batch delivered whole settles without waiting for its WAL flush.
+def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int) -> bool:
+    """Whether a leased batch of ``delivered`` messages, delivered whole, settles without waiting for its
+    WAL flush.
 
     A batch smaller than ``batch_size`` emptied the queue: the relay is keeping up, each batch is a
     message or a few, and the next message waits behind each flush (bench/results.md). A settle a
@@ -101,7 +102,7 @@ def commits_without_flush(conn: psycopg.Connection, table: TableSettings, batch_
     one flush is shared by the whole batch, and a crash then re-sends only what was in flight.
     Only on the relay's own autocommit session: inside a transaction it would make all of it so.
     """
-    return (table.claim == "lease" and batch_size < table.batch_size and conn.autocommit
+    return (table.claim == "lease" and delivered < table.batch_size and conn.autocommit
             and not _in_transaction(conn))
 
 

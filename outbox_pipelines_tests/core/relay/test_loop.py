@@ -93,9 +93,12 @@ def test_single_active_standby_takes_over_when_the_holder_stops(db_url, conn):
 
 def test_entry_budget_stops_claiming(db_url, conn):
     enqueue_n(conn, EVENTS, 20)
-    report = Relay(db_url, events_settings(batch_size=3), ScriptedDestination()).run(max_entries=7)
+    started = time.monotonic()
+    report = Relay(db_url, events_settings(batch_size=3, idle_sleep_s=30.0), ScriptedDestination()).run(max_entries=7)
     assert (report.claimed, report.sent, report.stopped_because) == (7, 7, "entry budget used")
     assert statuses(conn, EVENTS) == {"sent": 7, "pending": 13}
+    # The last claim, cut to the 1 entry left, is not taken for an empty queue: no idle wait first.
+    assert time.monotonic() - started < 10
 
 
 def test_time_budget_returns_when_idle(db_url):
