@@ -20,7 +20,7 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
-from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
+from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
 
 
 def test_retryable_failures_end_dead_after_max_attempts(db_url, conn):
@@ -93,11 +93,20 @@ def test_single_active_standby_takes_over_when_the_holder_stops(db_url, conn):
 
 def test_entry_budget_stops_claiming(db_url, conn):
     enqueue_n(conn, EVENTS, 20)
-    started = time.monotonic()
-    report = Relay(db_url, events_settings(batch_size=3, idle_sleep_s=30.0), ScriptedDestination()).run(max_entries=7)
+    report = Relay(db_url, events_settings(batch_size=3), ScriptedDestination()).run(max_entries=7)
     assert (report.claimed, report.sent, report.stopped_because) == (7, 7, "entry budget used")
     assert statuses(conn, EVENTS) == {"sent": 7, "pending": 13}
-    # The last claim, cut to the 1 entry left, is not taken for an empty queue: no idle wait first.
+
+
+def test_a_claim_cut_short_by_the_entry_budget_ends_the_run_without_an_idle_wait(db_url, conn):
+    enqueue_n(conn, EVENTS, 7)
+    later = db_now(conn) + timedelta(hours=1)
+    Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, available_at=later) for _ in range(5)])
+    started = time.monotonic()
+    report = Relay(db_url, events_settings(batch_size=3, idle_sleep_s=30.0), ScriptedDestination()).run(max_entries=7)
+    assert (report.sent, report.stopped_because) == (7, "entry budget used")
+    # The last claim took the 1 entry left, fewer than the batch size: not an emptied queue to wait on
+    # (the next row is due in an hour, the idle sleep is 30 s).
     assert time.monotonic() - started < 10
 
 
