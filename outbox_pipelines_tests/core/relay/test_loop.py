@@ -2,7 +2,10 @@
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,6 +24,19 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
+
+
+@contextmanager
+def relay_running(db_url: str, destination: Destination, **settings: Any) -> Iterator[Relay]:
+    """A relay running on a thread of the test (20 s at most), stopped and joined on the way out."""
+    relay = Relay(db_url, events_settings(**settings), destination)
+    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
+    worker.start()
+    try:
+        yield relay
+    finally:
+        relay.request_stop()
+        worker.join(10)
 
 
 def test_retryable_failures_end_dead_after_max_attempts(db_url, conn):
@@ -120,18 +136,12 @@ def test_time_budget_returns_when_idle(db_url):
 def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
     delivered = threading.Event()
     destination = ScriptedDestination(lambda msg: (delivered.set(), Outcome.sent())[1])
-    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), destination)
-    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
-    worker.start()
-    try:
+    with relay_running(db_url, destination, idle_sleep_s=30.0):
         time.sleep(0.3)  # let the relay go idle on its 30 s sleep
         started = time.monotonic()
         Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}))
         assert delivered.wait(5)
         assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
-    finally:
-        relay.request_stop()
-        worker.join(10)
 
 
 def counting_claims(monkeypatch, reads: list[str] | None = None) -> list[int]:
@@ -180,17 +190,11 @@ def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, con
             second_sent.set()
         return Outcome.sent()
 
-    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(deliver))
-    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
-    worker.start()
-    try:
+    with relay_running(db_url, ScriptedDestination(deliver), idle_sleep_s=30.0):
         Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
         started = time.monotonic()
         assert second_sent.wait(5)
         assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
-    finally:
-        relay.request_stop()
-        worker.join(10)
     assert statuses(conn, EVENTS) == {"sent": 2}
     # Its NOTIFY was waiting when the first batch was settled: the relay claimed at once, without
     # asking when the next row is due.
@@ -211,19 +215,13 @@ def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url
         handled.append(msg.event_id)
         return Outcome.sent()
 
-    relay = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(deliver))
-    worker = threading.Thread(target=relay.run, kwargs={"max_seconds": 20})
-    worker.start()
-    try:
+    with relay_running(db_url, ScriptedDestination(deliver), idle_sleep_s=30.0):
         Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
         assert burst_committed.wait(5)
         deadline = time.monotonic() + 5
         while len(handled) < 21 and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)  # room for the empty claims the stale wake-ups would cost
-    finally:
-        relay.request_stop()
-        worker.join(10)
     assert statuses(conn, EVENTS) == {"sent": 21}
     # The first message, the burst in one claim, then at most one claim to find the queue empty
     # (the other 19 NOTIFYs announced rows that claim already took).
