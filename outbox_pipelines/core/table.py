@@ -105,15 +105,27 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
         (row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at))
 
 
-def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> psycopg.Cursor[Row]:
+# Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
+PLAN_REUSE_MAX_ROWS = 16
+
+
+def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
+             prepare: bool | None = None) -> psycopg.Cursor[Row]:
     cur = conn.cursor(row_factory=dict_row)
-    cur.execute(statement, params)
+    cur.execute(statement, params, prepare=prepare)
     return cur
 
 
-def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any]) -> list[Row]:
-    with _execute(conn, statement, params) as cur:
+def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
+           prepare: bool | None = None) -> list[Row]:
+    with _execute(conn, statement, params, prepare) as cur:
         return cur.fetchall() if cur.description else []
+
+
+def _prepare(reuse_plan: bool) -> bool | None:
+    """``reuse_plan``: prepare the statement now (its plan kept for the session; PostgreSQL may make it
+    generic). Otherwise the connection's own rule (the relay's sessions: never prepared, planned anew)."""
+    return True if reuse_plan else None
 
 
 class OutboxTable:
@@ -127,19 +139,20 @@ class OutboxTable:
         self.conn = conn
         self.table_name = validate_table_name(table_name)
 
-    def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
+    def _run(self, query: str, params: dict[str, Any], *, reuse_plan: bool = False) -> list[Row]:
         try:
-            return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params})
+            return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params},
+                          _prepare(reuse_plan))
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
 
-    def _claimed(self, query: str, params: dict[str, Any]) -> list[ClaimedMessage]:
+    def _claimed(self, query: str, params: dict[str, Any], reuse_plan: bool) -> list[ClaimedMessage]:
         """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
         statement = table_query(query, self.table_name)
         try:
             # Binary results: the timestamps cross as integers, not text to format and parse.
             with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
-                cur.execute(statement, {"table_name": self.table_name, **params})
+                cur.execute(statement, {"table_name": self.table_name, **params}, prepare=_prepare(reuse_plan))
                 return cur.fetchall()
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
@@ -242,6 +255,7 @@ class OutboxTable:
         audit_claims: bool = True,
         fast_commit: bool = False,
         gated: bool = False,
+        reuse_plan: bool = False,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number).
@@ -250,22 +264,24 @@ class OutboxTable:
         flush (the relay's; a lost claim means a redelivery). Inside a caller's transaction it would
         make the whole transaction so: leave it False there. ``gated``: nothing unless the table's
         destination is plainly open (not paused, no throttle probe due, circuit closed).
+        ``reuse_plan``: a few rows are expected; keep the statement's plan (relay/session.py).
         """
         return self._claimed(
             "outbox_claim",
             {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
              "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit,
              "gated": gated, "now": now},
+            reuse_plan,
         )
 
     def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (), gated: bool = False,
-                   now: datetime | None = None) -> list[ClaimedMessage]:
+                   reuse_plan: bool = False, now: datetime | None = None) -> list[ClaimedMessage]:
         """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
         in the same transaction ends them. The server ends a transaction left idle for ``hold_s``.
-        ``gated``: as for ``claim``."""
+        ``gated``, ``reuse_plan``: as for ``claim``."""
         return self._claimed("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
                                                    "hold_timeout_ms": max(int(hold_s * 1000), 1), "gated": gated,
-                                                   "now": now})
+                                                   "now": now}, reuse_plan)
 
     def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
                     held: bool = False, audit_successes: bool = True, fast_commit: bool = False,
@@ -278,11 +294,13 @@ class OutboxTable:
         """
         params = {"worker": worker, "now": now, "audit_successes": audit_successes, "audit_code": audit_code,
                   "ids": bigint_array(ids)}
+        # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
+        reuse_plan = len(ids) <= PLAN_REUSE_MAX_ROWS
         if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
-            rows = self._run("outbox_settle_held_sent", params)
+            rows = self._run("outbox_settle_held_sent", params, reuse_plan=reuse_plan)
         else:
             rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts),
-                                                    "fast_commit": fast_commit})
+                                                    "fast_commit": fast_commit}, reuse_plan=reuse_plan)
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
 
@@ -364,7 +382,7 @@ class OutboxTable:
 
     def next_due_in_s(self, *, paused_topics: Sequence[str] = (), now: datetime | None = None) -> float | None:
         """Seconds until the next pending row outside ``paused_topics`` is due (negative: overdue); None: none."""
-        rows = self._run("outbox_next_due_in", {"now": now, "paused_topics": list(paused_topics)})
+        rows = self._run("outbox_next_due_in", {"now": now, "paused_topics": list(paused_topics)}, reuse_plan=True)
         return rows[0]["next_due_in_s"] if rows else None
 
     def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:

@@ -44,7 +44,7 @@ from outbox_pipelines.core.relay.session import (
 )
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import PLAN_REUSE_MAX_ROWS, OutboxTable
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -114,6 +114,8 @@ class Relay:
         self.batches = BatchRunner(table, destination, self.worker, self.guard, self.pause, uniform)
         self.pipeline = Pipeline(self.batches)
         self._stop = threading.Event()
+        # The last claim took a few rows: the next one likely will too, and keeps its plan (relay/session.py).
+        self._claims_are_small = False
 
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
@@ -274,6 +276,7 @@ class Relay:
                 report.probes += 1
                 claimed = self._claim(run, min(limit, gate.limit), gated=False)
         report.claimed += len(claimed)
+        self._claims_are_small = len(claimed) <= PLAN_REUSE_MAX_ROWS
         metrics.count_claim(self.table.name, len(claimed))
         self.batches.note_claimed(claimed)
         return claimed
@@ -283,13 +286,13 @@ class Relay:
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
             if self.table.claim == "transaction":
                 claimed = run.outbox_table.claim_held(limit, self.table.lease_s, paused_topics=self._paused_topics(),
-                                                      gated=gated)
+                                                      gated=gated, reuse_plan=self._claims_are_small)
             else:
                 claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
                                                  paused_topics=self._paused_topics(),
                                                  max_attempts=self.table.retry.max_attempts,
                                                  audit_claims=self.table.audit == "all", fast_commit=True,
-                                                 gated=gated)
+                                                 gated=gated, reuse_plan=self._claims_are_small)
             span.set_attribute("outbox.claimed", len(claimed))
         return claimed
 

@@ -16,16 +16,24 @@ from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.settings import TableSettings
 
 STATEMENT_TIMEOUT_MS = 30_000
-# Custom plans for the relay's statements: a generic plan guesses a handful of input rows and
-# turns the batched settle into a nested loop, quadratic in the batch size (measured: 264 ms
-# instead of 23 ms for 1,000 rows). Planning each execution costs well under a millisecond.
-RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_custom_plan"
+# Plans. By default every statement of the relay's sessions is planned for its own parameters: a
+# generic plan guesses a handful of input rows and turns the batched settle into a nested loop,
+# quadratic in the batch size (measured: 264 ms instead of 23 ms for 1,000 rows). Planning costs
+# 0.4-0.5 ms a statement, though, a third of a message's way from commit to handler at a trickle.
+# So a statement over at most PLAN_REUSE_MAX_ROWS rows (core/table.py: a claim after a short one,
+# the settle of a small batch, the next-due read) asks to keep its plan (``reuse_plan``: prepared,
+# and PostgreSQL may then choose a generic plan); nothing is prepared by count. No sequential scans: a generic
+# plan made while a table was small would otherwise keep reading it whole as it grows.
+RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=auto -c enable_seqscan=off"
+_PREPARED_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: None would refuse prepare=True too
 
 
 def open_session(url: str) -> psycopg.Connection:
     """A connection with the relay's session settings (the lease keeper's, a goodbye's, the relay's own)."""
     conn = connect(url, options=RELAY_SESSION_OPTIONS)
     set_json_loads(loads_jsonb_text, conn)
+    if conn.prepare_threshold is not None:  # None: behind a transaction pooler, nothing is prepared
+        conn.prepare_threshold = _PREPARED_ONLY_WHEN_ASKED
     return conn
 
 
