@@ -151,3 +151,75 @@ def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(c
     assert found["sent"] % 8 == 0 and found["sent"] + found.get("pending", 0) == 40
     lanes = {thread for _, thread in handled()}
     assert "MainThread" in lanes and len(lanes) == 4
+
+
+QUICK_HANDLERS = '''
+import time
+from outbox_pipelines.core.destinations.handlers import HandlerRegistry
+
+registry = HandlerRegistry()
+registry.register("t", lambda message: time.sleep(0.04))  # 40 ms of work: the next commits land meanwhile
+registry.register("paused", lambda message: None)
+'''
+
+
+def start_events_relay(cli_env: dict, conn, tmp_path, config_lines: str, **env: str) -> subprocess.Popen:
+    """``outbox-pipelines relay --table outbox_events`` with in-process handlers, once it has registered."""
+    (tmp_path / "quick_handlers.py").write_text(QUICK_HANDLERS)
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "quick_handlers:registry"\n'
+                      + config_lines)
+    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
+                             "--quiet"], env={**cli_env, "OUTBOX_CONFIG": str(config),
+                                              "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: proc.poll() is not None or conn.execute(
+        "SELECT count(*) AS n FROM outbox_relay_workers WHERE table_name = 'outbox_events' AND stopped_at IS NULL"
+    ).fetchone()["n"] == 1, what="the relay to register")
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return out
+
+
+def test_a_trickle_reaches_a_running_relay_at_once_with_a_30_s_idle_sleep(cli_env, conn, tmp_path):
+    # Messages committed one by one, some while the relay runs the previous one's handler: only their
+    # NOTIFYs can bring them in promptly (the relay goes idle after each batch that emptied the queue).
+    from outbox_pipelines import Message, Outbox
+
+    proc = start_events_relay(cli_env, conn, tmp_path, "", OUTBOX_IDLE_SLEEP_MS="30000")
+    try:
+        for n in range(30):
+            Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"trickle-{n}"))
+            time.sleep(0.03)
+        wait_for(lambda: statuses(conn, "outbox_events") == {"sent": 30}, timeout=20, what="all 30 sent")
+    finally:
+        stop(proc)
+    slowest = conn.execute("SELECT max(published_at - created_at) AS d FROM outbox_events").fetchone()["d"]
+    assert slowest < timedelta(seconds=1), f"a message waited {slowest} for a relay that sleeps 30 s when idle"
+
+
+def test_a_switched_off_topic_with_waiting_rows_leaves_a_running_relay_idle(cli_env, conn, tmp_path):
+    enqueue_n(conn, "outbox_events", 5, topic="paused", prefix="held-")
+    proc = start_events_relay(cli_env, conn, tmp_path, 'paused_topics = ["paused"]\n')
+
+    def scans() -> int:
+        return conn.execute("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS n FROM pg_stat_user_tables "
+                            "WHERE relname = 'outbox_events'").fetchone()["n"]
+
+    try:
+        time.sleep(1.5)  # past the relay's start, and one flush of its statistics
+        before = scans()
+        time.sleep(3.0)  # the window watched: about 15 idle sleeps of 200 ms
+        during = scans() - before
+    finally:
+        stop(proc)
+    assert statuses(conn, "outbox_events") == {"pending": 5}
+    # A claim and a next-due read per idle sleep read the table a few times each; claiming nonstop for
+    # the due rows it may not take, it read the table thousands of times in 3 s.
+    assert during < 500, f"the idle relay read the table {during} times in 3 s"
