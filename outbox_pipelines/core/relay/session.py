@@ -22,8 +22,9 @@ STATEMENT_TIMEOUT_MS = 30_000
 # 0.4-0.5 ms a statement, though, a third of a message's way from commit to handler at a trickle.
 # So a statement over at most PLAN_REUSE_MAX_ROWS rows (core/table.py: a claim after a short one,
 # the settle of a small batch, the next-due read) asks to keep its plan (``reuse_plan``: prepared,
-# and PostgreSQL may then choose a generic plan); nothing is prepared by count. No sequential scans: a generic
-# plan made while a table was small would otherwise keep reading it whole as it grows.
+# and PostgreSQL may then choose a generic plan); nothing is prepared by count. No sequential
+# scans: a generic plan made while a table was small would otherwise keep reading it whole as it
+# grows.
 RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=auto -c enable_seqscan=off"
 _PREPARED_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: None would refuse prepare=True too
 
