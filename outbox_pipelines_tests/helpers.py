@@ -1,5 +1,7 @@
 """Small helpers shared by the tests."""
 
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -113,3 +115,23 @@ class QueriesDatabase:
     def scalar(self, statement: str, params: Any = None) -> Any:
         rows = self.query(statement, params)
         return next(iter(rows[0].values())) if rows else None
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a server started in another process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 30) -> None:
+    """Wait until the process listens (a bare TCP connect: no HTTP request that a server would count)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,16 +32,11 @@ from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV
 from outbox_pipelines.dagster_storage import resolve_storage_url
 from outbox_pipelines.defs.relay import relay_job_name
 from outbox_pipelines_tests.conftest import REPO
+from outbox_pipelines_tests.helpers import free_port
 
 BIN = Path(sys.executable).parent
 # What `dagster dev` says it makes in its working directory (and removes when it stops).
 TEMP_HOME_LINE = re.compile(r"Using temporary directory (\S+) for storage")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def plain_env(**extra: str) -> dict[str, str]:

@@ -57,7 +57,7 @@ from outbox_pipelines.defs.relay import DEFAULT_RUN_MINUTES, OVERLAP_S, RUN_MINU
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines.testing import TemplateDatabases
 from outbox_pipelines_tests.conftest import REPO
-from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
 from outbox_pipelines_tests.sink import HttpSink
 
 pytestmark = [
@@ -112,10 +112,6 @@ RUN_LOGS = """query ($id: ID!) { logsForRun(runId: $id) { __typename
 
 
 # -- processes -----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

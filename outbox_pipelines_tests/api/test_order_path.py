@@ -8,7 +8,6 @@ the database (``available_at = now()``), never by sleeping.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from outbox_pipelines_tests.api.conftest import (
     sample,
 )
 from outbox_pipelines_tests.conftest import REPO, run_cli, table_settings
-from outbox_pipelines_tests.helpers import audit_codes, order_payload, rows
+from outbox_pipelines_tests.helpers import audit_codes, free_port, order_payload, rows, wait_for_port
 
 TABLE = "outbox_orders"
 KEY = "01JB4A-ORDER-PATH-0001"
@@ -273,23 +272,6 @@ def test_broker_timeouts_follow_time_in_force(client, conn, db_url, broker_sim):
 
 
 # -- the broker-sim command ----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 30) -> None:
-    """Wait until the process listens (a bare TCP connect: no HTTP request that the simulator would count)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}")
 
 
 def cli_env() -> dict[str, str]:

@@ -9,7 +9,6 @@ not exist and malformed URLs.
 import itertools
 import json
 import os
-import socket
 import sys
 from collections.abc import Iterator
 
@@ -20,7 +19,7 @@ from psycopg import sql
 from outbox_pipelines.core import db
 from outbox_pipelines.core.errors import ConfigError, InvalidDatabaseUrl
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import enqueue_n
+from outbox_pipelines_tests.helpers import enqueue_n, free_port
 
 DB_PASSWORD = "S3cretPw-xyz"
 BROKER_PASSWORD = "BrokerPw-xyz"
@@ -33,12 +32,6 @@ def assert_no_secret(result, *, what: str = "") -> None:
         for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
             assert secret not in text, f"{what}: {secret} in {stream}:\n{text}"
     assert "Traceback" not in result.stderr, f"{what}: traceback:\n{result.stderr}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Smoke test: the real dagster-webserver on loopback finds everything, launches a relay run, and it succeeds."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
 
 REPOSITORY = """
 query {
@@ -36,12 +35,6 @@ RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key
 TERMINATE = """
 mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonError { message } } }
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ import psycopg
 import pytest
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload, wait_until
+from outbox_pipelines_tests.helpers import QueriesDatabase, free_port, order_payload, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -65,18 +65,12 @@ CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination")
 
 
 # -- small helpers -------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
-
-
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -32,7 +32,7 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import db, migrate
-from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
+from outbox_pipelines_tests.helpers import QueriesDatabase, free_port, order_payload
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -56,12 +56,6 @@ def scale() -> float:
 
 def scaled(value: float, minimum: float) -> float:
     return max(value * scale(), minimum)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int) -> bool:
