@@ -12,7 +12,7 @@ The soaks (all real processes, each on its own embedded PostgreSQL in a temp dir
 - chaos: 30,000 orders, 8 relays, one SIGKILLed and restarted every 7 s, broker 25 % faults;
 - hard PostgreSQL restart (pg_ctl stop -m immediate) mid-drain of 20,000 orders, 10 s down;
 - 10-minute broker outage and 10-minute 429 storm, side by side;
-- the Order API against a table locked for 45 s (outbox_pipelines_tests/api).
+- the Order API (`outbox-pipelines order-api`, its own process) against a table locked for 45 s (outbox_pipelines_tests/api).
 
 About 20 minutes on 2 cores at --scale 1 (under 30).
 
@@ -164,13 +164,26 @@ def soak_lines_of(output: str) -> list[str]:
             and not line.startswith("SOAK RESULT")]
 
 
+def measured_commit() -> str:
+    """HEAD, and whether the code measured differed from it (the tests and the core count)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "outbox_pipelines", "outbox_pipelines_tests", "sql")
+    return f"{head} with uncommitted changes" if dirty else head
+
+
 def render(cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int, seconds: float,
-           scale: str) -> str:
+           scale: str, commit: str) -> str:
     lines = [
         "# Soak tests",
         "",
         (f"`.venv/bin/python bench/soak.py` — {time.strftime('%Y-%m-%d %H:%M')}, scale {scale}, "
-         f"{os.cpu_count()} CPUs ({platform.machine()}), pytest exit code {code}, {seconds / 60:.1f} min in all."),
+         f"{os.cpu_count()} CPUs ({platform.machine()}), pytest exit code {code}, {seconds / 60:.1f} min in all. "
+         f"Commit {commit}."),
         "",
         ("Each soak runs real processes (`outbox-pipelines relay --table outbox_orders`, `outbox-pipelines "
          "broker-sim`) on its own embedded PostgreSQL. *Lost*: orders not `sent` (or never executed at the "
@@ -222,13 +235,14 @@ def render(cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scale = f"{args.scale:g}" if args.scale is not None else os.environ.get("OUTBOX_SOAK_SCALE", "1")
+    commit = measured_commit()  # before the run: the code it measured
     with tempfile.TemporaryDirectory(prefix="outbox-soak-bench-") as tmp:
         results = args.results or Path(tmp) / "results.jsonl"
         if args.results and results.exists():
             results.unlink()
         junit = Path(tmp) / "junit.xml"
         code, seconds = run_pytest(args, results, junit)
-        text = render(read_junit(junit), read_results(results), code, seconds, scale)
+        text = render(read_junit(junit), read_results(results), code, seconds, scale, commit)
     args.out.write_text(text + "\n")
     print("\n" + text)
     print(f"\nwritten to {args.out}")
