@@ -12,7 +12,8 @@ The soaks (all real processes, each on its own embedded PostgreSQL in a temp dir
 - chaos: 30,000 orders, 8 relays, one SIGKILLed and restarted every 7 s, broker 25 % faults;
 - hard PostgreSQL restart (pg_ctl stop -m immediate) mid-drain of 20,000 orders, 10 s down;
 - 10-minute broker outage and 10-minute 429 storm, side by side;
-- the Order API (`outbox-pipelines order-api`, its own process) against a table locked for 45 s (outbox_pipelines_tests/api).
+- the Order API (`outbox-pipelines order-api`, its own process) against a table locked for 45 s
+  (outbox_pipelines_tests/api).
 
 About 20 minutes on 2 cores at --scale 1 (under 30).
 
