@@ -21,8 +21,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import aiohttp
 import httpx
@@ -75,10 +76,12 @@ def async_client(url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, limits=limits, timeout=60, trust_env=False)
 
 
-async def poll_health(client: httpx.AsyncClient, until: float, every_s: float = 0.2) -> list[Answer]:
+async def poll_health(client: Any, until: float, every_s: float = 0.2,
+                      send: Callable[..., Awaitable[Answer]] = timed) -> list[Answer]:
+    """GET /healthz every ``every_s`` until ``until``, through ``send`` (``timed``, or ``aiohttp_timed``)."""
     answers = []
     while time.monotonic() < until:
-        answers.append(await timed(client, "GET", "/healthz"))
+        answers.append(await send(client, "GET", "/healthz"))
         await asyncio.sleep(every_s)
     return answers
 
@@ -362,14 +365,6 @@ async def aiohttp_timed(session: aiohttp.ClientSession, method: str, path: str, 
     return Answer(key, response.status, time.monotonic() - started, httpx.Headers(dict(response.headers)), text)
 
 
-async def poll_health_aiohttp(session: aiohttp.ClientSession, until: float, every_s: float) -> list[Answer]:
-    answers = []
-    while time.monotonic() < until:
-        answers.append(await aiohttp_timed(session, "GET", "/healthz"))
-        await asyncio.sleep(every_s)
-    return answers
-
-
 @contextmanager
 def order_api_process(env: dict[str, str]) -> Iterator[tuple[str, list[str]]]:
     """``outbox-pipelines order-api`` on a free loopback port: its URL and its stderr lines so far."""
@@ -425,7 +420,7 @@ def test_soak_table_locked_45s_against_the_order_api(conn, db_url, cli_env):
         try:
             async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0)) as session:
                 unlock = asyncio.create_task(unlock_later())
-                health = asyncio.create_task(poll_health_aiohttp(session, until=started + lock_s + 5, every_s=0.5))
+                health = asyncio.create_task(poll_health(session, started + lock_s + 5, 0.5, aiohttp_timed))
                 await asyncio.gather(*(client_loop(c, session) for c in range(clients)))
                 await unlock
                 return answers, await health, accepted
