@@ -7,8 +7,10 @@
 A script, not a test: it starts its own embedded PostgreSQL in a temp directory
 (or uses OUTBOX_BENCH_DATABASE_URL; the role needs CREATEDB), gives every
 scenario a fresh migrated database, stops the server it started by its PID, and
-writes bench/results.json and bench/results.md (with --quick, under bench/.runs/
-so a smoke check never overwrites the committed figures).
+adds its figures to bench/results.json and bench/results.md (with --quick, under
+bench/.runs/ so a smoke check never touches the committed figures): the run's
+section goes first in results.md, every earlier section stays, and results.json
+keeps, under "earlier", the latest figures of each scenario this run skipped.
 """
 
 import argparse
@@ -247,10 +249,11 @@ def _cell(stats: dict[str, Any] | None, unit: str, runs: int, suffix: str = "") 
 
 
 def _header_lines(report: dict[str, Any]) -> list[str]:
-    """The title, how to read the table, the machine, PostgreSQL and the code measured."""
+    """The run's heading, how to read the table, the machine, PostgreSQL and the code measured."""
     m, pg = report["machine"], report["postgres"]
+    scenarios = ", ".join(report["scenario_seconds"])
     return [
-        "# outbox_pipelines benchmark results",
+        f"## Run of {report['timestamp']}: {scenarios} (commit {m['git_commit']}, written by bench/run.py)",
         "",
         f"Generated {report['timestamp']} by `{report['command']}` in {report['seconds'] / 60:.1f} min.",
         "Each row: the median over the runs, [min–max] in brackets; *ours* and its *ceiling* are measured",
@@ -352,7 +355,7 @@ def _http_and_flat_details(details: dict[str, Any]) -> list[str]:
 def _detail_lines(report: dict[str, Any]) -> list[str]:
     """The notes below the table, per scenario that ran."""
     details = report["details"]
-    lines = ["", "## Details", ""] + _drain_and_enqueue_details(details)
+    lines = ["", "### Details", ""] + _drain_and_enqueue_details(details)
     if "latency" in details:
         lines += _latency_details(details["latency"], report["sizes"]["latency_rate"])
     lines += _http_and_flat_details(details)
@@ -365,8 +368,9 @@ def _detail_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+TITLE = "# outbox_pipelines benchmark results"
+
 HOW_TO_RUN = [
-    "",
     "## How to run",
     "",
     "```",
@@ -382,18 +386,60 @@ HOW_TO_RUN = [
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = _header_lines(report) + _figure_rows(report) + _detail_lines(report) + HOW_TO_RUN
-    return "\n".join(lines)
+    """This run as one section of results.md: its heading, the figures table and the details."""
+    return "\n".join(_header_lines(report) + _figure_rows(report) + _detail_lines(report)) + "\n"
 
 
-def write_results(report: dict[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
+def add_run_to_markdown(existing: str | None, section: str) -> str:
+    """results.md with this run's section first, below the title: every earlier section stays as it was
+    (the file is also where each pass's analysis is written, so a run must never replace it)."""
+    if not existing or not existing.startswith(TITLE):
+        earlier = existing.strip() + "\n" if existing and existing.strip() else ""
+        return "\n".join([TITLE, "", section, *HOW_TO_RUN]) + ("\n" + earlier if earlier else "")
+    rest = existing[len(TITLE):].lstrip("\n")
+    return f"{TITLE}\n\n{section}\n{rest}"
+
+
+def _scenario_runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A results.json's latest figures by scenario, each with when, how and at which commit it ran."""
+    by_scenario: dict[str, dict[str, Any]] = {}
+    for run in [*report.get("separate_runs", {}).values(), *report.get("earlier", {}).values(), report]:
+        stamp = {
+            "timestamp": run.get("timestamp"),
+            "command": run.get("command"),
+            "runs": run.get("runs"),
+            "git_commit": run.get("git_commit") or run.get("machine", {}).get("git_commit"),
+        }
+        for figure in run.get("figures", []):
+            entry = by_scenario.setdefault(figure["scenario"], {**stamp, "figures": [], "details": None})
+            if entry["timestamp"] != stamp["timestamp"]:  # a later run of the scenario replaces it whole
+                entry.update(stamp, figures=[], details=None)
+            entry["figures"].append(figure)
+            entry["details"] = run.get("details", {}).get(figure["scenario"])
+    return by_scenario
+
+
+def merge_with_earlier(report: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """This run's report, plus under "earlier" the latest figures of every scenario it did not run,
+    carried from the previous results.json: a partial run no longer erases the others' figures."""
+    if not previous:
+        return report
+    ran = set(report["scenario_seconds"])
+    earlier = {name: run for name, run in _scenario_runs(previous).items() if name not in ran}
+    return {**report, "earlier": earlier} if earlier else report
+
+
+def write_results(
+    report: dict[str, Any], out_dir: Path, stem: str, archive: Path = BENCH_DIR / ".runs"
+) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    md_path.write_text(render_markdown(report))
-    # Keep every run's raw figures (git-ignored), since results.* are overwritten.
-    archive = BENCH_DIR / ".runs"
-    archive.mkdir(exist_ok=True)
+    previous = json.loads(json_path.read_text()) if json_path.exists() else None
+    json_path.write_text(json.dumps(merge_with_earlier(report, previous), indent=2, default=str) + "\n")
+    existing = md_path.read_text() if md_path.exists() else None
+    md_path.write_text(add_run_to_markdown(existing, render_markdown(report)))
+    # Keep every run's raw figures (git-ignored).
+    archive.mkdir(parents=True, exist_ok=True)
     archived = archive / f"{stem}-{report['timestamp'].replace(':', '')}.json"
     archived.write_text(json.dumps(report, indent=2, default=str))
     return json_path, md_path
@@ -420,7 +466,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller sizes: the whole run takes about two minutes")
     parser.add_argument(
         "--output", type=Path, default=None,
-        help="directory for results.json/results.md (default: bench/, or bench/.runs/ with --quick)",
+        help=("directory whose results.json/results.md this run adds to (default: bench/, or bench/.runs/ "
+              "with --quick); earlier runs stay in both"),
     )
     scale_out.add_arguments(parser)
     args = parser.parse_args(argv)
