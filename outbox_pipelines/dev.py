@@ -109,16 +109,19 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
     print(f"Dagster home: {env['DAGSTER_HOME']} (runs and ticks stored in PostgreSQL)")
     command = [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "outbox_pipelines.definitions",
                "-h", host, "-p", str(port)]
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
-    url = f"http://{host}:{port}"
     stopping = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
+    # Handlers first, then the child: exec resets a handled signal to its default, but keeps an ignored
+    # one. A script's `outbox-pipelines dev &` starts with SIGINT ignored, and dagster dev inheriting that
+    # ignored the SIGINT it is stopped with (a 48 s stop, ended by SIGKILL).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    url = f"http://{host}:{port}"
     try:
         if _wait_http(url + "/server_info", proc, timeout=120):
             print(f"\nDagster UI: {url}  (schedules and sensors are on; Ctrl-C stops everything)\n", flush=True)

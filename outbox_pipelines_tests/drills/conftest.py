@@ -249,14 +249,17 @@ class DevProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> None:
+    def start(self, sigint_ignored: bool = False) -> None:
+        """``sigint_ignored``: start it as a shell script's background job (`outbox-pipelines dev &`)
+        starts, with SIGINT ignored."""
         assert not self.running, "dev is already running"
         command = [CLI, "dev", "--port", str(self.port)]
+        ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         with self.log.open("a") as out:
             out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
             out.flush()
             self.proc = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=ignore_sigint)
         self._note_leader(self.proc.pid)
 
     def _note_leader(self, pid: int) -> None:

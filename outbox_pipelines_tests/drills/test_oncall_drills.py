@@ -300,6 +300,25 @@ def test_clean_restart_is_silent(stack: DrillStack) -> None:
     stack.wait_sent("restart-stream", streamed, timeout_s=120)
 
 
+@pytest.mark.timeout(420)
+def test_dev_started_as_a_background_job_of_a_script_stops_promptly_on_sigint(stack: DrillStack) -> None:
+    """`outbox-pipelines dev &` in a script starts with SIGINT ignored (POSIX shells do that to a
+    script's background jobs); a SIGINT must still stop it, and its Dagster processes, within seconds.
+    Before the fix dagster dev inherited the ignored SIGINT: dev waited 30 s for it, then stopped the
+    group by SIGTERM and SIGKILL, 48 s in all."""
+    stack.dev.stop(signal.SIGTERM, grace_s=60)
+    stack.dev.start(sigint_ignored=True)
+    stack.dev.wait_ready(timeout_s=240)
+    t0 = time.monotonic()
+    code = stack.dev.stop(signal.SIGINT, grace_s=90)
+    stop_s = time.monotonic() - t0
+    assert code == 0, f"outbox-pipelines dev exited with {code} after SIGINT (None: still running after 90 s)"
+    assert stop_s < 30, f"outbox-pipelines dev took {stop_s:.0f} s to stop after SIGINT (about 8 s when idle)"
+    time.sleep(2)
+    left = stack.dev.leftovers()
+    assert not left, f"processes still running after dev exited: {left}"
+
+
 # -- 6. across the module: one firing per condition, every alert in contract ----------------------
 @pytest.mark.timeout(120)
 def test_zz_no_duplicate_alerts_and_all_in_contract(drill_stack: DrillStack) -> None:
