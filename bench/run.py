@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ for entry in (str(BENCH_DIR), str(REPO)):
         sys.path.insert(0, entry)
 
 import scale_out  # noqa: E402
-from obench import (  # noqa: E402  # noqa: E402
+from obench import (  # noqa: E402
     check_cost,
     cleaner_cost,
     dagster_steady,
@@ -50,6 +49,7 @@ from obench import (  # noqa: E402  # noqa: E402
     latency,
     order_path,
 )
+from obench.code_version import measured_code  # noqa: E402
 from obench.common import (  # noqa: E402
     BENCH_URL_ENV,
     BenchServer,
@@ -193,13 +193,6 @@ def _mem_total_gib() -> float | None:
     return None
 
 
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -208,8 +201,7 @@ def _version(package: str) -> str | None:
 
 
 def machine_facts() -> dict[str, Any]:
-    # The core is edited while benchmarks run: record exactly which code was measured.
-    dirty = _git("status", "--porcelain", "--", "outbox_pipelines", "sql")
+    commit, dirty = measured_code(("outbox_pipelines", "sql"))
     return {
         "nproc": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
@@ -218,8 +210,8 @@ def machine_facts() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in ("psycopg", "sqlalchemy", "httpx", "httpx-aiohttp", "aiohttp", "uvloop")},
-        "git_commit": _git("rev-parse", "--short", "HEAD"),
-        "core_uncommitted_changes": bool(dirty),
+        "git_commit": commit,
+        "core_uncommitted_changes": dirty,
         "loadavg_at_start": os.getloadavg(),
     }
 
@@ -393,29 +385,27 @@ def render_markdown(report: dict[str, Any]) -> str:
 def add_run_to_markdown(existing: str | None, section: str) -> str:
     """results.md with this run's section first, below the title: every earlier section stays as it was
     (the file is also where each pass's analysis is written, so a run must never replace it)."""
-    if not existing or not existing.startswith(TITLE):
-        earlier = existing.strip() + "\n" if existing and existing.strip() else ""
-        return "\n".join([TITLE, "", section, *HOW_TO_RUN]) + ("\n" + earlier if earlier else "")
-    rest = existing[len(TITLE):].lstrip("\n")
-    return f"{TITLE}\n\n{section}\n{rest}"
+    if existing and existing.startswith(TITLE):
+        return f"{TITLE}\n\n{section}\n{existing[len(TITLE):].lstrip()}"
+    earlier = (existing or "").strip()
+    return "\n".join([TITLE, "", section, *HOW_TO_RUN]) + (f"\n{earlier}\n" if earlier else "")
 
 
 def _scenario_runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A results.json's latest figures by scenario, each with when, how and at which commit it ran."""
     by_scenario: dict[str, dict[str, Any]] = {}
+    # Oldest first, so a later run of a scenario replaces the earlier one whole.
     for run in [*report.get("separate_runs", {}).values(), *report.get("earlier", {}).values(), report]:
-        stamp = {
-            "timestamp": run.get("timestamp"),
-            "command": run.get("command"),
-            "runs": run.get("runs"),
-            "git_commit": run.get("git_commit") or run.get("machine", {}).get("git_commit"),
-        }
-        for figure in run.get("figures", []):
-            entry = by_scenario.setdefault(figure["scenario"], {**stamp, "figures": [], "details": None})
-            if entry["timestamp"] != stamp["timestamp"]:  # a later run of the scenario replaces it whole
-                entry.update(stamp, figures=[], details=None)
-            entry["figures"].append(figure)
-            entry["details"] = run.get("details", {}).get(figure["scenario"])
+        figures = run.get("figures", [])
+        for name in dict.fromkeys(f["scenario"] for f in figures):
+            by_scenario[name] = {
+                "timestamp": run.get("timestamp"),
+                "command": run.get("command"),
+                "runs": run.get("runs"),
+                "git_commit": run.get("git_commit") or run.get("machine", {}).get("git_commit"),
+                "figures": [f for f in figures if f["scenario"] == name],
+                "details": run.get("details", {}).get(name),
+            }
     return by_scenario
 
 

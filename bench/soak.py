@@ -34,6 +34,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from obench.code_version import measured_code  # bench/ is the script's folder, first on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "soak.md"
 TARGETS = ["outbox_pipelines_tests/soak", "outbox_pipelines_tests/api"]
@@ -167,14 +169,8 @@ def soak_lines_of(output: str) -> list[str]:
 
 def measured_commit() -> str:
     """HEAD, and whether the code measured differed from it (the tests and the core count)."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "outbox_pipelines", "outbox_pipelines_tests", "sql")
-    return f"{head} with uncommitted changes" if dirty else head
+    head, dirty = measured_code(("outbox_pipelines", "outbox_pipelines_tests", "sql"))
+    return f"{head or 'unknown'} with uncommitted changes" if dirty else head or "unknown"
 
 
 def render(cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int, seconds: float,

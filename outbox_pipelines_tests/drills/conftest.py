@@ -250,8 +250,8 @@ class DevProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, sigint_ignored: bool = False) -> None:
-        """``sigint_ignored``: start it as a shell script's background job (`outbox-pipelines dev &`)
-        starts, with SIGINT ignored."""
+        """``sigint_ignored``: start it the way a shell script starts a background job
+        (`outbox-pipelines dev &`), with SIGINT ignored."""
         assert not self.running, "dev is already running"
         command = [CLI, "dev", "--port", str(self.port)]
         ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
