@@ -4,28 +4,60 @@ Five NOLOGIN group roles; an operator puts each process's login role into one
 (``GRANT outbox_relay TO relay_login``). Their rights are declared here, in
 ``ROLES``, and applied by ``grant_roles``: the fixed group roles are created when
 missing, then, in one transaction, every right they hold on the managed tables
-is revoked and the declared set granted, so a re-run converges on the
-declaration instead of adding to it. An outbox table made later (``db
-create-table``) is reached by running it again.
+(and on the outbox tables' id sequences) is revoked and the declared set granted,
+so a re-run converges on the declaration instead of adding to it. An outbox table
+made later (``db create-table``) is reached by running it again.
 
 The rights follow the statements each part runs (sql/queries/*.sql), including
-what PostgreSQL checks beneath them:
+what PostgreSQL checks beneath them, and where a statement writes only some
+columns the grant names only those (column privileges):
 
+- A producer writes messages, never their delivery: INSERT on the columns an
+  enqueue writes (``MESSAGE_COLUMNS``, and ``id``: enqueue_many's COPY writes the
+  ids it reserved from the table's id sequence, on which it gets USAGE), so it
+  cannot set ``status``, ``attempts``, ``published_at``, ``locked_by``,
+  ``result_ref`` and the rest, and it cannot UPDATE or DELETE a row. Writing
+  ``id`` lets a producer pick a new row's id (as COPY does, and as its INSERT on
+  the whole table allowed before): that moves the row in the claim order, and an
+  id the sequence hands out later then fails that later insert (a unique
+  violation), so a producer login can disturb other producers' enqueues.
 - ``INSERT ... ON CONFLICT (event_id) ... RETURNING id`` needs SELECT on
   ``event_id`` and ``id``; ``Outbox.enqueue``'s duplicate path reads ``id``,
   ``event_id`` and ``payload_sha``. The producer gets SELECT on those three
   columns only: it can tell a duplicate but cannot read a message.
+- The producer has no right at all on the order wing's table (``ORDERS_TABLE``):
+  an order is placed through the Order API, which validates it, authenticates its
+  caller and records it in the ledger; the table's event ids are the callers'
+  scoped keys. Only the Order API role inserts there (the message columns only).
+- The relay (and the maintainer, which relays too) UPDATEs only the delivery
+  columns (``DELIVERY_COLUMNS``): never a message's payload, digest, topic, event
+  id, headers, tenant or creation time. Column privileges cannot say which
+  *values* a column may take: a relay login can still set a dead row's
+  ``status`` back to ``pending`` (a replay) or mark a row ``sent``. Keeping a
+  relay from that needs a row-level rule (a trigger or a policy), which these
+  grants are not.
+- In ``idempo_ledger`` the relay UPDATEs only the outcome columns the order
+  broker's settle writes (``LEDGER_OUTCOME_COLUMNS``: status, result, its digest,
+  the response a replay answers, its HTTP status, the reason, updated_at); the
+  request's identity (key, scope, request digest, event id) and its lifetime
+  (created_at, expires_at) are not its to change. It still can rewrite the
+  outcome of any ledger row, including one already ``succeeded``: the settle
+  writes those very columns, and a grant cannot limit the rows it may touch.
 - The relay's settle statement carries its DELETE branch (tables that delete on
   success) whatever the table's setting, so the relay holds DELETE on the outbox
   tables; cleaning sent rows adds no right on them, only on the shared tables.
-- Identity columns, the NOTIFY trigger, ``pg_notify``, LISTEN and advisory locks
-  need no grant (identity sequences are not checked; the functions are PUBLIC).
+  PostgreSQL checks SELECT on every column an UPDATE reads (SET expressions,
+  WHERE, RETURNING) and UPDATE on a column for ``FOR UPDATE``: the relay reads
+  the whole row anyway, so it keeps SELECT on the outbox tables.
+- Identity columns written by INSERT, the NOTIFY trigger, ``pg_notify``, LISTEN
+  and advisory locks need no grant (the functions are PUBLIC); only ``nextval``
+  called by name (the COPY's id reservation) needs USAGE on the sequence.
 
 The statements are roles.sql's, composed with psycopg.sql identifiers; role
 names are constants and table names come from the catalog, each validated.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +81,20 @@ ORDER_API = "outbox_order_api"
 EVERY_OUTBOX_TABLE = "*"
 # The Order API's outbox table (core.orders.ORDERS_TABLE: the engine does not import the order wing).
 ORDERS_TABLE = "outbox_orders"
+# What an enqueue writes of a message (sql/queries/outbox.sql, outbox_insert and outbox_insert_many).
+MESSAGE_COLUMNS = ("event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "available_at")
+# What an application's enqueue writes: the message, and the id that enqueue_many's COPY reserved.
+ENQUEUE_COLUMNS = ("id", *MESSAGE_COLUMNS)
 # What Outbox.enqueue reads back: the new id, and a duplicate's id and payload digest.
 ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha")
+# What claims, settles, lease renewals, requeues and replays write (outbox.sql): how delivery went.
+DELIVERY_COLUMNS = ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at",
+                    "last_error", "last_error_code", "result_ref", "published_at", "updated_at")
+# What the order broker's settle writes in idempo_ledger (ledger.sql, idempo_ledger_settle): the outcome.
+LEDGER_OUTCOME_COLUMNS = ("status", "result", "result_digest", "response", "http_status", "reason", "updated_at")
 PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+# The privileges PostgreSQL can grant on some columns only (DELETE takes whole rows).
+COLUMN_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE"})
 
 
 class GrantRefused(OutboxError):
@@ -59,17 +102,56 @@ class GrantRefused(OutboxError):
 
 
 @dataclass(frozen=True)
+class OnColumns:
+    """One privilege on some columns of a table only (``GRANT INSERT (a, b) ON t``)."""
+
+    privilege: str
+    columns: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.privilege not in COLUMN_PRIVILEGES:
+            raise ValueError(f"{self.privilege} cannot be granted on columns (one of {sorted(COLUMN_PRIVILEGES)})")
+        if not self.columns:
+            raise ValueError(f"{self.privilege} on no columns")
+
+
+@dataclass(frozen=True)
 class Grant:
-    """Privileges on one table (a shared table's name, or EVERY_OUTBOX_TABLE); ``columns``: SELECT on those only."""
+    """Rights on one table (a shared table's name, or EVERY_OUTBOX_TABLE).
+
+    ``privileges``: on the whole table. ``columns``: privileges on some columns only, each privilege
+    at most once and never also on the whole table. ``id_sequence``: USAGE on the table's id sequence.
+    ``except_tables``: with EVERY_OUTBOX_TABLE, the outbox tables this grant leaves out.
+    """
 
     table: str
     privileges: tuple[str, ...] = ()
-    columns: tuple[str, ...] = ()
+    columns: tuple[OnColumns, ...] = ()
+    id_sequence: bool = False
+    except_tables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.privileges) - PRIVILEGES
         if unknown:
             raise ValueError(f"unknown privileges {sorted(unknown)}")
+        on_columns = [c.privilege for c in self.columns]
+        twice = {p for p in on_columns if on_columns.count(p) > 1} | (set(on_columns) & set(self.privileges))
+        if twice:
+            raise ValueError(f"{sorted(twice)} granted twice on {self.table}: once on the table or its columns")
+        if self.except_tables and self.table != EVERY_OUTBOX_TABLE:
+            raise ValueError("except_tables only narrows EVERY_OUTBOX_TABLE")
+
+    def tables_among(self, outbox_tables: Sequence[str]) -> list[str]:
+        """The tables this grant is on, given the database's outbox tables."""
+        if self.table != EVERY_OUTBOX_TABLE:
+            return [self.table]
+        return [name for name in outbox_tables if name not in self.except_tables]
+
+    def columns_of(self, privilege: str) -> tuple[str, ...] | None:
+        """The columns ``privilege`` is granted on; None: the whole table; () not granted."""
+        if privilege in self.privileges:
+            return None
+        return next((c.columns for c in self.columns if c.privilege == privilege), ())
 
 
 @dataclass(frozen=True)
@@ -83,26 +165,31 @@ _READ_AND_WRITE = ("SELECT", "INSERT", "UPDATE")
 # The relay's shared tables: its audit rows, its heartbeat, the destination's health, the
 # order outcomes it records in the ledger, and seed 002's handler record (written by the handler
 # in the relay's transaction; an application's own handler tables are the application's to grant).
+_RECORD_ORDER_OUTCOMES = (OnColumns("UPDATE", LEDGER_OUTCOME_COLUMNS),)
 _RELAY_SHARED = (
     Grant("outbox_audit", ("INSERT",)),
     Grant("outbox_relay_workers", _READ_AND_WRITE),
     Grant("outbox_destination_health", _READ_AND_WRITE),
-    Grant("idempo_ledger", ("SELECT", "UPDATE")),
+    Grant("idempo_ledger", ("SELECT",), _RECORD_ORDER_OUTCOMES),
     Grant("automated_email_recipients", ("SELECT", "INSERT")),
 )
-_RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "UPDATE", "DELETE"))
+# Reads whole rows (it delivers them), deletes them (on_success = "delete"), writes only how delivery went.
+_RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "DELETE"), (OnColumns("UPDATE", DELIVERY_COLUMNS),))
 
 ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(PRODUCER, "applications that enqueue (Outbox.enqueue in their own transaction)", (
-        Grant(EVERY_OUTBOX_TABLE, ("INSERT",), columns=ENQUEUE_READ_COLUMNS),
+        # Not on the order wing's table: orders go through the Order API (validation, auth, ledger).
+        Grant(EVERY_OUTBOX_TABLE,
+              columns=(OnColumns("INSERT", ENQUEUE_COLUMNS), OnColumns("SELECT", ENQUEUE_READ_COLUMNS)),
+              id_sequence=True, except_tables=(ORDERS_TABLE,)),
     )),
     RoleSpec(RELAY, "standalone relays (outbox-pipelines relay)", (_RELAY_OUTBOX, *_RELAY_SHARED)),
     RoleSpec(MAINTAINER, "the Dagster code location, and the CLI's relay, requeue-stuck, clean and replay", (
-        _RELAY_OUTBOX,
+        _RELAY_OUTBOX,  # replay and requeue-stuck write the delivery columns too
         Grant("outbox_audit", ("SELECT", "INSERT", "DELETE")),
         Grant("outbox_relay_workers", _READ_AND_WRITE),
         Grant("outbox_destination_health", _READ_AND_WRITE),
-        Grant("idempo_ledger", ("SELECT", "UPDATE", "DELETE")),
+        Grant("idempo_ledger", ("SELECT", "DELETE"), _RECORD_ORDER_OUTCOMES),
         Grant("automated_email_recipients", ("SELECT", "INSERT")),
         Grant("outbox_alert_state", _READ_AND_WRITE),
         Grant("outbox_schema_migrations", ("SELECT",)),
@@ -114,7 +201,8 @@ ROLES: tuple[RoleSpec, ...] = (
     )),
     RoleSpec(ORDER_API, "the Order API (outbox-pipelines order-api)", (
         # SELECT on the whole table: its /metrics reads the table's health as the reader does.
-        Grant(ORDERS_TABLE, ("SELECT", "INSERT")),
+        # INSERT of a message only (Outbox.enqueue): an order's delivery is the relay's to write.
+        Grant(ORDERS_TABLE, ("SELECT",), (OnColumns("INSERT", MESSAGE_COLUMNS),)),
         Grant("idempo_ledger", ("SELECT", "INSERT")),
         Grant("outbox_api_secret", ("SELECT", "INSERT")),
         Grant("outbox_destination_health", ("SELECT",)),
@@ -158,11 +246,16 @@ def _fetch_one(conn: psycopg.Connection, query: str, params: dict[str, object]) 
     return row
 
 
-def _tables_of(grant: Grant, outbox_tables: Sequence[str]) -> list[str]:
-    return list(outbox_tables) if grant.table == EVERY_OUTBOX_TABLE else [grant.table]
+def _id_sequence(conn: psycopg.Connection, table_name: str) -> sql.Identifier | None:
+    """The identity sequence behind an outbox table's id, schema-qualified (None: the table has none)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(shared_query("role_id_sequence"), {"table_name": table_name})
+        row = cur.fetchone()
+    return sql.Identifier(row["schema_name"], row["sequence_name"]) if row else None
 
 
-def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str]) -> list[sql.Composed]:
+def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str],
+                      sequences: Mapping[str, sql.Identifier | None]) -> list[sql.Composed]:
     role = sql.Identifier(spec.name)
     statements = []
     for table_name in tables:
@@ -170,9 +263,13 @@ def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str]) -> li
         if grant.privileges:
             privileges = sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges)  # keywords from PRIVILEGES
             statements.append(_composed("role_table_grant", privileges=privileges, table=table, role=role))
-        if grant.columns:
-            columns = sql.SQL(", ").join(sql.Identifier(c) for c in grant.columns)
-            statements.append(_composed("role_columns_grant", columns=columns, table=table, role=role))
+        for on in grant.columns:
+            columns = sql.SQL(", ").join(sql.Identifier(c) for c in on.columns)
+            statements.append(_composed("role_columns_grant", privilege=sql.SQL(on.privilege),  # COLUMN_PRIVILEGES
+                                        columns=columns, table=table, role=role))
+        sequence = sequences.get(table_name)
+        if grant.id_sequence and sequence is not None:
+            statements.append(_composed("role_sequence_grant", sequence=sequence, role=role))
     return statements
 
 
@@ -203,14 +300,18 @@ def plan_grants(conn: psycopg.Connection) -> GrantPlan:
     missing = [role for role in ROLE_NAMES if not _fetch_one(conn, "role_exists", {"role": role})["found"]]
     plan = GrantPlan(schema, outbox_tables, missing)
     plan.absent_tables = [name for name in shared if name not in present]
+    sequences = {name: _id_sequence(conn, name) for name in outbox_tables}
     roles = sql.SQL(", ").join(sql.Identifier(role) for role in ROLE_NAMES)
     plan.statements.append(_composed("role_schema_usage", schema=sql.Identifier(schema), roles=roles))
     for table_name in [*outbox_tables, *present]:
         plan.statements.append(_composed("role_table_revoke", table=sql.Identifier(table_name), roles=roles))
+    for sequence in sequences.values():
+        if sequence is not None:
+            plan.statements.append(_composed("role_sequence_revoke", sequence=sequence, roles=roles))
     for spec in ROLES:
         for grant in spec.grants:
-            tables = [t for t in _tables_of(grant, outbox_tables) if t in outbox_tables or t in present]
-            plan.statements += _grant_statements(spec, grant, tables)
+            tables = [t for t in grant.tables_among(outbox_tables) if t in outbox_tables or t in present]
+            plan.statements += _grant_statements(spec, grant, tables, sequences)
     return plan
 
 
@@ -244,10 +345,15 @@ def grant_roles(url: str, *, dry_run: bool = False) -> tuple[GrantPlan, list[str
 
 
 def rights(spec: RoleSpec) -> list[str]:
-    """The role's rights, one line a grant: 'SELECT, UPDATE, DELETE on every outbox table'."""
+    """The role's rights, one line a grant (two with its id sequences), e.g.
+    'SELECT, DELETE, UPDATE (status, attempts, ...) on every outbox table'."""
     lines = []
     for grant in spec.grants:
         where = "every outbox table" if grant.table == EVERY_OUTBOX_TABLE else grant.table
-        granted = list(grant.privileges) + ([f"SELECT ({', '.join(grant.columns)})"] if grant.columns else [])
+        if grant.except_tables:
+            where += f" except {', '.join(grant.except_tables)}"
+        granted = [*grant.privileges, *(f"{on.privilege} ({', '.join(on.columns)})" for on in grant.columns)]
         lines.append(f"{', '.join(granted)} on {where}")
+        if grant.id_sequence:
+            lines.append(f"USAGE on the id sequence of {where}")
     return lines

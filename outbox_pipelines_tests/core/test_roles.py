@@ -8,7 +8,7 @@ The group roles themselves are fixed and shared; granting them is idempotent.
 import os
 import secrets
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -19,12 +19,13 @@ from psycopg.rows import DictRow
 
 from outbox_pipelines.core import migrate, roles
 from outbox_pipelines.core.destinations.paper import PaperBroker
-from outbox_pipelines.core.enqueue import Outbox
+from outbox_pipelines.core.enqueue import COPY_MIN_ROWS, Outbox
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.maintenance import clean, clean_shared
-from outbox_pipelines.core.models import Message
+from outbox_pipelines.core.models import ClaimedMessage, Message, Outcome
 from outbox_pipelines.core.oncall import sweep
 from outbox_pipelines.core.orders import ORDERS_TABLE
+from outbox_pipelines.core.orders.broker import OrderBroker
 from outbox_pipelines.core.orders.ledger import accept_order
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.replay import ReplayFilter, replay_dead
@@ -32,7 +33,7 @@ from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines_tests.conftest import run_cli, table_settings
-from outbox_pipelines_tests.helpers import enqueue_n, order_payload
+from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, order_payload, statuses
 
 DictConnection = psycopg.Connection[DictRow]
 LoginAs = Callable[[str], str]
@@ -122,6 +123,132 @@ def test_producer_enqueues_through_the_cli(login_as: LoginAs, cli_env: dict[str,
         assert result.returncode == 0 and expected in result.stdout, result.stderr
 
 
+def test_producer_enqueues_and_tells_a_duplicate_on_a_created_table_and_in_bulk(
+        granted: str, login_as: LoginAs) -> None:
+    create_table(granted, "hrm_outbox")
+    roles.grant_roles(granted)
+    url = login_as(roles.PRODUCER)
+    with psycopg.connect(url) as conn:
+        first = Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="h1"))
+        again = Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="h1"))
+        # From COPY_MIN_ROWS on, enqueue_many writes with COPY, which reserves the ids itself.
+        bulk = Outbox("outbox_events").enqueue_many(
+            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)])
+        repeated = Outbox("outbox_events").enqueue_many(
+            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)])
+        conn.commit()
+    assert not first.duplicate and again.duplicate and again.id == first.id and again.same_payload
+    assert not any(r.duplicate for r in bulk) and len({r.id for r in bulk}) == COPY_MIN_ROWS
+    assert [r.id for r in repeated] == [r.id for r in bulk] and all(r.duplicate for r in repeated)
+
+
+def test_producer_cannot_place_or_read_an_order(login_as: LoginAs) -> None:
+    url = login_as(roles.PRODUCER)
+    with psycopg.connect(url) as conn, pytest.raises(DENIED):
+        Outbox(ORDERS_TABLE).enqueue(conn, Message(topic="order.place", payload=order_payload(1)))
+    assert _denied(url, f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha) "
+                        "VALUES ('x', 'order.place', '{}', 's')")
+    # The order wing's event ids are the callers' scoped keys: not the producer's to read.
+    assert _denied(url, f"SELECT event_id FROM {ORDERS_TABLE}")
+    assert _denied(url, f"SELECT id FROM {ORDERS_TABLE}")
+
+
+# A producer writes a message, never how its delivery went.
+FORGED_DELIVERY = {
+    "status": "'sent'", "published_at": "now()", "attempts": "3", "locked_by": "'me'", "locked_at": "now()",
+    "lease_expires_at": "now()", "last_error": "'e'", "last_error_code": "'E'", "result_ref": "'ref'",
+    "updated_at": "now()", "created_at": "now()",
+}
+
+
+def test_producer_cannot_set_delivery_columns_or_update_a_message(login_as: LoginAs, conn: DictConnection) -> None:
+    [row_id] = enqueue_n(conn, "outbox_events", 1)
+    url = login_as(roles.PRODUCER)
+    allowed = []
+    for column, value in FORGED_DELIVERY.items():
+        statement = (f"INSERT INTO outbox_events (event_id, topic, payload, payload_sha, {column}) "
+                     f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})")
+        if not _denied(url, statement):
+            allowed.append(column)
+    assert allowed == []
+    for column in ("status", "available_at", "payload", "published_at"):
+        assert _denied(url, f"UPDATE outbox_events SET {column} = {column} WHERE id = %s", (row_id,)), column
+    assert _value(conn, "SELECT count(*) FROM outbox_events") == 1
+
+
+class _OrdersOneRejected(OrderBroker):
+    """The paper order broker, except that it rejects the order whose key is key-1, for good."""
+
+    def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
+        paper = iter(super().deliver(messages))
+        rejected = Outcome.dead("BAD_REQUEST", "rejected by the test")
+        return [rejected if m.payload["idempotency_key"] == "key-1" else next(paper) for m in messages]
+
+
+def test_relay_role_runs_a_real_relay_end_to_end(granted: str, login_as: LoginAs, conn: DictConnection) -> None:
+    url = login_as(roles.RELAY)
+    # Leases: one message sent, one retried, one dead, and one whose relay died holding its lease.
+    ids = enqueue_n(conn, "outbox_events", 4)
+    conn.execute("UPDATE outbox_events SET status = 'sending', attempts = 1, locked_by = 'gone', "
+                 "locked_at = now() - interval '1 hour', lease_expires_at = now() - interval '1 minute' "
+                 "WHERE id = %s", (ids[3],))
+    outcomes = {ids[0]: Outcome.sent(ref="r0"), ids[1]: Outcome.retry("BROKER_5XX", "later", delay_s=3600),
+                ids[2]: Outcome.dead("BAD_REQUEST", "no"), ids[3]: Outcome.sent(ref="r3")}
+    report = Relay(url, table_settings("outbox_events"), ScriptedDestination(lambda m: outcomes[m.id])).run(once=True)
+    assert (report.sent, report.retried, report.dead) == (2, 1, 1)
+    found = {r["id"]: r for r in conn.execute("SELECT id, status, result_ref, last_error_code, locked_by "
+                                              "FROM outbox_events").fetchall()}
+    assert [found[i]["status"] for i in ids] == ["sent", "pending", "dead", "sent"]
+    assert found[ids[3]]["result_ref"] == "r3" and found[ids[2]]["last_error_code"] == "BAD_REQUEST"
+    assert all(r["locked_by"] is None for r in found.values())
+    # A table that deletes on success; one claimed in the relay's transaction; one that dedups.
+    enqueue_n(conn, "outbox_members", 3)
+    assert Relay(url, table_settings("outbox_members"), ScriptedDestination()).run(once=True).sent == 3
+    assert _value(conn, "SELECT count(*) FROM outbox_members") == 0
+    create_table(granted, "hrm_outbox")
+    roles.grant_roles(granted)
+    held = enqueue_n(conn, "hrm_outbox", 3)
+    report = Relay(url, table_settings("hrm_outbox", claim="transaction"), ScriptedDestination(
+        lambda m: Outcome.retry("BROKER_5XX", "later", delay_s=3600) if m.id == held[0] else Outcome.sent())
+    ).run(once=True)
+    assert (report.sent, report.retried) == (2, 1) and statuses(conn, "hrm_outbox") == {"sent": 2, "pending": 1}
+    enqueue_n(conn, "outbox_memory", 2, payload=lambda i: {"same": True})
+    assert Relay(url, table_settings("outbox_memory"), ScriptedDestination()).run(once=True).dedup_hits == 1
+    # The order broker records each order's outcome in the ledger, in the settle's transaction.
+    for i in range(3):
+        assert accept_order(conn, "", order_payload(i)).kind == "accepted"
+    report = Relay(url, table_settings(ORDERS_TABLE), _OrdersOneRejected()).run(once=True)
+    assert (report.sent, report.dead) == (2, 1)
+    ledger = {r["idempotency_key"]: r["status"]
+              for r in conn.execute("SELECT idempotency_key, status FROM idempo_ledger").fetchall()}
+    assert ledger == {"key-0": "succeeded", "key-1": "failed", "key-2": "succeeded"}
+
+
+# The message itself, and what identifies it: no relay rewrites them.
+MESSAGE_COLUMNS = ("payload", "payload_sha", "topic", "event_id", "headers", "tenant_id", "created_at")
+# What identifies an order's ledger row and its request: the relay records outcomes, nothing else.
+LEDGER_REQUEST_COLUMNS = ("idempotency_key", "scope", "request_digest", "event_id", "created_at", "expires_at")
+
+
+def test_relay_role_cannot_rewrite_a_message_or_a_ledger_request(login_as: LoginAs, conn: DictConnection) -> None:
+    [row_id] = enqueue_n(conn, "outbox_events", 1)
+    accept_order(conn, "", order_payload(1))
+    for role in (roles.RELAY, roles.MAINTAINER):
+        url = login_as(role)
+        for table in ("outbox_events", ORDERS_TABLE):
+            for column in MESSAGE_COLUMNS:
+                assert _denied(url, f"UPDATE {table} SET {column} = {column} WHERE id = %s", (row_id,)), \
+                    (role, table, column)
+        assert _denied(url, "UPDATE outbox_events SET payload = '{\"n\": 666}'")
+        for column in LEDGER_REQUEST_COLUMNS:
+            assert _denied(url, f"UPDATE idempo_ledger SET {column} = {column}"), (role, column)
+        # Its outcome columns stay writable: what the order broker's settle writes.
+        assert not _denied(url, "UPDATE idempo_ledger SET status = status, response = response, "
+                                "result = result, result_digest = result_digest, http_status = http_status, "
+                                "reason = reason, updated_at = updated_at")
+    assert _value(conn, "SELECT payload->>'n' FROM outbox_events") == "0"
+
+
 def test_relay_delivers_with_its_heartbeat_and_audit_but_cannot_enqueue_or_clean(
         login_as: LoginAs, conn: DictConnection) -> None:
     enqueue_n(conn, "outbox_events", 5)
@@ -194,6 +321,9 @@ def test_order_api_accepts_an_order_but_cannot_delete(login_as: LoginAs, conn: D
     assert _denied(url, f"UPDATE {ORDERS_TABLE} SET status = 'sent'")
     assert _denied(url, "UPDATE idempo_ledger SET status = 'succeeded'")
     assert _denied(url, INSERT_EVENT)
+    for column, value in FORGED_DELIVERY.items():  # an order's delivery is the relay's to write
+        assert _denied(url, f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha, {column}) "
+                            f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})"), column
 
 
 def test_order_api_role_starts_on_a_migrated_database(login_as: LoginAs) -> None:
@@ -226,9 +356,15 @@ def test_cli_db_grant_dry_run_prints_the_sql_and_changes_nothing(
     before = _table_acls(conn)
     result = run_cli(cli_env, "db", "grant", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert 'GRANT INSERT ON TABLE "outbox_events" TO "outbox_producer";' in result.stdout
+    assert ('GRANT INSERT ("id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
+            '"available_at") ON TABLE "outbox_events" TO "outbox_producer";') in result.stdout
     assert 'GRANT SELECT ("id", "event_id", "payload_sha") ON TABLE "outbox_events" TO "outbox_producer";' \
         in result.stdout
+    assert 'GRANT USAGE ON SEQUENCE "public"."outbox_events_id_seq" TO "outbox_producer";' in result.stdout
+    assert 'ON TABLE "outbox_orders" TO "outbox_producer"' not in result.stdout
+    assert ('GRANT UPDATE ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at", '
+            '"last_error", "last_error_code", "result_ref", "published_at", "updated_at") '
+            'ON TABLE "outbox_events" TO "outbox_relay";') in result.stdout
     assert "dry run: nothing changed" in result.stdout
     assert _table_acls(conn) == before
     result = run_cli(cli_env, "db", "grant")
@@ -250,9 +386,74 @@ def test_the_order_api_role_names_the_wing_s_table() -> None:
     assert roles.ORDERS_TABLE == ORDERS_TABLE
 
 
-def test_the_maintainer_holds_every_right_of_the_relay() -> None:
-    def rights(spec: roles.RoleSpec) -> set[tuple[str, str]]:
-        return {(grant.table, privilege) for grant in spec.grants for privilege in grant.privileges}
+def _declared(spec: roles.RoleSpec, outbox_tables: list[str]) -> set[tuple[str, str, str]]:
+    """(table, privilege, column) of every column right the role is declared to hold; column '*' for DELETE."""
+    held = set()
+    for grant in spec.grants:
+        for table in grant.tables_among(outbox_tables):
+            for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE"):
+                columns = grant.columns_of(privilege)
+                held |= {(table, privilege, column) for column in (columns or ())}
+                if columns is None:
+                    held.add((table, privilege, "*"))
+    return held
 
+
+def test_the_maintainer_holds_every_right_of_the_relay() -> None:
     by_name = {spec.name: spec for spec in roles.ROLES}
-    assert rights(by_name[roles.RELAY]) <= rights(by_name[roles.MAINTAINER])
+    tables = ["outbox_events", ORDERS_TABLE]
+    assert _declared(by_name[roles.RELAY], tables) <= _declared(by_name[roles.MAINTAINER], tables)
+
+
+def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted: str, conn: DictConnection) -> None:
+    plan = roles.plan_grants(conn)
+    columns = conn.execute("SELECT c.relname AS table_name, a.attname AS column_name "
+                           "FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid "
+                           "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' "
+                           "AND a.attnum > 0 AND NOT a.attisdropped").fetchall()
+    for spec in roles.ROLES:
+        declared = _declared(spec, plan.outbox_tables)
+        wanted = {(t, p, c) for t, p, c in declared if c != "*"} | {
+            (row["table_name"], p, row["column_name"]) for row in columns for t, p, c in declared
+            if c == "*" and t == row["table_name"] and p != "DELETE"}
+        held = set()
+        for row in columns:
+            for privilege in ("SELECT", "INSERT", "UPDATE"):
+                if _value(conn, "SELECT has_column_privilege(%s, quote_ident(%s), %s, %s)",
+                          (spec.name, row["table_name"], row["column_name"], privilege)):
+                    held.add((row["table_name"], privilege, row["column_name"]))
+        assert held == wanted, spec.name
+        deletes = {t for t, p, _ in declared if p == "DELETE"}
+        for table in {row["table_name"] for row in columns}:
+            assert _value(conn, "SELECT has_table_privilege(%s, quote_ident(%s), 'DELETE')",
+                          (spec.name, table)) is (table in deletes), (spec.name, table)
+        usage = {t for g in spec.grants if g.id_sequence for t in g.tables_among(plan.outbox_tables)}
+        for table in plan.outbox_tables:
+            assert _value(conn, "SELECT has_sequence_privilege(%s, pg_get_serial_sequence(quote_ident(%s), 'id'), "
+                                "'USAGE')", (spec.name, table)) is (table in usage), (spec.name, table)
+
+
+def test_the_printed_rights_say_which_columns() -> None:
+    by_name = {spec.name: spec for spec in roles.ROLES}
+    assert roles.rights(by_name[roles.PRODUCER]) == [
+        "INSERT (id, event_id, tenant_id, topic, payload, payload_sha, headers, available_at), "
+        "SELECT (id, event_id, payload_sha) on every outbox table except outbox_orders",
+        "USAGE on the id sequence of every outbox table except outbox_orders",
+    ]
+    relay = roles.rights(by_name[roles.RELAY])
+    assert relay[0] == ("SELECT, DELETE, UPDATE (status, attempts, available_at, locked_by, locked_at, "
+                        "lease_expires_at, last_error, last_error_code, result_ref, published_at, updated_at) "
+                        "on every outbox table")
+    assert "SELECT, UPDATE (status, result, result_digest, response, http_status, reason, updated_at) " \
+           "on idempo_ledger" in relay
+    assert roles.rights(by_name[roles.ORDER_API])[0] == (
+        "SELECT, INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at) on outbox_orders")
+
+
+def test_a_grant_refuses_rights_it_cannot_mean() -> None:
+    with pytest.raises(ValueError, match="cannot be granted on columns"):
+        roles.OnColumns("DELETE", ("status",))
+    with pytest.raises(ValueError, match="granted twice"):
+        roles.Grant("t", ("UPDATE",), (roles.OnColumns("UPDATE", ("status",)),))
+    with pytest.raises(ValueError, match="only narrows"):
+        roles.Grant("t", ("SELECT",), except_tables=("u",))

@@ -1,7 +1,7 @@
 -- The least-privilege group roles of `outbox-pipelines db grant` (core/roles.py runs these).
--- "{role}", "{roles}", "{table}", "{schema}" and "{columns}" are quoted identifiers, and
--- "{privileges}" is a list of privilege keywords from core/roles.py's fixed set, all composed
--- with psycopg.sql: never text formatted from input.
+-- "{role}", "{roles}", "{table}", "{sequence}", "{schema}" and "{columns}" are quoted identifiers,
+-- and "{privileges}" / "{privilege}" are privilege keywords from core/roles.py's fixed sets, all
+-- composed with psycopg.sql: never text formatted from input.
 
 -- name: role_exists
 SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS found
@@ -26,7 +26,24 @@ REVOKE ALL ON TABLE {table} FROM {roles}
 GRANT {privileges} ON TABLE {table} TO {role}
 
 -- name: role_columns_grant
-GRANT SELECT ({columns}) ON TABLE {table} TO {role}
+-- A privilege on some columns only: "{privilege}" is SELECT, INSERT or UPDATE (core/roles.py's
+-- fixed set). PostgreSQL then refuses a statement that writes, or reads, any other column.
+GRANT {privilege} ({columns}) ON TABLE {table} TO {role}
+
+-- name: role_id_sequence
+-- The identity sequence behind an outbox table's id (PostgreSQL names it). enqueue_many's COPY
+-- reserves ids from it with nextval, which needs USAGE; an INSERT's identity default needs none.
+SELECT n.nspname::text AS schema_name, s.relname::text AS sequence_name
+FROM pg_class AS s
+JOIN pg_namespace AS n ON n.oid = s.relnamespace
+WHERE s.oid = pg_get_serial_sequence(quote_ident(%(table_name)s), 'id')::regclass
+
+-- name: role_sequence_revoke
+-- As role_table_revoke, for an outbox table's id sequence ("{sequence}": schema-qualified).
+REVOKE ALL ON SEQUENCE {sequence} FROM {roles}
+
+-- name: role_sequence_grant
+GRANT USAGE ON SEQUENCE {sequence} TO {role}
 
 
 -- name: role_grantable
