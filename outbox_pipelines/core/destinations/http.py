@@ -14,7 +14,16 @@ keep-alive client per destination and all mapping answers and failures alike:
 Credentials: ``token`` is sent as ``Authorization: Bearer <token>``; a URL with
 user-info (``http://user:password@host/...``) is sent as Basic auth instead, with
 the user-info taken out of the URL, so no transport, log or name shows it. Both
-at once is a configuration error.
+at once is a configuration error. Redirects are not followed (a 3xx is an
+unexpected answer), so the credential goes only to the URL it was configured for.
+The destination is named by its origin (``scheme://host[:port]``): its path and
+query may be a secret too. Every text built from an answer (error snippets,
+exception messages, references) has the destination's credentials scrubbed
+(``redaction.Scrubber``), so an answer that echoes request headers cannot carry
+them into ``last_error``, the audit, the ledger, alerts or run metadata.
+
+An answer's body is read up to ``MAX_BODY_BYTES``: the rest is never read, so a
+destination that streams without end cannot exhaust the relay's memory.
 
 A request the HTTP client refuses to send (a control character in a header, an
 invalid URL built from the message) is dead at once as ``BAD_REQUEST``: sending
@@ -25,9 +34,9 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,13 +45,20 @@ import httpx
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http_outcomes import classify_response
+from outbox_pipelines.core.destinations.http_outcomes import (
+    STRICT_ALREADY_PROCESSED,
+    AlreadyProcessed,
+    classify_response,
+)
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.redaction import redact_text, redact_url, split_credentials
+from outbox_pipelines.core.redaction import Scrubber, redact_text, redact_url, split_credentials, url_origin
 
 TRANSPORTS = ("aiohttp-native", "aiohttp", "httpx-async", "httpx-sync")
 DEFAULT_TRANSPORT = "aiohttp-native"
+# The most of an answer's body that is read (classification reads its first 4 KiB; a reference or an
+# ExecResult is far smaller): 32 requests in flight then hold at most 32 MiB, whatever a destination sends.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,39 @@ def _exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, s
     return Outcome.retry(m.UNKNOWN, text), "error"
 
 
+class _CappedBody:
+    """An answer's body up to MAX_BODY_BYTES, and whether there was more (left unread)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; True once the cap is passed (stop reading)."""
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        return self.size > MAX_BODY_BYTES
+
+    def read(self) -> tuple[bytes, bool]:
+        return b"".join(self.parts)[:MAX_BODY_BYTES], self.size > MAX_BODY_BYTES
+
+
+async def _read_capped(chunks: AsyncIterator[bytes]) -> tuple[bytes, bool]:
+    body = _CappedBody()
+    async for chunk in chunks:
+        if body.add(chunk):
+            break
+    return body.read()
+
+
+def _read_capped_sync(chunks: Iterator[bytes]) -> tuple[bytes, bool]:
+    body = _CappedBody()
+    for chunk in chunks:
+        if body.add(chunk):
+            break
+    return body.read()
+
+
 class HttpDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
@@ -176,6 +225,7 @@ class HttpDestination(Destination):
         transport: str = DEFAULT_TRANSPORT,
         build_request: RequestBuilder = default_request,
         on_result: ResultHook | None = None,
+        already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown HTTP transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
@@ -196,8 +246,11 @@ class HttpDestination(Destination):
         if token and not _TOKEN.fullmatch(token):
             raise ConfigError("the bearer token (OUTBOX_BROKER_TOKEN) holds spaces, control or non-ASCII characters; "
                               "it cannot travel in an Authorization header")
-        # The name shows in logs, Dagster run logs and alerts: never with credentials.
-        self.name = redact_text(name.replace(raw_url, shown)) if name else shown
+        # The name shows in logs, Dagster run logs and alerts: the origin only, never a credential or a path.
+        origin = url_origin(url)
+        self.name = redact_text(name.replace(raw_url, origin).replace(shown, origin)) if name else origin
+        self.scrub = Scrubber(url, token=token, credentials=credentials)
+        self.already_processed = already_processed
         self.url = url.rstrip("/") if build_request is not default_request else url
         self.timeout_s = timeout_s
         self.max_in_flight = max(1, max_in_flight)
@@ -250,23 +303,26 @@ class HttpDestination(Destination):
         _check_request(self.url + path, headers)
         return self.url + path, body, headers, request.timeout_s or self.timeout_s
 
-    def _finish(self, message: ClaimedMessage, response: httpx.Response | None, exc: BaseException | None,
-                timeout: float) -> Outcome:
-        if response is not None:
-            body = response.content
-            outcome = classify_response(response.status_code, response.headers, body)
-            attempt = Attempt(status=response.status_code)
-        else:
-            body = b""
-            outcome, failure = (_exception_outcome(exc, timeout) if exc
-                                else (Outcome.retry(m.UNKNOWN, "no response"), "error"))
-            attempt = Attempt(failure=failure)
+    def _answered(self, message: ClaimedMessage, status: int, headers: Any, body: bytes, truncated: bool) -> Outcome:
+        """The outcome of an answer (``body`` read up to MAX_BODY_BYTES; ``truncated``: there was more)."""
+        outcome = classify_response(status, headers, body, already_processed=self.already_processed,
+                                    truncated=truncated)
+        return self._result(message, outcome, body, Attempt(status=status))
+
+    def _failed(self, message: ClaimedMessage, exc: BaseException, timeout: float) -> Outcome:
+        """The outcome of an attempt that got no usable answer."""
+        outcome, failure = _exception_outcome(exc, timeout)
+        return self._result(message, outcome, b"", Attempt(failure=failure))
+
+    def _result(self, message: ClaimedMessage, outcome: Outcome, body: bytes, attempt: Attempt) -> Outcome:
+        if outcome.error:  # what the destination said, or an exception naming its URL: without its credentials
+            outcome = replace(outcome, error=self.scrub(outcome.error))
         return self.on_result(message, outcome, body, attempt) if self.on_result else outcome
 
     def _unbuildable(self, message: ClaimedMessage, exc: Exception) -> Outcome:
         """A request that cannot be built from this message (a builder's error, a control character): dead."""
         outcome = Outcome.dead(m.BAD_REQUEST, redact_text(f"cannot build the request: {type(exc).__name__}: {exc}"))
-        return self.on_result(message, outcome, b"", Attempt(failure="refused")) if self.on_result else outcome
+        return self._result(message, outcome, b"", Attempt(failure="refused"))
 
     async def _send_async(self, message: ClaimedMessage, gate: asyncio.Semaphore) -> Outcome:
         try:
@@ -277,24 +333,28 @@ class HttpDestination(Destination):
             if self.transport == "aiohttp-native":
                 return await self._send_native(message, url, body, headers, timeout)
             try:
-                response = await self._client.post(url, content=body, headers=headers, timeout=timeout)
+                request = self._client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
+                response = await self._client.send(request, stream=True)
+                try:
+                    content, truncated = await _read_capped(response.aiter_bytes())
+                finally:
+                    await response.aclose()
             except Exception as exc:
-                return self._finish(message, None, exc, timeout)
-        return self._finish(message, response, None, timeout)
+                return self._failed(message, exc, timeout)
+        return self._answered(message, response.status_code, response.headers, content, truncated)
 
     async def _send_native(self, message: ClaimedMessage, url: str, body: bytes, headers: dict[str, str],
                            timeout: float) -> Outcome:
         try:
-            async with self._client.post(url, data=body, headers=headers,
+            async with self._client.post(url, data=body, headers=headers, allow_redirects=False,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                content = await response.read()
-                outcome = classify_response(response.status, response.headers, content)
-                attempt = Attempt(status=response.status)
+                content, truncated = await _read_capped(response.content.iter_chunked(64 * 1024))
+                status, answer_headers = response.status, response.headers
         except TimeoutError:
-            return self._finish(message, None, httpx.ReadTimeout("no answer"), timeout)
+            return self._failed(message, httpx.ReadTimeout("no answer"), timeout)
         except Exception as exc:
-            return self._finish(message, None, exc, timeout)
-        return self.on_result(message, outcome, content, attempt) if self.on_result else outcome
+            return self._failed(message, exc, timeout)
+        return self._answered(message, status, answer_headers, content, truncated)
 
     async def _deliver_async(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         gate = asyncio.Semaphore(self.max_in_flight)
@@ -306,10 +366,11 @@ class HttpDestination(Destination):
         except Exception as exc:
             return self._unbuildable(message, exc)
         try:
-            response = self._client.post(url, content=body, headers=headers, timeout=timeout)
+            with self._client.stream("POST", url, content=body, headers=headers, timeout=timeout) as response:
+                content, truncated = _read_capped_sync(response.iter_bytes())
         except Exception as exc:
-            return self._finish(message, None, exc, timeout)
-        return self._finish(message, response, None, timeout)
+            return self._failed(message, exc, timeout)
+        return self._answered(message, response.status_code, response.headers, content, truncated)
 
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         if not messages:

@@ -4,8 +4,8 @@
 |---|---|---|
 | 2xx | sent (ref: the broker's id, else the body's digest) | - |
 | 2xx declaring JSON with a body that is not JSON | retry | UNKNOWN |
-| 409 "already processed" | sent | CONFLICT_PROCESSED |
-| 409 other (a duplicate rejection) | dead | BAD_REQUEST |
+| 409 whose body carries the table's evidence of "already processed" | sent | CONFLICT_PROCESSED |
+| 409 other (a duplicate rejection, a conflict, anything unclear) | dead | BAD_REQUEST |
 | 429 | retry not before Retry-After | RATE_LIMITED |
 | 408 | retry | NETWORK_TIMEOUT |
 | 401, 403 | dead | UNAUTHORIZED |
@@ -17,15 +17,25 @@
 import email.utils
 import hashlib
 import json
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC
+from typing import Any
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome
 
-# Bodies of a 409 that mean "this idempotency key was already executed".
-ALREADY_PROCESSED_MARKERS = ("already processed", "already_processed", "alreadyprocessed", "duplicate")
+# What a 409's body must say to count as "this idempotency key was already executed" (seed 000 §5), unless a
+# table names its destination's own words (``already_processed`` in outbox.toml). Each rule is either
+# ``field=value`` (a JSON object's field, dotted for nesting, equal to the value) or a bare phrase (the whole
+# body, as plain text, equal to it); compared without case, with spaces, hyphens and underscores alike and a
+# trailing full stop ignored. Strict on purpose: a word found somewhere in the body ("duplicate rejected:
+# different order", "not already processed") is a rejection, never a delivery.
+DEFAULT_ALREADY_PROCESSED = ("status=already_processed", "code=already_processed", "error=already_processed",
+                             "already processed")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 REF_KEYS = ("broker_order_id", "memory_id", "order_id", "id")
 
 
@@ -73,9 +83,55 @@ def _body_text(body: bytes) -> str:
     return body[:4096].decode("utf-8", errors="replace")
 
 
-def _is_already_processed(body: bytes) -> bool:
-    text = _body_text(body).lower()
-    return any(marker in text for marker in ALREADY_PROCESSED_MARKERS)
+def _normal(value: str) -> str:
+    return re.sub(r"[\s_-]+", "_", value.strip().lower()).rstrip(".!")
+
+
+@dataclass(frozen=True)
+class AlreadyProcessed:
+    """The evidence by which a 409 means "already processed": JSON fields with a value, or whole phrases."""
+
+    fields: tuple[tuple[tuple[str, ...], str], ...] = ()
+    phrases: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, rules: Sequence[str], where: str = "already_processed") -> "AlreadyProcessed":
+        """From ``field=value`` and phrase rules; ValueError naming the rule that cannot be read."""
+        fields, phrases = [], []
+        for rule in rules:
+            if not isinstance(rule, str) or not rule.strip():
+                raise ValueError(f"{where}: each rule is a non-empty string, got {rule!r}")
+            name, equals, value = rule.partition("=")
+            if not equals:
+                phrases.append(_normal(rule))
+                continue
+            if not _FIELD.fullmatch(name.strip()) or not value.strip():
+                raise ValueError(f"{where}: {rule!r} is not field=value (a JSON field, dotted for nesting, "
+                                 "and the value that means already processed)")
+            fields.append((tuple(name.strip().split(".")), _normal(value)))
+        return cls(tuple(fields), tuple(phrases))
+
+    def says_so(self, body: bytes) -> bool:
+        text = _body_text(body)
+        try:
+            parsed: Any = json.loads(text)
+        except ValueError:
+            return _normal(text) in self.phrases
+        if isinstance(parsed, str):
+            return _normal(parsed) in self.phrases
+        return any(isinstance(found := _field(parsed, path), str) and _normal(found) == value
+                   for path, value in self.fields)
+
+
+def _field(document: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(name)
+    return document
+
+
+STRICT_ALREADY_PROCESSED = AlreadyProcessed.parse(DEFAULT_ALREADY_PROCESSED)
 
 
 def _reference(body: bytes) -> str:
@@ -100,11 +156,14 @@ def classify_response(
     body: bytes,
     *,
     now_epoch: float | None = None,
+    already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
+    truncated: bool = False,
 ) -> Outcome:
-    """Map one HTTP answer to sent / retry / dead. ``headers`` keys are lower-case."""
+    """Map one HTTP answer to sent / retry / dead. ``headers`` keys are lower-case; ``truncated``: ``body`` is
+    the first part of a longer answer (read up to a cap), whose JSON cannot be checked whole."""
     snippet = _body_text(body)[:200]
     if 200 <= status < 300:
-        if body and _json_declared(headers):
+        if body and _json_declared(headers) and not truncated:
             try:
                 json.loads(body)
             except ValueError:
@@ -112,10 +171,10 @@ def classify_response(
                                      f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
         return Outcome.sent(ref=_reference(body) if body else None)
     if status == 409:
-        if _is_already_processed(body):
+        if already_processed.says_so(body):
             return Outcome.sent(ref=_reference(body), code=m.CONFLICT_PROCESSED)
         # Seed 000 §5: a duplicate rejection is not retried (only "already processed" counts as sent).
-        return Outcome.dead(m.BAD_REQUEST, f"HTTP 409 without 'already processed': {snippet!r}")
+        return Outcome.dead(m.BAD_REQUEST, f"HTTP 409 that does not say already processed: {snippet!r}")
     retry_after = parse_retry_after(headers.get("retry-after"), now_epoch=now_epoch, date_header=headers.get("date"))
     if status == 429:
         return Outcome.retry(m.RATE_LIMITED, f"HTTP 429: {snippet!r}", delay_s=retry_after)

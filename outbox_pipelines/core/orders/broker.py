@@ -28,7 +28,7 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.orders.failures import failure_code
 from outbox_pipelines.core.orders.ledger import SettledOrder, record_outcomes
 from outbox_pipelines.core.orders.model import broker_request, broker_timeout_s, exec_result, result_digest
-from outbox_pipelines.core.redaction import redact_url
+from outbox_pipelines.core.redaction import url_origin
 
 if TYPE_CHECKING:  # annotations only: the settings and the settlement are the engine's
     from outbox_pipelines.core.settings import Settings, TableSettings
@@ -56,7 +56,7 @@ class OrderBroker(Destination):
         self._deliveries: dict[int, _Delivery] = {}
         self._lock = threading.Lock()
         self.http = (
-            HttpDestination(url, name=f"order broker {redact_url(url)}", max_in_flight=max_in_flight, token=token,
+            HttpDestination(url, name=f"order broker {url_origin(url)}", max_in_flight=max_in_flight, token=token,
                             transport=transport, build_request=self._request, on_result=self._answered)
             if url else None
         )

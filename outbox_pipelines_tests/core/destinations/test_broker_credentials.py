@@ -152,7 +152,7 @@ def test_user_info_is_sent_as_basic_auth_and_never_in_the_url(http_sink, transpo
 def test_the_order_broker_with_user_info_sends_basic_auth_and_names_itself_without_it(http_sink):
     broker = OrderBroker(with_userinfo(http_sink.url + "/orders"))
     try:
-        assert broker.name == f"order broker {http_sink.url.replace('http://', 'http://***@')}/orders"
+        assert broker.name == f"order broker {http_sink.url.rstrip('/')}"  # the origin: no user-info, no path
         [outcome] = broker.deliver([claimed("k-ob", payload=order_payload(3, "k-ob"))])
     finally:
         broker.close()
@@ -167,7 +167,7 @@ def test_a_destination_name_never_holds_the_credentials(name):
     destination = HttpDestination(url, name=name.format(url=url) if name else None)
     try:
         assert PASSWORD not in destination.name and "brokeruser" not in destination.name
-        assert "http://***@127.0.0.1:1/orders" in destination.name
+        assert destination.name.endswith("http://127.0.0.1:1")  # the origin only (issue 22: paths hold secrets too)
     finally:
         destination.close()
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from outbox_pipelines.core.destinations.http_outcomes import classify_response, parse_retry_after
+from outbox_pipelines.core.destinations.http_outcomes import AlreadyProcessed, classify_response, parse_retry_after
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT
 
 JSON = {"content-type": "application/json"}
@@ -75,9 +75,13 @@ def test_2xx_with_a_non_json_body_it_does_not_claim_is_sent():
 @pytest.mark.parametrize(
     "body",
     [
+        b'{"status": "already_processed", "broker_order_id": "B-9"}',
         b'{"error": "already processed", "order_id": "B-9"}',
         b'{"error": "ALREADY_PROCESSED", "order_id": "B-9"}',
-        b"Request Already Processed",
+        b'{"code": "Already-Processed"}',
+        b"already processed",
+        b"Already processed.",
+        b'"already processed"',
     ],
 )
 def test_409_already_processed_counts_as_sent(body):
@@ -92,13 +96,44 @@ def test_409_already_processed_keeps_the_brokers_reference():
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b'{"error": "IDEMPOTENCY_CONFLICT", "message": "body differs", "idempotency_key": "k"}', b"conflict"],
+    [
+        b"",
+        b'{"error": "IDEMPOTENCY_CONFLICT", "message": "body differs", "idempotency_key": "k"}',
+        b"conflict",
+        # issue 22: a rejection that merely mentions a word of the old marker list was recorded as delivered
+        b'{"error": "duplicate rejected: different order"}',
+        b"duplicate",
+        b'{"error": "not already processed: key reused with another body"}',
+        b"Request Already Processed by another tenant? no: rejected",
+        b'{"message": "already processed"}',  # not a field the default rules read
+        b'{"status": "rejected", "detail": "already_processed"}',
+        b'{"status": ["already_processed"]}',
+    ],
 )
 def test_409_without_already_processed_is_dead_bad_request(body):
     """Seed 000 §5: a duplicate rejection is not retried; only "already processed" counts as sent."""
     outcome = classify(409, body, JSON)
     assert as_tuple(outcome) == ("dead", "BAD_REQUEST")
     assert "409" in outcome.error
+
+
+def test_a_table_names_its_destinations_own_evidence():
+    """``already_processed`` in outbox.toml: the destination's documented field or phrase, nothing else."""
+    rules = AlreadyProcessed.parse(["result.state=DUPLICATE_OF_EXECUTED", "Request Already Processed"])
+    assert classify(409, b'{"result": {"state": "duplicate_of_executed"}, "id": "X"}', JSON,
+                    already_processed=rules).kind == "sent"
+    assert classify(409, b"request already processed", {}, already_processed=rules).kind == "sent"
+    # the defaults are replaced, not added to
+    assert classify(409, b'{"status": "already_processed"}', JSON, already_processed=rules).kind == "dead"
+    # no rules: every 409 is a rejection
+    assert classify(409, b'{"status": "already_processed"}', JSON,
+                    already_processed=AlreadyProcessed.parse([])).kind == "dead"
+
+
+@pytest.mark.parametrize("rule", ["=x", "status=", "a..b=x", "  ", 3])
+def test_an_unreadable_evidence_rule_is_refused(rule):
+    with pytest.raises(ValueError):
+        AlreadyProcessed.parse([rule])
 
 
 # -- 429 and Retry-After ------------------------------------------------------------------------
