@@ -249,12 +249,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = _database_url()
     reports = []
+    tables = _chosen_tables(args, settings)
     with db.connect(url) as conn:
-        for table in _chosen_tables(args, settings):
+        for table in tables:
             outbox_table = OutboxTable(conn, table.name)
             reports.append(read_status(outbox_table, stuck_after_s=table.stuck_threshold_s, count_sent=True))
     if args.json:
-        print(json.dumps([r.as_dict() for r in reports], indent=2, default=str))
+        print(json.dumps([{**r.as_dict(), "delivers_nowhere": t.delivers_nowhere} for r, t in zip(reports, tables,
+                                                                                                   strict=True)],
+                         indent=2, default=str))
         return EXIT_OK
     header = (f"{'table':<18}" + "".join(f"{s:>10}" for s in STATES)
               + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}")
@@ -288,6 +291,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                   "message at a time, no attempts spent; it closes on the first success")
         if health.paused:
             print(f"{r.table}: paused {_fmt_s(health.paused_for_s)} more: the destination asked to slow down (429)")
+    for table in tables:
+        if table.delivers_nowhere:
+            print(f"\n{table.delivers_nowhere}")
     return EXIT_OK
 
 
@@ -339,6 +345,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
     def started(relay: Relay) -> None:
         say(f"relaying {table.name} → {display_name(relay.destination.name)} as {relay.worker} "
             f"({table.mode}, batch {relay.table.batch_size})")
+        if table.delivers_nowhere:
+            say(f"warning: {table.delivers_nowhere}")
 
     # The same function as the Dagster relay op: one way to run a relay.
     report = run_table_relay(url, settings, table.name, max_seconds=args.max_seconds, max_entries=args.max_entries,

@@ -17,7 +17,7 @@ from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
 from outbox_pipelines.defs.relay import relay_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines.defs.schedules import backlog_sensor, maintenance_schedules, relay_schedules
 
 SETTINGS = load_settings()
@@ -26,7 +26,7 @@ RELAYED = [t for t in TABLES if SETTINGS.tables[t].relay_enabled]
 
 
 def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definitions:
-    """The code location; tests and the demo pass their own resources (a database URL, a broker URL)."""
+    """The code location; tests and the demo pass their own resources (``outbox_resources(url, config_path)``)."""
     jobs = relay_jobs(TABLES) + maintenance_jobs() + replay_jobs() + backfill_jobs()
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(TABLES)
@@ -37,10 +37,8 @@ def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definiti
         schedules=relay_schedules(RELAYED, by_name) + maintenance_schedules(by_name),
         sensors=[backlog_sensor(t, by_name[relay_job_name(t)]) for t in RELAYED]
         + [oncall_sensor, run_failure_alert],
-        resources=dict(resources) if resources is not None else {
-            "outbox_db": OutboxDatabase(),
-            "outbox_destinations": OutboxDestinations(),
-        },
+        # The deployment's: the environment, or what a caller passes (outbox_resources(url=..., config_path=...)).
+        resources=dict(resources) if resources is not None else outbox_resources(),
     )
 
 

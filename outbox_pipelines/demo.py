@@ -7,6 +7,7 @@ Backoffs are shortened so the demo finishes quickly; nothing else differs
 from production.
 """
 
+import json
 import os
 import socket
 import sys
@@ -134,10 +135,12 @@ def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
     return answers, key
 
 
-def _write_demo_config() -> Path:
+def _write_demo_config(broker_url: str) -> Path:
+    """The demo's settings: short backoffs, and its orders sent to the demo's broker simulator."""
     config_path = db.embedded_dir() / "demo-outbox.toml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(DEMO_CONFIG)
+    config_path.write_text(DEMO_CONFIG.replace("[tables.outbox_orders]\n",
+                                               f"[tables.outbox_orders]\nurl = {json.dumps(broker_url)}\n", 1))
     return config_path
 
 
@@ -183,19 +186,15 @@ def _relay_until_settled(definitions: "dg.Definitions", instance: "dg.DagsterIns
     return runs
 
 
-def _run_dagster_jobs(url: str, config_path: Path, broker_url: str,
-                      quiet: bool) -> tuple[int, list["dg.AssetCheckEvaluation"]]:
+def _run_dagster_jobs(url: str, config_path: Path, quiet: bool) -> tuple[int, list["dg.AssetCheckEvaluation"]]:
     """The relay jobs until the tables settle, then the checks job: the runs made and the check verdicts."""
     # Imported here: Dagster adds about a second to every CLI command, and only this one needs it.
     import dagster as dg
 
     from outbox_pipelines.definitions import build_definitions
-    from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+    from outbox_pipelines.defs.resources import outbox_resources
 
-    definitions = build_definitions({
-        "outbox_db": OutboxDatabase(url=url, config_path=str(config_path)),
-        "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": broker_url}),
-    })
+    definitions = build_definitions(outbox_resources(url=url, config_path=str(config_path)))
     with dg.DagsterInstance.get() as instance:
         runs = _relay_until_settled(definitions, instance, url, quiet)
         checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance,
@@ -249,10 +248,9 @@ def run_demo(url: str, quiet: bool = False) -> int:
         print(f"migrated the database: {', '.join(applied)}")
     os.environ.update(prepare_dagster_home(url))
     os.environ.setdefault(db.DATABASE_URL_ENV, url)  # the member handler records emails in this database
-    config_path = _write_demo_config()
-
     run = time.strftime("%H%M%S") + "-" + uuid.uuid4().hex[:4]
     broker = BrokerSim(_demo_faults(run)).start_in_thread()
+    config_path = _write_demo_config(broker.url)
     print(f"broker simulator on {broker.url} (503 for 2 orders, 429 + Retry-After for 1, 400 for 1)")
     extra = _enqueue_samples(url, run)
     api_answers, api_key = _order_api_calls(url, run)
@@ -260,7 +258,7 @@ def run_demo(url: str, quiet: bool = False) -> int:
     print(f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
           "6 memory writes (2 repeated payloads), 11 events, 3 member sign-ups")
     try:
-        runs, verdicts = _run_dagster_jobs(url, config_path, broker.url, quiet)
+        runs, verdicts = _run_dagster_jobs(url, config_path, quiet)
     finally:
         broker.stop()
     _print_tables(url, run)

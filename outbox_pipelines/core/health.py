@@ -1,7 +1,9 @@
 """What an operator asks first: how many rows in each state, how late, how many dead and why."""
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 import psycopg
@@ -172,7 +174,7 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     })
 
 
-def _destination(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere: str | None = None) -> CheckVerdict:
     health = status.destination or DestinationHealth(status.table)
     grade = _grade(health.failing_for_s, limits.destination_failing_warn_s, limits.destination_failing_error_s)
     name = health.destination or "its destination"
@@ -180,6 +182,8 @@ def _destination(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text = (f"{status.table}: deliveries to {name} have failed for {_fmt(health.failing_for_s)} "
                 f"({_codes(health.error_codes) or 'no code'}); {status.waiting:,} messages wait and retry by "
                 "themselves. Check the destination; nothing is lost and nothing needs replaying.")
+    elif delivers_nowhere:
+        text = f"{delivers_nowhere}."
     else:
         text = f"{status.table}: {name} is accepting deliveries."
     if health.circuit_opened_at is not None:
@@ -194,15 +198,22 @@ def _destination(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         "last_error": health.last_error, "waiting": status.waiting,
         "last_success_at": health.last_success_at.isoformat() if health.last_success_at else None,
         "failing_warn_s": limits.destination_failing_warn_s, "failing_error_s": limits.destination_failing_error_s,
+        "delivers_nowhere": delivers_nowhere is not None,
     })
 
 
-CHECKS = {"lag": _lag, "dead_letters": _dead_letters, "stuck": _stuck, "backlog": _backlog, "destination": _destination}
+CHECKS: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
+    "lag": _lag, "dead_letters": _dead_letters, "stuck": _stuck, "backlog": _backlog, "destination": _destination,
+}
 
 
-def evaluate_checks(status: TableStatus, limits: CheckThresholds) -> list[CheckVerdict]:
-    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers."""
-    return [CHECKS[name](status, limits) for name in CHECK_NAMES]
+def evaluate_checks(status: TableStatus, limits: CheckThresholds, *,
+                    delivers_nowhere: str | None = None) -> list[CheckVerdict]:
+    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers;
+    ``delivers_nowhere`` (TableSettings') makes the destination check say that messages go nowhere."""
+    checks: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
+        **CHECKS, "destination": partial(_destination, delivers_nowhere=delivers_nowhere)}
+    return [checks[name](status, limits) for name in CHECK_NAMES]
 
 
 def _fmt(value: float | None) -> str:

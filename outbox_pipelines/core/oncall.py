@@ -80,7 +80,7 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
             except UnknownTable as exc:
                 report.problems.append(str(exc))
                 continue
-            verdicts = evaluate_checks(status, table.checks)
+            verdicts = evaluate_checks(status, table.checks, delivers_nowhere=table.delivers_nowhere)
             report.verdicts[name] = verdicts
             conditions += [check_condition(name, v) for v in verdicts]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)

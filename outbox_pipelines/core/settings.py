@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any, overload
 from urllib.parse import urlsplit
 
+from outbox_pipelines.core.destinations.http_outcomes import (
+    DEFAULT_ALREADY_PROCESSED,
+    STRICT_ALREADY_PROCESSED,
+    AlreadyProcessed,
+)
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.redaction import redact_url
@@ -31,6 +36,8 @@ DESTINATION_KINDS = ("http", "handlers", "paper", *WING_DESTINATIONS)
 URL_DESTINATIONS = ("http", *WING_DESTINATIONS)
 # What a shipped table's ``url_from_env`` may name: the GlobalSettings field, and the variable it comes from.
 URL_FROM_ENV = {"broker_url": "OUTBOX_BROKER_URL"}
+BROKER_TOKEN_ENV = "OUTBOX_BROKER_TOKEN"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODES = ("competing", "single-active")
 SUCCESS_POLICIES = ("mark_sent", "delete")
 # How a relay holds a claimed batch (docs/design.md "Claim modes"): "lease" writes the claim (status
@@ -108,10 +115,13 @@ class GlobalSettings:
     cleaner_enabled: bool = True
     cleaner_retention_s: float = 168 * 3600.0
     broker_url: str | None = None
-    # The Order API's accepted tokens (comma-separated, seed 001): never sent to any destination.
-    api_token: str | None = None
-    # The credential sent to HTTP destinations (the order broker included) as "Authorization: Bearer <token>".
-    broker_token: str | None = None
+    # The Order API's accepted tokens (comma-separated, seed 001): never sent to any destination, never shown.
+    api_token: str | None = field(default=None, repr=False)
+    # OUTBOX_BROKER_TOKEN, sent as "Authorization: Bearer <token>" to the broker's origin (OUTBOX_BROKER_URL's)
+    # and to tables that name it in ``token_env``; never shown.
+    broker_token: str | None = field(default=None, repr=False)
+    # The process environment the settings were read from: a table's ``token_env`` is looked up in it.
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GlobalSettings":
@@ -135,26 +145,57 @@ class GlobalSettings:
             ),
             broker_url=_env(env, "OUTBOX_BROKER_URL"),
             api_token=_env(env, "OUTBOX_API_TOKEN"),
-            broker_token=_broker_token(env),
+            broker_token=_bearer_token(env, BROKER_TOKEN_ENV),
+            environ=env,
         )
 
 
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")
 
 
-def _broker_token(env: Mapping[str, str]) -> str | None:
-    """OUTBOX_BROKER_TOKEN, refused at start-up when it could not travel in a header (never shown)."""
-    raw = env.get("OUTBOX_BROKER_TOKEN")
+def _bearer_token(env: Mapping[str, str], name: str) -> str | None:
+    """A bearer token from the variable ``name``, refused at start-up when it could not travel in a header
+    (never shown)."""
+    raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
     token = raw.strip()
     if not _TOKEN.fullmatch(token):
-        raise ConfigError("OUTBOX_BROKER_TOKEN holds spaces, control or non-ASCII characters: it cannot be sent as "
-                          "'Authorization: Bearer <token>'; set the broker's token alone")
+        raise ConfigError(f"{name} holds spaces, control or non-ASCII characters: it cannot be sent as "
+                          "'Authorization: Bearer <token>'; set the token alone")
     return token
 
 
-def check_destination_credentials(what: str, url: str, env: GlobalSettings) -> None:
+def _same_origin(url: str, other: str | None) -> bool:
+    if not other:
+        return False
+    try:
+        a, b = urlsplit(url), urlsplit(other)
+        return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
+    except ValueError:
+        return False
+
+
+def _table_token(section: Mapping[str, Any], url: str | None, env: GlobalSettings, where: str) -> str | None:
+    """The bearer token a URL table sends: the variable its ``token_env`` names; else OUTBOX_BROKER_TOKEN when
+    its URL is at the broker's origin (OUTBOX_BROKER_URL's, or the shipped orders table's own); else none. The
+    broker's credential never goes to another origin unless a table names it: where it goes is the deployment's
+    decision, written in the settings."""
+    name = section.get("token_env")
+    if name is not None:
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{where} token_env must name an environment variable (like BILLING_HOOK_TOKEN), "
+                              f"got {name!r}")
+        token = env.broker_token if name == BROKER_TOKEN_ENV else _bearer_token(env.environ, name)
+        if token is None:
+            raise ConfigError(f"{where} token_env = {name!r}, but {name} is not set: set it, or remove token_env")
+        return token
+    if url and (section.get("url_from_env") or _same_origin(url, env.broker_url)):
+        return env.broker_token
+    return None
+
+
+def check_destination_credentials(what: str, url: str, env: GlobalSettings, token: str | None = None) -> None:
     """Refuse, at start-up, a destination URL that cannot be used or carries two credentials (shown without them).
 
     ``what`` names where the URL came from ("OUTBOX_BROKER_URL", "[tables.NAME] url").
@@ -167,11 +208,11 @@ def check_destination_credentials(what: str, url: str, env: GlobalSettings) -> N
         raise ConfigError(f"{what} = {shown!r} is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{what} = {shown!r} must be an http:// or https:// URL with a host")
-    if "@" in parts.netloc and env.broker_token:
+    if "@" in parts.netloc and token:
         raise ConfigError(
-            f"{what} = {shown} carries user:password and OUTBOX_BROKER_TOKEN is set too: a request carries one "
-            "credential. Keep the user-info (sent as Basic auth) and unset OUTBOX_BROKER_TOKEN, or remove the "
-            "user-info from the URL (the token is sent as a bearer)"
+            f"{what} = {shown} carries user:password and a bearer token is set for it too (OUTBOX_BROKER_TOKEN, or "
+            "the table's token_env): a request carries one credential. Keep the user-info (sent as Basic auth) and "
+            "unset the token, or remove the user-info from the URL (the token is sent as a bearer)"
         )
 
 
@@ -211,6 +252,13 @@ class TableSettings:
     name: str
     destination: str = "paper"
     url: str | None = None
+    # The bearer token sent to ``url`` (token_env, or OUTBOX_BROKER_TOKEN at the broker's origin); never shown.
+    token: str | None = field(default=None, repr=False)
+    # What a 409's body must say to count as delivered (``already_processed``; strict by default).
+    already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED
+    # Set when messages go nowhere (the paper broker): the sentence that relay starts, the destination check
+    # and ``status`` say.
+    delivers_nowhere: str | None = None
     handlers: str | None = None
     timeout_s: float = 5.0
     transport: str = "aiohttp-native"
@@ -299,7 +347,7 @@ TABLE_KEYS = {
     "destination", "url", "handlers", "timeout", "transport", "preset", "base", "max_backoff",
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
-    "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit",
+    "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit", "already_processed", "token_env",
 } | set(THRESHOLD_KEYS)
 
 
@@ -360,26 +408,75 @@ def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -
     return preset_name, policy
 
 
+@dataclass(frozen=True)
+class _Where:
+    """Where a table's messages go, as its section and the environment say."""
+
+    destination: str
+    url: str | None
+    token: str | None
+    delivers_nowhere: str | None
+
+
 def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, policy: RetryPolicy,
-                 where: str) -> tuple[str, str | None]:
-    """The destination kind and URL; a URL is checked here, at start-up, not at the first delivery."""
-    destination = _one_of(section.get("destination", "paper"), DESTINATION_KINDS, f"{where} destination")
+                 where: str) -> _Where:
+    """The destination kind, URL and credential; checked here, at start-up, not at the first delivery.
+
+    There is no implicit destination: a table names one; ``http`` needs its ``url``. The paper broker is an
+    explicit choice (or the shipped orders table's while OUTBOX_BROKER_URL is unset, seed 001's default),
+    and then ``delivers_nowhere`` says so wherever the table's destination is shown.
+    """
+    if "destination" not in section:
+        raise ConfigError(f"{where} names no destination: set destination = \"http\" (with url = ...), "
+                          "\"handlers\" (with handlers = \"package.module:registry\") or \"paper\" (messages are "
+                          "marked sent and go nowhere)")
+    destination = _one_of(section["destination"], DESTINATION_KINDS, f"{where} destination")
     url = section.get("url")
     url_source = f"{where} url"
     from_env = section.get("url_from_env")
     if url is None and from_env in URL_FROM_ENV:
         # A shipped table whose URL, unless its section sets one, comes from a variable
-        # (the orders table: OUTBOX_BROKER_URL).
+        # (the orders table: OUTBOX_BROKER_URL; unset, its paper broker, seed 001's default).
         url, url_source = getattr(env, from_env), URL_FROM_ENV[from_env]
+    if url is not None and (not isinstance(url, str) or not url.strip()):
+        raise ConfigError(f"{where} url must be an http:// or https:// URL, got {url!r}")
     if destination == "http" and not url:
-        # An HTTP table with no URL falls back to the paper broker (the seed's default).
-        destination = "paper"
-    if destination in URL_DESTINATIONS and url:
-        check_destination_credentials(url_source, url, env)
-        policy.check_inside_window(table_name=name)
+        raise ConfigError(f"{where} destination = \"http\" has no url: set url = \"https://...\" (the endpoint "
+                          "that receives the messages), or choose another destination. Nothing is delivered "
+                          "anywhere until it names one.")
     if destination == "handlers" and not section.get("handlers"):
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
-    return destination, url
+    token = None
+    if destination in URL_DESTINATIONS and url:
+        token = _table_token(section, url, env, where)
+        check_destination_credentials(url_source, url, env, token)
+        policy.check_inside_window(table_name=name)
+    elif "token_env" in section:
+        raise ConfigError(f"{where} token_env applies to a table with a url (destination = \"http\")")
+    return _Where(destination, url, token, _nowhere(name, destination, url, from_env))
+
+
+def _nowhere(name: str, destination: str, url: str | None, from_env: str | None) -> str | None:
+    """The plain sentence for a table whose messages go nowhere (the paper broker), else None."""
+    if destination == "paper":
+        return (f"{name}: destination = \"paper\": every message is marked sent and delivered nowhere "
+                "(set destination = \"http\" with a url, or \"handlers\", to deliver)")
+    if destination in WING_DESTINATIONS and not url:
+        variable = URL_FROM_ENV.get(from_env or "", "its url")
+        return (f"{name}: {variable} is unset: the paper broker marks every message sent and delivers nothing "
+                f"(set {variable} to the broker's URL to deliver)")
+    return None
+
+
+def _already_processed(section: Mapping[str, Any], where: str) -> AlreadyProcessed:
+    rules = section.get("already_processed", DEFAULT_ALREADY_PROCESSED)
+    if not isinstance(rules, (list, tuple)):
+        raise ConfigError(f"{where} already_processed must be a list of rules like \"status=already_processed\" "
+                          f"or a phrase, got {rules!r}")
+    try:
+        return AlreadyProcessed.parse(rules, f"{where} already_processed")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _thresholds(section: Mapping[str, Any], where: str) -> CheckThresholds:
@@ -404,13 +501,16 @@ def _paused_topics(section: Mapping[str, Any], where: str) -> tuple[str, ...]:
 def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSettings) -> TableSettings:
     where = f"[tables.{name}]"
     preset_name, policy = _retry_policy(section, env, where)
-    destination, url = _destination(name, section, env, policy, where)
+    goes = _destination(name, section, env, policy, where)
     thresholds = _thresholds(section, where)
     paused = _paused_topics(section, where)
     return TableSettings(
         name=name,
-        destination=destination,
-        url=url,
+        destination=goes.destination,
+        url=goes.url,
+        token=goes.token,
+        already_processed=_already_processed(section, where),
+        delivers_nowhere=goes.delivers_nowhere,
         handlers=section.get("handlers"),
         timeout_s=parse_duration(section.get("timeout", "5s"), f"{where} timeout"),
         transport=section.get("transport", "aiohttp-native"),

@@ -40,19 +40,23 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         # httpx only for an HTTP table: a relay of in-process handlers starts without it.
         from outbox_pipelines.core.destinations.http import HttpDestination
 
-        assert table.url
-        # The destination's own credential (OUTBOX_BROKER_TOKEN), never the Order API's tokens; its name
-        # (logs, run logs, alerts) is the URL without user-info.
+        assert table.url  # settings refuse an http table without one
+        # The table's own credential (settings: token_env, or OUTBOX_BROKER_TOKEN at the broker's origin), never
+        # the Order API's tokens; its name (logs, run logs, alerts) is the URL's origin.
         return HttpDestination(
             table.url,
             timeout_s=table.timeout_s,
             max_in_flight=table.requests_in_flight,
-            token=settings.env.broker_token,
+            token=table.token,
             transport=table.transport,
+            already_processed=table.already_processed,
         )
     if table.destination in WING_DESTINATIONS:
         return build_wing_destination(table, settings)
     if table.destination == "handlers":
         assert table.handlers
         return HandlerDestination(load_registry(table.handlers), name=table.handlers, threads=table.handler_threads)
-    return PaperBroker()
+    if table.destination == "paper":
+        return PaperBroker()
+    raise ConfigError(f"[tables.{table.name}] destination = {table.destination!r} is not a destination this "
+                      "version knows")

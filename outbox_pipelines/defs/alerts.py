@@ -20,7 +20,7 @@ from outbox_pipelines.core.oncall import SweepReport
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import table_asset_key
-from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase
+from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
 # Tags a run the on-call sweep already told people about (its relay died).
 FAILURE_TAG = "outbox/failure"
@@ -68,7 +68,7 @@ def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport)
                  "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
                  "(resolved)."),
 )
-def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase) -> dg.SensorResult:
+def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SensorResult:
     report = outbox_db.sweep()
     _fail_runs_of_dead_relays(context.instance, report)
     state = json.loads(context.cursor) if context.cursor else {}
@@ -105,7 +105,7 @@ def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None)
     minimum_interval_seconds=10,
     monitor_all_code_locations=False,
 )
-def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDatabase) -> dg.SkipReason | None:
+def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) -> dg.SkipReason | None:
     run = context.dagster_run
     if run.tags.get(FAILURE_TAG):
         return dg.SkipReason(f"run {run.run_id[:8]} already reported ({run.tags[FAILURE_TAG]})")

@@ -9,7 +9,7 @@ from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.defs.common import metadata_values, resolve_table
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import Destinations, OutboxDb
 
 # end_offset=1: today's (still open) day can be backfilled too.
 BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=1)
@@ -23,8 +23,8 @@ class BackfillConfig(dg.Config):
 
 @dg.op(description="Deliver again, with the same idempotency keys, the messages sent on the partition's day.",
        out=dg.Out(dg.Nothing))
-def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_db: OutboxDatabase,
-                outbox_destinations: OutboxDestinations) -> Iterator[dg.Output[None]]:
+def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_db: OutboxDb,
+                outbox_destinations: Destinations) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     window = context.partition_time_window

@@ -7,7 +7,7 @@ import dagster as dg
 
 from outbox_pipelines.core.health import CHECK_NAMES, evaluate_checks
 from outbox_pipelines.defs.common import metadata_values, table_asset_key
-from outbox_pipelines.defs.resources import OutboxDatabase
+from outbox_pipelines.defs.resources import OutboxDb
 
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
@@ -50,13 +50,13 @@ def table_checks(table_name: str) -> dg.AssetChecksDefinition:
         can_subset=True,
     )
     def _checks(
-        context: dg.AssetCheckExecutionContext, outbox_db: OutboxDatabase
+        context: dg.AssetCheckExecutionContext, outbox_db: OutboxDb
     ) -> Iterator[dg.AssetCheckResult]:
         selected = {check.name for check in context.selected_asset_check_keys}
         settings = outbox_db.settings()
         table = settings.table(table_name)
         status = outbox_db.table_status(table)
-        for verdict in evaluate_checks(status, table.checks):
+        for verdict in evaluate_checks(status, table.checks, delivers_nowhere=table.delivers_nowhere):
             if verdict.name not in selected:
                 continue
             yield dg.AssetCheckResult(

@@ -9,7 +9,7 @@ from pydantic import Field
 from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import metadata_values, resolve_table
-from outbox_pipelines.defs.resources import OutboxDatabase
+from outbox_pipelines.defs.resources import OutboxDb
 
 
 class TablesConfig(dg.Config):
@@ -27,7 +27,7 @@ class CleanConfig(TablesConfig):
         "delivered again)."))
 
 
-def _chosen_tables(outbox_db: OutboxDatabase, table_names: list[str]) -> list[TableSettings]:
+def _chosen_tables(outbox_db: OutboxDb, table_names: list[str]) -> list[TableSettings]:
     """The tables the config names, else every configured table in name order."""
     settings = outbox_db.settings()
     return [resolve_table(settings, name) for name in (table_names or sorted(settings.tables))]
@@ -35,7 +35,7 @@ def _chosen_tables(outbox_db: OutboxDatabase, table_names: list[str]) -> list[Ta
 
 @dg.op(out=dg.Out(dg.Nothing))
 def requeue_stuck_op(
-    context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDatabase
+    context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDb
 ) -> Iterator[dg.Output[None]]:
     """Return sending rows whose lease expired (or stuck past the threshold) to pending."""
     tables = _chosen_tables(outbox_db, config.tables)
@@ -52,7 +52,7 @@ def requeue_stuck_op(
 
 @dg.op(out=dg.Out(dg.Nothing))
 def clean_op(
-    context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDatabase
+    context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb
 ) -> Iterator[dg.Output[None]]:
     """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows."""
     tables = _chosen_tables(outbox_db, config.tables)

@@ -13,7 +13,7 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
-from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
 # the next run starts while this one still relays (a standby on a single-active table takes over
@@ -142,8 +142,8 @@ def _relay_in_thread(
 def relay_table(
     context: dg.OpExecutionContext,
     config: RelayRunConfig,
-    outbox_db: OutboxDatabase,
-    outbox_destinations: OutboxDestinations,
+    outbox_db: OutboxDb,
+    outbox_destinations: Destinations,
 ) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
@@ -156,6 +156,8 @@ def relay_table(
     destination = outbox_destinations.for_table(table, settings)
     context.log.info(f"relaying {table.name} → {display_name(destination.name)} for up to "
                      f"{config.max_seconds:.0f}s ({table.mode})")
+    if table.delivers_nowhere:
+        context.log.warning(table.delivers_nowhere)
     try:
         report = _relay_in_thread(context, lambda started: run_table_relay(
             outbox_db.database_url(),

@@ -16,7 +16,7 @@ from outbox_pipelines.core.replay import (
     replay_dead,
 )
 from outbox_pipelines.defs.common import metadata_values, resolve_table
-from outbox_pipelines.defs.resources import OutboxDatabase
+from outbox_pipelines.defs.resources import OutboxDb
 
 DRY_RUN_TAG = "outbox/dry_run"
 
@@ -109,7 +109,7 @@ def selection_from_config(config: ReplayConfig) -> ReplayFilter:
     out=dg.Out(dg.Nothing),
 )
 def replay_dead_op(
-    context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDatabase
+    context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDb
 ) -> Iterator[dg.Output[None]]:
     selection = selection_from_config(config)  # before anything touches the database
     settings = outbox_db.settings()

@@ -1,12 +1,11 @@
 """Resources: the outbox database and the destinations of each table."""
 
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import PrivateAttr
 
 from outbox_pipelines.core import db
 from outbox_pipelines.core.db import driver_connection
@@ -19,22 +18,26 @@ from outbox_pipelines.core.wiring import build_destination
 
 TABLE_TAG = "outbox/table"
 
-# The resources subclass ConfigurableResource bare, as Dagster's documentation does: subscripting
-# it (a pydantic model) would build a parametrized class at runtime. Hence type: ignore[type-arg].
 
+class OutboxDatabase:
+    """The outbox's PostgreSQL: ``url``, else OUTBOX_DATABASE_URL, else the embedded server; the table
+    settings from ``config_path``, else OUTBOX_CONFIG / ./outbox.toml.
 
-class OutboxDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]  # see above
-    """The outbox's PostgreSQL: ``url``, else OUTBOX_DATABASE_URL, else the embedded server.
+    Where the outbox lives, which settings (and so which destinations and credentials) apply, is the
+    deployment's decision, made in code (``outbox_resources(url=..., config_path=...)`` in a
+    ``Definitions``) or in the environment. It has no run config: a launch from the Dagster UI, which has
+    no login, cannot point a run at another database or another settings file.
 
     ``engine()`` is a pooled SQLAlchemy engine on psycopg 3 for short reads
     (checks, sensors). Relays open their own dedicated connections because they
     hold a session advisory lock and LISTEN, which must not go back to a pool.
     """
 
-    url: str | None = None
-    config_path: str | None = None
-    _resolved: str | None = PrivateAttr(default=None)
-    _engine: sa.Engine | None = PrivateAttr(default=None)
+    def __init__(self, url: str | None = None, config_path: str | None = None) -> None:
+        self.url = url
+        self.config_path = config_path
+        self._resolved: str | None = None
+        self._engine: sa.Engine | None = None
 
     def database_url(self) -> str:
         if self._resolved is None:
@@ -68,21 +71,44 @@ class OutboxDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]  # see 
     def settings(self) -> Settings:
         return load_settings(path=Path(self.config_path) if self.config_path else None)
 
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+    def close(self) -> None:
         if self._engine is not None:
             self._engine.dispose()
+            self._engine = None
 
 
-class OutboxDestinations(dg.ConfigurableResource):  # type: ignore[type-arg]  # see above
-    """Builds each table's destination from its settings (HTTP via httpx, handlers, paper broker).
-
-    ``url_overrides`` sends a table's HTTP traffic elsewhere (a drill, a broker simulator).
-    """
-
-    url_overrides: dict[str, str] = {}
+class OutboxDestinations:
+    """Builds each table's destination from its settings (HTTP, handlers, the order broker, paper): where
+    messages go and with which credential is the settings' (the deployment's), never a launch's."""
 
     def for_table(self, table: TableSettings, settings: Settings) -> Destination:
-        override = self.url_overrides.get(table.name)
-        if override:
-            table = replace(table, destination="orders" if table.destination == "orders" else "http", url=override)
         return build_destination(table, settings)
+
+
+# What ops, sensors and checks declare: the objects above, handed over as they are (no config schema).
+OutboxDb = dg.ResourceParam[OutboxDatabase]
+Destinations = dg.ResourceParam[OutboxDestinations]
+
+
+def outbox_resources(url: str | None = None, config_path: str | None = None) -> dict[str, dg.ResourceDefinition]:
+    """The resources of the outbox's definitions: ``outbox_db`` and ``outbox_destinations``.
+
+    Each has an empty config schema, so a run config that tries to set anything on them is refused
+    ("unexpected config entry") instead of redirecting messages or credentials.
+    """
+
+    @dg.resource(config_schema={}, description="The outbox's PostgreSQL and table settings (set by the "
+                 "deployment: OUTBOX_DATABASE_URL, OUTBOX_CONFIG; not configurable at launch).")
+    def outbox_db(_: dg.InitResourceContext) -> Iterator[OutboxDatabase]:
+        database = OutboxDatabase(url=url, config_path=config_path)
+        try:
+            yield database
+        finally:
+            database.close()
+
+    @dg.resource(config_schema={}, description="Each table's destination, from its settings (not configurable "
+                 "at launch).")
+    def outbox_destinations(_: dg.InitResourceContext) -> OutboxDestinations:
+        return OutboxDestinations()
+
+    return {"outbox_db": outbox_db, "outbox_destinations": outbox_destinations}

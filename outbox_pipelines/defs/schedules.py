@@ -3,7 +3,7 @@
 import dagster as dg
 
 from outbox_pipelines.defs.relay import OVERLAP_S, relay_job_name, run_minutes
-from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDatabase
+from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -41,7 +41,7 @@ def backlog_sensor(table_name: str, job: dg.JobDefinition) -> dg.SensorDefinitio
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Starts a relay run for {table_name} when messages are ready and no relay run is active.",
     )
-    def _sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDatabase) -> dg.SkipReason | dg.RunRequest:
+    def _sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SkipReason | dg.RunRequest:
         active = context.instance.get_runs(
             filters=dg.RunsFilter(tags={TABLE_TAG: table_name}, statuses=ACTIVE), limit=1)
         if active:

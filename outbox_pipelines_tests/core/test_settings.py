@@ -54,12 +54,23 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[tables.x]\nmode = 'both'\n", "mode must be one of competing, single-active"),
+        ("[tables.x]\ndestination = 'paper'\nmode = 'both'\n", "mode must be one of competing, single-active"),
         ("[tables.x]\ndestinaton = 'http'\n", "unknown keys \\['destinaton'\\]"),
         ("[tables.X]\n", "invalid outbox table name"),
-        ("[tables.x]\npreset = 'fast'\n", "unknown retry preset 'fast'"),
+        ("[tables.x]\ndestination = 'paper'\npreset = 'fast'\n", "unknown retry preset 'fast'"),
         ("[tables.x]\ndestination = 'handlers'\n", "needs handlers"),
-        ("[tables.x]\ntimeout = 'soon'\n", "cannot read duration 'soon'"),
+        ("[tables.x]\ndestination = 'paper'\ntimeout = 'soon'\n", "cannot read duration 'soon'"),
+        # issue 22: no implicit destination
+        ("[tables.x]\nmode = 'competing'\n", "names no destination: set destination"),
+        ("[tables.x]\ndestination = 'http'\n", r'\[tables.x\] destination = "http" has no url'),
+        ("[tables.x]\ndestination = 'http'\nurl = ''\n", "url must be an http"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\nalready_processed = 'yes'\n",
+         "already_processed must be a list"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\nalready_processed = ['=x']\n", "is not field=value"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\ntoken_env = 'NO_SUCH_TOKEN_VAR'\n",
+         "NO_SUCH_TOKEN_VAR is not set"),
+        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\ntoken_env = 'not a name'\n", "must name an environment"),
+        ("[tables.x]\ndestination = 'paper'\ntoken_env = 'OUTBOX_BROKER_TOKEN'\n", "token_env applies to a table"),
         ("[tables.x\n", "not valid TOML"),
         ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n",
          "idempotency window"),
@@ -112,3 +123,59 @@ def test_retry_horizon_of_every_preset_is_inside_the_ledger_window():
     for policy in PRESETS.values():
         policy.check_inside_window()
     assert PRESETS["orders"].horizon_s() < 600  # the orders preset gives up after minutes
+
+
+# -- issue 22: where messages go is never implicit ---------------------------------------------------------
+
+
+def test_the_paper_broker_is_said_plainly_when_chosen_or_when_the_broker_url_is_unset(tmp_path):
+    path = tmp_path / "outbox.toml"
+    path.write_text('[tables.audit_log]\ndestination = "paper"\n')
+    settings = load_settings(env={}, path=path)
+    assert "marked sent and delivered nowhere" in settings.table("audit_log").delivers_nowhere
+    orders = settings.table("outbox_orders")
+    assert "OUTBOX_BROKER_URL is unset" in orders.delivers_nowhere and "delivers nothing" in orders.delivers_nowhere
+    assert settings.table("outbox_events").delivers_nowhere is None
+    with_broker = load_settings(env={"OUTBOX_BROKER_URL": "http://127.0.0.1:9/orders"}, path=path)
+    assert with_broker.table("outbox_orders").delivers_nowhere is None
+
+
+def test_the_broker_token_goes_only_to_the_brokers_origin_unless_a_table_names_it(tmp_path):
+    path = tmp_path / "outbox.toml"
+    path.write_text(
+        '[tables.same_origin]\ndestination = "http"\nurl = "http://broker.internal:8700/hooks"\n\n'
+        '[tables.third_party]\ndestination = "http"\nurl = "https://hooks.example.com/in"\n\n'
+        '[tables.chosen]\ndestination = "http"\nurl = "https://hooks.example.com/in"\n'
+        'token_env = "OUTBOX_BROKER_TOKEN"\n\n'
+        '[tables.own_token]\ndestination = "http"\nurl = "https://billing.example.com/in"\n'
+        'token_env = "BILLING_TOKEN"\n'
+    )
+    env = {"OUTBOX_BROKER_URL": "http://broker.internal:8700/orders", "OUTBOX_BROKER_TOKEN": "brk-token-1",
+           "BILLING_TOKEN": "billing-token-2"}
+    settings = load_settings(env=env, path=path)
+    assert settings.table("outbox_orders").token == "brk-token-1"
+    assert settings.table("same_origin").token == "brk-token-1"
+    assert settings.table("third_party").token is None
+    assert settings.table("chosen").token == "brk-token-1"
+    assert settings.table("own_token").token == "billing-token-2"
+    # never in a repr (Dagster and logs print settings objects)
+    assert "brk-token-1" not in repr(settings) and "billing-token-2" not in repr(settings)
+
+
+def test_a_tables_already_processed_rules_reach_its_destination(tmp_path):
+    from outbox_pipelines.core.destinations.http_outcomes import classify_response
+
+    path = tmp_path / "outbox.toml"
+    path.write_text('[tables.hooks]\ndestination = "http"\nurl = "http://127.0.0.1:9/h"\n'
+                    'already_processed = ["result=DUPLICATE"]\n')
+    hooks = load_settings(env={}, path=path).table("hooks")
+    said = b'{"result": "duplicate"}'
+    assert classify_response(409, {}, said, already_processed=hooks.already_processed).kind == "sent"
+    assert classify_response(409, {}, said).kind == "dead"  # not one of the strict defaults
+    from outbox_pipelines.core.wiring import build_destination
+
+    destination = build_destination(hooks, load_settings(env={}, path=path))
+    try:
+        assert destination.already_processed is hooks.already_processed
+    finally:
+        destination.close()

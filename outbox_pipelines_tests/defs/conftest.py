@@ -1,7 +1,7 @@
 import dagster as dg
 import pytest
 
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import outbox_resources
 
 
 @pytest.fixture
@@ -12,7 +12,14 @@ def instance():
 
 @pytest.fixture
 def resources(db_url):
-    return {"outbox_db": OutboxDatabase(url=db_url), "outbox_destinations": OutboxDestinations()}
+    return outbox_resources(url=db_url)
+
+
+def orders_sent_to(tmp_path, db_url: str, broker_url: str) -> dict:
+    """Resources whose settings send outbox_orders to ``broker_url`` (a deployment's outbox.toml says so)."""
+    config = tmp_path / "orders-at.toml"
+    config.write_text(f'[tables.outbox_orders]\nurl = "{broker_url}"\n')
+    return outbox_resources(url=db_url, config_path=str(config))
 
 
 def run_job(job_name: str, resources: dict, instance, run_config: dict | None = None, **kwargs):

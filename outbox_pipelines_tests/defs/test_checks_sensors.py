@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 
 from outbox_pipelines.defs.alerts import oncall_sensor
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import run_job
 from outbox_pipelines_tests.helpers import enqueue_n
 
@@ -50,8 +50,7 @@ def test_thresholds_come_from_the_table_settings(db_url, conn, instance, tmp_pat
     config = tmp_path / "outbox.toml"
     config.write_text("[tables.outbox_orders]\nbacklog_warn = 2\nbacklog_error = 5\n")
     enqueue_n(conn, "outbox_orders", 3)
-    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)),
-                 "outbox_destinations": OutboxDestinations()}
+    resources = outbox_resources(url=db_url, config_path=str(config))
     checks = check_results(run_job("outbox_checks_job", resources, instance))
     assert checks["backlog"][:2] == (False, "WARN")
 
@@ -64,7 +63,7 @@ def backlog_sensor_def():
 
 def test_backlog_sensor_requests_a_run_only_when_messages_are_ready(db_url, conn, instance):
     sensor = backlog_sensor_def()
-    resources = {"outbox_db": OutboxDatabase(url=db_url)}
+    resources = {"outbox_db": outbox_resources(url=db_url)["outbox_db"]}
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         result = sensor.evaluate_tick(context)
     assert result.run_requests == [] and "no ready messages" in result.skip_message
@@ -83,13 +82,14 @@ def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance
     run = instance.create_run_for_job(job, tags={"outbox/table": "outbox_orders"})
     instance.handle_run_event(run.run_id, dg.DagsterEvent(
         event_type_value="PIPELINE_START", job_name=job.name, message="started"))
-    with dg.build_sensor_context(instance=instance, resources={"outbox_db": OutboxDatabase(url=db_url)}) as context:
+    resources = {"outbox_db": outbox_resources(url=db_url)["outbox_db"]}
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
         result = backlog_sensor_def().evaluate_tick(context)
     assert result.run_requests == [] and "is active" in result.skip_message
 
 
 def oncall_tick(instance, db_url, cursor=None):
-    with dg.build_sensor_context(instance=instance, resources={"outbox_db": OutboxDatabase(url=db_url)},
+    with dg.build_sensor_context(instance=instance, resources={"outbox_db": outbox_resources(url=db_url)["outbox_db"]},
                                  cursor=cursor) as context:
         return oncall_sensor(context)
 

@@ -1,14 +1,16 @@
 """Every job in-process against a real PostgreSQL (and a local HTTP sink where it delivers)."""
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
-from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
+from outbox_pipelines.defs.resources import outbox_resources
+from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,10 +33,9 @@ def test_definitions_load_and_validate(tmp_path):
     assert "All code locations passed validation" in result.stderr + result.stdout
 
 
-def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink):
+def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink, tmp_path):
     enqueue_n(conn, "outbox_orders", 20, prefix="o-")
-    resources = {"outbox_db": OutboxDatabase(url=db_url),
-                 "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": http_sink.url})}
+    resources = orders_sent_to(tmp_path, db_url, http_sink.url)
     result = run_job("relay_outbox_orders_job", resources, instance,
                      {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
     assert result.success
@@ -56,10 +57,9 @@ def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_ur
     assert statuses(conn, "outbox_orders") == {"pending": 2}
 
 
-def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance):
+def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance, tmp_path):
     enqueue_n(conn, "outbox_orders", 5)
-    resources = {"outbox_db": OutboxDatabase(url=db_url),
-                 "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": "http://127.0.0.1:9/orders"})}
+    resources = orders_sent_to(tmp_path, db_url, "http://127.0.0.1:9/orders")
     result = run_job("relay_outbox_orders_job", resources, instance,
                      {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 0.5}}}})
     assert result.success
@@ -88,8 +88,7 @@ def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_clea
     config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
     conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
                  "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '1 day')")
-    resources = {"outbox_db": OutboxDatabase(url=db_url, config_path=str(config)),
-                 "outbox_destinations": OutboxDestinations()}
+    resources = outbox_resources(url=db_url, config_path=str(config))
     result = run_job("clean_job", resources, instance)
     assert result.success
     meta = op_metadata(result, "clean_op")
@@ -101,7 +100,7 @@ def test_clean_job_with_the_cleaner_switched_off_everywhere_deletes_nothing(db_u
     monkeypatch.setenv("OUTBOX_CLEANER_ENABLED", "false")
     conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
                  "('old', 'sha256:a', now() - interval '1 minute')")
-    resources = {"outbox_db": OutboxDatabase(url=db_url), "outbox_destinations": OutboxDestinations()}
+    resources = outbox_resources(url=db_url)
     result = run_job("clean_job", resources, instance)
     assert result.success
     assert op_metadata(result, "clean_op")["deleted_ledger"] == 0
@@ -131,7 +130,7 @@ def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instan
     conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() WHERE id = ANY(%s)", (ids[:3],))
     conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() - interval '3 days' WHERE id = %s",
                  (ids[3],))
-    resources = {"outbox_db": OutboxDatabase(url=db_url), "outbox_destinations": OutboxDestinations()}
+    resources = outbox_resources(url=db_url)
     config = {"ops": {"backfill_op": {"config": {"table": "outbox_orders", "destination_url": http_sink.url}}}}
     result = run_job("backfill_job", resources, instance, config, partition_key=today.isoformat())
     assert result.success
@@ -152,7 +151,7 @@ def test_prune_run_history_job_deletes_old_runs(db_url, instance, resources):
 
 
 def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_url, conn, instance, http_sink,
-                                                                              monkeypatch):
+                                                                              monkeypatch, tmp_path):
     """Broker credentials in the URL: sent as Basic auth, shown nowhere a person reads."""
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     enqueue_n(conn, "outbox_orders", 3)
@@ -160,8 +159,7 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
     down_url = "http://brokeruser:BrokerPw-dagster@127.0.0.1:9/orders"
     texts = []
     for url in (secret_url, down_url):
-        resources = {"outbox_db": OutboxDatabase(url=db_url),
-                     "outbox_destinations": OutboxDestinations(url_overrides={"outbox_orders": url})}
+        resources = orders_sent_to(tmp_path, db_url, url)
         result = run_job("relay_outbox_orders_job", resources, instance,
                          {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
         assert result.success
@@ -175,7 +173,7 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
     alerts = sweep(db_url, load_settings(env={}, path=None)).alerts
     texts += [str(a) for a in alerts]
     assert any("destination" == a.get("check") for a in alerts)  # the outage was told...
-    assert any("***@127.0.0.1" in t for t in texts)  # ...and the URL shown, masked
+    assert any("http://127.0.0.1:9" in t for t in texts)  # ...and the destination named by its origin
     assert not [t for t in texts if "BrokerPw-dagster" in t]
     orders = [r for r in http_sink.received if r.key]  # the webhook's alerts carry no Idempotency-Key
     assert len(orders) == 3 and all(r.headers.get("Authorization", "").startswith("Basic ") for r in orders)
@@ -203,3 +201,25 @@ def test_a_second_stop_while_the_relay_settles_does_not_cut_the_wait_short():
     threading.Thread(target=interrupt_twice_then_settle).start()
     _wait_through_interrupts(settled)
     assert settled.is_set() and interrupts == 2
+
+
+@pytest.mark.parametrize("resource_config", [
+    {"outbox_destinations": {"config": {"url_overrides": {"outbox_memory": "{sink}"}}}},
+    {"outbox_db": {"config": {"url": "postgresql://attacker@127.0.0.1:9/stolen"}}},
+    {"outbox_db": {"config": {"config_path": "/tmp/attacker-outbox.toml"}}},
+])
+def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn, instance, http_sink,
+                                                                    resource_config):
+    """Issue 22: the launchpad (the UI has no login) sent a paper table's messages, with the broker's bearer
+    token, to a URL of the launcher's choosing, and marked them sent. Where messages go, and with which
+    credential, is the deployment's: the resources take no run config at all."""
+    from outbox_pipelines.definitions import build_definitions
+
+    enqueue_n(conn, "outbox_memory", 3)
+    config = json.loads(json.dumps(resource_config).replace("{sink}", http_sink.url))
+    job = build_definitions(outbox_resources(url=db_url)).resolve_job_def("relay_outbox_memory_job")
+    with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
+        job.execute_in_process(instance=instance, run_config={
+            "resources": config, "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}})
+    assert http_sink.received == []
+    assert statuses(conn, "outbox_memory") == {"pending": 3}

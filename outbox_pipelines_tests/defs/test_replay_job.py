@@ -4,7 +4,7 @@ a dry-run tag, and refusals that fail fast and touch nothing."""
 import pytest
 
 from outbox_pipelines.defs.replay import DRY_RUN_TAG, ReplayConfig
-from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDestinations
+from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 
@@ -102,8 +102,7 @@ def test_unknown_error_code_is_refused_with_the_known_ones(conn, instance, resou
 @pytest.mark.parametrize("field", ["since", "until"])
 def test_bad_time_fails_before_touching_the_database(instance, field):
     # An unreachable database: the run must fail on the config, never get as far as connecting.
-    resources = {"outbox_db": OutboxDatabase(url="postgresql://nobody@127.0.0.1:9/none"),
-                 "outbox_destinations": OutboxDestinations()}
+    resources = outbox_resources(url="postgresql://nobody@127.0.0.1:9/none")
     result = run_job("replay_dead_job", resources, instance, _config(**{field: "04:14"}, dry_run=False))
     assert not result.success
     message = _failure(result)

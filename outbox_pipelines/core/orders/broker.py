@@ -23,6 +23,7 @@ import psycopg
 
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, HttpRequest, trace_headers
+from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.orders.failures import failure_code
@@ -51,13 +52,15 @@ class OrderBroker(Destination):
     writes_on_settle = True
 
     def __init__(self, url: str | None = None, *, token: str | None = None, max_in_flight: int = 32,
-                 transport: str = "aiohttp-native") -> None:
+                 transport: str = "aiohttp-native", already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
+                 ) -> None:
         # Keyed by message id; deliveries run on the HTTP threads while the relay settles other batches.
         self._deliveries: dict[int, _Delivery] = {}
         self._lock = threading.Lock()
         self.http = (
             HttpDestination(url, name=f"order broker {url_origin(url)}", max_in_flight=max_in_flight, token=token,
-                            transport=transport, build_request=self._request, on_result=self._answered)
+                            transport=transport, build_request=self._request, on_result=self._answered,
+                            already_processed=already_processed)
             if url else None
         )
         self.name = self.http.name if self.http else "paper order broker"
@@ -145,5 +148,5 @@ def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _
 
 def build_order_broker(table: "TableSettings", settings: "Settings") -> OrderBroker:
     """The destination of a table whose settings say ``destination = "orders"`` (settings.WING_DESTINATIONS)."""
-    return OrderBroker(table.url, token=settings.env.broker_token, max_in_flight=table.requests_in_flight,
-                       transport=table.transport)
+    return OrderBroker(table.url, token=table.token, max_in_flight=table.requests_in_flight,
+                       transport=table.transport, already_processed=table.already_processed)

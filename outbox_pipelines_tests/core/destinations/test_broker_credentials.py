@@ -109,10 +109,15 @@ def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     assert PASSWORD not in message and "brokeruser" not in message and "brk-token" not in message
 
     config = tmp_path / "outbox.toml"
-    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n')
+    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n'
+                      'token_env = "OUTBOX_BROKER_TOKEN"\n')
     with pytest.raises(ConfigError, match=r"\[tables.outbox_hooks\] url") as refused:
         load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config)
     assert PASSWORD not in str(refused.value)
+    # Not at the broker's origin and not named by the table: the broker's token is not this table's, so
+    # its user-info alone is its credential.
+    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n')
+    assert load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config).table("outbox_hooks").token is None
 
     # Built by hand, the destination refuses it the same way.
     with pytest.raises(ConfigError) as refused:
