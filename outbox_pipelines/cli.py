@@ -501,7 +501,7 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from outbox_pipelines.dev import run_dev  # Dagster: only for this command
 
-    return run_dev(host=args.host, port=args.port)
+    return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote)
 
 
 # -- parser ------------------------------------------------------------------
@@ -650,8 +650,12 @@ def _add_service_commands(sub: Any) -> None:
 
     p = add("dev", cmd_dev,
             "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote")
     p.add_argument("--port", type=int, default=3000)
+    p.add_argument("--allow-remote", action="store_true",
+                   help="serve the UI on a non-loopback --host: it has no login, so anyone who reaches it can launch "
+                        "runs (put an authenticating proxy in front; docs/deploy.md)")
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")

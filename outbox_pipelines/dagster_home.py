@@ -2,7 +2,7 @@
 with dagster.yaml, and a PostgreSQL database of its own on the outbox's server."""
 
 import os
-import shutil
+import stat
 from pathlib import Path
 
 import psycopg
@@ -43,10 +43,18 @@ def dagster_storage_url(outbox_url: str) -> str:
 
 
 def prepare_dagster_home(outbox_url: str) -> dict[str, str]:
-    """Create DAGSTER_HOME with dagster.yaml; return the environment Dagster processes need."""
-    home = Path(os.environ.get("DAGSTER_HOME") or db.embedded_dir() / "dagster_home").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(dagster_yaml_source(), home / "dagster.yaml")
+    """Create DAGSTER_HOME with dagster.yaml; return the environment Dagster processes need.
+
+    The default home is .outbox/dagster_home: .outbox/ and the home are 0700, dagster.yaml 0600 (directories
+    it creates for a DAGSTER_HOME you name are 0700 too). What Dagster writes there itself (run and compute
+    logs) is private when its processes run with umask 077, as `outbox-pipelines dev` starts them.
+    """
+    named = os.environ.get("DAGSTER_HOME")
+    home = Path(named or db.private_embedded_dir() / "dagster_home").resolve()
+    db.make_private_dirs(home)
+    if not named and stat.S_IMODE(home.stat().st_mode) & 0o077:
+        home.chmod(0o700)  # made by an earlier version with the umask's mode
+    db.write_private_file(home / "dagster.yaml", dagster_yaml_source().read_bytes())
     return {
         "DAGSTER_HOME": str(home),
         DAGSTER_PG_URL_ENV: os.environ.get(DAGSTER_PG_URL_ENV) or dagster_storage_url(outbox_url),

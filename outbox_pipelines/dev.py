@@ -1,7 +1,14 @@
 """`outbox-pipelines dev`: the embedded default (or OUTBOX_DATABASE_URL), migrations, Dagster
 storage, and the Dagster UI with its daemon (schedules and sensors running). Ctrl-C stops
-everything it started."""
+everything it started.
 
+The Dagster UI has no login: whoever reaches its port can launch runs, replays and backfills.
+``dev`` therefore serves it on loopback only, unless ``--allow-remote`` says another address is
+meant (then it logs one WARNING line); the rule is the Order API's (core/listen.py). What Dagster
+writes (its instance files, run and compute logs) is made with umask 077: for its user only.
+"""
+
+import logging
 import os
 import signal
 import socket
@@ -13,7 +20,30 @@ from pathlib import Path
 import httpx
 
 from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.listen import is_loopback
 from outbox_pipelines.dagster_home import prepare_dagster_home
+
+log = logging.getLogger("outbox_pipelines.dev")
+
+# dev and every process dagster dev starts (webserver, daemon, code server, runs): files for their user only.
+PRIVATE_UMASK = 0o077
+
+
+def check_ui_exposure(host: str, allow_remote: bool) -> str | None:
+    """Refuse (ConfigError, exit 2) to serve the Dagster UI on an address others can reach unless
+    ``allow_remote``; return the warning to log when it is served there on purpose, else None."""
+    if is_loopback(host):
+        return None
+    if not allow_remote:
+        raise ConfigError(
+            f"refusing to serve the Dagster UI on {host}: it has no login, and anyone who can reach it can "
+            "launch runs (relays, replays of dead messages, backfills). Serve it on 127.0.0.1 (the default) and "
+            "reach it through an authenticating proxy (docs/deploy.md), or pass --allow-remote to serve it on "
+            f"{host} on purpose"
+        )
+    return (f"the Dagster UI is served on {host} with no login (--allow-remote): anyone who can reach it can "
+            "launch runs; put an authenticating proxy in front of it (docs/deploy.md)")
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -96,7 +126,11 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
             time.sleep(0.5)
 
 
-def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
+def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = False) -> int:
+    warning = check_ui_exposure(host, allow_remote)  # a refused start touches nothing
+    if warning:
+        log.warning(warning)
+    os.umask(PRIVATE_UMASK)  # this process and dagster dev's (which inherit it) write for their user only
     if not _port_free(host, port):
         print(f"error: port {port} on {host} is in use; pass --port to choose another", file=sys.stderr)
         return 2

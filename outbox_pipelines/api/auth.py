@@ -17,7 +17,6 @@
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import threading
@@ -26,6 +25,7 @@ import time
 import psycopg
 
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.listen import is_loopback  # shared with `outbox-pipelines dev`
 
 log = logging.getLogger("outbox_pipelines.api")
 
@@ -132,17 +132,6 @@ def read_or_create_secret(conn: psycopg.Connection) -> str:
 
 
 # -- where the API listens -----------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    host = host.strip().strip("[]")
-    if host.lower() in ("localhost", "localhost.", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve to anything: not loopback
-
-
 def check_exposure(host: str, has_tokens: bool, allow_anonymous: bool) -> str | None:
     """Refuse (ConfigError, exit 2) to serve without tokens on an address others can reach, unless
     ``allow_anonymous``; return the warning to log when the API is open, else None."""

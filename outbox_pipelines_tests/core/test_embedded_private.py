@@ -45,9 +45,13 @@ def assert_private(directory: Path) -> None:
 
 
 @pytest.fixture
-def long_root(tmp_path: Path) -> Iterator[Path]:
-    """A data root whose socket path would be longer than a Unix socket allows."""
-    root = tmp_path / ("a-long-project-path-" + "x" * 100) / ".outbox"
+def long_root() -> Iterator[Path]:
+    """A data root whose socket path would be longer than a Unix socket allows, under a directory the
+    server's user can pass through (0711) when we are root: pytest's own is 0700, and the data would then
+    be kept in a short path elsewhere (test_embedded_dirs.py)."""
+    base = Path(tempfile.mkdtemp(prefix="outbox-long-"))
+    base.chmod(0o711)
+    root = base / ("a-long-project-path-" + "x" * 100) / ".outbox"
     assert len(os.fsencode(str(root / "pgdata" / db.SOCKET_NAME))) > db.SOCKET_PATH_MAX
     yield root
     socket_dir = db.embedded_socket_dir(root)
@@ -57,7 +61,7 @@ def long_root(tmp_path: Path) -> Iterator[Path]:
     for leftover in {socket_dir, Path("/tmp") / stem} - {None}:
         if leftover.name.startswith(db.SOCKET_DIR_PREFIX):
             shutil.rmtree(leftover, ignore_errors=True)
-    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -89,6 +93,7 @@ def test_the_test_servers_socket_is_in_its_private_data_directory(pg_server):
 def test_a_long_project_path_gets_a_short_private_socket_directory(long_root):
     url = db.start_embedded(long_root, database="postgres")
     socket_dir = db.embedded_socket_dir(long_root)
+    assert not (long_root / "pgdata").is_symlink()  # the data where it was asked for
     assert socket_dir is not None and socket_dir != long_root / "pgdata"
     assert socket_dir.name.startswith(f"obx-{server_uid()}-")
     assert_private(socket_dir)
