@@ -1,7 +1,11 @@
 """In-process handlers: topic → handlers, every handler runs, errors aggregate.
 
 A handler receives the ClaimedMessage and may return a reference string.
-- an exception is a retry (HANDLER_ERROR; several are reported together);
+- an exception is a retry (HANDLER_ERROR; several are reported together), and so is any
+  ``BaseException`` a handler raises (``SystemExit``, a library's own): it is that message's
+  failure, never the relay's, so the batch's other messages are handled and settled. Only
+  ``KeyboardInterrupt`` (Ctrl-C of a relay run without the CLI's signal handlers) goes on up:
+  it stops the relay, which gives its batch back;
 - ``PermanentError`` is dead with its code (a payload it cannot parse, say);
 - a topic with no handler is ``NO_SUBSCRIBERS`` — an error that retries and
   ends dead, never a silent drop;
@@ -72,7 +76,9 @@ class HandlerRegistry:
             except PermanentError as exc:
                 permanent = permanent or exc
                 failures.append(_text(f"{name}: {exc.code}: {exc}"))
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: this message's failure
                 failures.append(_text(f"{name}: {type(exc).__name__}: {exc}"))
             else:
                 if isinstance(result, str):

@@ -58,7 +58,9 @@ def deliver_planned(destination: Destination, table_name: str, batch: list[Claim
         messages = spans.messages
     try:
         outcomes = destination.deliver(messages)
-    except Exception as exc:  # a destination must not raise; if it does, nothing is lost
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a destination must not raise; if it does, nothing is lost
         log.exception("destination %s raised", destination.name)
         outcomes = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(messages)
     if spans is not None:

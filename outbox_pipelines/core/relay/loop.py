@@ -135,6 +135,12 @@ class Relay:
             if self._hold_the_lock(run):
                 while self._turn(run):
                     pass
+        except BaseException:
+            # Whatever ends the loop this way (Ctrl-C without the signal handlers, a bug), the batch it held
+            # is not settled: its rows go back to pending now instead of waiting out their lease.
+            run.keeper.release()
+            self._give_back_held(run)
+            raise
         finally:
             self._end(run)
         return run.report
