@@ -28,6 +28,8 @@ UNAUTHORIZED = "UNAUTHORIZED"
 UNKNOWN = "UNKNOWN"
 NO_SUBSCRIBERS = "NO_SUBSCRIBERS"
 HANDLER_ERROR = "HANDLER_ERROR"
+# Claimed past the table's max_attempts (it was lowered while the row waited): dead, not delivered again.
+MAX_ATTEMPTS = "MAX_ATTEMPTS"
 DEDUP_HIT = "DEDUP_HIT"
 
 ERROR_TEXT_LIMIT = 2000

@@ -63,7 +63,7 @@ class BatchRunner:
         self.claimed_at.clear()
 
     def plan(self, outbox_table: OutboxTable, batch: list[ClaimedMessage]) -> DispatchPlan:
-        return plan_dispatch(outbox_table, batch, self.table.dedup)
+        return plan_dispatch(outbox_table, batch, self.table.dedup, self.table.retry.max_attempts)
 
     def deliver(self, batch: list[ClaimedMessage], plan: DispatchPlan) -> list[Outcome]:
         """No database work here: this may run on the pipeline thread."""

@@ -1,8 +1,9 @@
 """Which messages of a batch go to the destination, calling it, and every message's outcome.
 
-With dedup on, a message whose payload was already delivered on its topic is
-answered from the table (seed 003), and in-batch twins ride on the first one's
-delivery: only the rest reach the destination.
+A message claimed past the table's ``max_attempts`` (the limit was lowered while it
+waited) is dead without a delivery. With dedup on, a message whose payload was
+already delivered on its topic is answered from the table (seed 003), and in-batch
+twins ride on the first one's delivery: only the rest reach the destination.
 """
 
 import logging
@@ -27,16 +28,21 @@ class DispatchPlan:
     followers: dict[int, int] = field(default_factory=dict)
 
 
-def plan_dispatch(outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup: bool) -> DispatchPlan:
-    """Which messages go to the destination; dedup hits (seed 003) are answered from the table."""
+def plan_dispatch(outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup: bool,
+                  max_attempts: int) -> DispatchPlan:
+    """Which messages go to the destination; those past ``max_attempts`` die here, dedup hits (seed 003) are
+    answered from the table."""
     plan = DispatchPlan(outcomes=[None] * len(batch), to_send=list(range(len(batch))))
+    if batch and max(msg.attempts for msg in batch) > max_attempts:
+        _past_the_limit(plan, batch, max_attempts)
     if not dedup:
         return plan
     keys = [(msg.topic, msg.payload_sha) for msg in batch]
-    already = outbox_table.dedup_lookup(sorted(set(keys)))
+    already = outbox_table.dedup_lookup(sorted({keys[index] for index in plan.to_send}))
     first_in_batch: dict[tuple[str, str], int] = {}
-    plan.to_send = []
-    for index, key in enumerate(keys):
+    sendable, plan.to_send = plan.to_send, []
+    for index in sendable:
+        key = keys[index]
         if key in already:
             plan.outcomes[index] = Outcome.sent(ref=already[key]["result_ref"], code=m.DEDUP_HIT)
         elif key in first_in_batch:
@@ -45,6 +51,16 @@ def plan_dispatch(outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup:
             first_in_batch[key] = index
             plan.to_send.append(index)
     return plan
+
+
+def _past_the_limit(plan: DispatchPlan, batch: list[ClaimedMessage], max_attempts: int) -> None:
+    """Rows that waited at or past a limit since lowered: dead now, audited as any death, never delivered."""
+    for index, msg in enumerate(batch):
+        if msg.attempts > max_attempts:
+            plan.outcomes[index] = Outcome.dead(
+                m.MAX_ATTEMPTS, f"not delivered: attempt {msg.attempts} is past max_attempts = {max_attempts} "
+                "(lowered since this message last failed); replay it to deliver it again")
+    plan.to_send = [index for index in plan.to_send if plan.outcomes[index] is None]
 
 
 def deliver_planned(destination: Destination, table_name: str, batch: list[ClaimedMessage],
