@@ -47,6 +47,25 @@ _RELAY_SIDE = {
 }
 
 
+def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
+    """Serve this process's outbox metrics (``outbox_enqueue_total{table,topic}`` of what it enqueued) on
+    ``http://host:port/metrics``, from a background thread (prometheus_client's server)."""
+    from outbox_pipelines.core import metrics
+
+    metrics.serve(port, host)
+
+
+def expose_metrics(registry: Any = None) -> None:
+    """Add this process's outbox metrics to ``registry`` (default: prometheus_client's default registry), for an
+    application whose own /metrics endpoint (``make_asgi_app()``, ``make_wsgi_app()``, ``start_http_server``)
+    already serves that registry."""
+    from prometheus_client import REGISTRY as DEFAULT
+
+    from outbox_pipelines.core import metrics
+
+    metrics.expose_in(DEFAULT if registry is None else registry)
+
+
 def __getattr__(name: str) -> Any:
     module = _RELAY_SIDE.get(name)
     if module is None:
@@ -80,5 +99,7 @@ __all__ = [
     "Settings",
     "TableSettings",
     "UnknownTable",
+    "expose_metrics",
     "load_settings",
+    "serve_metrics",
 ]

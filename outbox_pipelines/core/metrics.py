@@ -253,8 +253,30 @@ def exposition() -> bytes:
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
-    """Expose /metrics on a port of its own (the relay worker's --metrics-port)."""
+    """Expose /metrics on a port of its own (the relay worker's --metrics-port; an application's own process,
+    whose ``outbox_enqueue_total`` counts what it enqueued)."""
     start_http_server(port, addr=host, registry=REGISTRY)
+
+
+class _Forward(Collector):
+    """The outbox's metrics, as part of another registry's scrape (read at each collect, nothing copied)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from REGISTRY.collect()
+
+
+_forwarded: set[int] = set()
+_forward_lock = threading.Lock()
+
+
+def expose_in(registry: CollectorRegistry) -> None:
+    """Add the outbox's metrics (``outbox_enqueue_total`` among them) to an application's own registry, e.g.
+    prometheus_client's default one that its /metrics already serves; once per registry."""
+    with _forward_lock:
+        if id(registry) in _forwarded:
+            return
+        registry.register(_Forward())
+        _forwarded.add(id(registry))
 
 
 class Stopwatch:
