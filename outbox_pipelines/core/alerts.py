@@ -20,7 +20,12 @@ from urllib.parse import quote
 import httpx
 import psycopg
 
-from outbox_pipelines.core.redaction import redact_text, redact_url, split_credentials
+from outbox_pipelines.core.redaction import (
+    hide_url_paths_in_http_client_logs,
+    redact_text,
+    split_credentials,
+    url_origin,
+)
 from outbox_pipelines.core.settings import parse_duration
 from outbox_pipelines.core.table import SharedTables
 
@@ -139,8 +144,10 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
     log.warning("outbox alert: %s", body.get("text", body.get("summary", "")))
     if not url:
         return False
-    shown = redact_url(url)
-    # Credentials travel as Basic auth, never in the URL: httpx logs every request's URL.
+    # Only the origin is shown: a webhook's path (Slack's /services/T/B/X) is its secret. Credentials travel as
+    # Basic auth, never in the URL, and httpx's own request log shows the origin only.
+    shown = url_origin(url)
+    hide_url_paths_in_http_client_logs()
     bare, auth = split_credentials(url)
     try:
         response = httpx.post(bare, json=body, timeout=timeout_s, auth=auth)

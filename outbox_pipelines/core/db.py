@@ -76,18 +76,29 @@ def psycopg_url(url: str) -> str:
 _PASSWORD_PARAM = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&]*)", re.IGNORECASE)
 
 
+# What follows the ``@`` of user-info: a host list as libpq takes it (names, IPv6 in brackets, ports), or nothing
+# (a Unix socket in the query), up to the path, the query or the end.
+_HOSTS_AFTER_AT = re.compile(r"@(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)?(?::\d*)?"
+                             r"(?:,(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)(?::\d*)?)*(?=[/?#]|$)")
+
+
 def _userinfo_span(url: str) -> tuple[int, int] | None:
     """Where the password of ``scheme://user:password@host`` is, also in a URL libpq cannot parse.
 
-    Up to the last ``@`` before the query: a password with a raw ``@`` or ``/``
-    is masked with whatever follows it rather than shown in part.
+    The password ends at the last ``@`` that a host list follows: a raw ``@``, ``/``, ``?`` or ``#`` in it
+    (which should have been percent-encoded) is masked with the rest of the password, never shown in part.
+    Without such an ``@`` before the query, one inside it counts too: ``user:pa?ss@host`` reads as a query.
     """
     scheme_end = url.find("://")
     if scheme_end < 0:
         return None
     start = scheme_end + 3
     query = url.find("?", start)
-    at = url.rfind("@", start, len(url) if query < 0 else query)
+    ats = [match.start() for match in _HOSTS_AFTER_AT.finditer(url, start)]
+    before_query = [at for at in ats if query < 0 or at < query]
+    at = (before_query or ats or [-1])[-1]
+    if at < 0:
+        at = url.rfind("@", start, len(url) if query < 0 else query)
     if at < 0:
         return None
     colon = url.find(":", start, at)
@@ -123,16 +134,42 @@ def _secrets_of(url: str) -> set[str]:
         password = None
     if password:
         found.add(str(password))
-    return {s for v in found for s in (v, unquote(v)) if len(s) >= 3}
+    # libpq's own reading of a password with a raw "?", "/" or "#" splits it (a host "u", a port "Sec", a query
+    # "retPw@..."); its error text then quotes a piece: every piece of 3 characters or more is a secret too.
+    pieces = {piece for value in found for piece in re.split(r"[/?#@:&=]", value)}
+    return {s for v in found | pieces for s in (v, unquote(v)) if len(s) >= 3}
 
 
 def scrub(text: str, url: str) -> str:
     """``text`` (say, a libpq error) with ``url`` shown masked and its password nowhere."""
     for raw in {url, psycopg_url(url)}:
         text = text.replace(raw, mask_password(raw))
-    for secret in sorted(_secrets_of(url), key=len, reverse=True):
+    secrets = sorted(_secrets_of(url), key=len, reverse=True)
+    for secret in secrets:
         text = text.replace(secret, "***")
-    return text
+    # Only a password with a raw "?", "/", "#" or "@" is cut by libpq's parser and quoted in pieces; masking
+    # fragments of any other would also hide ordinary words it happens to contain ("password").
+    return _mask_fragments(text, [secret for secret in secrets if re.search(r"[?/#@]", secret)])
+
+
+def _mask_fragments(text: str, secrets: list[str], shortest: int = 4) -> str:
+    """Any run of ``shortest`` or more characters of ``text`` that is also part of a secret, masked: libpq
+    quotes a password it cut at a raw '?', '/' or '#' from the middle ("re/t#Pw@host")."""
+    out, i = [], 0
+    while i < len(text):
+        length = 0
+        for secret in secrets:
+            n = shortest
+            while i + n <= len(text) and text[i:i + n] in secret:
+                n += 1
+            length = max(length, n - 1 if n - 1 >= shortest else 0)
+        if length:
+            out.append("***")
+            i += length
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def _bad_url(url: str, reason: str) -> InvalidDatabaseUrl:

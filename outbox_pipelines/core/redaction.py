@@ -8,6 +8,7 @@
 """
 
 import base64
+import logging
 import re
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -117,6 +118,30 @@ class Scrubber:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return mask_credentials(text)
+
+
+class OriginOnlyLogs(logging.Filter):
+    """Shows only the origin of the URLs an HTTP client logs ("HTTP Request: POST https://hooks.example.com/..."
+    becomes "... https://hooks.example.com/…"): a webhook's path or query may be its secret."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(_origin_of_url(arg) for arg in record.args)
+        return True
+
+
+def _origin_of_url(value: object) -> object:
+    text = str(value) if type(value).__name__ == "URL" or isinstance(value, str) else None
+    if text is None or not text.startswith(("http://", "https://")):
+        return value
+    return url_origin(text) + "/…"
+
+
+def hide_url_paths_in_http_client_logs() -> None:
+    """Install OriginOnlyLogs on httpx's logger (once): its INFO line names every request's full URL."""
+    logger = logging.getLogger("httpx")
+    if not any(isinstance(f, OriginOnlyLogs) for f in logger.filters):
+        logger.addFilter(OriginOnlyLogs())
 
 
 def _longest_first(values: Iterable[str]) -> tuple[str, ...]:

@@ -172,3 +172,32 @@ def test_the_dagster_resource_fails_with_a_masked_config_error(monkeypatch):
 ])
 def test_mask_password(url, masked):
     assert db.mask_password(url) == masked
+
+
+@pytest.mark.parametrize("password", ["S3cret?Pw-xyz", "S3cret/Pw-xyz", "S3cret#Pw-xyz", "S3c?re/t#Pw@xyz"])
+def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, password):
+    """Issue 22: with a raw "?" in the password the URL was printed in clear (libpq reads the rest as a query),
+    and with "/" or "#" libpq's complaint quoted a piece of it ("the port 'S3cret'")."""
+    pieces = [p for p in password.replace("?", " ").replace("/", " ").replace("#", " ").replace("@", " ").split()
+              if len(p) >= 3]
+    url = f"postgresql://someone:{password}@127.0.0.1:{free_port()}/outbox?connect_timeout=3"
+    for command in (["status"], ["db", "url"], ["db", "upgrade"]):
+        result = run_cli({**cli_env, "OUTBOX_DATABASE_URL": url}, *command)
+        # nothing listens there: every command but `db url` (which only prints it) fails
+        assert result.returncode in ((0, 2) if command == ["db", "url"] else (1, 2)), f"{command}: {result.stderr}"
+        assert "***" in result.stdout + result.stderr, result.stderr
+        for secret in [password, *pieces]:
+            assert secret not in result.stdout + result.stderr, f"{command}: {secret!r} in\n{result.stderr}"
+    assert db.mask_password(url).startswith("postgresql://someone:***@127.0.0.1:")
+
+
+@pytest.mark.parametrize("url, masked", [
+    ("postgresql://u:pa?ss@h:5432/db", "postgresql://u:***@h:5432/db"),
+    ("postgresql://u:pa/ss@h/db", "postgresql://u:***@h/db"),
+    ("postgresql://u:pa#ss@h/db", "postgresql://u:***@h/db"),
+    ("postgresql://u:pa?ss@/db?host=/tmp/x", "postgresql://u:***@/db?host=/tmp/x"),
+    ("postgresql://u:pw@h1:5432,h2:5433/db", "postgresql://u:***@h1:5432,h2:5433/db"),
+    ("postgresql://u@h/db?application_name=a@b", "postgresql://u@h/db?application_name=a@b"),
+])
+def test_mask_password_of_unencoded_passwords(url, masked):
+    assert db.mask_password(url) == masked

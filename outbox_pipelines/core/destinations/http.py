@@ -52,7 +52,14 @@ from outbox_pipelines.core.destinations.http_outcomes import (
 )
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.redaction import Scrubber, redact_text, redact_url, split_credentials, url_origin
+from outbox_pipelines.core.redaction import (
+    Scrubber,
+    hide_url_paths_in_http_client_logs,
+    redact_text,
+    redact_url,
+    split_credentials,
+    url_origin,
+)
 
 TRANSPORTS = ("aiohttp-native", "aiohttp", "httpx-async", "httpx-sync")
 DEFAULT_TRANSPORT = "aiohttp-native"
@@ -250,6 +257,7 @@ class HttpDestination(Destination):
         origin = url_origin(url)
         self.name = redact_text(name.replace(raw_url, origin).replace(shown, origin)) if name else origin
         self.scrub = Scrubber(url, token=token, credentials=credentials)
+        hide_url_paths_in_http_client_logs()  # the httpx transports log each request's full URL at INFO
         self.already_processed = already_processed
         self.url = url.rstrip("/") if build_request is not default_request else url
         self.timeout_s = timeout_s

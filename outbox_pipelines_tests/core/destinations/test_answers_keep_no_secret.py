@@ -8,6 +8,7 @@ a redirect to another origin.
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -153,3 +154,30 @@ def test_a_redirect_is_not_followed_so_the_credential_stays_with_its_origin(serv
     outcome = deliver_one(f"{serve(redirect)}/orders", transport, token=TOKEN, message=claimed("ev-redirect"))
     assert elsewhere == [], "the request followed the redirect to another origin"
     assert (outcome.kind, outcome.code) == ("retry", "UNKNOWN"), outcome
+
+
+@pytest.mark.parametrize("transport", ["httpx-sync", "httpx-async", "aiohttp"])
+def test_the_http_clients_request_log_names_the_origin_only(serve, transport, caplog):
+    """httpx logs every request's full URL at INFO: a webhook's secret path and ?apikey= with it."""
+    echo = Echo(200)
+    base = serve(echo.handle)
+    caplog.set_level(logging.DEBUG)
+    outcome = deliver_one(f"{base}{SECRET_PATH}?{SECRET_QUERY}", transport, token=TOKEN)
+    assert outcome.kind == "sent", outcome
+    assert "HTTP Request: POST" in caplog.text  # the client did log the request...
+    assert_clean(caplog.text, f"{transport} log")  # ...without the secret parts of its URL
+
+
+def test_an_alert_webhook_is_named_by_its_origin(caplog, serve):
+    from outbox_pipelines.core.alerts import post_alert
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=500, text=f"bad hook {request.url}")
+
+    base = serve(refuse)
+    caplog.set_level(logging.DEBUG)
+    assert post_alert({"text": "x"}, f"{base}{SECRET_PATH}?{SECRET_QUERY}") is False
+    assert post_alert({"text": "x"}, f"http://127.0.0.1:9{SECRET_PATH}?{SECRET_QUERY}") is False
+    assert f"alert webhook {base} answered HTTP 500" in caplog.text
+    assert "alert webhook http://127.0.0.1:9 unreachable" in caplog.text
+    assert_clean(caplog.text, "alert logs")
