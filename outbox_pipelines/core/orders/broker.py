@@ -26,7 +26,7 @@ from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, Ht
 from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.orders.failures import failure_code
+from outbox_pipelines.core.orders.failures import caller_reason, failure_code
 from outbox_pipelines.core.orders.ledger import SettledOrder, record_outcomes
 from outbox_pipelines.core.orders.model import broker_request, broker_timeout_s, exec_result, result_digest
 from outbox_pipelines.core.redaction import url_origin
@@ -141,7 +141,7 @@ def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _
     if settlement.status == "dead":
         attempt = delivery.failed_attempt or Attempt()
         code, http_status = failure_code(settlement.error_code, settlement.error, attempt.status, attempt.failure)
-        reason = f"{code}: {settlement.error_code}: {settlement.error or ''}"[:2000]
+        reason = caller_reason(code, settlement.error_code, http_status, attempt.failure, settlement.attempts)
         return SettledOrder(message.event_id, "failed", None, None, reason, code, http_status, settlement.error_code)
     return None
 

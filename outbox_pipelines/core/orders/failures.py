@@ -45,3 +45,24 @@ def failure_code(error_code: str | None, error: str | None = None, http_status: 
     if failure in ("protocol", "error") or http_status is not None or error_code == m.UNKNOWN:
         return BROKER_DOWN, 502  # answers that could not be used (garbage, a broken connection mid-answer, 3xx)
     return INTERNAL_ERROR, 500
+
+
+# What a caller is told of a failure: our words, the HTTP status and what the last attempt saw; never the
+# broker's own text, which may quote anything (a proxy's page, echoed request headers). That text stays in the
+# outbox row and its audit, for operators, with the destination's credentials scrubbed.
+def caller_reason(code: str, outbox_code: str | None, http_status: int, failure: str | None, attempts: int) -> str:
+    """The ledger's ``reason`` (GET /do/order/{key}, a replayed POST): '<code>: <outbox code>: <our words>'."""
+    tries = f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}"
+    if failure == "refused":
+        words = "the order could not be turned into a broker request; nothing reached the broker"
+    elif code == BROKER_REJECTED:
+        words = f"HTTP {http_status}, the broker refused the order"
+    elif failure == "timeout" or code == BROKER_TIMEOUT:
+        words = f"no answer from the broker in time (HTTP {http_status}); {tries}"
+    elif failure == "connection":
+        words = f"the broker could not be reached (connection failed); {tries}"
+    elif code == BROKER_DOWN:
+        words = f"HTTP {http_status}, the broker failed or answered what could not be used; {tries}"
+    else:
+        words = f"the order could not be sent (HTTP {http_status})"
+    return f"{code}: {outbox_code or m.UNKNOWN}: {words}"

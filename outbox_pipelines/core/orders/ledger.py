@@ -103,7 +103,7 @@ class SettledOrder(NamedTuple):
     status: str  # 'succeeded' | 'failed'
     result: dict[str, Any] | None = None  # the ExecResult (succeeded)
     result_digest: str | None = None
-    reason: str | None = None  # failed: "<error code>: <outbox code>: <error text>"
+    reason: str | None = None  # failed: failures.caller_reason: "<error code>: <outbox code>: HTTP <status>, ..."
     error: str | None = None  # failed: BROKER_REJECTED / BROKER_TIMEOUT / BROKER_DOWN / INTERNAL_ERROR
     http_status: int | None = None  # failed: the HTTP status of the failure (failures.failure_code)
     reason_code: str | None = None  # failed: the outbox's code (BAD_REQUEST, NETWORK_TIMEOUT, BROKER_5XX ...)

@@ -98,12 +98,14 @@ def test_each_failure_is_stored_with_the_seed_001_code_and_status(conn, db_url, 
     for key in ("k-400", "k-404", "k-409", "k-422"):
         found = assert_failed(conn, key, BROKER_REJECTED, SCRIPTED[key][0], "BAD_REQUEST")
         assert http_sink.counts[key] == 1, "a rejection is not retried"
-        assert SCRIPTED[key][1].decode()[:8] in found["reason"]
+        # our words and the status; never the broker's own text (issue 22: it may quote echoed credentials)
+        assert found["reason"] == f"BROKER_REJECTED: BAD_REQUEST: HTTP {SCRIPTED[key][0]}, the broker refused the order"
+        assert SCRIPTED[key][1].decode()[:8] not in found["reason"]
     assert_failed(conn, "k-401", BROKER_REJECTED, 401, "UNAUTHORIZED")
     # Outages: retried to max attempts (2 here), then the code says the broker was down or slow.
     for key in ("k-502", "k-503"):
         found = assert_failed(conn, key, BROKER_DOWN, SCRIPTED[key][0], "BROKER_5XX")
-        assert "gave up after 2 of 2 attempts" in found["reason"] and http_sink.counts[key] == 2
+        assert "gave up after 2 attempts" in found["reason"] and http_sink.counts[key] == 2
     assert_failed(conn, "k-504", BROKER_TIMEOUT, 504, "BROKER_5XX")
 
     ok = entry(conn, "k-ok")
@@ -118,7 +120,7 @@ def test_gave_up_after_timeouts_is_broker_timeout(conn, db_url):
     finally:
         sim.stop()
     found = assert_failed(conn, "k-slow", BROKER_TIMEOUT, 504, "NETWORK_TIMEOUT")
-    assert "no answer within 2.5 s" in found["reason"]
+    assert "no answer from the broker in time" in found["reason"]
 
 
 def test_gave_up_after_connection_errors_is_broker_down(conn, db_url):
@@ -128,7 +130,7 @@ def test_gave_up_after_connection_errors_is_broker_down(conn, db_url):
     accept(conn, "k-unreachable")
     relay_until_settled(conn, db_url, settings_for(closed), passes=2)
     found = assert_failed(conn, "k-unreachable", BROKER_DOWN, 503, "NETWORK_TIMEOUT")
-    assert "connection failed" in found["reason"]
+    assert "could not be reached (connection failed)" in found["reason"]
 
 
 def test_an_order_the_broker_mapping_cannot_send_is_rejected_before_the_broker(conn, db_url, http_sink):
@@ -137,7 +139,7 @@ def test_an_order_the_broker_mapping_cannot_send_is_rejected_before_the_broker(c
     conn.execute(f"UPDATE {TABLE} SET payload = payload - 'instrument'")
     relay_until_settled(conn, db_url, settings_for(http_sink.url), passes=1)
     found = assert_failed(conn, "k-unmappable", BROKER_REJECTED, 400, "BAD_REQUEST")
-    assert "cannot build the request" in found["reason"] and http_sink.received == []
+    assert "nothing reached the broker" in found["reason"] and http_sink.received == []
 
 
 def test_get_and_replay_tell_an_outage_from_a_rejection(conn, db_url, http_sink):
@@ -158,7 +160,8 @@ def test_get_and_replay_tell_an_outage_from_a_rejection(conn, db_url, http_sink)
     assert (rejected["status"], rejected["http_status"]) == ("failed", 400)
     assert rejected["reason"].startswith("BROKER_REJECTED: BAD_REQUEST: HTTP 400")
     assert (outage["status"], outage["http_status"]) == ("failed", 503)
-    assert outage["reason"].startswith("BROKER_DOWN: BROKER_5XX: gave up after 2 of 2 attempts: HTTP 503")
+    assert outage["reason"] == ("BROKER_DOWN: BROKER_5XX: HTTP 503, the broker failed or answered what could not be "
+                                "used; gave up after 2 attempts")
     assert replay.status_code == 200
     answer = replay.json()
     assert (answer["status"], answer["error"], answer["http_status"]) == ("failed", BROKER_DOWN, 503)
