@@ -137,10 +137,10 @@ def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
 
 def _write_demo_config(broker_url: str) -> Path:
     """The demo's settings: short backoffs, and its orders sent to the demo's broker simulator."""
-    config_path = db.embedded_dir() / "demo-outbox.toml"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(DEMO_CONFIG.replace("[tables.outbox_orders]\n",
-                                               f"[tables.outbox_orders]\nurl = {json.dumps(broker_url)}\n", 1))
+    config_path = db.private_embedded_dir() / "demo-outbox.toml"
+    orders = "[tables.outbox_orders]\n"
+    text = DEMO_CONFIG.replace(orders, f"{orders}url = {json.dumps(broker_url)}\n", 1)
+    db.write_private_file(config_path, text.encode())  # .outbox/ is private, and so is what is written there
     return config_path
 
 

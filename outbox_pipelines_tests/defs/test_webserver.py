@@ -1,5 +1,6 @@
 """Smoke test: the real dagster-webserver on loopback finds everything, launches a relay run, and it succeeds."""
 
+import json
 import os
 import subprocess
 import sys
@@ -141,3 +142,28 @@ def test_terminate_in_the_ui_cancels_a_relay_run_after_it_settles(webserver, con
     [worker] = conn.execute("SELECT * FROM outbox_relay_workers WHERE run_id = %s", (run_id,)).fetchall()
     assert worker["stopped_at"] is not None and worker["stop_reason"] == "stop requested"
     assert conn.execute("SELECT count(*) AS n FROM outbox_events WHERE status = 'sending'").fetchone()["n"] == 0
+
+
+ATTEMPTED_OVERRIDES = [
+    {"outbox_destinations": {"config": {"url_overrides": {"outbox_memory": "{sink}"}}}},
+    {"outbox_db": {"config": {"url": "postgresql://attacker@127.0.0.1:9/stolen"}}},
+    {"outbox_db": {"config": {"config_path": "/tmp/attacker-outbox.toml"}}},
+]
+
+
+def test_a_launch_from_the_ui_cannot_redirect_messages_or_the_database(webserver, conn, http_sink):
+    """Issue 22: anyone who can open the UI (it has no login) could send a table's messages, with the broker's
+    token, to a URL of their choice by run config, and the rows were marked sent. The launch is refused now."""
+    repo = graphql(webserver, REPOSITORY)["repositoriesOrError"]["nodes"][0]
+    enqueue_n(conn, "outbox_memory", 3)
+    for resources in ATTEMPTED_OVERRIDES:
+        params = {
+            "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
+                         "jobName": "relay_outbox_memory_job"},
+            "runConfigData": {"resources": json.loads(json.dumps(resources).replace("{sink}", http_sink.url)),
+                              "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}},
+        }
+        launched = graphql(webserver, LAUNCH, params=params)["launchRun"]
+        assert launched["__typename"] == "RunConfigValidationInvalid", (resources, launched)
+        assert any("unexpected config entry" in e["message"].lower() for e in launched["errors"]), launched
+    assert http_sink.received == [] and statuses(conn, "outbox_memory") == {"pending": 3}
