@@ -65,9 +65,20 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _chosen_tables(args: argparse.Namespace, settings: Settings) -> list[TableSettings]:
-    """The tables named by --table (repeatable), else every configured table in name order."""
+    """The tables named by --table (repeatable), else every usable table in name order; a table whose section
+    cannot be used is then told at the end, and the command exits 2 (``main``)."""
     chosen = getattr(args, "table", None)
+    if not chosen:
+        args.unusable_tables = settings.broken
     return [settings.table(table_name) for table_name in (chosen or sorted(settings.tables))]
+
+
+def _unusable_tables(args: argparse.Namespace) -> int:
+    """Say which tables the command left out because their settings cannot be used: exit 2 if any."""
+    broken: dict[str, str] = getattr(args, "unusable_tables", {})
+    for name in sorted(broken):
+        say(f"error: {name} was left out: {broken[name]}")
+    return EXIT_USAGE if broken else EXIT_OK
 
 
 def _row_id(value: str) -> int:
@@ -671,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
-        return int(args.handler(args) or 0)
+        return int(args.handler(args) or 0) or _unusable_tables(args)
     except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:
         say(f"error: {exc}")
         return EXIT_USAGE

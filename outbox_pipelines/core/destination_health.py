@@ -182,6 +182,9 @@ class DestinationHealth:
     last_success_at: datetime | None = None
     paused_for_s: float | None = None
     circuit_opened_at: datetime | None = None
+    # Why the table's relay group cannot relay it (core/relay/group.py), and since when; None: it can.
+    relay_problem: str | None = None
+    relay_problem_since: datetime | None = None
 
     @property
     def failing(self) -> bool:
@@ -203,5 +206,5 @@ def read_health(conn: psycopg.Connection, table_name: str, now: datetime | None 
     return DestinationHealth(
         table_name, row["destination"], row["failing_for_s"], row["consecutive_failures"],
         {k: int(v) for k, v in (row["error_codes"] or {}).items()}, row["last_error"], row["last_success_at"],
-        row["paused_for_s"], row["circuit_opened_at"],
+        row["paused_for_s"], row["circuit_opened_at"], row["relay_problem"], row["relay_problem_since"],
     )

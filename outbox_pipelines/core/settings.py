@@ -269,6 +269,8 @@ class TableSettings:
     on_success: str = "mark_sent"
     claim: str = "lease"
     audit: str = "all"
+    # The relay group: one Dagster run relays every table of its group, each on a worker of its own.
+    group: str = "default"
     dedup: bool = False
     batch_size: int = 100
     # Threads running an in-process handlers destination (the ``parallelism`` key, OUTBOX_PARALLELISM).
@@ -348,7 +350,13 @@ TABLE_KEYS = {
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
     "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit", "already_processed", "token_env",
+    "group",
 } | set(THRESHOLD_KEYS)
+# Keys a shipped table's defaults carry that a user does not write (WING_TABLES).
+INTERNAL_KEYS = {"url_from_env"}
+# The relay group a table joins unless its section names one: one Dagster run hosts a group's tables.
+DEFAULT_GROUP = "default"
+_GROUP = re.compile(r"^[a-z0-9_]{1,40}$")
 
 
 def config_path(env: Mapping[str, str] | None = None) -> Path | None:
@@ -375,18 +383,22 @@ def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
     if unknown_top:
         raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)}; "
                           "put table settings under [tables.NAME]")
-    if not isinstance(tables, dict):
-        raise ConfigError(f"{path}: [tables] must be a table of tables")
-    for name, section in tables.items():
-        try:
-            validate_table_name(name)
-        except InvalidTableName as exc:
-            raise ConfigError(f"{path}: [tables.{name}]: {exc}") from None
-        unknown = set(section) - TABLE_KEYS
-        if unknown:
-            raise ConfigError(f"{path}: [tables.{name}] has unknown keys {sorted(unknown)}; "
-                              f"known keys: {sorted(TABLE_KEYS)}")
+    if not isinstance(tables, dict) or not all(isinstance(section, dict) for section in tables.values()):
+        raise ConfigError(f"{path}: [tables] must be a table of tables: one [tables.NAME] section per table")
     return tables
+
+
+def _check_section(name: str, section: Mapping[str, Any], source: Path | None) -> None:
+    """A section's name and keys (ConfigError naming the file, the section and what to write)."""
+    where = f"{source}: " if source else ""
+    try:
+        validate_table_name(name)
+    except InvalidTableName as exc:
+        raise ConfigError(f"{where}[tables.{name}]: {exc}") from None
+    unknown = set(section) - TABLE_KEYS - INTERNAL_KEYS
+    if unknown:
+        raise ConfigError(f"{where}[tables.{name}] has unknown keys {sorted(unknown)}; "
+                          f"known keys: {sorted(TABLE_KEYS)}")
 
 
 def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
@@ -519,6 +531,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         mode=_one_of(section.get("mode", "single-active"), MODES, f"{where} mode"),
         on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
         claim=_one_of(section.get("claim", "lease"), CLAIM_MODES, f"{where} claim"),
+        group=_group(section.get("group", DEFAULT_GROUP), where),
         audit=_one_of(section.get("audit", "all"), AUDIT_MODES, f"{where} audit"),
         dedup=bool(section.get("dedup", False)),
         batch_size=int(section.get("batch_size", env.batch_size)),
@@ -542,6 +555,12 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
     )
 
 
+def _group(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _GROUP.fullmatch(value):
+        raise ConfigError(f"{where} group must be lowercase letters, digits and _ (at most 40), got {value!r}")
+    return value
+
+
 def _positive(value: float, what: str) -> float:
     if value <= 0:
         raise ConfigError(f"{what} must be more than 0, got {value}")
@@ -559,8 +578,13 @@ class Settings:
     env: GlobalSettings
     tables: dict[str, TableSettings]
     source: Path | None
+    # Tables whose section cannot be used, with what is wrong (ConfigError's message): the others load and
+    # relay without them; every command or check that names one says why.
+    broken: dict[str, str] = field(default_factory=dict)
 
     def table(self, name: str) -> TableSettings:
+        if name in self.broken:
+            raise ConfigError(self.broken[name])
         validate_table_name(name)
         try:
             return self.tables[name]
@@ -571,12 +595,36 @@ class Settings:
                 f"Add a [tables.{name}] section to {self.source or 'outbox.toml (OUTBOX_CONFIG)'}"
             ) from None
 
+    def check(self) -> None:
+        """ConfigError listing every table whose section cannot be used (the strict reading of the file)."""
+        if self.broken:
+            raise ConfigError("; ".join(self.broken[name] for name in sorted(self.broken)))
+
+    def groups(self) -> dict[str, list[str]]:
+        """Each relay group's tables (the usable ones), by name."""
+        groups: dict[str, list[str]] = {}
+        for name in sorted(self.tables):
+            groups.setdefault(self.tables[name].group, []).append(name)
+        return groups
+
 
 def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None) -> Settings:
+    """The settings; a table whose section cannot be used is left out and named in ``broken`` (its error), so
+    one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError."""
     global_settings = GlobalSettings.from_env(env)
     source = path if path is not None else config_path(env)
     sections: dict[str, dict[str, Any]] = {name: dict(s) for name, s in shipped_tables().items()}
-    for name, section in load_config_file(source).items():
+    written = load_config_file(source)
+    for name, section in written.items():
         sections[name] = {**sections.get(name, {}), **section}
-    tables = {name: build_table_settings(name, section, global_settings) for name, section in sections.items()}
-    return Settings(global_settings, tables, source)
+    tables: dict[str, TableSettings] = {}
+    broken: dict[str, str] = {}
+    for name, section in sections.items():
+        try:
+            if name in written:
+                _check_section(name, written[name], source)
+            tables[name] = build_table_settings(name, section, global_settings)
+        except ConfigError as exc:
+            text = str(exc)
+            broken[name] = text if source is None or text.startswith(str(source)) else f"{source}: {text}"
+    return Settings(global_settings, tables, source, broken)

@@ -9,7 +9,7 @@ move database time; production passes None and every statement uses the
 server's ``now()``.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,8 +24,8 @@ from psycopg.types.json import Jsonb
 from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import ClaimedMessage
-from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.queries import shared_query, table_query
+from outbox_pipelines.core.names import table_identifier, validate_table_name
+from outbox_pipelines.core.queries import named_queries, shared_query, table_query
 
 Row = dict[str, Any]
 Statement = str | sql.SQL | sql.Composed
@@ -126,6 +126,20 @@ def _prepare(reuse_plan: bool) -> bool | None:
     """``reuse_plan``: prepare the statement now (its plan kept for the session; PostgreSQL may make it
     generic). Otherwise the connection's own rule (the relay's sessions: never prepared, planned anew)."""
     return True if reuse_plan else None
+
+
+def ready_tables(conn: psycopg.Connection, paused_by_table: Mapping[str, Sequence[str]]) -> set[str]:
+    """Which of these outbox tables have a pending row due now outside their paused topics: one statement
+    for all of them (a relay group's poll for its quiet tables)."""
+    if not paused_by_table:
+        return set()
+    probe = named_queries()["outbox_ready_probe"]
+    parts = [sql.SQL(probe).format(table=table_identifier(validate_table_name(name)), name=sql.Literal(name),
+                                   paused=sql.Literal(list(paused)))
+             for name, paused in sorted(paused_by_table.items())]
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sql.SQL("\nUNION ALL\n").join(parts))
+        return {row[0] for row in cur.fetchall()}
 
 
 class OutboxTable:
@@ -583,6 +597,13 @@ class SharedTables:
             "table_name": table_name, "destination": destination, "failures": failures, "codes": Jsonb(codes),
             "error": error, "threshold": threshold, "probe_interval_s": probe_interval_s, "now": now})
         return bool(rows[0]["circuit_open"])
+
+    def record_relay_problem(self, table_name: str, problem: str, *, now: datetime | None = None) -> None:
+        self._run("outbox_relay_problem_record", {"table_name": table_name, "problem": problem, "now": now})
+
+    def clear_relay_problem(self, table_name: str, *, now: datetime | None = None) -> bool:
+        """True if a problem was recorded (the table relays again)."""
+        return self._count("outbox_relay_problem_clear", {"table_name": table_name, "now": now}) > 0
 
     def read_destination_health(self, table_name: str, *, now: datetime | None = None) -> Row | None:
         rows = self._run("outbox_destination_health_read", {"table_name": table_name, "now": now})

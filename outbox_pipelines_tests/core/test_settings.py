@@ -1,5 +1,7 @@
 """Settings: the seeds' environment variables and the one file a user edits."""
 
+import re
+
 import pytest
 
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
@@ -77,10 +79,22 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
     ],
 )
 def test_config_errors_say_what_to_fix(tmp_path, text, message):
+    """A section's mistake is that table's: the file still loads, the table is left out and named with the
+    error, and everything that asks for it (or the strict check) gets the message."""
     path = tmp_path / "outbox.toml"
     path.write_text(text)
+    try:
+        settings = load_settings(env={}, path=path)
+    except ConfigError as exc:  # the file as a whole cannot be read (not TOML)
+        assert re.search(message, str(exc)), exc
+        return
+    [(name, error)] = settings.broken.items()
+    assert re.search(message, error), error
+    assert name not in settings.tables and "outbox_events" in settings.tables  # the others load
     with pytest.raises(ConfigError, match=message):
-        load_settings(env={}, path=path)
+        settings.table(name)
+    with pytest.raises(ConfigError, match=message):
+        settings.check()
 
 
 def test_unknown_table_names_the_file_to_edit():

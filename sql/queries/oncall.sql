@@ -119,8 +119,28 @@ FROM clock
 WHERE h.table_name = %(table_name)s AND h.circuit_opened_at IS NOT NULL AND h.next_probe_at <= clock.now
 RETURNING true AS probe
 
+-- name: outbox_relay_problem_record
+-- A table its relay group cannot relay: the problem, since when it has lasted (kept while it stays the same).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
+INSERT INTO outbox_destination_health AS h (table_name, relay_problem, relay_problem_since, updated_at)
+SELECT %(table_name)s, %(problem)s, clock.now, clock.now FROM clock
+ON CONFLICT (table_name) DO UPDATE
+SET relay_problem = EXCLUDED.relay_problem,
+    relay_problem_since = CASE WHEN h.relay_problem IS NULL THEN EXCLUDED.relay_problem_since
+                               ELSE h.relay_problem_since END,
+    updated_at = (SELECT now FROM clock)
+
+-- name: outbox_relay_problem_clear
+-- The table relays again.
+UPDATE outbox_destination_health
+SET relay_problem = NULL, relay_problem_since = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE table_name = %(table_name)s AND relay_problem IS NOT NULL
+
 -- name: outbox_destination_health_read
 SELECT table_name, destination, failing_since, consecutive_failures, error_codes, last_error,
+       relay_problem, relay_problem_since,
        last_failure_at, last_success_at, paused_until, pause_reason, circuit_opened_at, next_probe_at,
        extract(epoch FROM paused_until - coalesce(%(now)s::timestamptz, now()))::float8 AS paused_for_s,
        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - failing_since)::float8 AS failing_for_s

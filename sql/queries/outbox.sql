@@ -510,6 +510,14 @@ WHERE t.status = 'sent'
 ORDER BY t.id
 LIMIT %(limit)s
 
+-- name: outbox_ready_probe
+-- One table's part of a relay group's poll for its quiet tables (core/relay/group.py), joined with
+-- UNION ALL into one statement: the table's name when a pending row outside its paused topics is
+-- due now. {name} and {paused} are literals composed with psycopg.sql; EXISTS stops at the first row.
+SELECT {name}::text AS table_name
+WHERE EXISTS (SELECT 1 FROM {table}
+              WHERE status = 'pending' AND available_at <= now() AND topic <> ALL({paused}::text[]))
+
 -- name: outbox_ready_count
 SELECT count(*) AS ready
 FROM {table}

@@ -48,6 +48,10 @@ from outbox_pipelines.core.table import PLAN_REUSE_MAX_ROWS, OutboxTable
 
 log = logging.getLogger("outbox_pipelines.relay")
 
+# (seconds since the last claim that took rows, seconds since the invocation started) -> a reason to end it
+# now, or None. A relay group (relay/group.py) ends a table's idle invocation with it, or yields its place.
+Release = Callable[[float, float], str | None]
+
 DECLARED_DEAD = "declared dead by the liveness sweep (its heartbeat was lost); stopped"
 # Far past any lease: after a database error, every row this relay still holds counts as stuck.
 _ALL_HELD_S = 10 * 365 * 86400.0
@@ -71,6 +75,9 @@ class _Invocation:
     next_progress: float
     next_requeue: float
     requeue_every: float
+    # When the last claim took rows (time.monotonic()), and what may end the invocation early (``Release``).
+    last_work: float = 0.0
+    release: "Release | None" = None
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -128,9 +135,11 @@ class Relay:
 
     # -- the loop ------------------------------------------------------------
     def run(self, *, max_seconds: float | None = None, max_entries: int | None = None,
-            once: bool = False) -> RelayReport:
+            once: bool = False, release: Release | None = None) -> RelayReport:
+        """Relay under the budget; ``release`` may end the invocation between batches (see ``Release``)."""
         budget = Budget.starting_now(self._stop, max_seconds=max_seconds, max_entries=max_entries, once=once)
         run = self._start(budget)
+        run.release = release
         try:
             if self._hold_the_lock(run):
                 while self._turn(run):
@@ -155,7 +164,7 @@ class Relay:
             budget, RelayReport(self.table.name, self.worker), session, OutboxTable(conn, self.table.name), keeper,
             single_active=self.table.mode == "single-active", started=started,
             next_progress=started + self.progress_every_s, next_requeue=started,
-            requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s),
+            requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s), last_work=started,
         )
 
     def _hold_the_lock(self, run: _Invocation) -> bool:
@@ -206,6 +215,11 @@ class Relay:
             return "stop requested"
         if run.keeper.declared_dead:
             return DECLARED_DEAD
+        if run.release is not None:
+            now = time.monotonic()
+            reason = run.release(now - run.last_work, now - run.started)
+            if reason:
+                return reason
         return run.budget.used_up(run.report.claimed)
 
     def _report_progress_if_due(self, run: _Invocation) -> None:
@@ -242,6 +256,8 @@ class Relay:
             return True  # a NOTIFY came while the relay was busy: claim now, no next-due read, no wait
         due = run.outbox_table.next_due_in_s(paused_topics=self._paused_topics())
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
+        if run.release is not None:
+            idle = min(idle, 1.0)  # a release is asked at least once a second (a NOTIFY still wakes it at once)
         wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)
         return True
 
@@ -282,6 +298,8 @@ class Relay:
                 report.probes += 1
                 claimed = self._claim(run, min(limit, gate.limit), gated=False)
         report.claimed += len(claimed)
+        if claimed:
+            run.last_work = time.monotonic()
         self._claims_are_small = len(claimed) <= PLAN_REUSE_MAX_ROWS
         metrics.count_claim(self.table.name, len(claimed))
         self.batches.note_claimed(claimed)

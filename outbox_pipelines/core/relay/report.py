@@ -147,6 +147,20 @@ class RelayReport:
         for code, n in counts.destination_failures.items():
             self.destination_failures[code] = self.destination_failures.get(code, 0) + n
 
+    def merge(self, other: "RelayReport") -> None:
+        """Add another invocation of the same table's relay (a relay group's activations): counts, seconds and
+        lag add up; the circuit and the stop reason are the latest's."""
+        for name in ("claimed", "sent", "retried", "dead", "conflicts", "dedup_hits", "requeued", "batches",
+                     "db_errors", "rate_limited", "probes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.seconds += other.seconds
+        for mine, theirs in ((self.dead_by_code, other.dead_by_code),
+                             (self.destination_failures, other.destination_failures)):
+            for code, n in theirs.items():
+                mine[code] = mine.get(code, 0) + n
+        self.lag.add_each(other.lag.values, float)
+        self.circuit, self.stopped_because, self.lock_held = other.circuit, other.stopped_because, other.lock_held
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("lag")

@@ -102,7 +102,7 @@ def test_without_a_broker_token_no_credential_is_sent_even_with_api_tokens(http_
 def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     url = with_userinfo("http://127.0.0.1:1/orders")
     with pytest.raises(ConfigError) as refused:
-        load_settings(env={"OUTBOX_BROKER_URL": url, "OUTBOX_BROKER_TOKEN": "brk-token"}, path=None)
+        load_settings(env={"OUTBOX_BROKER_URL": url, "OUTBOX_BROKER_TOKEN": "brk-token"}, path=None).check()
     message = str(refused.value)
     assert "OUTBOX_BROKER_URL" in message and "OUTBOX_BROKER_TOKEN" in message
     assert "http://***@127.0.0.1:1/orders" in message
@@ -112,7 +112,7 @@ def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n'
                       'token_env = "OUTBOX_BROKER_TOKEN"\n')
     with pytest.raises(ConfigError, match=r"\[tables.outbox_hooks\] url") as refused:
-        load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config)
+        load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config).check()
     assert PASSWORD not in str(refused.value)
     # Not at the broker's origin and not named by the table: the broker's token is not this table's, so
     # its user-info alone is its credential.
@@ -135,7 +135,7 @@ def test_user_info_alone_is_loaded():
 @pytest.mark.parametrize("bad", ["http://u:p@127.0.0.1:99999/orders", "ftp://u:p@broker/orders", "http://u:p@[::1/orders"])
 def test_an_unusable_broker_url_is_refused_at_start_up_without_its_password(bad):
     with pytest.raises(ConfigError, match="OUTBOX_BROKER_URL") as refused:
-        load_settings(env={"OUTBOX_BROKER_URL": bad}, path=None)
+        load_settings(env={"OUTBOX_BROKER_URL": bad}, path=None).check()
     assert ":p@" not in str(refused.value)
 
 

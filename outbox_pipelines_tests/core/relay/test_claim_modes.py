@@ -87,7 +87,7 @@ def test_claim_and_audit_settings_are_checked(tmp_path):
     assert load_settings(env={}).table(ORDERS).claim == "lease"
     config.write_text('[tables.outbox_orders]\nclaim = "locked"\n')
     with pytest.raises(ConfigError, match="claim must be one of lease, transaction, got 'locked'"):
-        load_settings(env={"OUTBOX_CONFIG": str(config)})
+        load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
 
 
 # -- real relay processes ---------------------------------------------------------------------

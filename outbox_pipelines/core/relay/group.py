@@ -1,0 +1,431 @@
+"""A relay group: one process relays many outbox tables, and what it costs grows with the work, not the tables.
+
+A platform has one outbox table per module, 10 to 50 of them, most of them quiet most of the time. A
+group relays all of its tables in one process (one Dagster run, or one ``outbox-pipelines relay --group``):
+
+- A quiet table holds nothing: no connection, no relay, no thread but the one that waits for it. One
+  *watcher* connection LISTENs on every table's channel (an enqueue wakes its table at once) and asks,
+  once a second and in one statement, which quiet tables have rows that became due (a retry's backoff,
+  a replay, a requeue).
+- A table with work gets an *activation*: its ``Relay`` runs as a relay of its own would (its session,
+  its lease keeper, the single-active lock, LISTEN), until it has been idle for ``linger_s``, or until
+  another table waits for a place and it has had its turn (``slice_s``, or idle for a moment). Then it
+  lets go of everything and waits again.
+- At most ``places`` tables are active at once (each holds two connections): the group's connections
+  are bounded whatever its number of tables.
+- A table that cannot be relayed (it does not exist, its destination cannot be built, its handlers cannot
+  be imported, its relay keeps raising) is left aside and its problem recorded once, in the table's row
+  of ``outbox_destination_health`` (its ``relay`` check and one alert say it); the other tables go on. A
+  relay that raised is tried again with a growing backoff; the first activation that relays clears the
+  problem. The group run itself fails only when it cannot relay at all (its watcher cannot connect).
+
+A stop request (SIGTERM, Dagster's Terminate) stops every active relay after it settles its batch.
+"""
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from outbox_pipelines.core.db import connect
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.errors import ConfigError, OutboxError
+from outbox_pipelines.core.models import cap_error
+from outbox_pipelines.core.names import notify_channel
+from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.relay.loop import Relay
+from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.core.table import SharedTables, ready_tables
+from outbox_pipelines.core.wiring import build_destination
+
+log = logging.getLogger("outbox_pipelines.relay")
+
+# Defaults (a relay group's knobs; docs/design.md "Relay groups").
+PLACES = 16  # tables active at once: each holds the relay's session and its lease keeper's connection
+LINGER_S = 15.0  # an active table with nothing to do keeps its relay this long (a trickle stays warm)
+SLICE_S = 60.0  # while another table waits for a place, an active one gives its place up after this long
+POLL_S = 1.0  # how often the quiet tables are asked for rows that became due
+# A table whose relay raised waits this long before it is tried again, doubling up to the last.
+RETRY_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)
+# A table whose single-active lock another relay holds is tried again after this long.
+LOCK_HELD_RETRY_S = 10.0
+GAVE_WAY = "gave its place to a waiting table"
+IDLE = "idle"
+
+
+class Places:
+    """At most ``size`` tables active at once, handed out first come, first served (a table that gives its
+    place up and asks again queues behind the tables already waiting); knows whether any table waits."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._free = size, size
+        self._queue: collections.deque[object] = collections.deque()
+        self._cond = threading.Condition()
+
+    def take(self, stop: threading.Event) -> bool:
+        """Wait for a place; False if the group stops first (and then no place is taken)."""
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            try:
+                while not (self._free and self._queue[0] is ticket) and not stop.is_set():
+                    self._cond.wait(0.25)
+                if stop.is_set():
+                    return False
+                self._free -= 1
+                return True
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+
+    def give_back(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+    @property
+    def contended(self) -> bool:
+        return bool(self._queue)
+
+
+@dataclass
+class TableWorker:
+    """One table of the group: its relay (built at the first activation), what it did, what is wrong."""
+
+    settings: TableSettings
+    wake: threading.Event = field(default_factory=threading.Event)
+    report: RelayReport | None = None  # every finished activation, merged
+    live: RelayReport | None = None  # the activation running now, as its last progress call saw it
+    relay: Relay | None = None
+    destination: Destination | None = None
+    problem: str | None = None  # what keeps it from relaying, as recorded
+    left_out: bool = False  # cannot be relayed by this run at all (its settings say so, or it does not exist)
+    active: bool = False
+    activations: int = 0
+    failures: int = 0  # activations in a row that raised
+    not_before: float = 0.0  # time.monotonic() before which it is not woken again
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def totals(self) -> RelayReport | None:
+        """What it did in this run so far: the finished activations and the one running now."""
+        parts = [part for part in (self.report, self.live if self.active else None) if part is not None]
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        combined = RelayReport(self.name, parts[0].worker)
+        for part in parts:
+            combined.merge(part)
+        return combined
+
+
+@dataclass
+class GroupReport:
+    """What a group run did: a report per table that relayed, and the tables it could not relay."""
+
+    group: str
+    tables: dict[str, RelayReport] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped_because: str = ""
+
+    @property
+    def sent(self) -> int:
+        return sum(r.sent for r in self.tables.values())
+
+    @property
+    def outcome(self) -> str:
+        """The run's outcome in one word (its Dagster tag): the worst that happened to any table."""
+        outcomes = {report.outcome for report in self.tables.values()}
+        for outcome in ("destination_failing", "dead_letters"):
+            if outcome in outcomes:
+                return outcome
+        if self.problems:
+            return "table_problems"
+        return "delivered" if "delivered" in outcomes else "idle"
+
+
+Progress = Callable[["GroupRelay"], None]
+
+
+class GroupRelay:
+    def __init__(self, url: str, settings: Settings, table_names: Sequence[str], *, group: str = "default",
+                 worker_prefix: str, run_id: str | None = None, direct_url: str | None = None,
+                 places: int = PLACES, linger_s: float = LINGER_S, slice_s: float = SLICE_S,
+                 poll_s: float = POLL_S, progress: Progress | None = None, progress_every_s: float = 30.0,
+                 destinations: Callable[[TableSettings, Settings], Destination] = build_destination) -> None:
+        self.url, self.settings, self.group = url, settings, group
+        self.worker_prefix, self.run_id, self.direct_url = worker_prefix, run_id, direct_url
+        self.linger_s, self.slice_s, self.poll_s = linger_s, slice_s, poll_s
+        self.places = Places(max(1, places))
+        self.progress, self.progress_every_s = progress, progress_every_s
+        self._build = destinations
+        self.workers = {name: TableWorker(settings.table(name)) for name in table_names}
+        self._stop = threading.Event()
+        self._deadline: float | None = None
+        self._lock = threading.Lock()
+
+    # -- control -------------------------------------------------------------------------------------------
+    def request_stop(self, *_: object) -> None:
+        """Every active relay settles its batch in flight and stops; the quiet ones stop at once."""
+        self._stop.set()
+        for worker in list(self.workers.values()):
+            worker.wake.set()
+            if worker.relay is not None:
+                worker.relay.request_stop()
+
+    def report(self) -> GroupReport:
+        """What the group did so far (the running activations included)."""
+        report = GroupReport(self.group)
+        for name, worker in sorted(self.workers.items()):
+            totals = worker.totals()
+            if totals is not None:
+                report.tables[name] = totals
+            if worker.problem:
+                report.problems[name] = worker.problem
+        return report
+
+    # -- the run -------------------------------------------------------------------------------------------
+    def run(self, *, max_seconds: float | None = None, once: bool = False) -> GroupReport:
+        """Relay the group's tables until the time budget is used or a stop is requested (``once``: drain
+        what each table has ready now, then end)."""
+        started = time.monotonic()
+        self._deadline = None if max_seconds is None else started + max_seconds
+        self._prepare()
+        watcher = None if once else self._start_watcher()
+        threads = [threading.Thread(target=self._work, args=(worker, once), daemon=True,
+                                    name=f"outbox-group-{worker.name}")
+                   for worker in self.workers.values() if not worker.left_out]
+        for thread in threads:
+            thread.start()
+        stopped_because = self._wait(threads, once, started)
+        self.request_stop()
+        for thread in threads:
+            thread.join()
+        if watcher is not None:
+            watcher.join(timeout=10)
+        for worker in self.workers.values():
+            if worker.destination is not None:
+                worker.destination.close()
+        report = self.report()
+        report.seconds, report.stopped_because = time.monotonic() - started, stopped_because
+        return report
+
+    def _wait(self, threads: list[threading.Thread], once: bool, started: float) -> str:
+        next_progress = started + self.progress_every_s
+        while True:
+            if self._stop.is_set():
+                return "stop requested"
+            if once and not any(thread.is_alive() for thread in threads):
+                return "drained what was ready"
+            if self._time_left() <= 0:
+                return "time budget used"
+            if self.progress is not None and time.monotonic() >= next_progress:
+                self.progress(self)
+                next_progress = time.monotonic() + self.progress_every_s
+            self._stop.wait(min(0.5, self._time_left()))
+
+    def _time_left(self) -> float:
+        return float("inf") if self._deadline is None else self._deadline - time.monotonic()
+
+    # -- before the first activation -------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Leave out the tables that do not exist, build every destination, and record or clear each problem.
+        A database that cannot be reached ends the run here: the group cannot relay at all."""
+        with connect(self.url) as conn:
+            shared = SharedTables(conn)
+            existing = set(shared.outbox_table_names())
+            for worker in self.workers.values():
+                if worker.name not in existing:
+                    worker.left_out = True
+                    self._problem(worker, f"{worker.name} does not exist in the database: create it with "
+                                          f"'outbox-pipelines db create-table {worker.name}'", shared)
+                    continue
+                try:
+                    worker.destination = self._build(worker.settings, self.settings)
+                except (ConfigError, OutboxError, ImportError, ValueError, TypeError) as exc:
+                    worker.left_out = True
+                    self._problem(worker, f"{worker.name}: its destination cannot be built: {exc}", shared)
+                    continue
+                worker.relay = Relay(self.url, worker.settings, worker.destination, run_id=self.run_id,
+                                     worker_id=f"{self.worker_prefix}:{worker.name}", direct_url=self.direct_url,
+                                     progress=self._live(worker), progress_every_s=5.0)
+                if shared.clear_relay_problem(worker.name):
+                    log.warning("relay %s: its problem is over; relaying", worker.name)
+                worker.wake.set()  # every table is looked at once as the run starts
+
+    def _live(self, worker: TableWorker) -> Callable[[RelayReport], None]:
+        def note(report: RelayReport) -> None:
+            worker.live = report
+
+        return note
+
+    # -- one table ---------------------------------------------------------------------------------------------
+    def _work(self, worker: TableWorker, once: bool) -> None:
+        while not self._stop.is_set():
+            if once and worker.activations:
+                return
+            if not worker.wake.wait(1.0) or self._stop.is_set():
+                continue
+            backoff = worker.not_before - time.monotonic()
+            if backoff > 0:  # a relay that raised (or a lock held elsewhere) waits out its backoff first
+                self._stop.wait(min(backoff, 1.0))
+                continue
+            worker.wake.clear()
+            if not self.places.take(self._stop):
+                return
+            try:
+                self._activate(worker, once)
+            finally:
+                self.places.give_back()
+
+    def _activate(self, worker: TableWorker, once: bool) -> None:
+        relay = worker.relay
+        assert relay is not None  # _prepare built it; a table left out has no thread
+        worker.active, worker.activations = True, worker.activations + 1
+        try:
+            part = relay.run(max_seconds=max(self._time_left(), 0.0) if self._deadline else None, once=once,
+                             release=None if once else self._release)
+        except Exception as exc:  # noqa: BLE001 - one table's relay must not take its group down
+            worker.failures += 1
+            wait = RETRY_BACKOFF_S[min(worker.failures, len(RETRY_BACKOFF_S)) - 1]
+            worker.not_before = time.monotonic() + wait
+            worker.wake.set()
+            self._problem(worker, f"{worker.name}: its relay failed ({type(exc).__name__}: {exc}); "
+                                  f"tried again in {wait:.0f}s, the group's other tables go on")
+            return
+        finally:
+            worker.active = False
+        worker.failures = 0
+        self._add(worker, part)
+        if part.claimed and worker.problem is not None:
+            self._clear_problem(worker)
+        if part.stopped_because == GAVE_WAY:
+            worker.wake.set()  # it still has work: back in the queue for a place
+        elif part.stopped_because == "another relay holds the single-active lock":
+            worker.not_before = time.monotonic() + LOCK_HELD_RETRY_S
+
+    def _release(self, idle_s: float, active_s: float) -> str | None:
+        """Ends a table's activation: idle for linger_s, or its turn is over while another table waits."""
+        if idle_s >= self.linger_s or (idle_s >= 0.5 and self.places.contended):
+            return IDLE  # quiet again: the watcher wakes it when it has work
+        if active_s >= self.slice_s and idle_s < active_s and self.places.contended:
+            return GAVE_WAY  # busy (it claimed rows): back in the queue, behind the tables that waited
+        return None
+
+    def _add(self, worker: TableWorker, part: RelayReport) -> None:
+        with self._lock:
+            if worker.report is None:
+                worker.report = part
+            else:
+                worker.report.merge(part)
+            worker.live = None
+
+    # -- problems ----------------------------------------------------------------------------------------------
+    def _problem(self, worker: TableWorker, text: str, shared: SharedTables | None = None) -> None:
+        """Told once (the log, the table's row of outbox_destination_health): a changed problem is told again."""
+        text = cap_error(redact_text(text)) or text
+        if worker.problem == text:
+            return
+        worker.problem = text
+        log.error("relay group %s: %s", self.group, text)
+        try:
+            if shared is not None:
+                shared.record_relay_problem(worker.name, text)
+            else:
+                with connect(self.url) as conn:
+                    SharedTables(conn).record_relay_problem(worker.name, text)
+        except (psycopg.Error, OutboxError) as exc:
+            log.warning("relay group %s: could not record the problem of %s: %s", self.group, worker.name, exc)
+
+    def _clear_problem(self, worker: TableWorker) -> None:
+        worker.problem = None
+        try:
+            with connect(self.url) as conn:
+                SharedTables(conn).clear_relay_problem(worker.name)
+        except (psycopg.Error, OutboxError) as exc:
+            log.warning("relay group %s: could not clear the problem of %s: %s", self.group, worker.name, exc)
+        log.warning("relay %s: relaying again", worker.name)
+
+    # -- the watcher -------------------------------------------------------------------------------------------
+    def _start_watcher(self) -> threading.Thread:
+        conn = self._listen()  # in the caller's thread: a group that cannot connect fails now, not later
+        thread = threading.Thread(target=self._watch, args=(conn,), daemon=True, name=f"outbox-group-{self.group}")
+        thread.start()
+        return thread
+
+    def _listen(self) -> psycopg.Connection:
+        conn = connect(self.direct_url or self.url)
+        for name, worker in self.workers.items():
+            if not worker.left_out:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(name))))
+        return conn
+
+    def _watch(self, conn: psycopg.Connection) -> None:
+        """Wake a quiet table on its NOTIFY at once, and on rows that became due within poll_s."""
+        channels = {notify_channel(name): worker for name, worker in self.workers.items()}
+        while not self._stop.is_set():
+            try:
+                for note in conn.notifies(timeout=self.poll_s):
+                    worker = channels.get(note.channel)
+                    if worker is not None and not worker.active:
+                        worker.wake.set()
+                    if self._stop.is_set():
+                        break
+                self._wake_the_due(conn)
+            except Exception as exc:  # noqa: BLE001 - the watcher wakes every table: it must outlive any error
+                log.warning("relay group %s: its watcher lost the database (%s); reconnecting", self.group, exc)
+                conn.close()
+                fresh = self._reconnect()
+                if fresh is None:
+                    return
+                conn = fresh
+        conn.close()
+
+    def _wake_the_due(self, conn: psycopg.Connection) -> None:
+        quiet = {name: tuple(worker.settings.paused_topics) + tuple(worker.destination.paused_topics)
+                 for name, worker in self.workers.items()
+                 if not (worker.left_out or worker.active or worker.wake.is_set()) and worker.destination is not None}
+        for name in ready_tables(conn, quiet):
+            self.workers[name].wake.set()
+
+    def _reconnect(self) -> psycopg.Connection | None:
+        delay = 0.5
+        while not self._stop.wait(delay):
+            try:
+                return self._listen()
+            except (psycopg.Error, OutboxError):  # DatabaseUnavailable while it is away
+                delay = min(delay * 2, 10.0)
+        return None
+
+
+def run_group_relay(url: str, settings: Settings, group: str, *, max_seconds: float | None = None,
+                    once: bool = False, worker_prefix: str, run_id: str | None = None,
+                    direct_url: str | None = None, progress: Progress | None = None,
+                    group_started: Callable[[GroupRelay], None] | None = None,
+                    install_signal_handlers: bool = False, places: int = PLACES, linger_s: float = LINGER_S,
+                    slice_s: float = SLICE_S, poll_s: float = POLL_S) -> GroupReport:
+    """Relay every table of ``group`` that relays (``relay_enabled``): what the CLI and the Dagster op call."""
+    names = [name for name in settings.groups().get(group, []) if settings.tables[name].relay_enabled]
+    if not names:
+        known = ", ".join(sorted(settings.groups())) or "none"
+        raise ConfigError(f"relay group {group!r} has no table to relay; groups: {known} "
+                          "(a table joins one with group = \"NAME\" in outbox.toml; the default group is 'default')")
+    relay = GroupRelay(url, settings, names, group=group, worker_prefix=worker_prefix, run_id=run_id,
+                       direct_url=direct_url, progress=progress, places=places, linger_s=linger_s, slice_s=slice_s,
+                       poll_s=poll_s)
+    if install_signal_handlers:
+        import signal
+
+        signal.signal(signal.SIGTERM, relay.request_stop)
+        signal.signal(signal.SIGINT, relay.request_stop)
+    if group_started is not None:
+        group_started(relay)
+    return relay.run(max_seconds=max_seconds, once=once)
