@@ -35,7 +35,8 @@ from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
+from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
+from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
 from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
 from outbox_pipelines.core.replay import iso as replay_iso
 from outbox_pipelines.core.replay import text_table as replay_text_table
@@ -302,6 +303,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                   "message at a time, no attempts spent; it closes on the first success")
         if health.paused:
             print(f"{r.table}: paused {_fmt_s(health.paused_for_s)} more: the destination asked to slow down (429)")
+        if health.relay_problem:
+            since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
+            print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")
@@ -340,6 +344,8 @@ def _report_line(report: RelayReport) -> str:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
+    if args.group:
+        return _relay_group(args)
     settings = _settings(args)
     table = settings.table(args.table)
     if not table.relay_enabled and not args.force:
@@ -367,6 +373,40 @@ def cmd_relay(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), default=str))
     else:
         print(_report_line(report))
+    return EXIT_OK
+
+
+def _relay_group(args: argparse.Namespace) -> int:
+    """``relay --group G``: every table of the group in this one process (what a Dagster group run does)."""
+    if args.max_entries or args.batch_size or args.worker_id or args.metrics_port or args.force:
+        raise UsageError("--group takes --once or --max-seconds (and --quiet, --json); --max-entries, --batch-size, "
+                         "--worker-id, --metrics-port and --force are for one --table")
+    settings = _settings(args)
+    url = _database_url()
+
+    def started(group: GroupRelay) -> None:
+        say(f"relaying group {group.group}: {len(group.workers)} tables ({', '.join(sorted(group.workers))})")
+
+    def progress(group: GroupRelay) -> None:
+        report = group.report()
+        say(f"[group {report.group}] sent {report.sent}; active: "
+            f"{', '.join(n for n, w in group.workers.items() if w.active) or 'none'}")
+
+    report = run_group_relay(url, settings, args.group, max_seconds=args.max_seconds, once=args.once,
+                             worker_prefix=f"{default_worker_id()}:{args.group}", install_signal_handlers=True,
+                             group_started=started, progress=None if args.quiet else progress)
+    if args.json:
+        print(json.dumps({"group": report.group, "outcome": report.outcome, "seconds": report.seconds,
+                          "stopped_because": report.stopped_because, "problems": report.problems,
+                          "tables": {name: r.as_dict() for name, r in report.tables.items()}}, default=str))
+        return EXIT_OK
+    for table_report in report.tables.values():
+        if table_report.claimed:
+            print(_report_line(table_report))
+    for name, problem in sorted(report.problems.items()):
+        print(f"{name}: cannot be relayed: {problem}")
+    print(f"group {report.group}: {report.outcome}, sent {report.sent} in {report.seconds:.1f}s; "
+          f"stopped: {report.stopped_because}")
     return EXIT_OK
 
 
@@ -591,7 +631,10 @@ def _add_message_commands(sub: Any) -> None:
         "Behind a transaction pooler (PgBouncer) set OUTBOX_DIRECT_DATABASE_URL to a direct connection: the "
         "relay's session (LISTEN wake-ups, the single-active lock) needs one. Without it a competing table's "
         "relay polls, and a single-active table's relay refuses to start."))
-    p.add_argument("--table", required=True, help="outbox table to relay")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--table", help="outbox table to relay")
+    which.add_argument("--group", help="relay every table of this relay group in one process, each on a worker of "
+                                       "its own ('default' unless outbox.toml gives a table another group)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")
     budget.add_argument("--max-seconds", type=float, metavar="S",

@@ -25,6 +25,7 @@ from outbox_pipelines.core import db, migrate
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.models import STATES, Message
+from outbox_pipelines.core.settings import DEFAULT_GROUP
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
@@ -152,37 +153,37 @@ def _demo_faults(run: str) -> Faults:
     )
 
 
-def _relay_table_once(definitions: "dg.Definitions", instance: "dg.DagsterInstance", table_name: str,
-                      quiet: bool) -> None:
-    """One relay run of the table's job (once: drain what is ready), its counts printed when it claimed any."""
-    job = definitions.resolve_job_def(f"relay_{table_name}_job")
+def _relay_group_once(definitions: "dg.Definitions", instance: "dg.DagsterInstance", quiet: bool) -> None:
+    """One run of the relay group's job (once: each table drains what is ready), each table's counts printed."""
+    from outbox_pipelines.defs.relay import relay_group_job_name
+
+    job = definitions.resolve_job_def(relay_group_job_name(DEFAULT_GROUP))
     result = job.execute_in_process(
-        run_config={"ops": {"relay_table": {"config": {"table": table_name, "once": True}}}, **QUIET},
-        instance=instance, tags={"outbox/table": table_name, "outbox/trigger": "demo"},
+        run_config={"ops": {"relay_group": {"config": {"group": DEFAULT_GROUP, "once": True}}}, **QUIET},
+        instance=instance, tags={"outbox/trigger": "demo"},
     )
     meta = {k: getattr(v, "value", v) for e in result.all_events
             if e.event_type_value == "STEP_OUTPUT" for k, v in e.step_output_data.metadata.items()}
-    if not quiet and meta.get("claimed"):
-        print(f"  run {result.run_id[:8]} {table_name}: sent {meta['sent']} (dedup {meta['dedup_hits']}), "
-              f"retried {meta['retried']}, dead {meta['dead']}")
+    tables = meta.get("tables")
+    for table_name, counts in sorted(tables.items() if isinstance(tables, dict) else []):
+        if not quiet:
+            print(f"  run {result.run_id[:8]} {table_name}: sent {counts['sent']} (dedup {counts['dedup_hits']}), "
+                  f"retried {counts['retried']}, dead {counts['dead']}")
 
 
 def _relay_until_settled(definitions: "dg.Definitions", instance: "dg.DagsterInstance", url: str,
                          quiet: bool) -> int:
-    """Relay runs, table by table, until no table has a message due within 3 s (30 s at most); the runs made."""
+    """Relay group runs until no table has a message due within 3 s (30 s at most); the runs made."""
     runs = 0
     deadline = time.monotonic() + 30
-    pending = set(TABLES)
-    while pending and time.monotonic() < deadline:
-        for table_name in sorted(pending):
-            _relay_table_once(definitions, instance, table_name, quiet)
-            runs += 1
-            with db.connect(url) as conn:
-                due = OutboxTable(conn, table_name).next_due_in_s()
-            if due is None or due > 3.0:
-                pending.discard(table_name)
-        if pending:
-            time.sleep(0.4)
+    while time.monotonic() < deadline:
+        _relay_group_once(definitions, instance, quiet)
+        runs += 1
+        with db.connect(url) as conn:
+            due = [OutboxTable(conn, table_name).next_due_in_s() for table_name in TABLES]
+        if all(d is None or d > 3.0 for d in due):
+            break
+        time.sleep(0.4)
     return runs
 
 

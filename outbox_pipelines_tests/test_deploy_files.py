@@ -23,6 +23,7 @@ from dagster._core.workspace.config_schema import process_workspace_config
 
 from outbox_pipelines.cli import build_parser
 from outbox_pipelines.core.settings import load_settings
+from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines_tests.test_docs import PACKAGE_PATH, PATH_REFERENCE
 
@@ -238,17 +239,20 @@ def test_instance_is_a_valid_dagster_instance_with_the_per_table_run_limit():
     assert coordinator["class"] == "QueuedRunCoordinator"
     result = process_config(QueuedRunCoordinator.config_type(), coordinator["config"])
     assert result.success, result.errors
-    assert _table_limits(coordinator["config"]["tag_concurrency_limits"]) == {"per table": 2}
+    assert _run_limits(coordinator["config"]["tag_concurrency_limits"]) == {
+        (GROUP_TAG, "each"): 2, (TABLE_TAG, "each"): 2, (KIND_TAG, RELAY_KIND): 8}
+    assert coordinator["config"]["max_concurrent_runs"] > 8, "relay runs leave slots for maintenance"
+    development = _load(ROOT / "dagster.yaml")["run_coordinator"]["config"]["tag_concurrency_limits"]
+    assert _run_limits(development) == _run_limits(coordinator["config"]["tag_concurrency_limits"])
 
 
-def _table_limits(limits: list[dict[str, Any]]) -> dict[str, int]:
-    """The run limits keyed on the relay runs' table tag: per unique table, or for one named table."""
+def _run_limits(limits: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """The run limits by (tag key, 'each' for a limit per unique value, or the tag's value)."""
     found = {}
     for limit in limits:
-        if limit["key"] == TABLE_TAG:
-            value = limit.get("value")
-            found["per table" if isinstance(value, dict) and value.get("applyLimitPerUniqueValue") else value] = (
-                limit["limit"])
+        value = limit.get("value")
+        found[(limit["key"], "each" if isinstance(value, dict) and value.get("applyLimitPerUniqueValue")
+               else value)] = limit["limit"]
     return found
 
 
@@ -305,7 +309,7 @@ def test_helm_values_deploy_the_code_location_with_k8s_runs_and_per_table_limits
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
     limits = coordinator["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]
     instance_limits = _load(DEPLOY / "dagster.yaml")["run_coordinator"]["config"]["tag_concurrency_limits"]
-    assert _table_limits(limits) == _table_limits(instance_limits), "the same run limits as deploy/dagster.yaml"
+    assert _run_limits(limits) == _run_limits(instance_limits), "the same run limits as deploy/dagster.yaml"
 
 
 def test_migrate_job_runs_the_migrations_from_the_same_secret():

@@ -178,7 +178,7 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
         enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})
         params = {
             "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                         "jobName": "relay_outbox_events_job"},
+                         "jobName": "relay_job"},
             "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},
         }
         launched = graphql(url, LAUNCH, params=params)["launchRun"]

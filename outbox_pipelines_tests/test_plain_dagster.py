@@ -30,7 +30,7 @@ from outbox_pipelines.core import db
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV
 from outbox_pipelines.dagster_storage import resolve_storage_url
-from outbox_pipelines.defs.relay import relay_job_name
+from outbox_pipelines.defs.relay import relay_group_job_name
 from outbox_pipelines_tests.conftest import REPO
 from outbox_pipelines_tests.helpers import free_port
 
@@ -112,8 +112,9 @@ def test_dg_checks_and_lists_every_definition(user_env):
     assert listed.returncode == 0, listed.stderr
     defs = json.loads(listed.stdout)
     names = {kind: {entry.get("name") for entry in defs[kind]} for kind in ("jobs", "schedules", "sensors")}
-    tables = load_settings(env={}, path=None).tables
-    assert {relay_job_name(t) for t in tables} <= names["jobs"]
+    settings = load_settings(env={}, path=None)
+    tables = settings.tables
+    assert {relay_group_job_name(group) for group in settings.groups()} | {"relay_job"} <= names["jobs"]
     assert {"requeue_stuck_job", "clean_job", "replay_dead_job", "outbox_checks_job"} <= names["jobs"]
     assert {"requeue_stuck_every_5_minutes", "clean_hourly"} <= names["schedules"]
     assert {"outbox_oncall", "outbox_run_failure_alert"} <= names["sensors"]
@@ -131,7 +132,7 @@ def test_nothing_set_uses_the_projects_embedded_server(fresh_project):
 
     listed = run([str(BIN / "dg"), "list", "defs", "--json"], plain_env(), fresh_project)
     assert listed.returncode == 0, listed.stderr
-    assert "relay_outbox_events_job" in listed.stdout
+    assert "relay_group_default_job" in listed.stdout
     assert f"on the embedded PostgreSQL under {embedded}" in listed.stderr  # the same server, reused
 
 

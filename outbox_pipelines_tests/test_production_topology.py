@@ -17,11 +17,11 @@ webserver's GraphQL, except one: ``relay_outbox_events_every_1_minutes``, starte
 ``startSchedule`` mutation. Nothing else launches runs, so each test knows which run did what.
 
 - ``test_a_relay_run_launched_through_graphql_succeeds``: orders enqueued with the public API
-  (``Outbox.enqueue_many``), ``relay_outbox_orders_job`` launched through the webserver's GraphQL;
+  (``Outbox.enqueue_many``), ``relay_job`` (for outbox_orders) launched through the webserver's GraphQL;
   the queued run is dequeued by the daemon and executed by the code server. The run succeeds, its
   relay is the one that sent the messages, and the sink received each one.
 - ``test_the_daemon_launches_a_scheduled_relay_run``: the daemon's scheduler launches a run of
-  ``relay_outbox_events_job`` at the next minute; it succeeds and relays the events enqueued before.
+  ``relay_group_default_job`` at the next minute; it succeeds and relays the events enqueued before.
   A relay run relays for its cadence plus a minute of overlap (``defs/relay.py``), so this run
   lasts two minutes: the module takes about three to four.
 
@@ -53,7 +53,14 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.db import DATABASE_URL_ENV
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
-from outbox_pipelines.defs.relay import DEFAULT_RUN_MINUTES, OVERLAP_S, RUN_MINUTES_ENV, relay_job_name
+from outbox_pipelines.defs.relay import (
+    DEFAULT_RUN_MINUTES,
+    GROUP_TAG,
+    OVERLAP_S,
+    RUN_MINUTES_ENV,
+    hosted_tag,
+    relay_group_job_name,
+)
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines.testing import TemplateDatabases
 from outbox_pipelines_tests.conftest import REPO
@@ -71,7 +78,7 @@ DEPLOY = REPO / "deploy"
 REPOSITORY = "__repository__"  # the repository name Dagster gives a Definitions object
 RUN_MINUTES = 1
 SCHEDULED_TABLE = "outbox_events"
-SCHEDULE = f"relay_{SCHEDULED_TABLE}_every_{RUN_MINUTES}_minutes"
+SCHEDULE = f"relay_group_default_every_{RUN_MINUTES}_minutes"  # the relay group every shipped table is in
 LAUNCHED_TABLE = "outbox_orders"
 SCHEDULE_TAG = "dagster/schedule_name"
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
@@ -454,7 +461,7 @@ def test_a_relay_run_launched_through_graphql_succeeds(
     assert statuses(outbox, LAUNCHED_TABLE) == {"pending": 5}
 
     client = DagsterGraphQLClient("127.0.0.1", port_number=topology.webserver_port)
-    job = relay_job_name(LAUNCHED_TABLE)
+    job = "relay_job"  # one table, named in its run config
     run_id = client.submit_job_execution(
         job, repository_location_name=topology.location, repository_name=REPOSITORY,
         run_config={"ops": {"relay_table": {"config": {"table": LAUNCHED_TABLE, "once": True, "max_seconds": 60}}}},
@@ -496,10 +503,10 @@ def test_the_daemon_launches_a_scheduled_relay_run(
     run = topology.wait_for_run(run_id, deadline_s=ends_by - time.time())
     context = f"scheduled run {run_id} ({run['jobName']})"
     assert run["status"] == "SUCCESS", f"{context}: {run['status']}\n{topology.run_messages(run_id)}\n{topology.logs()}"
-    assert run["jobName"] == relay_job_name(SCHEDULED_TABLE), context
+    assert run["jobName"] == relay_group_job_name("default"), context
     tags = _tags(run)
     assert tags[SCHEDULE_TAG] == SCHEDULE, f"{context}: {tags}"
-    assert tags[TABLE_TAG] == SCHEDULED_TABLE, f"{context}: {tags}"
+    assert tags[GROUP_TAG] == "default" and tags[hosted_tag(SCHEDULED_TABLE)] == "hosted", f"{context}: {tags}"
 
     assert statuses(outbox, SCHEDULED_TABLE) == {"sent": len(events_before_the_tick)}, context
     [relay] = _relay_of_run(outbox, SCHEDULED_TABLE, run_id)

@@ -60,6 +60,10 @@ from outbox_pipelines.core.errors import ConfigError, DatabaseUnavailable, Inval
 from outbox_pipelines.core.queries import shared_query
 
 EMBEDDED_DIR_ENV = "OUTBOX_EMBEDDED_DIR"
+# The embedded server's settings beyond PostgreSQL's defaults. Connections: under `dev`, a relay group's run holds
+# up to two per active table (16 at once by default, two runs during a hand-off) beside Dagster's own storage,
+# sensors and maintenance runs; PostgreSQL's default of 100 would be the first wall an adopter with many tables meets.
+EMBEDDED_SERVER_OPTIONS = "-c max_connections=300"
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
 EMBEDDED_DATABASE = "outbox"
 
@@ -557,7 +561,8 @@ def _embedded_server(pgdata: Path) -> Any:
                 self._postmaster_info = info  # its socket directory is checked by the caller
                 return
             socket_dir = private_socket_dir(self.pgdata, uid, gid)
-            pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {shlex.quote(str(socket_dir))}", "-l", str(self.log), "start"],
+            pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {shlex.quote(str(socket_dir))}", "-o", EMBEDDED_SERVER_OPTIONS,
+                    "-l", str(self.log), "start"],
                    pgdata=self.pgdata, user=self.system_user, timeout=120)
             deadline = time.monotonic() + 120
             while True:

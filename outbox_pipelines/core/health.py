@@ -81,7 +81,7 @@ def read_status(
 
 
 Severity = Literal["ok", "warn", "error"]
-CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination")
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay")
 
 
 @dataclass(frozen=True)
@@ -202,17 +202,40 @@ def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere:
     })
 
 
+def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str | None = None) -> CheckVerdict:
+    """Whether the table can be relayed at all: its settings can be used, its relay group can build and run it."""
+    health = status.destination
+    recorded = health.relay_problem if health is not None else None
+    if settings_problem:
+        text = (f"{status.table} cannot be relayed: {settings_problem}. Its {status.waiting:,} waiting messages are "
+                "kept. Fix the table's section, then reload the code location; the other tables relay meanwhile.")
+    elif recorded:
+        text = (f"{status.table} cannot be relayed: {recorded}. Its {status.waiting:,} waiting messages are kept; "
+                "the relay group tries it again by itself and the other tables relay meanwhile. Fix the cause "
+                "(the group run's logs have it) and reload the code location if it is in code or settings.")
+    else:
+        text = f"{status.table}: its relay group can relay it."
+    since = health.relay_problem_since if health is not None and recorded else None
+    return CheckVerdict("relay", "error" if settings_problem or recorded else "ok", text, {
+        "problem": settings_problem or recorded, "problem_since": since.isoformat() if since else None,
+        "waiting": status.waiting,
+    })
+
+
 CHECKS: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
     "lag": _lag, "dead_letters": _dead_letters, "stuck": _stuck, "backlog": _backlog, "destination": _destination,
+    "relay": _relay,
 }
 
 
-def evaluate_checks(status: TableStatus, limits: CheckThresholds, *,
-                    delivers_nowhere: str | None = None) -> list[CheckVerdict]:
-    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers;
-    ``delivers_nowhere`` (TableSettings') makes the destination check say that messages go nowhere."""
+def evaluate_checks(status: TableStatus, limits: CheckThresholds, *, delivers_nowhere: str | None = None,
+                    settings_problem: str | None = None) -> list[CheckVerdict]:
+    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers.
+    ``delivers_nowhere`` (TableSettings') makes the destination check say that messages go nowhere;
+    ``settings_problem`` (Settings.broken) fails the relay check."""
     checks: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
-        **CHECKS, "destination": partial(_destination, delivers_nowhere=delivers_nowhere)}
+        **CHECKS, "destination": partial(_destination, delivers_nowhere=delivers_nowhere),
+        "relay": partial(_relay, settings_problem=settings_problem)}
     return [checks[name](status, limits) for name in CHECK_NAMES]
 
 

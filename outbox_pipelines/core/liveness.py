@@ -29,9 +29,9 @@ HOST = socket.gethostname()
 
 
 def register(conn: psycopg.Connection, worker: str, table_name: str, run_id: str | None, *,
-             now: datetime | None = None) -> None:
+             job: str | None = None, now: datetime | None = None) -> None:
     SharedTables(conn).register_relay(worker=worker, table_name=table_name, run_id=run_id, pid=os.getpid(),
-                                      host=HOST, now=now)
+                                      host=HOST, job=job, now=now)
 
 
 def heartbeat(conn: psycopg.Connection, worker: str, *, now: datetime | None = None) -> bool:
@@ -49,6 +49,7 @@ class DeadRelay:
     worker: str
     table: str
     run_id: str | None
+    job: str | None
     pid: int | None
     host: str | None
     started_at: datetime
@@ -86,7 +87,7 @@ def find_dead(conn: psycopg.Connection, *, now: datetime | None = None, silent_a
             continue  # alive but slow to beat (a database blip): not dead
         if not local and row["silent_s"] < remote_silent_after_s:
             continue
-        dead.append(DeadRelay(row["worker"], row["table_name"], row["run_id"], row["pid"], row["host"],
+        dead.append(DeadRelay(row["worker"], row["table_name"], row["run_id"], row["job"], row["pid"], row["host"],
                               row["started_at"], row["ran_s"] or 0.0, row["silent_s"]))
     return dead
 
@@ -128,8 +129,8 @@ def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str,
         if row["stopped_at"] is not None or (row["host"] == HOST and not _process_gone(row["pid"])):
             continue
         now = row["heartbeat_at"]
-        relay = DeadRelay(row["worker"], row["table_name"], run_id, row["pid"], row["host"], row["started_at"],
-                          (now - row["started_at"]).total_seconds(), 0.0)
+        relay = DeadRelay(row["worker"], row["table_name"], run_id, row["job"], row["pid"], row["host"],
+                          row["started_at"], (now - row["started_at"]).total_seconds(), 0.0)
         done = bury(conn, relay, max_attempts_of.get(relay.table, 1_000_000))
         if done is not None:
             buried.append(done)

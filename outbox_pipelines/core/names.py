@@ -57,6 +57,14 @@ def validate_table_name(name: object) -> str:
     return name
 
 
+def is_valid_table_name(name: object) -> bool:
+    try:
+        validate_table_name(name)
+    except InvalidTableName:
+        return False
+    return True
+
+
 def table_identifier(name: str) -> sql.Identifier:
     return sql.Identifier(validate_table_name(name))
 

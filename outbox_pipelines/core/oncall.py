@@ -14,9 +14,9 @@ from typing import Any
 from outbox_pipelines.core import liveness
 from outbox_pipelines.core.alerts import Condition, Severity, announce, announce_event, asset_link, run_link
 from outbox_pipelines.core.db import connect
-from outbox_pipelines.core.errors import UnknownTable
-from outbox_pipelines.core.health import CheckVerdict, evaluate_checks, read_status
-from outbox_pipelines.core.settings import Settings
+from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
+from outbox_pipelines.core.health import CheckVerdict, TableStatus, evaluate_checks, read_status
+from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
 from outbox_pipelines.core.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.oncall")
@@ -42,21 +42,38 @@ def check_condition(table_name: str, verdict: CheckVerdict) -> Condition:
     )
 
 
-def relay_died_condition(relay: liveness.DeadRelay) -> Condition:
-    who = f"relay run {relay.run_id[:8]}" if relay.run_id else f"relay {relay.worker}"
-    why = (f"no heartbeat for {relay.silent_s:.0f} s and its process is gone" if relay.silent_s
+def relay_died_condition(relays: list[liveness.DeadRelay]) -> Condition:
+    """One alert for the relays of one process that died (a relay group's run hosts many tables' relays; a
+    CLI relay, one): which tables, how many rows went back, what to look at."""
+    first = max(relays, key=lambda relay: relay.held)
+    run_id = first.run_id
+    who = f"relay run {run_id[:8]}" if run_id else f"relay {first.worker}"
+    why = (f"no heartbeat for {first.silent_s:.0f} s and its process is gone" if first.silent_s
            else "its process is gone")
-    summary = (f"{relay.table}: {who} died ({why}) after "
-               f"running {relay.ran_s / 60:.1f} min; it held {relay.held} message{'s' if relay.held != 1 else ''}, "
-               f"{relay.returned} returned to pending for the next relay. If it happens again, read the run's logs "
-               "and check the host's memory (OOM killer).")
+    held, returned = sum(r.held for r in relays), sum(r.returned for r in relays)
+    tables = sorted({relay.table for relay in relays})
+    shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    where = tables[0] if len(tables) == 1 else f"{len(tables)} tables ({shown})"
+    summary = (f"{where}: {who} died ({why}) after running {max(r.ran_s for r in relays) / 60:.1f} min; it held "
+               f"{held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next relay. If it "
+               "happens again, read the run's logs and check the host's memory (OOM killer).")
     return Condition(
-        key=f"relay:{relay.worker}", severity="error", summary=summary, kind="relay_died",
-        link=run_link(relay.run_id) if relay.run_id else asset_link(relay.table), table=relay.table,
-        job=f"relay_{relay.table}_job" if relay.run_id else None, run_id=relay.run_id,
-        figures={"held": relay.held, "returned": relay.returned, "ran_s": round(relay.ran_s, 1),
-                 "silent_s": round(relay.silent_s, 1), "worker": relay.worker, "pid": relay.pid, "host": relay.host},
+        key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}", severity="error", summary=summary,
+        kind="relay_died", link=run_link(run_id) if run_id else asset_link(first.table), table=first.table,
+        job=first.job if run_id else None, run_id=run_id,
+        figures={"held": held, "returned": returned, "ran_s": round(max(r.ran_s for r in relays), 1),
+                 "silent_s": round(first.silent_s, 1), "tables": tables, "worker": first.worker,
+                 "workers": [r.worker for r in relays],
+                 "pid": first.pid, "host": first.host},
     )
+
+
+def _by_process(relays: list[liveness.DeadRelay]) -> list[list[liveness.DeadRelay]]:
+    """The dead relays grouped by the run (or, without one, the worker) they belonged to."""
+    groups: dict[str, list[liveness.DeadRelay]] = {}
+    for relay in relays:
+        groups.setdefault(relay.run_id or relay.worker, []).append(relay)
+    return list(groups.values())
 
 
 def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_url: str | None = None,
@@ -66,25 +83,37 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
     with connect(url) as conn:
         report.now = now or SharedTables(conn).database_now()
         max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
-        for relay in liveness.find_dead(conn, now=now):
-            buried = liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))
-            if buried is None:
-                continue  # told by whoever buried it
-            report.dead_relays.append(buried)
-            report.alerts.append(announce_event(relay_died_condition(buried), now=report.now, webhook_url=webhook_url))
+        buried = [dead for relay in liveness.find_dead(conn, now=now)
+                  if (dead := liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))) is not None]
+        report.dead_relays += buried  # one not buried here was told by whoever buried it
+        report.alerts += [announce_event(relay_died_condition(relays), now=report.now, webhook_url=webhook_url)
+                          for relays in _by_process(buried)]
         conditions = []
-        for name in sorted(settings.tables):
-            table = settings.tables[name]
+        for name in sorted({*settings.tables, *settings.broken}):
             try:
-                status = read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s, now=now)
+                verdicts = table_verdicts(conn, settings, name, now=now)
             except UnknownTable as exc:
                 report.problems.append(str(exc))
                 continue
-            verdicts = evaluate_checks(status, table.checks, delivers_nowhere=table.delivers_nowhere)
             report.verdicts[name] = verdicts
             conditions += [check_condition(name, v) for v in verdicts]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
     return report
+
+
+def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | None = None) -> list[CheckVerdict]:
+    """A table's checks, graded by its settings; a table whose section cannot be used gets them too, with
+    default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
+    table, problem = settings.tables.get(name), settings.broken.get(name)
+    try:
+        status = read_status(OutboxTable(conn, name), now=now,
+                             stuck_after_s=(table or TableSettings(name)).stuck_threshold_s)
+    except (UnknownTable, InvalidTableName):
+        if problem is None:
+            raise
+        status = TableStatus(name)
+    return evaluate_checks(status, table.checks if table else CheckThresholds(),
+                           delivers_nowhere=table.delivers_nowhere if table else None, settings_problem=problem)
 
 
 def relays_died_with_run(url: str, settings: Settings, run_id: str, *,
@@ -94,5 +123,5 @@ def relays_died_with_run(url: str, settings: Settings, run_id: str, *,
     max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
     with connect(url) as conn:
         now = SharedTables(conn).database_now()
-        return [announce_event(relay_died_condition(relay), now=now, webhook_url=webhook_url)
-                for relay in liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)]
+        buried = liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)
+        return [announce_event(relay_died_condition(buried), now=now, webhook_url=webhook_url)] if buried else []

@@ -548,9 +548,9 @@ class SharedTables:
 
     # -- relay liveness (outbox_relay_workers) -------------------------------
     def register_relay(self, *, worker: str, table_name: str, run_id: str | None, pid: int, host: str,
-                       now: datetime | None = None) -> None:
+                       job: str | None = None, now: datetime | None = None) -> None:
         self._run("outbox_relay_workers_register", {"worker": worker, "table_name": table_name, "run_id": run_id,
-                                                     "pid": pid, "host": host, "now": now})
+                                                     "job": job, "pid": pid, "host": host, "now": now})
 
     def heartbeat_relay(self, worker: str, *, now: datetime | None = None) -> bool:
         """False if the relay is recorded as stopped (declared dead meanwhile)."""

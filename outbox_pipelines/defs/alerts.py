@@ -20,6 +20,7 @@ from outbox_pipelines.core.oncall import SweepReport
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import table_asset_key
+from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
 # Tags a run the on-call sweep already told people about (its relay died).
@@ -109,9 +110,9 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
     run = context.dagster_run
     if run.tags.get(FAILURE_TAG):
         return dg.SkipReason(f"run {run.run_id[:8]} already reported ({run.tags[FAILURE_TAG]})")
-    if run.tags.get(TABLE_TAG):
-        # A relay run whose relay never said goodbye died with its process: one "relay died" alert,
-        # with what it held, and its rows back now.
+    if run.tags.get(KIND_TAG) == RELAY_KIND or run.tags.get(TABLE_TAG):
+        # A relay run (a group's or one table's) whose relays never said goodbye died with its process: one
+        # "relay died" alert, with what they held, and their rows back now.
         told = outbox_db.relays_died_with_run(run.run_id)
         if told:
             context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "relay_died", "outbox/outcome": "relay_died"})
@@ -126,10 +127,10 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
         context.instance.report_run_canceled(
             run, message="Interrupted by a stop (outbox-pipelines dev or the daemon was stopping): not a failure.")
         return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed; marked canceled")
-    table_name = run.tags.get(TABLE_TAG)
+    table_name, group = run.tags.get(TABLE_TAG), run.tags.get(GROUP_TAG)
     stats = context.instance.get_run_stats(run.run_id)
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
-    where = f" of {table_name}" if table_name else ""
+    where = f" of {table_name}" if table_name else f" of relay group {group}" if group else ""
     condition = Condition(
         key=f"run:{run.run_id}", severity="error", kind="run_failure", link=run_link(run.run_id), table=table_name,
         job=run.job_name, run_id=run.run_id,

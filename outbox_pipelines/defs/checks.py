@@ -1,12 +1,12 @@
-"""Each outbox table is an observed asset with four checks: lag, dead letters, stuck, backlog."""
+"""Each outbox table is an observed asset with its checks: lag, dead letters, stuck, backlog, destination, relay."""
 
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.health import CHECK_NAMES, evaluate_checks
-from outbox_pipelines.defs.common import metadata_values, table_asset_key
+from outbox_pipelines.core.health import CHECK_NAMES
+from outbox_pipelines.defs.common import MAINTENANCE_TAGS, metadata_values, table_asset_key
 from outbox_pipelines.defs.resources import OutboxDb
 
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
@@ -18,6 +18,8 @@ CHECK_DESCRIPTIONS = {
     "backlog": "messages waiting to be relayed",
     "destination": "how long the destination has failed every delivery (timeouts, 5xx, 401): an outage shows "
                    "while it lasts",
+    "relay": "whether the table can be relayed at all: its settings can be used, its relay group can build its "
+             "destination (handlers import) and run its relay",
 }
 
 
@@ -53,10 +55,7 @@ def table_checks(table_name: str) -> dg.AssetChecksDefinition:
         context: dg.AssetCheckExecutionContext, outbox_db: OutboxDb
     ) -> Iterator[dg.AssetCheckResult]:
         selected = {check.name for check in context.selected_asset_check_keys}
-        settings = outbox_db.settings()
-        table = settings.table(table_name)
-        status = outbox_db.table_status(table)
-        for verdict in evaluate_checks(status, table.checks, delivers_nowhere=table.delivers_nowhere):
+        for verdict in outbox_db.table_verdicts(table_name):
             if verdict.name not in selected:
                 continue
             yield dg.AssetCheckResult(
@@ -82,4 +81,5 @@ CHECKS_JOB = dg.define_asset_job(
     selection=dg.AssetSelection.all_asset_checks(),
     description="Run every outbox table's health checks.",
     executor_def=dg.in_process_executor,
+    tags=MAINTENANCE_TAGS,
 )

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.settings import TableSettings, parse_duration
-from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.defs.common import MAINTENANCE_TAGS, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
 
 
@@ -105,15 +105,18 @@ def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) ->
 
 
 def maintenance_jobs() -> list[dg.JobDefinition]:
-    @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor)
+    @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor,
+            tags=MAINTENANCE_TAGS)
     def requeue_stuck_job() -> None:
         requeue_stuck_op()
 
-    @dg.job(description="Clean old sent rows and expired ledger rows.", executor_def=dg.in_process_executor)
+    @dg.job(description="Clean old sent rows and expired ledger rows.", executor_def=dg.in_process_executor,
+            tags=MAINTENANCE_TAGS)
     def clean_job() -> None:
         clean_op()
 
-    @dg.job(description="Prune Dagster's own run history older than keep_days.", executor_def=dg.in_process_executor)
+    @dg.job(description="Prune Dagster's own run history older than keep_days.", executor_def=dg.in_process_executor,
+            tags=MAINTENANCE_TAGS)
     def prune_run_history_job() -> None:
         prune_run_history_op()
 

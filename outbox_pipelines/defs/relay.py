@@ -2,8 +2,9 @@
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -11,7 +12,9 @@ from pydantic import Field
 from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.orders import ORDERS_TABLE
-from outbox_pipelines.core.relay import Relay, RelayReport, by_code, run_table_relay
+from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
+from outbox_pipelines.core.relay.group import GroupRelay, GroupReport, run_group_relay
+from outbox_pipelines.core.settings import DEFAULT_GROUP
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
@@ -24,6 +27,7 @@ RUN_MINUTE_CHOICES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60)
 DEFAULT_RUN_MINUTES = 30
 OVERLAP_S = 60.0
 OUTCOME_TAG = "outbox/outcome"
+T = TypeVar("T")
 
 
 def run_minutes() -> int:
@@ -89,24 +93,28 @@ def _wait_through_interrupts(done: threading.Event) -> None:
             continue
 
 
-def _relay_in_thread(
-    context: dg.OpExecutionContext, start: Callable[[Callable[[Relay], None]], RelayReport]
-) -> RelayReport:
-    """Run the relay on a thread of its own; the op's thread only waits.
+class Stoppable(Protocol):
+    def request_stop(self) -> None: ...
+
+
+def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[Stoppable], None]], T],
+                     stopped: Callable[[T], list[str]]) -> T:
+    """Run a relay (one table's, or a group's) on a thread of its own; the op's thread only waits.
 
     Dagster delivers "Terminate" (and a clean stop of `outbox-pipelines dev`) as an interrupt
     raised wherever the op's thread happens to be. Raised inside a database call it would
     abandon the batch in flight; raised here it only asks the relay to stop, waits while the
-    relay settles its batch, and then lets the interrupt end the run as CANCELED.
+    relay settles its batches, and then lets the interrupt end the run as CANCELED.
+    ``stopped`` says, line by line, what the relay did before it stopped.
     """
-    relays: list[Relay] = []
-    reports: list[RelayReport] = []
+    relays: list[Stoppable] = []
+    results: list[T] = []
     errors: list[BaseException] = []
     done = threading.Event()
 
     def target() -> None:
         try:
-            reports.append(start(relays.append))
+            results.append(start(relays.append))
         except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
             errors.append(exc)
         finally:
@@ -125,14 +133,19 @@ def _relay_in_thread(
             relay.request_stop()
         _wait_through_interrupts(done)
         context.log.info("termination requested: finished and settled the batch in flight")
-        for report in reports:
-            context.log.info(f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, "
-                             f"dead {report.dead} in {report.seconds:.1f}s; nothing left in sending")
-            context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "cancelled"})
+        for result in results:
+            for line in stopped(result):
+                context.log.info(line)
+        context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "cancelled"})
         raise
     if errors:
         raise errors[0]
-    return reports[0]
+    return results[0]
+
+
+def _stopped_table(report: RelayReport) -> list[str]:
+    return [f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, dead {report.dead} "
+            f"in {report.seconds:.1f}s; nothing left in sending"]
 
 
 @dg.op(
@@ -153,6 +166,7 @@ def relay_table(
         context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "disabled"})
         yield dg.Output(None, metadata={"table": table.name, "relay_enabled": False})
         return
+    context.instance.add_run_tags(context.run_id, {TABLE_TAG: table.name})  # the Runs page filters by it
     destination = outbox_destinations.for_table(table, settings)
     context.log.info(f"relaying {table.name} → {display_name(destination.name)} for up to "
                      f"{config.max_seconds:.0f}s ({table.mode})")
@@ -169,9 +183,10 @@ def relay_table(
             destination=destination,
             worker_id=f"dagster:{context.run_id[:8]}:{os.getpid()}",
             run_id=context.run_id,
+            job=context.job_name,
             relay_started=started,
             progress=lambda r: context.log.info(f"{r.table}: {r.progress_line()}"),
-        ))
+        ), _stopped_table)
     finally:
         destination.close()
     context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
@@ -198,27 +213,141 @@ def relay_graph() -> None:
     relay_table()
 
 
-def relay_job_name(table_name: str) -> str:
-    return f"relay_{table_name}_job"
+# -- relay groups: one run relays every table of its group (docs/design.md "Relay groups") ---------------------
+GROUP_TAG = "outbox/group"
+# Every relay run (a group's or one table's) carries it: dagster.yaml caps relay runs with it so that maintenance,
+# checks and replays always find a slot.
+KIND_TAG, RELAY_KIND = "outbox/kind", "relay"
+# A group run carries one of these per table it hosts ("outbox/table.billing_outbox": "hosted"): the Runs page
+# filters the runs that relayed a table by it.
+HOSTED = "hosted"
+OBSERVE_EVERY_S = 300.0  # each table's asset observation, while a group run relays it
+PROGRESS_EVERY_S = 30.0
 
 
-def relay_jobs(table_names: list[str]) -> list[dg.JobDefinition]:
-    """A job per table (its run config fixed to the table and tagged for the run limit), plus ``relay_job``."""
+def hosted_tag(table_name: str) -> str:
+    return f"{TABLE_TAG}.{table_name}"
+
+
+class GroupRunConfig(dg.Config):
+    group: str = Field(default=DEFAULT_GROUP, description="The relay group (outbox.toml's group key) to relay.")
+    max_seconds: float = Field(
+        default=default_run_seconds(),
+        description="Relay this long; every table's batch in flight is settled first.")
+    once: bool = Field(default=False, description="Drain what each table has ready now, then end the run.")
+
+
+class _Observer:
+    """Each table's asset observation: what it did since the last one (every OBSERVE_EVERY_S, and at the end)."""
+
+    def __init__(self, context: dg.OpExecutionContext, group: str) -> None:
+        self.context, self.group = context, group
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.last = time.monotonic()
+
+    def observe(self, report: GroupReport, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last < OBSERVE_EVERY_S:
+            return
+        window, self.last = now - self.last, now
+        for table_name, table_report in report.tables.items():
+            totals = table_report.as_dict()
+            before = self.seen.get(table_name, {})
+            delta = {k: totals[k] - before.get(k, 0) for k in ("claimed", "sent", "retried", "dead", "conflicts",
+                                                                "dedup_hits", "rate_limited")}
+            problem = report.problems.get(table_name)
+            if not any(delta.values()) and not problem:
+                continue
+            self.seen[table_name] = totals
+            values = {"group": self.group, "window_s": round(window, 1), **delta, "outcome": table_report.outcome,
+                      "destination_failures": by_code(table_report.destination_failures) or None,
+                      "dead_by_code": by_code(table_report.dead_by_code) or None, "circuit": table_report.circuit,
+                      "problem": problem, **table_report.lag.percentiles()}
+            self.context.log_event(dg.AssetObservation(asset_key=table_asset_key(table_name),
+                                                       metadata=metadata_values(values)))
+
+
+def _group_progress(context: dg.OpExecutionContext, observer: _Observer) -> Callable[[GroupRelay], None]:
+    def progress(group: GroupRelay) -> None:
+        report = group.report()
+        active = [name for name, worker in group.workers.items() if worker.active]
+        context.log.info(f"group {report.group}: {len(active)} of {len(group.workers)} tables active, sent "
+                         f"{report.sent} so far" + (f"; cannot relay: {', '.join(sorted(report.problems))}"
+                                                    if report.problems else ""))
+        observer.observe(report)
+
+    return progress
+
+
+def _stopped_group(report: GroupReport) -> list[str]:
+    return [f"{name}: stopped cleanly; sent {r.sent}, retried {r.retried}, dead {r.dead}; nothing left in sending"
+            for name, r in report.tables.items() if r.claimed]
+
+
+@dg.op(
+    description="Relay every table of a relay group, each on a worker of its own, until the run's time budget.",
+    out=dg.Out(dg.Nothing),
+)
+def relay_group(context: dg.OpExecutionContext, config: GroupRunConfig,
+                outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+    settings = outbox_db.settings()
+    observer = _Observer(context, config.group)
+    context.log.info(f"relaying group {config.group} for up to {config.max_seconds:.0f}s: "
+                     f"{', '.join(settings.groups().get(config.group, [])) or 'no table'}")
+    for name in sorted(settings.broken):
+        context.log.warning(f"left out: {settings.broken[name]}")
+    try:
+        report = _relay_in_thread(context, lambda started: run_group_relay(
+            outbox_db.database_url(), settings, config.group, max_seconds=config.max_seconds, once=config.once,
+            worker_prefix=f"dagster:{context.run_id[:8]}:{os.getpid()}", run_id=context.run_id, job=context.job_name,
+            group_started=started, progress=_group_progress(context, observer),
+        ), _stopped_group)
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    observer.observe(report, final=True)
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
+    for name, problem in sorted(report.problems.items()):
+        context.log.warning(f"cannot relay {name}: {problem}")
+    summary = {name: {"sent": r.sent, "retried": r.retried, "dead": r.dead, "dedup_hits": r.dedup_hits,
+                      "outcome": r.outcome} for name, r in report.tables.items() if r.claimed}
+    context.log.info(f"group {config.group}: {report.outcome}; sent {report.sent} over {len(summary)} tables in "
+                     f"{report.seconds:.1f}s; stopped: {report.stopped_because}")
+    yield dg.Output(None, metadata=metadata_values({
+        "group": config.group, "outcome": report.outcome, "sent": report.sent, "tables_relayed": len(summary),
+        "tables": summary or None, "problems": report.problems or None, "duration_s": report.seconds,
+        "stopped_because": report.stopped_because,
+    }))
+
+
+@dg.graph(description="Relay every table of a relay group.")
+def relay_group_graph() -> None:
+    relay_group()
+
+
+def relay_group_job_name(group: str) -> str:
+    return f"relay_group_{group}_job"
+
+
+def relay_jobs(groups: dict[str, list[str]]) -> list[dg.JobDefinition]:
+    """A job per relay group (its run config fixed to the group, tagged with it and with each table it hosts),
+    plus ``relay_job`` for one table at a time (the launchpad's config names it)."""
     seconds = default_run_seconds()
     jobs = [
-        relay_graph.to_job(
-            name=relay_job_name(table_name),
-            description=f"Relay {table_name}: claim → dispatch → settle for up to {seconds / 60:.0f} min.",
-            config={"ops": {"relay_table": {"config": {"table": table_name, "max_seconds": seconds}}}},
-            tags={TABLE_TAG: table_name},
+        relay_group_graph.to_job(
+            name=relay_group_job_name(group),
+            description=f"Relay the tables of group {group} ({len(tables)}: {', '.join(tables)}) for up to "
+                        f"{seconds / 60:.0f} min, each on a worker of its own.",
+            config={"ops": {"relay_group": {"config": {"group": group, "max_seconds": seconds}}}},
+            tags={GROUP_TAG: group, KIND_TAG: RELAY_KIND, **{hosted_tag(table): HOSTED for table in tables}},
             executor_def=dg.in_process_executor,
         )
-        for table_name in table_names
+        for group, tables in sorted(groups.items())
     ]
     jobs.append(
         relay_graph.to_job(
             name="relay_job",
-            description="Relay any table: set ops.relay_table.config.table in the launchpad.",
+            description="Relay one table: set ops.relay_table.config.table in the launchpad.",
+            tags={KIND_TAG: RELAY_KIND},
             executor_def=dg.in_process_executor,
         )
     )

@@ -10,10 +10,10 @@ import sqlalchemy as sa
 from outbox_pipelines.core import db
 from outbox_pipelines.core.db import driver_connection
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.health import TableStatus, read_status, ready_count
-from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep
+from outbox_pipelines.core.health import CheckVerdict, TableStatus, read_status, ready_count
+from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep, table_verdicts
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.table import OutboxTable, SharedTables, ready_tables
 from outbox_pipelines.core.wiring import build_destination
 
 TABLE_TAG = "outbox/table"
@@ -51,6 +51,11 @@ class OutboxDatabase:
             )
         return self._engine
 
+    def table_verdicts(self, table_name: str) -> list[CheckVerdict]:
+        """The table's checks (core.oncall.table_verdicts), read over a pooled connection."""
+        with self.engine().connect() as conn:
+            return table_verdicts(driver_connection(conn), self.settings(), table_name)
+
     def table_status(self, table: TableSettings) -> TableStatus:
         """Counts, lag and dead letters of one table, read over a pooled connection."""
         with self.engine().connect() as conn:
@@ -59,6 +64,16 @@ class OutboxDatabase:
     def ready_count(self, table: TableSettings) -> int:
         with self.engine().connect() as conn:
             return ready_count(driver_connection(conn), table.name, table.paused_topics)
+
+    def ready_tables(self, table_names: list[str]) -> set[str]:
+        """Which of these tables have messages ready now (one statement; a table that does not exist yet is
+        left out: its relay group reports it)."""
+        settings = self.settings()
+        with self.engine().connect() as conn:
+            raw = driver_connection(conn)
+            existing = set(SharedTables(raw).outbox_table_names())
+            return ready_tables(raw, {name: settings.tables[name].paused_topics for name in table_names
+                                      if name in existing and name in settings.tables})
 
     def sweep(self) -> SweepReport:
         """The on-call sweep over every configured table (core.oncall.sweep)."""

@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from outbox_pipelines.defs.relay import OVERLAP_S, relay_job_name, run_minutes
-from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
+from outbox_pipelines.defs.relay import GROUP_TAG, OVERLAP_S, relay_group_job_name, run_minutes
+from outbox_pipelines.defs.resources import OutboxDb
 
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -14,48 +14,51 @@ ACTIVE = [
 RUNNING = dg.DefaultScheduleStatus.RUNNING
 
 
-def relay_schedules(table_names: list[str], jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
-    """Every OUTBOX_RELAY_RUN_MINUTES (default 30) a relay run starts for each table and relays that long
-    plus a minute: consecutive runs overlap, so at steady state one is always active and a hand-off
-    leaves no gap. The per-table run limit in dagster.yaml (2) keeps them from piling up."""
+def relay_schedules(groups: dict[str, list[str]], jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
+    """Every OUTBOX_RELAY_RUN_MINUTES (default 30) a run starts for each relay group and relays that long plus a
+    minute: consecutive runs overlap, so at steady state one is always active and a hand-off leaves no gap. The
+    per-group run limit in dagster.yaml (2) keeps them from piling up."""
     minutes = run_minutes()
     cron = "0 * * * *" if minutes == 60 else f"*/{minutes} * * * *"
     return [
         dg.ScheduleDefinition(
-            name=f"relay_{table_name}_every_{minutes}_minutes",
-            job=jobs[relay_job_name(table_name)],
+            name=f"relay_group_{group}_every_{minutes}_minutes",
+            job=jobs[relay_group_job_name(group)],
             cron_schedule=cron,
             default_status=RUNNING,
-            description=f"Keeps a relay run active for {table_name}: a run every {minutes} min that relays for "
-                        f"{minutes} min + {OVERLAP_S:.0f} s, so the next one takes over without a gap.",
+            description=f"Keeps a relay run active for group {group} ({len(tables)} tables): a run every {minutes} "
+                        f"min that relays for {minutes} min + {OVERLAP_S:.0f} s, so the next one takes over "
+                        "without a gap.",
         )
-        for table_name in table_names
+        for group, tables in sorted(groups.items())
     ]
 
 
-def backlog_sensor(table_name: str, job: dg.JobDefinition) -> dg.SensorDefinition:
+def backlog_sensor(group: str, tables: list[str], job: dg.JobDefinition) -> dg.SensorDefinition:
     @dg.sensor(
-        name=f"relay_{table_name}_on_backlog",
+        name=f"relay_group_{group}_on_backlog",
         job=job,
         minimum_interval_seconds=5,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Starts a relay run for {table_name} when messages are ready and no relay run is active.",
+        description=f"Starts a run of relay group {group} when one of its tables has messages ready and no run of "
+                    "the group is active (after a crash, or on a fresh start).",
     )
     def _sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SkipReason | dg.RunRequest:
         active = context.instance.get_runs(
-            filters=dg.RunsFilter(tags={TABLE_TAG: table_name}, statuses=ACTIVE), limit=1)
+            filters=dg.RunsFilter(tags={GROUP_TAG: group}, statuses=ACTIVE), limit=1)
         if active:
-            return dg.SkipReason(f"relay run {active[0].run_id[:8]} is active for {table_name}")
-        settings = outbox_db.settings()
-        ready = outbox_db.ready_count(settings.table(table_name))
-        if ready == 0:
-            return dg.SkipReason(f"no ready messages in {table_name}")
-        return dg.RunRequest(tags={TABLE_TAG: table_name, "outbox/trigger": "backlog"})
+            return dg.SkipReason(f"relay run {active[0].run_id[:8]} is active for group {group}")
+        ready = outbox_db.ready_tables(tables)
+        if not ready:
+            return dg.SkipReason(f"no ready messages in group {group}")
+        return dg.RunRequest(tags={"outbox/trigger": "backlog"})
 
     return _sensor
 
 
 def maintenance_schedules(jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
+    """Maintenance never waits behind relay runs: they are capped in dagster.yaml (outbox/kind=relay) below the
+    deployment's run limit, and these jobs carry a higher dagster/priority (defs/maintenance.py)."""
     return [
         dg.ScheduleDefinition(name="requeue_stuck_every_5_minutes", job=jobs["requeue_stuck_job"],
                               cron_schedule="*/5 * * * *", default_status=RUNNING,

@@ -100,10 +100,13 @@ def test_decide_resolved_once_then_a_new_start():
 # -- announce: many conditions, the database remembers --------------------------
 
 SEVERITY_OF = {  # table -> check -> verdict severity
-    "outbox_orders": {"lag": "warn", "dead_letters": "error", "stuck": "ok", "backlog": "ok", "destination": "error"},
+    "outbox_orders": {"lag": "warn", "dead_letters": "error", "stuck": "ok", "backlog": "ok", "destination": "error",
+                      "relay": "ok"},
     "outbox_memory": {name: "ok" for name in CHECK_NAMES},
-    "outbox_events": {"lag": "ok", "dead_letters": "warn", "stuck": "warn", "backlog": "ok", "destination": "ok"},
-    "outbox_members": {"lag": "error", "dead_letters": "ok", "stuck": "ok", "backlog": "warn", "destination": "ok"},
+    "outbox_events": {"lag": "ok", "dead_letters": "warn", "stuck": "warn", "backlog": "ok", "destination": "ok",
+                      "relay": "ok"},
+    "outbox_members": {"lag": "error", "dead_letters": "ok", "stuck": "ok", "backlog": "warn", "destination": "ok",
+                       "relay": "ok"},
 }
 
 
@@ -123,7 +126,7 @@ def alert_state(conn) -> dict[str, str]:
 
 def test_announce_posts_each_non_ok_condition_once_and_resolves_once(conn, http_sink):
     first = conditions(SEVERITY_OF)
-    assert len(first) == 20
+    assert len(first) == 4 * len(CHECK_NAMES)
     non_ok = {f"check:{t}:{c}": s for t in TABLES for c, s in SEVERITY_OF[t].items() if s != "ok"}
     assert len(non_ok) == 7
 

@@ -151,11 +151,12 @@ def gone_pid() -> int:
     return int(done.stdout)
 
 
-def add_worker(conn, worker: str, *, host: str, pid: int | None, silent_s: float, run_id: str | None = None) -> None:
+def add_worker(conn, worker: str, *, host: str, pid: int | None, silent_s: float, run_id: str | None = None,
+               job: str | None = None, table: str = EVENTS) -> None:
     conn.execute(
-        "INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host, started_at, heartbeat_at) "
-        "VALUES (%s, %s, %s, %s, %s, now() - interval '10 minutes', now() - make_interval(secs => %s))",
-        (worker, EVENTS, run_id, pid, host, silent_s))
+        "INSERT INTO outbox_relay_workers (worker, table_name, run_id, job, pid, host, started_at, heartbeat_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, now() - interval '10 minutes', now() - make_interval(secs => %s))",
+        (worker, table, run_id, job, pid, host, silent_s))
 
 
 def test_a_relay_on_another_host_is_dead_only_after_a_minute(conn):
@@ -183,14 +184,34 @@ def test_rows_out_of_attempts_go_dead_and_are_not_counted_as_returned(conn):
 
 
 def test_a_dead_relay_of_a_dagster_run_links_to_its_run(db_url, conn, http_sink):
-    add_worker(conn, "run-relay", host=liveness.HOST, pid=gone_pid(), silent_s=45, run_id="0123456789abcdef")
+    add_worker(conn, "run-relay", host=liveness.HOST, pid=gone_pid(), silent_s=45, run_id="0123456789abcdef",
+               job="relay_group_default_job")
     report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800)
     assert [d.run_id for d in report.dead_relays] == ["0123456789abcdef"]
     [body] = [r.body for r in http_sink.received if r.body["kind"] == "relay_died"]
-    assert (body["run_id"], body["job"]) == ("0123456789abcdef", f"relay_{EVENTS}_job")
+    assert (body["run_id"], body["job"]) == ("0123456789abcdef", "relay_group_default_job")  # as the relay recorded
     assert body["link"].endswith("/runs/0123456789abcdef")
     assert "relay run 01234567 died" in body["summary"]
     assert "it held 0 messages, 0 returned" in body["summary"]
+
+
+def test_the_relays_of_one_dead_group_run_are_told_in_one_alert(db_url, conn, http_sink):
+    """A relay group's run hosts many tables' relays: when its process dies, on-call hears once, with every
+    table and every row that went back."""
+    enqueue_n(conn, EVENTS, 2)
+    enqueue_n(conn, "outbox_memory", 3)
+    pid = gone_pid()
+    for table in (EVENTS, "outbox_memory"):
+        add_worker(conn, f"group-relay:{table}", host=liveness.HOST, pid=pid, silent_s=45, run_id="feedfacecafe0001",
+                   job="relay_group_default_job", table=table)
+        OutboxTable(conn, table).claim(f"group-relay:{table}", 10, 600)
+    report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800)
+    assert len(report.dead_relays) == 2
+    [body] = [r.body for r in http_sink.received if r.body["kind"] == "relay_died"]
+    assert body["figures"]["tables"] == sorted([EVENTS, "outbox_memory"])
+    assert (body["figures"]["held"], body["figures"]["returned"]) == (5, 5)
+    assert body["summary"].startswith("2 tables (outbox_events, outbox_memory): relay run feedface died")
+    assert statuses(conn, EVENTS) == {"pending": 2} and statuses(conn, "outbox_memory") == {"pending": 3}
 
 
 def test_bury_counts_only_the_dead_relays_rows(conn):

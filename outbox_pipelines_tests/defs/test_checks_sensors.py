@@ -26,7 +26,7 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
     result = run_job("outbox_checks_job", resources, instance)
     assert result.success
     checks = check_results(result)
-    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination"}
+    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination", "relay"}
     assert all(passed for passed, _, _ in checks.values())
     assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
 
@@ -58,7 +58,7 @@ def test_thresholds_come_from_the_table_settings(db_url, conn, instance, tmp_pat
 def backlog_sensor_def():
     from outbox_pipelines.definitions import build_definitions
 
-    return build_definitions().resolve_sensor_def("relay_outbox_orders_on_backlog")
+    return build_definitions().resolve_sensor_def("relay_group_default_on_backlog")
 
 
 def test_backlog_sensor_requests_a_run_only_when_messages_are_ready(db_url, conn, instance):
@@ -71,15 +71,16 @@ def test_backlog_sensor_requests_a_run_only_when_messages_are_ready(db_url, conn
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         result = sensor.evaluate_tick(context)
     assert len(result.run_requests) == 1
-    assert result.run_requests[0].tags["outbox/table"] == "outbox_orders"
+    assert result.run_requests[0].job_name in (None, "relay_group_default_job")
+    assert result.run_requests[0].tags["outbox/trigger"] == "backlog"
 
 
 def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance):
     enqueue_n(conn, "outbox_orders", 1)
     from outbox_pipelines.definitions import build_definitions
 
-    job = build_definitions().resolve_job_def("relay_outbox_orders_job")
-    run = instance.create_run_for_job(job, tags={"outbox/table": "outbox_orders"})
+    job = build_definitions().resolve_job_def("relay_group_default_job")
+    run = instance.create_run_for_job(job, tags=dict(job.tags))
     instance.handle_run_event(run.run_id, dg.DagsterEvent(
         event_type_value="PIPELINE_START", job_name=job.name, message="started"))
     resources = {"outbox_db": outbox_resources(url=db_url)["outbox_db"]}
@@ -102,7 +103,7 @@ def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, i
     evaluations = {(e.asset_key.to_user_string(), e.check_name): e for e in result.asset_events}
     dead = evaluations[("outbox/outbox_orders", "dead_letters")]
     assert not dead.passed and dead.severity == dg.AssetCheckSeverity.WARN
-    assert len(evaluations) == 4 * 5  # every table, every check
+    assert len(evaluations) == 4 * 6  # every table, every check
     [alert] = [r.body for r in http_sink.received]
     assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == (
         "firing", "warning", "outbox_orders", "dead_letters")

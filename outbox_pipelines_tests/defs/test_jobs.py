@@ -22,7 +22,7 @@ def test_definitions_load_and_validate(tmp_path):
     from outbox_pipelines.definitions import defs
 
     names = {job.name for job in defs.jobs}
-    assert {"relay_outbox_orders_job", "relay_outbox_memory_job", "relay_outbox_events_job", "relay_job",
+    assert {"relay_group_default_job", "relay_job",
             "requeue_stuck_job", "clean_job", "replay_dead_job", "backfill_job", "outbox_checks_job",
             "prune_run_history_job"} <= names
     result = subprocess.run(
@@ -36,7 +36,7 @@ def test_definitions_load_and_validate(tmp_path):
 def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink, tmp_path):
     enqueue_n(conn, "outbox_orders", 20, prefix="o-")
     resources = orders_sent_to(tmp_path, db_url, http_sink.url)
-    result = run_job("relay_outbox_orders_job", resources, instance,
+    result = run_job("relay_job", resources, instance,
                      {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
     assert result.success
     meta = op_metadata(result, "relay_table")
@@ -60,7 +60,7 @@ def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_ur
 def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance, tmp_path):
     enqueue_n(conn, "outbox_orders", 5)
     resources = orders_sent_to(tmp_path, db_url, "http://127.0.0.1:9/orders")
-    result = run_job("relay_outbox_orders_job", resources, instance,
+    result = run_job("relay_job", resources, instance,
                      {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 0.5}}}})
     assert result.success
     meta = op_metadata(result, "relay_table")
@@ -160,7 +160,7 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
     texts = []
     for url in (secret_url, down_url):
         resources = orders_sent_to(tmp_path, db_url, url)
-        result = run_job("relay_outbox_orders_job", resources, instance,
+        result = run_job("relay_job", resources, instance,
                          {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
         assert result.success
         for record in instance.all_logs(result.run_id):
@@ -217,9 +217,56 @@ def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn
 
     enqueue_n(conn, "outbox_memory", 3)
     config = json.loads(json.dumps(resource_config).replace("{sink}", http_sink.url))
-    job = build_definitions(outbox_resources(url=db_url)).resolve_job_def("relay_outbox_memory_job")
+    job = build_definitions(outbox_resources(url=db_url)).resolve_job_def("relay_job")
     with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
         job.execute_in_process(instance=instance, run_config={
             "resources": config, "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}})
     assert http_sink.received == []
     assert statuses(conn, "outbox_memory") == {"pending": 3}
+
+
+# -- relay groups (issue 23) --------------------------------------------------------------------------------
+
+
+def test_a_group_run_relays_every_table_of_its_group_and_observes_each(db_url, conn, instance, resources):
+    enqueue_n(conn, "outbox_events", 4, topic="org.changed", payload=lambda i: {"org_id": i})
+    enqueue_n(conn, "outbox_memory", 3)
+    result = run_job("relay_group_default_job", resources, instance,
+                     {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}})
+    assert result.success
+    assert statuses(conn, "outbox_events") == {"sent": 4} and statuses(conn, "outbox_memory") == {"sent": 3}
+    meta = op_metadata(result, "relay_group")
+    assert meta["tables"]["outbox_events"]["sent"] == 4 and meta["tables"]["outbox_memory"]["sent"] == 3
+    assert meta["outcome"] == "delivered"
+    observed = {e.asset_key.to_user_string(): e.event_specific_data.asset_observation.metadata
+                for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"}
+    assert observed["outbox/outbox_events"]["sent"].value == 4 and observed["outbox/outbox_memory"]["sent"].value == 3
+    assert "outbox/outbox_orders" not in observed  # a table that did nothing is not observed
+    run = instance.get_run_by_id(result.run_id)
+    assert run.tags["outbox/group"] == "default" and run.tags["outbox/kind"] == "relay"
+    assert run.tags["outbox/table.outbox_events"] == "hosted" and run.tags["outbox/outcome"] == "delivered"
+
+
+def test_a_broken_section_leaves_its_table_out_and_the_rest_relays(db_url, conn, instance, tmp_path):
+    """Issue 23 (and 25): one table's mistake in outbox.toml is that table's, not the code location's."""
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.outbox_members]\nhandlers = "no_such_module:registry"\n\n'
+                      '[tables.outbox_memory]\nmode = "compting"\n')
+    resources = outbox_resources(url=db_url, config_path=str(config))
+    enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})
+    enqueue_n(conn, "outbox_memory", 2)
+    result = run_job("relay_group_default_job", resources, instance,
+                     {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}})
+    assert result.success
+    assert statuses(conn, "outbox_events") == {"sent": 2}
+    assert statuses(conn, "outbox_memory") == {"pending": 2}  # left out: its section is invalid
+    meta = op_metadata(result, "relay_group")
+    assert "outbox_members" in meta["problems"] and "cannot import no_such_module" in meta["problems"]["outbox_members"]
+    checks = run_job("outbox_checks_job", resources, instance)
+    relay_checks = {e.event_specific_data.asset_key.to_user_string(): e.event_specific_data for e in checks.all_events
+                    if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "relay"}
+    memory = relay_checks["outbox/outbox_memory"]
+    assert not memory.passed and memory.severity == dg.AssetCheckSeverity.ERROR
+    assert "mode must be one of competing, single-active, got 'compting'" in memory.description
+    assert not relay_checks["outbox/outbox_members"].passed
+    assert relay_checks["outbox/outbox_events"].passed

@@ -81,21 +81,21 @@ def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
     data = graphql(webserver, REPOSITORY)
     [repo] = data["repositoriesOrError"]["nodes"]
     jobs = {j["name"] for j in repo["jobs"]}
-    assert {"relay_outbox_events_job", "replay_dead_job", "backfill_job", "outbox_checks_job"} <= jobs
-    assert "relay_outbox_events_every_30_minutes" in {s["name"] for s in repo["schedules"]}
-    assert {"relay_outbox_events_on_backlog", "outbox_run_failure_alert", "outbox_oncall"} <= {
+    assert {"relay_group_default_job", "relay_job", "replay_dead_job", "backfill_job", "outbox_checks_job"} <= jobs
+    assert "relay_group_default_every_30_minutes" in {s["name"] for s in repo["schedules"]}
+    assert {"relay_group_default_on_backlog", "outbox_run_failure_alert", "outbox_oncall"} <= {
         s["name"] for s in repo["sensors"]}
     checks = {tuple(n["assetKey"]["path"]): {c["name"]: c["canExecuteIndividually"]
                                              for c in n["assetChecksOrError"]["checks"]}
               for n in data["assetNodes"]}
     # every check can be executed from the asset's Checks tab (no materialization needed)
     assert checks[("outbox", "outbox_events")] == dict.fromkeys(
-        ["lag", "dead_letters", "stuck", "backlog", "destination"], "CAN_EXECUTE")
+        ["lag", "dead_letters", "stuck", "backlog", "destination", "relay"], "CAN_EXECUTE")
 
     enqueue_n(conn, "outbox_events", 5, topic="org.changed", payload=lambda i: {"org_id": i})
     params = {
         "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                     "jobName": "relay_outbox_events_job"},
+                     "jobName": "relay_job"},
         "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},
     }
     launched = graphql(webserver, LAUNCH, params=params)["launchRun"]
@@ -129,7 +129,7 @@ def test_terminate_in_the_ui_cancels_a_relay_run_after_it_settles(webserver, con
     enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
     params = {
         "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                     "jobName": "relay_outbox_events_job"},
+                     "jobName": "relay_job"},
         "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "max_seconds": 600}}}},
     }
     run_id = graphql(webserver, LAUNCH, params=params)["launchRun"]["run"]["runId"]
@@ -159,7 +159,7 @@ def test_a_launch_from_the_ui_cannot_redirect_messages_or_the_database(webserver
     for resources in ATTEMPTED_OVERRIDES:
         params = {
             "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                         "jobName": "relay_outbox_memory_job"},
+                         "jobName": "relay_job"},
             "runConfigData": {"resources": json.loads(json.dumps(resources).replace("{sink}", http_sink.url)),
                               "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}},
         }
@@ -167,3 +167,27 @@ def test_a_launch_from_the_ui_cannot_redirect_messages_or_the_database(webserver
         assert launched["__typename"] == "RunConfigValidationInvalid", (resources, launched)
         assert any("unexpected config entry" in e["message"].lower() for e in launched["errors"]), launched
     assert http_sink.received == [] and statuses(conn, "outbox_memory") == {"pending": 3}
+
+
+def test_terminate_in_the_ui_cancels_a_group_run_with_every_tables_batch_settled(webserver, conn):
+    """Issue 23: a group run relays many tables; Terminate settles each one's batch in flight and ends CANCELED."""
+    repo = graphql(webserver, REPOSITORY)["repositoriesOrError"]["nodes"][0]
+    enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
+    enqueue_n(conn, "outbox_memory", 4)
+    params = {
+        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
+                     "jobName": "relay_group_default_job"},
+        "runConfigData": {"ops": {"relay_group": {"config": {"group": "default", "max_seconds": 600}}}},
+    }
+    run_id = graphql(webserver, LAUNCH, params=params)["launchRun"]["run"]["runId"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (statuses(conn, "outbox_events"), statuses(conn, "outbox_memory")) != (
+            {"sent": 3}, {"sent": 4}):
+        time.sleep(0.3)
+    assert (statuses(conn, "outbox_events"), statuses(conn, "outbox_memory")) == ({"sent": 3}, {"sent": 4})
+    assert graphql(webserver, TERMINATE, id=run_id)["terminateRun"]["__typename"] == "TerminateRunSuccess"
+    assert wait_status(webserver, run_id, ("SUCCESS", "FAILURE", "CANCELED")) == "CANCELED"
+    tags = {t["key"]: t["value"] for t in graphql(webserver, RUN, id=run_id)["runOrError"]["tags"]}
+    assert tags["outbox/outcome"] == "cancelled" and tags["outbox/group"] == "default"
+    assert conn.execute("SELECT count(*) AS n FROM outbox_relay_workers WHERE run_id = %s AND stopped_at IS NULL",
+                        (run_id,)).fetchone()["n"] == 0  # every table's relay said goodbye

@@ -61,7 +61,7 @@ ALERT_FIELDS = ("status", "severity", "kind", "table", "summary", "text", "figur
 ALERT_STATUSES = ("firing", "resolved")
 ALERT_SEVERITIES = ("warning", "error")
 ALERT_KINDS = ("check", "run_failure", "relay_died")
-CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination")
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay")
 
 
 # -- small helpers -------------------------------------------------------------

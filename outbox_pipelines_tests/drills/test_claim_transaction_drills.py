@@ -282,7 +282,7 @@ def test_dagster_relay_run_with_transaction_claim_and_failure_audit(tx_stack: Dr
     assert len(runs) >= 1 and None not in runs, workers
     for run_id in runs:
         run = stack.dev.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
-        assert run["jobName"] == "relay_outbox_orders_job" and run["status"] in ("STARTED", "SUCCESS"), run
+        assert run["jobName"] == "relay_group_default_job" and run["status"] in ("STARTED", "SUCCESS"), run
 
 
 # -- 2. behind PgBouncer (transaction pooling) --------------------------------------------------------

@@ -5,3 +5,7 @@
 ALTER TABLE outbox_destination_health
     ADD COLUMN relay_problem       text CHECK (length(relay_problem) <= 2000),
     ADD COLUMN relay_problem_since timestamptz;
+
+-- The Dagster job a relay ran in (a relay group's run hosts many tables' relays): an alert about a
+-- relay that died names it, so the engine need not know how the Dagster layer names its jobs.
+ALTER TABLE outbox_relay_workers ADD COLUMN job text;

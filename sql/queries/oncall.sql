@@ -4,10 +4,11 @@
 -- production and set only by tests that move time.
 
 -- name: outbox_relay_workers_register
-INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host)
-VALUES (%(worker)s, %(table_name)s, %(run_id)s, %(pid)s, %(host)s)
+INSERT INTO outbox_relay_workers (worker, table_name, run_id, job, pid, host)
+VALUES (%(worker)s, %(table_name)s, %(run_id)s, %(job)s, %(pid)s, %(host)s)
 ON CONFLICT (worker) DO UPDATE
-SET table_name = EXCLUDED.table_name, run_id = EXCLUDED.run_id, pid = EXCLUDED.pid, host = EXCLUDED.host,
+SET table_name = EXCLUDED.table_name, run_id = EXCLUDED.run_id, job = EXCLUDED.job, pid = EXCLUDED.pid,
+    host = EXCLUDED.host,
     started_at = coalesce(%(now)s::timestamptz, now()), heartbeat_at = coalesce(%(now)s::timestamptz, now()),
     stopped_at = NULL, stop_reason = NULL
 
@@ -21,7 +22,7 @@ WHERE worker = %(worker)s AND stopped_at IS NULL
 
 -- name: outbox_relay_workers_silent
 -- Relays that stopped heartbeating without saying goodbye: presumed dead.
-SELECT worker, table_name, run_id, pid, host, started_at, heartbeat_at,
+SELECT worker, table_name, run_id, job, pid, host, started_at, heartbeat_at,
        extract(epoch FROM heartbeat_at - started_at)::float8 AS ran_s,
        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - heartbeat_at)::float8 AS silent_s
 FROM outbox_relay_workers
@@ -30,7 +31,7 @@ WHERE stopped_at IS NULL
 ORDER BY heartbeat_at
 
 -- name: outbox_relay_workers_by_run
-SELECT worker, table_name, run_id, pid, host, started_at, heartbeat_at, stopped_at, stop_reason
+SELECT worker, table_name, run_id, job, pid, host, started_at, heartbeat_at, stopped_at, stop_reason
 FROM outbox_relay_workers
 WHERE run_id = %(run_id)s
 ORDER BY started_at DESC

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from outbox_pipelines.core import pooler, tracing
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import ConfigError, OutboxError
@@ -40,6 +41,7 @@ from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.table import SharedTables, ready_tables
 from outbox_pipelines.core.wiring import build_destination
@@ -157,12 +159,13 @@ Progress = Callable[["GroupRelay"], None]
 
 class GroupRelay:
     def __init__(self, url: str, settings: Settings, table_names: Sequence[str], *, group: str = "default",
-                 worker_prefix: str, run_id: str | None = None, direct_url: str | None = None,
+                 worker_prefix: str, run_id: str | None = None, job: str | None = None,
+                 direct_url: str | None = None,
                  places: int = PLACES, linger_s: float = LINGER_S, slice_s: float = SLICE_S,
                  poll_s: float = POLL_S, progress: Progress | None = None, progress_every_s: float = 30.0,
                  destinations: Callable[[TableSettings, Settings], Destination] = build_destination) -> None:
         self.url, self.settings, self.group = url, settings, group
-        self.worker_prefix, self.run_id, self.direct_url = worker_prefix, run_id, direct_url
+        self.worker_prefix, self.run_id, self.job, self.direct_url = worker_prefix, run_id, job, direct_url
         self.linger_s, self.slice_s, self.poll_s = linger_s, slice_s, poll_s
         self.places = Places(max(1, places))
         self.progress, self.progress_every_s = progress, progress_every_s
@@ -254,7 +257,7 @@ class GroupRelay:
                     worker.left_out = True
                     self._problem(worker, f"{worker.name}: its destination cannot be built: {exc}", shared)
                     continue
-                worker.relay = Relay(self.url, worker.settings, worker.destination, run_id=self.run_id,
+                worker.relay = Relay(self.url, worker.settings, worker.destination, run_id=self.run_id, job=self.job,
                                      worker_id=f"{self.worker_prefix}:{worker.name}", direct_url=self.direct_url,
                                      progress=self._live(worker), progress_every_s=5.0)
                 if shared.clear_relay_problem(worker.name):
@@ -407,20 +410,22 @@ class GroupRelay:
 
 
 def run_group_relay(url: str, settings: Settings, group: str, *, max_seconds: float | None = None,
-                    once: bool = False, worker_prefix: str, run_id: str | None = None,
+                    once: bool = False, worker_prefix: str, run_id: str | None = None, job: str | None = None,
                     direct_url: str | None = None, progress: Progress | None = None,
                     group_started: Callable[[GroupRelay], None] | None = None,
                     install_signal_handlers: bool = False, places: int = PLACES, linger_s: float = LINGER_S,
                     slice_s: float = SLICE_S, poll_s: float = POLL_S) -> GroupReport:
     """Relay every table of ``group`` that relays (``relay_enabled``): what the CLI and the Dagster op call."""
+    freeze_startup_objects()
+    tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     names = [name for name in settings.groups().get(group, []) if settings.tables[name].relay_enabled]
     if not names:
         known = ", ".join(sorted(settings.groups())) or "none"
         raise ConfigError(f"relay group {group!r} has no table to relay; groups: {known} "
                           "(a table joins one with group = \"NAME\" in outbox.toml; the default group is 'default')")
-    relay = GroupRelay(url, settings, names, group=group, worker_prefix=worker_prefix, run_id=run_id,
-                       direct_url=direct_url, progress=progress, places=places, linger_s=linger_s, slice_s=slice_s,
-                       poll_s=poll_s)
+    relay = GroupRelay(url, settings, names, group=group, worker_prefix=worker_prefix, run_id=run_id, job=job,
+                       direct_url=direct_url or pooler.direct_database_url(), progress=progress, places=places,
+                       linger_s=linger_s, slice_s=slice_s, poll_s=poll_s)
     if install_signal_handlers:
         import signal
 

@@ -99,6 +99,7 @@ class Relay:
         progress: Callable[[RelayReport], None] | None = None,
         progress_every_s: float = 5.0,
         run_id: str | None = None,
+        job: str | None = None,
         direct_url: str | None = None,
     ) -> None:
         if not isinstance(destination, Destination):
@@ -112,6 +113,7 @@ class Relay:
         self.destination = destination
         self.worker = worker_id or default_worker_id()
         self.run_id = run_id
+        self.job = job  # the orchestrator's job this relay runs in (named by an alert if the relay dies)
         self.guard = DestinationGuard(table.name, destination.name, threshold=table.circuit_threshold,
                                       probe_interval_s=table.probe_interval_s)
         self.uniform = uniform
@@ -158,7 +160,7 @@ class Relay:
         started = time.monotonic()
         session = open_relay_session(self.url, self.table, self.direct_url)
         conn = session.conn
-        liveness.register(conn, self.worker, self.table.name, self.run_id)
+        liveness.register(conn, self.worker, self.table.name, self.run_id, job=self.job)
         keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
         return _Invocation(
             budget, RelayReport(self.table.name, self.worker), session, OutboxTable(conn, self.table.name), keeper,

@@ -28,6 +28,7 @@ def run_table_relay(
     install_signal_handlers: bool = False,
     destination: Destination | None = None,
     run_id: str | None = None,
+    job: str | None = None,
     relay_started: Callable[[Relay], None] | None = None,
 ) -> RelayReport:
     """Relay one configured table: build its destination (unless given), run under the budget, close it."""
@@ -36,7 +37,7 @@ def run_table_relay(
     table = settings.table(table_name)
     owned = destination is None
     destination = destination or build_destination(table, settings)
-    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id,
+    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id, job=job,
                   direct_url=pooler.direct_database_url())
     if install_signal_handlers:
         relay.install_signal_handlers()
