@@ -45,6 +45,7 @@ from obench import (  # noqa: E402
     drain,
     enqueue,
     flat,
+    group_cost,
     http_bench,
     latency,
     order_path,
@@ -156,6 +157,14 @@ SCENARIOS = [
         "broker-sim, relay): accepted orders/s with 32 in flight for 10 s; accepted -> executed "
         "(idempo_ledger created_at -> updated_at at 'succeeded', an upper bound) at 100 orders/s for 30 s "
         "with the CLI relay worker (target p99 <= 50 ms) and with the Dagster relay job (information).",
+    ),
+    Scenario(
+        "group",
+        group_cost.run,
+        "What a relay group costs a busy table (issue 23): commit→handler at the latency scenario's rate, and a "
+        "drain of 50,000 messages (--quick 10,000; batch 100), with the table relayed by a dedicated Relay and by a "
+        "GroupRelay hosting it beside 49 quiet tables, rounds interleaved. Targets: p99 <= 1.25x and drain >= 0.9x "
+        "the dedicated relay's.",
     ),
     Scenario(
         "scale",

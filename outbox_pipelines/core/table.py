@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import psycopg
@@ -133,13 +134,19 @@ def ready_tables(conn: psycopg.Connection, paused_by_table: Mapping[str, Sequenc
     for all of them (a relay group's poll for its quiet tables)."""
     if not paused_by_table:
         return set()
-    probe = named_queries()["outbox_ready_probe"]
-    parts = [sql.SQL(probe).format(table=table_identifier(validate_table_name(name)), name=sql.Literal(name),
-                                   paused=sql.Literal(list(paused)))
-             for name, paused in sorted(paused_by_table.items())]
+    parts = (_ready_probe(name, tuple(paused)) for name, paused in sorted(paused_by_table.items()))
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sql.SQL("\nUNION ALL\n").join(parts))
+        cur.execute("\nUNION ALL\n".join(parts))  # each part composed by psycopg.sql from validated names
         return {row[0] for row in cur.fetchall()}
+
+
+@lru_cache(maxsize=4096)
+def _ready_probe(table_name: str, paused: tuple[str, ...]) -> str:
+    """One table's part of ready_tables, rendered once (a group polls its quiet tables every second)."""
+    probe = sql.SQL(named_queries()["outbox_ready_probe"]).format(
+        table=table_identifier(validate_table_name(table_name)), name=sql.Literal(table_name),
+        paused=sql.Literal(list(paused)))
+    return probe.as_string(None)
 
 
 class OutboxTable:

@@ -23,6 +23,7 @@ A stop request (SIGTERM, Dagster's Terminate) stops every active relay after it 
 """
 
 import collections
+import gc
 import logging
 import threading
 import time
@@ -202,6 +203,9 @@ class GroupRelay:
         started = time.monotonic()
         self._deadline = None if max_seconds is None else started + max_seconds
         self._prepare()
+        # The relays and destinations just built live as long as the run: out of the collector's sight, as the
+        # process's start-up objects are (table_relay.freeze_startup_objects; a full pass walks them all).
+        gc.freeze()
         watcher = None if once else self._start_watcher()
         threads = [threading.Thread(target=self._work, args=(worker, once), daemon=True,
                                     name=f"outbox-group-{worker.name}")
@@ -275,7 +279,8 @@ class GroupRelay:
         while not self._stop.is_set():
             if once and worker.activations:
                 return
-            if not worker.wake.wait(1.0) or self._stop.is_set():
+            worker.wake.wait()  # set by the watcher, a backoff's end, or a stop (request_stop sets every one)
+            if self._stop.is_set():
                 continue
             backoff = worker.not_before - time.monotonic()
             if backoff > 0:  # a relay that raised (or a lock held elsewhere) waits out its backoff first
@@ -366,13 +371,23 @@ class GroupRelay:
 
     def _listen(self) -> psycopg.Connection:
         conn = connect(self.direct_url or self.url)
-        for name, worker in self.workers.items():
-            if not worker.left_out:
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(name))))
+        self._listening: set[str] = set()
+        self._follow(conn)
         return conn
 
+    def _follow(self, conn: psycopg.Connection) -> None:
+        """LISTEN on the quiet tables' channels only: an active table's relay LISTENs on its own, and a busy
+        table's every NOTIFY would otherwise wake this thread too (hundreds a second, each a GIL hand-off)."""
+        for name, worker in self.workers.items():
+            quiet = not (worker.left_out or worker.active)
+            if quiet != (name in self._listening):
+                verb = "LISTEN" if quiet else "UNLISTEN"
+                conn.execute(sql.SQL(verb + " {}").format(sql.Identifier(notify_channel(name))))
+                (self._listening.add if quiet else self._listening.discard)(name)
+
     def _watch(self, conn: psycopg.Connection) -> None:
-        """Wake a quiet table on its NOTIFY at once, and on rows that became due within poll_s."""
+        """Wake a quiet table on its NOTIFY at once, and on rows that became due within poll_s (which also finds
+        a message committed while its table went quiet, before its channel was listened to again)."""
         channels = {notify_channel(name): worker for name, worker in self.workers.items()}
         while not self._stop.is_set():
             try:
@@ -382,6 +397,7 @@ class GroupRelay:
                         worker.wake.set()
                     if self._stop.is_set():
                         break
+                self._follow(conn)
                 self._wake_the_due(conn)
             except Exception as exc:  # noqa: BLE001 - the watcher wakes every table: it must outlive any error
                 log.warning("relay group %s: its watcher lost the database (%s); reconnecting", self.group, exc)

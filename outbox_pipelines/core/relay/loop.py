@@ -176,7 +176,10 @@ class Relay:
         report = run.report
         report.lock_held = single_active.try_lock(run.outbox_table)
         while not report.lock_held:
-            if run.budget.once or run.budget.stop_requested or run.budget.out_of_time():
+            # A relay group's standby gives its place up once its turn is over while other tables wait
+            # (asked as if it had just worked: standing by is not idleness).
+            given_up = run.release is not None and run.release(0.0, time.monotonic() - run.started)
+            if run.budget.once or run.budget.stop_requested or run.budget.out_of_time() or given_up:
                 report.stopped_because = "another relay holds the single-active lock"
                 return False
             # Standby: take over as soon as the holder stops (checked for stop requests every second).
