@@ -49,7 +49,7 @@ MAX_HEIGHT = 2000
 HOST = "127.0.0.1"
 MAX_PNG_BYTES = 400_000
 ORDERS_ASSET = "outbox/outbox_orders"
-ORDERS_RELAY_JOB = "relay_outbox_orders_job"
+ORDERS_RELAY_JOB = "relay_group_default_job"  # the demo's relay runs: its one relay group
 
 # Every OUTBOX_* variable (database, Dagster storage, broker, webhook, mail dir, settings file...) and
 # DAGSTER_HOME could point the run at the user's own services or change the demo: the script clears
@@ -237,14 +237,15 @@ def interesting_relay_run() -> str:
                 if record.dagster_event is not None:
                     metadata = record.dagster_event.step_output_data.metadata
                     values.update({k: getattr(v, "value", v) for k, v in metadata.items()})
-            sent, retried, dead = (int(values.get(k) or 0) for k in ("sent", "retried", "dead"))
+            orders = (values.get("tables") or {}).get("outbox_orders") or {}
+            sent, retried, dead = (int(orders.get(k) or 0) for k in ("sent", "retried", "dead"))
             score = (sent > 0) * 4 + (dead > 0) * 2 + (retried > 0)
             if best is None or score > best[0]:
                 best = (score, run.run_id, values)
     if best is None:
         raise DemoBroken(f"the demo recorded no {ORDERS_RELAY_JOB} run")
-    if not best[2].get("sent"):
-        dead_by_code = best[2].get("dead_by_code") or "-"
+    if not ((best[2].get("tables") or {}).get("outbox_orders") or {}).get("sent"):
+        dead_by_code = best[2].get("problems") or "-"
         raise DemoBroken(f"no {ORDERS_RELAY_JOB} run of the demo delivered an order (dead by code: {dead_by_code}); "
                          "fix the demo before regenerating the screenshots")
     return best[1]
@@ -392,7 +393,7 @@ def shots_for(run_id: str) -> list[Shot]:
              what="the replay_dead_job launchpad: every config field described (filters, time of death, "
                   "dry run first, all, force)"),
         Shot("automation.png", "/automation",
-             expect=("relay_outbox_orders_every_30_minutes", "relay_outbox_orders_on_backlog", "outbox_oncall",
+             expect=("relay_group_default_every_30_minutes", "relay_group_default_on_backlog", "outbox_oncall",
                      "outbox_run_failure_alert"),
              fit_height=True,
              what="schedules and sensors: 30-minute relay runs, backlog sensors, the on-call sensor, maintenance"),

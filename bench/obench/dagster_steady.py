@@ -5,8 +5,8 @@ subprocess on this scenario's database (OUTBOX_DATABASE_URL), with DAGSTER_HOME 
 OUTBOX_EMBEDDED_DIR in a temp dir and Dagster's storage in ``<db>_dagster`` on the
 same server. Its daemon runs the shipped automation, with OUTBOX_RELAY_RUN_MINUTES=1 so a
 5-minute measurement sees hand-offs (in production the cadence is 30 min; the mechanism is
-the same): ``relay_<table>_every_1_minutes`` (a relay run every minute that relays 2 min,
-at most 2 per table) and ``relay_<table>_on_backlog``.
+the same): ``relay_group_default_every_1_minutes`` (a run of the default relay group every minute that
+relays 2 min, at most 2 per group) and ``relay_group_default_on_backlog``.
 
 Once the webserver answers /server_info and a relay run of ``outbox_events`` has
 claimed a warm-up message, a producer process commits one ``Outbox("outbox_events")
@@ -351,7 +351,7 @@ def one_run(url: str, rate: float, seconds: float, run_no: int) -> dict[str, Any
                 sql.SQL("SELECT event_id, status, extract(epoch FROM created_at)::float8, "
                         "extract(epoch FROM published_at - created_at)::float8 FROM {} WHERE event_id LIKE %s")
                 .format(sql.Identifier(TABLE)), (f"{prefix}-%",)).fetchall()
-        runs = runs_with_claims(dev, f"relay_{TABLE}_job", TABLE)
+        runs = runs_with_claims(dev, "relay_group_default_job", TABLE)
     finally:
         dev.stop()
     lat = [(c, v) for _, status, c, v in rows if status == "sent" and v is not None]

@@ -12,7 +12,7 @@ scenario's database; the load comes from a spawned process with an
    CLI worker (``outbox-pipelines relay --table outbox_orders``,
    OUTBOX_BROKER_URL pointing at the sim), then as the Dagster job
    (``outbox-pipelines dev`` with the same OUTBOX_BROKER_URL: the
-   ``relay_outbox_orders_job`` runs its schedule and backlog sensor start).
+   ``relay_group_default_job`` runs its schedule and backlog sensor start).
 
    Latency is database time: ``idempo_ledger.created_at`` (start of the API's
    accept transaction) to ``idempo_ledger.updated_at`` once status is
