@@ -306,14 +306,14 @@ class GroupRelay:
             wait = RETRY_BACKOFF_S[min(worker.failures, len(RETRY_BACKOFF_S)) - 1]
             worker.not_before = time.monotonic() + wait
             worker.wake.set()
-            self._problem(worker, f"{worker.name}: its relay failed ({type(exc).__name__}: {exc}); "
-                                  f"tried again in {wait:.0f}s, the group's other tables go on")
+            self._problem(worker, f"{worker.name}: its relay failed ({type(exc).__name__}: {exc}); it is tried "
+                                  "again with a growing backoff (up to a minute), the group's other tables go on")
             return
         finally:
             worker.active = False
         worker.failures = 0
         self._add(worker, part)
-        if part.claimed and worker.problem is not None:
+        if worker.problem is not None:  # it ran without failing: the problem is over
             self._clear_problem(worker)
         if part.stopped_because == GAVE_WAY:
             worker.wake.set()  # it still has work: back in the queue for a place
