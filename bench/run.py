@@ -413,7 +413,7 @@ def _scenario_runs(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "runs": run.get("runs"),
                 "git_commit": run.get("git_commit") or run.get("machine", {}).get("git_commit"),
                 "figures": [f for f in figures if f["scenario"] == name],
-                "details": run.get("details", {}).get(name),
+                "details": (run.get("details") or {}).get(name),
             }
     return by_scenario
 

@@ -185,6 +185,9 @@ class Relay:
             # Standby: take over as soon as the holder stops (checked for stop requests every second).
             wait_s = min(self.table.poll_interval_s, 1.0, run.budget.time_left())
             report.lock_held = single_active.wait_for_lock(run.outbox_table, wait_s)
+        # Standing by was not idleness: a relay group's release counts idle time from the takeover, so a standby
+        # that takes over at a hand-off claims at once instead of being let go as idle.
+        run.last_work = time.monotonic()
         return True
 
     def _turn(self, run: _Invocation) -> bool:
