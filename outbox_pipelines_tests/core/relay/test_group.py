@@ -14,6 +14,7 @@ from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbo
 from outbox_pipelines.core.destination_health import read_health
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
 from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
@@ -185,3 +186,28 @@ def test_a_group_with_no_table_to_relay_says_which_groups_there_are(db_url, tmp_
     settings = group_settings(tmp_path, ["mod00_outbox"])
     with pytest.raises(ConfigError, match="relay group 'billing' has no table to relay; groups: default"):
         run_group_relay(db_url, settings, "billing", once=True, worker_prefix="t")
+
+
+def test_a_standby_takes_over_a_single_active_table_at_once_when_its_holder_stops(db_url, conn, tables, tmp_path):
+    """A hand-off: the next group run's relay of a single-active table stands by on its lock; when the previous
+    run's relay lets go, it claims at once (it was let go as idle before, and the table waited ~1 s)."""
+    config = tmp_path / "outbox.toml"
+    config.write_text('[tables.mod00_outbox]\ndestination = "paper"\nmode = "single-active"\n')
+    settings = load_settings(env={}, path=config)
+    counting = Counting()
+    holder = Relay(db_url, settings.table("mod00_outbox"), counting.build(settings.table("mod00_outbox"), settings))
+    holding = threading.Thread(target=holder.run, kwargs={"max_seconds": 60})
+    holding.start()
+    wait_until(lambda: conn.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'").fetchone()["n"],
+               10, "the first relay to hold the lock")
+    with group_running(db_url, settings, ["mod00_outbox"], destinations=counting.build, linger_s=2.0) as group:
+        wait_until(lambda: group.workers["mod00_outbox"].active, 10, "the group's relay to stand by")
+        time.sleep(3)  # longer than linger_s: standing by is not idleness
+        holder.request_stop()
+        holding.join(10)
+        enqueue(conn, "mod00_outbox", 1, prefix="after-handoff")
+        committed = time.monotonic()
+        wait_until(lambda: statuses(conn, "mod00_outbox") == {"sent": 1}, 5, "the message after the hand-off",
+                   interval_s=0.01)
+        assert time.monotonic() - committed < 0.5
+        assert group.workers["mod00_outbox"].activations == 1  # the standby took over; no new activation
