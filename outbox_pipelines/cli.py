@@ -34,6 +34,7 @@ from outbox_pipelines.core.errors import (
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.models import STATES, Message
+from outbox_pipelines.core.ordering import skip_dead_heads
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
@@ -231,6 +232,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         event_id=args.event_id,
         tenant_id=args.tenant,
         headers=headers,
+        ordering_key=args.ordering_key,
     )
     check_message(message)  # bad input exits 2 before the database is even reached
     if table.destination == "handlers" and not args.allow_unknown_topic:
@@ -306,10 +308,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         if health.relay_problem:
             since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
             print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
+    for r in reports:
+        if r.blocked_keys:
+            print(f"\n{blocked_keys_text(r)}")
+            for command in _blocked_key_suggestions(args, r):
+                print(f"  {command}")
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")
     return EXIT_OK
+
+
+def blocked_keys_text(r: Any) -> str:
+    which = ", ".join(f"{k['key']} (id {k['id']})" for k in r.blocked_oldest)
+    more = f" and {r.blocked_keys - len(r.blocked_oldest)} more" if r.blocked_keys > len(r.blocked_oldest) else ""
+    return (f"{r.table}: {r.blocked_keys} ordering key{'' if r.blocked_keys == 1 else 's'} blocked since "
+            f"{r.blocked_since:%Y-%m-%d %H:%M:%S %Z} by a dead message; {r.blocked_messages} later "
+            f"message{'' if r.blocked_messages == 1 else 's'} wait behind: {which}{more}. Replay the dead message "
+            "(its key then goes on in order), or skip it (the rest of its key goes without it):")
+
+
+def _blocked_key_suggestions(args: argparse.Namespace, r: Any) -> list[str]:
+    prefix = shlex.join(["outbox-pipelines"] + (["--config", args.config] if getattr(args, "config", None) else []))
+    first = r.blocked_oldest[0]["id"]
+    return [f"{prefix} replay --table {r.table} --id {first} --dry-run",
+            f"{prefix} skip --table {r.table} --id {first} --dry-run"]
 
 
 def _status_replay_suggestions(args: argparse.Namespace, reports: list[Any]) -> list[str]:
@@ -418,7 +441,8 @@ def cmd_requeue_stuck(args: argparse.Namespace) -> int:
         if args.threshold is not None:
             table = replace(table, stuck_threshold_s=args.threshold)
         report = requeue_stuck(url, table, progress=say)
-        print(f"{table.name}: requeued {report.requeued}, dead (no attempts left) {report.dead}")
+        released = f", ordering keys released {report.keys_released}" if report.keys_released else ""
+        print(f"{table.name}: requeued {report.requeued}, dead (no attempts left) {report.dead}{released}")
     return EXIT_OK
 
 
@@ -514,6 +538,36 @@ def cmd_replay(args: argparse.Namespace) -> int:
                   f"{_replay_command(args, report.selection, dry_run=False)}")
         else:
             print("\ndry run: nothing changed.")
+    return EXIT_OK
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    table = settings.table(args.table)
+    if not args.id and args.key is None:
+        raise UsageError(f"skip needs --id (repeatable) or --key: which dead message of {table.name} to pass over "
+                         "('outbox-pipelines status' names the blocked keys and their dead messages)")
+    report = skip_dead_heads(_database_url(), table, ids=args.id, ordering_key=args.key, dry_run=args.dry_run,
+                             worker=f"cli:{os.environ.get('USER', 'operator')}",
+                             reason=args.reason or "skipped by an operator")
+    if args.json:
+        print(json.dumps({"table": table.name, "dry_run": report.dry_run, "skipped": report.skipped,
+                          "matched": [{"id": i, "ordering_key": k, "error_code": c} for i, k, c in report.matched]},
+                         indent=2))
+        return EXIT_OK
+    if not report.matched:
+        print(f"{table.name}: no parked dead message matches (a skip applies to a dead message with an ordering "
+              "key whose key it still blocks; 'outbox-pipelines status' lists them)")
+        return EXIT_OK
+    verb = "would skip" if report.dry_run else "skipped"
+    for row_id, key, code in report.matched:
+        print(f"  {verb} id {row_id} (key {key}, died of {code or 'UNKNOWN'})")
+    if report.dry_run:
+        print(f"dry run: nothing changed. Drop --dry-run to let the rest of {len(report.matched)} "
+              f"key{'' if len(report.matched) == 1 else 's'} go on without these messages.")
+    else:
+        print(f"{table.name}: {report.skipped} dead message{'' if report.skipped == 1 else 's'} passed over (still "
+              "dead, audited as outbox_skip, replayable); the later messages of their keys go on in order")
     return EXIT_OK
 
 
@@ -618,6 +672,8 @@ def _add_message_commands(sub: Any) -> None:
     p.add_argument("--payload", required=True, help="JSON object, @file.json, or - for stdin")
     p.add_argument("--event-id", help="idempotency key (default: a new UUID)")
     p.add_argument("--tenant", help="tenant id")
+    p.add_argument("--ordering-key", metavar="KEY",
+                   help="deliver after every earlier message of this key, one at a time (the aggregate: order-42)")
     p.add_argument("--trace-id", help="trace id, stored in the headers")
     p.add_argument("--header", action="append", metavar="KEY=VALUE", help="extra header (repeatable)")
     p.add_argument("--allow-unknown-topic", action="store_true", help="enqueue even if no handler knows the topic")
@@ -664,6 +720,17 @@ def _add_message_commands(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would be replayed; change nothing")
     p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
     p.add_argument("--json", action="store_true", help="print the report as JSON (rows, counts, filter)")
+
+    p = add("skip", cmd_skip, "pass over a dead message that blocks its ordering key: the rest of the key goes on",
+            epilog="The message stays dead (replay it later and it goes out unordered); the skip is audited "
+                   "(outbox_skip). Under ordering = \"park\" (the default) a dead message blocks the later "
+                   "messages of its key until it is replayed or skipped.")
+    p.add_argument("--table", required=True, help="outbox table")
+    p.add_argument("--id", type=_row_id, action="append", metavar="ID", help="the dead message's row id (repeatable)")
+    p.add_argument("--key", metavar="KEY", help="every parked dead message of this ordering key")
+    p.add_argument("--reason", help="why, kept in the audit row")
+    p.add_argument("--dry-run", action="store_true", help="list what would be skipped; change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def _add_maintenance_commands(sub: Any) -> None:

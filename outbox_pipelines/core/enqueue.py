@@ -50,7 +50,16 @@ def _check_identifiers(message: Message, new_event_id: str | None = None) -> str
         if not isinstance(message.tenant_id, str):
             raise InvalidMessage(f"tenant_id must be a string, got {type(message.tenant_id).__name__}")
         check_printable("tenant_id", message.tenant_id)
+    _check_ordering_key(message.ordering_key)
     return event_id
+
+
+def _check_ordering_key(key: Any) -> None:
+    if key is None:
+        return
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise InvalidMessage("ordering_key must be a non-empty string of at most 255 characters (or None: no order)")
+    check_printable("ordering_key", key)
 
 
 def _check_available_at(message: Message) -> None:
@@ -95,7 +104,7 @@ def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) 
     _check_available_at(message)
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
     return NewRow(event_id, message.tenant_id, message.topic, payload_text, payload_sha,
-                  _headers_text(message.headers, max_bytes), message.available_at)
+                  _headers_text(message.headers, max_bytes), message.available_at, message.ordering_key)
 
 
 def _plain_identifiers(values: Iterable[Any], max_length: int | None = None) -> bool:
@@ -120,10 +129,12 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
     try:
         topics = {message.topic for message in messages}
         tenants = {message.tenant_id for message in messages if message.tenant_id is not None}
-    except TypeError:  # an unhashable topic or tenant
+        keys = {message.ordering_key for message in messages if message.ordering_key is not None}
+    except TypeError:  # an unhashable topic, tenant or key
         return None
     if (_plain_identifiers(event_ids, 255) and _plain_identifiers(topics)
-            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants)):
+            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants)
+            and _plain_identifiers(keys, 255)):
         return event_ids
     return None
 
@@ -137,7 +148,7 @@ def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
         data = plain_canonical_bytes(payload)
         if data is not None and headers_text is not None and len(data) <= max_bytes:
             return NewRow(event_id, message.tenant_id, message.topic, data.decode("utf-8"), digest_bytes(data),
-                          headers_text, None)
+                          headers_text, None, message.ordering_key)
     return _prepare(message, max_bytes, event_id)
 
 
@@ -164,7 +175,8 @@ def _invisible_conflict(event_id: str) -> InvalidMessage:
 
 def _columns(rows: list[NewRow]) -> dict[str, list[Any]]:
     """The prepared rows as the parallel lists ``OutboxTable.insert_many`` takes."""
-    names = ("event_ids", "tenant_ids", "topics", "payloads", "payload_shas", "headers", "available_ats")
+    names = ("event_ids", "tenant_ids", "topics", "payloads", "payload_shas", "headers", "available_ats",
+             "ordering_keys")
     return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
@@ -208,8 +220,10 @@ class Outbox:
         batch = list(messages)
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
         event_ids = _plain_event_ids(batch)
+        # COPY writes no ordering key (a keyed message's place in its key is decided as it is inserted).
         if (event_ids is not None and len(batch) >= COPY_MIN_ROWS and now is None
-                and len(set(event_ids)) == len(event_ids)):
+                and len(set(event_ids)) == len(event_ids)
+                and all(message.ordering_key is None for message in batch)):
             copied = self._copy(outbox_table, batch, event_ids)
             if copied is not None:
                 return copied

@@ -35,6 +35,13 @@ class TableStatus:
     lag_p99_s: float | None = None
     dead_by_code: dict[str, int] = field(default_factory=dict)
     destination: DestinationHealth | None = None
+    # Ordering keys whose head is dead and parked: their later messages (blocked_messages) wait for an
+    # operator (replay the head, or skip it). blocked_since: when the first of them died; blocked_oldest:
+    # the first few, oldest first ({"key", "id", "died_at"}).
+    blocked_keys: int = 0
+    blocked_messages: int = 0
+    blocked_since: datetime | None = None
+    blocked_oldest: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def backlog(self) -> int:
@@ -54,6 +61,7 @@ class TableStatus:
         data["backlog"] = self.backlog
         data["waiting"] = self.waiting
         data["oldest_pending_age_s"] = self.oldest_waiting_age_s
+        data["blocked_since"] = self.blocked_since.isoformat() if self.blocked_since else None
         return data
 
 
@@ -76,12 +84,15 @@ def read_status(
     status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = snap["lag_p50"], snap["lag_p95"], snap["lag_p99"]
     dead_by_code = (snap["dead_by_code"] or {}).items()
     status.dead_by_code = {code: int(n) for code, n in sorted(dead_by_code, key=lambda kv: -int(kv[1]))}
+    status.blocked_keys, status.blocked_messages = int(snap["blocked_keys"]), int(snap["blocked_messages"])
+    status.blocked_since = snap["blocked_since"]
+    status.blocked_oldest = list(snap["blocked_oldest"] or [])
     status.destination = read_health(outbox_table.conn, outbox_table.table_name, now=now)
     return status
 
 
 Severity = Literal["ok", "warn", "error"]
-CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay")
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys")
 
 
 @dataclass(frozen=True)
@@ -222,9 +233,31 @@ def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str |
     })
 
 
+def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    keys = status.blocked_keys
+    grade = _grade(keys, limits.blocked_keys_warn, limits.blocked_keys_error) if keys else "ok"
+    if not keys:
+        text = f"{status.table}: no ordering key is blocked."
+    else:
+        which = ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest)
+        more = f" and {keys - len(status.blocked_oldest):,} more" if keys > len(status.blocked_oldest) else ""
+        text = (f"{status.table}: {keys:,} ordering key{'' if keys == 1 else 's'} blocked since "
+                f"{status.blocked_since:%Y-%m-%d %H:%M:%S} UTC by a dead message, {status.blocked_messages:,} later "
+                f"message{'' if status.blocked_messages == 1 else 's'} waiting behind: {which}{more}. Fix the cause, "
+                f"then replay the dead message ('outbox-pipelines replay --table {status.table} --id ID', or "
+                f"replay_dead_job) and the key goes on in order; or pass over it ('outbox-pipelines skip --table "
+                f"{status.table} --id ID', or skip_dead_job) and the rest of the key goes without it.")
+    return CheckVerdict("blocked_keys", grade, text, {
+        "blocked_keys": keys, "blocked_messages": status.blocked_messages,
+        "blocked_since": status.blocked_since.isoformat() if status.blocked_since else None,
+        "blocked_oldest": ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest) or None,
+        "blocked_keys_warn": limits.blocked_keys_warn, "blocked_keys_error": limits.blocked_keys_error,
+    })
+
+
 CHECKS: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
     "lag": _lag, "dead_letters": _dead_letters, "stuck": _stuck, "backlog": _backlog, "destination": _destination,
-    "relay": _relay,
+    "relay": _relay, "blocked_keys": _blocked_keys,
 }
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from outbox_pipelines.core import ordering
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.settings import TableSettings
@@ -24,6 +25,8 @@ class RequeueReport:
     requeued: int = 0
     dead: int = 0
     ids: list[int] = field(default_factory=list)
+    # Ordering keys let go by the sweep (their next message waited with nothing before it).
+    keys_released: int = 0
 
 
 @dataclass
@@ -60,6 +63,7 @@ def requeue_stuck(
                 stuck_after_s=table.stuck_threshold_s,
                 max_attempts=table.retry.max_attempts,
                 limit=batch_size,
+                pass_over_dead=table.ordering == "skip",
                 now=now,
             )
             for row in rows:
@@ -71,7 +75,13 @@ def requeue_stuck(
             if progress and rows:
                 progress(f"{table.name}: requeued {report.requeued}, dead {report.dead}")
             if len(rows) < batch_size:
-                return report
+                break
+        # Ordering's backstop (core/ordering.py): keys whose next message waits with nothing before it.
+        report.keys_released = ordering.sweep_all(outbox_table, table, worker=MAINTENANCE_WORKER)
+        ordering.release_contended(outbox_table)
+        if progress and report.keys_released:
+            progress(f"{table.name}: released {report.keys_released} ordering keys whose next message waited")
+    return report
 
 
 # The shortest retention of sent rows the cleaner accepts without force. Dedup needs the

@@ -40,6 +40,9 @@ BROKER_TOKEN_ENV = "OUTBOX_BROKER_TOKEN"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODES = ("competing", "single-active")
 SUCCESS_POLICIES = ("mark_sent", "delete")
+# What a dead message with an ordering key does to its key's later messages: park holds them back (the key
+# is blocked until the message is replayed or skipped), skip lets them go (the dead message stays dead).
+ORDERING_POLICIES = ("park", "skip")
 # How a relay holds a claimed batch (docs/design.md "Claim modes"): "lease" writes the claim (status
 # sending, attempt counted) and settles in a second transaction; "transaction" locks the rows in
 # one open transaction that the settle commits, half the row writes, but a message that kills
@@ -233,6 +236,9 @@ class CheckThresholds:
     # How long the destination may fail (nothing delivered) before the destination check turns WARN / ERROR.
     destination_failing_warn_s: float = 30.0
     destination_failing_error_s: float = 300.0
+    # Keys whose head is dead and parked (ordering = "park"): their later messages wait for an operator.
+    blocked_keys_warn: int = 1
+    blocked_keys_error: int = 10
 
 
 THRESHOLD_KEYS = {
@@ -244,6 +250,7 @@ THRESHOLD_KEYS = {
     "backlog_warn": ("backlog_warn", "count"), "backlog_error": ("backlog_error", "count"),
     "destination_failing_warn": ("destination_failing_warn_s", "duration"),
     "destination_failing_error": ("destination_failing_error_s", "duration"),
+    "blocked_keys_warn": ("blocked_keys_warn", "count"), "blocked_keys_error": ("blocked_keys_error", "count"),
 }
 
 
@@ -267,6 +274,7 @@ class TableSettings:
     # Seed 004 / docs/design.md §2: one active relay per table unless a table says competing.
     mode: str = "single-active"
     on_success: str = "mark_sent"
+    ordering: str = "park"
     claim: str = "lease"
     audit: str = "all"
     # The relay group: one Dagster run relays every table of its group, each on a worker of its own.
@@ -350,7 +358,7 @@ TABLE_KEYS = {
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
     "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit", "already_processed", "token_env",
-    "group",
+    "group", "ordering",
 } | set(THRESHOLD_KEYS)
 # Keys a shipped table's defaults carry that a user does not write (WING_TABLES).
 INTERNAL_KEYS = {"url_from_env"}
@@ -530,6 +538,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         retry=policy,
         mode=_one_of(section.get("mode", "single-active"), MODES, f"{where} mode"),
         on_success=_one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
+        ordering=_one_of(section.get("ordering", "park"), ORDERING_POLICIES, f"{where} ordering"),
         claim=_one_of(section.get("claim", "lease"), CLAIM_MODES, f"{where} claim"),
         group=_group(section.get("group", DEFAULT_GROUP), where),
         audit=_one_of(section.get("audit", "all"), AUDIT_MODES, f"{where} audit"),

@@ -49,6 +49,7 @@ class NewRow(NamedTuple):
     payload_sha: str
     headers: str
     available_at: datetime | None
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def _copy_line(row_id: int, row: NewRow) -> str:
 
     JSON text holds no control character (it escapes them with a backslash), so the common row, with
     no backslash anywhere, printable identifiers and no tenant, needs no escaping at all."""
-    event_id, tenant_id, topic, payload, payload_sha, headers, _ = row
+    event_id, tenant_id, topic, payload, payload_sha, headers, _, _ = row
     if (tenant_id is None and "\\" not in payload and "\\" not in headers and "\\" not in event_id
             and "\\" not in topic and event_id.isprintable() and topic.isprintable()):
         return f"{row_id}\t{event_id}\t\\N\t{topic}\t{payload}\t{payload_sha}\t{headers}\n"
@@ -100,10 +101,10 @@ def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
 def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
     """A claim's row, whose ``body`` is the JSON array [payload, headers] as UTF-8 bytes: one decoding call
     per row, where psycopg's jsonb loader would make two, and two conversions of text more."""
-    row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at = values
+    row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at, ordering_key = values
     payload, headers = loads_jsonb_text(body)
-    return ClaimedMessage.from_row(
-        (row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts, created_at, claimed_at))
+    return ClaimedMessage.from_row((row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts,
+                                    created_at, claimed_at, ordering_key))
 
 
 # Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
@@ -159,6 +160,13 @@ class OutboxTable:
     def __init__(self, conn: psycopg.Connection, table_name: str) -> None:
         self.conn = conn
         self.table_name = validate_table_name(table_name)
+        # Ordering keys a settle could not release because a writer was committing a message of the key
+        # (migration 0010): the relay releases them again once its own transaction is over.
+        self.contended_keys: set[str] = set()
+
+    def _note_contended(self, keys: Sequence[str] | None) -> None:
+        if keys:
+            self.contended_keys.update(keys)
 
     def _run(self, query: str, params: dict[str, Any], *, reuse_plan: bool = False) -> list[Row]:
         try:
@@ -184,15 +192,19 @@ class OutboxTable:
 
     # -- enqueue -------------------------------------------------------------
     def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
-               headers: str, available_at: datetime | None, now: datetime | None = None) -> int | None:
+               headers: str, available_at: datetime | None, ordering_key: str | None = None,
+               now: datetime | None = None) -> int | None:
         """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
         # A plain cursor, not _run's dict rows: this runs inside the application's own transaction,
         # once per message, where the client's few microseconds are what an enqueue adds to it.
+        params = {"event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
+                  "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now}
+        query = "outbox_insert"
+        if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
+            query, params["ordering_key"] = "outbox_insert_keyed", ordering_key
         try:
             with self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(table_query("outbox_insert", self.table_name), {
-                    "event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
-                    "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now})
+                cur.execute(table_query(query, self.table_name), params)
                 row = cur.fetchone()
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
@@ -200,12 +212,17 @@ class OutboxTable:
 
     def insert_many(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
                     payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str],
-                    available_ats: Sequence[datetime | None], now: datetime | None = None) -> dict[str, int]:
+                    available_ats: Sequence[datetime | None], ordering_keys: Sequence[str | None] = (),
+                    now: datetime | None = None) -> dict[str, int]:
         """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
-        rows = self._run("outbox_insert_many", {
+        params: dict[str, Any] = {
             "event_ids": list(event_ids), "tenant_ids": list(tenant_ids), "topics": list(topics),
             "payloads": list(payloads), "payload_shas": list(payload_shas), "headers": list(headers),
-            "available_ats": list(available_ats), "now": now})
+            "available_ats": list(available_ats), "now": now}
+        keyed = any(key is not None for key in ordering_keys)
+        if keyed:
+            params["ordering_keys"] = list(ordering_keys)
+        rows = self._run("outbox_insert_many_keyed" if keyed else "outbox_insert_many", params)
         return {row["event_id"]: int(row["id"]) for row in rows}
 
     def copy_new(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
@@ -306,7 +323,7 @@ class OutboxTable:
 
     def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
                     held: bool = False, audit_successes: bool = True, fast_commit: bool = False,
-                    now: datetime | None = None) -> set[int]:
+                    pass_over_dead: bool = False, now: datetime | None = None) -> set[int]:
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
         nothing else to record. Returns the ids settled; the others lost their lease (audited).
 
@@ -322,15 +339,19 @@ class OutboxTable:
         else:
             rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts),
                                                     "fast_commit": fast_commit}, reuse_plan=reuse_plan)
+        self._note_contended(rows[0]["contended"])
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
 
     def settle(self, worker: str, settlements: Sequence[Settlement], *, held: bool = False,
-               audit_successes: bool = True, now: datetime | None = None) -> set[int]:
+               audit_successes: bool = True, pass_over_dead: bool = False, now: datetime | None = None) -> set[int]:
         """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited).
 
         ``held``: the rows were claimed with ``claim_held`` in this transaction (their attempt is
         counted now). ``audit_successes`` False: deliveries leave no audit row (audit = "failures").
+        ``pass_over_dead``: a keyed message that dies lets the rest of its key go (ordering = "skip").
+        Settled keyed messages release their keys; keys a committing writer held are kept in
+        ``contended_keys``, for ``release_contended`` once the caller's transaction is over.
         """
         if not settlements:
             return set()
@@ -348,6 +369,7 @@ class OutboxTable:
                 "now": now,
                 "held": held,
                 "audit_successes": audit_successes,
+                "pass_over_dead": pass_over_dead,
                 "ids": [s.id for s in kept],
                 "attempts": [s.attempts for s in kept],
                 "statuses": [s.status for s in kept],
@@ -363,7 +385,24 @@ class OutboxTable:
                 "delete_error_codes": [s.error_code for s in gone],
             },
         )
+        if rows:
+            self._note_contended(rows[0]["contended"])
         return {row["id"] for row in rows}
+
+    def release_keys(self, keys: Sequence[str]) -> list[str]:
+        """Let the next message of each key go if nothing before it holds the key (the release a settle
+        makes); the keys a committing writer still holds come back. Run outside a transaction."""
+        if not keys:
+            return []
+        return list(self._run("outbox_release_keys_again", {"keys": list(keys)})[0]["contended"] or [])
+
+    def release_contended(self) -> list[str]:
+        """``release_keys`` for the keys settles left in ``contended_keys``; those still held stay there."""
+        if not self.contended_keys:
+            return []
+        still = self.release_keys(sorted(self.contended_keys))
+        self.contended_keys = set(still)
+        return still
 
     def renew(
         self, worker: str, held: Sequence[tuple[int, int]], lease_s: float, *, now: datetime | None = None
@@ -454,11 +493,13 @@ class OutboxTable:
         max_attempts: int,
         limit: int = 1000,
         dead_holder: str | None = None,
+        pass_over_dead: bool = False,
         now: datetime | None = None,
     ) -> list[Row]:
         """Return expired or stuck leases to pending (dead when out of attempts); ``dead_holder``
-        also returns every row that relay holds, lease or not (it is known to be dead)."""
-        return self._run(
+        also returns every row that relay holds, lease or not (it is known to be dead).
+        ``pass_over_dead``: as for ``settle``."""
+        rows = self._run(
             "outbox_requeue_stuck",
             {
                 "worker": worker,
@@ -466,9 +507,29 @@ class OutboxTable:
                 "stuck_after_s": stuck_after_s,
                 "max_attempts": max_attempts,
                 "limit": limit,
+                "pass_over_dead": pass_over_dead,
                 "now": now,
             },
         )
+        if rows:
+            self._note_contended(rows[0]["contended"])
+        return rows
+
+    def skip_dead_heads(self, worker: str, *, ids: Sequence[int] | None, ordering_key: str | None, reason: str,
+                        dry_run: bool, limit: int, now: datetime | None = None) -> list[Row]:
+        """Pass over parked dead messages (by id, or every one of a key): their keys' later messages go on."""
+        rows = self._run("outbox_skip_dead_heads", {
+            "worker": worker, "ids": list(ids) if ids is not None else None, "ordering_key": ordering_key,
+            "reason": reason, "dry_run": dry_run, "limit": limit, "now": now})
+        if rows:
+            self._note_contended(rows[0]["contended"])
+        return rows
+
+    def unblock_sweep(self, *, after_key: str, limit: int) -> Row:
+        """One page of the ordering sweep (sql: outbox_unblock_sweep): last_key (None at the end), released."""
+        row = self._run("outbox_unblock_sweep", {"after_key": after_key, "limit": limit})[0]
+        self._note_contended(row["contended"])
+        return row
 
     def clean_sent(self, worker: str, *, retention_s: float, limit: int, tenant_id: str | None = None,
                    now: datetime | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Each outbox table is an observed asset with its checks: lag, dead letters, stuck, backlog, destination, relay."""
+"""Each outbox table is an observed asset with its checks: lag, dead letters, stuck, backlog, destination, relay,
+blocked keys."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,8 @@ CHECK_DESCRIPTIONS = {
                    "while it lasts",
     "relay": "whether the table can be relayed at all: its settings can be used, its relay group can build its "
              "destination (handlers import) and run its relay",
+    "blocked_keys": "ordering keys held back by a dead message (ordering = \"park\"): which, since when, how many "
+                    "messages wait behind (replay the dead message, or skip it with skip_dead_job)",
 }
 
 

@@ -101,12 +101,12 @@ def test_decide_resolved_once_then_a_new_start():
 
 SEVERITY_OF = {  # table -> check -> verdict severity
     "outbox_orders": {"lag": "warn", "dead_letters": "error", "stuck": "ok", "backlog": "ok", "destination": "error",
-                      "relay": "ok"},
+                      "relay": "ok", "blocked_keys": "ok"},
     "outbox_memory": {name: "ok" for name in CHECK_NAMES},
     "outbox_events": {"lag": "ok", "dead_letters": "warn", "stuck": "warn", "backlog": "ok", "destination": "ok",
-                      "relay": "ok"},
+                      "relay": "ok", "blocked_keys": "ok"},
     "outbox_members": {"lag": "error", "dead_letters": "ok", "stuck": "ok", "backlog": "warn", "destination": "ok",
-                       "relay": "ok"},
+                       "relay": "ok", "blocked_keys": "ok"},
 }
 
 

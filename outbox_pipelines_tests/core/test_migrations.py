@@ -119,11 +119,14 @@ def test_create_table_makes_the_canonical_shape(db_url, conn):
     assert columns == [
         "id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "status", "attempts",
         "available_at", "locked_by", "locked_at", "lease_expires_at", "last_error", "last_error_code",
-        "result_ref", "created_at", "updated_at", "published_at",
+        "result_ref", "created_at", "updated_at", "published_at", "ordering_key", "ordering_blocked",
+        "ordering_skipped_at",
     ]
     indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'hrm_outbox'")}
-    assert {"hrm_outbox_pending_by_id", "hrm_outbox_pending_by_available", "hrm_outbox_sent_by_published",
-            "hrm_outbox_sending_by_lease", "hrm_outbox_sent_by_payload", "hrm_outbox_event_id_key"} <= indexes
+    assert {"hrm_outbox_ready_by_id", "hrm_outbox_pending_by_available", "hrm_outbox_sent_by_published",
+            "hrm_outbox_sending_by_lease", "hrm_outbox_sent_by_payload", "hrm_outbox_event_id_key",
+            "hrm_outbox_blocked_by_key", "hrm_outbox_by_ordering_key", "hrm_outbox_sending_by_key"} <= indexes
+    assert "hrm_outbox_pending_by_id" not in indexes  # replaced by ready_by_id (migration 0010)
     assert "hrm_outbox" in schema.list_tables(db_url)
 
 
@@ -131,7 +134,8 @@ def test_create_table_with_a_63_character_name_keeps_index_names_distinct(db_url
     name = "a" * 63
     schema.create_table(db_url, name)
     indexes = [r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (name,))]
-    assert len(indexes) == len(set(indexes)) == 8  # pkey, event_id, pending x2, sending, sent, dead, tenant
+    # pkey, event_id, pending, sending, sent, dead, tenant; ordering: ready, blocked, by key, sending by key
+    assert len(indexes) == len(set(indexes)) == 11
 
 
 def test_create_table_refuses_bad_names_in_python_and_in_sql(db_url, conn):

@@ -10,6 +10,19 @@ VALUES (%(event_id)s, %(tenant_id)s, %(topic)s, %(payload)s::jsonb, %(payload_sh
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
+-- name: outbox_insert_keyed
+-- A message with an ordering key: it waits (ordering_blocked) when an earlier message of its key still
+-- holds the key; the commit re-checks (outbox_ordering_at_commit, migration 0010).
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key,
+                     ordering_blocked)
+VALUES (%(event_id)s, %(tenant_id)s, %(topic)s, %(payload)s::jsonb, %(payload_sha)s,
+        %(headers)s::jsonb, coalesce(%(available_at)s::timestamptz, %(now)s::timestamptz, now()), %(ordering_key)s,
+        EXISTS (SELECT 1 FROM {table} AS p
+                WHERE p.ordering_key = %(ordering_key)s AND p.ordering_skipped_at IS NULL
+                  AND p.status IN ('pending', 'sending', 'dead')))
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id
+
 -- name: outbox_insert_many
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
 SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
@@ -17,6 +30,26 @@ SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.head
 FROM unnest(%(event_ids)s::text[], %(tenant_ids)s::text[], %(topics)s::text[], %(payloads)s::text[],
             %(payload_shas)s::text[], %(headers)s::text[], %(available_ats)s::timestamptz[])
      WITH ORDINALITY AS m(event_id, tenant_id, topic, payload, payload_sha, headers, available_at, n)
+ORDER BY m.n
+ON CONFLICT (event_id) DO NOTHING
+RETURNING id, event_id
+
+-- name: outbox_insert_many_keyed
+-- outbox_insert_many for a batch with ordering keys: a message waits when its key is held by a stored
+-- message or by one before it in the batch.
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key,
+                     ordering_blocked)
+SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
+       coalesce(m.available_at, %(now)s::timestamptz, now()), m.ordering_key,
+       m.ordering_key IS NOT NULL
+       AND (row_number() OVER (PARTITION BY m.ordering_key ORDER BY m.n) > 1
+            OR EXISTS (SELECT 1 FROM {table} AS p
+                       WHERE p.ordering_key = m.ordering_key AND p.ordering_skipped_at IS NULL
+                         AND p.status IN ('pending', 'sending', 'dead')))
+FROM unnest(%(event_ids)s::text[], %(tenant_ids)s::text[], %(topics)s::text[], %(payloads)s::text[],
+            %(payload_shas)s::text[], %(headers)s::text[], %(available_ats)s::timestamptz[],
+            %(ordering_keys)s::text[])
+     WITH ORDINALITY AS m(event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key, n)
 ORDER BY m.n
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id, event_id
@@ -81,9 +114,16 @@ WITH clock AS (
 ), due AS (
     SELECT t.id, t.status AS was, NULL::text AS previous_holder
     FROM {table} AS t
-    WHERE t.status = 'pending'
+    WHERE t.status = 'pending' AND NOT t.ordering_blocked
       AND t.available_at <= (SELECT now FROM clock WHERE (commit_mode IS NOT NULL OR NOT %(fast_commit)s) AND gate_open)
       AND t.topic <> ALL(%(paused_topics)s::text[])
+      -- A keyed message goes only as its key's head, and never beside a message of its key in flight.
+      AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
+           OR (NOT EXISTS (SELECT 1 FROM {table} AS p
+                           WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
+                             AND p.status IN ('pending', 'sending', 'dead'))
+               AND NOT EXISTS (SELECT 1 FROM {table} AS f
+                               WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -100,7 +140,7 @@ WITH clock AS (
     FROM chosen, clock
     WHERE t.id = chosen.id
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
-              t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder
+              t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder, t.ordering_key
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
@@ -115,7 +155,7 @@ WITH clock AS (
 -- (OutboxTable's claim row factory).
 SELECT id, event_id, tenant_id, topic,
        convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
-       payload_sha, attempts, created_at, claimed_at
+       payload_sha, attempts, created_at, claimed_at, ordering_key
 FROM claimed ORDER BY id
 
 -- name: outbox_claim_held
@@ -138,18 +178,26 @@ WITH clock AS (
     -- Only columns here: an expression in this list is computed for every row the scan reads,
     -- before the lock is tried, so with relays competing it would run for the rows they hold too
     -- (4 rows in 5 with 4 relays: measured, the text of their payloads cost the server a third more).
-    SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at
+    SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at,
+           t.ordering_key
     FROM {table} AS t
-    WHERE t.status = 'pending'
+    WHERE t.status = 'pending' AND NOT t.ordering_blocked
       AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
       AND t.topic <> ALL(%(paused_topics)s::text[])
+      -- A keyed message goes only as its key's head, and never beside a message of its key in flight.
+      AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
+           OR (NOT EXISTS (SELECT 1 FROM {table} AS p
+                           WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
+                             AND p.status IN ('pending', 'sending', 'dead'))
+               AND NOT EXISTS (SELECT 1 FROM {table} AS f
+                               WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 )
 SELECT id, event_id, tenant_id, topic,
        convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
-       payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at
+       payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at, ordering_key
 FROM held
 ORDER BY id
 
@@ -182,6 +230,9 @@ WITH clock AS (
         last_error_code = i.error_code,
         result_ref = coalesce(i.ref, t.result_ref),
         published_at = CASE WHEN i.status = 'sent' THEN clock.now ELSE t.published_at END,
+        -- A keyed message that dies under the table's "skip" policy lets the rest of its key go.
+        ordering_skipped_at = CASE WHEN i.status = 'dead' AND %(pass_over_dead)s AND t.ordering_key IS NOT NULL
+                                   THEN clock.now ELSE t.ordering_skipped_at END,
         updated_at = clock.now
     FROM input AS i, clock
     -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
@@ -191,7 +242,8 @@ WITH clock AS (
       AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
       AND (%(held)s OR t.locked_by = %(worker)s)
       AND t.attempts = i.attempts - %(held)s::int
-    RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code, t.tenant_id
+    RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code, t.tenant_id,
+              t.ordering_key
 ), deleted AS (
     -- Deletions come in arrays of their own (empty unless the table deletes on success), so
     -- neither part of the statement scans the other's rows.
@@ -204,7 +256,7 @@ WITH clock AS (
       AND (%(held)s OR t.locked_by = %(worker)s)
       AND t.attempts = d.attempts - %(held)s::int
     RETURNING t.id, t.event_id, d.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code,
-              t.tenant_id
+              t.tenant_id, t.ordering_key
 ), all_input AS (
     SELECT id, attempts, status, error_code FROM input
     UNION ALL
@@ -234,8 +286,16 @@ WITH clock AS (
     FROM all_input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM settled)
+), release AS (
+    -- The keys these rows held and no longer hold: their next messages may go (migration 0010). Keys a
+    -- committing writer held come back in ``contended``, for the relay to release again.
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
+    FROM (SELECT array_agg(s.ordering_key) AS keys, array_agg(s.id) AS ids
+          FROM settled AS s
+          WHERE s.ordering_key IS NOT NULL
+            AND (s.status IN ('sent', 'deleted') OR (s.status = 'dead' AND %(pass_over_dead)s))) AS r
 )
-SELECT id FROM settled
+SELECT s.id, r.contended FROM settled AS s CROSS JOIN release AS r
 
 -- name: outbox_settle_sent
 -- The common leased batch, every message delivered with nothing more to record: the same checks and
@@ -268,7 +328,7 @@ WITH clock AS (
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
@@ -283,10 +343,15 @@ WITH clock AS (
     FROM input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM updated)
+), release AS (
+    -- As in outbox_settle: the keys of the delivered rows are released.
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
+    FROM (SELECT array_agg(u.ordering_key) AS keys, array_agg(u.id) AS ids
+          FROM updated AS u WHERE u.ordering_key IS NOT NULL) AS r
 )
 -- The ids not settled (lost leases), usually none: one row, not a row per settled message.
 SELECT coalesce((SELECT array_agg(i.id) FROM input AS i WHERE i.id NOT IN (SELECT id FROM updated)),
-                ARRAY[]::bigint[]) AS lost
+                ARRAY[]::bigint[]) AS lost, (SELECT contended FROM release) AS contended
 
 -- name: outbox_settle_held_sent
 -- outbox_settle_sent for claim = "transaction": the rows are locked by this transaction since
@@ -308,7 +373,7 @@ WITH clock AS (
     FROM clock
     WHERE t.id = ANY(%(ids)s::bigint[])
       AND t.status = 'pending'
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts, t.ordering_key
 ), lost AS (
     SELECT i.id FROM unnest(%(ids)s::bigint[]) AS i(id) WHERE i.id NOT IN (SELECT id FROM updated)
 ), audit AS (
@@ -324,8 +389,13 @@ WITH clock AS (
            outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
     FROM lost AS l
     LEFT JOIN {table} AS cur ON cur.id = l.id
+), release AS (
+    -- As in outbox_settle: the keys of the delivered rows are released.
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
+    FROM (SELECT array_agg(u.ordering_key) AS keys, array_agg(u.id) AS ids
+          FROM updated AS u WHERE u.ordering_key IS NOT NULL) AS r
 )
-SELECT coalesce((SELECT array_agg(id) FROM lost), ARRAY[]::bigint[]) AS lost
+SELECT coalesce((SELECT array_agg(id) FROM lost), ARRAY[]::bigint[]) AS lost, (SELECT contended FROM release) AS contended
 
 -- name: outbox_renew_leases
 WITH clock AS (
@@ -394,10 +464,14 @@ WITH clock AS (
                           THEN format('lease held by %%s expired on the last attempt (%%s of %%s)',
                                       coalesce(stuck.previous_holder, 'nobody'), t.attempts, %(max_attempts)s)
                           ELSE t.last_error END,
+        -- Dead under the table's "skip" policy: the rest of its key goes on.
+        ordering_skipped_at = CASE WHEN t.attempts >= %(max_attempts)s AND %(pass_over_dead)s
+                                        AND t.ordering_key IS NOT NULL
+                                   THEN clock.now ELSE t.ordering_skipped_at END,
         updated_at = clock.now
     FROM stuck, clock
     WHERE t.id = stuck.id
-    RETURNING t.id, t.event_id, t.attempts, t.status, t.headers, stuck.previous_holder, t.tenant_id
+    RETURNING t.id, t.event_id, t.attempts, t.status, t.headers, stuck.previous_holder, t.tenant_id, t.ordering_key
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
@@ -409,8 +483,12 @@ WITH clock AS (
     FROM moved AS m
 ), wake AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE status = 'pending')
+), release AS (
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
+    FROM (SELECT array_agg(m.ordering_key) AS keys, array_agg(m.id) AS ids
+          FROM moved AS m WHERE m.status = 'dead' AND m.ordering_key IS NOT NULL AND %(pass_over_dead)s) AS r
 )
-SELECT m.id, m.status, m.previous_holder FROM moved AS m LEFT JOIN wake ON true
+SELECT m.id, m.status, m.previous_holder, r.contended FROM moved AS m LEFT JOIN wake ON true LEFT JOIN release AS r ON true
 
 -- name: outbox_clean_sent
 WITH clock AS (
@@ -496,7 +574,7 @@ ORDER BY 2 DESC
 -- would wake it at once, again and again, for a claim that takes nothing.
 SELECT extract(epoch FROM min(available_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS next_due_in_s
 FROM {table}
-WHERE status = 'pending'
+WHERE status = 'pending' AND NOT ordering_blocked
   AND topic <> ALL(%(paused_topics)s::text[])
 
 -- name: outbox_sent_in_window
@@ -516,12 +594,13 @@ LIMIT %(limit)s
 -- due now. {name} and {paused} are literals composed with psycopg.sql; EXISTS stops at the first row.
 SELECT {name}::text AS table_name
 WHERE EXISTS (SELECT 1 FROM {table}
-              WHERE status = 'pending' AND available_at <= now() AND topic <> ALL({paused}::text[]))
+              WHERE status = 'pending' AND NOT ordering_blocked AND available_at <= now()
+                AND topic <> ALL({paused}::text[]))
 
 -- name: outbox_ready_count
 SELECT count(*) AS ready
 FROM {table}
-WHERE status = 'pending' AND available_at <= coalesce(%(now)s::timestamptz, now())
+WHERE status = 'pending' AND NOT ordering_blocked AND available_at <= coalesce(%(now)s::timestamptz, now())
   AND topic <> ALL(%(paused_topics)s::text[])
 
 -- name: outbox_release_unsent
@@ -589,7 +668,10 @@ WITH clock AS (
 ), still_waiting AS (
     -- Each state through its own partial index, each capped: the oldest first.
     (SELECT extract(epoch FROM (SELECT now FROM clock) - t.created_at)::float8 AS lag_s
-     FROM {table} AS t WHERE t.status = 'pending' ORDER BY t.id LIMIT %(sample)s)
+     FROM {table} AS t WHERE t.status = 'pending' AND NOT t.ordering_blocked ORDER BY t.id LIMIT %(sample)s)
+    UNION ALL
+    (SELECT extract(epoch FROM (SELECT now FROM clock) - t.created_at)::float8 AS lag_s
+     FROM {table} AS t WHERE t.status = 'pending' AND t.ordering_blocked ORDER BY t.id LIMIT %(sample)s)
     UNION ALL
     (SELECT extract(epoch FROM (SELECT now FROM clock) - t.created_at)::float8 AS lag_s
      FROM {table} AS t WHERE t.status = 'sending' ORDER BY t.lease_expires_at LIMIT %(sample)s)
@@ -599,13 +681,29 @@ WITH clock AS (
            percentile_cont(0.95) WITHIN GROUP (ORDER BY lag_s)::float8 AS p95,
            percentile_cont(0.99) WITHIN GROUP (ORDER BY lag_s)::float8 AS p99
     FROM (SELECT lag_s FROM delivered UNION ALL SELECT lag_s FROM still_waiting) AS s
+), parked AS (
+    -- Blocked keys: a key whose head is dead and parked (the "park" policy) holds its later messages
+    -- back until the head is replayed or skipped. A parked head is its key's only dead message.
+    SELECT t.ordering_key, t.id, t.updated_at AS died_at
+    FROM {table} AS t
+    WHERE t.status = 'dead' AND t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL
+), blocked AS (
+    SELECT count(DISTINCT p.ordering_key) AS keys, min(p.died_at) AS since,
+           (SELECT count(*) FROM {table} AS w JOIN (SELECT DISTINCT ordering_key FROM parked) AS k
+              ON w.ordering_key = k.ordering_key
+            WHERE w.status = 'pending' AND w.ordering_skipped_at IS NULL) AS messages,
+           (SELECT coalesce(jsonb_agg(jsonb_build_object('key', x.ordering_key, 'id', x.id,
+                                                         'died_at', x.died_at) ORDER BY x.died_at, x.id), '[]')
+              FROM (SELECT * FROM parked ORDER BY died_at, id LIMIT 5) AS x) AS oldest
+    FROM parked AS p
 )
 SELECT coalesce(w.pending, 0) AS pending, coalesce(w.retrying, 0) AS retrying, coalesce(w.ready, 0) AS ready,
        GREATEST(w.oldest_waiting_age_s,
                 extract(epoch FROM (SELECT now FROM clock) - f.oldest_created)::float8) AS oldest_waiting_age_s,
        w.next_due_in_s, f.sending, f.stuck, d.by_code AS dead_by_code, d.total AS dead,
-       lag.n AS lag_sample, lag.p50 AS lag_p50, lag.p95 AS lag_p95, lag.p99 AS lag_p99
-FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag LEFT JOIN waiting AS w ON true
+       lag.n AS lag_sample, lag.p50 AS lag_p50, lag.p95 AS lag_p95, lag.p99 AS lag_p99,
+       b.keys AS blocked_keys, b.since AS blocked_since, b.messages AS blocked_messages, b.oldest AS blocked_oldest
+FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag CROSS JOIN blocked AS b LEFT JOIN waiting AS w ON true
 
 -- name: outbox_retry_destination_failures_now
 -- The circuit closed: messages waiting out a backoff because the destination was
@@ -621,3 +719,80 @@ WITH pulled AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM pulled)
 )
 SELECT count(*) AS pulled FROM pulled LEFT JOIN wake ON true
+
+-- name: outbox_skip_dead_heads
+-- An operator passes over parked dead messages (by id, or every parked head of one key): they stay dead
+-- and audited, and their keys' later messages go on. With dry_run nothing changes.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), matched AS (
+    SELECT t.id, t.event_id, t.tenant_id, t.ordering_key, t.last_error_code, t.headers
+    FROM {table} AS t
+    WHERE t.status = 'dead' AND t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
+      AND (%(ordering_key)s::text IS NULL OR t.ordering_key = %(ordering_key)s::text)
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t
+), skipped AS (
+    UPDATE {table} AS t
+    SET ordering_skipped_at = clock.now, updated_at = clock.now
+    FROM matched AS m, clock
+    WHERE t.id = m.id AND NOT %(dry_run)s
+    RETURNING t.id
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
+                              code, error_code, worker, trace_id, detail)
+    SELECT %(table_name)s, m.id, m.event_id, m.tenant_id, 'dead', 'dead', 'outbox_skip', m.last_error_code,
+           %(worker)s, m.headers->>'trace_id',
+           left(format('skipped: the rest of key %%s goes on without it (%%s)', m.ordering_key, %(reason)s), 2000)
+    FROM matched AS m JOIN skipped AS s ON s.id = m.id
+), release AS (
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
+    FROM (SELECT array_agg(m.ordering_key) AS keys, array_agg(m.id) AS ids
+          FROM matched AS m JOIN skipped AS s ON s.id = m.id) AS r
+), wake AS (
+    SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM skipped)
+)
+SELECT m.id, m.event_id, m.ordering_key, m.last_error_code, (s.id IS NOT NULL) AS skipped, r.contended
+FROM matched AS m LEFT JOIN skipped AS s ON s.id = m.id LEFT JOIN release AS r ON true LEFT JOIN wake ON true
+ORDER BY m.id
+
+-- name: outbox_unblock_sweep
+-- The backstop of ordering (migration 0010): a page of the keys that have blocked messages, from
+-- after_key on, walked one key at a time through <t>_blocked_by_key; each key whose head is blocked
+-- (its release was missed: a relay gone between a settle and its retry) is released. Returns the
+-- page's last key (NULL: the walk reached the end) and the keys released.
+WITH RECURSIVE walk AS (
+    (SELECT t.ordering_key AS key, 1 AS n
+     FROM {table} AS t
+     WHERE t.status = 'pending' AND t.ordering_blocked AND t.ordering_key > %(after_key)s::text
+     ORDER BY t.ordering_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.ordering_key FROM {table} AS t
+            WHERE t.status = 'pending' AND t.ordering_blocked AND t.ordering_key > walk.key
+            ORDER BY t.ordering_key LIMIT 1), walk.n + 1
+    FROM walk
+    WHERE walk.key IS NOT NULL AND walk.n < %(limit)s
+), page AS (
+    SELECT w.key FROM walk AS w WHERE w.key IS NOT NULL
+), orphaned AS (
+    SELECT p.key
+    FROM page AS p
+    CROSS JOIN LATERAL (SELECT h.ordering_blocked FROM {table} AS h
+                        WHERE h.ordering_key = p.key AND h.ordering_skipped_at IS NULL
+                          AND h.status IN ('pending', 'sending', 'dead')
+                        ORDER BY h.id LIMIT 1) AS head
+    WHERE head.ordering_blocked
+), release AS (
+    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, ARRAY[]::bigint[]) END
+           AS contended
+    FROM (SELECT array_agg(key) AS keys FROM orphaned) AS r
+)
+SELECT (SELECT CASE WHEN count(*) >= %(limit)s THEN max(key) END FROM page) AS last_key,
+       coalesce((SELECT array_agg(key) FROM orphaned), ARRAY[]::text[]) AS released,
+       (SELECT contended FROM release) AS contended
+
+-- name: outbox_release_keys_again
+-- Keys a settle could not release while a writer was committing a message of theirs (migration 0010).
+SELECT outbox_release_keys(%(table_name)s, %(keys)s::text[], ARRAY[]::bigint[]) AS contended

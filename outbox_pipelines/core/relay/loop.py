@@ -18,12 +18,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from outbox_pipelines.core import liveness, metrics, tracing
+from outbox_pipelines.core import liveness, metrics, ordering, tracing
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destination_health import DestinationGuard
 from outbox_pipelines.core.destinations.base import Destination
@@ -78,6 +78,8 @@ class _Invocation:
     # When the last claim took rows (time.monotonic()), and what may end the invocation early (``Release``).
     last_work: float = 0.0
     release: "Release | None" = None
+    # Where the ordering sweep goes on from (core/ordering.py), at the requeue's pace.
+    ordering_sweep: ordering.SweepCursor = field(default_factory=ordering.SweepCursor)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -211,6 +213,8 @@ class Relay:
                 batch = self._claim_next(run)
                 if batch:
                     self._relay(run, batch)
+            if run.outbox_table.contended_keys:
+                ordering.release_contended(run.outbox_table)  # after the batch's transaction: see ordering.py
             if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
             take_wakeups(run.session)  # the next claim sees what they announced
@@ -337,8 +341,10 @@ class Relay:
         if now < run.next_requeue:
             return
         rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=self.table.stuck_threshold_s,
-                                              max_attempts=self.table.retry.max_attempts)
+                                              max_attempts=self.table.retry.max_attempts,
+                                              pass_over_dead=self.table.ordering == "skip")
         run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
+        ordering.sweep(run.outbox_table, self.table, run.ordering_sweep, worker=self.worker)
         run.next_requeue = now + run.requeue_every
 
     # -- database errors -------------------------------------------------------
@@ -397,7 +403,8 @@ class Relay:
         try:
             rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
                                                   max_attempts=self.table.retry.max_attempts,
-                                                  dead_holder=self.worker)
+                                                  dead_holder=self.worker,
+                                                  pass_over_dead=self.table.ordering == "skip")
         except psycopg.Error as exc:
             log.warning("relay %s: could not give back the rows it held: %s", self.table.name, exc)
             return

@@ -134,11 +134,14 @@ def plainly_sent(outcomes: Sequence[Outcome]) -> bool:
 class SettleOptions(TypedDict):
     held: bool
     audit_successes: bool
+    pass_over_dead: bool
 
 
 def settle_options(table: TableSettings) -> SettleOptions:
-    """How ``OutboxTable.settle`` writes this table's outcomes: held rows, and whether deliveries are audited."""
-    return {"held": table.claim == "transaction", "audit_successes": table.audit == "all"}
+    """How ``OutboxTable.settle`` writes this table's outcomes: held rows, whether deliveries are audited,
+    and whether a keyed message that dies lets the rest of its key go."""
+    return {"held": table.claim == "transaction", "audit_successes": table.audit == "all",
+            "pass_over_dead": table.ordering == "skip"}
 
 
 def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
@@ -154,7 +157,8 @@ def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[
             raise
         except psycopg.Error as exc:
             # The unrecordable row is audited whatever the audit setting: it is a failure.
-            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)], held=options["held"])
+            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)], held=options["held"],
+                                           pass_over_dead=options["pass_over_dead"])
     return settled
 
 

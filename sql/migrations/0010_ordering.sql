@@ -1,0 +1,183 @@
+-- Ordered delivery per key (issue 24): messages of one table sharing an ordering_key are delivered one
+-- at a time, in id order; a key's next message is claimed only once the one before it is settled.
+--
+-- ordering_key         the aggregate whose messages must arrive in order (NULL: no order)
+-- ordering_blocked     a keyed pending row behind an earlier message of its key: the claim never reads
+--                      it (it is not in <t>_ready_by_id). Set at enqueue when the key holds a message;
+--                      cleared when its key's message before it is delivered, or (dead) passed over.
+-- ordering_skipped_at  a message passed over: a dead message under the table's "skip" policy, or one an
+--                      operator skipped. It no longer holds its key (and, replayed, goes out unordered).
+--
+-- A message "holds" its key while it is pending, sending or dead and not passed over: the key's head is
+-- its first such message. What keeps a key flowing, whichever order things happen in:
+--   * the settle that releases a key (delivered, deleted, or dead and passed over) clears the flag of
+--     the key's next message, in outbox_release_keys;
+--   * a writer whose message was flagged re-checks at its commit (outbox_ordering_at_commit): the
+--     message before it may have been released after the INSERT saw it and before the commit;
+--   * the two take the key's advisory lock (the writer shared, the settle with a try, never waiting), so
+--     one of them always sees the other: a settle that cannot take it hands the key back to its relay,
+--     which releases it again once the writer committed; a sweep (outbox_unblock_sweep) is the backstop.
+--
+-- Indexes: <t>_ready_by_id (the claim's: pending rows not blocked, replacing <t>_pending_by_id),
+-- <t>_blocked_by_key (blocked rows, for the sweep and the checks), <t>_by_ordering_key (the messages
+-- holding a key, a key's head first), <t>_sending_by_key (keys with a message in flight).
+
+-- The first half of a key's advisory lock (the second is hashtext(key)): two int4 keys, a space apart
+-- from the single-active lock's one bigint key.
+CREATE OR REPLACE FUNCTION outbox_ordering_lock_space(table_name text) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('outbox_ordering:' || table_name) $$;
+
+-- Clears the flag of the next message of each released key, when it is blocked. Each statement here
+-- reads a fresh snapshot (a volatile function under READ COMMITTED), taken after the key's lock: a
+-- writer that committed a message of the key meanwhile is seen. Keys whose lock a committing writer
+-- holds are returned: the caller releases them again (the lock is a try: a settle never waits on an
+-- application's transaction). ``released``: the rows this statement just released, never a key's head.
+CREATE OR REPLACE FUNCTION outbox_release_keys(table_name text, keys text[], released bigint[])
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    locked text[];
+    contended text[];
+BEGIN
+    IF keys IS NULL OR cardinality(keys) = 0 THEN
+        RETURN ARRAY[]::text[];
+    END IF;
+    SELECT coalesce(array_agg(k) FILTER (WHERE got), ARRAY[]::text[]),
+           coalesce(array_agg(k) FILTER (WHERE NOT got), ARRAY[]::text[])
+      INTO locked, contended
+      FROM (SELECT k, pg_try_advisory_xact_lock(outbox_ordering_lock_space(table_name), hashtext(k)) AS got
+              FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY k) AS d) AS l;
+    IF cardinality(locked) > 0 THEN
+        EXECUTE format(
+            'UPDATE %1$I AS t SET ordering_blocked = false
+               FROM unnest($1::text[]) AS k(key)
+               CROSS JOIN LATERAL (
+                   SELECT h.id, h.status, h.ordering_blocked FROM %1$I AS h
+                   WHERE h.ordering_key = k.key AND h.ordering_skipped_at IS NULL
+                     AND h.status IN (''pending'', ''sending'', ''dead'') AND h.id <> ALL($2::bigint[])
+                   ORDER BY h.id LIMIT 1) AS head
+              WHERE t.id = head.id AND head.status = ''pending'' AND head.ordering_blocked
+                AND t.status = ''pending'' AND t.ordering_blocked', table_name)
+        USING locked, coalesce(released, ARRAY[]::bigint[]);
+    END IF;
+    RETURN contended;
+END
+$$;
+
+-- At the commit of a transaction that wrote a blocked message: if nothing of its key before it still
+-- holds the key (released since the INSERT looked), it is the key's head and may go.
+CREATE OR REPLACE FUNCTION outbox_ordering_at_commit() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    behind boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(outbox_ordering_lock_space(TG_TABLE_NAME), hashtext(NEW.ordering_key));
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I AS p WHERE p.ordering_key = $1 AND p.id < $2
+                                     AND p.ordering_skipped_at IS NULL
+                                     AND p.status IN (''pending'', ''sending'', ''dead''))',
+                   TG_TABLE_SCHEMA, TG_TABLE_NAME)
+        INTO behind USING NEW.ordering_key, NEW.id;
+    IF NOT behind THEN
+        EXECUTE format('UPDATE %I.%I SET ordering_blocked = false
+                         WHERE id = $1 AND status = ''pending'' AND ordering_blocked',
+                       TG_TABLE_SCHEMA, TG_TABLE_NAME) USING NEW.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_create_ordering(table_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER TABLE %I ADD COLUMN IF NOT EXISTS ordering_key text, '
+                   'ADD COLUMN IF NOT EXISTS ordering_blocked boolean NOT NULL DEFAULT false, '
+                   'ADD COLUMN IF NOT EXISTS ordering_skipped_at timestamptz', table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (id) WHERE status = ''pending'' AND NOT ordering_blocked',
+                   outbox_index_name(table_name, 'ready_by_id'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (ordering_key, id) WHERE status = ''pending'' AND ordering_blocked',
+                   outbox_index_name(table_name, 'blocked_by_key'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (ordering_key, id) WHERE ordering_key IS NOT NULL '
+                   'AND ordering_skipped_at IS NULL AND status IN (''pending'', ''sending'', ''dead'')',
+                   outbox_index_name(table_name, 'by_ordering_key'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (ordering_key) WHERE status = ''sending'' '
+                   'AND ordering_key IS NOT NULL', outbox_index_name(table_name, 'sending_by_key'), table_name);
+    EXECUTE format('DROP INDEX IF EXISTS %I', outbox_index_name(table_name, 'pending_by_id'));
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', 'outbox_ordering_at_commit', table_name);
+    EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %I DEFERRABLE INITIALLY DEFERRED '
+                   'FOR EACH ROW WHEN (NEW.ordering_blocked) EXECUTE FUNCTION outbox_ordering_at_commit()',
+                   'outbox_ordering_at_commit', table_name);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox_create_table(table_name text, with_dedup_index boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF table_name !~ '^[a-z_][a-z0-9_]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid outbox table name %: use lowercase letters, digits and _ (max 63, not starting with a digit)', quote_literal(table_name)
+            USING ERRCODE = 'invalid_name';
+    END IF;
+    EXECUTE format($ddl$
+        CREATE TABLE IF NOT EXISTS %I (
+            id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            event_id         text        NOT NULL,
+            tenant_id        text,
+            topic            text        NOT NULL,
+            payload          jsonb       NOT NULL,
+            payload_sha      text        NOT NULL,
+            headers          jsonb       NOT NULL DEFAULT '{}'::jsonb,
+            status           text        NOT NULL DEFAULT 'pending'
+                             CHECK (status IN ('pending', 'sending', 'sent', 'dead')),
+            attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+            available_at     timestamptz NOT NULL DEFAULT now(),
+            locked_by        text,
+            locked_at        timestamptz,
+            lease_expires_at timestamptz,
+            last_error       text        CHECK (length(last_error) <= 2000),
+            last_error_code  text,
+            result_ref       text,
+            created_at       timestamptz NOT NULL DEFAULT now(),
+            updated_at       timestamptz NOT NULL DEFAULT now(),
+            published_at     timestamptz,
+            CONSTRAINT %I UNIQUE (event_id)
+        )$ddl$, table_name, outbox_index_name(table_name, 'event_id_key'));
+    -- Counts, the next due row, the oldest waiting message: every pending row, by when it is due.
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (available_at, id) WHERE status = ''pending''',
+                   outbox_index_name(table_name, 'pending_by_available'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (lease_expires_at) WHERE status = ''sending''',
+                   outbox_index_name(table_name, 'sending_by_lease'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (published_at, id) WHERE status = ''sent''',
+                   outbox_index_name(table_name, 'sent_by_published'), table_name);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (last_error_code, id) WHERE status = ''dead''',
+                   outbox_index_name(table_name, 'dead_by_code'), table_name);
+    -- Seed 004 §7: per-tenant questions (what did tenant X publish when) without a scan.
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (tenant_id, published_at, id) WHERE tenant_id IS NOT NULL',
+                   outbox_index_name(table_name, 'by_tenant'), table_name);
+    IF with_dedup_index THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (topic, payload_sha) WHERE status = ''sent''',
+                       outbox_index_name(table_name, 'sent_by_payload'), table_name);
+    END IF;
+    -- Claim order (ready rows by id, a key's later messages left out) and ordering per key.
+    PERFORM outbox_create_ordering(table_name);
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', 'outbox_notify_insert', table_name);
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %I FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify_insert()',
+                   'outbox_notify_insert', table_name);
+END
+$$;
+
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT c.relname AS name
+        FROM pg_class AS c
+        JOIN pg_namespace AS n ON n.oid = c.relnamespace
+        WHERE c.relkind = 'r' AND n.nspname = current_schema()
+          AND EXISTS (SELECT 1 FROM pg_trigger AS tg WHERE tg.tgrelid = c.oid AND tg.tgname = 'outbox_notify_insert')
+    LOOP
+        PERFORM outbox_create_ordering(t.name);
+    END LOOP;
+END
+$$;
