@@ -31,7 +31,7 @@ from outbox_pipelines.core.errors import (
     OutboxError,
     UnknownTable,
 )
-from outbox_pipelines.core.health import read_status
+from outbox_pipelines.core.health import TableStatus, read_status
 from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.ordering import skip_dead_heads
@@ -259,6 +259,24 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 # -- status ------------------------------------------------------------------
+def _print_destination_health(r: TableStatus) -> None:
+    health = r.destination
+    if health is None:
+        return
+    if health.failing:
+        codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
+        print(f"\n{r.table}: deliveries to {health.destination} have failed for "
+              f"{_fmt_s(health.failing_for_s)} ({codes}); messages retry by themselves")
+    if health.circuit_opened_at is not None:
+        print(f"{r.table}: circuit open since {health.circuit_opened_at:%Y-%m-%d %H:%M:%S %Z}: one probe "
+              "message at a time, no attempts spent; it closes on the first success")
+    if health.paused:
+        print(f"{r.table}: paused {_fmt_s(health.paused_for_s)} more: the destination asked to slow down (429)")
+    if health.relay_problem:
+        since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
+        print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = _database_url()
@@ -293,21 +311,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           "messages still waiting counted with their age so far; "
           "oldest = age of the oldest message not yet delivered (retries in backoff included)")
     for r in reports:
-        health = r.destination
-        if health is None:
-            continue
-        if health.failing:
-            codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
-            print(f"\n{r.table}: deliveries to {health.destination} have failed for "
-                  f"{_fmt_s(health.failing_for_s)} ({codes}); messages retry by themselves")
-        if health.circuit_opened_at is not None:
-            print(f"{r.table}: circuit open since {health.circuit_opened_at:%Y-%m-%d %H:%M:%S %Z}: one probe "
-                  "message at a time, no attempts spent; it closes on the first success")
-        if health.paused:
-            print(f"{r.table}: paused {_fmt_s(health.paused_for_s)} more: the destination asked to slow down (429)")
-        if health.relay_problem:
-            since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
-            print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
+        _print_destination_health(r)
     for r in reports:
         if r.blocked_keys:
             print(f"\n{blocked_keys_text(r)}")
@@ -542,11 +546,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_skip(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    table = settings.table(args.table)
-    if not args.id and args.key is None:
-        raise UsageError(f"skip needs --id (repeatable) or --key: which dead message of {table.name} to pass over "
-                         "('outbox-pipelines status' names the blocked keys and their dead messages)")
+    table = _settings(args).table(args.table)
     report = skip_dead_heads(_database_url(), table, ids=args.id, ordering_key=args.key, dry_run=args.dry_run,
                              worker=f"cli:{os.environ.get('USER', 'operator')}",
                              reason=args.reason or "skipped by an operator")
@@ -555,19 +555,10 @@ def cmd_skip(args: argparse.Namespace) -> int:
                           "matched": [{"id": i, "ordering_key": k, "error_code": c} for i, k, c in report.matched]},
                          indent=2))
         return EXIT_OK
-    if not report.matched:
-        print(f"{table.name}: no parked dead message matches (a skip applies to a dead message with an ordering "
-              "key whose key it still blocks; 'outbox-pipelines status' lists them)")
-        return EXIT_OK
     verb = "would skip" if report.dry_run else "skipped"
     for row_id, key, code in report.matched:
         print(f"  {verb} id {row_id} (key {key}, died of {code or 'UNKNOWN'})")
-    if report.dry_run:
-        print(f"dry run: nothing changed. Drop --dry-run to let the rest of {len(report.matched)} "
-              f"key{'' if len(report.matched) == 1 else 's'} go on without these messages.")
-    else:
-        print(f"{table.name}: {report.skipped} dead message{'' if report.skipped == 1 else 's'} passed over (still "
-              "dead, audited as outbox_skip, replayable); the later messages of their keys go on in order")
+    print(report.summary)
     return EXIT_OK
 
 

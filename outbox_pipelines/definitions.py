@@ -21,6 +21,7 @@ from outbox_pipelines.defs.relay import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines.defs.schedules import backlog_sensor, maintenance_schedules, relay_schedules
+from outbox_pipelines.defs.skip import skip_jobs
 
 # Set by `dg check defs` and `dagster definitions validate` while they load the code location (Dagster's own).
 VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"
@@ -37,7 +38,7 @@ GROUPS = {group: relayed for group, tables in SETTINGS.groups().items()
 
 def build_definitions(resources: Mapping[str, Any] | None = None) -> dg.Definitions:
     """The code location; tests and the demo pass their own resources (``outbox_resources(url, config_path)``)."""
-    jobs = relay_jobs(GROUPS) + maintenance_jobs() + replay_jobs() + backfill_jobs()
+    jobs = relay_jobs(GROUPS) + maintenance_jobs() + replay_jobs() + skip_jobs() + backfill_jobs()
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(TABLES)
     return dg.Definitions(

@@ -8,6 +8,7 @@ returning (status, headers, body bytes) — or None for 200 with a JSON ack.
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ class Received:
     key: str
     body: Any
     headers: dict[str, str]
+    status: int = 200  # what the sink answered
+    started: float = 0.0  # time.monotonic() when the request arrived, and when its answer was ready
+    ended: float = 0.0
 
 
 @dataclass
@@ -48,13 +52,16 @@ class HttpSink:
             with self._lock:
                 self.counts[key] += 1
                 attempt = self.counts[key]
-                self.received.append(Received(key, body, dict(request.headers)))
+                received = Received(key, body, dict(request.headers), started=time.monotonic())
+                self.received.append(received)
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             answer = self.script(key, attempt, body) if self.script else None
+            received.ended = time.monotonic()
             if answer is None:
                 return web.json_response({"status": "accepted", "id": f"ref-{key}"})
             status, headers, payload = answer
+            received.status = status
             return web.Response(status=status, headers=headers, body=payload)
 
         app = web.Application(client_max_size=8 * 1024 * 1024)

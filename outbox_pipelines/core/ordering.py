@@ -80,6 +80,23 @@ class SkipReport:
     matched: list[tuple[int, str, str | None]] = field(default_factory=list)
     skipped: int = 0
 
+    @property
+    def keys(self) -> list[str]:
+        return sorted({key for _, key, _ in self.matched})
+
+    @property
+    def summary(self) -> str:
+        """One sentence for the CLI and the Dagster run."""
+        if not self.matched:
+            return (f"{self.table}: no parked dead message matches (a skip applies to a dead message with an "
+                    "ordering key that it still blocks; 'outbox-pipelines status' lists them). Nothing changed.")
+        keys = f"{len(self.keys)} key{'' if len(self.keys) == 1 else 's'}"
+        if self.dry_run:
+            return (f"dry run: nothing changed. {len(self.matched)} dead message(s) would be passed over and the "
+                    f"rest of {keys} would go on without them; run again without the dry run to do it.")
+        return (f"{self.table}: {self.skipped} dead message{'' if self.skipped == 1 else 's'} passed over (still "
+                f"dead, audited as outbox_skip, replayable); the later messages of {keys} go on in order.")
+
 
 def skip_dead_heads(url: str, table: TableSettings, *, ids: Sequence[int] | None = None,
                     ordering_key: str | None = None, dry_run: bool = False, worker: str = "operator",
@@ -87,7 +104,10 @@ def skip_dead_heads(url: str, table: TableSettings, *, ids: Sequence[int] | None
     """Pass over parked dead messages, named by id or by key: they stay dead (replayable, audited as
     outbox_skip), and the later messages of their keys go on in order. ``dry_run`` shows them only."""
     if not ids and ordering_key is None:
-        raise ConfigError("name the dead messages to skip: --id (one or more) or --key")
+        raise ConfigError(f"a skip names the dead messages to pass over: their ids (--id, repeatable; ids in "
+                          f"skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched; "
+                          f"'outbox-pipelines status --table {table.name}' names the blocked keys and their dead "
+                          f"messages.")
     report = SkipReport(table.name, dry_run)
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, table.name)

@@ -83,13 +83,16 @@ EVERY_OUTBOX_TABLE = "*"
 ORDERS_TABLE = "outbox_orders"
 # What an enqueue writes of a message (sql/queries/outbox.sql, outbox_insert and outbox_insert_many).
 MESSAGE_COLUMNS = ("event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "available_at")
-# What an application's enqueue writes: the message, and the id that enqueue_many's COPY reserved.
-ENQUEUE_COLUMNS = ("id", *MESSAGE_COLUMNS)
-# What Outbox.enqueue reads back: the new id, and a duplicate's id and payload digest.
-ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha")
+# What an application's enqueue writes: the message, the id that enqueue_many's COPY reserved, and an
+# ordering key with whether it waits behind an earlier message of its key (migration 0010).
+ENQUEUE_COLUMNS = ("id", *MESSAGE_COLUMNS, "ordering_key", "ordering_blocked")
+# What Outbox.enqueue reads back: the new id, a duplicate's id and payload digest, and whether an
+# earlier message still holds the ordering key (outbox_insert_keyed reads the key's holders).
+ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status")
 # What claims, settles, lease renewals, requeues and replays write (outbox.sql): how delivery went.
 DELIVERY_COLUMNS = ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at",
-                    "last_error", "last_error_code", "result_ref", "published_at", "updated_at")
+                    "last_error", "last_error_code", "result_ref", "published_at", "updated_at",
+                    "ordering_blocked", "ordering_skipped_at")
 # What the order broker's settle writes in idempo_ledger (ledger.sql, idempo_ledger_settle): the outcome.
 LEDGER_OUTCOME_COLUMNS = ("status", "result", "result_digest", "response", "http_status", "reason", "updated_at")
 PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})

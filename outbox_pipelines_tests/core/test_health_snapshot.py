@@ -35,7 +35,8 @@ def test_an_empty_table_is_healthy_and_every_check_passes(conn):
     assert status.counts == {"pending": 0, "retrying": 0, "sending": 0, "sent": 0, "dead": 0}
     assert (status.oldest_waiting_age_s, status.lag_p95_s, status.lag_sample, status.stuck) == (None, None, 0, 0)
     verdicts = evaluate_checks(status, CheckThresholds())
-    assert [v.name for v in verdicts] == ["lag", "dead_letters", "stuck", "backlog", "destination", "relay"]
+    assert [v.name for v in verdicts] == ["lag", "dead_letters", "stuck", "backlog", "destination", "relay",
+                                          "blocked_keys"]
     assert all(v.severity == "ok" for v in verdicts), [(v.name, v.description) for v in verdicts]
 
 

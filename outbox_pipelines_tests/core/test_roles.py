@@ -115,6 +115,24 @@ def test_producer_enqueues_and_tells_a_duplicate_but_cannot_read_change_or_delet
     assert _denied(url, "TRUNCATE outbox_events")
 
 
+def test_producer_enqueues_keyed_messages_and_its_commit_lets_a_free_key_go(login_as: LoginAs,
+                                                                          conn: DictConnection) -> None:
+    """The commit-time check (migration 0010) clears the flag of the producer's own new row, which the
+    producer itself may not update."""
+    url = login_as(roles.PRODUCER)
+    with psycopg.connect(url) as producer:
+        first = Outbox("outbox_events").enqueue(producer, Message(topic="t", payload={}, ordering_key="a"))
+        Outbox("outbox_events").enqueue(producer, Message(topic="t", payload={}, ordering_key="a"))
+        producer.commit()
+    waiting = [r["id"] for r in conn.execute("SELECT id FROM outbox_events WHERE ordering_blocked ORDER BY id")]
+    assert len(waiting) == 1 and waiting[0] > first.id
+    conn.execute("UPDATE outbox_events SET status = 'sent' WHERE id = %s", (first.id,))
+    with psycopg.connect(url) as producer:  # the key is free again: a new message is not held back
+        Outbox("outbox_events").enqueue(producer, Message(topic="t", payload={}, ordering_key="b"))
+        producer.commit()
+    assert _denied(url, "UPDATE outbox_events SET ordering_blocked = false")
+
+
 def test_producer_enqueues_through_the_cli(login_as: LoginAs, cli_env: dict[str, str]) -> None:
     env = {**cli_env, "OUTBOX_DATABASE_URL": login_as(roles.PRODUCER)}
     for expected in ("enqueued row", "duplicate: event cli-1"):
@@ -357,13 +375,16 @@ def test_cli_db_grant_dry_run_prints_the_sql_and_changes_nothing(
     result = run_cli(cli_env, "db", "grant", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert ('GRANT INSERT ("id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
-            '"available_at") ON TABLE "outbox_events" TO "outbox_producer";') in result.stdout
-    assert 'GRANT SELECT ("id", "event_id", "payload_sha") ON TABLE "outbox_events" TO "outbox_producer";' \
+            '"available_at", "ordering_key", "ordering_blocked") ON TABLE "outbox_events" TO "outbox_producer";') \
+        in result.stdout
+    assert ('GRANT SELECT ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status") '
+            'ON TABLE "outbox_events" TO "outbox_producer";') \
         in result.stdout
     assert 'GRANT USAGE ON SEQUENCE "public"."outbox_events_id_seq" TO "outbox_producer";' in result.stdout
     assert 'ON TABLE "outbox_orders" TO "outbox_producer"' not in result.stdout
     assert ('GRANT UPDATE ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at", '
-            '"last_error", "last_error_code", "result_ref", "published_at", "updated_at") '
+            '"last_error", "last_error_code", "result_ref", "published_at", "updated_at", "ordering_blocked", '
+            '"ordering_skipped_at") '
             'ON TABLE "outbox_events" TO "outbox_relay";') in result.stdout
     assert "dry run: nothing changed" in result.stdout
     assert _table_acls(conn) == before
@@ -436,13 +457,15 @@ def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted:
 def test_the_printed_rights_say_which_columns() -> None:
     by_name = {spec.name: spec for spec in roles.ROLES}
     assert roles.rights(by_name[roles.PRODUCER]) == [
-        "INSERT (id, event_id, tenant_id, topic, payload, payload_sha, headers, available_at), "
-        "SELECT (id, event_id, payload_sha) on every outbox table except outbox_orders",
+        "INSERT (id, event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key, "
+        "ordering_blocked), SELECT (id, event_id, payload_sha, ordering_key, ordering_skipped_at, status) "
+        "on every outbox table except outbox_orders",
         "USAGE on the id sequence of every outbox table except outbox_orders",
     ]
     relay = roles.rights(by_name[roles.RELAY])
     assert relay[0] == ("SELECT, DELETE, UPDATE (status, attempts, available_at, locked_by, locked_at, "
-                        "lease_expires_at, last_error, last_error_code, result_ref, published_at, updated_at) "
+                        "lease_expires_at, last_error, last_error_code, result_ref, published_at, updated_at, "
+                        "ordering_blocked, ordering_skipped_at) "
                         "on every outbox table")
     assert "SELECT, UPDATE (status, result, result_digest, response, http_status, reason, updated_at) " \
            "on idempo_ledger" in relay

@@ -9,6 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from outbox_pipelines.core.enqueue import Outbox
+from outbox_pipelines.core.models import Message
+from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
@@ -23,7 +26,7 @@ def test_definitions_load_and_validate(tmp_path):
 
     names = {job.name for job in defs.jobs}
     assert {"relay_group_default_job", "relay_job",
-            "requeue_stuck_job", "clean_job", "replay_dead_job", "backfill_job", "outbox_checks_job",
+            "requeue_stuck_job", "clean_job", "replay_dead_job", "skip_dead_job", "backfill_job", "outbox_checks_job",
             "prune_run_history_job"} <= names
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
@@ -122,6 +125,24 @@ def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, reso
     config["ops"]["replay_dead_op"]["config"].update({"topic": "nothing-matches"})
     none = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
     assert none["matched"] == 0
+
+
+def test_skip_job_passes_over_a_parked_head_after_a_dry_run(db_url, conn, instance, resources):
+    outbox = Outbox("outbox_events")
+    first, second = (outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42")).id
+                     for n in (1, 2))
+    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = %s", (first,))
+    config = {"ops": {"skip_dead_op": {"config": {"table": "outbox_events", "ordering_key": "org-42"}}}}
+    dry = op_metadata(run_job("skip_dead_job", resources, instance, config), "skip_dead_op")
+    assert (dry["dry_run"], dry["matched"], dry["skipped"], dry["keys"]) == (True, 1, 0, "org-42")
+    config["ops"]["skip_dead_op"]["config"]["dry_run"] = False
+    done = op_metadata(run_job("skip_dead_job", resources, instance, config), "skip_dead_op")
+    assert done["skipped"] == 1
+    assert [r["id"] for r in conn.execute("SELECT id FROM outbox_events WHERE ordering_blocked")] == []
+    assert second in [m.id for m in OutboxTable(conn, "outbox_events").claim("w", 10, 30)]
+    nothing = run_job("skip_dead_job", resources, instance, {"ops": {"skip_dead_op": {"config": {
+        "table": "outbox_events"}}}})
+    assert not nothing.success
 
 
 def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instance, http_sink):

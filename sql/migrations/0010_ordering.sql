@@ -66,12 +66,15 @@ $$;
 
 -- At the commit of a transaction that wrote a blocked message: if nothing of its key before it still
 -- holds the key (released since the INSERT looked), it is the key's head and may go.
+-- SECURITY DEFINER: the writer (an application's producer role) may insert a message but not change
+-- one; this function only clears its own new row's flag. Its search_path names no writable schema.
 CREATE OR REPLACE FUNCTION outbox_ordering_at_commit() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     behind boolean;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(outbox_ordering_lock_space(TG_TABLE_NAME), hashtext(NEW.ordering_key));
+    -- outbox_ordering_lock_space, spelled out: the search_path above does not reach it.
+    PERFORM pg_advisory_xact_lock_shared(hashtext('outbox_ordering:' || TG_TABLE_NAME), hashtext(NEW.ordering_key));
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I AS p WHERE p.ordering_key = $1 AND p.id < $2
                                      AND p.ordering_skipped_at IS NULL
                                      AND p.status IN (''pending'', ''sending'', ''dead''))',

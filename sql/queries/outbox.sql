@@ -738,14 +738,14 @@ WITH clock AS (
     UPDATE {table} AS t
     SET ordering_skipped_at = clock.now, updated_at = clock.now
     FROM matched AS m, clock
-    WHERE t.id = m.id AND NOT %(dry_run)s
+    WHERE t.id = m.id AND NOT %(dry_run)s::boolean
     RETURNING t.id
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               code, error_code, worker, trace_id, detail)
     SELECT %(table_name)s, m.id, m.event_id, m.tenant_id, 'dead', 'dead', 'outbox_skip', m.last_error_code,
            %(worker)s, m.headers->>'trace_id',
-           left(format('skipped: the rest of key %%s goes on without it (%%s)', m.ordering_key, %(reason)s), 2000)
+           left(format('skipped: the rest of key %%s goes on without it (%%s)', m.ordering_key, %(reason)s::text), 2000)
     FROM matched AS m JOIN skipped AS s ON s.id = m.id
 ), release AS (
     SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended

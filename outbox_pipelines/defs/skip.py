@@ -1,0 +1,54 @@
+"""skip_dead_job: pass over dead messages that block their ordering keys (dry run by default)."""
+
+from collections.abc import Iterator
+
+import dagster as dg
+from pydantic import Field
+
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.ordering import skip_dead_heads
+from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.defs.replay import DRY_RUN_TAG
+from outbox_pipelines.defs.resources import OutboxDb
+
+
+class SkipConfig(dg.Config):
+    """Which parked dead messages to pass over: their ids, or every one of an ordering key."""
+
+    table: str = Field(description="Outbox table, e.g. outbox_events (a table from the settings).")
+    ids: list[int] | None = Field(default=None, description=(
+        "The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them."))
+    ordering_key: str | None = Field(default=None, description="Every parked dead message of this ordering key.")
+    reason: str = Field(default="skipped by an operator", description="Why: kept in the audit row (outbox_skip).")
+    dry_run: bool = Field(default=True, description=(
+        "true (the default): only list what would be passed over. Set false to do it."))
+
+
+@dg.op(description=(
+    "Pass over parked dead messages: they stay dead (replayable, audited as outbox_skip) and the later "
+    "messages of their keys go on in order without them."), out=dg.Out(dg.Nothing))
+def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+    table = resolve_table(outbox_db.settings(), config.table)
+    context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true" if config.dry_run else "false"})
+    try:
+        report = skip_dead_heads(outbox_db.database_url(), table, ids=config.ids, ordering_key=config.ordering_key,
+                                 dry_run=config.dry_run, worker=f"dagster:{context.run_id[:8]}", reason=config.reason)
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc), metadata={"table": table.name}, allow_retries=False) from None
+    context.log.info(report.summary)
+    yield dg.Output(None, metadata=metadata_values({
+        "table": table.name, "dry_run": config.dry_run, "matched": len(report.matched), "skipped": report.skipped,
+        "keys": ", ".join(report.keys) or None, "ids": [row_id for row_id, _, _ in report.matched][:1000],
+        "summary": report.summary,
+    }))
+
+
+def skip_jobs() -> list[dg.JobDefinition]:
+    @dg.job(description=(
+        "Pass over dead messages that block their ordering keys (by ids or ordering_key), so the rest of each key "
+        "goes on. Dry run by default. To keep the key's order instead, fix the cause and replay the message "
+        "(replay_dead_job)."), executor_def=dg.in_process_executor)
+    def skip_dead_job() -> None:
+        skip_dead_op()
+
+    return [skip_dead_job]
