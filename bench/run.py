@@ -49,6 +49,7 @@ from obench import (  # noqa: E402
     http_bench,
     latency,
     order_path,
+    ordering,
 )
 from obench.code_version import measured_code  # noqa: E402
 from obench.common import (  # noqa: E402
@@ -174,6 +175,15 @@ SCENARIOS = [
         "relay processes started together, and 4 tables of N/4 each with one relay process per table; rounds "
         "interleaved. msg/s from launch to all sent and from the first relay's connect to all sent (database "
         "clock); the ratio is the speed-up over 1 relay in the same round. Information, no target.",
+    ),
+    Scenario(
+        "ordering",
+        ordering.run,
+        "Ordering keys (issue 24), 4 relays at default settings, rounds interleaved: a keyed drain (10,000 keys) "
+        "against the same messages without keys (target >= 0.7x); the keyed drain beside a blocked key against "
+        "without it (>= 0.9x); 10 % healthy keys beside 10 hot keys holding 90 % against the healthy messages "
+        "alone (>= 0.9x); commit->handler at the latency rate over 100 keys against no keys; the claim at "
+        "1,000,000 pending over 100,000 keys against no keys (--quick: 100,000), its plan in results.json."
     ),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}

@@ -26,7 +26,7 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
     result = run_job("outbox_checks_job", resources, instance)
     assert result.success
     checks = check_results(result)
-    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination", "relay"}
+    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys"}
     assert all(passed for passed, _, _ in checks.values())
     assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
 
