@@ -140,37 +140,43 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
 
 
 def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_key(db_url, conn):
-    """One key's dead head holds only that key: 100,000 other keys drain at the speed of unkeyed messages."""
+    """One key's dead head holds only that key: 100,000 other keys drain as fast as they do with no key
+    blocked (two tables of the same shape, each fresh, one relay each in turn)."""
     from outbox_pipelines.core import models as m
     from outbox_pipelines.core.models import Outcome
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines_tests.conftest import table_settings
     from outbox_pipelines_tests.helpers import ScriptedDestination
 
-    events, n = "outbox_events", 100_000
-    settings = table_settings(events, mode="competing", idle_sleep_s=0.01, destination="paper", batch_size=1000)
-    outbox = Outbox(events)
+    n = 100_000
 
-    def drain(keyed: bool) -> float:
+    def settings(table: str):
+        return table_settings(table, mode="competing", idle_sleep_s=0.01, destination="paper", batch_size=1000,
+                              dedup=False, on_success="mark_sent")
+
+    def drain(table: str) -> float:
         with conn.transaction():
-            outbox.enqueue_many(conn, [Message(topic="t", payload={"i": i}, event_id=f"{keyed}-{i}",
-                                               ordering_key=f"k{i}" if keyed else None) for i in range(n)])
+            Outbox(table).enqueue_many(conn, [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}",
+                                                      ordering_key=f"k{i}") for i in range(n)])
+        conn.execute(f"VACUUM ANALYZE {table}")
         started = time.monotonic()
-        report = Relay(db_url, settings, ScriptedDestination()).run(max_seconds=300, max_entries=n)
+        report = Relay(db_url, settings(table), ScriptedDestination()).run(max_seconds=300, max_entries=n)
         assert report.sent == n
         return n / (time.monotonic() - started)
 
+    beside, alone = "outbox_events", "outbox_memory"
     with conn.transaction():  # the blocked key: its head died, four more wait behind it
-        outbox.enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"stuck-{v}", ordering_key="stuck")
-                                   for v in range(5)])
-    Relay(db_url, settings, ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
+        Outbox(beside).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"stuck-{v}",
+                                                   ordering_key="stuck") for v in range(5)])
+    Relay(db_url, settings(beside), ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
         max_entries=1)
-    unkeyed = drain(keyed=False)
-    keyed = drain(keyed=True)
-    assert statuses(conn, events) == {"sent": 2 * n, "dead": 1, "pending": 4}
-    blocked = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
-    assert blocked == 4
-    print(f"\n100,000 keys beside a blocked key: {keyed:,.0f} msg/s; unkeyed {unkeyed:,.0f} msg/s "
-          f"({keyed / unkeyed:.2f}x)")
-    # bench/ordering.py measures the ratio properly (medians, interleaved); here: no collapse
-    assert keyed >= 0.5 * unkeyed
+    blocked_rate = drain(beside)
+    alone_rate = drain(alone)
+    assert statuses(conn, beside) == {"sent": n, "dead": 1, "pending": 4}
+    assert statuses(conn, alone) == {"sent": n}
+    waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
+    assert waiting == 4
+    print(f"\n100,000 keys beside a blocked key: {blocked_rate:,.0f} msg/s; with none blocked {alone_rate:,.0f} "
+          f"msg/s ({blocked_rate / alone_rate:.2f}x)")
+    # bench/run.py --scenario ordering measures the ratio properly (medians of interleaved rounds)
+    assert blocked_rate >= 0.7 * alone_rate
