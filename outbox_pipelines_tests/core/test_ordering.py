@@ -168,12 +168,26 @@ def test_a_settle_that_meets_a_committing_writer_hands_the_key_back_for_later(db
     table = OutboxTable(conn, EVENTS)
     [a1] = table.claim("w", 10, 30)
     with psycopg.connect(db_url) as writer:  # stands in for a writer inside its commit-time check
-        writer.execute("SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), hashtext('a'))",
-                       (EVENTS,))
+        writer.execute("SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), "
+                       "outbox_ordering_stripe('a'))", (EVENTS,))
         table.settle("w", [Settlement(a1.id, a1.attempts, "sent", m.AUDIT_SUCCESS, ref="ok")])
         assert table.contended_keys == {"a"} and blocked(conn) == ["a2"]
         assert table.release_contended() == ["a"]  # still held: kept for later
     assert ordering.release_contended(table) == [] and blocked(conn) == []
+
+
+def test_a_transaction_writing_many_waiting_keys_commits_within_the_lock_table(db_url, conn):
+    """Every key of a big batch waits behind a stored message: its commit takes one lock per stripe,
+    not one per key (which ran out of shared memory at ~20,000 keys)."""
+    keys = 30_000
+    with conn.transaction():
+        Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"first-{k}", ordering_key=f"k{k}")
+                                           for k in range(keys)])
+    with conn.transaction():
+        Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"next-{k}", ordering_key=f"k{k}")
+                                           for k in range(keys)])
+    waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
+    assert waiting == keys
 
 
 def test_the_sweep_releases_a_key_nobody_released(db_url, conn):

@@ -22,10 +22,16 @@
 -- <t>_blocked_by_key (blocked rows, for the sweep and the checks), <t>_by_ordering_key (the messages
 -- holding a key, a key's head first), <t>_sending_by_key (keys with a message in flight).
 
--- The first half of a key's advisory lock (the second is hashtext(key)): two int4 keys, a space apart
--- from the single-active lock's one bigint key.
+-- The first half of a key's advisory lock (the second is its stripe, outbox_ordering_stripe): two int4
+-- keys, a space apart from the single-active lock's one bigint key.
 CREATE OR REPLACE FUNCTION outbox_ordering_lock_space(table_name text) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('outbox_ordering:' || table_name) $$;
+
+-- Keys share 512 lock stripes per table: a transaction that writes messages of 100,000 waiting keys
+-- takes at most 512 locks at its commit (one per key ran out of the server's lock table, sized by
+-- max_locks_per_transaction). Two keys of one stripe only make a settle release again a moment later.
+CREATE OR REPLACE FUNCTION outbox_ordering_stripe(ordering_key text) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext(ordering_key) & 511 $$;
 
 -- Clears the flag of the next message of each released key, when it is blocked. Each statement here
 -- reads a fresh snapshot (a volatile function under READ COMMITTED), taken after the key's lock: a
@@ -45,7 +51,7 @@ BEGIN
     SELECT coalesce(array_agg(k) FILTER (WHERE got), ARRAY[]::text[]),
            coalesce(array_agg(k) FILTER (WHERE NOT got), ARRAY[]::text[])
       INTO locked, contended
-      FROM (SELECT k, pg_try_advisory_xact_lock(outbox_ordering_lock_space(table_name), hashtext(k)) AS got
+      FROM (SELECT k, pg_try_advisory_xact_lock(outbox_ordering_lock_space(table_name), outbox_ordering_stripe(k)) AS got
               FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY k) AS d) AS l;
     IF cardinality(locked) > 0 THEN
         EXECUTE format(
@@ -73,8 +79,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     behind boolean;
 BEGIN
-    -- outbox_ordering_lock_space, spelled out: the search_path above does not reach it.
-    PERFORM pg_advisory_xact_lock_shared(hashtext('outbox_ordering:' || TG_TABLE_NAME), hashtext(NEW.ordering_key));
+    -- outbox_ordering_lock_space and outbox_ordering_stripe, spelled out: the search_path above does not
+    -- reach them.
+    PERFORM pg_advisory_xact_lock_shared(hashtext('outbox_ordering:' || TG_TABLE_NAME),
+                                         hashtext(NEW.ordering_key) & 511);
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I AS p WHERE p.ordering_key = $1 AND p.id < $2
                                      AND p.ordering_skipped_at IS NULL
                                      AND p.status IN (''pending'', ''sending'', ''dead''))',
