@@ -33,6 +33,10 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('outbox_ordering:' || table_name) $
 CREATE OR REPLACE FUNCTION outbox_ordering_stripe(ordering_key text) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext(ordering_key) & 511 $$;
 
+-- The name of a table's release function: a digest, so any table name (up to 63 characters) fits.
+CREATE OR REPLACE FUNCTION outbox_release_function(table_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'outbox_release_' || left(md5(table_name), 16) $$;
+
 -- Clears the flag of the next message of each released key, when it is blocked. Each statement here
 -- reads a fresh snapshot (a volatile function under READ COMMITTED), taken after the key's lock: a
 -- writer that committed a message of the key meanwhile is seen. Keys whose lock a committing writer
@@ -54,17 +58,9 @@ BEGIN
       FROM (SELECT k, pg_try_advisory_xact_lock(outbox_ordering_lock_space(table_name), outbox_ordering_stripe(k)) AS got
               FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY k) AS d) AS l;
     IF cardinality(locked) > 0 THEN
-        EXECUTE format(
-            'UPDATE %1$I AS t SET ordering_blocked = false
-               FROM unnest($1::text[]) AS k(key)
-               CROSS JOIN LATERAL (
-                   SELECT h.id, h.status, h.ordering_blocked FROM %1$I AS h
-                   WHERE h.ordering_key = k.key AND h.ordering_skipped_at IS NULL
-                     AND h.status IN (''pending'', ''sending'', ''dead'') AND h.id <> ALL($2::bigint[])
-                   ORDER BY h.id LIMIT 1) AS head
-              WHERE t.id = head.id AND head.status = ''pending'' AND head.ordering_blocked
-                AND t.status = ''pending'' AND t.ordering_blocked', table_name)
-        USING locked, coalesce(released, ARRAY[]::bigint[]);
+        -- The table's own release function (outbox_create_ordering): static SQL, planned once a session.
+        EXECUTE format('SELECT %I($1, $2)', outbox_release_function(table_name))
+            USING locked, coalesce(released, ARRAY[]::bigint[]);
     END IF;
     RETURN contended;
 END
@@ -114,6 +110,24 @@ BEGIN
     EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (ordering_key) WHERE status = ''sending'' '
                    'AND ordering_key IS NOT NULL', outbox_index_name(table_name, 'sending_by_key'), table_name);
     EXECUTE format('DROP INDEX IF EXISTS %I', outbox_index_name(table_name, 'pending_by_id'));
+    -- The release (outbox_release_keys, with the keys' locks held): the next message of each key, when it
+    -- waits and nothing but the rows just ``released`` was before it, may go. Its own function, so
+    -- that its plan is made once per session: planned on every settle it cost ~0.3 ms of each one.
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION %1$I(keys text[], released bigint[]) RETURNS void
+        LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $body$
+        BEGIN
+            UPDATE %2$I.%3$I AS t SET ordering_blocked = false
+              FROM unnest(keys) AS k(key)
+              CROSS JOIN LATERAL (
+                  SELECT h.id, h.status, h.ordering_blocked FROM %2$I.%3$I AS h
+                  WHERE h.ordering_key = k.key AND h.ordering_skipped_at IS NULL
+                    AND h.status IN ('pending', 'sending', 'dead') AND h.id <> ALL(released)
+                  ORDER BY h.id LIMIT 1) AS head
+             WHERE t.id = head.id AND head.status = 'pending' AND head.ordering_blocked
+               AND t.status = 'pending' AND t.ordering_blocked;
+        END
+        $body$ $fn$, outbox_release_function(table_name), current_schema(), table_name);
     EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', 'outbox_ordering_at_commit', table_name);
     EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %I DEFERRABLE INITIALLY DEFERRED '
                    'FOR EACH ROW WHEN (NEW.ordering_blocked) EXECUTE FUNCTION outbox_ordering_at_commit()',
