@@ -314,6 +314,15 @@ def private_socket_dir(pgdata: Path, owner_uid: int, owner_gid: int) -> Path:
     )
 
 
+def _run_as(user: str | None) -> dict[str, Any]:
+    """subprocess arguments that run a program as ``user`` (None: as ourselves) with its own group only:
+    with ``user=`` alone it keeps our groups (root's), and a 0701 directory of root's, as ``mktemp -d``
+    makes, then denies it by its group bits whatever its o+x."""
+    if user is None:
+        return {}
+    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+
+
 def _server_owner(system_user: str | None) -> tuple[int, int]:
     """(uid, gid) the embedded server runs as: ``system_user`` (when run as root), else ourselves."""
     if system_user is None:
@@ -388,9 +397,9 @@ def _server_user() -> str | None:
 
 
 def _can_enter(directory: Path, user: str) -> bool:
-    """Whether ``user`` can reach ``directory``, asked as initdb and pg_ctl are run (subprocess ``user=``:
-    that uid, our groups), so that ACLs and group rights count as they will."""
-    probe = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)], user=user, cwd="/",
+    """Whether ``user`` can reach ``directory``, asked as initdb and pg_ctl are run (``_run_as``), so that
+    ACLs and group rights count as they will."""
+    probe = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)], **_run_as(user), cwd="/",
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            check=False)
     return probe.returncode == 0
@@ -552,7 +561,7 @@ def _embedded_server(pgdata: Path) -> Any:
             if not (self.pgdata / "PG_VERSION").exists():
                 _stop_leftover_servers(self.pgdata)
                 initdb(["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", self.postgres_user],
-                       pgdata=self.pgdata, user=self.system_user)
+                       pgdata=self.pgdata, **_run_as(self.system_user))
 
         def ensure_postgres_running(self) -> None:
             uid, gid = _server_owner(self.system_user)
@@ -563,7 +572,7 @@ def _embedded_server(pgdata: Path) -> Any:
             socket_dir = private_socket_dir(self.pgdata, uid, gid)
             pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {shlex.quote(str(socket_dir))}", "-o", EMBEDDED_SERVER_OPTIONS,
                     "-l", str(self.log), "start"],
-                   pgdata=self.pgdata, user=self.system_user, timeout=120)
+                   pgdata=self.pgdata, **_run_as(self.system_user), timeout=120)
             deadline = time.monotonic() + 120
             while True:
                 info = PostmasterInfo.read_from_pgdata(self.pgdata)

