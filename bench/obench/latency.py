@@ -54,12 +54,19 @@ TOPIC = "bench.latency"
 
 
 def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[str, dict[str, float]]:
+    return keyed_producer(url, rate, seconds, 0, barrier)
+
+
+def keyed_producer(url: str, rate: float, seconds: float, keys: int,
+                   barrier: Barrier) -> tuple[str, dict[str, float]]:
+    """One enqueue per transaction at ``rate``; with ``keys``, message n has ordering key agg-(n % keys)."""
     from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.models import Message
 
     outbox = Outbox(TABLE)
     count = int(rate * seconds)
-    messages = [Message(topic=TOPIC, payload=sample_payload(n), event_id=f"lat-{n}") for n in range(count)]
+    messages = [Message(topic=TOPIC, payload=sample_payload(n), event_id=f"lat-{n}",
+                        ordering_key=f"agg-{n % keys}" if keys else None) for n in range(count)]
     committed: dict[str, float] = {}
     with psycopg.connect(url) as conn:
         barrier()

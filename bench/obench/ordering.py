@@ -36,12 +36,10 @@ from obench.common import (
     log,
     reset_table,
     run_processes,
-    sample_payload,
     settle_server,
 )
 from obench.latency import TABLE as LATENCY_TABLE
-from obench.latency import TOPIC as LATENCY_TOPIC
-from obench.latency import ours_consumer
+from obench.latency import keyed_producer, ours_consumer
 
 TABLE = "outbox_orders"
 WORKERS = 4
@@ -139,29 +137,6 @@ COMPARED = (
     ("healthy beside hot keys", "healthy alone", f"10 % healthy keys beside {HOT_KEYS} hot keys holding 90 %",
      Target("≥ 0.9× the healthy messages alone", ratio_min=0.9), "the healthy messages alone"),
 )
-
-
-def keyed_producer(url: str, rate: float, seconds: float, keys: int, barrier: Barrier) -> tuple[str, Any]:
-    from outbox_pipelines.core.enqueue import Outbox
-    from outbox_pipelines.core.models import Message
-
-    outbox = Outbox(LATENCY_TABLE)
-    count = int(rate * seconds)
-    messages = [Message(topic=LATENCY_TOPIC, payload=sample_payload(n), event_id=f"lat-{n}",
-                        ordering_key=f"agg-{n % keys}" if keys else None) for n in range(count)]
-    committed: dict[str, float] = {}
-    with psycopg.connect(url) as conn:
-        barrier()
-        time.sleep(PRODUCER_HEAD_START_S)
-        start = time.monotonic()
-        for n, message in enumerate(messages):
-            pause = start + n / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            outbox.enqueue(conn, message)
-            conn.commit()
-            committed[message.event_id] = time.monotonic()
-    return "producer", committed
 
 
 def latency(url: str, sizes: Sizes, keys: int) -> dict[str, Any]:
