@@ -33,9 +33,10 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('outbox_ordering:' || table_name) $
 CREATE OR REPLACE FUNCTION outbox_ordering_stripe(ordering_key text) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext(ordering_key) & 511 $$;
 
--- The name of a table's release function: a digest, so any table name (up to 63 characters) fits.
-CREATE OR REPLACE FUNCTION outbox_release_function(table_name text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$ SELECT 'outbox_release_' || left(md5(table_name), 16) $$;
+-- The name of one of a table's own ordering functions (kind: release, at_commit; made by
+-- outbox_create_ordering): a digest of the table's name, so that any name (up to 63 characters) fits.
+CREATE OR REPLACE FUNCTION outbox_ordering_function(kind text, table_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'outbox_' || kind || '_' || left(md5(table_name), 16) $$;
 
 -- Clears the flag of the next message of each released key, when it is blocked. Each statement here
 -- reads a fresh snapshot (a volatile function under READ COMMITTED), taken after the key's lock: a
@@ -59,37 +60,10 @@ BEGIN
               FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY k) AS d) AS l;
     IF cardinality(locked) > 0 THEN
         -- The table's own release function (outbox_create_ordering): static SQL, planned once a session.
-        EXECUTE format('SELECT %I($1, $2)', outbox_release_function(table_name))
+        EXECUTE format('SELECT %I($1, $2)', outbox_ordering_function('release', table_name))
             USING locked, coalesce(released, ARRAY[]::bigint[]);
     END IF;
     RETURN contended;
-END
-$$;
-
--- At the commit of a transaction that wrote a blocked message: if nothing of its key before it still
--- holds the key (released since the INSERT looked), it is the key's head and may go.
--- SECURITY DEFINER: the writer (an application's producer role) may insert a message but not change
--- one; this function only clears its own new row's flag. Its search_path names no writable schema.
-CREATE OR REPLACE FUNCTION outbox_ordering_at_commit() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    behind boolean;
-BEGIN
-    -- outbox_ordering_lock_space and outbox_ordering_stripe, spelled out: the search_path above does not
-    -- reach them.
-    PERFORM pg_advisory_xact_lock_shared(hashtext('outbox_ordering:' || TG_TABLE_NAME),
-                                         hashtext(NEW.ordering_key) & 511);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.%I AS p WHERE p.ordering_key = $1 AND p.id < $2
-                                     AND p.ordering_skipped_at IS NULL
-                                     AND p.status IN (''pending'', ''sending'', ''dead''))',
-                   TG_TABLE_SCHEMA, TG_TABLE_NAME)
-        INTO behind USING NEW.ordering_key, NEW.id;
-    IF NOT behind THEN
-        EXECUTE format('UPDATE %I.%I SET ordering_blocked = false
-                         WHERE id = $1 AND status = ''pending'' AND ordering_blocked',
-                       TG_TABLE_SCHEMA, TG_TABLE_NAME) USING NEW.id;
-    END IF;
-    RETURN NULL;
 END
 $$;
 
@@ -127,11 +101,32 @@ BEGIN
              WHERE t.id = head.id AND head.status = 'pending' AND head.ordering_blocked
                AND t.status = 'pending' AND t.ordering_blocked;
         END
-        $body$ $fn$, outbox_release_function(table_name), current_schema(), table_name);
+        $body$ $fn$, outbox_ordering_function('release', table_name), current_schema(), table_name);
+    -- At the commit of a transaction that wrote a blocked message: if nothing of its key before it still
+    -- holds the key (released since the INSERT looked), it is the key's head and may go. SECURITY
+    -- DEFINER: the writer (an application's producer role) may insert a message but not change one; this
+    -- function only clears its own new row's flag, and its search_path names no writable schema. The
+    -- lock is outbox_ordering_lock_space's and outbox_ordering_stripe's, spelled out for that search_path.
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION %1$I() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+        SET plan_cache_mode = force_generic_plan AS $body$
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(%4$s, hashtext(NEW.ordering_key) & 511);
+            IF NOT EXISTS (SELECT 1 FROM %2$I.%3$I AS p
+                           WHERE p.ordering_key = NEW.ordering_key AND p.id < NEW.id
+                             AND p.ordering_skipped_at IS NULL AND p.status IN ('pending', 'sending', 'dead')) THEN
+                UPDATE %2$I.%3$I SET ordering_blocked = false
+                 WHERE id = NEW.id AND status = 'pending' AND ordering_blocked;
+            END IF;
+            RETURN NULL;
+        END
+        $body$ $fn$, outbox_ordering_function('at_commit', table_name), current_schema(), table_name,
+        outbox_ordering_lock_space(table_name));
     EXECUTE format('DROP TRIGGER IF EXISTS %I ON %I', 'outbox_ordering_at_commit', table_name);
     EXECUTE format('CREATE CONSTRAINT TRIGGER %I AFTER INSERT ON %I DEFERRABLE INITIALLY DEFERRED '
-                   'FOR EACH ROW WHEN (NEW.ordering_blocked) EXECUTE FUNCTION outbox_ordering_at_commit()',
-                   'outbox_ordering_at_commit', table_name);
+                   'FOR EACH ROW WHEN (NEW.ordering_blocked) EXECUTE FUNCTION %I()',
+                   'outbox_ordering_at_commit', table_name, outbox_ordering_function('at_commit', table_name));
 END
 $$;
 
