@@ -176,6 +176,24 @@ def test_a_settle_that_meets_a_committing_writer_hands_the_key_back_for_later(db
     assert ordering.release_contended(table) == [] and blocked(conn) == []
 
 
+def test_a_relay_in_the_middle_of_a_drain_tries_once_and_carries_a_held_key_to_its_next_batch(db_url, conn):
+    """Mid-drain the relay never sleeps on a held key (another relay's settle holds most of them and has
+    committed by the next batch); going idle, it waits for the holder as before."""
+    enqueue(conn, ("a", "a1"), ("a", "a2"))
+    table = OutboxTable(conn, EVENTS)
+    [a1] = table.claim("w", 10, 30)
+    naps: list[float] = []
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), "
+                       "outbox_ordering_stripe('a'))", (EVENTS,))
+        table.settle("w", [Settlement(a1.id, a1.attempts, "sent", m.AUDIT_SUCCESS, ref="ok")])
+        assert ordering.release_contended(table, patient=False, sleep=naps.append) == ["a"]
+        assert naps == [] and table.contended_keys == {"a"} and blocked(conn) == ["a2"]
+        assert ordering.release_contended(table, patient=True, sleep=naps.append) == ["a"]  # held throughout
+        assert len(naps) >= 2
+    assert ordering.release_contended(table, patient=False, sleep=naps.append) == [] and blocked(conn) == []
+
+
 def test_a_transaction_writing_many_waiting_keys_commits_within_the_lock_table(db_url, conn):
     """Every key of a big batch waits behind a stored message: its commit takes one lock per stripe,
     not one per key (which ran out of shared memory at ~20,000 keys)."""

@@ -213,9 +213,10 @@ class Relay:
                 batch = self._claim_next(run)
                 if batch:
                     self._relay(run, batch)
-            if run.outbox_table.contended_keys:
-                ordering.release_contended(run.outbox_table)  # after the batch's transaction: see ordering.py
-            if not batch or self._emptied_the_queue(run, batch):
+            going_idle = not batch or self._emptied_the_queue(run, batch)
+            if run.outbox_table.contended_keys:  # after the batch's transaction: see ordering.py
+                ordering.release_contended(run.outbox_table, patient=going_idle)
+            if going_idle:
                 return self._idle(run)
             take_wakeups(run.session)  # the next claim sees what they announced
             return True
