@@ -33,6 +33,8 @@ if TYPE_CHECKING:
         PaperBroker,
     )
     from outbox_pipelines.core.relay import Relay, RelayReport
+    from outbox_pipelines.defs.component import OutboxComponent
+    from outbox_pipelines.defs.factory import outbox_definitions
 
 # The relay side loads on first use: its HTTP destination imports aiohttp and httpx
 # (~0.3 s measured with -X importtime), which an application that only enqueues never needs.
@@ -44,6 +46,10 @@ _RELAY_SIDE = {
     "PaperBroker": "outbox_pipelines.core.destinations",
     "Relay": "outbox_pipelines.core.relay",
     "RelayReport": "outbox_pipelines.core.relay",
+    # The Dagster side, for a project's defs.yaml (`type: outbox_pipelines.OutboxComponent`) and a Definitions
+    # written by hand: loaded on first use, so an application that enqueues never imports dagster.
+    "OutboxComponent": "outbox_pipelines.defs.component",
+    "outbox_definitions": "outbox_pipelines.defs.factory",
 }
 
 
@@ -64,6 +70,11 @@ def expose_metrics(registry: Any = None) -> None:
     from outbox_pipelines.core import metrics
 
     metrics.expose_in(DEFAULT if registry is None else registry)
+
+
+def __dir__() -> list[str]:
+    # dg lists a registry module's components by dir(): the names loaded on first use are there too.
+    return sorted({*globals(), *_RELAY_SIDE})
 
 
 def __getattr__(name: str) -> Any:
@@ -87,6 +98,7 @@ __all__ = [
     "HttpDestination",
     "InvalidMessage",
     "InvalidTableName",
+    "OutboxComponent",
     "Message",
     "Outbox",
     "OutboxError",
@@ -101,5 +113,6 @@ __all__ = [
     "UnknownTable",
     "expose_metrics",
     "load_settings",
+    "outbox_definitions",
     "serve_metrics",
 ]

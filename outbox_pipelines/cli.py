@@ -63,6 +63,11 @@ def _database_url() -> str:
 def _settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "config", None):
         os.environ["OUTBOX_CONFIG"] = args.config
+    # The project's own modules (its handlers) import from its root, as Dagster imports them from the
+    # code location's working directory: a console script's sys.path does not hold the working directory.
+    root = str(db.project_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
     return load_settings()
 
 

@@ -7,13 +7,13 @@ one, built-in defaults cover the three shipped tables. See outbox.example.toml.
 import importlib
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 from urllib.parse import urlsplit
 
+from outbox_pipelines.core.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.destinations.http_outcomes import (
     DEFAULT_ALREADY_PROCESSED,
     STRICT_ALREADY_PROCESSED,
@@ -24,7 +24,6 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.redaction import redact_url
 from outbox_pipelines.core.retry import RetryPolicy, preset
 
-CONFIG_ENV = "OUTBOX_CONFIG"
 # Destinations a wing provides (core/orders: the order broker), by kind: "module:factory", imported
 # only when a table uses one (wiring.build_destination). The engine names a wing here, as data, and
 # never imports one (an import-linter contract). A factory takes (TableSettings, Settings).
@@ -367,35 +366,6 @@ DEFAULT_GROUP = "default"
 _GROUP = re.compile(r"^[a-z0-9_]{1,40}$")
 
 
-def config_path(env: Mapping[str, str] | None = None) -> Path | None:
-    env = os.environ if env is None else env
-    explicit = _env(env, CONFIG_ENV)
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(f"{CONFIG_ENV}={explicit} does not name a file")
-        return path
-    local = Path.cwd() / "outbox.toml"
-    return local if local.is_file() else None
-
-
-def load_config_file(path: Path | None) -> dict[str, dict[str, Any]]:
-    if path is None:
-        return {}
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    tables = data.get("tables", {})
-    unknown_top = set(data) - {"tables"}
-    if unknown_top:
-        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)}; "
-                          "put table settings under [tables.NAME]")
-    if not isinstance(tables, dict) or not all(isinstance(section, dict) for section in tables.values()):
-        raise ConfigError(f"{path}: [tables] must be a table of tables: one [tables.NAME] section per table")
-    return tables
-
-
 def _check_section(name: str, section: Mapping[str, Any], source: Path | None) -> None:
     """A section's name and keys (ConfigError naming the file, the section and what to write)."""
     where = f"{source}: " if source else ""
@@ -464,8 +434,8 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
         raise ConfigError(f"{where} destination = \"http\" has no url: set url = \"https://...\" (the endpoint "
                           "that receives the messages), or choose another destination. Nothing is delivered "
                           "anywhere until it names one.")
-    if destination == "handlers" and not section.get("handlers"):
-        raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
+    if destination == "handlers":
+        _check_handlers(section.get("handlers"), where)
     token = None
     if destination in URL_DESTINATIONS and url:
         token = _table_token(section, url, env, where)
@@ -474,6 +444,27 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
     elif "token_env" in section:
         raise ConfigError(f"{where} token_env applies to a table with a url (destination = \"http\")")
     return _Where(destination, url, token, _nowhere(name, destination, url, from_env))
+
+
+def _check_handlers(spec: Any, where: str) -> None:
+    """The handlers module imports here, at load, as it must in every process that relays the table (the
+    CLI, Dagster's code server and its run workers): a mistake fails this table when the settings load,
+    never as a run that fails again at every launch."""
+    if not spec:
+        raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
+    fix = ("make the module importable in every process that runs the outbox: put it in your project's "
+           "package and install the project (pip install -e .), so Dagster's code server and run workers "
+           "import it without PYTHONPATH; or fix the name")
+    try:
+        registry = import_attribute(str(spec), f"{where} handlers", shape="package.module:registry")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}. To fix it, {fix}") from None
+    except Exception as exc:  # noqa: BLE001 (the module's own code failed at import: say what it raised)
+        raise ConfigError(f"{where} handlers = {spec!r}: importing it raised {type(exc).__name__}: {exc}") from None
+    if registry is None:
+        module_name, _, attribute = str(spec).partition(":")
+        raise ConfigError(f"{where} handlers = {spec!r}: {module_name} has no attribute {attribute!r}; "
+                          "name the HandlerRegistry it defines (package.module:registry)")
 
 
 def _nowhere(name: str, destination: str, url: str | None, from_env: str | None) -> str | None:
@@ -617,13 +608,20 @@ class Settings:
         return groups
 
 
-def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None) -> Settings:
+def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None,
+                  declaration: Declaration | None = None) -> Settings:
     """The settings; a table whose section cannot be used is left out and named in ``broken`` (its error), so
-    one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError."""
+    one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError.
+
+    The tables are ``declaration``'s (an ``OutboxComponent``'s), else the file's at ``path``, else
+    OUTBOX_CONFIG's or the project's ``outbox.toml``; with the shipped tables unless it says otherwise."""
     global_settings = GlobalSettings.from_env(env)
-    source = path if path is not None else config_path(env)
-    sections: dict[str, dict[str, Any]] = {name: dict(s) for name, s in shipped_tables().items()}
-    written = load_config_file(source)
+    if declaration is None:
+        declaration = load_config_file(path) if path is not None else find_declaration(env)
+    source = declaration.source
+    sections: dict[str, dict[str, Any]] = (
+        {name: dict(s) for name, s in shipped_tables().items()} if declaration.shipped_tables else {})
+    written = declaration.tables
     for name, section in written.items():
         sections[name] = {**sections.get(name, {}), **section}
     tables: dict[str, TableSettings] = {}

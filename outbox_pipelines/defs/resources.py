@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from outbox_pipelines.core import db
 from outbox_pipelines.core.db import driver_connection
+from outbox_pipelines.core.declarations import Declaration
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import CheckVerdict, TableStatus, read_status, ready_count
 from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep, table_verdicts
@@ -21,7 +22,8 @@ TABLE_TAG = "outbox/table"
 
 class OutboxDatabase:
     """The outbox's PostgreSQL: ``url``, else OUTBOX_DATABASE_URL, else the embedded server; the table
-    settings from ``config_path``, else OUTBOX_CONFIG / ./outbox.toml.
+    settings from ``declaration`` (an ``OutboxComponent``'s tables), else ``config_path``, else
+    OUTBOX_CONFIG / the project's outbox.toml.
 
     Where the outbox lives, which settings (and so which destinations and credentials) apply, is the
     deployment's decision, made in code (``outbox_resources(url=..., config_path=...)`` in a
@@ -33,9 +35,11 @@ class OutboxDatabase:
     hold a session advisory lock and LISTEN, which must not go back to a pool.
     """
 
-    def __init__(self, url: str | None = None, config_path: str | None = None) -> None:
+    def __init__(self, url: str | None = None, config_path: str | None = None,
+                 declaration: Declaration | None = None) -> None:
         self.url = url
         self.config_path = config_path
+        self.declaration = declaration
         self._resolved: str | None = None
         self._engine: sa.Engine | None = None
 
@@ -84,7 +88,7 @@ class OutboxDatabase:
         return relays_died_with_run(self.database_url(), self.settings(), run_id)
 
     def settings(self) -> Settings:
-        return load_settings(path=Path(self.config_path) if self.config_path else None)
+        return load_settings(path=Path(self.config_path) if self.config_path else None, declaration=self.declaration)
 
     def close(self) -> None:
         if self._engine is not None:
@@ -105,7 +109,8 @@ OutboxDb = dg.ResourceParam[OutboxDatabase]
 Destinations = dg.ResourceParam[OutboxDestinations]
 
 
-def outbox_resources(url: str | None = None, config_path: str | None = None) -> dict[str, dg.ResourceDefinition]:
+def outbox_resources(url: str | None = None, config_path: str | None = None,
+                     declaration: Declaration | None = None) -> dict[str, dg.ResourceDefinition]:
     """The resources of the outbox's definitions: ``outbox_db`` and ``outbox_destinations``.
 
     Each has an empty config schema, so a run config that tries to set anything on them is refused
@@ -115,7 +120,7 @@ def outbox_resources(url: str | None = None, config_path: str | None = None) -> 
     @dg.resource(config_schema={}, description="The outbox's PostgreSQL and table settings (set by the "
                  "deployment: OUTBOX_DATABASE_URL, OUTBOX_CONFIG; not configurable at launch).")
     def outbox_db(_: dg.InitResourceContext) -> Iterator[OutboxDatabase]:
-        database = OutboxDatabase(url=url, config_path=config_path)
+        database = OutboxDatabase(url=url, config_path=config_path, declaration=declaration)
         try:
             yield database
         finally:

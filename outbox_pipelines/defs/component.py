@@ -1,0 +1,55 @@
+"""``OutboxComponent``: a project's outbox tables declared in its own Dagster project (defs.yaml).
+
+    dg scaffold defs outbox_pipelines.OutboxComponent billing
+
+writes ``defs/billing/defs.yaml``; each entry of ``attributes.tables`` is a table's section exactly as
+outbox.toml writes ``[tables.NAME]`` (the same keys, read by the same rules: core.settings), and the project
+gets those tables' assets, checks, relay jobs with their schedules and backlog sensors, maintenance,
+replay, skip, backfill and alerts (defs.factory.outbox_definitions). Only the declared tables: the
+shipped demo tables come with ``shipped_tables: true``. One OutboxComponent per code location (its jobs
+have fixed names); the database is the deployment's (OUTBOX_DATABASE_URL, else the embedded server).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from outbox_pipelines.defs.factory import outbox_definitions
+
+TEMPLATE = """\
+type: outbox_pipelines.OutboxComponent
+
+# The outbox tables of this project, each as outbox.toml's [tables.NAME] section (outbox.example.toml lists
+# every key). Create each table before its first message: outbox-pipelines db create-table {table}
+# `dg check defs` fails on a section that cannot be used; a running code location goes on without that
+# table, and its relay check and one alert say why.
+attributes:
+  tables:
+    {table}:
+      destination: http
+      url: "{{{{ env.{env} }}}}"   # set {env} where Dagster runs; unset, the table is refused at load
+      mode: competing
+"""
+
+
+class OutboxScaffolder(dg.Scaffolder):
+    """defs.yaml declaring one table named after the component's directory (``billing`` -> billing_outbox)."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        stem = "".join(c if c.isalnum() else "_" for c in request.target_path.name.lower()).strip("_") or "app"
+        table = stem if stem.endswith("outbox") else f"{stem}_outbox"
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(TEMPLATE.format(table=table, env=f"{stem.upper()}_WEBHOOK_URL"))
+
+
+@dg.scaffold_with(OutboxScaffolder)
+class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
+    """Outbox tables of this project: relay, maintenance, replay, backfill, checks and alerts for each."""
+
+    tables: dict[str, dict[str, Any]] = {}
+    shipped_tables: bool = False
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        source = Path(context.path) / "defs.yaml"
+        return outbox_definitions(self.tables, shipped_tables=self.shipped_tables, source=source)

@@ -1,0 +1,86 @@
+"""The outbox's Dagster definitions for a project: one function, used by this repository's code location,
+by ``OutboxComponent`` (a project's defs.yaml) and by a ``Definitions`` written by hand.
+
+    defs = dg.Definitions.merge(my_defs, outbox_definitions(tables={
+        "billing_outbox": {"destination": "http", "url": "https://billing.example.com/events"},
+    }))
+
+The tables are sections as ``outbox.toml`` writes them (``[tables.NAME]``), read by the same rules
+(core.settings); without ``tables``, OUTBOX_CONFIG's or the project's ``outbox.toml`` with the shipped tables.
+"""
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from outbox_pipelines.core.declarations import Declaration
+from outbox_pipelines.core.names import is_valid_table_name
+from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
+from outbox_pipelines.defs.backfill import backfill_jobs
+from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
+from outbox_pipelines.defs.maintenance import maintenance_jobs
+from outbox_pipelines.defs.relay import relay_group_job_name, relay_jobs
+from outbox_pipelines.defs.replay import replay_jobs
+from outbox_pipelines.defs.resources import outbox_resources
+from outbox_pipelines.defs.schedules import backlog_sensor, maintenance_schedules, relay_schedules
+from outbox_pipelines.defs.skip import skip_jobs
+
+# Set by `dg check defs` and `dagster definitions validate` while they load the code location (Dagster's own).
+VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"
+
+
+def declaration_of(tables: Mapping[str, Mapping[str, Any]], *, shipped_tables: bool = False,
+                   source: Path | None = None) -> Declaration:
+    """A project's tables as a declaration (no shipped demo tables unless asked): ConfigError on a bad shape."""
+    return Declaration.from_mapping({"tables": tables, "shipped_tables": shipped_tables}, source,
+                                    shipped_default=False)
+
+
+def load_project_settings(declaration: Declaration | None) -> Settings:
+    """The settings the definitions are built from. Under `dg check defs` / `dagster definitions validate`,
+    a table whose section cannot be used (an invalid key, a handlers module that does not import) fails
+    validation with its message; loaded for running, the code location goes on without it (its relay check
+    and one alert say why, and no sensor launches a run for it)."""
+    settings = load_settings(declaration=declaration)
+    if os.environ.get(VALIDATION_ENV) == "1":
+        settings.check()
+    return settings
+
+
+def outbox_definitions(tables: Mapping[str, Mapping[str, Any]] | None = None, *, shipped_tables: bool = False,
+                       source: Path | None = None,
+                       resources: Mapping[str, Any] | None = None) -> dg.Definitions:
+    """Assets, checks, relay jobs and their schedules and sensors, maintenance, replay, skip, backfill and
+    alerts for the project's outbox tables.
+
+    ``tables``: ``{name: section}`` as outbox.toml's ``[tables.NAME]`` (only these, plus the shipped demo tables
+    with ``shipped_tables=True``); None reads OUTBOX_CONFIG / the project's outbox.toml. ``source`` names where
+    they are declared in messages. ``resources``: the deployment's (default ``outbox_resources``: the database
+    from OUTBOX_DATABASE_URL or the embedded server)."""
+    declaration = None if tables is None else declaration_of(tables, shipped_tables=shipped_tables, source=source)
+    return build_from_settings(load_project_settings(declaration),
+                               resources if resources is not None else outbox_resources(declaration=declaration))
+
+
+def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.Definitions:
+    """The definitions of ``settings``' tables; every table has its asset, those whose section cannot be used
+    included (an asset whose relay check says why), and only the usable ones a relay."""
+    tables = sorted({*settings.tables, *(name for name in settings.broken if is_valid_table_name(name))})
+    groups = {group: relayed for group, names in settings.groups().items()
+              if (relayed := [t for t in names if settings.tables[t].relay_enabled])}
+    jobs = relay_jobs(groups) + maintenance_jobs() + replay_jobs() + skip_jobs() + backfill_jobs()
+    by_name = {job.name: job for job in jobs}
+    assets, checks = assets_and_checks(tables)
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=checks,
+        jobs=[*jobs, CHECKS_JOB],
+        schedules=relay_schedules(groups, by_name) + maintenance_schedules(by_name),
+        sensors=[backlog_sensor(group, names, by_name[relay_group_job_name(group)])
+                 for group, names in sorted(groups.items())] + [oncall_sensor, run_failure_alert],
+        resources=dict(resources),
+    )

@@ -1,0 +1,105 @@
+"""README "Add an outbox to your service", run as written: every command of its block, in order, in a copy of
+examples/billing_service outside this repository (a project with its own pyproject.toml, package, business
+tables, handlers module and defs.yaml), with this environment's `dg` and `outbox-pipelines` on PATH.
+
+The step the README tells in words ("edit its tables") is done by copying the example's defs.yaml over the
+scaffolded one; the install step is this test environment's (outbox_pipelines installed, the service run
+from its root as dg runs it, never on PYTHONPATH).
+"""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outbox_pipelines_tests.sink import HttpSink
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "billing_service"
+SECTION = "## Add an outbox to your service"
+TABLES = ["billing_outbox", "billing_receipts_outbox"]
+
+
+def walkthrough_commands() -> list[str]:
+    """The README section's bash block, a command a line."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(SECTION):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the walkthrough's bash block is gone from the README"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "billing_service"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("__pycache__", ".outbox", "*.egg-info"))
+    shutil.rmtree(root / "billing_service" / "defs" / "outbox")  # the walkthrough scaffolds its own
+    return root
+
+
+def adopter_env(tmp_path: Path, db_url: str, webhook: str) -> dict[str, str]:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHONPATH"))}
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            "OUTBOX_DATABASE_URL": db_url, "BILLING_WEBHOOK_URL": webhook, "DAGSTER_HOME": str(home)}
+
+
+def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.mark.timeout(900)
+def test_the_readme_walkthrough_takes_a_service_of_its_own_to_a_delivered_message(tmp_path, project, db_url):
+    sink = HttpSink().start()
+    try:
+        env = adopter_env(tmp_path, db_url, f"{sink.url}invoices")
+        timings: list[tuple[str, float]] = []
+        for command in walkthrough_commands():
+            started = time.monotonic()
+            done = run(command, project, env)
+            timings.append((command[:60], time.monotonic() - started))
+            if command.startswith("dg scaffold defs"):
+                scaffolded = project / "billing_service" / "defs" / "billing" / "defs.yaml"
+                assert "type: outbox_pipelines.OutboxComponent" in scaffolded.read_text()
+                assert "billing_outbox" in scaffolded.read_text()
+                # "edit its tables": the example's declaration
+                shutil.copy(EXAMPLE / "billing_service" / "defs" / "outbox" / "defs.yaml", scaffolded)
+        total = sum(seconds for _, seconds in timings)
+        print("walkthrough:", ", ".join(f"{c} {s:.1f}s" for c, s in timings), f"total {total:.0f}s")
+        assert sink.counts == {"invoice-1": 1}, sink.counts
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT event_id FROM receipts").fetchall() == [("receipt-1",)]
+            for table in TABLES:
+                assert conn.execute(f"SELECT status FROM {table}").fetchall() == [("sent",)]  # noqa: S608
+        status = done.stdout  # the last command: outbox-pipelines status
+        assert all(re.search(rf"^{t}\s+0\s+0\s+0\s+1\s+0", status, re.M) for t in TABLES), status
+    finally:
+        sink.stop()
+
+
+def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_sub_directory(tmp_path, project,
+                                                                                               db_url):
+    shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", project / "billing_service" / "defs" / "outbox")
+    env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
+    listed = json.loads(run("dg list defs --json", project, env).stdout)
+    keys = sorted(asset["asset_key"] for asset in listed["assets"])
+    assert keys == [f"outbox/{t}" for t in TABLES], keys
+    deep = project / "billing_service" / "defs"
+    for table in TABLES:
+        run(f"outbox-pipelines db create-table {table}", deep, env)
+    run("outbox-pipelines db upgrade", deep, env)
+    status = run("outbox-pipelines status --json", deep, env).stdout
+    assert sorted(row["table"] for row in json.loads(status)) == TABLES, status
+    assert not (deep / ".outbox").exists()
