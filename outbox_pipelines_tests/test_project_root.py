@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from outbox_pipelines.core import db
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines_tests.conftest import run_cli
 
 
@@ -72,3 +73,24 @@ def test_commands_in_sub_directories_share_the_projects_server(project):
     assert f"under {root_dir}" in status.stderr
     assert not (project / "outbox_pipelines" / ".outbox").exists()
     assert not (project / "docs" / ".outbox").exists()
+
+
+def test_the_projects_outbox_toml_is_read_from_any_sub_directory(project, db_url):
+    (project / "outbox.toml").write_text('[tables.ledger_outbox]\ndestination = "paper"\n')
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": db_url}
+    assert run_cli(env, "db", "create-table", "ledger_outbox", cwd=project / "docs").returncode == 0
+    status = run_cli(env, "status", "--table", "ledger_outbox", cwd=project / "docs")
+    assert status.returncode == 0, status.stderr
+    assert "ledger_outbox" in status.stdout
+
+
+def test_a_command_outside_any_project_starts_no_server_there_and_says_how(tmp_path, monkeypatch):
+    bare = tmp_path / "nowhere"
+    bare.mkdir()
+    monkeypatch.setattr(db, "PROJECT_MARKERS", ("no-such-marker-3f9c",))  # nothing above tmp_path counts
+    monkeypatch.chdir(bare)
+    monkeypatch.delenv(db.DATABASE_URL_ENV, raising=False)
+    monkeypatch.delenv(db.EMBEDDED_DIR_ENV, raising=False)
+    with pytest.raises(ConfigError, match="no project here.*set OUTBOX_DATABASE_URL.*mkdir .outbox"):
+        db.resolve_database(announce=False)
+    assert list(bare.iterdir()) == []

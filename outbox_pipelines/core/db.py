@@ -242,6 +242,22 @@ def project_root(start: Path | None = None) -> Path:
     return here
 
 
+def refuse_a_server_outside_any_project(root: Path) -> None:
+    """A command run outside any project (no marker at or above the working directory, OUTBOX_EMBEDDED_DIR and
+    OUTBOX_DATABASE_URL unset) would leave a PostgreSQL server and its data in a directory nobody chose:
+    ConfigError saying how to choose one instead."""
+    if os.environ.get(EMBEDDED_DIR_ENV) or root.exists():
+        return
+    here = Path.cwd().resolve()
+    if any((directory / marker).exists() for directory in (here, *here.parents) for marker in PROJECT_MARKERS):
+        return
+    raise ConfigError(
+        f"no project here: {here} and the directories above it hold no {', '.join(PROJECT_MARKERS)}, and "
+        f"{DATABASE_URL_ENV} is unset, so no server was started. Run the command in your project's directory, "
+        f"set {DATABASE_URL_ENV}, or keep an embedded server here on purpose: mkdir .outbox (or set "
+        f"{EMBEDDED_DIR_ENV} to the directory for its data)")
+
+
 def embedded_dir() -> Path:
     """Where the embedded server's files are: OUTBOX_EMBEDDED_DIR, else ``.outbox/`` at the project root."""
     return Path(os.environ.get(EMBEDDED_DIR_ENV) or project_root() / ".outbox").resolve()
@@ -695,6 +711,7 @@ def resolve_database(announce: bool = True) -> ResolvedDatabase:
         parse_url(url)  # a malformed URL is a ConfigError here, with its password masked
         return ResolvedDatabase(psycopg_url(url), False, f"using {redact(url)} (OUTBOX_DATABASE_URL)")
     root = embedded_dir()
+    refuse_a_server_outside_any_project(root)
     url = start_embedded(root)
     resolved = ResolvedDatabase(
         url, True, f"using the embedded PostgreSQL under {root}: {redact(url)} (OUTBOX_DATABASE_URL is unset)")
