@@ -103,3 +103,24 @@ def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_s
     status = run("outbox-pipelines status --json", deep, env).stdout
     assert sorted(row["table"] for row in json.loads(status)) == TABLES, status
     assert not (deep / ".outbox").exists()
+
+
+def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_that_table_out(tmp_path, project,
+                                                                                              db_url):
+    declared = project / "billing_service" / "defs" / "outbox"
+    shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", declared)
+    yaml_file = declared / "defs.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("billing_service.handlers:registry",
+                                                       "billing_service.handler:registry"))
+    env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
+    check = subprocess.run(["dg", "check", "defs"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    said = check.stdout + check.stderr
+    assert check.returncode != 0
+    assert ("[tables.billing_receipts_outbox] handlers = 'billing_service.handler:registry': cannot import "
+            "billing_service.handler") in said, said[-3000:]
+    assert "pip install -e ." in said
+    # Loaded to run (dg dev, the code server): the other table relays; no job or sensor for the broken one.
+    listed = json.loads(run("dg list defs --json", project, env).stdout)
+    assert sorted(a["asset_key"] for a in listed["assets"]) == [f"outbox/{t}" for t in TABLES]
+    group_job = next(j for j in listed["jobs"] if j["name"] == "relay_group_default_job")
+    assert "billing_outbox" in group_job["description"] and "billing_receipts_outbox" not in group_job["description"]
