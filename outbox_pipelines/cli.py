@@ -602,7 +602,7 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from outbox_pipelines.dev import run_dev  # Dagster: only for this command
 
-    return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote)
+    return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote, verbose=args.verbose)
 
 
 # -- parser ------------------------------------------------------------------
@@ -621,11 +621,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL, or an embedded PostgreSQL "
             "under the project's .outbox/ when it is unset (the nearest directory up from here holding "
-            "pyproject.toml, outbox.toml or .outbox). Table settings come from OUTBOX_CONFIG (or ./outbox.toml)."
+            "pyproject.toml, outbox.toml or .outbox). Table settings come from OUTBOX_CONFIG, else the project's "
+            "outbox.toml, else its OutboxComponent's defs.yaml (dg scaffold defs outbox_pipelines.OutboxComponent)."
         ),
         epilog="Exit codes: 0 done, 1 failed, 2 bad input or usage (nothing written).",
     )
-    parser.add_argument("--config", help="table settings file (TOML); default: $OUTBOX_CONFIG or ./outbox.toml")
+    parser.add_argument("--config", help="table settings file (TOML); default: $OUTBOX_CONFIG, else the project's "
+                        "outbox.toml or OutboxComponent defs.yaml")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_db_commands(sub)
@@ -766,7 +768,9 @@ def _add_service_commands(sub: Any) -> None:
     add_fault_options(p)
 
     p = add("dev", cmd_dev,
-            "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on")
+            "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on; "
+            "Dagster's ticks that found nothing to do are left out of the terminal (outbox-pipelines -v dev "
+            "shows them)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote")
     p.add_argument("--port", type=int, default=3000)

@@ -25,7 +25,7 @@ from outbox_pipelines.core import db, migrate
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.settings import DEFAULT_GROUP
+from outbox_pipelines.core.settings import DEFAULT_GROUP, load_settings
 from outbox_pipelines.core.table import OutboxTable
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
@@ -192,10 +192,12 @@ def _run_dagster_jobs(url: str, config_path: Path, quiet: bool) -> tuple[int, li
     # Imported here: Dagster adds about a second to every CLI command, and only this one needs it.
     import dagster as dg
 
-    from outbox_pipelines.definitions import build_definitions
+    from outbox_pipelines.defs.factory import build_from_settings
     from outbox_pipelines.defs.resources import outbox_resources
 
-    definitions = build_definitions(outbox_resources(url=url, config_path=str(config_path)))
+    # The demo's own declaration (its tables, its broker), whatever tables the project around it declares.
+    definitions = build_from_settings(load_settings(path=config_path),
+                                      outbox_resources(url=url, config_path=str(config_path)))
     with dg.DagsterInstance.get() as instance:
         runs = _relay_until_settled(definitions, instance, url, quiet)
         checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance,

@@ -10,12 +10,15 @@ writes (its instance files, run and compute logs) is made with umask 077: for it
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -28,6 +31,19 @@ log = logging.getLogger("outbox_pipelines.dev")
 
 # dev and every process dagster dev starts (webserver, daemon, code server, runs): files for their user only.
 PRIVATE_UMASK = 0o077
+# Dagster's lines that tell an outbox operator nothing, left out of dev's terminal unless --verbose: a sensor or
+# schedule tick with nothing to do (~86 a minute with a few relay groups) and dagster dev's warning about the
+# repository's dagster.yaml, which dev copies into DAGSTER_HOME (so it is the one in use).
+QUIET = re.compile(r"Checking for new runs for sensor: |Sensor \S+ skipped: |No run requests returned for |"
+                   r"Evaluating schedule `|Found a dagster instance configuration value")
+
+
+def relay_output(source: IO[str], sink: IO[str], verbose: bool) -> None:
+    """Copy dagster dev's output to ``sink`` a line at a time, without the QUIET lines unless ``verbose``."""
+    for line in source:
+        if verbose or not QUIET.search(line):
+            sink.write(line)
+            sink.flush()
 
 
 def check_ui_exposure(host: str, allow_remote: bool) -> str | None:
@@ -126,7 +142,7 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
             time.sleep(0.5)
 
 
-def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = False) -> int:
+def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = False, verbose: bool = False) -> int:
     warning = check_ui_exposure(host, allow_remote)  # a refused start touches nothing
     if warning:
         log.warning(warning)
@@ -154,7 +170,10 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = F
     # ignored the SIGINT it is stopped with (a 48 s stop, ended by SIGKILL).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    threading.Thread(target=relay_output, args=(proc.stdout, sys.stdout, verbose), daemon=True).start()
     url = f"http://{host}:{port}"
     try:
         if _wait_http(url + "/server_info", proc, timeout=120):

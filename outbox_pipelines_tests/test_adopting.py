@@ -124,3 +124,14 @@ def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_t
     assert sorted(a["asset_key"] for a in listed["assets"]) == [f"outbox/{t}" for t in TABLES]
     group_job = next(j for j in listed["jobs"] if j["name"] == "relay_group_default_job")
     assert "billing_outbox" in group_job["description"] and "billing_receipts_outbox" not in group_job["description"]
+
+
+@pytest.mark.timeout(600)
+def test_the_demo_runs_beside_the_teams_own_tables(tmp_path, project, db_url):
+    shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", project / "billing_service" / "defs" / "outbox")
+    env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
+    demo = subprocess.run(["outbox-pipelines", "demo"], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=500)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert re.search(r"^outbox_orders\s+0\s+0\s+0\s+12\s+1", demo.stdout, re.M), demo.stdout
+    assert "billing_outbox" not in demo.stdout  # the demo's tables, not the team's

@@ -4,6 +4,7 @@ otherwise (issue 22, item 10), and what Dagster writes under it is private to it
 Real processes: the CLI as a subprocess, and for the files a real `dev` with a relay run.
 """
 
+import io
 import os
 import signal
 import socket
@@ -200,3 +201,21 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
     assert modes[".outbox/dagster_home"] == "0o700" and modes[".outbox/dagster_home/dagster.yaml"] == "0o600", modes
     readable = {path: mode for path, mode in modes.items() if int(mode, 8) & 0o077}
     assert not readable, readable
+
+
+def test_dev_leaves_dagsters_idle_ticks_out_of_its_terminal_unless_verbose():
+    from outbox_pipelines.dev import relay_output
+
+    lines = [
+        "2026-11-26 15:00:00 - dagster.daemon.SensorDaemon - INFO - Checking for new runs for sensor: oncall\n",
+        "2026-11-26 15:00:00 - dagster.daemon.SensorDaemon - INFO - Sensor oncall skipped: all checks pass\n",
+        "2026-11-26 15:00:01 - dagster.daemon.SensorDaemon - INFO - No run requests returned for x, skipping\n",
+        "2026-11-26 15:00:02 - dagster - WARNING - Found a dagster instance configuration value (dagster.yaml) in\n",
+        "2026-11-26 15:00:03 - dagster.daemon.SensorDaemon - INFO - Launching run for relay_group_default_on_backlog\n",
+        "2026-11-26 15:00:04 - dagster - ERROR - a real error\n",
+    ]
+    quiet, loud = io.StringIO(), io.StringIO()
+    relay_output(io.StringIO("".join(lines)), quiet, verbose=False)
+    relay_output(io.StringIO("".join(lines)), loud, verbose=True)
+    assert quiet.getvalue().splitlines() == [lines[4].rstrip("\n"), lines[5].rstrip("\n")]
+    assert loud.getvalue() == "".join(lines)

@@ -7,6 +7,7 @@ blocked_keys check alerts once, naming the key and the dead message; the operato
 run, then for real, launched as the launchpad does) lets the rest of that key go, in order.
 """
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -89,3 +90,9 @@ def test_keys_stay_in_order_under_dev_and_a_parked_key_is_alerted_then_skipped(s
     assert [k for k, _ in org7] == ["org7-v1", "org7-v3", "org7-v4", "org7-v5"]
     failed = stack.graphql(RUNS, {"filter": {"statuses": ["FAILURE"]}})["runsOrError"]["results"]
     assert failed == [], f"failed runs: {failed}"
+    # dev's terminal: the outbox's lines and Dagster's runs, not its ticks that found nothing to do.
+    terminal = stack.dev_log.read_text()
+    assert "Dagster UI: http://" in terminal
+    assert not re.search(r"Sensor \S+ skipped: |No run requests returned for |Checking for new runs for sensor",
+                         terminal), "sensor tick noise in dev's terminal"
+    assert "Found a dagster instance configuration value" not in terminal
