@@ -72,7 +72,7 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
