@@ -1,0 +1,85 @@
+"""Where a project declares its tables (outbox.toml or an OutboxComponent's defs.yaml) and how it is read."""
+
+from pathlib import Path
+
+import pytest
+
+from outbox_pipelines.core.declarations import find_declaration
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.settings import load_settings
+
+DG_PROJECT = """[project]
+name = "svc"
+
+[tool.dg]
+directory_type = "project"
+
+[tool.dg.project]
+root_module = "svc"
+"""
+COMPONENT = """type: outbox_pipelines.OutboxComponent
+attributes:
+  tables:
+    svc_outbox:
+      destination: http
+      url: "{{ env.SVC_HOOK }}"
+      mode: competing
+"""
+
+
+def dg_project(root: Path, *components: str) -> Path:
+    (root / "pyproject.toml").write_text(DG_PROJECT)
+    for name in components:
+        folder = root / "svc" / "defs" / name
+        folder.mkdir(parents=True)
+        (folder / "defs.yaml").write_text(COMPONENT)
+    (root / "svc" / "deep").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_a_component_declares_only_its_tables_with_its_env_values(tmp_path):
+    dg_project(tmp_path, "outbox")
+    declaration = find_declaration({"SVC_HOOK": "https://hooks.example.com/svc"}, start=tmp_path / "svc" / "deep")
+    assert declaration.source == tmp_path / "svc" / "defs" / "outbox" / "defs.yaml"
+    assert declaration.shipped_tables is False
+    settings = load_settings(env={"SVC_HOOK": "https://hooks.example.com/svc"}, declaration=declaration)
+    assert sorted(settings.tables) == ["svc_outbox"]
+    assert settings.tables["svc_outbox"].url == "https://hooks.example.com/svc"
+
+
+def test_a_component_value_from_an_unset_variable_leaves_that_table_out_saying_why(tmp_path):
+    dg_project(tmp_path, "outbox")
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
+    assert settings.tables == {}
+    assert "[tables.svc_outbox]" in settings.broken["svc_outbox"] and "has no url" in settings.broken["svc_outbox"]
+
+
+def test_outbox_toml_at_the_root_comes_first_and_may_leave_the_shipped_tables_out(tmp_path):
+    dg_project(tmp_path, "outbox")
+    (tmp_path / "outbox.toml").write_text('shipped_tables = false\n\n[tables.ledger_outbox]\ndestination = "paper"\n')
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path / "svc"))
+    assert sorted(settings.tables) == ["ledger_outbox"]
+    (tmp_path / "outbox.toml").write_text('[tables.ledger_outbox]\ndestination = "paper"\n')
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
+    assert {"ledger_outbox", "outbox_orders", "outbox_events"} <= set(settings.tables)
+
+
+def test_two_components_are_refused_naming_both(tmp_path):
+    dg_project(tmp_path, "billing", "payroll")
+    with pytest.raises(ConfigError, match="2 OutboxComponents.*billing.*payroll.*one of them"):
+        find_declaration({}, start=tmp_path)
+
+
+def test_without_a_dagster_project_no_defs_yaml_is_read(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "svc"\n')
+    folder = tmp_path / "svc" / "defs" / "outbox"
+    folder.mkdir(parents=True)
+    (folder / "defs.yaml").write_text(COMPONENT)
+    declaration = find_declaration({}, start=tmp_path)
+    assert declaration.source is None and declaration.shipped_tables is True
+
+
+def test_a_top_level_typo_names_the_key_and_the_known_ones(tmp_path):
+    (tmp_path / "outbox.toml").write_text('shiped_tables = false\n')
+    with pytest.raises(ConfigError, match=r"unknown top-level keys \['shiped_tables'\].*tables, shipped_tables"):
+        find_declaration({}, start=tmp_path)
