@@ -25,6 +25,8 @@ from outbox_pipelines.core.table import OutboxTable
 # A writer holds a key's lock from its commit-time check to the end of its commit: a few milliseconds.
 _RELEASE_TRIES = 20
 _RELEASE_PAUSE_S = 0.005
+# A relay with keys still held waits at most this long before it tries them again (relay/loop.py's idle).
+CONTENDED_RETRY_S = 0.005
 SWEEP_PAGE = 500
 SKIP_POLICY_REASON = "the table's ordering policy is skip"
 
@@ -34,9 +36,11 @@ def release_contended(outbox_table: OutboxTable, *, patient: bool = True,
     """Release the keys the settles left contended; the keys still held after a few tries stay for the
     next call (and the sweep). Run outside a transaction: a writer's commit waits for ours.
 
-    Not ``patient`` (a relay in the middle of a drain): one try and no wait. Most contended keys were
-    held by another relay's settle, not by a writer, and that settle has committed by the time this
-    relay's next batch is done; waiting here cost a 4-relay keyed drain a fifth of its time."""
+    Not ``patient`` (a running relay): one try and no wait; the relay tries the rest after its next batch,
+    or after a short idle (CONTENDED_RETRY_S). Most contended keys were held by another relay's settle,
+    not by a writer, and that settle has committed by then; waiting here cost a 4-relay keyed drain a
+    fifth of its time and every keyed message at a trickle a few milliseconds. Patient when a relay
+    ends, and in maintenance."""
     for attempt in range(_RELEASE_TRIES if patient else 1):
         if not outbox_table.release_contended():
             return []

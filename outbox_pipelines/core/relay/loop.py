@@ -9,6 +9,7 @@ once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
 settles the batch in flight, so no lease is left behind.
 """
 
+import contextlib
 import logging
 import os
 import random
@@ -213,10 +214,9 @@ class Relay:
                 batch = self._claim_next(run)
                 if batch:
                     self._relay(run, batch)
-            going_idle = not batch or self._emptied_the_queue(run, batch)
             if run.outbox_table.contended_keys:  # after the batch's transaction: see ordering.py
-                ordering.release_contended(run.outbox_table, patient=going_idle)
-            if going_idle:
+                ordering.release_contended(run.outbox_table, patient=False)
+            if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
             take_wakeups(run.session)  # the next claim sees what they announced
             return True
@@ -269,6 +269,10 @@ class Relay:
             return True  # a NOTIFY came while the relay was busy: claim now, no next-due read, no wait
         due = run.outbox_table.next_due_in_s(paused_topics=self._paused_topics())
         idle = self.table.idle_sleep_s if due is None else min(max(due, 0.0), self.table.idle_sleep_s)
+        if run.outbox_table.contended_keys:
+            # A writer was committing a message of these keys: its commit takes milliseconds, and the key's
+            # next message waits for the release (a NOTIFY still wakes the relay at once).
+            idle = min(idle, ordering.CONTENDED_RETRY_S)
         if run.release is not None:
             idle = min(idle, 1.0)  # a release is asked at least once a second (a NOTIFY still wakes it at once)
         wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)
@@ -281,6 +285,9 @@ class Relay:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
     def _end(self, run: _Invocation) -> None:
+        if run.outbox_table.contended_keys and not run.session.conn.closed:
+            with contextlib.suppress(psycopg.Error):  # what stays held is the sweep's (ordering.py)
+                ordering.release_contended(run.outbox_table)
         run.keeper.close()
         self.pipeline.shutdown()
         report = run.report
