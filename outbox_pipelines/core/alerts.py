@@ -37,9 +37,11 @@ UI_URL_ENV = "OUTBOX_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
 DEFAULT_REPEAT_S = 30 * 60.0
 
-Severity = Literal["ok", "warning", "error"]
+# "info": a note nobody has to act on (a launch refused for its input, told to whoever launched it); only ever
+# a one-off event (announce_event), never a condition that fires and resolves.
+Severity = Literal["ok", "info", "warning", "error"]
 Action = Literal["firing", "reminder", "resolved"]
-_RANK = {"ok": 0, "warning": 1, "error": 2}
+_RANK = {"ok": 0, "info": 1, "warning": 2, "error": 3}
 
 
 def ui_url() -> str:
@@ -114,6 +116,8 @@ def payload(action: Action, condition: Condition, severity: Severity, started_at
     lasted = f" after {_duration((now - started_at).total_seconds())}" if started_at and action != "firing" else ""
     summary = redact_text(condition.summary)
     head = {"firing": "FIRING", "reminder": "STILL FIRING", "resolved": "RESOLVED"}[action]
+    if severity == "info":
+        head = "NOTE"  # nothing fires: a note is told once and has nothing to resolve
     text = f"*{head}*{lasted} [{severity}] {summary}\n<{condition.link}|Open in Dagster>"
     body: dict[str, Any] = {
         "status": "resolved" if action == "resolved" else "firing",

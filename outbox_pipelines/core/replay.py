@@ -62,7 +62,15 @@ _AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class ReplayRefused(OutboxError, ValueError):
-    """A replay request that cannot run as given; nothing was read or changed. The message says what to set."""
+    """A replay request that cannot run as given; nothing was read or changed. The message says what to set.
+
+    ``field`` is the input that was wrong (``since``, ``ids``, ``error_code``; ``filter`` when none was given),
+    so a caller can tell the operator which of its own options to change (Dagster names its config field).
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def parse_death_time(value: str, name: str) -> datetime | timedelta:
@@ -76,14 +84,14 @@ def parse_death_time(value: str, name: str) -> datetime | timedelta:
             text = text[:-1] + "+00:00"
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise ReplayRefused(f"{name}={json.dumps(str(value))} is not a time: {TIME_FORMAT}") from None
+        raise ReplayRefused(f"{name}={json.dumps(str(value))} is not a time: {TIME_FORMAT}", name) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def check_row_id(value: int, name: str = "id") -> int:
     """A row id must fit PostgreSQL's bigint."""
     if not -BIGINT_MAX - 1 <= int(value) <= BIGINT_MAX:
-        raise ReplayRefused(f"{name}={value} does not fit a row id (bigint, at most {BIGINT_MAX})")
+        raise ReplayRefused(f"{name}={value} does not fit a row id (bigint, at most {BIGINT_MAX})", name)
     return int(value)
 
 
@@ -256,22 +264,24 @@ def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str
     in_table = ", ".join(sorted(dead_codes)) or "none (the table has no dead rows)"
     raise ReplayRefused(
         f"error code {wanted!r} is unknown: known codes are {', '.join(KNOWN_ERROR_CODES)}; "
-        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)"
+        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)", "error_code"
     )
 
 
 def check_filter(selection: ReplayFilter, *, allow_all: bool) -> None:
     """The checks that need no database: a filter (or allow_all), ids that fit bigint, since before until."""
     if selection.is_empty() and not allow_all:
+        # Named both ways: replay_dead_job's config fields, then the command line's options.
         raise ReplayRefused(
-            "replay needs a filter (ids, topic, tenant, error code, since, until); to replay every dead row "
-            "of the table say so: --all on the command line, all: true in replay_dead_job's config"
+            "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
+            "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table. "
+            "Nothing was touched.", "filter"
         )
     for value in selection.ids or ():
         check_row_id(value)
     since, until = selection.since, selection.until
     if isinstance(since, datetime) and isinstance(until, datetime) and since >= until:
-        raise ReplayRefused(f"since ({iso(since)}) must be before until ({iso(until)}): nothing can match")
+        raise ReplayRefused(f"since ({iso(since)}) must be before until ({iso(until)}): nothing can match", "since")
 
 
 def _resolve_times(selection: ReplayFilter, conn: psycopg.Connection, now: datetime | None) -> ReplayFilter:

@@ -7,9 +7,17 @@ table assets (so the UI shows them without a run), and marks the runs of dead
 relays failed. ``outbox_run_failure_alert`` tells about any other failed run,
 with its root cause and a link. A cancelled run (Terminate, a clean stop of
 ``outbox-pipelines dev``) is not a failure and alerts nobody.
+
+A *refused launch* (an operator's mistake in a launch: no replay filter, ``since: yesterday``, a table that
+does not exist, no partition; ``RefusedLaunch`` in defs/common.py) never pages as ``[error]``: nothing was
+changed and nothing is broken, and the person who launched it sees why on the run. It is told once as a note, severity
+``info`` (``kind`` ``run_failure``, ``figures.refused_input`` naming the field; the text reads ``*NOTE*
+[info]``), so a channel still shows who tried what, and the run is tagged ``outbox/failure=refused_launch``.
+Every other failure pages as ``[error]`` as before.
 """
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +27,7 @@ from outbox_pipelines.core.alerts import Condition, announce_event, run_link
 from outbox_pipelines.core.oncall import SweepReport
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
-from outbox_pipelines.defs.common import table_asset_key
+from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text, table_asset_key
 from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
@@ -82,8 +90,20 @@ def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> d
     return dg.SensorResult(asset_events=events, cursor=json.dumps({"recorded": recorded}), skip_reason=summary)
 
 
-def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None) -> str:
-    """The first step failure's own message (not Dagster's 'Steps failed: [...]')."""
+@dataclass(frozen=True)
+class RootCause:
+    text: str
+    refused_input: str | None = None  # the launch field an operator got wrong: a refused launch, not a fault
+
+
+def _refused_field(user: Any) -> str | None:
+    """The field a RefusedLaunch named (its Failure metadata), if the step failure is one."""
+    value = (user.metadata or {}).get(REFUSED_INPUT) if user is not None else None
+    return str(getattr(value, "value", value)) if value is not None else None
+
+
+def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None) -> RootCause:
+    """The first step failure's own message (not Dagster's 'Steps failed: [...]'), and whether it refused input."""
     for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = record.dagster_event
         data = event.step_failure_data if event is not None else None
@@ -93,15 +113,35 @@ def _root_cause(instance: dg.DagsterInstance, run_id: str, fallback: str | None)
                 cause = cause.cause
             user = data.user_failure_data
             if user is not None and user.description:
-                return user.description
-            return f"{cause.cls_name}: {cause.message.strip()}"
-    return fallback or "the run failed before any step (see its logs)"
+                return RootCause(user.description, _refused_field(user))
+            # A config class that is not a LaunchConfig: pydantic refused the launch; say it plainly, no dump.
+            refused = refused_config_text(cause.message) if cause.cls_name == "ValidationError" else None
+            if refused is not None:
+                return RootCause(refused[1], refused[0])
+            return RootCause(f"{cause.cls_name}: {cause.message.strip()}")
+    return RootCause(fallback or "the run failed before any step (see its logs)")
+
+
+def _refused_launch_note(context: dg.RunFailureSensorContext, cause: RootCause) -> dg.SkipReason:
+    """A refused launch: one note at severity info, no page; the run is tagged so the Runs page can filter."""
+    run = context.dagster_run
+    context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "refused_launch"})
+    announce_event(Condition(
+        key=f"run:{run.run_id}", severity="info", kind="run_failure", link=run_link(run.run_id),
+        table=run.tags.get(TABLE_TAG), job=run.job_name, run_id=run.run_id,
+        summary=(f"{run.job_name}: launch refused (run {run.run_id[:8]}), nothing was changed: "
+                 f"{redact_text(cause.text)[:1000].rstrip('.')}. Whoever launched it can fix the field "
+                 f"{cause.refused_input} and launch again; nothing to do on call."),
+        figures={"refused_input": cause.refused_input},
+    ), now=datetime.now(UTC))
+    return dg.SkipReason(f"run {run.run_id[:8]} was a refused launch ({cause.refused_input}); told as a note")
 
 
 @dg.run_failure_sensor(
     name="outbox_run_failure_alert",
     description="Posts each failed run to OUTBOX_ALERT_WEBHOOK_URL with its root cause and a link (logged when "
-                "unset). Cancelled runs are not failures; relay deaths are told by outbox_oncall.",
+                "unset). Cancelled runs are not failures; relay deaths are told by outbox_oncall; a launch "
+                "refused for its input is a note (severity info), not an error.",
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=10,
     monitor_all_code_locations=False,
@@ -118,7 +158,10 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
             context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "relay_died", "outbox/outcome": "relay_died"})
             return dg.SkipReason(f"run {run.run_id[:8]}: its relay died; told as relay_died")
     fallback = context.failure_event.message if context.failure_event else None
-    cause = redact_text(_root_cause(context.instance, run.run_id, fallback))[:1000]
+    root = _root_cause(context.instance, run.run_id, fallback)
+    if root.refused_input is not None:
+        return _refused_launch_note(context, root)
+    cause = redact_text(root.text)[:1000]
     if cause.startswith("DagsterExecutionInterruptedError"):
         # Interrupted by a stop (a run that started while `dev` was stopping): the relay settled its batch
         # on the way out; a stop is not a fault. A killed relay raises nothing and is told as relay_died.

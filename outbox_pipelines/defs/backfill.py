@@ -1,39 +1,74 @@
-"""backfill_job: re-deliver the sent messages of one day (a partition) to a chosen destination."""
+"""backfill_job: re-deliver the sent messages of one day (a partition) to a chosen destination.
+
+What the launch names (the day, the table, a destination URL) is checked before the database is touched; a
+mistake is a refused launch naming it (``RefusedLaunch``, defs/common.py), not a failure that pages.
+"""
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+from pydantic import Field
 
 from outbox_pipelines.core.backfill import redeliver_sent
 from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.orders import ORDERS_TABLE
-from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
 
 # end_offset=1: today's (still open) day can be backfilled too.
 BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=1)
 
 
-class BackfillConfig(dg.Config):
-    table: str = ORDERS_TABLE
-    destination_url: str | None = None  # default: the table's own destination
-    batch_size: int = 500
+class BackfillConfig(LaunchConfig):
+    table: str = Field(default=ORDERS_TABLE, description="Outbox table whose sent messages to deliver again.")
+    destination_url: str | None = Field(default=None, description=(
+        "Deliver to this http(s) URL instead of the table's own destination (no credential is sent to it)."))
+    # A bound the config schema cannot express; LaunchConfig turns a violation into a refused launch.
+    batch_size: int = Field(default=500, ge=1, description="Messages read and delivered per batch (at least 1).")
+
+
+def _days() -> str:
+    """The days a run can take, and one to copy (yesterday, the last whole day)."""
+    yesterday = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
+    first, last = BACKFILL_PARTITIONS.get_first_partition_key(), BACKFILL_PARTITIONS.get_last_partition_key()
+    return f"a day from {first} to {last} written YYYY-MM-DD, e.g. {yesterday}"
+
+
+def partition_day(context: dg.OpExecutionContext) -> str:
+    """The run's day; a run without one, or with a key that is not a day of the partitions, is refused."""
+    if not context.has_partition_key:
+        raise RefusedLaunch("partition", (
+            f"partition: backfill_job re-delivers one day's sent messages and no day was chosen; pick {_days()}, "
+            "in the launchpad's partition selector or as the tag dagster/partition"))
+    day = context.partition_key
+    if not BACKFILL_PARTITIONS.has_partition_key(day):
+        raise RefusedLaunch("partition", f"partition: {day!r} is not a day backfill_job knows; pick {_days()}")
+    return day
+
+
+def _destination(config: BackfillConfig, table: TableSettings, settings: Settings,
+                 outbox_destinations: Destinations) -> Destination:
+    if not config.destination_url:
+        return outbox_destinations.for_table(table, settings)
+    try:
+        return HttpDestination(config.destination_url, timeout_s=table.timeout_s,
+                               max_in_flight=table.requests_in_flight)
+    except ValueError as exc:  # not an http(s) URL: HttpDestination says why, without a credential
+        raise RefusedLaunch("destination_url", str(exc)) from None
 
 
 @dg.op(description="Deliver again, with the same idempotency keys, the messages sent on the partition's day.",
        out=dg.Out(dg.Nothing))
 def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_db: OutboxDb,
                 outbox_destinations: Destinations) -> Iterator[dg.Output[None]]:
+    day = partition_day(context)  # before anything else: the day is what the launch is about
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     window = context.partition_time_window
-    destination: Destination
-    if config.destination_url:
-        destination = HttpDestination(config.destination_url, timeout_s=table.timeout_s,
-                                      max_in_flight=table.requests_in_flight)
-    else:
-        destination = outbox_destinations.for_table(table, settings)
+    destination = _destination(config, table, settings, outbox_destinations)
     context.log.info(f"re-delivering {table.name} messages sent in [{window.start}, {window.end}) "
                      f"to {destination.name}")
     try:
@@ -43,12 +78,12 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_d
     finally:
         destination.close()
     if report.found == 0:
-        context.log.warning(f"{table.name}: no message was sent on {context.partition_key}; nothing to backfill")
+        context.log.warning(f"{table.name}: no message was sent on {day}; nothing to backfill")
     elif report.failed:
         context.log.warning(f"{table.name}: {report.failed} of {report.found} deliveries failed: "
                             f"{report.failures_by_code}")
     yield dg.Output(None, metadata=metadata_values({
-        "table": table.name, "day": context.partition_key, "destination": destination.name, "found": report.found,
+        "table": table.name, "day": day, "destination": destination.name, "found": report.found,
         "delivered": report.delivered, "failed": report.failed, "failures_by_code": report.failures_by_code or None,
         "failed_ids": report.failed_ids[:1000] or None,
     }))

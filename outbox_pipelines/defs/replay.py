@@ -1,4 +1,9 @@
-"""replay_dead_job: move dead messages back to pending by filter (dry run by default)."""
+"""replay_dead_job: move dead messages back to pending by filter (dry run by default).
+
+The checks are the core's (core/replay.py), the same ones the CLI's ``replay`` runs; a launch that fails them
+is refused naming the field (``RefusedLaunch``, defs/common.py), before the database is touched when the
+check needs no data (no filter, a time, an id), after a read when it does (an unknown error code).
+"""
 
 from collections.abc import Iterator
 
@@ -15,7 +20,7 @@ from outbox_pipelines.core.replay import (
     parse_death_time,
     replay_dead,
 )
-from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
 
 DRY_RUN_TAG = "outbox/dry_run"
@@ -27,7 +32,7 @@ _TIME_HELP = (
 )
 
 
-class ReplayConfig(dg.Config):
+class ReplayConfig(LaunchConfig):
     """Which dead rows to move back to pending. Give at least one filter, or set all: true."""
 
     table: str = Field(default=ORDERS_TABLE, description=(
@@ -68,19 +73,23 @@ class ReplayConfig(dg.Config):
     def _row_ids(cls, value: list[int] | None) -> list[int] | None:
         for row_id in value or ():
             try:
-                check_row_id(row_id)
+                check_row_id(row_id, "ids")
             except ReplayRefused as exc:
                 raise ValueError(str(exc)) from None
         return value
 
 
-def _refuse(message: str, config: ReplayConfig) -> dg.Failure:
-    return dg.Failure(description=message, metadata={"table": config.table, "refused": "nothing was read or changed"},
-                      allow_retries=False)
+def _refuse(exc: ReplayRefused, config: ReplayConfig) -> RefusedLaunch:
+    # Every refusal of the core names its input; "filter" only covers one that some day would not.
+    return RefusedLaunch(exc.field or "filter", str(exc), table=config.table)
 
 
 def selection_from_config(config: ReplayConfig) -> ReplayFilter:
-    """The filter of the config, checked before any database access (dg.Failure naming the field when wrong)."""
+    """The filter of the config, checked by the core before any database access (a refused launch when wrong).
+
+    The config's validators ran already; they run again here because a config built without validation
+    (``model_construct``) must not reach the database either.
+    """
     try:
         selection = ReplayFilter(
             ids=tuple(check_row_id(i, "ids") for i in config.ids) if config.ids else None,
@@ -90,14 +99,9 @@ def selection_from_config(config: ReplayConfig) -> ReplayFilter:
             since=parse_death_time(config.since, "since") if config.since else None,
             until=parse_death_time(config.until, "until") if config.until else None,
         )
-        if selection.is_empty() and not config.all:
-            raise ReplayRefused(
-                f"replay_dead_job needs a filter: set ids, topic, tenant_id, error_code, since or until in the "
-                f"op config, or set all: true to replay every dead row of {config.table}. Nothing was touched."
-            )
-        check_filter(selection, allow_all=config.all)
+        check_filter(selection, allow_all=config.all)  # "replay needs a filter": the core's rule, the CLI's too
     except ReplayRefused as exc:
-        raise _refuse(str(exc), config) from None
+        raise _refuse(exc, config) from None
     return selection
 
 
@@ -119,7 +123,7 @@ def replay_dead_op(
         report = replay_dead(outbox_db.database_url(), table.name, selection, dry_run=config.dry_run,
                              force=config.force, allow_all=config.all, actor=f"dagster:{context.run_id[:8]}")
     except ReplayRefused as exc:
-        raise _refuse(str(exc), config) from None
+        raise _refuse(exc, config) from None
     context.log.info(f"filter: {report.filter}")
     context.log.info(report.summary)
     if report.matched == 0:

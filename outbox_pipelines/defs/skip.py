@@ -1,18 +1,23 @@
-"""skip_dead_job: pass over dead messages that block their ordering keys (dry run by default)."""
+"""skip_dead_job: pass over dead messages that block their ordering keys (dry run by default).
+
+A launch naming no message, a table that does not exist or an id that is not one is refused naming the
+field (``RefusedLaunch``, defs/common.py), before the database is touched.
+"""
 
 from collections.abc import Iterator
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.ordering import skip_dead_heads
-from outbox_pipelines.defs.common import metadata_values, resolve_table
+from outbox_pipelines.core.replay import check_row_id
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import OutboxDb
 
 
-class SkipConfig(dg.Config):
+class SkipConfig(LaunchConfig):
     """Which parked dead messages to pass over: their ids, or every one of an ordering key."""
 
     table: str = Field(description="Outbox table, e.g. outbox_events (a table from the settings).")
@@ -22,6 +27,12 @@ class SkipConfig(dg.Config):
     reason: str = Field(default="skipped by an operator", description="Why: kept in the audit row (outbox_skip).")
     dry_run: bool = Field(default=True, description=(
         "true (the default): only list what would be passed over. Set false to do it."))
+
+    @field_validator("ids")
+    @classmethod
+    def _row_ids(cls, value: list[int] | None) -> list[int] | None:
+        # The same bound as replay's (a bigint): a larger number is a typo, not an id PostgreSQL can compare.
+        return [check_row_id(row_id, "ids") for row_id in value] if value else value
 
 
 @dg.op(description=(
@@ -34,7 +45,11 @@ def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: 
         report = skip_dead_heads(outbox_db.database_url(), table, ids=config.ids, ordering_key=config.ordering_key,
                                  dry_run=config.dry_run, worker=f"dagster:{context.run_id[:8]}", reason=config.reason)
     except ConfigError as exc:
-        raise dg.Failure(description=str(exc), metadata={"table": table.name}, allow_retries=False) from None
+        # The core's "name the messages" rule raises a plain ConfigError; its subclasses (a database URL that
+        # cannot be parsed) are the deployment's, and stay real failures.
+        if type(exc) is not ConfigError:
+            raise
+        raise RefusedLaunch("ids", str(exc), table=table.name) from None
     context.log.info(report.summary)
     yield dg.Output(None, metadata=metadata_values({
         "table": table.name, "dry_run": config.dry_run, "matched": len(report.matched), "skipped": report.skipped,

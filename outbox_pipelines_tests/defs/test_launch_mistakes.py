@@ -1,0 +1,281 @@
+"""Issue 25 (item 4): an operator's typo in a launch is refused naming the field and how to write it, never as
+pydantic's dump, and never pages as [error]; a real failure still does.
+
+Each mistake runs its job in-process against a real PostgreSQL, then ``outbox_run_failure_alert`` evaluates
+the failed run and posts to a local webhook: a refused launch is one note at severity ``info``.
+"""
+
+import re
+
+import dagster as dg
+import pytest
+
+from outbox_pipelines.defs.common import REFUSED_INPUT, RefusedLaunch, refused_config_text
+from outbox_pipelines.defs.replay import ReplayConfig
+from outbox_pipelines.defs.resources import outbox_resources
+from outbox_pipelines_tests.defs.conftest import run_job
+from outbox_pipelines_tests.helpers import enqueue_n, statuses
+
+ORDERS = "outbox_orders"
+UNREACHABLE = "postgresql://nobody@127.0.0.1:9/none"
+PYDANTIC_DUMP = ("validation error", "pydantic", "[type=", "errors.pydantic.dev")
+
+
+def _op_config(op: str, **values) -> dict:
+    return {"ops": {op: {"config": values}}}
+
+
+def _step_failure(result) -> dg.DagsterEvent:
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failures, "expected the step to fail"
+    return failures[0]
+
+
+def _refusal(result) -> tuple[str, str]:
+    """(what the operator reads on the run, the field the failure names) of a refused launch."""
+    assert not result.success
+    data = _step_failure(result).event_specific_data
+    shown = f"{data.error.message}\n{data.user_failure_data.description if data.user_failure_data else ''}"
+    for dump in PYDANTIC_DUMP:
+        assert dump not in shown and dump not in "".join(data.error.stack), (dump, shown)
+    assert data.user_failure_data is not None, shown
+    return data.user_failure_data.description, data.user_failure_data.metadata[REFUSED_INPUT].value
+
+
+def _alert(instance, resources, result, http_sink, monkeypatch, evaluations: int = 2) -> dict:
+    """What outbox_run_failure_alert posts for the run (a refused launch evaluated twice: still one note)."""
+    from outbox_pipelines.defs.alerts import run_failure_alert
+
+    monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
+    for _ in range(evaluations):
+        with dg.build_run_status_sensor_context(
+            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id), dagster_event=result.get_run_failure_event(),
+            resources={"outbox_db": resources["outbox_db"]},
+        ) as context:
+            run_failure_alert(context.for_run_failure())
+    [alert] = [r.body for r in http_sink.received]
+    return alert
+
+
+def _assert_a_note(alert: dict, field: str, instance, result) -> None:
+    assert alert["severity"] == "info" and alert["kind"] == "run_failure", alert
+    assert "[error]" not in alert["text"] and alert["text"].startswith("*NOTE* [info]"), alert["text"]
+    assert alert["figures"]["refused_input"] == field
+    assert "launch refused" in alert["summary"] and "nothing to do on call" in alert["summary"]
+    for dump in PYDANTIC_DUMP:
+        assert dump not in alert["text"], alert["text"]
+    assert instance.get_run_by_id(result.run_id).tags["outbox/failure"] == "refused_launch"
+
+
+@pytest.fixture
+def dead_orders(conn):
+    ids = enqueue_n(conn, ORDERS, 2, prefix="ord-", topic="order.created")
+    conn.execute(f"UPDATE {ORDERS} SET status = 'dead', last_error_code = 'BROKER_5XX'")
+    return ids
+
+
+# -- replay_dead_job -----------------------------------------------------------------------------------------
+
+
+def test_replay_without_a_filter_is_refused_naming_the_filters_and_all(conn, instance, resources, dead_orders,
+                                                                       http_sink, monkeypatch):
+    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", dry_run=False))
+    message, field = _refusal(result)
+    assert field == "filter"
+    assert message == (
+        "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
+        "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table. "
+        "Nothing was touched.")
+    assert statuses(conn, ORDERS) == {"dead": 2}
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "filter", instance, result)
+
+
+@pytest.mark.parametrize("field", ["since", "until"])
+def test_replay_since_yesterday_is_refused_before_the_database_without_pydantic(instance, http_sink, monkeypatch,
+                                                                                 field):
+    resources = outbox_resources(url=UNREACHABLE)  # refused on the config: the database is never needed
+    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", **{field: "yesterday"}))
+    message, named = _refusal(result)
+    assert named == field
+    assert message == (f'{field}="yesterday" is not a time: use ISO 8601 like 2026-11-21T10:00:00Z, a date like '
+                       "2026-11-21, or a time ago like 30m, 2h, 7d")
+    assert "cannot connect" not in message
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), field, instance, result)
+
+
+def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(conn, instance, resources,
+                                                                           dead_orders, http_sink, monkeypatch):
+    result = run_job("replay_dead_job", resources, instance,
+                     _op_config("replay_dead_op", table="outbox_order", all=True, dry_run=False))
+    message, field = _refusal(result)
+    assert field == "table"
+    assert message.startswith("table: no settings for table 'outbox_order'; known tables: ")
+    assert ORDERS in message and message.endswith("Did you mean 'outbox_orders'?")
+    assert statuses(conn, ORDERS) == {"dead": 2}
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "table", instance, result)
+
+
+def test_replay_with_an_unknown_error_code_is_refused_naming_error_code(conn, instance, resources, dead_orders):
+    result = run_job("replay_dead_job", resources, instance,
+                     _op_config("replay_dead_op", error_code="BROKER_500", dry_run=False))
+    message, field = _refusal(result)
+    assert field == "error_code"
+    assert message.startswith("error_code: error code 'BROKER_500' is unknown: known codes are BAD_REQUEST, ")
+    assert statuses(conn, ORDERS) == {"dead": 2}
+
+
+def test_a_replay_config_built_in_code_refuses_with_the_same_sentence():
+    with pytest.raises(RefusedLaunch) as refused:
+        ReplayConfig(since="yesterday", ids=[2**64])
+    assert isinstance(refused.value, ValueError)  # as pydantic's error was, for callers that catch it
+    assert refused.value.field == "ids"
+    assert str(refused.value) == (
+        f"ids={2**64} does not fit a row id (bigint, at most {2**63 - 1}); since=\"yesterday\" is not a time: "
+        "use ISO 8601 like 2026-11-21T10:00:00Z, a date like 2026-11-21, or a time ago like 30m, 2h, 7d")
+
+
+# -- backfill_job --------------------------------------------------------------------------------------------
+
+
+def test_backfill_without_a_partition_is_refused_naming_the_partition(instance, http_sink, monkeypatch):
+    resources = outbox_resources(url=UNREACHABLE)
+    result = run_job("backfill_job", resources, instance)
+    message, field = _refusal(result)
+    assert field == "partition"
+    assert re.fullmatch(
+        r"partition: backfill_job re-delivers one day's sent messages and no day was chosen; pick a day from "
+        r"2026-01-01 to \d{4}-\d\d-\d\d written YYYY-MM-DD, e\.g\. \d{4}-\d\d-\d\d, in the launchpad's partition "
+        r"selector or as the tag dagster/partition", message), message
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "partition", instance, result)
+
+
+@pytest.mark.parametrize("key", ["yesterday", "2025-12-31", "2026-13-01"])
+def test_backfill_with_a_bad_partition_key_is_refused_with_the_days_it_takes(instance, http_sink, monkeypatch, key):
+    # The launchpad only offers real days; a launch through the API or the CLI can tag any text.
+    resources = outbox_resources(url=UNREACHABLE)
+    result = run_job("backfill_job", resources, instance, tags={"dagster/partition": key})
+    message, field = _refusal(result)
+    assert field == "partition"
+    assert message.startswith(f"partition: {key!r} is not a day backfill_job knows; pick a day from 2026-01-01 to ")
+    assert "ValueError" not in message and "does not match format" not in message
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "partition", instance, result)
+
+
+@pytest.mark.parametrize(("values", "field", "expected"), [
+    ({"batch_size": 0}, "batch_size", "batch_size: Input should be greater than or equal to 1 (got 0)"),
+    ({"destination_url": "ftp://backup"}, "destination_url",
+     "destination_url: destination URL must start with http:// or https://, got 'ftp://backup'"),
+    ({"table": "outbox_ordrs"}, "table", "table: no settings for table 'outbox_ordrs'; known tables: "),
+])
+def test_backfill_config_mistakes_are_refused_naming_the_field(db_url, instance, resources, values, field, expected):
+    result = run_job("backfill_job", resources, instance, _op_config("backfill_op", **values),
+                     partition_key="2026-11-01")
+    message, named = _refusal(result)
+    assert named == field and message.startswith(expected), message
+
+
+# -- skip_dead_job -------------------------------------------------------------------------------------------
+
+
+def test_skip_with_a_table_typo_is_refused_naming_the_table(instance, resources, http_sink, monkeypatch):
+    result = run_job("skip_dead_job", resources, instance,
+                     _op_config("skip_dead_op", table="outbox_evnets", ids=[1], dry_run=False))
+    message, field = _refusal(result)
+    assert field == "table"
+    assert message.startswith("table: no settings for table 'outbox_evnets'; known tables: ")
+    assert message.endswith("Did you mean 'outbox_events'?")
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "table", instance, result)
+
+
+def test_skip_naming_no_message_is_refused_naming_ids(instance):
+    resources = outbox_resources(url=UNREACHABLE)
+    result = run_job("skip_dead_job", resources, instance, _op_config("skip_dead_op", table="outbox_events"))
+    message, field = _refusal(result)
+    assert field == "ids"
+    assert message.startswith("ids: a skip names the dead messages to pass over: their ids (--id, repeatable; ids "
+                              "in skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched")
+
+
+def test_skip_with_an_id_that_is_not_one_is_refused_by_its_config(instance):
+    resources = outbox_resources(url=UNREACHABLE)
+    result = run_job("skip_dead_job", resources, instance,
+                     _op_config("skip_dead_op", table="outbox_events", ids=[2**64]))
+    message, field = _refusal(result)
+    assert (field, message) == ("ids", f"ids={2**64} does not fit a row id (bigint, at most {2**63 - 1})")
+
+
+# -- any job ---------------------------------------------------------------------------------------------------
+
+
+def test_a_relay_job_table_typo_is_a_refused_launch_too(conn, instance, resources, http_sink, monkeypatch):
+    enqueue_n(conn, ORDERS, 1)
+    result = run_job("relay_job", resources, instance, _op_config("relay_table", table="outbox_ordres"))
+    message, field = _refusal(result)
+    assert field == "table" and message.startswith("table: no settings for table 'outbox_ordres'")
+    _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "table", instance, result)
+    assert statuses(conn, ORDERS) == {"pending": 1}
+
+
+def test_a_pydantic_refusal_of_a_config_that_is_not_a_launch_config_is_told_plainly(instance, resources, http_sink,
+                                                                                    monkeypatch):
+    """A config class written without LaunchConfig: the run shows pydantic's error, but on-call never does."""
+    from pydantic import Field
+
+    class PlainConfig(dg.Config):
+        limit: int = Field(default=1, ge=1)
+
+    @dg.op
+    def limited(config: PlainConfig) -> None:
+        raise AssertionError("never reached")
+
+    @dg.job
+    def plain_job() -> None:
+        limited()
+
+    result = plain_job.execute_in_process(instance=instance, raise_on_error=False,
+                                          run_config=_op_config("limited", limit=0))
+    assert not result.success
+    alert = _alert(instance, resources, result, http_sink, monkeypatch)
+    _assert_a_note(alert, "limit", instance, result)
+    assert "limit: Input should be greater than or equal to 1" in alert["summary"]
+
+
+def test_refused_config_text_reads_a_pydantic_dump():
+    dump = ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for ReplayConfig\nsince\n"
+            '  Value error, since="yesterday" is not a time: use ISO 8601 [type=value_error, input_value=\'yesterday\','
+            " input_type=str]\n    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+            "batch_size\n  Input should be greater than or equal to 1 [type=greater_than_equal, input_value=0, "
+            "input_type=int]\n")
+    assert refused_config_text(dump) == ("since", 'since="yesterday" is not a time: use ISO 8601; '
+                                                  "batch_size: Input should be greater than or equal to 1")
+    assert refused_config_text("RuntimeError: boom") is None
+
+
+# -- real failures still page ---------------------------------------------------------------------------------
+
+
+def test_a_replay_with_the_database_unreachable_still_pages_as_error(instance, http_sink, monkeypatch):
+    resources = outbox_resources(url=UNREACHABLE)
+    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", all=True))
+    assert not result.success
+    alert = _alert(instance, resources, result, http_sink, monkeypatch, evaluations=1)
+    assert (alert["severity"], alert["kind"], alert["job"]) == ("error", "run_failure", "replay_dead_job")
+    assert alert["text"].startswith("*FIRING* [error] replay_dead_job failed"), alert["text"]
+    assert "refused_input" not in alert["figures"]
+    assert "outbox/failure" not in instance.get_run_by_id(result.run_id).tags
+
+
+def test_an_op_that_crashes_still_pages_as_error(instance, resources, http_sink, monkeypatch):
+    @dg.op
+    def crashing() -> None:
+        raise RuntimeError("the disk is full")
+
+    @dg.job
+    def crashing_job() -> None:
+        crashing()
+
+    result = crashing_job.execute_in_process(instance=instance, raise_on_error=False)
+    alert = _alert(instance, resources, result, http_sink, monkeypatch, evaluations=1)
+    assert alert["severity"] == "error" and "[error]" in alert["text"]
+    assert "RuntimeError: the disk is full" in alert["summary"]
