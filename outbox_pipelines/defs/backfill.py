@@ -11,10 +11,7 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.backfill import redeliver_sent
-from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.orders import ORDERS_TABLE
-from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
 
@@ -24,8 +21,6 @@ BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", time
 
 class BackfillConfig(LaunchConfig):
     table: str = Field(default=ORDERS_TABLE, description="Outbox table whose sent messages to deliver again.")
-    destination_url: str | None = Field(default=None, description=(
-        "Deliver to this http(s) URL instead of the table's own destination (no credential is sent to it)."))
     # A bound the config schema cannot express; LaunchConfig turns a violation into a refused launch.
     batch_size: int = Field(default=500, ge=1, description="Messages read and delivered per batch (at least 1).")
 
@@ -49,17 +44,6 @@ def partition_day(context: dg.OpExecutionContext) -> str:
     return day
 
 
-def _destination(config: BackfillConfig, table: TableSettings, settings: Settings,
-                 outbox_destinations: Destinations) -> Destination:
-    if not config.destination_url:
-        return outbox_destinations.for_table(table, settings)
-    try:
-        return HttpDestination(config.destination_url, timeout_s=table.timeout_s,
-                               max_in_flight=table.requests_in_flight)
-    except ValueError as exc:  # not an http(s) URL: HttpDestination says why, without a credential
-        raise RefusedLaunch("destination_url", str(exc)) from None
-
-
 @dg.op(description="Deliver again, with the same idempotency keys, the messages sent on the partition's day.",
        out=dg.Out(dg.Nothing))
 def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_db: OutboxDb,
@@ -68,7 +52,8 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, outbox_d
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     window = context.partition_time_window
-    destination = _destination(config, table, settings, outbox_destinations)
+    # The table's own destination: where messages go is the deployment's to decide, never a launch's.
+    destination = outbox_destinations.for_table(table, settings)
     context.log.info(f"re-delivering {table.name} messages sent in [{window.start}, {window.end}) "
                      f"to {destination.name}")
     try:

@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 from pydantic import Field
 
-from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck, shared_cleanup_due
+from outbox_pipelines.core.errors import ConfigError, RetentionTooShort
+from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.settings import TableSettings, parse_duration
-from outbox_pipelines.defs.common import MAINTENANCE_TAGS, metadata_values, resolve_table
+from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
 
 
@@ -30,7 +31,26 @@ class CleanConfig(TablesConfig):
 def _chosen_tables(outbox_db: OutboxDb, table_names: list[str]) -> list[TableSettings]:
     """The tables the config names, else every configured table in name order."""
     settings = outbox_db.settings()
-    return [resolve_table(settings, name) for name in (table_names or sorted(settings.tables))]
+    return [resolve_table(settings, name, field="tables") for name in (table_names or sorted(settings.tables))]
+
+
+def _refuse_a_short_retention(tables: list[TableSettings], retention_s: float | None, *, force: bool) -> None:
+    """Every chosen table's retention checked before any row is deleted; a launch that asks for too short a
+    one is refused (the clean would refuse it table by table, after deleting from the tables before)."""
+    for table in tables:
+        if retention_s is not None and table.cleaner_enabled:
+            try:
+                check_retention(table, retention_s, force=force)
+            except RetentionTooShort as exc:
+                raise RefusedLaunch("retention", f"retention: {exc}") from None
+
+
+def _duration(value: str | None, field: str) -> float | None:
+    """A duration the launch typed, or a refused launch naming its field (never a page)."""
+    try:
+        return parse_duration(value, field) if value else None
+    except ConfigError as exc:
+        raise RefusedLaunch(field, str(exc)) from None
 
 
 @dg.op(out=dg.Out(dg.Nothing))
@@ -56,8 +76,9 @@ def clean_op(
 ) -> Iterator[dg.Output[None]]:
     """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows."""
     tables = _chosen_tables(outbox_db, config.tables)
-    retention = parse_duration(config.retention, "retention") if config.retention else None
-    audit_retention = parse_duration(config.audit_retention, "audit_retention") if config.audit_retention else None
+    retention = _duration(config.retention, "retention")
+    audit_retention = _duration(config.audit_retention, "audit_retention")
+    _refuse_a_short_retention(tables, retention, force=config.force)
     changed = {}
     for table in tables:
         if not table.cleaner_enabled:

@@ -15,7 +15,7 @@ from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.group import GroupRelay, GroupReport, run_group_relay
 from outbox_pipelines.core.settings import DEFAULT_GROUP
-from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
+from outbox_pipelines.defs.common import RefusedLaunch, metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
@@ -291,6 +291,10 @@ def _stopped_group(report: GroupReport) -> list[str]:
 def relay_group(context: dg.OpExecutionContext, config: GroupRunConfig,
                 outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
+    if config.group not in settings.groups():  # a launch naming a group that has no table: the launcher's typo
+        raise RefusedLaunch("group", f"group: no relay group {config.group!r}; groups: "
+                            f"{', '.join(sorted(settings.groups())) or 'none'} (a table joins one with "
+                            "group = \"NAME\" in its section; the default group is 'default')")
     observer = _Observer(context, config.group)
     context.log.info(f"relaying group {config.group} for up to {config.max_seconds:.0f}s: "
                      f"{', '.join(settings.groups().get(config.group, [])) or 'no table'}")
@@ -314,7 +318,8 @@ def relay_group(context: dg.OpExecutionContext, config: GroupRunConfig,
                      f"{report.seconds:.1f}s; stopped: {report.stopped_because}")
     yield dg.Output(None, metadata=metadata_values({
         "group": config.group, "outcome": report.outcome, "sent": report.sent, "tables_relayed": len(summary),
-        "tables": summary or None, "problems": report.problems or None, "duration_s": report.seconds,
+        "tables": summary or None, "problems": report.problems or None, "left_out": dict(settings.broken) or None,
+        "duration_s": report.seconds,
         "stopped_because": report.stopped_because,
     }))
 

@@ -164,8 +164,6 @@ def test_backfill_with_a_bad_partition_key_is_refused_with_the_days_it_takes(ins
 
 @pytest.mark.parametrize(("values", "field", "expected"), [
     ({"batch_size": 0}, "batch_size", "batch_size: Input should be greater than or equal to 1 (got 0)"),
-    ({"destination_url": "ftp://backup"}, "destination_url",
-     "destination_url: destination URL must start with http:// or https://, got 'ftp://backup'"),
     ({"table": "outbox_ordrs"}, "table", "table: no settings for table 'outbox_ordrs'; known tables: "),
 ])
 def test_backfill_config_mistakes_are_refused_naming_the_field(db_url, instance, resources, values, field, expected):
@@ -279,3 +277,37 @@ def test_an_op_that_crashes_still_pages_as_error(instance, resources, http_sink,
     alert = _alert(instance, resources, result, http_sink, monkeypatch, evaluations=1)
     assert alert["severity"] == "error" and "[error]" in alert["text"]
     assert "RuntimeError: the disk is full" in alert["summary"]
+
+
+def test_a_backfill_launch_cannot_choose_where_messages_go(db_url, instance, resources):
+    """Where messages go is the deployment's (the table's destination), never a launchpad's: the field is
+    not in the job's config, so Dagster refuses the launch before any run exists."""
+    with pytest.raises(dg.DagsterInvalidConfigError, match="destination_url"):
+        run_job("backfill_job", resources, instance, _op_config("backfill_op", destination_url="https://elsewhere"),
+                partition_key="2026-11-01")
+
+
+# -- clean_job and the relay group jobs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "field", "expected"), [
+    ({"retention": "a week"}, "retention", "retention: cannot read duration 'a week'"),
+    ({"audit_retention": "forever"}, "audit_retention", "audit_retention: cannot read duration 'forever'"),
+    ({"retention": "1s", "tables": ["outbox_orders"]}, "retention", "retention: outbox_orders: a retention of "),
+    ({"tables": ["outbox_ordrs"]}, "tables", "tables: no settings for table 'outbox_ordrs'"),
+])
+def test_clean_launch_mistakes_are_refused_naming_the_field_and_delete_nothing(db_url, conn, instance, resources,
+                                                                              values, field, expected):
+    enqueue_n(conn, "outbox_orders", 2, prefix="kept-")
+    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() - interval '3 days'")
+    result = run_job("clean_job", resources, instance, _op_config("clean_op", **values))
+    message, named = _refusal(result)
+    assert named == field and message.startswith(expected), message
+    assert conn.execute("SELECT count(*) AS n FROM outbox_orders").fetchone()["n"] == 2
+
+
+def test_a_relay_group_launch_naming_no_group_is_refused(db_url, instance, resources):
+    config = {"ops": {"relay_group": {"config": {"group": "defualt", "max_seconds": 1.0}}}}
+    result = run_job("relay_group_default_job", resources, instance, config)
+    message, named = _refusal(result)
+    assert named == "group" and message.startswith("group: no relay group 'defualt'; groups: default"), message
