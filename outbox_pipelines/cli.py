@@ -38,7 +38,14 @@ from outbox_pipelines.core.ordering import skip_dead_heads
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
-from outbox_pipelines.core.replay import ReplayFilter, ReplayRefused, check_row_id, parse_death_time, replay_dead
+from outbox_pipelines.core.replay import (
+    ReplayFilter,
+    ReplayRefused,
+    check_filter,
+    check_row_id,
+    parse_death_time,
+    replay_dead,
+)
 from outbox_pipelines.core.replay import iso as replay_iso
 from outbox_pipelines.core.replay import text_table as replay_text_table
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings, parse_duration
@@ -517,9 +524,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         since=args.since,
         until=args.until,
     )
-    if selection.is_empty() and not args.all:
-        raise UsageError("replay needs a filter (--id, --topic, --tenant, --error-code, --since, --until), "
-                         f"or --all to replay every dead row of {table.name}; add --dry-run to look first")
+    try:
+        check_filter(selection, allow_all=args.all)  # before a database is chosen: the rule replay_dead applies
+    except ReplayRefused as exc:
+        raise UsageError(f"{exc} Add --dry-run to look first.") from None
     url = _database_url()
     try:
         report = replay_dead(url, table.name, selection, dry_run=args.dry_run, force=args.force, allow_all=args.all,
