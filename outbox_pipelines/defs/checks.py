@@ -1,5 +1,14 @@
 """Each outbox table is an observed asset with its checks: lag, dead letters, stuck, backlog, destination, relay,
-blocked keys."""
+blocked keys.
+
+Where open-source Dagster 1.13's UI shows a table's health (drills/test_catalog_health.py checks it):
+- Lineage: the table's "Asset checks" row, ✗ while an ERROR check fails, ⚠ while only WARN ones fail, else ✓ n/n.
+- Catalog: no health column (it and GraphQL's ``assetHealth`` are Dagster+ only: null here). The Status column
+  turns red while an ERROR check fails, else reads "–": the asset is external and never materialized.
+- Checks tab: the checks sorted by name, opened on the first (backlog) unless the link names one
+  (``?view=checks&checkDetail=dead_letters``); declaration order does not count.
+The asset stays an external spec: an observable one would read "Observed <time>" in the Catalog and lose the red.
+"""
 
 from collections.abc import Iterator
 from typing import Any
