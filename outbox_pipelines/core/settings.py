@@ -581,6 +581,9 @@ class Settings:
     # Tables whose section cannot be used, with what is wrong (ConfigError's message): the others load and
     # relay without them; every command or check that names one says why.
     broken: dict[str, str] = field(default_factory=dict)
+    # The declaration as a whole cannot be read (not TOML, an unknown top-level key): no table is known. Set
+    # only by ``load_settings_or_problem``, for the processes that must stay up to say so (Dagster's).
+    problem: str | None = None
 
     def table(self, name: str) -> TableSettings:
         if name in self.broken:
@@ -597,6 +600,8 @@ class Settings:
 
     def check(self) -> None:
         """ConfigError listing every table whose section cannot be used (the strict reading of the file)."""
+        if self.problem:
+            raise ConfigError(self.problem)
         if self.broken:
             raise ConfigError("; ".join(self.broken[name] for name in sorted(self.broken)))
 
@@ -635,3 +640,14 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None
             text = str(exc)
             broken[name] = text if source is None or text.startswith(str(source)) else f"{source}: {text}"
     return Settings(global_settings, tables, source, broken)
+
+
+def load_settings_or_problem(env: Mapping[str, str] | None = None, path: Path | None = None,
+                             declaration: Declaration | None = None) -> Settings:
+    """``load_settings`` for a process that must stay up when the declaration cannot be read at all (Dagster's
+    code location, its sensors): no table, and ``problem`` saying what to fix, for a check and an alert to tell,
+    instead of a code location that fails to load and goes quiet."""
+    try:
+        return load_settings(env, path, declaration)
+    except ConfigError as exc:
+        return Settings(GlobalSettings.from_env(env), {}, path, problem=str(exc))

@@ -109,6 +109,8 @@ def resolve_table(settings: Settings, table_name: str, field: str = "table") -> 
     A table whose section of the settings cannot be used is the deployment's problem, not the launcher's: a
     plain run failure (it pages), with the settings' own message.
     """
+    if settings.problem:  # the settings cannot be read at all: the deployment's problem, it pages
+        raise dg.Failure(description=settings.problem, allow_retries=False)
     known = ", ".join(sorted(settings.tables))
     try:
         return settings.table(table_name)

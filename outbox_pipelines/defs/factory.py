@@ -18,7 +18,7 @@ import dagster as dg
 
 from outbox_pipelines.core.declarations import Declaration
 from outbox_pipelines.core.names import is_valid_table_name
-from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.core.settings import Settings, load_settings_or_problem
 from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
@@ -44,8 +44,10 @@ def load_project_settings(declaration: Declaration | None) -> Settings:
     """The settings the definitions are built from. Under `dg check defs` / `dagster definitions validate`,
     a table whose section cannot be used (an invalid key, a handlers module that does not import) fails
     validation with its message; loaded for running, the code location goes on without it (its relay check
-    and one alert say why, and no sensor launches a run for it)."""
-    settings = load_settings(declaration=declaration)
+    and one alert say why, and no sensor launches a run for it). A declaration that cannot be read at all
+    (not TOML, an unknown top-level key) fails validation too; loaded for running, the code location still
+    loads, with no table, and the on-call sensor alerts with what to fix."""
+    settings = load_settings_or_problem(declaration=declaration)
     if os.environ.get(VALIDATION_ENV) == "1":
         settings.check()
     return settings

@@ -13,7 +13,7 @@ from outbox_pipelines.core.declarations import Declaration
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.health import CheckVerdict, TableStatus, read_status, ready_count
 from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep, table_verdicts
-from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+from outbox_pipelines.core.settings import Settings, TableSettings, load_settings_or_problem
 from outbox_pipelines.core.table import OutboxTable, SharedTables, ready_tables
 from outbox_pipelines.core.wiring import build_destination
 
@@ -88,7 +88,8 @@ class OutboxDatabase:
         return relays_died_with_run(self.database_url(), self.settings(), run_id)
 
     def settings(self) -> Settings:
-        return load_settings(path=Path(self.config_path) if self.config_path else None, declaration=self.declaration)
+        return load_settings_or_problem(path=Path(self.config_path) if self.config_path else None,
+                                        declaration=self.declaration)
 
     def close(self) -> None:
         if self._engine is not None:
