@@ -632,15 +632,23 @@ SELECT count(*) AS held FROM {table} WHERE status = 'sending' AND locked_by = %(
 -- name: outbox_health_snapshot
 -- What the checks read, in one statement whose cost does not grow with the sent
 -- rows a table keeps: waiting, in-flight and dead rows come from their partial
--- indexes, lag from at most %(sample)s of the newest deliveries and the oldest
--- waiting messages. A waiting message's lag is its age so far, so a backlog or
--- an outage shows in the lag while it lasts, not after it.
+-- indexes, the delivery lag (created → delivered, for the metrics and `status`)
+-- from at most %(sample)s of the newest deliveries and the oldest waiting messages.
+--
+-- What the lag check grades is lag_now: the messages waiting now (pending and
+-- due, not held behind an earlier message of their key; or in flight), each
+-- timed from when it became due (available_at: a retry at its backoff's end, a
+-- replay at the replay), the oldest and the p95 of at most %(sample)s of the
+-- oldest. Nothing waiting is 0, whatever the window's deliveries took: a short
+-- outage or a replayed old message does not keep the check red after it.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), waiting AS (
     SELECT count(*) FILTER (WHERE t.attempts = 0) AS pending,
            count(*) FILTER (WHERE t.attempts > 0) AS retrying,
            count(*) FILTER (WHERE t.available_at <= clock.now) AS ready,
+           count(*) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked) AS due,
+           min(t.available_at) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked) AS oldest_due_at,
            extract(epoch FROM clock.now - min(t.created_at))::float8 AS oldest_waiting_age_s,
            extract(epoch FROM min(t.available_at) - clock.now)::float8 AS next_due_in_s
     FROM {table} AS t, clock
@@ -650,9 +658,21 @@ WITH clock AS (
     SELECT count(*) AS sending,
            count(*) FILTER (WHERE t.lease_expires_at < clock.now
                             OR t.updated_at < clock.now - make_interval(secs => %(stuck_after_s)s)) AS stuck,
-           min(t.created_at) AS oldest_created
+           min(t.created_at) AS oldest_created,
+           min(t.available_at) AS oldest_due_at
     FROM {table} AS t, clock
     WHERE t.status = 'sending'
+), due_now AS (
+    -- The lag check's sample: the oldest due first, each state through its own partial index, capped.
+    (SELECT extract(epoch FROM (SELECT now FROM clock) - t.available_at)::float8 AS lag_s
+     FROM {table} AS t
+     WHERE t.status = 'pending' AND NOT t.ordering_blocked AND t.available_at <= (SELECT now FROM clock)
+     ORDER BY t.available_at LIMIT %(sample)s)
+    UNION ALL
+    (SELECT GREATEST(extract(epoch FROM (SELECT now FROM clock) - t.available_at)::float8, 0) AS lag_s
+     FROM {table} AS t WHERE t.status = 'sending' ORDER BY t.lease_expires_at LIMIT %(sample)s)
+), lag_now AS (
+    SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY lag_s)::float8 AS p95 FROM due_now
 ), dead AS (
     SELECT coalesce(jsonb_object_agg(code, n), '{{}}'::jsonb) AS by_code, coalesce(sum(n), 0)::bigint AS total
     FROM (SELECT coalesce(t.last_error_code, 'UNKNOWN') AS code, count(*) AS n
@@ -702,8 +722,13 @@ SELECT coalesce(w.pending, 0) AS pending, coalesce(w.retrying, 0) AS retrying, c
                 extract(epoch FROM (SELECT now FROM clock) - f.oldest_created)::float8) AS oldest_waiting_age_s,
        w.next_due_in_s, f.sending, f.stuck, d.by_code AS dead_by_code, d.total AS dead,
        lag.n AS lag_sample, lag.p50 AS lag_p50, lag.p95 AS lag_p95, lag.p99 AS lag_p99,
+       coalesce(w.due, 0) + f.sending AS waiting_now,
+       GREATEST(extract(epoch FROM (SELECT now FROM clock) - LEAST(w.oldest_due_at, f.oldest_due_at))::float8,
+                0) AS lag_now_s,
+       coalesce(lag_now.p95, 0) AS lag_now_p95_s,
        b.keys AS blocked_keys, b.since AS blocked_since, b.messages AS blocked_messages, b.oldest AS blocked_oldest
-FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag CROSS JOIN blocked AS b LEFT JOIN waiting AS w ON true
+FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag CROSS JOIN lag_now CROSS JOIN blocked AS b
+     LEFT JOIN waiting AS w ON true
 
 -- name: outbox_retry_destination_failures_now
 -- The circuit closed: messages waiting out a backoff because the destination was
