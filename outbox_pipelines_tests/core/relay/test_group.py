@@ -131,19 +131,26 @@ def test_places_bound_the_active_tables_and_every_table_gets_its_turn(db_url, co
 
 def test_a_table_that_cannot_be_built_or_does_not_exist_is_told_once_and_the_others_relay(db_url, conn, tables,
                                                                                           tmp_path):
-    settings = group_settings(tmp_path, [*tables, "missing_outbox"],
-                              '[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "no_such_module:r"\n')
-    create_table(db_url, "broken_outbox")
-    enqueue(conn, "broken_outbox", 3)
+    # Imports, but names no HandlerRegistry: the destination cannot be built when the relay starts.
+    extra = ('[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "string:ascii_letters"\n\n'
+             '[tables.unimportable_outbox]\ndestination = "handlers"\nhandlers = "no_such_module:r"\n')
+    settings = group_settings(tmp_path, [*tables, "missing_outbox"], extra)
+    for name in ("broken_outbox", "unimportable_outbox"):
+        create_table(db_url, name)
+        enqueue(conn, name, 3)
     enqueue(conn, "mod01_outbox", 3)
+    # A module that does not import is the settings' to tell, at load: that table never joins a group.
+    assert "cannot import no_such_module" in settings.broken["unimportable_outbox"]
+    assert "unimportable_outbox" not in settings.groups()["default"]
     report = run_group_relay(db_url, settings, "default", once=True, worker_prefix="t")
     assert statuses(conn, "mod01_outbox") == {"sent": 3}
     assert statuses(conn, "broken_outbox") == {"pending": 3}  # nothing lost, nothing claimed
-    assert "cannot import no_such_module" in report.problems["broken_outbox"]
+    assert statuses(conn, "unimportable_outbox") == {"pending": 3}
+    assert "is not a HandlerRegistry" in report.problems["broken_outbox"]
     assert "does not exist in the database" in report.problems["missing_outbox"]
     assert report.outcome == "table_problems"
     health = read_health(conn, "broken_outbox")
-    assert "cannot import no_such_module" in health.relay_problem and health.relay_problem_since is not None
+    assert "is not a HandlerRegistry" in health.relay_problem and health.relay_problem_since is not None
 
 
 class ExplodingLedger(Destination):
