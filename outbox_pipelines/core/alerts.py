@@ -53,8 +53,10 @@ def repeat_every_s() -> float:
     return parse_duration(raw, ALERT_REPEAT_ENV) if raw else DEFAULT_REPEAT_S
 
 
-def asset_link(table_name: str, base: str | None = None) -> str:
-    return f"{base or ui_url()}/assets/outbox/{quote(table_name)}?view=checks"
+def asset_link(table_name: str, base: str | None = None, check: str | None = None) -> str:
+    """The table's Checks tab; with ``check``, opened on that check (the UI opens on the first by name else)."""
+    detail = f"&checkDetail={quote(check)}" if check else ""
+    return f"{base or ui_url()}/assets/outbox/{quote(table_name)}?view=checks{detail}"
 
 
 def run_link(run_id: str, base: str | None = None) -> str:
@@ -66,7 +68,7 @@ class Condition:
     key: str
     severity: Severity
     summary: str
-    kind: str  # check | relay_died | run_failure
+    kind: str  # check | relay_died | run_failure | settings
     link: str
     table: str | None = None
     check: str | None = None

@@ -12,7 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from outbox_pipelines.core import liveness
-from outbox_pipelines.core.alerts import Condition, Severity, announce, announce_event, asset_link, run_link
+from outbox_pipelines.core.alerts import (
+    Condition,
+    Severity,
+    announce,
+    announce_event,
+    asset_link,
+    run_link,
+    ui_url,
+)
 from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
 from outbox_pipelines.core.health import CheckVerdict, TableStatus, evaluate_checks, read_status
@@ -37,8 +45,21 @@ class SweepReport:
 def check_condition(table_name: str, verdict: CheckVerdict) -> Condition:
     return Condition(
         key=f"check:{table_name}:{verdict.name}", severity=SEVERITY[verdict.severity],
-        summary=verdict.description, kind="check", link=asset_link(table_name), table=table_name, check=verdict.name,
+        summary=verdict.description, kind="check", link=asset_link(table_name, check=verdict.name), table=table_name,
+        check=verdict.name,
         figures={k: v for k, v in verdict.metadata.items() if v is not None},
+    )
+
+
+def settings_condition(settings: Settings) -> Condition:
+    """The declaration as a whole: an error while it cannot be read at all (no table is known, so none is
+    relayed or checked), ok once it can (which resolves the alert)."""
+    return Condition(
+        key="settings", severity="error" if settings.problem else "ok",
+        summary=(f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
+                 "Fix the file, then reload the code location." if settings.problem
+                 else "the outbox's table settings are read again"),
+        kind="settings", link=f"{ui_url()}/locations",
     )
 
 
@@ -88,7 +109,7 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
         report.dead_relays += buried  # one not buried here was told by whoever buried it
         report.alerts += [announce_event(relay_died_condition(relays), now=report.now, webhook_url=webhook_url)
                           for relays in _by_process(buried)]
-        conditions = []
+        conditions = [settings_condition(settings)]
         for name in sorted({*settings.tables, *settings.broken}):
             try:
                 verdicts = table_verdicts(conn, settings, name, now=now)

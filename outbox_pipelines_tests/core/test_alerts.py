@@ -270,7 +270,8 @@ def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
     assert (firing["severity"], firing["kind"], firing["table"], firing["check"]) == (
         "error", "check", "outbox_orders", "dead_letters")
     assert firing["summary"] == "outbox_orders: dead_letters is error."
-    assert firing["link"] == "https://dagster.example.com/assets/outbox/outbox_orders?view=checks"
+    # The Checks tab opened on the check that fires (the UI opens on the first by name otherwise).
+    assert firing["link"] == "https://dagster.example.com/assets/outbox/outbox_orders?view=checks&checkDetail=dead_letters"
     assert firing["summary"] in firing["text"] and firing["link"] in firing["text"]
     assert firing["text"].startswith("*FIRING* [error]")
     assert firing["started_at"] == at(0).isoformat()
@@ -288,7 +289,7 @@ def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
 
 def test_the_link_defaults_to_the_local_dagster_ui():
     condition = check_condition("outbox_events", CheckVerdict("lag", "warn", "x", {}))
-    assert condition.link == "http://127.0.0.1:3000/assets/outbox/outbox_events?view=checks"
+    assert condition.link == "http://127.0.0.1:3000/assets/outbox/outbox_events?view=checks&checkDetail=lag"
     assert alerts.run_link("abc-123") == "http://127.0.0.1:3000/runs/abc-123"
 
 
@@ -343,3 +344,21 @@ def test_an_event_is_told_once_with_its_own_fields(http_sink):
     assert (body["kind"], body["job"], body["run_id"], body["status"]) == (
         "run_failure", "relay_outbox_orders_job", "r1", "firing")
     assert "check" not in body
+
+
+def test_settings_that_cannot_be_read_fire_one_alert_that_resolves_once_they_can(conn, http_sink, tmp_path):
+    from outbox_pipelines.core.oncall import settings_condition
+    from outbox_pipelines.core.settings import load_settings_or_problem
+
+    bad = tmp_path / "outbox.toml"
+    bad.write_text('[table.billing_outbox]\ndestination = "paper"\n')
+    broken = load_settings_or_problem(env={}, path=bad)
+    assert broken.tables == {} and "unknown top-level keys ['table']" in (broken.problem or "")
+    [firing] = announce(conn, [settings_condition(broken)], now=at(0), repeat_s=REPEAT, webhook_url=http_sink.url)
+    assert (firing["status"], firing["severity"], firing["kind"]) == ("firing", "error", "settings")
+    assert "no table is relayed" in firing["summary"] and "[tables.NAME]" in firing["summary"]
+    assert announce(conn, [settings_condition(broken)], now=at(1), repeat_s=REPEAT, webhook_url=http_sink.url) == []
+    bad.write_text('[tables.billing_outbox]\ndestination = "paper"\n')
+    fixed = load_settings_or_problem(env={}, path=bad)
+    [resolved] = announce(conn, [settings_condition(fixed)], now=at(2), repeat_s=REPEAT, webhook_url=http_sink.url)
+    assert resolved["status"] == "resolved"
