@@ -321,7 +321,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {command}")
     print(f"\nlag = created → delivered over the last {_fmt_s(reports[0].lag_window_s if reports else 3600)}, "
           "messages still waiting counted with their age so far; "
-          "oldest = age of the oldest message not yet delivered (retries in backoff included)")
+          "oldest = age of the oldest message not yet delivered (retries in backoff included), from its creation\n"
+          "the lag check grades what waits now instead: the p95 and the oldest of the messages due and not yet "
+          "delivered, each from when it became due (a retry when its backoff ends, a replay at the replay); "
+          "nothing waiting passes")
     for r in reports:
         _print_destination_health(r)
     for r in reports:

@@ -21,8 +21,10 @@ from outbox_pipelines.defs.resources import OutboxDb
 
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
-    "lag": "p95 of created → delivered (messages still waiting count with their age so far), and the age of "
-           "the oldest message not yet delivered, retries in backoff included",
+    "lag": "how late what waits now is: the p95 and the oldest of the messages due and not yet delivered "
+           "(pending and due, or in flight), each timed from when it became due (a retry when its backoff ends, a "
+           "replay at the replay); nothing waiting passes. The last hour's created → delivered lag is shown, not "
+           "graded",
     "dead_letters": "messages in dead, by error code (replay them with replay_dead_job, a dry run first)",
     "stuck": "messages in sending past their lease or the stuck threshold (requeue_stuck_job returns them)",
     "backlog": "messages waiting to be relayed",

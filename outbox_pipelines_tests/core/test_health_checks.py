@@ -36,31 +36,69 @@ def test_every_check_in_its_order_and_a_quiet_table_passes_them_all():
                               "threshold.")
 
 
-@pytest.mark.parametrize(("lag_p95_s", "severity"), [
-    (None, "ok"), (59.9, "ok"), (60.0, "warn"), (299.0, "warn"), (300.0, "error"), (5000.0, "error"),
+# The lag check grades what waits now (pending and due, or in flight), each message timed from when it became
+# due: lag_now_p95_s against lag_p95_*, lag_now_s (the oldest) against oldest_pending_*. The created -> delivered
+# figures (lag_p95_s, oldest_waiting_age_s) are shown in the metadata, never graded: the statuses below set them
+# far past every threshold, as after the replay of a message created days ago.
+WINDOW = {"lag_p95_s": 5000.0, "lag_p99_s": 3 * 86400.0, "lag_sample": 40}
+CREATED_DAYS_AGO = 3 * 86400.0
+
+
+@pytest.mark.parametrize(("p95_s", "severity"), [
+    (0.0, "ok"), (59.9, "ok"), (60.0, "warn"), (299.0, "warn"), (300.0, "error"), (5000.0, "error"),
 ])
-def test_lag_is_graded_on_the_p95(lag_p95_s, severity):
-    verdict = check("lag", status(lag_p95_s=lag_p95_s))
+def test_lag_is_graded_on_the_p95(p95_s, severity):
+    # 20 waiting, all due p95_s ago: the oldest (as old as the p95) is never graded worse than the p95 here.
+    verdict = check("lag", status(counts={"pending": 20}, waiting_now=20, lag_now_p95_s=p95_s, lag_now_s=p95_s,
+                                  oldest_waiting_age_s=CREATED_DAYS_AGO, **WINDOW))
     assert verdict.severity == severity
-    assert verdict.metadata["lag_p95_s"] == lag_p95_s and verdict.metadata["lag_p95_warn_s"] == 60
+    assert verdict.metadata["lag_now_p95_s"] == p95_s and verdict.metadata["lag_p95_warn_s"] == 60
+    assert verdict.metadata["lag_p95_s"] == 5000.0  # the last hour's deliveries: shown, not graded
 
 
 @pytest.mark.parametrize(("oldest_s", "severity"), [(299.0, "ok"), (300.0, "warn"), (1800.0, "error")])
 def test_lag_is_also_graded_on_the_oldest_waiting_message(oldest_s, severity):
-    verdict = check("lag", status(lag_p95_s=1.0, oldest_waiting_age_s=oldest_s, counts={"pending": 3}))
+    # 500 waiting, their p95 1 s: one message, due oldest_s ago, is late.
+    verdict = check("lag", status(counts={"pending": 500}, waiting_now=500, lag_now_p95_s=1.0, lag_now_s=oldest_s,
+                                  oldest_waiting_age_s=CREATED_DAYS_AGO, **WINDOW))
     assert verdict.severity == severity
+    assert verdict.metadata["lag_now_s"] == oldest_s and verdict.metadata["oldest_waiting_warn_s"] == 300
+    assert verdict.metadata["oldest_waiting_age_s"] == CREATED_DAYS_AGO  # from created_at: shown, not graded
 
 
 def test_lag_takes_the_worse_of_its_two_figures_and_says_what_to_check():
-    verdict = check("lag", status(lag_p95_s=400.0, oldest_waiting_age_s=310.0, counts={"pending": 4, "sending": 1}))
+    # p95 past its error threshold, the oldest only past its warn one
+    verdict = check("lag", status(lag_now_p95_s=400.0, lag_now_s=410.0, waiting_now=5,
+                                  counts={"pending": 4, "sending": 1}, oldest_waiting_age_s=CREATED_DAYS_AGO))
     assert verdict.severity == "error"
     assert verdict.description == (
         "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60.0s), oldest waiting message "
-        "5.2 min old (warn at 5.0 min), 5 waiting. Check that a relay run is active for the table and what the "
+        "due 6.8 min ago (warn at 5.0 min), 5 waiting. Check that a relay run is active for the table and what the "
         "destination check says.")
-    quiet = check("lag", status(lag_p95_s=2.5, oldest_waiting_age_s=3.0, counts={"pending": 1}))
-    assert quiet.description == ("outbox_events: lag p95 2.5s (warn at 60.0s), oldest waiting message 3.0s old "
-                                 "(warn at 5.0 min), 1 waiting.")
+    # the other way round: p95 fine, the oldest past its error threshold
+    assert check("lag", status(lag_now_p95_s=2.0, lag_now_s=1900.0, waiting_now=500,
+                               counts={"pending": 500})).severity == "error"
+    # p95 past its warn threshold, the oldest fine
+    assert check("lag", status(lag_now_p95_s=90.0, lag_now_s=100.0, waiting_now=50,
+                               counts={"pending": 50})).severity == "warn"
+    quiet = check("lag", status(lag_now_p95_s=2.5, lag_now_s=3.0, waiting_now=1, counts={"pending": 1}, **WINDOW))
+    assert quiet.severity == "ok"
+    assert quiet.description == ("outbox_events: lag p95 2.5s (warn at 60.0s), oldest waiting message due 3.0s "
+                                 "ago (warn at 5.0 min), 1 waiting.")
+
+
+def test_lag_with_nothing_due_passes_and_tells_what_waits_for_later():
+    """A retry in backoff (created days ago) is not late until its backoff ends; nothing waiting passes with 0,
+    whatever the last hour's deliveries took."""
+    backoff = check("lag", status(counts={"retrying": 1}, oldest_waiting_age_s=CREATED_DAYS_AGO, next_due_in_s=300.0,
+                                  **WINDOW))
+    assert backoff.severity == "ok"
+    assert backoff.description == (
+        "outbox_events: nothing waiting, lag 0s (1 more not due yet: retrying after a backoff, scheduled, or "
+        "behind an earlier message of their key).")
+    quiet = check("lag", status(**WINDOW))
+    assert (quiet.severity, quiet.description) == ("ok", "outbox_events: nothing waiting, lag 0s.")
+    assert (quiet.metadata["waiting_now"], quiet.metadata["lag_now_s"], quiet.metadata["lag_now_p95_s"]) == (0, 0, 0)
 
 
 @pytest.mark.parametrize(("dead", "severity"), [(0, "ok"), (1, "warn"), (99, "warn"), (100, "error")])

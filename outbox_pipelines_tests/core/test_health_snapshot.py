@@ -41,20 +41,41 @@ def test_an_empty_table_is_healthy_and_every_check_passes(conn):
 
 
 def test_oldest_waiting_counts_a_row_in_retry_backoff(conn):
-    """A message retrying in backoff is still waiting: an outage must show while it lasts."""
+    """A message retrying in backoff is still waiting (the oldest waiting, the backlog), but not late until its
+    backoff ends: from then on it is timed from when it became due, so an outage shows while it lasts."""
     [row_id] = enqueue_n(conn, EVENTS, 1)
     conn.execute("UPDATE outbox_events SET attempts = 3, created_at = now() - interval '10 minutes', "
                  "available_at = now() + interval '5 minutes', last_error_code = 'BROKER_5XX' WHERE id = %s",
                  (row_id,))
+    due_at = conn.execute("SELECT available_at FROM outbox_events WHERE id = %s", (row_id,)).fetchone()["available_at"]
     status = status_of(conn)
     assert status.counts["retrying"] == 1 and status.counts["pending"] == 0
     assert status.ready == 0
     assert status.oldest_waiting_age_s == pytest.approx(600, abs=5)
     assert status.next_due_in_s == pytest.approx(300, abs=5)
     assert status.backlog == 1 and status.waiting == 1
+    # In backoff: created 10 min ago, yet not due, so not late.
+    assert (status.waiting_now, status.lag_now_s, status.lag_now_p95_s) == (0, 0, 0)
     lag = verdict(status, "lag")
-    assert lag.severity == "error"  # lag p95 600 s is past the 300 s error threshold
-    assert "messages wait too long" in lag.description
+    assert lag.severity == "ok", lag.description
+    assert lag.description == (
+        "outbox_events: nothing waiting, lag 0s (1 more not due yet: retrying after a backoff, scheduled, or "
+        "behind an earlier message of their key).")
+    # Its backoff ended 10 s ago: it waits now, timed from then, not from its creation 15 min earlier.
+    due = status_of(conn, now=due_at + timedelta(seconds=10))
+    assert due.ready == 1 and due.waiting_now == 1
+    assert due.lag_now_s == pytest.approx(10) and due.lag_now_p95_s == pytest.approx(10)
+    assert due.oldest_waiting_age_s == pytest.approx(910, abs=5)
+    assert verdict(due, "lag").severity == "ok"
+    # Still not delivered 2 min after it became due: p95 past the 60 s warn threshold.
+    late = status_of(conn, now=due_at + timedelta(seconds=120))
+    assert late.lag_now_s == pytest.approx(120)
+    lag = verdict(late, "lag")
+    assert lag.severity == "warn"
+    assert "messages wait too long" in lag.description and "1 waiting" in lag.description
+    assert "oldest waiting message due 2.0 min ago" in lag.description
+    # 5 min after: past the 300 s error threshold.
+    assert verdict(status_of(conn, now=due_at + timedelta(seconds=300)), "lag").severity == "error"
 
 
 def test_oldest_waiting_counts_an_in_flight_row(conn):

@@ -38,12 +38,17 @@ def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, in
                  (ids[:2],))
     conn.execute("UPDATE outbox_orders SET status = 'sending', locked_by = 'gone', attempts = 1, "
                  "lease_expires_at = now() - interval '1 minute' WHERE id = ANY(%s)", (ids[2:55],))
-    conn.execute("UPDATE outbox_orders SET created_at = now() - interval '1 hour' WHERE id = ANY(%s)", (ids[55:],))
+    # Five messages created and due an hour ago, still pending (created_at alone would read as a replay: due now).
+    conn.execute("UPDATE outbox_orders SET created_at = now() - interval '1 hour', "
+                 "available_at = now() - interval '1 hour' WHERE id = ANY(%s)", (ids[55:],))
     checks = check_results(run_job("outbox_checks_job", resources, instance))
     assert checks["dead_letters"][:2] == (False, "WARN")
     assert checks["dead_letters"][2]["dead_BAD_REQUEST"] == 2
     assert checks["stuck"][:2] == (False, "ERROR") and checks["stuck"][2]["stuck"] == 53
-    assert checks["lag"][:2] == (False, "ERROR")  # the oldest ready message waits an hour
+    assert checks["lag"][:2] == (False, "ERROR")  # the oldest ready message has waited an hour since it was due
+    lag = checks["lag"][2]
+    assert lag["waiting_now"] == 58 and lag["lag_now_s"] == pytest.approx(3600, abs=60)
+    assert lag["lag_now_p95_s"] >= 300  # 5 of 58 an hour late: the p95 is past its error threshold too
     assert checks["backlog"][0] is True
 
 
