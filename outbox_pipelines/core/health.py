@@ -9,6 +9,7 @@ from typing import Any, Literal
 import psycopg
 
 from outbox_pipelines.core.destination_health import DestinationHealth, read_health
+from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
 from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.table import OutboxTable
 
@@ -175,6 +176,10 @@ def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text += (f" ({_codes(status.dead_by_code)}). See what died with 'outbox-pipelines replay --table "
                  f"{status.table} --error-code {top} --dry-run' (or replay_dead_job, a dry run first), fix the cause, "
                  "then replay.")
+        refused = [code for code in REPLAY_NEEDS_FORCE if status.dead_by_code.get(code)]
+        if refused:
+            text += (f" {', '.join(refused)} rows were refused by the destination itself: replay refuses them "
+                     "unless forced (--force / force: true), once the message or the destination is fixed.")
     else:
         text += "."
     return CheckVerdict("dead_letters", grade, text, {

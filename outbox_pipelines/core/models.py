@@ -24,6 +24,9 @@ RATE_LIMITED = "RATE_LIMITED"
 BROKER_5XX = "BROKER_5XX"
 NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
 BAD_REQUEST = "BAD_REQUEST"
+# What replay refuses unless forced (--force / force: true): the destination refused the message itself, so
+# the same message would be refused again (sql/queries/outbox.sql outbox_replay_dead says it in SQL).
+REPLAY_NEEDS_FORCE = (BAD_REQUEST,)
 UNAUTHORIZED = "UNAUTHORIZED"
 UNKNOWN = "UNKNOWN"
 NO_SUBSCRIBERS = "NO_SUBSCRIBERS"

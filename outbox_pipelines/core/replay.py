@@ -232,7 +232,8 @@ class ReplayReport:
         moved = self.would_replay if self.dry_run else self.replayed
         text = f"{self.table}: {self.matched} dead rows matched, {verb} {moved}"
         if self.refused:
-            text += f", refused {self.refused} BAD_REQUEST rows (use --force / force: true to replay them)"
+            text += (f", refused {self.refused} {'/'.join(m.REPLAY_NEEDS_FORCE)} rows "
+                     "(use --force / force: true to replay them)")
         return text
 
     def rows_markdown(self) -> str:
