@@ -34,3 +34,17 @@ def op_metadata(result, op_name: str) -> dict:
         if event.event_type_value == "STEP_OUTPUT" and event.step_key == op_name:
             return {k: getattr(v, "value", v) for k, v in event.event_specific_data.metadata.items()}
     raise AssertionError(f"no output metadata for {op_name}")
+
+
+def evaluate_run_failure_alert(instance, resources: dict, result, times: int = 2) -> None:
+    """outbox_run_failure_alert on the failed run ``result``, evaluated ``times`` times (two sensors, a retried
+    tick): what it posts is the test's to read."""
+    from outbox_pipelines.defs.alerts import run_failure_alert
+
+    for _ in range(times):
+        with dg.build_run_status_sensor_context(
+            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id), dagster_event=result.get_run_failure_event(),
+            resources={"outbox_db": resources["outbox_db"]},
+        ) as context:
+            run_failure_alert(context.for_run_failure())

@@ -6,7 +6,7 @@ import pytest
 from outbox_pipelines.core.health import CHECK_NAMES
 from outbox_pipelines.defs.alerts import oncall_sensor
 from outbox_pipelines.defs.resources import outbox_resources
-from outbox_pipelines_tests.defs.conftest import run_job
+from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n
 
 
@@ -179,7 +179,6 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, 
     import subprocess
 
     from outbox_pipelines.core import liveness
-    from outbox_pipelines.defs.alerts import run_failure_alert
 
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
@@ -191,13 +190,7 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, 
     conn.execute("INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host) VALUES (%s, %s, %s, %s, %s)",
                  ("dagster:dead", "outbox_orders", failed.run_id, gone.pid, liveness.HOST))
     instance.add_run_tags(failed.run_id, {"outbox/table": "outbox_orders"})
-    for _ in range(2):  # evaluated twice (e.g. two sensors, a retried tick): still one alert
-        with dg.build_run_status_sensor_context(
-            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(failed.run_id), dagster_event=failed.get_run_failure_event(),
-            resources={"outbox_db": resources["outbox_db"]},
-        ) as context:
-            run_failure_alert(context.for_run_failure())
+    evaluate_run_failure_alert(instance, resources, failed)  # twice (two sensors, a retried tick): one alert
     [alert] = [r.body for r in http_sink.received]
     assert (alert["kind"], alert["table"], alert["figures"]["held"], alert["figures"]["returned"]) == (
         "relay_died", "outbox_orders", 1, 1)

@@ -13,7 +13,7 @@ import pytest
 from outbox_pipelines.defs.common import REFUSED_INPUT, RefusedLaunch, refused_config_text
 from outbox_pipelines.defs.replay import ReplayConfig
 from outbox_pipelines.defs.resources import outbox_resources
-from outbox_pipelines_tests.defs.conftest import run_job
+from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 
 ORDERS = "outbox_orders"
@@ -44,16 +44,8 @@ def _refusal(result) -> tuple[str, str]:
 
 def _alert(instance, resources, result, http_sink, monkeypatch, evaluations: int = 2) -> dict:
     """What outbox_run_failure_alert posts for the run (a refused launch evaluated twice: still one note)."""
-    from outbox_pipelines.defs.alerts import run_failure_alert
-
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
-    for _ in range(evaluations):
-        with dg.build_run_status_sensor_context(
-            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(result.run_id), dagster_event=result.get_run_failure_event(),
-            resources={"outbox_db": resources["outbox_db"]},
-        ) as context:
-            run_failure_alert(context.for_run_failure())
+    evaluate_run_failure_alert(instance, resources, result, times=evaluations)
     [alert] = [r.body for r in http_sink.received]
     return alert
 

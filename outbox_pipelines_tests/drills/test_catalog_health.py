@@ -20,21 +20,12 @@ from typing import Any
 import pytest
 
 from outbox_pipelines_tests.drills.conftest import TABLE, DrillStack
+from outbox_pipelines_tests.drills.many_tables import LAUNCH, REPOSITORY
 from outbox_pipelines_tests.helpers import wait_until
 
 pytestmark = pytest.mark.drill
 
 CHECKS_JOB = "outbox_checks_job"
-REPOSITORY = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
-LAUNCH = """
-mutation($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}"""
 RUN_STATUS = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
 HEALTH = """
 query TableHealth($keys: [AssetKeyInput!]) {
