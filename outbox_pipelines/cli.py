@@ -293,22 +293,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = _database_url()
     reports = []
-    tables = _chosen_tables(args, settings)
+    missing: list[str] = []  # declared, not created yet: told at the end, the others shown
+    chosen = _chosen_tables(args, settings)
     with db.connect(url) as conn:
-        for table in tables:
-            outbox_table = OutboxTable(conn, table.name)
-            reports.append(read_status(outbox_table, stuck_after_s=table.stuck_threshold_s, count_sent=True))
+        for table in chosen:
+            try:
+                reports.append(read_status(OutboxTable(conn, table.name), stuck_after_s=table.stuck_threshold_s,
+                                           count_sent=True))
+            except UnknownTable:
+                missing.append(table.name)
+    tables = [t for t in chosen if t.name not in missing]
+    _print_status(args, reports, tables)
+    if missing:
+        say(f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db create-table NAME' for each "
+            "(or 'outbox-pipelines db upgrade' for the shipped tables)")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _print_status(args: argparse.Namespace, reports: list[TableStatus], tables: list[TableSettings]) -> None:
     if args.json:
         print(json.dumps([{**r.as_dict(), "delivers_nowhere": t.delivers_nowhere} for r, t in zip(reports, tables,
                                                                                                    strict=True)],
                          indent=2, default=str))
-        return EXIT_OK
-    header = (f"{'table':<18}" + "".join(f"{s:>10}" for s in STATES)
+        return
+    width = max([18, *(len(r.table) + 1 for r in reports)])
+    header = (f"{'table':<{width}}" + "".join(f"{s:>10}" for s in STATES)
               + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}")
     print(header)
     for r in reports:
         print(
-            f"{r.table:<18}" + "".join(f"{r.counts.get(s, 0):>10}" for s in STATES) + f"{r.stuck:>8}"
+            f"{r.table:<{width}}" + "".join(f"{r.counts.get(s, 0):>10}" for s in STATES) + f"{r.stuck:>8}"
             f"{_fmt_s(r.oldest_pending_age_s):>9}{_fmt_s(r.lag_p50_s):>9}{_fmt_s(r.lag_p95_s):>8}{_fmt_s(r.lag_p99_s):>8}"
         )
     dead = [(r.table, code, n) for r in reports for code, n in r.dead_by_code.items()]
@@ -335,7 +350,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")
-    return EXIT_OK
 
 
 def blocked_keys_text(r: Any) -> str:

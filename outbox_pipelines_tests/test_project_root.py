@@ -94,3 +94,15 @@ def test_a_command_outside_any_project_starts_no_server_there_and_says_how(tmp_p
     with pytest.raises(ConfigError, match="no project here.*set OUTBOX_DATABASE_URL.*mkdir .outbox"):
         db.resolve_database(announce=False)
     assert list(bare.iterdir()) == []
+
+
+def test_status_shows_the_tables_there_and_names_those_not_created_yet(project, db_url):
+    (project / "outbox.toml").write_text('shipped_tables = false\n\n[tables.ledger_outbox]\ndestination = "paper"\n\n'
+                                         '[tables.a_much_longer_payroll_outbox]\ndestination = "paper"\n')
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": db_url}
+    assert run_cli(env, "db", "create-table", "a_much_longer_payroll_outbox", cwd=project).returncode == 0
+    status = run_cli(env, "status", cwd=project)
+    assert status.returncode == 1
+    header, row = status.stdout.splitlines()[:2]
+    assert row.startswith("a_much_longer_payroll_outbox ") and header.index("pending") == row.index("0") - 6
+    assert "not in the database yet: ledger_outbox. Run 'outbox-pipelines db create-table NAME'" in status.stderr
