@@ -23,7 +23,9 @@ from outbox_pipelines_tests.drills.conftest import TABLE, DrillStack
 from outbox_pipelines_tests.drills.many_tables import LAUNCH, REPOSITORY
 from outbox_pipelines_tests.helpers import wait_until
 
-pytestmark = pytest.mark.drill
+# In the soak lane (pytest -m soak): it checks what open-source Dagster's UI shows of our checks, behaviour of
+# Dagster's that no change of ours moves, and .ci/run keeps to its 30 minutes.
+pytestmark = [pytest.mark.drill, pytest.mark.soak]
 
 CHECKS_JOB = "outbox_checks_job"
 RUN_STATUS = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
