@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, overload
 from urllib.parse import urlsplit
 
+from outbox_pipelines.core.broker_settings import BROKERS, BrokerSettings, broker_settings, env_variable
 from outbox_pipelines.core.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.destinations.http_outcomes import (
     DEFAULT_ALREADY_PROCESSED,
     STRICT_ALREADY_PROCESSED,
     AlreadyProcessed,
 )
+from outbox_pipelines.core.destinations.signing import signing_keys
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.redaction import redact_url
@@ -30,7 +32,7 @@ from outbox_pipelines.core.retry import RetryPolicy, preset
 WING_DESTINATIONS: dict[str, str] = {"orders": "outbox_pipelines.core.orders.broker:build_order_broker"}
 # Shipped tables a wing declares: "module:attribute" naming {table name: section}, read when settings load.
 WING_TABLES: tuple[str, ...] = ("outbox_pipelines.core.orders:SHIPPED_TABLES",)
-DESTINATION_KINDS = ("http", "handlers", "paper", *WING_DESTINATIONS)
+DESTINATION_KINDS = ("http", "handlers", "paper", *BROKERS, *WING_DESTINATIONS)
 # Destinations that take a URL (its credentials are checked at start-up): HTTP, and a wing's.
 URL_DESTINATIONS = ("http", *WING_DESTINATIONS)
 # What a shipped table's ``url_from_env`` may name: the GlobalSettings field, and the variable it comes from.
@@ -265,6 +267,10 @@ class TableSettings:
     # Set when messages go nowhere (the paper broker): the sentence that relay starts, the destination check
     # and ``status`` say.
     delivers_nowhere: str | None = None
+    # A broker table's connection (destination = "nats" | "rabbitmq" | "kafka"); None for the others.
+    broker: BrokerSettings | None = None
+    # An HTTP table's Standard Webhooks signing secret (``signing_secret_env``); never shown.
+    signing_secret: str | None = field(default=None, repr=False)
     handlers: str | None = None
     timeout_s: float = 5.0
     transport: str = "aiohttp-native"
@@ -357,7 +363,7 @@ TABLE_KEYS = {
     "max_attempts", "jitter", "mode", "on_success", "dedup", "batch_size", "parallelism",
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
     "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit", "already_processed", "token_env",
-    "group", "ordering",
+    "group", "ordering", "url_env", "bootstrap_servers", "topic_prefix", "exchange", "signing_secret_env",
 } | set(THRESHOLD_KEYS)
 # Keys a shipped table's defaults carry that a user does not write (WING_TABLES).
 INTERNAL_KEYS = {"url_from_env"}
@@ -406,6 +412,8 @@ class _Where:
     url: str | None
     token: str | None
     delivers_nowhere: str | None
+    broker: BrokerSettings | None = None
+    signing_secret: str | None = None
 
 
 def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, policy: RetryPolicy,
@@ -418,11 +426,25 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
     """
     if "destination" not in section:
         raise ConfigError(f"{where} names no destination: set destination = \"http\" (with url = ...), "
-                          "\"handlers\" (with handlers = \"package.module:registry\") or \"paper\" (messages are "
-                          "marked sent and go nowhere)")
+                          "\"handlers\" (with handlers = \"package.module:registry\"), a broker (\"nats\", "
+                          "\"rabbitmq\" with url = ..., \"kafka\" with bootstrap_servers = ...) or \"paper\" "
+                          "(messages are marked sent and go nowhere)")
     destination = _one_of(section["destination"], DESTINATION_KINDS, f"{where} destination")
     url = section.get("url")
     url_source = f"{where} url"
+    if "url_env" in section:
+        if url is not None:
+            raise ConfigError(f"{where} names both url and url_env: keep one (url_env when the URL holds a "
+                              "credential, which then stays out of the file)")
+        url, url_source = env_variable(section, "url_env", env.environ, where), f"{where} url_env"
+    if "signing_secret_env" in section and destination != "http":
+        raise ConfigError(f"{where} signing_secret_env applies to destination = \"http\" (signed webhooks)")
+    if destination in BROKERS:
+        broker = broker_settings(name, destination, section, url, env.environ, where)
+        return _Where(destination, None, broker.token, None, broker=broker)
+    if "bootstrap_servers" in section or "topic_prefix" in section or "exchange" in section:
+        raise ConfigError(f"{where} bootstrap_servers, topic_prefix and exchange apply to a broker destination "
+                          "(\"nats\", \"rabbitmq\", \"kafka\")")
     from_env = section.get("url_from_env")
     if url is None and from_env in URL_FROM_ENV:
         # A shipped table whose URL, unless its section sets one, comes from a variable
@@ -443,7 +465,13 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
         policy.check_inside_window(table_name=name)
     elif "token_env" in section:
         raise ConfigError(f"{where} token_env applies to a table with a url (destination = \"http\")")
-    return _Where(destination, url, token, _nowhere(name, destination, url, from_env))
+    secret = env_variable(section, "signing_secret_env", env.environ, where)
+    if secret is not None:
+        try:
+            signing_keys(secret)
+        except ValueError as exc:
+            raise ConfigError(f"{where} signing_secret_env = {section['signing_secret_env']!r}: {exc}") from None
+    return _Where(destination, url, token, _nowhere(name, destination, url, from_env), signing_secret=secret)
 
 
 def _check_handlers(spec: Any, where: str) -> None:
@@ -522,6 +550,8 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         token=goes.token,
         already_processed=_already_processed(section, where),
         delivers_nowhere=goes.delivers_nowhere,
+        broker=goes.broker,
+        signing_secret=goes.signing_secret,
         handlers=section.get("handlers"),
         timeout_s=parse_duration(section.get("timeout", "5s"), f"{where} timeout"),
         transport=section.get("transport", "aiohttp-native"),

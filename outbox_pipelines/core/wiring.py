@@ -35,6 +35,24 @@ def build_wing_destination(table: TableSettings, settings: Settings) -> Destinat
     return destination
 
 
+# Each broker's destination module, imported only when a table uses it (its client library is an extra).
+BROKER_MODULES = {
+    "nats": "outbox_pipelines.core.destinations.nats_jetstream",
+    "rabbitmq": "outbox_pipelines.core.destinations.rabbitmq",
+    "kafka": "outbox_pipelines.core.destinations.kafka",
+}
+
+
+def build_broker_destination(table: TableSettings) -> Destination:
+    """A broker table's destination: its module's ``build(table)``."""
+    import importlib
+
+    assert table.broker is not None
+    module = importlib.import_module(BROKER_MODULES[table.broker.kind])
+    destination: Destination = module.build(table)
+    return destination
+
+
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
     if table.destination == "http":
         # httpx only for an HTTP table: a relay of in-process handlers starts without it.
@@ -50,7 +68,10 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
             token=table.token,
             transport=table.transport,
             already_processed=table.already_processed,
+            signing_secret=table.signing_secret,
         )
+    if table.broker is not None:
+        return build_broker_destination(table)
     if table.destination in WING_DESTINATIONS:
         return build_wing_destination(table, settings)
     if table.destination == "handlers":

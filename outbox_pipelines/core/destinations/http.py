@@ -50,6 +50,7 @@ from outbox_pipelines.core.destinations.http_outcomes import (
     AlreadyProcessed,
     classify_response,
 )
+from outbox_pipelines.core.destinations.signing import WebhookSigner
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import (
@@ -233,6 +234,7 @@ class HttpDestination(Destination):
         build_request: RequestBuilder = default_request,
         on_result: ResultHook | None = None,
         already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
+        signing_secret: str | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown HTTP transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
@@ -257,6 +259,10 @@ class HttpDestination(Destination):
         origin = url_origin(url)
         self.name = redact_text(name.replace(raw_url, origin).replace(shown, origin)) if name else origin
         self.scrub = Scrubber(url, token=token, credentials=credentials)
+        try:  # Standard Webhooks signatures (signing_secret_env); the secret itself is never kept or shown
+            self.signer = WebhookSigner(signing_secret) if signing_secret else None
+        except ValueError as exc:
+            raise ConfigError(f"destination {url_origin(url)}: {exc}") from None
         hide_url_paths_in_http_client_logs()  # the httpx transports log each request's full URL at INFO
         self.already_processed = already_processed
         self.url = url.rstrip("/") if build_request is not default_request else url
@@ -305,6 +311,8 @@ class HttpDestination(Destination):
             headers[name.lower()] = value
         headers["idempotency-key"] = message.event_id
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if self.signer is not None:  # signs the exact bytes sent; nothing a builder sets can replace them
+            headers.update(self.signer.headers(message.event_id, body))
         path = request.path
         if path and not path.startswith(("/", "?")):
             path = "/" + path  # self.url has no trailing "/" here: "orders" must not become ":8080orders"

@@ -1,0 +1,1 @@
+"""Tests of the broker destinations (NATS JetStream, RabbitMQ, Kafka) against real servers the tests start."""
