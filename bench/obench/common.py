@@ -401,6 +401,7 @@ class Sizes:
     cleaner_seconds: float = 60.0
     cleaner_load_messages: int = 200_000
     sweep_messages: int = 40_000
+    broker_messages: int = 10_000
 
     @classmethod
     def quick(cls) -> "Sizes":
@@ -417,4 +418,5 @@ class Sizes:
             cleaner_seconds=15.0,
             cleaner_load_messages=30_000,
             sweep_messages=8_000,
+            broker_messages=2_000,
         )
