@@ -223,3 +223,30 @@ def test_the_cli_relays_a_kafka_table_from_its_outbox_toml(cluster, cli_env, tmp
     assert {r.key for r in records} == {"order-1"} and len({r.partition for r in records}) == 1
     status = run_cli(env, "status", "--table", "kafka_outbox", cwd=project)
     assert status.returncode == 0, status.stdout + status.stderr
+
+
+def test_a_full_local_queue_is_waited_out_not_lost(cluster):
+    """The producer's local queue holds 10 records; a batch of 60 waits for reports to free it (BufferError
+    served by polling) and every record is delivered."""
+    cluster.create_topic("queue", 2)
+    destination = KafkaDestination(cluster.bootstrap, timeout_s=3.0, config={"queue.buffering.max.messages": 10})
+    try:
+        outcomes = destination.deliver([claimed(i, "queue") for i in range(60)])
+    finally:
+        destination.close()
+    assert {o.kind for o in outcomes} == {"sent"}
+    assert sorted(r.headers["idempotency-key"] for r in read_topic(cluster.bootstrap, "queue")) == sorted(
+        f"ev-{i}" for i in range(60))
+
+
+def test_librdkafka_complaints_are_logged_once_per_kind_and_broker(caplog):
+    from outbox_pipelines.core.destinations.kafka import _ClientLog
+
+    client_log = _ClientLog()
+    with caplog.at_level("DEBUG", logger="outbox_pipelines.kafka"):
+        for _ in range(5):
+            client_log.log(40, "%s [%s] %s", "FAIL", "p-1", "127.0.0.1:9/1: Connect failed: Connection refused")
+        client_log.log(40, "%s [%s] %s", "FAIL", "p-1", "127.0.0.1:9/2: Connect failed: Connection refused")
+    assert [r.getMessage() for r in caplog.records] == [
+        "librdkafka FAIL: 127.0.0.1:9/1: Connect failed: Connection refused",
+        "librdkafka FAIL: 127.0.0.1:9/2: Connect failed: Connection refused"]

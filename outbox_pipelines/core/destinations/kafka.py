@@ -44,7 +44,11 @@ Outcomes (each decided here, on the error librdkafka reports, and why):
   producer in the fatal state accepts nothing again). Anything unforeseen → retry UNKNOWN, never dead.
 
 Error texts pass through the destination's ``Scrubber``: the name shows ``kafka://host:port``, never a
-SASL credential given in ``config``.
+SASL credential given in ``config`` (extra librdkafka settings: ``security.protocol``, ``sasl.*``,
+``ssl.*``; the settings that carry the guarantees above cannot be overridden). librdkafka's own log lines
+go to the ``outbox_pipelines.kafka`` logger, each kind at most once every 30 s (an outage would otherwise
+log every reconnect of every broker). The producer is created with the destination, so it connects and
+obtains its producer id while the relay starts, and a refused setting fails the start, not a delivery.
 """
 
 import json
@@ -58,7 +62,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http import trace_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import Scrubber, redact_text
 
@@ -104,17 +107,70 @@ def topic_problem(topic: str) -> str | None:
     return None
 
 
+# The W3C traceparent the HTTP destination passes on (its trace_headers), checked the same way here: importing
+# the HTTP destination would load aiohttp and httpx (0.4 s) into a Kafka relay.
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_CONTENT_TYPE = ("content-type", "application/json")
+# One encoder for every payload: json.dumps with non-default options builds a new one per call (2 µs).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def record_headers(message: ClaimedMessage) -> list[tuple[str, str | bytes | None]]:
-    """The record's headers: the idempotency key first, then what the HTTP destination sends."""
+    """The record's headers: the idempotency key first, then what the HTTP destination sends (the outbox
+    topic, the attempt, a well-formed traceparent, the trace and tenant ids)."""
     headers: list[tuple[str, str | bytes | None]] = [
         ("idempotency-key", message.event_id), ("outbox-topic", message.topic),
-        ("outbox-attempt", str(message.attempts)), ("content-type", "application/json")]
-    headers.extend(trace_headers(message).items())
-    if message.trace_id:
-        headers.append(("trace-id", message.trace_id))
+        ("outbox-attempt", str(message.attempts)), _CONTENT_TYPE]
+    extra = message.headers
+    if extra and isinstance(extra, dict):
+        traceparent = extra.get("traceparent")
+        if isinstance(traceparent, str) and _TRACEPARENT.match(traceparent):
+            headers.append(("traceparent", traceparent))
+        trace_id = extra.get("trace_id")
+        if trace_id is not None:
+            headers.append(("trace-id", str(trace_id)))
     if message.tenant_id:
         headers.append(("tenant-id", message.tenant_id))
     return headers
+
+
+def _sent(ref: str) -> Outcome:
+    """Outcome.sent(ref=ref) without the frozen dataclass's __init__ (five object.__setattr__ calls: a
+    tenth of a record's cost here), as models.EnqueueResult.new does."""
+    outcome = object.__new__(Outcome)
+    outcome.__dict__.update(kind="sent", code=None, error=None, ref=ref, delay_s=None)
+    return outcome
+
+
+# The same client complaint (a broker refusing connections during an outage) is logged once this often.
+LOG_EVERY_S = 30.0
+
+
+class _ClientLog:
+    """librdkafka's own log lines into ``outbox_pipelines.kafka``, each kind (level, facility, broker) at
+    most once every LOG_EVERY_S: during an outage librdkafka reports every reconnect of every broker,
+    several lines a second, while the table's circuit already says the destination is down."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, str, str], tuple[float, int]] = {}
+
+    def log(self, level: int, _format: str, facility: str, _client: str, text: str) -> None:
+        # confluent-kafka calls logger.log(level, "%s [%s] %s", facility, client name, text) while it serves
+        # the producer's queue; an exception here would be raised by that poll, so none may escape.
+        try:
+            key = (level, facility, text.split(": ", 1)[0])
+            now = time.monotonic()
+            last, skipped = self._last.get(key, (-LOG_EVERY_S, 0))
+            if now - last < LOG_EVERY_S:
+                self._last[key] = (last, skipped + 1)
+                return
+            if len(self._last) > 1_000:
+                self._last.clear()
+            self._last[key] = (now, 0)
+            more = f" ({skipped} more like it in the last {now - last:.0f} s)" if skipped else ""
+            log.log(level, "librdkafka %s: %s%s", facility, text, more)
+        except Exception:  # noqa: BLE001, S110 - logging must never fail a delivery
+            pass
 
 
 class _Batch:
@@ -171,7 +227,7 @@ class KafkaDestination(Destination):
             "acks": "all",
             "message.timeout.ms": timeout_ms,
             "error_cb": self._on_error,
-            "logger": log,
+            "logger": _ClientLog(),
         }
         self._producer: Producer | None = None
         self._broken: str | None = None  # why the producer must be recreated (a fatal error)
@@ -181,6 +237,13 @@ class KafkaDestination(Destination):
         self.abandoned = 0
         self.late_deliveries = 0
         self.producers_created = 0
+        # Created now, not at the first batch: it connects and obtains its producer id while the relay
+        # connects to the database and claims (up to half a second, librdkafka's producer-id timer), and
+        # a setting librdkafka refuses fails here, when the relay starts.
+        try:
+            self._ready_producer()
+        except KafkaException as exc:
+            raise ValueError(f"{self.name}: the Kafka client refused its settings: {self._text(str(exc))}") from None
 
     # -- the producer ------------------------------------------------------
     def _ready_producer(self) -> Producer:
@@ -250,7 +313,7 @@ class KafkaDestination(Destination):
         if problem is not None:
             return Outcome.dead(m.BAD_REQUEST, problem)
         try:
-            value = json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode()
+            value = _ENCODE(message.payload).encode()
         except (TypeError, ValueError) as exc:
             return Outcome.dead(m.BAD_REQUEST, f"the payload cannot be written as JSON: {exc}")
         while True:
@@ -308,7 +371,7 @@ class KafkaDestination(Destination):
                                  + self._client_hint())
         err, msg = report
         if err is None:
-            return Outcome.sent(ref=f"{msg.topic()}/{msg.partition()}@{msg.offset()}")
+            return _sent(f"{msg.topic()}/{msg.partition()}@{msg.offset()}")
         return self._error_outcome(err)
 
     def _client_hint(self) -> str:
