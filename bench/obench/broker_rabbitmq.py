@@ -1,0 +1,256 @@
+"""rabbitmq: the relay's RabbitMQ destination against the same client's own publish loop, in the same run.
+
+The broker is a RabbitMQ node of Debian's package started for this measurement
+(``outbox_pipelines_tests/brokers/rabbitmq_server.py``: its own node name, ports, epmd and data dir, no
+plugins), stopped by its pid at the end. Each side publishes to an exchange of its own (durable, topic)
+with a durable queue bound to it, so every publish is routed and stored persistently; the queue is
+checked (it holds every message) and purged after each side.
+
+Per run, interleaved, each side in a fresh spawned process; every figure counts from the connection's
+opening (the relay opens its connection at its first batch, inside its clock) to the last confirm:
+
+- the client's own publish loop, the fastest simple loop a user writes with the destination's client
+  (aiormq, the AMQP client under aio-pika) for the relay's guarantee (publisher confirms, persistent,
+  mandatory): ``requests_in_flight`` (32) publishes, then await their confirms, batch after batch. This is
+  the comparison (``client_loop_msg_s``);
+- for information: the naive loop (publish, await its confirm, next), aio-pika's ``Exchange.publish``
+  with 32 in flight, and pika's BlockingConnection in confirm mode (it waits for each confirm: it cannot
+  keep publishes in flight). These are the measurements behind the destination's choice of client;
+- the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch 100, into
+  its RabbitMQDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle).
+"""
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # run as a script: the obench package and the repository on the path
+    for entry in (str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+import psycopg  # noqa: E402
+
+from obench.common import (  # noqa: E402
+    Barrier,
+    copy_rows,
+    count_by_status,
+    log,
+    make_rows,
+    reset_table,
+    run_processes,
+    sample_payload,
+    settle_server,
+)
+
+TABLE = "outbox_events"
+BATCH = 100
+INFLIGHT = 32
+TOPIC = "order.created"
+# The client loops, each in its own process; "aiormq-32" is the comparison.
+LOOPS = ("aiormq-32", "aiormq-sequential", "aio-pika-32", "pika-blocking")
+
+
+def _parts(messages: int) -> list[tuple[str, bytes]]:
+    """(event_id, JSON body) of every message, made before the clock starts."""
+    return [(f"rabbitmq-{n}", json.dumps(sample_payload(n), separators=(",", ":"), ensure_ascii=False).encode())
+            for n in range(messages)]
+
+
+async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, bytes]], inflight: int) -> int:
+    import aiormq
+    from pamqp import commands as spec
+
+    connection = await aiormq.connect(url)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    await channel.exchange_declare(exchange, exchange_type="topic", durable=True)
+
+    async def publish(event_id: str, body: bytes) -> Any:
+        properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=event_id,
+                                           headers={"Idempotency-Key": event_id})
+        return await channel.basic_publish(body, exchange=exchange, routing_key=TOPIC, properties=properties,
+                                           mandatory=True)
+
+    confirmed = 0
+    for start in range(0, len(parts), inflight):
+        answers = await asyncio.gather(*(publish(e, b) for e, b in parts[start:start + inflight]))
+        confirmed += sum(isinstance(a, spec.Basic.Ack) for a in answers)
+    await connection.close()
+    return confirmed
+
+
+async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, bytes]], inflight: int) -> int:
+    import aio_pika
+
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    exchange = await channel.declare_exchange(exchange_name, aio_pika.ExchangeType.TOPIC, durable=True)
+
+    def message(event_id: str, body: bytes) -> aio_pika.Message:
+        return aio_pika.Message(body, content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                message_id=event_id, headers={"Idempotency-Key": event_id})
+
+    confirmed = 0
+    for start in range(0, len(parts), inflight):
+        await asyncio.gather(*(exchange.publish(message(e, b), TOPIC, mandatory=True)
+                               for e, b in parts[start:start + inflight]))
+        confirmed += len(parts[start:start + inflight])  # publish raises unless the broker acked
+    await connection.close()
+    return confirmed
+
+
+def _pika_loop(url: str, exchange: str, parts: list[tuple[str, bytes]]) -> int:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.exchange_declare(exchange, "topic", durable=True)
+    for event_id, body in parts:  # basic_publish returns once the broker confirmed (raises otherwise)
+        channel.basic_publish(exchange, TOPIC, body, pika.BasicProperties(
+            content_type="application/json", delivery_mode=2, message_id=event_id,
+            headers={"Idempotency-Key": event_id}), mandatory=True)
+    connection.close()
+    return len(parts)
+
+
+def client_loop(kind: str, url: str, exchange: str, messages: int, barrier: Barrier) -> dict[str, Any]:
+    """One publish loop (in a spawned process): msg/s from the connection's opening to the last confirm."""
+    parts = _parts(messages)
+    barrier()
+    started = time.perf_counter()
+    if kind == "aiormq-32":
+        confirmed = asyncio.run(_aiormq_loop(url, exchange, parts, INFLIGHT))
+    elif kind == "aiormq-sequential":
+        confirmed = asyncio.run(_aiormq_loop(url, exchange, parts, 1))
+    elif kind == "aio-pika-32":
+        confirmed = asyncio.run(_aio_pika_loop(url, exchange, parts, INFLIGHT))
+    elif kind == "pika-blocking":
+        confirmed = _pika_loop(url, exchange, parts)
+    else:
+        raise ValueError(kind)
+    seconds = time.perf_counter() - started
+    return {"rate": confirmed / seconds, "confirmed": confirmed, "seconds": seconds}
+
+
+def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[str, Any]:
+    """The relay draining the loaded rows into its RabbitMQ destination (in a spawned process)."""
+    from dataclasses import replace
+
+    from outbox_pipelines.core.broker_settings import BrokerSettings
+    from outbox_pipelines.core.destinations.rabbitmq import build
+    from outbox_pipelines.core.redaction import url_origin
+    from outbox_pipelines.core.relay import Relay
+    from outbox_pipelines.core.settings import load_settings
+
+    broker = BrokerSettings(kind="rabbitmq", url=url, shown=url_origin(url), exchange=exchange)
+    table = replace(load_settings(env={}, path=None).tables[TABLE], destination="rabbitmq", broker=broker,
+                    mode="competing", batch_size=BATCH, requests_in_flight=INFLIGHT)
+    destination = build(table)  # connects at its first batch: inside the clock
+    relay = Relay(db_url, table, destination, worker_id="bench-rabbitmq")
+    try:
+        barrier()
+        report = relay.run(once=True)
+    finally:
+        destination.close()
+    return {"sent": report.sent, "retried": report.retried, "dead": report.dead, "seconds": report.seconds,
+            "rate": report.sent / report.seconds if report.seconds else 0.0}
+
+
+def _queue_count(url: str, queue: str, purge: bool) -> int:
+    """How many messages ``queue`` holds (then emptied when ``purge``)."""
+    import aiormq
+
+    async def run() -> int:
+        connection = await aiormq.connect(url)
+        try:
+            channel = await connection.channel()
+            declared = await channel.queue_declare(queue, passive=True)
+            if purge:
+                await channel.queue_purge(queue)
+            return int(declared.message_count or 0)
+        finally:
+            await connection.close()
+
+    return asyncio.run(run())
+
+
+def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
+    """Per-run msg/s of the relay and of each client loop, interleaved, against one RabbitMQ node."""
+    from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue
+
+    rows = make_rows(messages, TOPIC, "rabbitmq")
+    figures: dict[str, list[float]] = {"relay": [], **{kind: [] for kind in LOOPS}}
+    with RabbitMQ(prefix="outbox-bench-rabbitmq-") as node:
+        version = node.version()
+        pid = node.process.pid if node.process else "?"
+        log(f"  rabbitmq: RabbitMQ {version} node {node.nodename} on port {node.port} (pid {pid}), "
+            f"booted in {node.boot_seconds[0]:.1f} s")
+        for side in ("relay", *LOOPS):
+            bind_queue(node.url, f"bench-{side}", f"bench-{side}", "#")
+        for run in range(runs):
+            for kind in LOOPS:
+                out = run_processes([(client_loop, (kind, node.url, f"bench-{kind}", messages))], 300)[0]
+                stored = _queue_count(node.url, f"bench-{kind}", purge=True)
+                if out["confirmed"] != messages or stored != messages:
+                    raise RuntimeError(f"{kind}: {out}, the queue holds {stored}")
+                figures[kind].append(out["rate"])
+                log(f"  rabbitmq run {run + 1}/{runs} {kind:18s} {out['rate']:8,.0f} msg/s")
+            reset_table(db_url, TABLE)
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                copy_rows(conn, TABLE, rows)
+            settle_server(db_url, TABLE)
+            out = run_processes([(relay_drain, (db_url, node.url, "bench-relay"))], 300)[0]
+            counts = count_by_status(db_url, TABLE)
+            stored = _queue_count(node.url, "bench-relay", purge=True)
+            if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} \
+                    or stored != messages:
+                raise RuntimeError(f"relay: {out}, table {counts}, the queue holds {stored}")
+            figures["relay"].append(out["rate"])
+            log(f"  rabbitmq run {run + 1}/{runs} {'relay':18s} {out['rate']:8,.0f} msg/s")
+    return {
+        "messages": messages,
+        "runs": runs,
+        "batch": BATCH,
+        "inflight": INFLIGHT,
+        "relay_msg_s": figures["relay"],
+        "client_loop_msg_s": figures["aiormq-32"],
+        "client_loop_sequential_msg_s": figures["aiormq-sequential"],
+        "aio_pika_loop_msg_s": figures["aio-pika-32"],
+        "pika_blocking_loop_msg_s": figures["pika-blocking"],
+        "ratio_relay_to_client_loop": [r / c for r, c in zip(figures["relay"], figures["aiormq-32"], strict=True)],
+        "comparison": f"aiormq, {INFLIGHT} publishes then their confirms, batch after batch (confirmed, persistent, "
+                      "mandatory); the sequential loop, aio-pika's and pika's are for information",
+        "server_version": version,
+        "server": "RabbitMQ (Debian package), one node, no plugins, durable queue bound to the exchange",
+    }
+
+
+def main() -> None:
+    from obench.common import BenchServer
+
+    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    server = BenchServer()
+    name, url = server.create_database("rabbitmq")
+    try:
+        result = measure(url, messages, runs)
+    finally:
+        server.drop_database(name)
+        server.close()
+    medians = {key: statistics.median(values) for key, values in result.items()
+               if isinstance(values, list) and values and isinstance(values[0], float)}
+    print(json.dumps({**result, "medians": medians}, indent=2))
+    print(f"RabbitMQ {result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (aiormq, "
+          f"{INFLIGHT} in flight) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
+          f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "
+          f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians['aio_pika_loop_msg_s']:,.0f}, "
+          f"pika blocking {medians['pika_blocking_loop_msg_s']:,.0f} msg/s")
+
+
+if __name__ == "__main__":
+    main()
