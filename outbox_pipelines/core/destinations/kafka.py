@@ -231,7 +231,8 @@ class KafkaDestination(Destination):
         }
         self._producer: Producer | None = None
         self._broken: str | None = None  # why the producer must be recreated (a fatal error)
-        self._client_error: KafkaError | None = None  # the last error the client reported on its own
+        # The last error the client reported on its own (connection, authentication), until a record is sent.
+        self._client_error: KafkaError | None = None
         self._topics: dict[str, str | None] = {}  # full topic name -> its problem (cached: names repeat)
         # What happened to records after their batch was answered (see the module docstring).
         self.abandoned = 0
@@ -284,7 +285,6 @@ class KafkaDestination(Destination):
         batch = _Batch(len(messages), self)
         started = time.monotonic()
         deadline = started + self.timeout_s + REPORT_GRACE_S
-        self._client_error = None
         producer = self._ready_producer()
         for index, message in enumerate(messages):
             outcome = self._produce(producer, batch, index, message, deadline)
@@ -294,7 +294,12 @@ class KafkaDestination(Destination):
                 break
         self._await_reports(producer, batch, deadline)
         batch.answered = True
-        return [outcome or self._outcome_of(batch.reports[i], started) for i, outcome in enumerate(outcomes)]
+        result = [outcome or self._outcome_of(batch.reports[i], started) for i, outcome in enumerate(outcomes)]
+        if any(outcome.kind == "sent" for outcome in result):
+            # The cluster takes records: what the client complained of before is over. (Kept until then:
+            # librdkafka reports a repeated connection or authentication failure once, not at every batch.)
+            self._client_error = None
+        return result
 
     def _topic_problem(self, topic: str) -> str | None:
         if topic not in self._topics:
