@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -115,9 +116,57 @@ def subject_problem(subject: str) -> str | None:
     return None
 
 
+def _json(payload: Any) -> bytes:
+    """The payload as compact UTF-8 JSON: orjson (a fifth of json.dumps's time), json.dumps for what orjson
+    declines (integers past 64 bits, subclasses); both write the same JSON values."""
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except orjson.JSONEncodeError:
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
 def _header_bytes(headers: dict[str, str]) -> int:
     """The size of the headers as nats-py writes them ("Key: value\\r\\n" each, in the frame)."""
     return _HEADER_FRAME + sum(len(k) + len(v.encode()) + 4 for k, v in headers.items())
+
+
+def _too_large(payload: bytes, headers: dict[str, str], max_payload: int) -> int | None:
+    """The message's size on the wire if it is more than ``max_payload``, else None. Counted exactly only
+    when an upper bound (4 UTF-8 bytes a character) does not settle it: the bound costs two C-level sums."""
+    bound = len(payload) + _HEADER_FRAME + 4 * (len(headers) + sum(map(len, headers)) + sum(map(len, headers.values())))
+    if bound <= max_payload:
+        return None
+    size = len(payload) + _header_bytes(headers)
+    return size if size > max_payload else None
+
+
+class _Window:
+    """At most ``size`` messages awaiting their acks. Once full, publishing resumes when half of them are
+    answered, not at each answer: the messages then leave in one socket write (each write is a system call
+    and a wake-up of the server), not one write per ack."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.low = size // 2
+        self.in_flight = 0
+        self._room = asyncio.Event()
+
+    @property
+    def full(self) -> bool:
+        return self.in_flight >= self.size
+
+    def add(self, future: "asyncio.Future[Outcome]") -> None:
+        self.in_flight += 1
+        future.add_done_callback(self._answered)
+
+    def _answered(self, _: "asyncio.Future[Outcome]") -> None:
+        self.in_flight -= 1
+        if self.in_flight <= self.low:
+            self._room.set()
+
+    async def room(self) -> None:
+        self._room.clear()
+        await self._room.wait()
 
 
 class _ConnectFailed(Exception):
@@ -223,12 +272,13 @@ class NatsJetStreamDestination(Destination):
         if problem is not None:
             return Outcome.dead(m.BAD_REQUEST, f"not published: {problem}")
         try:
-            payload = json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            payload = _json(message.payload)
         except (TypeError, ValueError) as exc:
             return Outcome.dead(m.BAD_REQUEST, f"not published: the payload is not JSON: {exc}")
         event_id = message.event_id
-        headers = {"Nats-Msg-Id": event_id, "Idempotency-Key": event_id, "Content-Type": "application/json",
-                   "X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts)}
+        # What a consumer needs, no more: nats-py encodes each header in Python (about 2.5 µs apiece, as much
+        # as the rest of a publish), so no Content-Type (the payload is always JSON) and no attempt number.
+        headers = {"Nats-Msg-Id": event_id, "Idempotency-Key": event_id, "X-Outbox-Topic": message.topic}
         if message.headers:
             headers.update(trace_headers(message))
             trace_id = message.trace_id
@@ -406,13 +456,10 @@ class NatsJetStreamDestination(Destination):
         """Publish each message, at most ``max_in_flight`` awaiting their acks; stop sending (retry the
         rest, unsent) once the connection fails or an ack is overdue."""
         loop = asyncio.get_running_loop()
-        slots = asyncio.Semaphore(self.max_in_flight)
+        window = _Window(self.max_in_flight)
         stopped: Outcome | None = None
         nc, inbox, waiting, tokens = conn.nc, conn.inbox, conn.waiting, conn.tokens
         max_payload, timeout = nc.max_payload, self.timeout_s
-
-        def release(_: "asyncio.Future[Outcome]") -> None:
-            slots.release()
 
         for index, item in enumerate(prepared):
             if isinstance(item, Outcome):
@@ -425,12 +472,13 @@ class NatsJetStreamDestination(Destination):
                 outcomes[index] = stopped
                 continue
             subject, payload, headers = item
-            size = len(payload) + _header_bytes(headers)
-            if size > max_payload:
+            size = _too_large(payload, headers, max_payload)
+            if size is not None:
                 outcomes[index] = Outcome.dead(m.BAD_REQUEST, f"not published: {size:,} bytes with headers, more "
                                                f"than the server's max_payload ({max_payload:,} bytes)")
                 continue
-            await slots.acquire()  # the ack watchdog frees a slot by the oldest message's deadline at the latest
+            if window.full:
+                await window.room()  # the ack watchdog ends the oldest wait by its deadline at the latest
             token = str(next(tokens))
             future: asyncio.Future[Outcome] = loop.create_future()
             waiting[token] = future
@@ -438,14 +486,13 @@ class NatsJetStreamDestination(Destination):
                 await nc.publish(subject, payload, reply=inbox + token, headers=headers)
             except Exception as exc:  # noqa: BLE001 - a refused publish is this message's outcome
                 waiting.pop(token, None)
-                slots.release()
                 outcome = outcomes[index] = self._exception_outcome(exc)
                 if outcome.code == m.NETWORK_TIMEOUT:
                     stopped = replace(outcome, error=f"not sent: {outcome.error}")
                     if nc.is_closed:
                         conn.fail(self._closed)  # what waits on it now, not at the next check
                 continue
-            future.add_done_callback(release)
+            window.add(future)
             batch.sent.append(_Sent(index, subject, token, future, loop.time() + timeout))
             if batch.timer is None:
                 self._watch(conn, batch)

