@@ -55,13 +55,17 @@ TOPIC = "order.created"
 LOOPS = ("aiormq-32", "aiormq-sequential", "aio-pika-32", "pika-blocking")
 
 
-def _parts(messages: int) -> list[tuple[str, bytes]]:
-    """(event_id, JSON body) of every message, made before the clock starts."""
-    return [(f"rabbitmq-{n}", json.dumps(sample_payload(n), separators=(",", ":"), ensure_ascii=False).encode())
-            for n in range(messages)]
+def _parts(messages: int) -> list[tuple[str, dict[str, Any]]]:
+    """(event_id, payload) of every message, made before the clock starts; each loop serialises the payload
+    as it publishes, as a user's loop (and the relay) does."""
+    return [(f"rabbitmq-{n}", sample_payload(n)) for n in range(messages)]
 
 
-async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, bytes]], inflight: int) -> int:
+def _body(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, dict[str, Any]]], inflight: int) -> int:
     import aiormq
     from pamqp import commands as spec
 
@@ -69,10 +73,10 @@ async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, bytes]], 
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     await channel.exchange_declare(exchange, exchange_type="topic", durable=True)
 
-    async def publish(event_id: str, body: bytes) -> Any:
+    async def publish(event_id: str, payload: dict[str, Any]) -> Any:
         properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=event_id,
                                            headers={"Idempotency-Key": event_id})
-        return await channel.basic_publish(body, exchange=exchange, routing_key=TOPIC, properties=properties,
+        return await channel.basic_publish(_body(payload), exchange=exchange, routing_key=TOPIC, properties=properties,
                                            mandatory=True)
 
     confirmed = 0
@@ -83,16 +87,18 @@ async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, bytes]], 
     return confirmed
 
 
-async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, bytes]], inflight: int) -> int:
+async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, dict[str, Any]]],
+                         inflight: int) -> int:
     import aio_pika
 
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     exchange = await channel.declare_exchange(exchange_name, aio_pika.ExchangeType.TOPIC, durable=True)
 
-    def message(event_id: str, body: bytes) -> aio_pika.Message:
-        return aio_pika.Message(body, content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                message_id=event_id, headers={"Idempotency-Key": event_id})
+    def message(event_id: str, payload: dict[str, Any]) -> aio_pika.Message:
+        return aio_pika.Message(_body(payload), content_type="application/json",
+                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=event_id,
+                                headers={"Idempotency-Key": event_id})
 
     confirmed = 0
     for start in range(0, len(parts), inflight):
@@ -103,15 +109,15 @@ async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, by
     return confirmed
 
 
-def _pika_loop(url: str, exchange: str, parts: list[tuple[str, bytes]]) -> int:
+def _pika_loop(url: str, exchange: str, parts: list[tuple[str, dict[str, Any]]]) -> int:
     import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()
     channel.confirm_delivery()
     channel.exchange_declare(exchange, "topic", durable=True)
-    for event_id, body in parts:  # basic_publish returns once the broker confirmed (raises otherwise)
-        channel.basic_publish(exchange, TOPIC, body, pika.BasicProperties(
+    for event_id, payload in parts:  # basic_publish returns once the broker confirmed (raises otherwise)
+        channel.basic_publish(exchange, TOPIC, _body(payload), pika.BasicProperties(
             content_type="application/json", delivery_mode=2, message_id=event_id,
             headers={"Idempotency-Key": event_id}), mandatory=True)
     connection.close()
