@@ -30,7 +30,7 @@ class BrokerKind:
 
 BROKERS: dict[str, BrokerKind] = {
     "nats": BrokerKind("nats", "nats", ("nats", "tls"), "nats://127.0.0.1:4222"),
-    "rabbitmq": BrokerKind("aio_pika", "rabbitmq", ("amqp", "amqps"), "amqp://127.0.0.1:5672/"),
+    "rabbitmq": BrokerKind("aiormq", "rabbitmq", ("amqp", "amqps"), "amqp://127.0.0.1:5672/"),
     # Kafka takes bootstrap servers ("host:port,host:port"), not a URL.
     "kafka": BrokerKind("confluent_kafka", "kafka", (), "127.0.0.1:9092"),
 }
