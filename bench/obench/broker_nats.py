@@ -20,7 +20,7 @@ clock; the relay connects at its first batch, inside its clock):
   NatsJetStreamDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle);
 - for context: the same relay draining the same rows into a destination that accepts everything at once
   (``relay_noop_msg_s``): the most any destination reaches through the relay here, its claim and settle
-  alone (PostgreSQL, the relay and the broker share the machine's cores).
+  alone (PostgreSQL, the relay and the broker share the machine's cores); and both at batch 1,000.
 
 Every loop serialises each payload as it publishes (json.dumps of a dict made before the clock), as the
 relay does, and sends the same headers a user would need for the guarantee (``Nats-Msg-Id``).
@@ -55,6 +55,8 @@ from obench.common import (  # noqa: E402
 
 TABLE = "outbox_events"
 BATCH = 100
+# For information: the relay's big batch (the drain scenario's), where its per-batch cost weighs less.
+BIG_BATCH = 1_000
 INFLIGHT = 32
 TOPIC = "order.created"
 # The client loops, each in its own process; the faster of the first two is the comparison.
@@ -118,7 +120,7 @@ def client_loop(kind: str, url: str, messages: int, run: int, barrier: Barrier) 
     return {"rate": acked / seconds, "acked": acked, "seconds": seconds}
 
 
-def relay_drain(db_url: str, url: str, barrier: Barrier) -> dict[str, Any]:
+def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str, Any]:
     """The relay draining the loaded rows into its NATS JetStream destination (in a spawned process)."""
     from dataclasses import replace
 
@@ -131,7 +133,7 @@ def relay_drain(db_url: str, url: str, barrier: Barrier) -> dict[str, Any]:
     _, prefix = _stream(RELAY)
     broker = BrokerSettings(kind="nats", url=url, shown=url_origin(url), topic_prefix=prefix)
     table = replace(load_settings(env={}, path=None).tables[TABLE], destination="nats", broker=broker,
-                    mode="competing", batch_size=BATCH, requests_in_flight=INFLIGHT)
+                    mode="competing", batch_size=batch, requests_in_flight=INFLIGHT)
     destination = build(table)  # connects at its first batch: inside the clock
     relay = Relay(db_url, table, destination, worker_id="bench-nats")
     try:
@@ -143,7 +145,7 @@ def relay_drain(db_url: str, url: str, barrier: Barrier) -> dict[str, Any]:
             "rate": report.sent / report.seconds if report.seconds else 0.0}
 
 
-def noop_relay_drain(db_url: str, barrier: Barrier) -> dict[str, Any]:
+def noop_relay_drain(db_url: str, batch: int, barrier: Barrier) -> dict[str, Any]:
     """The same relay into a destination that accepts every message at once (``NoopDestination``): the most
     any destination can reach through the relay on this machine in this run (claim and settle only)."""
     from dataclasses import replace
@@ -152,7 +154,7 @@ def noop_relay_drain(db_url: str, barrier: Barrier) -> dict[str, Any]:
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
 
-    table = replace(load_settings(env={}, path=None).tables[TABLE], mode="competing", batch_size=BATCH,
+    table = replace(load_settings(env={}, path=None).tables[TABLE], mode="competing", batch_size=batch,
                     requests_in_flight=INFLIGHT)
     relay = Relay(db_url, table, NoopDestination(), worker_id="bench-nats-noop")
     barrier()
@@ -181,7 +183,7 @@ def _measure_loop(server: Any, kind: str, messages: int, run: int, runs: int) ->
     stored = _stored_then_purged(server, _stream(kind)[0])
     if out["acked"] != messages or stored != messages:
         raise RuntimeError(f"{kind}: {out}, the stream holds {stored}")
-    log(f"  nats run {run + 1}/{runs} {kind:20s} {out['rate']:8,.0f} msg/s")
+    log(f"  nats run {run + 1}/{runs} {kind:24s} {out['rate']:8,.0f} msg/s")
     return float(out["rate"])
 
 
@@ -192,24 +194,24 @@ def _load(db_url: str, messages: int, prefix: str) -> None:
     settle_server(db_url, TABLE)
 
 
-def _measure_noop(db_url: str, messages: int, run: int, runs: int) -> float:
-    _load(db_url, messages, f"nats-noop-{run}")
-    out = run_processes([(noop_relay_drain, (db_url,))], 600)[0]
+def _measure_noop(db_url: str, messages: int, batch: int, run: int, runs: int) -> float:
+    _load(db_url, messages, f"nats-noop-{batch}-{run}")
+    out = run_processes([(noop_relay_drain, (db_url, batch))], 600)[0]
     if out["sent"] != messages or count_by_status(db_url, TABLE) != {"sent": messages}:
         raise RuntimeError(f"noop relay: {out}")
-    log(f"  nats run {run + 1}/{runs} {'relay into nothing':20s} {out['rate']:8,.0f} msg/s")
+    log(f"  nats run {run + 1}/{runs} {f'relay-noop batch {batch}':24s} {out['rate']:8,.0f} msg/s")
     return float(out["rate"])
 
 
-def _measure_relay(server: Any, db_url: str, messages: int, run: int, runs: int) -> float:
-    _load(db_url, messages, f"nats-relay-{run}")
-    out = run_processes([(relay_drain, (db_url, server.url))], 600)[0]
+def _measure_relay(server: Any, db_url: str, messages: int, batch: int, run: int, runs: int) -> float:
+    _load(db_url, messages, f"nats-relay-{batch}-{run}")
+    out = run_processes([(relay_drain, (db_url, server.url, batch))], 600)[0]
     counts = count_by_status(db_url, TABLE)
     stored = _stored_then_purged(server, _stream(RELAY)[0])
     if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} \
             or stored != messages:
         raise RuntimeError(f"relay: {out}, table {counts}, the stream holds {stored}")
-    log(f"  nats run {run + 1}/{runs} {'relay':20s} {out['rate']:8,.0f} msg/s")
+    log(f"  nats run {run + 1}/{runs} {f'relay batch {batch}':24s} {out['rate']:8,.0f} msg/s")
     return float(out["rate"])
 
 
@@ -221,7 +223,9 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
 
     version = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True,
                              check=True).stdout.strip()
-    figures: dict[str, list[float]] = {RELAY: [], NOOP: [], **{kind: [] for kind in LOOPS}}
+    relays = [(RELAY, BATCH), (NOOP, BATCH), (RELAY, BIG_BATCH), (NOOP, BIG_BATCH)]
+    figures: dict[str, list[float]] = {f"{side}-{batch}": [] for side, batch in relays}
+    figures.update({kind: [] for kind in LOOPS})
     server = NatsServer().start()
     try:
         pid = server.process.pid if server.process else "?"
@@ -231,31 +235,39 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
             server.add_stream(stream, [prefix + ">"])
         for run in range(runs):
             # Interleaved, and the order alternates, so neither side always runs on a warmer machine.
-            sides = [RELAY, *LOOPS, NOOP] if run % 2 else [NOOP, *LOOPS, RELAY]
-            for side in sides:
+            sides: list[tuple[str, int]] = [*relays, *((kind, 0) for kind in LOOPS)]
+            for side, batch in (sides if run % 2 else sides[::-1]):
                 if side == RELAY:
-                    rate = _measure_relay(server, db_url, messages, run, runs)
+                    figures[f"{side}-{batch}"].append(_measure_relay(server, db_url, messages, batch, run, runs))
                 elif side == NOOP:
-                    rate = _measure_noop(db_url, messages, run, runs)
+                    figures[f"{side}-{batch}"].append(_measure_noop(db_url, messages, batch, run, runs))
                 else:
-                    rate = _measure_loop(server, side, messages, run, runs)
-                figures[side].append(rate)
+                    figures[side].append(_measure_loop(server, side, messages, run, runs))
     finally:
         server.cleanup()
     best = [max(g, a) for g, a in zip(figures["publish-gather-32"], figures["publish-async-32"], strict=True)]
+
+    def ratio(key: str) -> list[float]:
+        return [r / c for r, c in zip(figures[key], best, strict=True)]
+
     return {
         "messages": messages,
         "runs": runs,
         "batch": BATCH,
         "inflight": INFLIGHT,
-        "relay_msg_s": figures[RELAY],
+        "relay_msg_s": figures[f"{RELAY}-{BATCH}"],
         "client_loop_msg_s": best,
         "client_loop_gather_msg_s": figures["publish-gather-32"],
         "client_loop_publish_async_msg_s": figures["publish-async-32"],
         "client_loop_sequential_msg_s": figures["publish-sequential"],
-        "relay_noop_msg_s": figures[NOOP],
-        "ratio_relay_to_client_loop": [r / c for r, c in zip(figures[RELAY], best, strict=True)],
-        "ratio_noop_relay_to_client_loop": [r / c for r, c in zip(figures[NOOP], best, strict=True)],
+        "relay_noop_msg_s": figures[f"{NOOP}-{BATCH}"],
+        "relay_batch_1000_msg_s": figures[f"{RELAY}-{BIG_BATCH}"],
+        "relay_noop_batch_1000_msg_s": figures[f"{NOOP}-{BIG_BATCH}"],
+        "ratio_relay_to_client_loop": ratio(f"{RELAY}-{BATCH}"),
+        "ratio_noop_relay_to_client_loop": ratio(f"{NOOP}-{BATCH}"),
+        "ratio_relay_to_noop_relay": [r / n for r, n in zip(figures[f"{RELAY}-{BATCH}"], figures[f"{NOOP}-{BATCH}"],
+                                                            strict=True)],
+        "ratio_relay_batch_1000_to_client_loop": ratio(f"{RELAY}-{BIG_BATCH}"),
         "comparison": f"nats-py, {INFLIGHT} publishes then their PubAcks, batch after batch: the faster per run of "
                       "asyncio.gather over js.publish and js.publish_async then its futures; the sequential loop "
                       "is for information",
@@ -285,7 +297,10 @@ def main() -> None:
           f"{medians['client_loop_gather_msg_s']:,.0f}, publish_async "
           f"{medians['client_loop_publish_async_msg_s']:,.0f}, sequential "
           f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the relay into a destination that does "
-          f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x)")
+          f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x; "
+          f"ours is {medians['ratio_relay_to_noop_relay']:.2f}x of it); batch 1,000: relay "
+          f"{medians['relay_batch_1000_msg_s']:,.0f} msg/s ({medians['ratio_relay_batch_1000_to_client_loop']:.2f}x), "
+          f"into nothing {medians['relay_noop_batch_1000_msg_s']:,.0f} msg/s")
 
 
 if __name__ == "__main__":

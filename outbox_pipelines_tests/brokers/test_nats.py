@@ -216,6 +216,18 @@ def test_a_server_without_jetstream_is_a_broker_failure_not_a_dead_letter(conn):
         server.cleanup()
 
 
+def test_a_full_stream_is_a_broker_failure_retried_not_a_dead_letter(conn, nats_server):
+    nats_server.add_stream("FULL", ["t.>"], max_msgs=2, discard="new")
+    enqueue_n(conn, EVENTS, 4, topic="t.x")
+    destination = NatsJetStreamDestination(nats_server.url, timeout_s=2)
+    try:
+        outcomes = destination.deliver([claimed(row) for row in rows(conn, EVENTS)])
+    finally:
+        destination.close()
+    assert [(o.kind, o.code) for o in outcomes] == [("sent", None)] * 2 + [("retry", m.BROKER_5XX)] * 2
+    assert "maximum messages exceeded" in (outcomes[2].error or "")
+
+
 def test_a_broker_that_goes_down_opens_the_circuit_and_the_next_batch_reconnects(db_url, conn, nats_server):
     nats_server.add_stream("S", ["t.>"])
     table = settings(nats_server.url, batch_size=10, circuit_threshold=5, probe_interval_s=0.3)

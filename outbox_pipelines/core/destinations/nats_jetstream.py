@@ -3,11 +3,14 @@
 Subject: the message's topic with the table's ``topic_prefix`` in front, as written (``topic_prefix =
 "prod."`` and topic ``order.created`` give ``prod.order.created``; the prefix carries its own dot).
 
-Duplicates: every message carries ``Nats-Msg-Id: <event_id>`` (and ``Idempotency-Key``, the same value, as
-the HTTP destination sends). A JetStream stream drops a second message with an id it stored within its
-``duplicate_window`` (2 minutes unless the stream says otherwise) and answers a PubAck with
-``duplicate=True`` naming the first copy: that is *sent* (the message is in the stream, once). A retry
-after the window stores a second copy: consumers that must act once keep deduplicating by the key.
+Headers: ``Nats-Msg-Id`` and ``Idempotency-Key`` (both the event_id), ``X-Outbox-Topic`` (the topic without
+the prefix), the trace context (``traceparent``, ``X-Trace-Id``) and ``X-Tenant-Id`` when the message has
+them; the payload is the message's JSON, compact UTF-8.
+
+Duplicates: ``Nats-Msg-Id`` is JetStream's deduplication key. A stream drops a second message with an id
+it stored within its ``duplicate_window`` (2 minutes unless the stream says otherwise) and answers a
+PubAck with ``duplicate=True`` naming the first copy: that is *sent* (the message is in the stream, once).
+A retry after the window stores a second copy: consumers that must act once keep deduplicating by the key.
 
 Order: one connection, messages published in batch order; a stream stores them in publish order, and
 a retried message lands after the ones published since. A table's ordering keys are kept by the relay
@@ -27,7 +30,8 @@ Acknowledgements: each publish carries a reply subject under one inbox subscript
 and the PubAck (or JetStream's error) is read from the reply here. nats-py's ``publish_async`` does the
 same but, as of nats-py 2.16, loses every JetStream error reply (its handler raises instead of failing
 the future), which would turn "stream full" or "message too large" into timeouts; ``js.publish`` maps them
-but costs a task and a timer per message.
+but costs a task and a timer per message. At most the table's ``concurrency`` messages await their acks;
+once that many do, publishing resumes when half have been answered (``_Window``).
 
 Outcomes (each outcome's text has the connection's credentials scrubbed):
 - PubAck (``duplicate`` or not) -> sent, ref ``stream:seq``;
@@ -118,9 +122,9 @@ def subject_problem(subject: str) -> str | None:
 
 def _json(payload: Any) -> bytes:
     """The payload as compact UTF-8 JSON: orjson (a fifth of json.dumps's time), json.dumps for what orjson
-    declines (integers past 64 bits, subclasses); both write the same JSON values."""
+    declines (integers past 64 bits, keys that are not strings); both write the same JSON values."""
     try:
-        return orjson.dumps(payload, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+        return orjson.dumps(payload)
     except orjson.JSONEncodeError:
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -248,6 +252,7 @@ class NatsJetStreamDestination(Destination):
         self.client_name = client_name
         self._subjects: dict[str, tuple[str, str | None]] = {}
         self._conn: _Connection | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._loop = LoopThread("outbox-nats")
         self._loop.loop.set_exception_handler(self._loop_exception)
         self._connecting = asyncio.Lock()  # bound to the private loop at first use
@@ -380,7 +385,7 @@ class NatsJetStreamDestination(Destination):
             future.set_result(_NO_RESPONDERS)
             return
         try:
-            answer = json.loads(msg.data)
+            answer = orjson.loads(msg.data)
             error = answer.get("error")
             if error is None:
                 # A PubAck with "duplicate": true is sent too: the stream already holds this event_id (an
@@ -405,7 +410,9 @@ class NatsJetStreamDestination(Destination):
         """Forget the connection (closed in the background, bounded); the next batch opens a new one."""
         conn, self._conn = self._conn, None
         if conn is not None and not conn.nc.is_closed:
-            asyncio.get_running_loop().create_task(self._discard(conn.nc))
+            task = asyncio.get_running_loop().create_task(self._discard(conn.nc))
+            self._closing.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._closing.discard)
 
     @staticmethod
     async def _discard(nc: Client) -> None:
