@@ -386,10 +386,7 @@ class KafkaDestination(Destination):
     def _error_outcome(self, err: KafkaError, *, refused_at_produce: bool = False) -> Outcome:
         code = err.code()
         text = self._text(f"{err.name()}: {err.str()}")
-        if err.fatal() or code in _PRODUCER_BROKEN:
-            self._broken = self._broken or text
-            return Outcome.retry(m.UNKNOWN, f"the idempotent Kafka producer failed ({text}); it is recreated "
-                                            "for the next batch")
+        # The message's own refusals first: they hold whatever else went wrong in the batch.
         if code in _TOO_LARGE:
             where = "the producer's message.max.bytes" if refused_at_produce else "the broker's max.message.bytes"
             return Outcome.dead(m.BAD_REQUEST, f"the record is larger than {where} allows ({text})")
@@ -398,6 +395,12 @@ class KafkaDestination(Destination):
         if code in _NO_TOPIC:
             return Outcome.dead(m.NO_SUBSCRIBERS, f"the topic does not exist and the cluster does not create it "
                                                   f"({text}); create it, then replay")
+        if err.fatal() or code in _PRODUCER_BROKEN or self._broken is not None:
+            # After a fatal error librdkafka fails what it still held (purged, timed out): all of it is the
+            # producer's failure, not the cluster's.
+            self._broken = self._broken or text
+            return Outcome.retry(m.UNKNOWN, f"the idempotent Kafka producer failed ({self._broken}); it is "
+                                            f"recreated for the next batch (this record: {text})")
         if code in _REFUSED or (code in _UNREACHABLE and self._client_error is not None
                                 and self._client_error.code() in _REFUSED):
             return Outcome.retry(m.UNAUTHORIZED, f"Kafka refused the producer's credentials or ACLs: {text}"
