@@ -322,8 +322,9 @@ class OutboxTable:
                                                    "now": now}, reuse_plan)
 
     def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
-                    held: bool = False, audit_successes: bool = True, fast_commit: bool = False,
-                    pass_over_dead: bool = False, now: datetime | None = None) -> set[int]:
+                    refs: Sequence[str | None] | None = None, held: bool = False, audit_successes: bool = True,
+                    fast_commit: bool = False, pass_over_dead: bool = False,
+                    now: datetime | None = None) -> set[int]:
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
         nothing else to record. Returns the ids settled; the others lost their lease (audited).
 
@@ -331,7 +332,7 @@ class OutboxTable:
         waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
         """
         params = {"worker": worker, "now": now, "audit_successes": audit_successes, "audit_code": audit_code,
-                  "ids": bigint_array(ids)}
+                  "ids": bigint_array(ids), "refs": list(refs) if refs is not None else None}
         # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
         reuse_plan = len(ids) <= PLAN_REUSE_MAX_ROWS
         if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
@@ -356,10 +357,12 @@ class OutboxTable:
         if not settlements:
             return set()
         audit_code = settlements[0].audit_code
-        if all(s.status == "sent" and s.error is None and s.error_code is None and s.ref is None and not s.refund
+        if all(s.status == "sent" and s.error is None and s.error_code is None and not s.refund
                and s.audit_code == audit_code for s in settlements):
+            refs = [s.ref for s in settlements]
             return self.settle_sent(worker, [s.id for s in settlements], [s.attempts for s in settlements],
-                                    audit_code=audit_code, held=held, audit_successes=audit_successes, now=now)
+                                    audit_code=audit_code, refs=refs if any(refs) else None, held=held,
+                                    audit_successes=audit_successes, now=now)
         kept = [s for s in settlements if s.status != "deleted"]
         gone = [s for s in settlements if s.status == "deleted"]
         rows = self._run(

@@ -300,7 +300,8 @@ SELECT s.id, r.contended FROM settled AS s CROSS JOIN release AS r
 -- name: outbox_settle_sent
 -- The common leased batch, every message delivered with nothing more to record: the same checks and
 -- audit as outbox_settle, from two arrays instead of thirteen (their parameters cost more to
--- build than the update costs to run), answering with the ids it could not settle.
+-- build than the update costs to run), and the destination's references when it gave any (a broker's
+-- stream:seq or offset; NULL: none), answering with the ids it could not settle.
 WITH clock AS (
     -- fast_commit (a batch that emptied the queue, on the relay's autocommit session): this
     -- statement's transaction commits without waiting for the WAL flush, as the claim does. A
@@ -308,11 +309,13 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
 ), input AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS i(id, attempts)
+    -- unnest pads a NULL refs array with NULLs.
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(refs)s::text[]) AS i(id, attempts, ref)
 ), updated AS (
     UPDATE {table} AS t
     SET status = 'sent',
         attempts = i.attempts,
+        result_ref = coalesce(i.ref, t.result_ref),
         locked_by = NULL,
         locked_at = NULL,
         lease_expires_at = NULL,
@@ -328,12 +331,12 @@ WITH clock AS (
       AND t.status = 'sending'
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key, i.ref
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
     SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'sending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', NULL
+           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996)
     FROM updated AS u
     WHERE %(audit_successes)s
     UNION ALL
@@ -368,19 +371,21 @@ WITH clock AS (
         lease_expires_at = NULL,
         last_error = NULL,
         last_error_code = NULL,
+        result_ref = coalesce(i.ref, t.result_ref),
         published_at = clock.now,
         updated_at = clock.now
-    FROM clock
+    FROM clock, unnest(%(ids)s::bigint[], %(refs)s::text[]) AS i(id, ref)
     WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.id = i.id
       AND t.status = 'pending'
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts, t.ordering_key
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts, t.ordering_key, i.ref
 ), lost AS (
     SELECT i.id FROM unnest(%(ids)s::bigint[]) AS i(id) WHERE i.id NOT IN (SELECT id FROM updated)
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail)
     SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'pending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', NULL
+           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996)
     FROM updated AS u
     WHERE %(audit_successes)s
     UNION ALL

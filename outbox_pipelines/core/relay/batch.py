@@ -93,7 +93,7 @@ class BatchRunner:
         if self._delivered_plainly(outcomes):
             # The common batch, delivered whole: settled and counted without a plan per message.
             with self._settle_span(batch):
-                settled = settle_delivered(outbox_table, self.worker, batch, self.table)
+                settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table)
             if settled is not None and len(settled) == len(batch):
                 report.add_batch(count_delivered_batch(self.table.name, batch, claimed_mono, report.lag))
                 return

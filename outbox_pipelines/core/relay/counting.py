@@ -58,8 +58,8 @@ def count_settled_batch(
 
 def count_delivered_batch(table_name: str, batch: Sequence[ClaimedMessage], claimed_mono: float | None,
                           lag: LagSample) -> BatchCounts:
-    """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit, no
-    reference) and settled: the same counts, metrics and lag, without looking at each outcome."""
+    """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit) and
+    settled: the same counts, metrics and lag, without looking at each outcome."""
     in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
     if in_dispatch is not None:
         dispatched = in_dispatch

@@ -82,13 +82,16 @@ def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settl
 
 
 def settle_delivered(outbox_table: OutboxTable, worker: str, batch: Sequence[ClaimedMessage],
-                     table: TableSettings) -> set[int] | None:
+                     outcomes: Sequence[Outcome], table: TableSettings) -> set[int] | None:
     """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
     would be plainly sent): no settlement is planned per message."""
     fast_commit = commits_without_flush(outbox_table.conn, table, delivered=len(batch))
+    # A destination's references (a broker's stream:seq or offset) go with them, kept as result_ref and in
+    # the audit as for any settle.
+    refs = [outcome.ref for outcome in outcomes] if any(outcome.ref for outcome in outcomes) else None
     return _unless_refused(outbox_table, table, lambda: outbox_table.settle_sent(
         worker, [msg.id for msg in batch], [msg.attempts for msg in batch], audit_code=m.AUDIT_SUCCESS,
-        fast_commit=fast_commit, **settle_options(table)))
+        refs=refs, fast_commit=fast_commit, **settle_options(table)))
 
 
 def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int) -> bool:
@@ -126,9 +129,9 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings,
 
 
 def plainly_sent(outcomes: Sequence[Outcome]) -> bool:
-    """Every outcome a delivery with nothing more to record (no dedup hit, no reference): what
+    """Every outcome a delivery with nothing more to record than its reference (no dedup hit): what
     ``settle_delivered`` settles, for a table that marks sent rows."""
-    return all(o.kind == "sent" and o.code is None and o.ref is None for o in outcomes)
+    return all(o.kind == "sent" and o.code is None for o in outcomes)
 
 
 class SettleOptions(TypedDict):
