@@ -136,6 +136,8 @@ class RabbitMQDestination(Destination):
             return future.result(timeout=3 * self.timeout_s + 10)
         except FutureTimeout:
             future.cancel()
+            # Its state is unknown (confirms may still come for the abandoned publishes): the next batch connects anew.
+            asyncio.run_coroutine_threadsafe(self._drop_connection(), self._loop.loop)
             waited = 3 * self.timeout_s + 10
             return [Outcome.retry(m.NETWORK_TIMEOUT, f"no answer from {self.name} within {waited:g} s")] * len(messages)
 
@@ -362,11 +364,14 @@ def _connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Out
         return Outcome.retry(m.NETWORK_TIMEOUT, f"could not connect to the broker within {timeout_s:g} s")
     if isinstance(exc, (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError)):
         return Outcome.retry(m.UNAUTHORIZED, f"the broker refused the login: {text}")
-    if isinstance(exc, (aiormq.exceptions.ConnectionNotAllowed, aiormq.exceptions.InvalidFrameError)):
+    if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
+            isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)):
         # aiormq reports the broker's Connection.Close in answer to Connection.Open (530 NOT_ALLOWED) as an
         # unexpected frame: the user may not open the URL's vhost, or it does not exist.
         return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to open the vhost (the user has no access to it, "
                              f"or it does not exist): {text}")
+    if isinstance(exc, (aiormq.exceptions.ProtocolSyntaxError, aiormq.exceptions.IncompatibleProtocolError)):
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"the server does not answer as an AMQP 0-9-1 broker: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to declare exchange {exchange!r}: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
