@@ -39,6 +39,9 @@ _SERVER = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 # A topic prefix goes in front of every message's topic: the characters every broker takes in a name.
 _PREFIX = re.compile(r"^[A-Za-z0-9._\-]{0,100}$")
 _EXCHANGE = re.compile(r"^[A-Za-z0-9._:\-]{1,127}$")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+KAFKA_SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_env")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class BrokerSettings:
     exchange: str = ""
     # NATS: the token sent at connect (``token_env``); never shown.
     token: str | None = field(default=None, repr=False)
+    # Kafka: librdkafka's security settings (security.protocol, sasl.mechanism, sasl.username, sasl.password
+    # read from ``sasl_password_env``); never shown.
+    client_config: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def env_variable(section: Mapping[str, Any], key: str, environ: Mapping[str, str], where: str) -> str | None:
@@ -132,6 +138,8 @@ def broker_settings(name: str, kind: str, section: Mapping[str, Any], url: str |
             raise ConfigError(f"{where} destination = \"{kind}\" has no url: set url = \"{BROKERS[kind].example}\", "
                               "or url_env naming the variable that holds it (with its credentials)")
         connect, shown = _broker_url(kind, url, where)
+    if kind != "kafka" and any(key in section for key in KAFKA_SECURITY_KEYS):
+        raise ConfigError(f"{where} {', '.join(KAFKA_SECURITY_KEYS)} apply to destination = \"kafka\" only")
     if kind != "nats" and "token_env" in section:
         raise ConfigError(f"{where} token_env applies to destination = \"http\" or \"nats\"; put a {kind} "
                           "credential in the URL read from url_env")
@@ -144,4 +152,32 @@ def broker_settings(name: str, kind: str, section: Mapping[str, Any], url: str |
         topic_prefix=_text(section, "topic_prefix", _PREFIX, "", where),
         exchange=_text(section, "exchange", _EXCHANGE, name, where) if kind == "rabbitmq" else "",
         token=env_variable(section, "token_env", environ, where) if kind == "nats" else None,
+        client_config=_kafka_security(section, environ, where) if kind == "kafka" else {},
     )
+
+
+def _kafka_security(section: Mapping[str, Any], environ: Mapping[str, str], where: str) -> dict[str, str]:
+    """librdkafka's security settings from a Kafka table's keys; the password from the environment only."""
+    config: dict[str, str] = {}
+    if "security_protocol" in section:
+        config["security.protocol"] = _choice(section["security_protocol"], SECURITY_PROTOCOLS,
+                                              f"{where} security_protocol")
+    if "sasl_mechanism" in section:
+        config["sasl.mechanism"] = _choice(section["sasl_mechanism"], SASL_MECHANISMS, f"{where} sasl_mechanism")
+    user, password = section.get("sasl_username"), env_variable(section, "sasl_password_env", environ, where)
+    if (user is None) != (password is None):
+        raise ConfigError(f"{where} sasl_username and sasl_password_env go together: name both (the password "
+                          "is read from the variable, never written in the file)")
+    if user is not None and password is not None:
+        if not isinstance(user, str) or not user:
+            raise ConfigError(f"{where} sasl_username must be a user name, got {user!r}")
+        config.update({"sasl.username": user, "sasl.password": password})
+        config.setdefault("security.protocol", "SASL_SSL")
+        config.setdefault("sasl.mechanism", "PLAIN")
+    return config
+
+
+def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)

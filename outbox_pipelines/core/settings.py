@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any, overload
 from urllib.parse import urlsplit
 
-from outbox_pipelines.core.broker_settings import BROKERS, BrokerSettings, broker_settings, env_variable
+from outbox_pipelines.core.broker_settings import (
+    BROKERS,
+    KAFKA_SECURITY_KEYS,
+    BrokerSettings,
+    broker_settings,
+    env_variable,
+)
 from outbox_pipelines.core.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.destinations.http_outcomes import (
     DEFAULT_ALREADY_PROCESSED,
@@ -364,6 +370,7 @@ TABLE_KEYS = {
     "lease", "concurrency", "stuck_threshold", "retention", "paused_topics", "relay_enabled", "cleaner_enabled",
     "max_retry_after", "circuit_threshold", "probe_interval", "claim", "audit", "already_processed", "token_env",
     "group", "ordering", "url_env", "bootstrap_servers", "topic_prefix", "exchange", "signing_secret_env",
+    *KAFKA_SECURITY_KEYS,
 } | set(THRESHOLD_KEYS)
 # Keys a shipped table's defaults carry that a user does not write (WING_TABLES).
 INTERNAL_KEYS = {"url_from_env"}
@@ -442,8 +449,9 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
     if destination in BROKERS:
         broker = broker_settings(name, destination, section, url, env.environ, where)
         return _Where(destination, None, broker.token, None, broker=broker)
-    if "bootstrap_servers" in section or "topic_prefix" in section or "exchange" in section:
-        raise ConfigError(f"{where} bootstrap_servers, topic_prefix and exchange apply to a broker destination "
+    broker_only = sorted({"bootstrap_servers", "topic_prefix", "exchange", *KAFKA_SECURITY_KEYS} & set(section))
+    if broker_only:
+        raise ConfigError(f"{where} {', '.join(broker_only)} apply to a broker destination "
                           "(\"nats\", \"rabbitmq\", \"kafka\")")
     from_env = section.get("url_from_env")
     if url is None and from_env in URL_FROM_ENV:

@@ -41,6 +41,16 @@ def test_kafka_takes_bootstrap_servers(tmp_path):
     assert (broker.url, broker.shown) == ("127.0.0.1:9092,127.0.0.1:9093", "kafka://127.0.0.1:9092 (+1)")
 
 
+def test_kafka_sasl_reads_its_password_from_the_environment_only(tmp_path):
+    settings = load(tmp_path, 'destination = "kafka"\nbootstrap_servers = "127.0.0.1:9092"\n'
+                    'sasl_username = "relay"\nsasl_password_env = "KAFKA_PW"', {"KAFKA_PW": "pw-kafka-77"})
+    broker = settings.table(TABLE).broker
+    assert broker is not None
+    assert dict(broker.client_config) == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                                          "sasl.username": "relay", "sasl.password": "pw-kafka-77"}
+    assert "pw-kafka-77" not in repr(settings.table(TABLE))
+
+
 @pytest.mark.parametrize(("section", "says"), [
     ('destination = "nats"', 'has no url: set url = "nats://127.0.0.1:4222"'),
     ('destination = "nats"\nurl = "http://127.0.0.1:4222"', "needs a nats:// or tls:// URL"),
@@ -52,7 +62,10 @@ def test_kafka_takes_bootstrap_servers(tmp_path):
     ('destination = "nats"\nurl = "nats://127.0.0.1"\nexchange = "x"', "exchange applies to destination"),
     ('destination = "kafka"\nbootstrap_servers = "h:1"\ntoken_env = "T"', "token_env applies to"),
     ('destination = "nats"\nurl = "nats://127.0.0.1"\ntopic_prefix = "a b"', "topic_prefix must be letters"),
-    ('destination = "http"\nurl = "http://127.0.0.1/"\ntopic_prefix = "a."', "apply to a broker destination"),
+    ('destination = "http"\nurl = "http://127.0.0.1/"\ntopic_prefix = "a."', "topic_prefix apply to a broker"),
+    ('destination = "kafka"\nbootstrap_servers = "h:1"\nsasl_username = "relay"', "go together"),
+    ('destination = "kafka"\nbootstrap_servers = "h:1"\nsecurity_protocol = "TLS"', "security_protocol must be"),
+    ('destination = "nats"\nurl = "nats://h"\nsasl_username = "u"', 'apply to destination = "kafka" only'),
     ('destination = "natss"\nurl = "nats://127.0.0.1"', "destination must be one of"),
 ])
 def test_a_mistake_fails_the_table_at_load_saying_what_to_write(tmp_path, section, says):

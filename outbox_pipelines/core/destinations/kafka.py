@@ -431,4 +431,4 @@ def build(table: "TableSettings") -> KafkaDestination:
     broker = table.broker
     assert broker is not None and broker.kind == "kafka"
     return KafkaDestination(broker.url, name=broker.shown, timeout_s=table.timeout_s,
-                            topic_prefix=broker.topic_prefix)
+                            topic_prefix=broker.topic_prefix, config=broker.client_config)
