@@ -20,7 +20,9 @@ clock; the relay connects at its first batch, inside its clock):
   NatsJetStreamDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle);
 - for context: the same relay draining the same rows into a destination that accepts everything at once
   (``relay_noop_msg_s``): the most any destination reaches through the relay here, its claim and settle
-  alone (PostgreSQL, the relay and the broker share the machine's cores); and both at batch 1,000.
+  alone (PostgreSQL, the relay and the broker share the machine's cores); and both at batch 1,000;
+- for context: the destination without the relay, ``deliver`` called with batches of 100 prepared
+  messages (``destination_alone_msg_s``): what the destination's own publishing costs.
 
 Every loop serialises each payload as it publishes (json.dumps of a dict made before the clock), as the
 relay does, and sends the same headers a user would need for the guarantee (``Nats-Msg-Id``).
@@ -63,6 +65,7 @@ TOPIC = "order.created"
 LOOPS = ("publish-gather-32", "publish-async-32", "publish-sequential")
 RELAY = "relay"
 NOOP = "relay-noop"
+ALONE = "destination-alone"
 
 
 def _stream(side: str) -> tuple[str, str]:
@@ -145,6 +148,32 @@ def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str
             "rate": report.sent / report.seconds if report.seconds else 0.0}
 
 
+def destination_alone(url: str, messages: int, run: int, barrier: Barrier) -> dict[str, Any]:
+    """The destination without the relay (in a spawned process): ``deliver`` called with batches of 100
+    messages made before the clock, as the relay would pass them; what it costs on its own."""
+    from datetime import UTC, datetime
+
+    from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination
+    from outbox_pipelines.core.models import ClaimedMessage
+
+    _, prefix = _stream(ALONE)
+    now = datetime.now(UTC)
+    batch = [ClaimedMessage(id=n, event_id=event_id, tenant_id=None, topic=TOPIC, payload=payload, payload_sha="",
+                            headers={"trace_id": f"{n:032x}"}, attempts=1, created_at=now)
+             for n, (event_id, payload) in enumerate(_parts(messages, run))]
+    destination = NatsJetStreamDestination(url, topic_prefix=prefix, max_in_flight=INFLIGHT)
+    try:
+        destination.deliver(batch[:1])  # connects: outside the clock, as the client loops connect before it
+        barrier()
+        started = time.perf_counter()
+        sent = sum(o.kind == "sent" for start in range(1, messages, BATCH)
+                   for o in destination.deliver(batch[start:start + BATCH]))
+        seconds = time.perf_counter() - started
+    finally:
+        destination.close()
+    return {"rate": (messages - 1) / seconds, "acked": sent + 1, "seconds": seconds}
+
+
 def noop_relay_drain(db_url: str, batch: int, barrier: Barrier) -> dict[str, Any]:
     """The same relay into a destination that accepts every message at once (``NoopDestination``): the most
     any destination can reach through the relay on this machine in this run (claim and settle only)."""
@@ -179,7 +208,9 @@ def _stored_then_purged(server: Any, stream: str) -> int:
 
 
 def _measure_loop(server: Any, kind: str, messages: int, run: int, runs: int) -> float:
-    out = run_processes([(client_loop, (kind, server.url, messages, run))], 600)[0]
+    job = (destination_alone, (server.url, messages, run)) if kind == ALONE else \
+        (client_loop, (kind, server.url, messages, run))
+    out = run_processes([job], 600)[0]
     stored = _stored_then_purged(server, _stream(kind)[0])
     if out["acked"] != messages or stored != messages:
         raise RuntimeError(f"{kind}: {out}, the stream holds {stored}")
@@ -225,17 +256,17 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
                              check=True).stdout.strip()
     relays = [(RELAY, BATCH), (NOOP, BATCH), (RELAY, BIG_BATCH), (NOOP, BIG_BATCH)]
     figures: dict[str, list[float]] = {f"{side}-{batch}": [] for side, batch in relays}
-    figures.update({kind: [] for kind in LOOPS})
+    figures.update({kind: [] for kind in (*LOOPS, ALONE)})
     server = NatsServer().start()
     try:
         pid = server.process.pid if server.process else "?"
         log(f"  nats: {version} with JetStream (file store) on port {server.port} (pid {pid})")
-        for side in (RELAY, *LOOPS):
+        for side in (RELAY, ALONE, *LOOPS):
             stream, prefix = _stream(side)
             server.add_stream(stream, [prefix + ">"])
         for run in range(runs):
             # Interleaved, and the order alternates, so neither side always runs on a warmer machine.
-            sides: list[tuple[str, int]] = [*relays, *((kind, 0) for kind in LOOPS)]
+            sides: list[tuple[str, int]] = [*relays, *((kind, 0) for kind in (*LOOPS, ALONE))]
             for side, batch in (sides if run % 2 else sides[::-1]):
                 if side == RELAY:
                     figures[f"{side}-{batch}"].append(_measure_relay(server, db_url, messages, batch, run, runs))
@@ -261,6 +292,8 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "client_loop_publish_async_msg_s": figures["publish-async-32"],
         "client_loop_sequential_msg_s": figures["publish-sequential"],
         "relay_noop_msg_s": figures[f"{NOOP}-{BATCH}"],
+        "destination_alone_msg_s": figures[ALONE],
+        "ratio_destination_alone_to_client_loop": ratio(ALONE),
         "relay_batch_1000_msg_s": figures[f"{RELAY}-{BIG_BATCH}"],
         "relay_noop_batch_1000_msg_s": figures[f"{NOOP}-{BIG_BATCH}"],
         "ratio_relay_to_client_loop": ratio(f"{RELAY}-{BATCH}"),
@@ -300,7 +333,9 @@ def main() -> None:
           f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x; "
           f"ours is {medians['ratio_relay_to_noop_relay']:.2f}x of it); batch 1,000: relay "
           f"{medians['relay_batch_1000_msg_s']:,.0f} msg/s ({medians['ratio_relay_batch_1000_to_client_loop']:.2f}x), "
-          f"into nothing {medians['relay_noop_batch_1000_msg_s']:,.0f} msg/s")
+          f"into nothing {medians['relay_noop_batch_1000_msg_s']:,.0f} msg/s; the destination alone (deliver() in "
+          f"batches of 100, no relay) {medians['destination_alone_msg_s']:,.0f} msg/s "
+          f"({medians['ratio_destination_alone_to_client_loop']:.2f}x)")
 
 
 if __name__ == "__main__":
