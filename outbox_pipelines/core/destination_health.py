@@ -27,6 +27,8 @@ from outbox_pipelines.core.table import OutboxTable, SharedTables
 log = logging.getLogger("outbox_pipelines.destination_health")
 
 DESTINATION_FAILURES = frozenset({m.NETWORK_TIMEOUT, m.BROKER_5XX, m.UNAUTHORIZED, m.UNKNOWN})
+# Why a relay holds off while another message probes the open circuit (its pause's reason).
+CIRCUIT_WAIT = "circuit open: waiting for the next probe"
 # A healthy relay confirms "still delivering" this often, so a streak another relay opened closes soon.
 SUCCESS_EVERY_S = 5.0
 
@@ -101,7 +103,7 @@ class DestinationGuard:
         if shared.take_destination_probe(self.table_name, probe_interval_s=self.probe_interval_s, now=now):
             return Gate(0.0, 1, True, "circuit open: sending one probe")
         wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
-        return Gate(max(wait, 0.05), 0, True, "circuit open: waiting for the next probe")
+        return Gate(max(wait, 0.05), 0, True, CIRCUIT_WAIT)
 
     def saw_open(self) -> None:
         """A claim found the destination plainly open (a gated claim returned rows)."""

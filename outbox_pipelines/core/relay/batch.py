@@ -4,7 +4,7 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 
 from outbox_pipelines.core import tracing
-from outbox_pipelines.core.destination_health import DestinationGuard
+from outbox_pipelines.core.destination_health import CIRCUIT_WAIT, DestinationGuard
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.counting import count_delivered_batch, count_settled_batch
@@ -88,7 +88,12 @@ class BatchRunner:
     def finish(self, outbox_table: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome],
                report: RelayReport) -> None:
         """Record what the destination did, settle the batch, count what happened."""
+        was_open = self.guard.circuit_open
         self.guard.observe(outbox_table.conn, outcomes)  # first: a batch that opens the circuit spends no attempts
+        if was_open and not self.guard.circuit_open and self.pause.reason == CIRCUIT_WAIT:
+            # The probe succeeded. A pipelined relay claimed ahead while it was in flight, found the circuit
+            # open and paused until the next probe: that wait is over, the rest goes now.
+            self.pause.lift()
         claimed_mono = self.forget(batch)
         if self._delivered_plainly(outcomes):
             # The common batch, delivered whole: settled and counted without a plan per message.

@@ -24,3 +24,7 @@ class Pause:
         until = time.monotonic() + seconds
         if until > self.until:
             self.until, self.reason = until, reason
+
+    def lift(self) -> None:
+        """End the pause now (the circuit it waited on closed: a probe in flight succeeded meanwhile)."""
+        self.until, self.reason = 0.0, ""

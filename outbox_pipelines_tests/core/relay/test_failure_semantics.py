@@ -57,6 +57,29 @@ def test_the_first_success_closes_the_circuit_and_waiting_retries_are_due_at_onc
     assert sorted(r["id"] for r in rows(conn, EVENTS)) == ids
 
 
+def test_a_pipelined_relay_goes_on_at_once_when_its_probe_succeeds(db_url, conn):
+    """While the probe is on the wire the relay claims ahead, finds the circuit open and waits for the next
+    probe; the probe's success ends that wait, so the rest drains now, not a probe interval later."""
+    enqueue_n(conn, EVENTS, 9)
+    conn.execute("INSERT INTO outbox_destination_health (table_name, destination, circuit_opened_at, failing_since, "
+                 "next_probe_at) VALUES (%s, 'd', now(), now(), now())", (EVENTS,))
+
+    class Slow(BatchSizes):
+        pipelined = True
+
+        def deliver(self, messages):
+            self.calls.append(len(messages))
+            time.sleep(0.05)  # on the wire long enough for the relay to claim ahead meanwhile
+            return [Outcome.sent() for _ in messages]
+
+    destination = Slow()
+    started = time.monotonic()
+    report = Relay(db_url, settings(batch_size=4, probe_interval_s=30), destination).run(once=True)
+    assert statuses(conn, EVENTS) == {"sent": 9}
+    assert destination.calls[0] == 1 and report.probes == 1  # one probe, then full batches
+    assert time.monotonic() - started < 5, "waited for the next probe after the circuit had closed"
+
+
 def test_per_message_failures_still_follow_the_retry_policy(db_url, conn):
     """A 400 dies at once and a handler error retries with backoff; neither opens the circuit."""
     enqueue_n(conn, EVENTS, 4)
