@@ -15,12 +15,15 @@ opening (the relay opens its connection at its first batch, inside its clock) to
   the comparison (``client_loop_msg_s``);
 - for information: the naive loop (publish, await its confirm, next), aio-pika's ``Exchange.publish``
   with 32 in flight, and pika's BlockingConnection in confirm mode (it waits for each confirm: it cannot
-  keep publishes in flight). These are the measurements behind the destination's choice of client;
+  keep publishes in flight). These are the measurements behind the destination's choice of client. And
+  the destination alone: its ``deliver`` called with batches of 100 made beforehand, no database, which
+  tells the destination's own cost from the relay's (claim and settle);
 - the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch 100, into
   its RabbitMQDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle).
 """
 
 import asyncio
+import importlib.util
 import json
 import statistics
 import sys
@@ -52,7 +55,8 @@ BATCH = 100
 INFLIGHT = 32
 TOPIC = "order.created"
 # The client loops, each in its own process; "aiormq-32" is the comparison.
-LOOPS = ("aiormq-32", "aiormq-sequential", "aio-pika-32", "pika-blocking")
+LOOPS = ("aiormq-32", "aiormq-sequential", "aio-pika-32", "pika-blocking", "destination-alone")
+OPTIONAL = {"aio-pika-32": "aio_pika", "pika-blocking": "pika"}
 
 
 def _parts(messages: int) -> list[tuple[str, dict[str, Any]]]:
@@ -143,6 +147,31 @@ def client_loop(kind: str, url: str, exchange: str, messages: int, barrier: Barr
     return {"rate": confirmed / seconds, "confirmed": confirmed, "seconds": seconds}
 
 
+def destination_alone(url: str, exchange: str, messages: int, barrier: Barrier) -> dict[str, Any]:
+    """The destination without the relay (in a spawned process): ``deliver`` called with batches of 100
+    messages made beforehand, as the relay would hand them over. Separates the destination's own cost
+    from the relay's (claim, settle: the database's work)."""
+    from datetime import UTC, datetime
+
+    from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination
+    from outbox_pipelines.core.models import ClaimedMessage
+
+    now = datetime.now(UTC)
+    batch = [ClaimedMessage(id=n, event_id=f"alone-{n}", tenant_id=None, topic=TOPIC, payload=sample_payload(n),
+                            payload_sha="", headers={}, attempts=1, created_at=now) for n in range(messages)]
+    destination = RabbitMQDestination(url, exchange=exchange, max_in_flight=INFLIGHT)
+    barrier()
+    started = time.perf_counter()
+    sent = 0
+    try:
+        for start in range(0, messages, BATCH):
+            sent += sum(o.kind == "sent" for o in destination.deliver(batch[start:start + BATCH]))
+    finally:
+        destination.close()
+    seconds = time.perf_counter() - started
+    return {"rate": sent / seconds, "confirmed": sent, "seconds": seconds}
+
+
 def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[str, Any]:
     """The relay draining the loaded rows into its RabbitMQ destination (in a spawned process)."""
     from dataclasses import replace
@@ -190,17 +219,21 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue
 
     rows = make_rows(messages, TOPIC, "rabbitmq")
+    # aio-pika and pika are measured for information, where installed (the destination needs aiormq only).
+    loops = [kind for kind in LOOPS if kind not in OPTIONAL or importlib.util.find_spec(OPTIONAL[kind])]
     figures: dict[str, list[float]] = {"relay": [], **{kind: [] for kind in LOOPS}}
     with RabbitMQ(prefix="outbox-bench-rabbitmq-") as node:
         version = node.version()
         pid = node.process.pid if node.process else "?"
         log(f"  rabbitmq: RabbitMQ {version} node {node.nodename} on port {node.port} (pid {pid}), "
             f"booted in {node.boot_seconds[0]:.1f} s")
-        for side in ("relay", *LOOPS):
+        for side in ("relay", *loops):
             bind_queue(node.url, f"bench-{side}", f"bench-{side}", "#")
         for run in range(runs):
-            for kind in LOOPS:
-                out = run_processes([(client_loop, (kind, node.url, f"bench-{kind}", messages))], 300)[0]
+            for kind in loops:
+                job = ((destination_alone, (node.url, f"bench-{kind}", messages)) if kind == "destination-alone"
+                       else (client_loop, (kind, node.url, f"bench-{kind}", messages)))
+                out = run_processes([job], 300)[0]
                 stored = _queue_count(node.url, f"bench-{kind}", purge=True)
                 if out["confirmed"] != messages or stored != messages:
                     raise RuntimeError(f"{kind}: {out}, the queue holds {stored}")
@@ -228,6 +261,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "client_loop_sequential_msg_s": figures["aiormq-sequential"],
         "aio_pika_loop_msg_s": figures["aio-pika-32"],
         "pika_blocking_loop_msg_s": figures["pika-blocking"],
+        "destination_alone_msg_s": figures["destination-alone"],
         "ratio_relay_to_client_loop": [r / c for r, c in zip(figures["relay"], figures["aiormq-32"], strict=True)],
         "comparison": f"aiormq, {INFLIGHT} publishes then their confirms, batch after batch (confirmed, persistent, "
                       "mandatory); the sequential loop, aio-pika's and pika's are for information",
@@ -254,8 +288,9 @@ def main() -> None:
     print(f"RabbitMQ {result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (aiormq, "
           f"{INFLIGHT} in flight) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
           f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "
-          f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians['aio_pika_loop_msg_s']:,.0f}, "
-          f"pika blocking {medians['pika_blocking_loop_msg_s']:,.0f} msg/s")
+          f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians.get('aio_pika_loop_msg_s', 0):,.0f}, "
+          f"pika blocking {medians.get('pika_blocking_loop_msg_s', 0):,.0f}, the destination alone (batches of "
+          f"{BATCH}, no database) {medians['destination_alone_msg_s']:,.0f} msg/s")
 
 
 if __name__ == "__main__":
