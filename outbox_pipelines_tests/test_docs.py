@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/design.md", "docs/seeds.md", "docs/deploy.md", "bench/README.md"]
+DOCS = ["README.md", "docs/design.md", "docs/seeds.md", "docs/deploy.md", "docs/destinations.md", "bench/README.md"]
 
 # `T/core/relay/test_loop.py::test_name` in docs/seeds.md: T is outbox_pipelines_tests.
 TEST_REFERENCE = re.compile(r"T/([\w/]+\.py)::(\w+)")
