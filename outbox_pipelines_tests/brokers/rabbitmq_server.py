@@ -18,8 +18,8 @@ Each ``RabbitMQ`` is a node of its own, started as a child process and stopped b
 queue keeps its persistent messages): the outage drill's broker that went away and came back.
 Users are created at boot from a definitions file (``users``), or later with ``ctl("add_user", ...)``.
 
-Boot takes about 3 s on 2 cores (measured: 3.1-3.6 s to the first AMQP handshake), so tests share one
-node per module.
+Boot takes 3-4 s on 2 cores to the first AMQP handshake (measured: 3.2-4.6 s alone, 5.2 s each when two
+test workers boot a node at once, up to 6 s on a busy machine), so tests share one node per module.
 """
 
 import asyncio
