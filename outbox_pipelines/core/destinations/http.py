@@ -51,6 +51,7 @@ from outbox_pipelines.core.destinations.http_outcomes import (
     classify_response,
 )
 from outbox_pipelines.core.destinations.signing import WebhookSigner
+from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import (
@@ -75,15 +76,6 @@ class HttpRequest:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     path: str = ""
-
-
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def trace_headers(message: ClaimedMessage) -> dict[str, str]:
-    """W3C trace context for the destination: the relay's send span (a well-formed traceparent only)."""
-    value = message.headers.get("traceparent") if isinstance(message.headers, dict) else None
-    return {"traceparent": value} if isinstance(value, str) and _TRACEPARENT.match(value) else {}
 
 
 def default_request(message: ClaimedMessage) -> HttpRequest:

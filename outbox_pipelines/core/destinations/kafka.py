@@ -62,6 +62,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.trace_context import valid_traceparent
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import Scrubber, redact_text
 
@@ -107,9 +108,6 @@ def topic_problem(topic: str) -> str | None:
     return None
 
 
-# The W3C traceparent the HTTP destination passes on (its trace_headers), checked the same way here: importing
-# the HTTP destination would load aiohttp and httpx (0.4 s) into a Kafka relay.
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _CONTENT_TYPE = ("content-type", "application/json")
 # One encoder for every payload: json.dumps with non-default options builds a new one per call (2 µs).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -123,8 +121,8 @@ def record_headers(message: ClaimedMessage) -> list[tuple[str, str | bytes | Non
         ("outbox-attempt", str(message.attempts)), _CONTENT_TYPE]
     extra = message.headers
     if extra and isinstance(extra, dict):
-        traceparent = extra.get("traceparent")
-        if isinstance(traceparent, str) and _TRACEPARENT.match(traceparent):
+        traceparent = valid_traceparent(extra.get("traceparent"))
+        if traceparent:
             headers.append(("traceparent", traceparent))
         trace_id = extra.get("trace_id")
         if trace_id is not None:

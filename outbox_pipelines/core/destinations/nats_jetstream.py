@@ -68,8 +68,8 @@ from nats.aio.msg import Msg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http import trace_headers
 from outbox_pipelines.core.destinations.loop_thread import LoopThread
+from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import Scrubber, redact_text, redact_url, split_credentials, url_origin

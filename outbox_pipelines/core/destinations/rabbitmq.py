@@ -76,8 +76,8 @@ from pamqp import commands as spec
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http import trace_headers
 from outbox_pipelines.core.destinations.loop_thread import LoopThread
+from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import Scrubber, redact_text, split_credentials, url_origin
 

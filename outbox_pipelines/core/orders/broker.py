@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, HttpRequest, trace_headers
+from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, HttpRequest
 from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
+from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.orders.failures import caller_reason, failure_code
