@@ -1,9 +1,14 @@
 """Pipelined delivery: deliver batch N on a thread of its own while claiming N+1.
 
 For network destinations, where a batch spends most of its time waiting on the
-wire, this keeps the claim off the critical path. A batch is settled before the
-next one is sent, so a database failure leaves at most one delivered-but-unrecorded
-batch per relay.
+wire, this keeps the claim and the settle off the critical path. A batch
+delivered whole (every message plainly sent: nothing can have opened the circuit
+or asked to slow down) lets the next one go on the wire at once, and is settled
+while that one is in flight; a database failure then leaves at most two
+delivered-but-unrecorded batches per relay, sent again once their leases expire
+(at least once; their idempotency keys make the effect happen once). Any other
+batch is settled first, so an outage or a 429 is known before anything more is
+sent.
 """
 
 from collections.abc import Callable
@@ -14,6 +19,7 @@ from outbox_pipelines.core.relay.batch import BatchRunner, held
 from outbox_pipelines.core.relay.dispatch import DispatchPlan, combine_outcomes
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.settlement import plainly_sent
 from outbox_pipelines.core.table import OutboxTable
 
 
@@ -51,10 +57,18 @@ class Pipeline:
             upcoming = claim_next()
             if upcoming:
                 keeper.hold(held(current + upcoming))
-            delivered = self._in_flight.result()
-            # Settle before the next batch goes on the wire: if the database fails now, at most this one
-            # batch was delivered without being recorded (and is delivered again), never two.
-            self.batches.finish(outbox_table, current, combine_outcomes(plan, delivered), report)
+            outcomes = combine_outcomes(plan, self._in_flight.result())
+            if upcoming and plainly_sent(outcomes) and not self._must_wait():
+                # Delivered whole: the next batch goes on the wire now, and this one is settled meanwhile.
+                next_plan = self.batches.plan(outbox_table, upcoming)
+                self._in_flight = self._thread.submit(self.batches.deliver, upcoming, next_plan)
+                self.batches.finish(outbox_table, current, outcomes, report)
+                keeper.hold(held(upcoming))
+                current, plan = upcoming, next_plan
+                continue
+            # Anything else is settled before the next batch goes on the wire: a failure that opens the
+            # circuit or a 429 holds back the batch claimed ahead.
+            self.batches.finish(outbox_table, current, outcomes, report)
             if upcoming and self._must_wait():
                 self._release_unsent(outbox_table, upcoming, report)
                 upcoming = []
