@@ -240,19 +240,10 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from obench.common import BenchServer
+    from obench.brokers import run_standalone
 
-    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    server = BenchServer()
-    name, url = server.create_database("kafka")
-    try:
-        result = measure(url, messages, runs)
-    finally:
-        server.drop_database(name)
-        server.close()
+    result, _ = run_standalone("kafka", measure)
     median = statistics.median
-    print(json.dumps(result, indent=2))
     print(f"relay {median(result['relay_msg_s']):,.0f} msg/s; client loop, flush every {BATCH}: "
           f"{median(result['client_loop_batch_100_msg_s']):,.0f} msg/s (ratio "
           f"{median(result['ratio_relay_to_loop_batch_100']):.2f}); client loop, one flush: "

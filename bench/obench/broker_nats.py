@@ -30,7 +30,6 @@ relay does, and sends the same headers a user would need for the guarantee (``Na
 
 import asyncio
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -310,20 +309,9 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from obench.common import BenchServer
+    from obench.brokers import run_standalone
 
-    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    server = BenchServer()
-    name, url = server.create_database("nats")
-    try:
-        result = measure(url, messages, runs)
-    finally:
-        server.drop_database(name)
-        server.close()
-    medians = {key: statistics.median(values) for key, values in result.items()
-               if isinstance(values, list) and values and isinstance(values[0], float)}
-    print(json.dumps({**result, "medians": medians}, indent=2))
+    result, medians = run_standalone("nats", measure)
     print(f"{result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (nats-py, {INFLIGHT} "
           f"in flight, the faster way) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
           f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: gather "

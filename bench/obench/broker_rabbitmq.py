@@ -25,7 +25,6 @@ opening (the relay opens its connection at its first batch, inside its clock) to
 import asyncio
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -271,20 +270,9 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    from obench.common import BenchServer
+    from obench.brokers import run_standalone
 
-    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    server = BenchServer()
-    name, url = server.create_database("rabbitmq")
-    try:
-        result = measure(url, messages, runs)
-    finally:
-        server.drop_database(name)
-        server.close()
-    medians = {key: statistics.median(values) for key, values in result.items()
-               if isinstance(values, list) and values and isinstance(values[0], float)}
-    print(json.dumps({**result, "medians": medians}, indent=2))
+    result, medians = run_standalone("rabbitmq", measure)
     print(f"RabbitMQ {result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (aiormq, "
           f"{INFLIGHT} in flight) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
           f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "

@@ -10,7 +10,10 @@ flight (the ``http`` scenario has every transport). Target: relay >= 0.8x the cl
 """
 
 import importlib
+import json
 import statistics
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -64,6 +67,27 @@ def _http(url: str, messages: int, runs: int) -> dict[str, list[float]]:
     finally:
         sink.stop()
     return {"relay_msg_s": relay, "client_loop_msg_s": loop}
+
+
+def run_standalone(kind: str, measure: Callable[[str, int, int], dict[str, Any]]) -> tuple[dict[str, Any],
+                                                                                          dict[str, float]]:
+    """A broker module run as a script (``python bench/obench/broker_nats.py [MESSAGES [RUNS]]``): its
+    ``measure`` on a database of its own; prints the result as JSON and returns it with its medians."""
+    from obench.common import BenchServer
+
+    messages = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    server = BenchServer()
+    name, url = server.create_database(kind)
+    try:
+        result = measure(url, messages, runs)
+    finally:
+        server.drop_database(name)
+        server.close()
+    medians = {key: statistics.median(values) for key, values in result.items()
+               if isinstance(values, list) and values and isinstance(values[0], float)}
+    print(json.dumps({**result, "medians": medians}, indent=2))
+    return result, medians
 
 
 def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
