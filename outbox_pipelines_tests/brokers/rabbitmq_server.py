@@ -245,9 +245,10 @@ class RabbitMQ:
             pass
 
     def close(self) -> None:
-        """Stop the node and its epmd (both by pid) and remove the temp dir."""
+        """Stop the node and its epmd (both by pid) and remove the temp dir. The node is killed: its data is
+        removed next, and an orderly stop took up to 30 s with a client connected."""
         try:
-            self.stop()
+            self.stop(kill=True)
         finally:
             if self.epmd is not None and self.epmd.poll() is None:
                 self.epmd.terminate()
