@@ -386,6 +386,8 @@ def _detail_lines(report: dict[str, Any]) -> list[str]:
         lines += order_path.detail_lines(details["order"])
     if "scale" in details:
         lines += scale_out.detail_lines(details["scale"])
+    if "brokers" in details:
+        lines += brokers.detail_lines(details["brokers"])
     return lines
 
 

@@ -90,6 +90,19 @@ def run_standalone(kind: str, measure: Callable[[str, int, int], dict[str, Any]]
     return result, medians
 
 
+def detail_lines(details: dict[str, Any]) -> list[str]:
+    """Every per-run figure each broker module measured besides the row (the destination alone, the relay into
+    a destination that does nothing, other loops), as medians: where the relay's time goes."""
+    lines = []
+    for kind, figures in details.items():
+        medians = {key: statistics.median(values) for key, values in figures.items()
+                   if isinstance(values, list) and values and isinstance(values[0], (int, float))}
+        shown = [f"{key.removesuffix('_msg_s')} {value:,.0f}" if key.endswith("_msg_s") else f"{key} {value:.2f}"
+                 for key, value in medians.items()]
+        lines.append(f"- **brokers {kind}** (medians; msg/s unless a ratio): " + "; ".join(shown) + ".")
+    return lines
+
+
 def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     result = ScenarioResult()
     messages = sizes.broker_messages
