@@ -124,6 +124,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen | None, grace_s: float = 30) -> None:
+    """Stop a process the test started, by its pid: SIGTERM (an orderly stop, as Ctrl-C or a deploy would),
+    SIGKILL if it has not exited within ``grace_s``."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 30) -> None:
     """Wait until the process listens (a bare TCP connect: no HTTP request that a server would count)."""
     deadline = time.monotonic() + seconds

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.redaction import redact_url, url_origin
@@ -96,14 +96,21 @@ def _kafka_servers(value: str, where: str) -> tuple[str, str]:
     return ",".join(servers), servers[0] + (f" (+{len(servers) - 1})" if len(servers) > 1 else "")
 
 
-def _broker_url(kind: str, url: str, where: str) -> tuple[str, str]:
-    broker = BROKERS[kind]
-    shown = redact_url(url)
+def split_url(url: str, what: str) -> SplitResult:
+    """The URL's parts; ConfigError naming ``what`` (without the URL's credentials) when it is not a URL or its
+    port is out of range."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises for a port out of range)
     except ValueError:
-        raise ConfigError(f"{where} url = {shown!r} is not a valid URL") from None
+        raise ConfigError(f"{what} = {redact_url(url)!r} is not a valid URL") from None
+    return parts
+
+
+def _broker_url(kind: str, url: str, where: str) -> tuple[str, str]:
+    broker = BROKERS[kind]
+    shown = redact_url(url)
+    parts = split_url(url, f"{where} url")
     if parts.scheme not in broker.schemes or not parts.hostname:
         schemes = " or ".join(f"{s}://" for s in broker.schemes)
         raise ConfigError(f"{where} url = {shown!r}: destination = \"{kind}\" needs a {schemes} URL with a host "

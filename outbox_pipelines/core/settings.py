@@ -19,6 +19,7 @@ from outbox_pipelines.core.broker_settings import (
     BrokerSettings,
     broker_settings,
     env_variable,
+    split_url,
 )
 from outbox_pipelines.core.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.destinations.http_outcomes import (
@@ -211,11 +212,7 @@ def check_destination_credentials(what: str, url: str, env: GlobalSettings, toke
     ``what`` names where the URL came from ("OUTBOX_BROKER_URL", "[tables.NAME] url").
     """
     shown = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises for a port out of range)
-    except ValueError:
-        raise ConfigError(f"{what} = {shown!r} is not a valid URL") from None
+    parts = split_url(url, what)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{what} = {shown!r} must be an http:// or https:// URL with a host")
     if "@" in parts.netloc and token:

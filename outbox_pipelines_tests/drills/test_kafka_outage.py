@@ -16,8 +16,6 @@ counted and reported (the idempotent producer prevents them within its session; 
 during the outage yet was written is sent again: at least once).
 """
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +26,7 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.kafka_cluster import KafkaCluster, read_topic
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, wait_until
+from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
 
 TABLE = "kafka_drill"
 TOPIC = "drill.order.changed"
@@ -86,13 +84,7 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
                        on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}")
             drained_at = time.monotonic()
         finally:
-            if relay.poll() is None:
-                os.kill(relay.pid, signal.SIGTERM)
-                try:
-                    relay.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.kill(relay.pid, signal.SIGKILL)
-                    relay.wait()
+            stop_process(relay)
         counts = statuses(conn, TABLE)
         records = read_topic(cluster.bootstrap, TOPIC, timeout_s=60)
     ids = [r.headers["idempotency-key"] for r in records]

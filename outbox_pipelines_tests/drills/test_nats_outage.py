@@ -24,7 +24,7 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.nats_server import NatsServer, Received
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, wait_until
+from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
 
 TABLE = "nats_drill"
 MESSAGES = 5_000
@@ -140,13 +140,7 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
         assert figures["duplicates_in_stream"] == 0 and in_stream == MESSAGES
         assert status.returncode == 0, status.stdout + status.stderr
     finally:
-        if relay is not None and relay.poll() is None:
-            relay.send_signal(signal.SIGTERM)
-            try:
-                relay.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                relay.kill()
-                relay.wait()
+        stop_process(relay)
         if consumer is not None:
             consumer.stop()
         server.cleanup()

@@ -23,7 +23,6 @@ message_id = event_id), and a message the consumer read but had not acknowledged
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.rabbitmq_server import Consumer, RabbitMQ, bind_queue, installed
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, wait_until
+from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
 
 TABLE = "rabbitmq_drill"
 EXCHANGE = "drill.events"
@@ -98,13 +97,7 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
                        on_timeout=lambda: f"consumed {consumed()}\n{relay_log()}")
         finally:
             consumer.stop()
-            if relay.poll() is None:
-                os.kill(relay.pid, signal.SIGTERM)
-                try:
-                    relay.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.kill(relay.pid, signal.SIGKILL)
-                    relay.wait()
+            stop_process(relay)
         counts = statuses(conn, TABLE)
         output = log_path.read_text()
     reads = list(consumer.read)
