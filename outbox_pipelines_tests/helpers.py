@@ -2,9 +2,11 @@
 
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -135,6 +137,34 @@ def stop_process(process: subprocess.Popen | None, grace_s: float = 30) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def stop_processes(processes: list[subprocess.Popen], grace_s: float = 30) -> None:
+    """Stop every process the test started with SIGTERM, all at once, as a deploy would. One that has not
+    exited within ``grace_s`` fails the test with its Python stacks (py-spy), then is killed: a process that
+    ignores an orderly stop is a bug to see, not a cleanup to hide."""
+    alive = [process for process in processes if process.poll() is None]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + grace_s
+    stuck: list[str] = []
+    for process in alive:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            stuck.append(f"pid {process.pid} ignored SIGTERM for {grace_s:.0f}s:\n{python_stacks(process.pid)}")
+            process.kill()
+            process.wait()
+    assert not stuck, "\n".join(stuck)
+
+
+def python_stacks(pid: int) -> str:
+    """Every thread's stack of a running Python process (py-spy, in the dev extra), for a failure message."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if not py_spy.exists():
+        return "(py-spy is not installed: no stacks)"
+    dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    return dump.stdout + dump.stderr
 
 
 def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 30) -> None:

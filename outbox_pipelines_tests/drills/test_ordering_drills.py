@@ -17,7 +17,7 @@ from pathlib import Path
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, wait_until
+from outbox_pipelines_tests.helpers import statuses, stop_processes, wait_until
 from outbox_pipelines_tests.sink import HttpSink, Received
 
 TABLE = "org_outbox"
@@ -37,14 +37,6 @@ def adopter(tmp_path: Path, sink_url: str, mode: str, **extra: str) -> Path:
 def start_relay(env: dict, project: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet"],
                             env=env, cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        proc.wait(timeout=30)
 
 
 def version(received: Received) -> tuple[str, int]:
@@ -87,7 +79,7 @@ def test_a_single_active_relay_delivers_a_key_in_order_through_a_503(cli_env, co
         try:
             wait_until(lambda: statuses(conn, TABLE) == {"sent": 5}, 60, "the five versions to be sent")
         finally:
-            stop([relay])
+            stop_processes([relay])
         assert [(r.key, r.status) for r in sink.received] == [
             ("org-42-v1", 200), ("org-42-v2", 503), ("org-42-v2", 200), ("org-42-v3", 200), ("org-42-v4", 200),
             ("org-42-v5", 200)]
@@ -131,7 +123,7 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
         wait_until(lambda: statuses(conn, TABLE) == {"sent": keys * versions}, 120,
                    "every message to be sent", on_timeout=lambda: str(statuses(conn, TABLE)))
     finally:
-        stop(procs)
+        stop_processes(procs)
         sink.stop()
     received = list(sink.received)
     assert {r.status for r in received} >= {200, 429, 503}  # the receiver really did throttle and fail
