@@ -1,22 +1,28 @@
 """The documents point at things that exist: every test the traceability matrix cites, every file path
-the README and the design notes name. A refactor that moves a module or a test fails here, not in a
-reader's hands."""
+any page names. A refactor that moves a module or a test fails here, not in a reader's hands. The docs
+site builds with MkDocs in strict mode (a broken link or anchor fails), and the README stays short."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/design.md", "docs/seeds.md", "docs/deploy.md", "docs/destinations.md", "bench/README.md"]
+# Every markdown page: the repository's own, the docs site's, the benchmark's guide.
+DOCS = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "bench/README.md",
+        *sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md"))]
+README_MAX_LINES = 250
 
 # `T/core/relay/test_loop.py::test_name` in docs/seeds.md: T is outbox_pipelines_tests.
 TEST_REFERENCE = re.compile(r"T/([\w/]+\.py)::(\w+)")
 # A repository path in backticks or a table cell: a known top-level folder, then a path.
-PATH_REFERENCE = re.compile(r"(?<![\w/.-])((?:outbox_pipelines|outbox_pipelines_tests|sql|bench|docs|scripts|deploy)"
+PATH_REFERENCE = re.compile(r"(?<![\w/.-])((?:outbox_pipelines|outbox_pipelines_tests|sql|bench|docs|scripts|deploy"
+                            r"|examples)"
                             r"/[\w./-]*[\w/])")
-# Paths written relative to the package (`core/relay/loop.py`, `defs/alerts.py`, `api/app.py`).
-PACKAGE_PATH = re.compile(r"(?<![\w/.-])((?:core|defs|api)/[\w/-]*\w(?:\.py|/))")
+# Paths written relative to the package (`core/relay/loop.py`, `defs/alerts.py`, `orders/api/app.py`).
+PACKAGE_PATH = re.compile(r"(?<![\w/.-])((?:core|defs|api|orders)/[\w/-]*\w(?:\.py|/))")
 
 
 def _text(name: str) -> str:
@@ -45,3 +51,31 @@ def test_every_path_a_document_names_exists(document):
         if not (ROOT / "outbox_pipelines" / path.rstrip("/")).exists():
             missing.add(path)
     assert not missing, f"{document} names paths that do not exist: {sorted(missing)}"
+
+
+def test_the_readme_is_short():
+    lines = len(_text("README.md").splitlines())
+    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines (at most {README_MAX_LINES}): move the "
+                                       "detail into docs/ (tutorial, how-to, reference or explanation)")
+
+
+def _bash_block(document: str, heading: str) -> str:
+    text = _text(document)
+    block = re.search(r"```bash\n(.*?)```", text[text.index(heading):], re.S)
+    assert block is not None, f"{document}: no bash block under {heading!r}"
+    return block.group(1)
+
+
+def test_the_walkthrough_is_the_same_in_the_readme_and_the_tutorial():
+    """test_adopting.py runs the README's block; the tutorial's copy must be that block, word for word."""
+    assert (_bash_block("docs/tutorial/add-an-outbox.md", "# Add an outbox to your service")
+            == _bash_block("README.md", "## Add an outbox to your service"))
+
+
+def test_the_docs_site_builds_with_no_broken_link(tmp_path):
+    """mkdocs.yml validates every link and anchor between pages and every page's place in the nav as a
+    warning; --strict fails the build on any warning."""
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-5000:]
+    assert (tmp_path / "site" / "index.html").is_file()
