@@ -29,7 +29,7 @@ import psycopg  # noqa: E402
 from psycopg.rows import dict_row  # noqa: E402
 
 from outbox_pipelines import Message, Outbox  # noqa: E402
-from outbox_pipelines.core.schema import create_table  # noqa: E402
+from outbox_pipelines.core.storage.schema import create_table  # noqa: E402
 from outbox_pipelines.testing import ScratchServer, TemplateDatabases  # noqa: E402
 from outbox_pipelines_tests.drills.conftest import DevProcess  # noqa: E402
 from outbox_pipelines_tests.helpers import free_port  # noqa: E402

@@ -305,7 +305,7 @@ def _sizes(sizes: Sizes) -> tuple[int, int]:
 
 
 def _prepare(url: str, batch: int) -> tuple[dict[str, str], Path]:
-    from outbox_pipelines.core import schema
+    from outbox_pipelines.core.storage import schema
 
     for table in (ONE_TABLE, *FOUR_TABLES, *FIFTY_TABLES):
         schema.create_table(url, table)

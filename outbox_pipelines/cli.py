@@ -19,8 +19,7 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options, faults_from_args
-from outbox_pipelines.core import db, metrics, migrate, roles, schema
-from outbox_pipelines.core.destination_health import display_name
+from outbox_pipelines.core.destinations.wiring import load_registry
 from outbox_pipelines.core.enqueue import Outbox, check_message
 from outbox_pipelines.core.errors import (
     ConfigError,
@@ -31,14 +30,17 @@ from outbox_pipelines.core.errors import (
     OutboxError,
     UnknownTable,
 )
-from outbox_pipelines.core.health import TableStatus, read_status
-from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
 from outbox_pipelines.core.models import STATES, Message
-from outbox_pipelines.core.ordering import skip_dead_heads
-from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
-from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
-from outbox_pipelines.core.replay import (
+from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.operations.maintenance import (
+    check_retention,
+    clean,
+    clean_shared,
+    requeue_stuck,
+    shared_cleanup_due,
+)
+from outbox_pipelines.core.operations.replay import (
     ReplayFilter,
     ReplayRefused,
     check_filter,
@@ -46,11 +48,16 @@ from outbox_pipelines.core.replay import (
     parse_death_time,
     replay_dead,
 )
-from outbox_pipelines.core.replay import iso as replay_iso
-from outbox_pipelines.core.replay import text_table as replay_text_table
+from outbox_pipelines.core.operations.replay import iso as replay_iso
+from outbox_pipelines.core.operations.replay import text_table as replay_text_table
+from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
+from outbox_pipelines.core.relay.destination_health import display_name
+from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
+from outbox_pipelines.core.relay.ordering import skip_dead_heads
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings, parse_duration
-from outbox_pipelines.core.table import OutboxTable
-from outbox_pipelines.core.wiring import load_registry
+from outbox_pipelines.core.storage import db, migrate, roles, schema
+from outbox_pipelines.core.storage.table import OutboxTable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -601,7 +608,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_order_api(args: argparse.Namespace) -> int:
     # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.2 s to every command.
-    from outbox_pipelines.api.server import prepare, serve
+    from outbox_pipelines.orders.api.server import prepare, serve
 
     url = _database_url()
     prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psycopg
 
-from outbox_pipelines.core import db
-from outbox_pipelines.core.queries import shared_query
+from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.queries import shared_query
 
 DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
 

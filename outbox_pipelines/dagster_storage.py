@@ -26,7 +26,7 @@ from dagster import Field
 from dagster._serdes import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
 
-from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.storage import db, migrate
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 
 # Set once the message is out: the webserver, daemon and run workers a command starts inherit

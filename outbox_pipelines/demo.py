@@ -21,12 +21,12 @@ import httpx
 from psycopg.rows import dict_row
 
 from outbox_pipelines.broker_sim import BrokerSim, Faults
-from outbox_pipelines.core import db, migrate
 from outbox_pipelines.core.enqueue import Outbox
-from outbox_pipelines.core.health import read_status
 from outbox_pipelines.core.models import STATES, Message
+from outbox_pipelines.core.oncall.health import read_status
 from outbox_pipelines.core.settings import DEFAULT_GROUP, load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage import db, migrate
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
     # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.5 s to every CLI command.
     import uvicorn
 
-    from outbox_pipelines.api.app import ApiSettings, create_app
+    from outbox_pipelines.orders.api.app import ApiSettings, create_app
 
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(ApiSettings(database_url=url)), host="127.0.0.1", port=port,

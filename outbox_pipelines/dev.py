@@ -22,9 +22,9 @@ from typing import IO
 
 import httpx
 
-from outbox_pipelines.core import db, migrate
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.listen import is_loopback
+from outbox_pipelines.core.storage import db, migrate
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
 log = logging.getLogger("outbox_pipelines.dev")

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.storage import db, migrate
 
 
 class ScratchServer:

@@ -82,8 +82,8 @@ def test_loopback_is_served_without_a_word(host):
 
 
 def test_the_api_and_dev_share_one_rule():
-    from outbox_pipelines.api import auth
     from outbox_pipelines.core.listen import is_loopback
+    from outbox_pipelines.orders.api import auth
 
     assert auth.is_loopback is is_loopback
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outbox_pipelines.core.health import evaluate_checks, read_status
+from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import REPO, run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows
 

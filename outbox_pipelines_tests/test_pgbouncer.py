@@ -15,7 +15,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core import pooler
+from outbox_pipelines.core.storage import pooler
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.pgbouncer import PgBouncer

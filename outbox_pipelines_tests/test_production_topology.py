@@ -51,7 +51,7 @@ from dagster_graphql import DagsterGraphQLClient
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from outbox_pipelines.core.db import DATABASE_URL_ENV
+from outbox_pipelines.core.storage.db import DATABASE_URL_ENV
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 from outbox_pipelines.defs.relay import (
     DEFAULT_RUN_MINUTES,

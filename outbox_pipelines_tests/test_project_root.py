@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines.core import db
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.storage import db
 from outbox_pipelines_tests.conftest import run_cli
 
 

@@ -126,11 +126,11 @@ def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str
     """The relay draining the loaded rows into its NATS JetStream destination (in a spawned process)."""
     from dataclasses import replace
 
-    from outbox_pipelines.core.broker_settings import BrokerSettings
     from outbox_pipelines.core.destinations.nats_jetstream import build
     from outbox_pipelines.core.redaction import url_origin
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
+    from outbox_pipelines.core.settings.brokers import BrokerSettings
 
     _, prefix = _stream(RELAY)
     broker = BrokerSettings(kind="nats", url=url, shown=url_origin(url), topic_prefix=prefix)

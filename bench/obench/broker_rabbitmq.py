@@ -175,11 +175,11 @@ def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[
     """The relay draining the loaded rows into its RabbitMQ destination (in a spawned process)."""
     from dataclasses import replace
 
-    from outbox_pipelines.core.broker_settings import BrokerSettings
     from outbox_pipelines.core.destinations.rabbitmq import build
     from outbox_pipelines.core.redaction import url_origin
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
+    from outbox_pipelines.core.settings.brokers import BrokerSettings
 
     broker = BrokerSettings(kind="rabbitmq", url=url, shown=url_origin(url), exchange=exchange)
     table = replace(load_settings(env={}, path=None).tables[TABLE], destination="rabbitmq", broker=broker,

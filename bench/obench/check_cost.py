@@ -60,9 +60,9 @@ def _time_ms(fn, runs: int) -> float:
 
 
 def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
-    from outbox_pipelines.core.health import evaluate_checks, read_status
+    from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
     from outbox_pipelines.core.settings import CheckThresholds
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     log(f"checks: filling {TABLE} with {sizes.flat_sent_rows:,} sent rows, 10,000 pending, 100 dead")
     _fill(url, sizes.flat_sent_rows)

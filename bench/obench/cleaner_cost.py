@@ -149,8 +149,8 @@ def claim_run(url: str, run_index: int) -> tuple[float, float]:
     The same pending rows in both, loaded and settled (VACUUM ANALYZE, CHECKPOINT)
     before the clock; each claimed batch is settled outside it, as flat.py does.
     """
-    from outbox_pipelines.core.db import connect
-    from outbox_pipelines.core.table import OutboxTable, Settlement
+    from outbox_pipelines.core.storage.db import connect
+    from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(EMPTY)))
@@ -184,8 +184,8 @@ def cleaner_worker(url: str, seconds: float, max_rows: int, stop: multiprocessin
     stops), after ``seconds``, after ``max_rows`` (so a later pass still finds
     rows to delete), or when ``stop`` is set (the relay it runs beside is done).
     """
-    from outbox_pipelines.core.db import connect
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.db import connect
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, FULL)

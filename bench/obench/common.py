@@ -16,10 +16,10 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from outbox_pipelines.core import db
 from outbox_pipelines.core.canonical import canonical_json, digest
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.storage import db
 from outbox_pipelines.testing import ScratchServer, TemplateDatabases
 
 BENCH_URL_ENV = "OUTBOX_BENCH_DATABASE_URL"

@@ -34,9 +34,9 @@ from obench.common import (
     settle_server,
 )
 from outbox_pipelines.core.canonical import canonical_json, digest
-from outbox_pipelines.core.db import sqlalchemy_url
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
+from outbox_pipelines.core.storage.db import sqlalchemy_url
 
 TABLE = "outbox_events"
 TOPIC = "order.created"
@@ -243,7 +243,7 @@ def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
 
     from outbox_pipelines.core.canonical import check_structure
     from outbox_pipelines.core.enqueue import _plain_event_ids, _prepare, _prepare_all
-    from outbox_pipelines.core.table import _copy_line
+    from outbox_pipelines.core.storage.table import _copy_line
 
     msgs = [Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items]
     rows = _prepare_all(msgs, 1 << 20, _plain_event_ids(msgs))

@@ -124,8 +124,8 @@ def prepare_claim_tables(url: str, sizes: Sizes) -> None:
 
 def claim_run(url: str, sizes: Sizes, run_index: int) -> tuple[float, float]:
     """Median claim time (ms) on the empty table and on the full one."""
-    from outbox_pipelines.core.db import connect
-    from outbox_pipelines.core.table import OutboxTable, Settlement
+    from outbox_pipelines.core.storage.db import connect
+    from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 
     pending = sizes.flat_claims * BATCH
     with psycopg.connect(url, autocommit=True) as conn:

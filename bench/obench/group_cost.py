@@ -114,7 +114,7 @@ def drain_consumer(url: str, expected: int, seconds: float, grouped: bool,
 
 
 def _prepare(url: str) -> None:
-    from outbox_pipelines.core.schema import create_table
+    from outbox_pipelines.core.storage.schema import create_table
 
     for name in QUIET:
         create_table(url, name)

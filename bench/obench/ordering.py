@@ -163,7 +163,7 @@ CLAIM_PARAMS: dict[str, Any] = {
 
 def _explain_claim(conn: psycopg.Connection) -> list[str]:
     """EXPLAIN ANALYZE of the claim as the relay sends it (it runs: the caller rolls it back)."""
-    from outbox_pipelines.core.queries import table_query
+    from outbox_pipelines.core.storage.queries import table_query
 
     statement = table_query("outbox_claim", TABLE)
     params = {name: value for name, value in CLAIM_PARAMS.items() if f"%({name})s" in statement}
@@ -173,7 +173,7 @@ def _explain_claim(conn: psycopg.Connection) -> list[str]:
 
 def claim_cost(url: str, pending: int, keys: int) -> dict[str, Any]:
     """The claim of 100 at ``pending`` messages over ``keys`` keys (0: none): its plan and its time."""
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     reset_table(url, TABLE)
     _load(url, "c-", pending, keys=keys)

@@ -1,5 +1,15 @@
-"""The framework-free core: model, SQL, relay, policies and destinations.
+"""The framework-free engine: rooms of one job each, shared values at the top.
 
-Nothing under this package imports Dagster or Starlette (an import-linter
-contract in pyproject.toml, run by the tests, keeps it so).
+- shared values: ``models`` (messages, outcomes, states), ``errors``, ``canonical`` (canonical JSON),
+  ``retry`` (backoff), ``names`` (identifiers validated and quoted), ``redaction`` (no secret shown),
+  ``listen`` (where a server may listen), ``settings/`` (outbox.toml and the environment), and
+  ``enqueue`` (the application's side: a message written in the business transaction).
+- ``storage/``: connections, schema, migrations, named queries, roles, the pooler.
+- ``relay/``: claim → dispatch → settle, the circuit, the lease keeper, ordering per key.
+- ``destinations/``: where messages go (HTTP, handlers, brokers, the paper broker) and how each is built.
+- ``operations/``: maintenance, replay, backfill.
+- ``oncall/``: health, alerts, liveness, metrics, tracing, the on-call sweep.
+
+Nothing under this package imports Dagster or Starlette, nor a wing (the order product in
+``outbox_pipelines.orders``, the examples): import-linter contracts in pyproject.toml keep it so.
 """

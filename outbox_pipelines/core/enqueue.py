@@ -12,9 +12,7 @@ from outbox_pipelines.core.canonical import (
     digest_bytes,
     plain_canonical_bytes,
 )
-from outbox_pipelines.core.db import driver_connection
 from outbox_pipelines.core.errors import InvalidMessage
-from outbox_pipelines.core.metrics import count_enqueued, count_enqueued_one
 from outbox_pipelines.core.models import (
     EnqueueResult,
     Message,
@@ -23,7 +21,9 @@ from outbox_pipelines.core.models import (
     unprintable_problem,
 )
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.table import NewRow, OutboxTable
+from outbox_pipelines.core.oncall.metrics import count_enqueued, count_enqueued_one
+from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.table import NewRow, OutboxTable
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM

@@ -8,11 +8,11 @@ from outbox_pipelines.core.errors import InvalidTableName
 
 TABLE_NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
-# The tables of the outbox's own schema (sql/migrations and core/migrate.py): never an
+# The tables of the outbox's own schema (sql/migrations and core/storage/migrate.py): never an
 # outbox table, so never a name for one. The one list; a test checks it against the
 # tables a migrated database really has.
 RESERVED_TABLE_NAMES = frozenset({
-    "outbox_schema_migrations",    # core/migrate.py: applied migrations
+    "outbox_schema_migrations",    # core/storage/migrate.py: applied migrations
     "outbox_audit",                # 0001: every state change
     "idempo_ledger",               # 0001: the Order API's idempotency ledger
     "automated_email_recipients",  # 0003: seed 002's welcome emails

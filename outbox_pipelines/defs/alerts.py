@@ -23,8 +23,8 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.alerts import Condition, announce_event, run_link
-from outbox_pipelines.core.oncall import SweepReport
+from outbox_pipelines.core.oncall.alerts import Condition, announce_event, run_link
+from outbox_pipelines.core.oncall.sweep import SweepReport
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text, table_asset_key

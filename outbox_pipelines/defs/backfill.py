@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 from pydantic import Field
 
-from outbox_pipelines.core.backfill import redeliver_sent
-from outbox_pipelines.core.orders import ORDERS_TABLE
+from outbox_pipelines.core.operations.backfill import redeliver_sent
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
+from outbox_pipelines.orders import ORDERS_TABLE
 
 # end_offset=1: today's (still open) day can be backfilled too.
 BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=1)

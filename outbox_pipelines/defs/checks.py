@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.health import CHECK_NAMES
+from outbox_pipelines.core.oncall.health import CHECK_NAMES
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, metadata_values, table_asset_key
 from outbox_pipelines.defs.resources import OutboxDb
 

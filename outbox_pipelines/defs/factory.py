@@ -16,9 +16,9 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.declarations import Declaration
 from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.settings import Settings, load_settings_or_problem
+from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks

@@ -7,7 +7,13 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.errors import ConfigError, RetentionTooShort
-from outbox_pipelines.core.maintenance import check_retention, clean, clean_shared, requeue_stuck, shared_cleanup_due
+from outbox_pipelines.core.operations.maintenance import (
+    check_retention,
+    clean,
+    clean_shared,
+    requeue_stuck,
+    shared_cleanup_due,
+)
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb

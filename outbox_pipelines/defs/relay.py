@@ -9,14 +9,14 @@ from typing import Any, Protocol, TypeVar
 import dagster as dg
 from pydantic import Field
 
-from outbox_pipelines.core.destination_health import display_name
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.orders import ORDERS_TABLE
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
+from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.group import GroupRelay, GroupReport, run_group_relay
 from outbox_pipelines.core.settings import DEFAULT_GROUP
 from outbox_pipelines.defs.common import RefusedLaunch, metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
+from outbox_pipelines.orders import ORDERS_TABLE
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
 # the next run starts while this one still relays (a standby on a single-active table takes over

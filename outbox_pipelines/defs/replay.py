@@ -1,6 +1,6 @@
 """replay_dead_job: move dead messages back to pending by filter (dry run by default).
 
-The checks are the core's (core/replay.py), the same ones the CLI's ``replay`` runs; a launch that fails them
+The checks are the core's (core/operations/replay.py), the same ones the CLI's ``replay`` runs; a launch that fails them
 is refused naming the field (``RefusedLaunch``, defs/common.py), before the database is touched when the
 check needs no data (no filter, a time, an id), after a read when it does (an unknown error code).
 """
@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
 
-from outbox_pipelines.core.orders import ORDERS_TABLE
-from outbox_pipelines.core.replay import (
+from outbox_pipelines.core.operations.replay import (
     LIST_LIMIT,
     ReplayFilter,
     ReplayRefused,
@@ -22,6 +21,7 @@ from outbox_pipelines.core.replay import (
 )
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
+from outbox_pipelines.orders import ORDERS_TABLE
 
 DRY_RUN_TAG = "outbox/dry_run"
 

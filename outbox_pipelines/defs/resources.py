@@ -7,15 +7,15 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from outbox_pipelines.core import db
-from outbox_pipelines.core.db import driver_connection
-from outbox_pipelines.core.declarations import Declaration
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.health import CheckVerdict, TableStatus, read_status, ready_count
-from outbox_pipelines.core.oncall import SweepReport, relays_died_with_run, sweep, table_verdicts
+from outbox_pipelines.core.destinations.wiring import build_destination
+from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, read_status, ready_count
+from outbox_pipelines.core.oncall.sweep import SweepReport, relays_died_with_run, sweep, table_verdicts
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings_or_problem
-from outbox_pipelines.core.table import OutboxTable, SharedTables, ready_tables
-from outbox_pipelines.core.wiring import build_destination
+from outbox_pipelines.core.settings.declarations import Declaration
+from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, ready_tables
 
 TABLE_TAG = "outbox/table"
 

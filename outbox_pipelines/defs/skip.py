@@ -10,8 +10,8 @@ import dagster as dg
 from pydantic import Field, field_validator
 
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.ordering import skip_dead_heads
-from outbox_pipelines.core.replay import check_row_id
+from outbox_pipelines.core.operations.replay import check_row_id
+from outbox_pipelines.core.relay.ordering import skip_dead_heads
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import OutboxDb

@@ -18,10 +18,10 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Protocol
 
-from outbox_pipelines.core import db
 from outbox_pipelines.core.destinations.handlers import HandlerRegistry
 from outbox_pipelines.core.errors import PermanentError
 from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.storage import db
 
 log = logging.getLogger("outbox_pipelines.members")
 TOPIC = "MemberCreatedEvent"

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox_pipelines.api import tracing
+from outbox_pipelines.orders.api import tracing
 from outbox_pipelines_tests.api.conftest import order, post_order, post_raw
 from outbox_pipelines_tests.helpers import rows
 
@@ -49,7 +49,7 @@ def capture_uvicorn(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def request_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "outbox_pipelines.api"]
+    return [r for r in caplog.records if r.name == "outbox_pipelines.orders.api"]
 
 
 # -- one line per request --------------------------------------------------------------------------

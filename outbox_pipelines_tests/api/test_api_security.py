@@ -22,17 +22,17 @@ import httpx
 import psycopg
 import pytest
 
-from outbox_pipelines.api import server
-from outbox_pipelines.api.app import ApiSettings
-from outbox_pipelines.api.auth import (
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.orders.api import server
+from outbox_pipelines.orders.api.app import ApiSettings
+from outbox_pipelines.orders.api.auth import (
     check_exposure,
     hmac_scope,
     is_loopback,
     legacy_scope,
 )
-from outbox_pipelines.api.ratelimit import FailureLimiter
-from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.orders.ledger import accept_order
+from outbox_pipelines.orders.api.ratelimit import FailureLimiter
+from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import (
     LiveApi,
     assert_error,
@@ -194,7 +194,7 @@ def test_serve_refuses_before_listening_and_warns_once_on_loopback(monkeypatch, 
     monkeypatch.delenv("OUTBOX_API_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="without a token"):
         server.serve("postgresql:///unused", "0.0.0.0", 1, say=lambda _: None)
-    caplog.set_level(logging.WARNING, logger="outbox_pipelines.api")
+    caplog.set_level(logging.WARNING, logger="outbox_pipelines.orders.api")
     server.prepare("postgresql:///unused", "127.0.0.1")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "open on loopback only" in warnings[0].getMessage()
@@ -262,7 +262,7 @@ def test_a_client_that_disconnects_mid_body_is_info_and_499_not_an_error(start_a
             logging.getLogger(name).removeHandler(caplog.handler)
     assert sample("order_requests_total", status="499") == closed_before + 1
     assert sample("order_requests_total", status="500") == errors_before
-    lines = [r for r in caplog.records if r.name == "outbox_pipelines.api"]
+    lines = [r for r in caplog.records if r.name == "outbox_pipelines.orders.api"]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert (lines[0].levelno, lines[0].status, lines[0].reason_code) == (logging.INFO, 499, "CLIENT_DISCONNECTED")
     assert lines[0].idempotency_key == KEY

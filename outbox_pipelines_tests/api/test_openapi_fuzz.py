@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from outbox_pipelines.api.openapi import document
+from outbox_pipelines.orders.api.openapi import document
 from outbox_pipelines_tests.api.conftest import LiveApi, ledger
 
 RATE = 1_000_000

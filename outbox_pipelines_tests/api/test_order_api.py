@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox_pipelines.core.orders.model import request_digest, result_digest
 from outbox_pipelines.core.relay import run_table_relay
+from outbox_pipelines.orders.model import request_digest, result_digest
 from outbox_pipelines_tests.api.conftest import (
     ApiServers,
     LiveApi,

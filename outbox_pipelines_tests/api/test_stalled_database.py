@@ -30,8 +30,8 @@ import httpx
 import psycopg
 import pytest
 
-from outbox_pipelines.api.app import ApiSettings
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.orders.api.app import ApiSettings
 from outbox_pipelines_tests.api.conftest import (
     ApiServers,
     LiveApi,
@@ -104,14 +104,15 @@ def stored_keys(conn: psycopg.Connection) -> tuple[set[str], set[str]]:
 
 @pytest.fixture
 def api_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="outbox_pipelines.api")
+    caplog.set_level(logging.INFO, logger="outbox_pipelines.orders.api")
     return caplog
 
 
 def warnings_503(caplog: pytest.LogCaptureFixture, path: str = "/do/order") -> list[str]:
     """The request lines of the 503s on ``path``, as '<reason_code> (<reason>) in <latency> ms'."""
     return [f"{r.reason_code} ({r.reason}) in {r.latency_ms} ms" for r in caplog.records
-            if r.levelno == logging.WARNING and r.name == "outbox_pipelines.api" and getattr(r, "route", None) == path
+            if r.levelno == logging.WARNING and r.name == "outbox_pipelines.orders.api"
+            and getattr(r, "route", None) == path
             and getattr(r, "status", None) == 503 and f"status=503 reason_code={r.reason_code}" in r.getMessage()]
 
 

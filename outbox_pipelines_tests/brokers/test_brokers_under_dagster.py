@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from outbox_pipelines.core import schema
+from outbox_pipelines.core.storage import schema
 from outbox_pipelines.defs.factory import declaration_of, outbox_definitions
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.brokers.kafka_cluster import KafkaCluster, read_topic

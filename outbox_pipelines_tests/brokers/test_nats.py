@@ -12,11 +12,11 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.broker_settings import BrokerSettings
 from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination, build
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.settings.brokers import BrokerSettings
 from outbox_pipelines_tests.brokers.nats_server import NatsServer
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses

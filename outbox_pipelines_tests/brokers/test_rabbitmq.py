@@ -17,12 +17,12 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.broker_settings import BrokerSettings
 from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination, build
+from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings.brokers import BrokerSettings
 from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue, drain_queue, free_port, installed
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.core.destinations.test_http import claimed

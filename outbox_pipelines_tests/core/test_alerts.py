@@ -11,10 +11,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outbox_pipelines.core import alerts
-from outbox_pipelines.core.alerts import Condition, Memory, announce, decide
-from outbox_pipelines.core.health import CHECK_NAMES, CheckVerdict
-from outbox_pipelines.core.oncall import check_condition
+from outbox_pipelines.core.oncall import alerts
+from outbox_pipelines.core.oncall.alerts import Condition, Memory, announce, decide
+from outbox_pipelines.core.oncall.health import CHECK_NAMES, CheckVerdict
+from outbox_pipelines.core.oncall.sweep import check_condition
 from outbox_pipelines_tests.conftest import REPO
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -170,7 +170,7 @@ def test_a_restarted_process_does_not_repeat_what_was_told(db_url, conn, http_si
     script = (
         "import sys, psycopg\n"
         "from datetime import datetime, timedelta, timezone\n"
-        "from outbox_pipelines.core.alerts import announce\n"
+        "from outbox_pipelines.core.oncall.alerts import announce\n"
         "from outbox_pipelines_tests.core.test_alerts import SEVERITY_OF, conditions, at\n"
         "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
         "    print(len(announce(conn, conditions(SEVERITY_OF), now=at(90), repeat_s=1800, webhook_url=sys.argv[2])))\n"
@@ -347,7 +347,7 @@ def test_an_event_is_told_once_with_its_own_fields(http_sink):
 
 
 def test_settings_that_cannot_be_read_fire_one_alert_that_resolves_once_they_can(conn, http_sink, tmp_path):
-    from outbox_pipelines.core.oncall import settings_condition
+    from outbox_pipelines.core.oncall.sweep import settings_condition
     from outbox_pipelines.core.settings import load_settings_or_problem
 
     bad = tmp_path / "outbox.toml"

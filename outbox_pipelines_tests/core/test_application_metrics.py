@@ -3,7 +3,7 @@
 Before, the counter lived only in the outbox's private registry, which nothing but the Order API's
 /metrics served, so a service's own enqueues were invisible to Prometheus. Each case is the team's own
 process (a script in a project directory of its own) that enqueues in its business transaction and
-exposes the metrics the way the README says; the test scrapes them over a real socket.
+exposes the metrics the way docs/how-to/write-messages.md says; the test scrapes them over a real socket.
 """
 
 import subprocess

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox_pipelines.core.backfill import redeliver_sent
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.operations.backfill import redeliver_sent
 from outbox_pipelines_tests.helpers import ScriptedDestination, db_now, enqueue_n, rows
 
 EVENTS = "outbox_events"

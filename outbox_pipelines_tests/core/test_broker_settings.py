@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines.core import broker_settings
+from outbox_pipelines.core.settings import brokers as broker_settings
 from outbox_pipelines.core.settings import load_settings
 
 TABLE = "billing_outbox"
@@ -91,7 +91,7 @@ def test_a_broker_whose_extra_is_missing_fails_at_load_with_the_pip_line(tmp_pat
 
 def test_every_broker_builds_from_its_settings_and_is_named_by_its_origin(tmp_path):
     """The wiring finds each broker's module, and its destination is named without credentials."""
-    from outbox_pipelines.core.wiring import build_destination
+    from outbox_pipelines.core.destinations.wiring import build_destination
 
     for kind, section, shown in [
         ("nats", 'url = "nats://u:pw-one@127.0.0.1:1"', "nats://127.0.0.1:1"),

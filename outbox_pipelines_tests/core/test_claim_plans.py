@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from outbox_pipelines.core.queries import table_query
+from outbox_pipelines.core.storage.queries import table_query
 
 ORDERS = "outbox_orders"
 # A column of the claimed table, or a constant: nothing the server computes per row.

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines.core.declarations import find_declaration
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.settings import load_settings
+from outbox_pipelines.core.settings.declarations import find_declaration
 
 DG_PROJECT = """[project]
 name = "svc"

@@ -7,11 +7,11 @@ import pytest
 
 from outbox_pipelines import Outcome
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import SUCCESS_EVERY_S, DestinationGuard, read_health
 from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.health import evaluate_checks, read_status
+from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
 from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.relay.destination_health import SUCCESS_EVERY_S, DestinationGuard, read_health
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, statuses
 

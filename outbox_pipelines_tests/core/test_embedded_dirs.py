@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox_pipelines.core import db
+from outbox_pipelines.core.storage import db
 from outbox_pipelines_tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="Unix modes")

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox_pipelines.core import db
+from outbox_pipelines.core.storage import db
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="Unix sockets")
 

@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines import InvalidMessage, InvalidTableName, Message, Outbox, UnknownTable
 from outbox_pipelines.core.canonical import canonical_json, digest
-from outbox_pipelines.core.db import sqlalchemy_url
+from outbox_pipelines.core.storage.db import sqlalchemy_url
 
 
 def count(conn, table="outbox_events", where="true"):

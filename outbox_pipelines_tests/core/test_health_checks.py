@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outbox_pipelines.core.destination_health import DestinationHealth
-from outbox_pipelines.core.health import CHECK_NAMES, CheckVerdict, TableStatus, evaluate_checks
+from outbox_pipelines.core.oncall.health import CHECK_NAMES, CheckVerdict, TableStatus, evaluate_checks
+from outbox_pipelines.core.relay.destination_health import DestinationHealth
 from outbox_pipelines.core.settings import CheckThresholds
 
 TABLE = "outbox_events"

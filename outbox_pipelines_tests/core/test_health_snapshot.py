@@ -7,10 +7,10 @@ import pytest
 from psycopg import ClientCursor
 from psycopg.rows import tuple_row
 
-from outbox_pipelines.core.health import LAG_SAMPLE, evaluate_checks, read_status
-from outbox_pipelines.core.queries import table_query
+from outbox_pipelines.core.oncall.health import LAG_SAMPLE, evaluate_checks, read_status
 from outbox_pipelines.core.settings import CheckThresholds
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.helpers import db_now, enqueue_n
 
 EVENTS = "outbox_events"

@@ -8,9 +8,9 @@ import pytest
 from outbox_pipelines import InvalidMessage, InvalidTableName, Message, Outbox
 from outbox_pipelines.core.canonical import MAX_NESTING_DEPTH, checked_canonical_payload
 from outbox_pipelines.core.errors import RetentionTooShort
-from outbox_pipelines.core.maintenance import MIN_RETENTION_S, clean, minimum_retention_s
 from outbox_pipelines.core.names import RESERVED_TABLE_NAMES
-from outbox_pipelines.core.schema import create_table
+from outbox_pipelines.core.operations.maintenance import MIN_RETENTION_S, clean, minimum_retention_s
+from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
 

@@ -13,13 +13,13 @@ import pytest
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.enqueue import Outbox
-from outbox_pipelines.core.health import CheckVerdict, TableStatus, evaluate_checks, read_status
 from outbox_pipelines.core.models import Message, Outcome
-from outbox_pipelines.core.oncall import sweep, table_verdicts
+from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
+from outbox_pipelines.core.oncall.sweep import sweep, table_verdicts
+from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, db_now, enqueue_n, rows, statuses
 

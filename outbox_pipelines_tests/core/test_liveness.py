@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines.core import liveness
-from outbox_pipelines.core.oncall import sweep
+from outbox_pipelines.core.oncall import liveness
+from outbox_pipelines.core.oncall.sweep import sweep
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
 
 EVENTS = "outbox_events"

@@ -2,10 +2,10 @@
 
 from datetime import timedelta
 
-from outbox_pipelines.core.maintenance import clean, clean_shared, requeue_stuck
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.operations.maintenance import clean, clean_shared, requeue_stuck
+from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.retry import RetryPolicy
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
 

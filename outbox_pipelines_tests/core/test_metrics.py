@@ -5,9 +5,9 @@ import uuid
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core import metrics
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination

@@ -6,9 +6,9 @@ import shutil
 import psycopg
 import pytest
 
-from outbox_pipelines.core import migrate, schema
 from outbox_pipelines.core.errors import InvalidTableName, MigrationError
-from outbox_pipelines.core.queries import sql_dir
+from outbox_pipelines.core.storage import migrate, schema
+from outbox_pipelines.core.storage.queries import sql_dir
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from outbox_pipelines.core.metrics import observe_repeated
+from outbox_pipelines.core.oncall.metrics import observe_repeated
 
 
 def _exposition(observe) -> bytes:
@@ -33,7 +33,7 @@ def test_a_batch_tallied_at_once_exposes_what_message_by_message_does(monkeypatc
     """The relay counts a batch delivered whole in one pass (BatchTally.add_all)."""
     from types import SimpleNamespace
 
-    from outbox_pipelines.core import metrics
+    from outbox_pipelines.core.oncall import metrics
 
     batch = [SimpleNamespace(topic=topic, tenant_id=tenant, attempts=attempts)
              for topic, tenant, attempts in [("a", None, 1), ("b", "t1", 1), ("a", None, 2), ("a", "t1", 1)] * 25]

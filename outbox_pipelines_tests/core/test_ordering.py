@@ -7,16 +7,16 @@ from collections import defaultdict
 import psycopg
 import pytest
 
-from outbox_pipelines.core import maintenance, ordering
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.errors import InvalidMessage
-from outbox_pipelines.core.health import evaluate_checks, read_status
 from outbox_pipelines.core.models import Message, Outcome
-from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
+from outbox_pipelines.core.operations import maintenance
+from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
+from outbox_pipelines.core.relay import Relay, ordering
 from outbox_pipelines.core.settings import CheckThresholds
-from outbox_pipelines.core.table import OutboxTable, Settlement
+from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, rows, statuses
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from outbox_pipelines.core.replay import (
+from outbox_pipelines.core.operations.replay import (
     KNOWN_ERROR_CODES,
     ReplayFilter,
     ReplayRefused,

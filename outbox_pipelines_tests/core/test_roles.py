@@ -17,21 +17,21 @@ import pytest
 from psycopg import sql
 from psycopg.rows import DictRow
 
-from outbox_pipelines.core import migrate, roles
 from outbox_pipelines.core.destinations.paper import PaperBroker
 from outbox_pipelines.core.enqueue import COPY_MIN_ROWS, Outbox
-from outbox_pipelines.core.health import read_status
-from outbox_pipelines.core.maintenance import clean, clean_shared
 from outbox_pipelines.core.models import ClaimedMessage, Message, Outcome
-from outbox_pipelines.core.oncall import sweep
-from outbox_pipelines.core.orders import ORDERS_TABLE
-from outbox_pipelines.core.orders.broker import OrderBroker
-from outbox_pipelines.core.orders.ledger import accept_order
+from outbox_pipelines.core.oncall.health import read_status
+from outbox_pipelines.core.oncall.sweep import sweep
+from outbox_pipelines.core.operations.maintenance import clean, clean_shared
+from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.replay import ReplayFilter, replay_dead
-from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage import migrate, roles
+from outbox_pipelines.core.storage.schema import create_table
+from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.orders import ORDERS_TABLE
+from outbox_pipelines.orders.broker import OrderBroker
+from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, order_payload, statuses
 

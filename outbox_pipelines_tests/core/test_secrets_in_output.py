@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox_pipelines.core import db
 from outbox_pipelines.core.errors import ConfigError, InvalidDatabaseUrl
+from outbox_pipelines.core.storage import db
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, free_port
 

@@ -186,7 +186,7 @@ def test_a_tables_already_processed_rules_reach_its_destination(tmp_path):
     said = b'{"result": "duplicate"}'
     assert classify_response(409, {}, said, already_processed=hooks.already_processed).kind == "sent"
     assert classify_response(409, {}, said).kind == "dead"  # not one of the strict defaults
-    from outbox_pipelines.core.wiring import build_destination
+    from outbox_pipelines.core.destinations.wiring import build_destination
 
     destination = build_destination(hooks, load_settings(env={}, path=path))
     try:

@@ -1,8 +1,8 @@
 """Seed 004 §7 / §10.3: tenants in the audit, an index for per-tenant questions, clean-up per tenant."""
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core.maintenance import clean
 from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.operations.maintenance import clean
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination

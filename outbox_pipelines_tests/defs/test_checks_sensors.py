@@ -3,7 +3,7 @@
 import dagster as dg
 import pytest
 
-from outbox_pipelines.core.health import CHECK_NAMES
+from outbox_pipelines.core.oncall.health import CHECK_NAMES
 from outbox_pipelines.defs.alerts import oncall_sensor
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
@@ -166,7 +166,7 @@ def test_a_run_interrupted_by_a_stop_is_marked_canceled_and_not_alerted(instance
 
 
 def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):
-    from outbox_pipelines.core.alerts import post_alert
+    from outbox_pipelines.core.oncall.alerts import post_alert
 
     monkeypatch.delenv("OUTBOX_ALERT_WEBHOOK_URL", raising=False)
     assert post_alert({"summary": "something"}) is False
@@ -178,7 +178,7 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, 
     """Dagster may mark a SIGKILLed relay run failed before its heartbeat goes silent: one alert, rows back now."""
     import subprocess
 
-    from outbox_pipelines.core import liveness
+    from outbox_pipelines.core.oncall import liveness
 
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})

@@ -11,7 +11,7 @@ import pytest
 
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
@@ -188,7 +188,7 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
         for record in instance.all_logs(result.run_id):
             texts.append(record.message or "")
             texts.append(repr(record.dagster_event.event_specific_data) if record.dagster_event else "")
-    from outbox_pipelines.core.oncall import sweep
+    from outbox_pipelines.core.oncall.sweep import sweep
     from outbox_pipelines.core.settings import load_settings
 
     conn.execute("UPDATE outbox_destination_health SET failing_since = now() - interval '10 minutes'")

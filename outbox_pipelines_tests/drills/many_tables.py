@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core.schema import create_table
+from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines_tests.drills.conftest import REPO, DevProcess, WebhookReceiver, tail
 from outbox_pipelines_tests.helpers import QueriesDatabase, free_port
 from outbox_pipelines_tests.sink import HttpSink

@@ -6,7 +6,9 @@ from datetime import timedelta
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.lease import (
+from outbox_pipelines.core.operations.maintenance import requeue_stuck
+from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay.lease import (
     ack_sent,
     check_dedup,
     claim_outbox,
@@ -14,9 +16,7 @@ from outbox_pipelines.core.lease import (
     mark_dead_by_worker,
     renew_lease,
 )
-from outbox_pipelines.core.maintenance import requeue_stuck
-from outbox_pipelines.core.relay import Relay
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import audit_codes, db_now, rows
 

@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 
 from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox, RetryPolicy
-from outbox_pipelines.core import schema
-from outbox_pipelines.core.db import sqlalchemy_url
-from outbox_pipelines.core.maintenance import clean
+from outbox_pipelines.core.operations.maintenance import clean
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage import schema
+from outbox_pipelines.core.storage.db import sqlalchemy_url
 from outbox_pipelines_tests.helpers import db_now, rows, statuses
 
 TABLE = "org_outbox"

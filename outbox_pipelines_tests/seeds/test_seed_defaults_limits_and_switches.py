@@ -20,15 +20,15 @@ import psycopg
 import pytest
 
 from outbox_pipelines import HandlerDestination, HandlerRegistry, HttpDestination, Message, Outbox, PermanentError
-from outbox_pipelines.api.app import ApiSettings
-from outbox_pipelines.api.ratelimit import RateLimiter
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, Outcome
 from outbox_pipelines.core.relay import Relay, run_table_relay
 from outbox_pipelines.core.relay import session as relay_session
 from outbox_pipelines.core.retry import RetryPolicy
-from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings, load_settings
+from outbox_pipelines.core.storage.schema import create_table
+from outbox_pipelines.orders.api.app import ApiSettings
+from outbox_pipelines.orders.api.ratelimit import RateLimiter
 from outbox_pipelines_tests.api.conftest import broker_settings, sample
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
@@ -78,7 +78,7 @@ def test_the_order_api_allows_60_requests_a_minute_per_client_by_default(monkeyp
         monkeypatch.delenv(name)
     settings = ApiSettings.from_env("postgresql://127.0.0.1:1/unused")
     assert settings.rate_per_minute == 60
-    # The limiter the app builds from it (api/app.py: RateLimiter(settings.rate_per_minute)), on a frozen clock.
+    # The limiter the app builds from it (orders/api/app.py: RateLimiter(settings.rate_per_minute)), on a frozen clock.
     limiter = RateLimiter(settings.rate_per_minute, clock=lambda: 1000.0)
     assert [limiter.allow("10.0.0.1") for _ in range(60)] == [0] * 60
     assert limiter.allow("10.0.0.1") >= 1  # the 61st within the minute waits (Retry-After)

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core import db, migrate
+from outbox_pipelines.core.storage import db, migrate
 from outbox_pipelines_tests.helpers import QueriesDatabase, free_port, order_payload
 
 REPO = Path(__file__).resolve().parents[2]

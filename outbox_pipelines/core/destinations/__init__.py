@@ -1,6 +1,6 @@
 """Where messages go: an HTTP endpoint, in-process handlers, or the paper broker.
 
-A wing's destinations (the order broker) live in the wing (core/orders), built by wiring.
+A wing's destinations (the order broker) live in the wing (orders), built by wiring.
 """
 
 from typing import TYPE_CHECKING, Any

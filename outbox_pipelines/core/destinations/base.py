@@ -12,7 +12,7 @@ import psycopg
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 
 if TYPE_CHECKING:  # the settlement type is the table's; imported for annotations only
-    from outbox_pipelines.core.table import Settlement
+    from outbox_pipelines.core.storage.table import Settlement
 
 
 class Destination:

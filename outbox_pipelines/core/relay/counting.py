@@ -7,12 +7,12 @@ import logging
 import time
 from collections.abc import Sequence
 
-from outbox_pipelines.core import metrics
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import destination_failures
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.relay.destination_health import destination_failures
 from outbox_pipelines.core.relay.report import BatchCounts, LagSample
-from outbox_pipelines.core.table import Settlement
+from outbox_pipelines.core.storage.table import Settlement
 
 log = logging.getLogger("outbox_pipelines.relay")
 

@@ -33,19 +33,20 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from outbox_pipelines.core import pooler, tracing
-from outbox_pipelines.core.db import connect
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError, OutboxError
 from outbox_pipelines.core.models import cap_error
 from outbox_pipelines.core.names import notify_channel
+from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
-from outbox_pipelines.core.table import SharedTables, ready_tables
-from outbox_pipelines.core.wiring import build_destination
+from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import SharedTables, ready_tables
 
 log = logging.getLogger("outbox_pipelines.relay")
 

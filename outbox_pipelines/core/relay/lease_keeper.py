@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import psycopg
 
-from outbox_pipelines.core import liveness
+from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.relay.session import open_session
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 
 log = logging.getLogger("outbox_pipelines.relay")
 

@@ -24,14 +24,14 @@ from typing import Any
 
 import psycopg
 
-from outbox_pipelines.core import liveness, metrics, ordering, tracing
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import DestinationGuard
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
-from outbox_pipelines.core.relay import single_active
+from outbox_pipelines.core.oncall import liveness, metrics, tracing
+from outbox_pipelines.core.relay import ordering, single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
+from outbox_pipelines.core.relay.destination_health import DestinationGuard
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.pause import Pause
 from outbox_pipelines.core.relay.pipeline import Pipeline
@@ -45,7 +45,7 @@ from outbox_pipelines.core.relay.session import (
 )
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
-from outbox_pipelines.core.table import PLAN_REUSE_MAX_ROWS, OutboxTable
+from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -79,7 +79,7 @@ class _Invocation:
     # When the last claim took rows (time.monotonic()), and what may end the invocation early (``Release``).
     last_work: float = 0.0
     release: "Release | None" = None
-    # Where the ordering sweep goes on from (core/ordering.py), at the requeue's pace.
+    # Where the ordering sweep goes on from (core/relay/ordering.py), at the requeue's pace.
     ordering_sweep: ordering.SweepCursor = field(default_factory=ordering.SweepCursor)
 
     @property
@@ -111,7 +111,8 @@ class Relay:
             raise TypeError(f"{type(destination).__name__} is not a Destination: subclass "
                             "outbox_pipelines.Destination and override deliver (and what else it needs)")
         self.url = url
-        self.direct_url = direct_url  # the relay's session, when a transaction pooler sits at url (core/pooler.py)
+        # the relay's session, when a transaction pooler sits at url (core/storage/pooler.py)
+        self.direct_url = direct_url
         self.table = table
         self.destination = destination
         self.worker = worker_id or default_worker_id()

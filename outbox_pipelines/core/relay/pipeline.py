@@ -20,7 +20,7 @@ from outbox_pipelines.core.relay.dispatch import DispatchPlan, combine_outcomes
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.settlement import plainly_sent
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 
 
 class Pipeline:

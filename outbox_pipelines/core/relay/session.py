@@ -8,19 +8,19 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import set_json_loads
 
-from outbox_pipelines.core import pooler
 from outbox_pipelines.core.canonical import loads_jsonb_text
-from outbox_pipelines.core.db import connect, redact
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage.db import connect, redact
 
 STATEMENT_TIMEOUT_MS = 30_000
 # Plans. By default every statement of the relay's sessions is planned for its own parameters: a
 # generic plan guesses a handful of input rows and turns the batched settle into a nested loop,
 # quadratic in the batch size (measured: 264 ms instead of 23 ms for 1,000 rows). Planning costs
 # 0.4-0.5 ms a statement, though, a third of a message's way from commit to handler at a trickle.
-# So a statement over at most PLAN_REUSE_MAX_ROWS rows (core/table.py: a claim after a short one,
+# So a statement over at most PLAN_REUSE_MAX_ROWS rows (core/storage/table.py: a claim after a short one,
 # the settle of a small batch, the next-due read) asks to keep its plan (``reuse_plan``: prepared,
 # and PostgreSQL may then choose a generic plan); nothing is prepared by count. No sequential
 # scans: a generic plan made while a table was small would otherwise keep reading it whole as it
@@ -50,7 +50,7 @@ def open_relay_session(url: str, table: TableSettings, direct_url: str | None = 
     """The relay's own connection: it LISTENs on the table's channel, so an enqueue wakes an idle relay.
 
     ``direct_url`` (OUTBOX_DIRECT_DATABASE_URL), when set, is a connection that keeps its session and
-    carries the relay's session whole. Without it, behind a pooler (core/pooler.py) a competing table's
+    carries the relay's session whole. Without it, behind a pooler (core/storage/pooler.py) a competing table's
     relay polls every ``idle_sleep_s``, and a single-active one refuses: ConfigError says what to set.
     """
     conn = open_session(direct_url or url)

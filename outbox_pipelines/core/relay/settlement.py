@@ -13,11 +13,11 @@ from typing import TypedDict
 import psycopg
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destination_health import DESTINATION_FAILURES
 from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
+from outbox_pipelines.core.relay.destination_health import DESTINATION_FAILURES
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
-from outbox_pipelines.core.table import OutboxTable, Settlement
+from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 
 log = logging.getLogger("outbox_pipelines.relay")
 

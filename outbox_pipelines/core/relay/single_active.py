@@ -1,6 +1,6 @@
 """The single-active lock: one relay of a single-active table works, the others stand by."""
 
-from outbox_pipelines.core.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 
 
 def try_lock(outbox_table: OutboxTable) -> bool:

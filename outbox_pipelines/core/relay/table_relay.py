@@ -7,12 +7,13 @@ through the Destination base class.
 import gc
 from collections.abc import Callable
 
-from outbox_pipelines.core import pooler, tracing
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.wiring import build_destination
+from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.settings import Settings
-from outbox_pipelines.core.wiring import build_destination
+from outbox_pipelines.core.storage import pooler
 
 
 def run_table_relay(

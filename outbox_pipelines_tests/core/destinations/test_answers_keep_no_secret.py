@@ -169,7 +169,7 @@ def test_the_http_clients_request_log_names_the_origin_only(serve, transport, ca
 
 
 def test_an_alert_webhook_is_named_by_its_origin(caplog, serve):
-    from outbox_pipelines.core.alerts import post_alert
+    from outbox_pipelines.core.oncall.alerts import post_alert
 
     async def refuse(request: web.Request) -> web.Response:
         return web.Response(status=500, text=f"bad hook {request.url}")

@@ -17,12 +17,12 @@ import pytest
 
 from outbox_pipelines import HttpDestination, Message, Outbox
 from outbox_pipelines.core.destinations.http import TRANSPORTS
+from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.orders.broker import OrderBroker
-from outbox_pipelines.core.orders.ledger import accept_order
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import GlobalSettings, load_settings
-from outbox_pipelines.core.wiring import build_destination
+from outbox_pipelines.orders.broker import OrderBroker
+from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.core.destinations.test_http import claimed
 from outbox_pipelines_tests.helpers import order_payload, rows
 

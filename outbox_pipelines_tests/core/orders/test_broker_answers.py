@@ -15,10 +15,10 @@ from outbox_pipelines import HttpDestination, Message, Outbox
 from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core.destinations.http import TRANSPORTS, HttpRequest, _exception_outcome
 from outbox_pipelines.core.models import ClaimedMessage
-from outbox_pipelines.core.orders.broker import OrderBroker
-from outbox_pipelines.core.orders.ledger import accept_order
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
+from outbox_pipelines.orders.broker import OrderBroker
+from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import order_payload
 

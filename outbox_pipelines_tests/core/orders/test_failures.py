@@ -23,16 +23,16 @@ import pytest
 
 from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.orders.failures import (
+from outbox_pipelines.core.relay import run_table_relay
+from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.orders.failures import (
     BROKER_DOWN,
     BROKER_REJECTED,
     BROKER_TIMEOUT,
     INTERNAL_ERROR,
     failure_code,
 )
-from outbox_pipelines.core.orders.ledger import accept_order
-from outbox_pipelines.core.relay import run_table_relay
-from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import ApiServers
 from outbox_pipelines_tests.helpers import order_payload
 

@@ -3,7 +3,7 @@
 import pytest
 
 from outbox_pipelines import InvalidMessage, Message, Outbox
-from outbox_pipelines.core.orders.validation import validate_order
+from outbox_pipelines.orders.validation import validate_order
 from outbox_pipelines_tests.helpers import order_payload
 
 

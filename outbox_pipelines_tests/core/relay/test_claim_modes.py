@@ -151,8 +151,8 @@ def test_a_transaction_relay_that_hangs_past_its_lease_is_cut_off_by_the_server(
 
 
 def test_a_fast_commit_claim_leaves_the_session_durable(db_url, conn):
-    from outbox_pipelines.core.db import connect
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.db import connect
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     enqueue_n(conn, EVENTS, 2)
     with connect(db_url) as relay_conn:  # autocommit, as the relay's session
@@ -167,8 +167,8 @@ def test_a_fast_commit_claim_leaves_the_session_durable(db_url, conn):
 
 
 def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url, conn):
-    from outbox_pipelines.core.db import connect
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.db import connect
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     enqueue_n(conn, EVENTS, 2)
     with connect(db_url, autocommit=False) as caller:  # a transaction to look inside
@@ -191,7 +191,7 @@ def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url
 @pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
 def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_its_flush(
         db_url, conn, monkeypatch, claim_mode):
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     settles: list[tuple[int, bool]] = []
     settle_sent = OutboxTable.settle_sent
@@ -219,7 +219,7 @@ def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_
 ])
 @pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
 def test_a_gated_claim_takes_nothing_unless_the_destination_is_plainly_open(conn, state, claim_mode):
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     enqueue_n(conn, EVENTS, 3)
     table = OutboxTable(conn, EVENTS)

@@ -5,7 +5,7 @@ from datetime import timedelta
 from outbox_pipelines import Message, Outbox, Outcome, RetryPolicy
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay import plan_settlement
-from outbox_pipelines.core.table import OutboxTable, Settlement
+from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows
 

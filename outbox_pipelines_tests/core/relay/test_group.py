@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox
-from outbox_pipelines.core.destination_health import read_health
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay.destination_health import read_health
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
-from outbox_pipelines.core.schema import create_table
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines_tests.helpers import statuses, wait_until
 
 TABLES = [f"mod{n:02d}_outbox" for n in range(8)]

@@ -147,7 +147,7 @@ def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
 def counting_claims(monkeypatch, reads: list[str] | None = None) -> list[int]:
     """The number of rows each claim of the relays in this test returned, in order (and in ``reads``,
     each claim and next-due read as it happened)."""
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     claims: list[int] = []
     reads = [] if reads is None else reads
@@ -384,7 +384,7 @@ def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
 
 
 def test_a_switched_off_topic_waiting_as_pending_leaves_the_relay_idle(db_url, conn, monkeypatch):
-    from outbox_pipelines.core.table import OutboxTable
+    from outbox_pipelines.core.storage.table import OutboxTable
 
     claims = []
     claim = OutboxTable.claim

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.maintenance import requeue_stuck
+from outbox_pipelines.core.operations.maintenance import requeue_stuck
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses

@@ -7,7 +7,7 @@ of the batched settle is quadratic in it). Nothing is prepared just because it r
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay.session import open_session
-from outbox_pipelines.core.table import PLAN_REUSE_MAX_ROWS, OutboxTable
+from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
 from outbox_pipelines_tests.core.relay.events import EVENTS
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 

@@ -1,0 +1,288 @@
+"""Prometheus metrics with the seeds' names (docs/design.md §4.5).
+
+Counters and histograms are updated where things happen; the per-table
+gauges (pending, locked, lag) are read from the database when scraped.
+"""
+
+import collections
+import hashlib
+import operator
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from outbox_pipelines.core.oncall.health import read_status
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import OutboxTable
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Label values that come from messages are bounded: a table's first TOPIC_LIMIT topics (and
+# TENANT_LIMIT tenants) get series of their own, later ones share "other", so a producer that
+# puts ids into topics cannot blow up Prometheus.
+TOPIC_LIMIT = 50
+TENANT_LIMIT = 50
+TENANT_LABEL_ENV = "OUTBOX_TENANT_LABEL"  # plain (default) | hash | off (seed 004 §7: allow masking)
+
+
+class BoundedLabels:
+    """Remembers up to ``limit`` values per scope; the rest become ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, scope: str, value: str) -> str:
+        with self._lock:
+            seen = self._seen.setdefault(scope, set())
+            if value in seen:
+                return value
+            if len(seen) < self.limit:
+                seen.add(value)
+                return value
+        return "other"
+
+
+_topics = BoundedLabels(TOPIC_LIMIT)
+_tenants = BoundedLabels(TENANT_LIMIT)
+
+
+def topic_label(table_name: str, topic: str) -> str:
+    return _topics(table_name, topic)
+
+
+def tenant_label(table_name: str, tenant: str | None) -> str:
+    """The tenant as metrics and logs show it: plain, hashed, or left out (OUTBOX_TENANT_LABEL)."""
+    if not tenant:
+        return ""
+    mode = (os.environ.get(TENANT_LABEL_ENV) or "plain").lower()
+    if mode == "off":
+        return ""
+    if mode == "hash":
+        tenant = "t-" + hashlib.sha256(tenant.encode()).hexdigest()[:10]
+    return _tenants(table_name, tenant)
+
+
+ENQUEUED = Counter("outbox_enqueue_total", "Messages enqueued", ["table", "topic"], registry=REGISTRY)
+DEQUEUED = Counter("outbox_dequeue_total", "Claims: messages claimed (result=success), claims that found nothing "
+                   "ready (result=empty)", ["table", "result"], registry=REGISTRY)
+DISPATCHED = Counter(
+    "outbox_dispatch_total", "Messages settled, by result: success, conflict_processed (409 already processed), "
+    "dedup, retry, dead, conflict (lease lost)", ["table", "topic", "tenant", "result"], registry=REGISTRY)
+DEAD = Counter("outbox_dead_total", "Messages that went to dead", ["table", "topic"], registry=REGISTRY)
+DISPATCH_LATENCY = Histogram(
+    "outbox_dispatch_latency_seconds", "Claim to settled of one message, by result", ["table", "topic", "result"],
+    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RETRY_COUNT = Histogram(
+    "outbox_retry_count", "Attempts a message had used when it was settled", ["table"], registry=REGISTRY,
+    buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
+)
+# outbox_enqueue_total's child per (table, topic) as the application names them: a one-row enqueue
+# otherwise spends 14 µs (cold, after its round trip) bounding the label and finding the child.
+# Bounded like the labels: past the limit, the child is looked up each time.
+_enqueued_children: dict[tuple[str, str], Any] = {}
+
+
+def count_enqueued_one(table_name: str, topic: str) -> None:
+    """``count_enqueued`` for one message."""
+    child = _enqueued_children.get((table_name, topic))
+    if child is None:
+        child = ENQUEUED.labels(table_name, topic_label(table_name, topic))
+        if len(_enqueued_children) < TOPIC_LIMIT * 4:
+            _enqueued_children[(table_name, topic)] = child
+    child.inc()
+
+
+def count_enqueued(table_name: str, topics: Iterable[str]) -> None:
+    """outbox_enqueue_total{table,topic}: one add per topic of the statement."""
+    counts: dict[str, int] = {}
+    # Labelled per distinct topic, not per message: a label takes a lock (0.4 µs a message in a batch).
+    for topic, n in collections.Counter(topics).items():
+        label = topic_label(table_name, topic)
+        counts[label] = counts.get(label, 0) + n
+    for label, n in counts.items():
+        ENQUEUED.labels(table_name, label).inc(n)
+
+
+def count_claim(table_name: str, claimed: int) -> None:
+    if claimed:
+        DEQUEUED.labels(table_name, "success").inc(claimed)
+    else:
+        DEQUEUED.labels(table_name, "empty").inc()
+
+
+def observe_repeated(child: Any, value: float, times: int) -> None:
+    """``times`` observations of ``value`` in one step (the relay's batch of 1,000 otherwise spends as long
+    in Histogram.observe as in its settle statement). prometheus_client has no bulk observe: this adds to
+    the sum and to the first bucket the value fits, as ``observe`` does, and falls back to ``observe``
+    should a version of the library keep its histogram otherwise."""
+    bounds, buckets, total = (getattr(child, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None or times == 1:
+        for _ in range(times):
+            child.observe(value)
+        return
+    total.inc(value * times)
+    for bound, bucket in zip(bounds, buckets, strict=True):
+        if value <= bound:
+            bucket.inc(times)
+            return
+
+
+_TOPIC_AND_TENANT = operator.attrgetter("topic", "tenant_id")
+_ATTEMPTS = operator.attrgetter("attempts")
+
+
+class BatchTally:
+    """A settled batch's counters, added once per label set (per-message label lookups cost too much)."""
+
+    def __init__(self, table_name: str) -> None:
+        self.table_name = table_name
+        self._counts: dict[tuple[str, str, str], int] = {}
+        # Observations as value -> how many times (a batch repeats the same values).
+        self._latency: dict[tuple[str, str], dict[float, int]] = {}
+        self._attempts: dict[int, int] = {}
+        # A batch has few distinct topics and tenants: label each once, not once per message.
+        self._labels: dict[tuple[str, str | None], tuple[str, str]] = {}
+
+    def add(self, message: Any, result: str, in_dispatch_s: float | None, *, final: bool = False) -> None:
+        self._add(message.topic, message.tenant_id, result, in_dispatch_s, 1)
+        if final:
+            self._attempts[message.attempts] = self._attempts.get(message.attempts, 0) + 1
+
+    def add_all(self, messages: Sequence[Any], result: str, in_dispatch_s: float | None) -> None:
+        """``add(message, result, in_dispatch_s, final=True)`` for each message, counted in one pass."""
+        for (topic, tenant_id), n in collections.Counter(map(_TOPIC_AND_TENANT, messages)).items():
+            self._add(topic, tenant_id, result, in_dispatch_s, n)
+        for attempts, n in collections.Counter(map(_ATTEMPTS, messages)).items():
+            self._attempts[attempts] = self._attempts.get(attempts, 0) + n
+
+    def _add(self, topic_name: str, tenant_id: str | None, result: str, in_dispatch_s: float | None, n: int) -> None:
+        labels = self._labels.get((topic_name, tenant_id))
+        if labels is None:
+            labels = (topic_label(self.table_name, topic_name), tenant_label(self.table_name, tenant_id))
+            self._labels[(topic_name, tenant_id)] = labels
+        topic, tenant = labels
+        key = (topic, tenant, result)
+        self._counts[key] = self._counts.get(key, 0) + n
+        if in_dispatch_s is not None:
+            # A batch is claimed and settled at one instant each: its messages share one value.
+            values = self._latency.setdefault((topic, result), {})
+            values[in_dispatch_s] = values.get(in_dispatch_s, 0) + n
+
+    def flush(self) -> None:
+        for (topic, tenant, result), n in self._counts.items():
+            DISPATCHED.labels(self.table_name, topic, tenant, result).inc(n)
+            if result == "dead":
+                DEAD.labels(self.table_name, topic).inc(n)
+        for (topic, result), values in self._latency.items():
+            child = DISPATCH_LATENCY.labels(self.table_name, topic, result)
+            for value, times in values.items():
+                observe_repeated(child, value, times)
+        if self._attempts:
+            child = RETRY_COUNT.labels(self.table_name)
+            for attempts, times in self._attempts.items():
+                observe_repeated(child, attempts, times)
+
+
+ORDER_REQUESTS = Counter("order_requests_total", "Order API requests, by HTTP status", ["status"], registry=REGISTRY)
+ORDER_CONFLICTS = Counter("order_idempotency_conflicts_total", "Same key, different body (409)", registry=REGISTRY)
+ORDER_BROKER_LATENCY = Histogram(
+    "order_broker_latency_ms", "Broker round trip of one order, milliseconds", registry=REGISTRY,
+    buckets=(1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
+)
+
+
+class OutboxStateCollector(Collector):
+    """outbox_pending_count, outbox_locked_count and outbox_lag_seconds, read at scrape time."""
+
+    def __init__(self, url: str, table_names: Iterable[str]) -> None:
+        self.url, self.table_names = url, list(table_names)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pending = GaugeMetricFamily("outbox_pending_count", "Messages waiting (pending or retrying)", labels=["table"])
+        locked = GaugeMetricFamily("outbox_locked_count", "Messages held by a relay (sending)", labels=["table"])
+        inflight = GaugeMetricFamily("outbox_inflight", "Messages in sending (seed 000's name for locked)",
+                                     labels=["table"])
+        lag = GaugeMetricFamily("outbox_lag_seconds", "created → delivered over the last hour, waiting messages "
+                                "counted with their age so far", labels=["table", "quantile"])
+        circuit = GaugeMetricFamily("outbox_circuit_open", "1 while the table's circuit breaker is open",
+                                    labels=["table"])
+        paused = GaugeMetricFamily("outbox_paused_seconds", "how much longer the destination asked the table to "
+                                   "hold off (429)", labels=["table"])
+        try:
+            with connect(self.url) as conn:
+                for table_name in self.table_names:
+                    status = read_status(OutboxTable(conn, table_name))
+                    pending.add_metric([table_name], status.backlog)
+                    locked.add_metric([table_name], status.counts.get("sending", 0))
+                    inflight.add_metric([table_name], status.counts.get("sending", 0))
+                    quantiles = (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s))
+                    for quantile, value in quantiles:
+                        if value is not None:
+                            lag.add_metric([table_name, quantile], value)
+                    health = status.destination
+                    circuit.add_metric([table_name], 1.0 if health and health.circuit_opened_at else 0.0)
+                    paused_for_s = health.paused_for_s if health and health.paused else None
+                    paused.add_metric([table_name], paused_for_s or 0.0)
+        except Exception:  # a scrape must not fail because the database is briefly away
+            return
+        yield pending
+        yield locked
+        yield inflight
+        yield lag
+        yield circuit
+        yield paused
+
+
+def watch_tables(url: str, table_names: Iterable[str]) -> None:
+    """Add the per-table gauges to this process's /metrics (once)."""
+    if not any(isinstance(c, OutboxStateCollector) for c in list(REGISTRY._collector_to_names)):  # noqa: SLF001
+        REGISTRY.register(OutboxStateCollector(url, table_names))
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on a port of its own (the relay worker's --metrics-port; an application's own process,
+    whose ``outbox_enqueue_total`` counts what it enqueued)."""
+    start_http_server(port, addr=host, registry=REGISTRY)
+
+
+class _Forward(Collector):
+    """The outbox's metrics, as part of another registry's scrape (read at each collect, nothing copied)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from REGISTRY.collect()
+
+
+_forwarded: set[int] = set()
+_forward_lock = threading.Lock()
+
+
+def expose_in(registry: CollectorRegistry) -> None:
+    """Add the outbox's metrics (``outbox_enqueue_total`` among them) to an application's own registry, e.g.
+    prometheus_client's default one that its /metrics already serves; once per registry."""
+    with _forward_lock:
+        if id(registry) in _forwarded:
+            return
+        registry.register(_Forward())
+        _forwarded.add(id(registry))
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started

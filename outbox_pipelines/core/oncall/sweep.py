@@ -1,0 +1,148 @@
+"""The on-call sweep: what a sensor runs every few seconds to keep people informed.
+
+One pass: find relays that died and return their rows; evaluate every table's
+checks at a bounded cost; announce what changed (fired, reminded, resolved).
+It never falls behind, because it looks at the tables as they are now rather
+than at the history of runs.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
+from outbox_pipelines.core.oncall import liveness
+from outbox_pipelines.core.oncall.alerts import (
+    Condition,
+    Severity,
+    announce,
+    announce_event,
+    asset_link,
+    run_link,
+    ui_url,
+)
+from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
+from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
+
+log = logging.getLogger("outbox_pipelines.oncall")
+
+# A check's grade as an alert's severity.
+SEVERITY: dict[str, Severity] = {"ok": "ok", "warn": "warning", "error": "error"}
+
+
+@dataclass
+class SweepReport:
+    now: datetime | None = None
+    verdicts: dict[str, list[CheckVerdict]] = field(default_factory=dict)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    dead_relays: list[liveness.DeadRelay] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def check_condition(table_name: str, verdict: CheckVerdict) -> Condition:
+    return Condition(
+        key=f"check:{table_name}:{verdict.name}", severity=SEVERITY[verdict.severity],
+        summary=verdict.description, kind="check", link=asset_link(table_name, check=verdict.name), table=table_name,
+        check=verdict.name,
+        figures={k: v for k, v in verdict.metadata.items() if v is not None},
+    )
+
+
+def settings_condition(settings: Settings) -> Condition:
+    """The declaration as a whole: an error while it cannot be read at all (no table is known, so none is
+    relayed or checked), ok once it can (which resolves the alert)."""
+    return Condition(
+        key="settings", severity="error" if settings.problem else "ok",
+        summary=(f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
+                 "Fix the file, then reload the code location." if settings.problem
+                 else "the outbox's table settings are read again"),
+        kind="settings", link=f"{ui_url()}/locations",
+    )
+
+
+def relay_died_condition(relays: list[liveness.DeadRelay]) -> Condition:
+    """One alert for the relays of one process that died (a relay group's run hosts many tables' relays; a
+    CLI relay, one): which tables, how many rows went back, what to look at."""
+    first = max(relays, key=lambda relay: relay.held)
+    run_id = first.run_id
+    who = f"relay run {run_id[:8]}" if run_id else f"relay {first.worker}"
+    why = (f"no heartbeat for {first.silent_s:.0f} s and its process is gone" if first.silent_s
+           else "its process is gone")
+    held, returned = sum(r.held for r in relays), sum(r.returned for r in relays)
+    tables = sorted({relay.table for relay in relays})
+    shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    where = tables[0] if len(tables) == 1 else f"{len(tables)} tables ({shown})"
+    summary = (f"{where}: {who} died ({why}) after running {max(r.ran_s for r in relays) / 60:.1f} min; it held "
+               f"{held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next relay. If it "
+               "happens again, read the run's logs and check the host's memory (OOM killer).")
+    return Condition(
+        key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}", severity="error", summary=summary,
+        kind="relay_died", link=run_link(run_id) if run_id else asset_link(first.table), table=first.table,
+        job=first.job if run_id else None, run_id=run_id,
+        figures={"held": held, "returned": returned, "ran_s": round(max(r.ran_s for r in relays), 1),
+                 "silent_s": round(first.silent_s, 1), "tables": tables, "worker": first.worker,
+                 "workers": [r.worker for r in relays],
+                 "pid": first.pid, "host": first.host},
+    )
+
+
+def _by_process(relays: list[liveness.DeadRelay]) -> list[list[liveness.DeadRelay]]:
+    """The dead relays grouped by the run (or, without one, the worker) they belonged to."""
+    groups: dict[str, list[liveness.DeadRelay]] = {}
+    for relay in relays:
+        groups.setdefault(relay.run_id or relay.worker, []).append(relay)
+    return list(groups.values())
+
+
+def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_url: str | None = None,
+          repeat_s: float | None = None) -> SweepReport:
+    """Bury dead relays, evaluate every table's checks, announce what changed."""
+    report = SweepReport()
+    with connect(url) as conn:
+        report.now = now or SharedTables(conn).database_now()
+        max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
+        buried = [dead for relay in liveness.find_dead(conn, now=now)
+                  if (dead := liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))) is not None]
+        report.dead_relays += buried  # one not buried here was told by whoever buried it
+        report.alerts += [announce_event(relay_died_condition(relays), now=report.now, webhook_url=webhook_url)
+                          for relays in _by_process(buried)]
+        conditions = [settings_condition(settings)]
+        for name in sorted({*settings.tables, *settings.broken}):
+            try:
+                verdicts = table_verdicts(conn, settings, name, now=now)
+            except UnknownTable as exc:
+                report.problems.append(str(exc))
+                continue
+            report.verdicts[name] = verdicts
+            conditions += [check_condition(name, v) for v in verdicts]
+        report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
+    return report
+
+
+def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | None = None) -> list[CheckVerdict]:
+    """A table's checks, graded by its settings; a table whose section cannot be used gets them too, with
+    default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
+    table, problem = settings.tables.get(name), settings.broken.get(name)
+    try:
+        status = read_status(OutboxTable(conn, name), now=now,
+                             stuck_after_s=(table or TableSettings(name)).stuck_threshold_s)
+    except (UnknownTable, InvalidTableName):
+        if problem is None:
+            raise
+        status = TableStatus(name)
+    return evaluate_checks(status, table.checks if table else CheckThresholds(),
+                           delivers_nowhere=table.delivers_nowhere if table else None, settings_problem=problem)
+
+
+def relays_died_with_run(url: str, settings: Settings, run_id: str, *,
+                         webhook_url: str | None = None) -> list[dict[str, Any]]:
+    """A failed run whose relay never said goodbye (SIGKILL, OOM): return its rows now and tell on-call
+    that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
+    max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
+    with connect(url) as conn:
+        now = SharedTables(conn).database_now()
+        buried = liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)
+        return [announce_event(relay_died_condition(buried), now=now, webhook_url=webhook_url)] if buried else []

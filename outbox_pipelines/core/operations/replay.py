@@ -1,0 +1,370 @@
+"""Replay of dead messages: an explicit operator action, filtered, with a dry run.
+
+Used by ``outbox-pipelines replay`` and by Dagster's ``replay_dead_job``; both
+share the checks below, so a tired operator gets the same answers from either:
+
+- no filter is refused unless ``allow_all`` (``--all`` / ``all: true``);
+- error codes are matched case-insensitively, and a code that is neither a
+  known one (``KNOWN_ERROR_CODES``) nor present among the table's dead rows is
+  refused with the list of both;
+- ``since`` / ``until`` are the time of death (the row's ``updated_at`` when it
+  went dead): ISO 8601 (``2026-11-21T10:00:00Z``; no offset means UTC), a date
+  (``2026-11-21``, midnight UTC) or a time ago (``30m``, ``2h``, ``7d``,
+  measured from the database's clock);
+- the report lists the first ``LIST_LIMIT`` rows that moved (or would move in a
+  dry run) and counts every row.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.errors import OutboxError
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
+
+REPLAY_WORKER = "replay"
+
+# Rows listed (with their details) in a report; every row is counted.
+LIST_LIMIT = 100
+
+# The codes a dead row can carry, from core/models.py (docs/design.md §3.4) and the
+# places that write codes of their own: http_outcomes.py ("CONFLICT", a 409
+# without "already processed"), relay.py ("DB_ERROR"), the stuck requeue
+# ("LEASE_EXPIRED") and PermanentError's default ("PERMANENT"). Handlers may
+# declare other codes; those are accepted when the table has dead rows with them.
+KNOWN_ERROR_CODES: tuple[str, ...] = (
+    m.BAD_REQUEST,
+    m.UNAUTHORIZED,
+    m.BROKER_5XX,
+    m.NETWORK_TIMEOUT,
+    m.RATE_LIMITED,
+    m.UNKNOWN,
+    m.NO_SUBSCRIBERS,
+    m.HANDLER_ERROR,
+    "CONFLICT",
+    "LEASE_EXPIRED",
+    "DB_ERROR",
+    "PERMANENT",
+)
+
+BIGINT_MAX = 2**63 - 1
+
+TIME_FORMAT = "use ISO 8601 like 2026-11-21T10:00:00Z, a date like 2026-11-21, or a time ago like 30m, 2h, 7d"
+
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)(?:\s+ago)?\s*$", re.IGNORECASE)
+_AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class ReplayRefused(OutboxError, ValueError):
+    """A replay request that cannot run as given; nothing was read or changed. The message says what to set.
+
+    ``field`` is the input that was wrong (``since``, ``ids``, ``error_code``; ``filter`` when none was given),
+    so a caller can tell the operator which of its own options to change (Dagster names its config field).
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def parse_death_time(value: str, name: str) -> datetime | timedelta:
+    """``since`` / ``until`` as given by an operator: an aware datetime, or a timedelta meaning "that long ago"."""
+    text = str(value).strip()
+    ago = _AGO.match(text)
+    if ago:
+        return timedelta(seconds=float(ago.group(1)) * _AGO_UNITS[ago.group(2).lower()])
+    try:
+        if text.endswith(("z", "Z")):
+            text = text[:-1] + "+00:00"
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReplayRefused(f"{name}={json.dumps(str(value))} is not a time: {TIME_FORMAT}", name) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def check_row_id(value: int, name: str = "id") -> int:
+    """A row id must fit PostgreSQL's bigint."""
+    if not -BIGINT_MAX - 1 <= int(value) <= BIGINT_MAX:
+        raise ReplayRefused(f"{name}={value} does not fit a row id (bigint, at most {BIGINT_MAX})", name)
+    return int(value)
+
+
+def iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ago_text(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    for unit in ("w", "d", "h", "m"):
+        if seconds >= _AGO_UNITS[unit] and seconds % _AGO_UNITS[unit] == 0:
+            return f"{int(seconds // _AGO_UNITS[unit])}{unit} ago"
+    return f"{seconds:g}s ago"
+
+
+@dataclass(frozen=True)
+class ReplayFilter:
+    """Which dead rows to replay; None = any. ``since``/``until`` may be a timedelta meaning "that long ago"."""
+
+    ids: tuple[int, ...] | None = None
+    topic: str | None = None
+    tenant_id: str | None = None
+    error_code: str | None = None
+    since: datetime | timedelta | None = None  # died at or after
+    until: datetime | timedelta | None = None  # died before
+
+    def is_empty(self) -> bool:
+        return all(v is None for v in (self.ids, self.topic, self.tenant_id, self.error_code, self.since, self.until))
+
+    def describe(self, as_given: "ReplayFilter | None" = None) -> str:
+        """One line a person can read back: the filter exactly as it is applied (with "2h ago" as given)."""
+        if self.is_empty():
+            return "all dead rows (no filter)"
+        parts = []
+        if self.ids is not None:
+            parts.append("id in " + ",".join(str(i) for i in self.ids))
+        for label, value in (("topic", self.topic), ("tenant", self.tenant_id), ("error_code", self.error_code)):
+            if value is not None:
+                parts.append(f"{label}={value}")
+        given = as_given or self
+        for label, bound, original in (("died at or after", self.since, given.since),
+                                       ("died before", self.until, given.until)):
+            if isinstance(bound, timedelta):
+                parts.append(f"{label} {_ago_text(bound)}")
+            elif bound is not None:
+                ago = f" ({_ago_text(original)})" if isinstance(original, timedelta) else ""
+                parts.append(f"{label} {iso(bound)}{ago}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        def when(value: datetime | timedelta | None) -> str | None:
+            return _ago_text(value) if isinstance(value, timedelta) else iso(value)
+
+        return {"ids": list(self.ids) if self.ids is not None else None, "topic": self.topic,
+                "tenant_id": self.tenant_id, "error_code": self.error_code,
+                "since": when(self.since), "until": when(self.until)}
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One matched dead row, as listed to the operator."""
+
+    id: int
+    event_id: str
+    topic: str
+    tenant_id: str | None
+    error_code: str
+    died_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "event_id": self.event_id, "topic": self.topic, "tenant_id": self.tenant_id,
+                "error_code": self.error_code, "died_at": iso(self.died_at)}
+
+
+ROW_COLUMNS = ("id", "event_id", "topic", "error code", "died at")
+
+
+def _cells(row: ReplayRow) -> tuple[str, ...]:
+    died = iso(row.died_at.replace(microsecond=0)) if row.died_at is not None else None
+    return (str(row.id), row.event_id, row.topic, row.error_code, died or "-")
+
+
+def markdown_table(rows: list[ReplayRow], total: int) -> str:
+    """A Markdown table of ``rows``; says how many more there are when ``total`` is larger."""
+    if not rows:
+        return "_no rows_"
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(ROW_COLUMNS) + " |", "|" + "---|" * len(ROW_COLUMNS)]
+    lines += ["| " + " | ".join(cell(c) for c in _cells(row)) + " |" for row in rows]
+    if total > len(rows):
+        lines.append(f"\n… and {total - len(rows)} more (first {len(rows)} of {total} listed)")
+    return "\n".join(lines)
+
+
+def text_table(rows: list[ReplayRow], total: int, indent: str = "  ") -> str:
+    """An aligned plain-text table of ``rows`` for a terminal."""
+    if not rows:
+        return indent + "(none)"
+    cells = [ROW_COLUMNS] + [_cells(row) for row in rows]
+    widths = [min(max(len(c[i]) for c in cells), 40) for i in range(len(ROW_COLUMNS))]
+    lines = [indent + "  ".join(c[i].rjust(widths[i]) if i == 0 else c[i].ljust(widths[i])
+                                for i in range(len(ROW_COLUMNS))).rstrip() for c in cells]
+    if total > len(rows):
+        lines.append(f"{indent}… and {total - len(rows)} more (first {len(rows)} of {total} listed)")
+    return "\n".join(lines)
+
+
+@dataclass
+class ReplayReport:
+    table: str
+    dry_run: bool
+    filter: str = ""
+    selection: ReplayFilter = field(default_factory=ReplayFilter)  # as applied: times resolved
+    matched: int = 0
+    replayed: int = 0  # rows that moved (0 in a dry run)
+    refused: int = 0
+    # Ids that moved, or in a dry run would move; ids refused (BAD_REQUEST without force).
+    replayed_ids: list[int] = field(default_factory=list)
+    refused_ids: list[int] = field(default_factory=list)
+    by_error_code: dict[str, int] = field(default_factory=dict)
+    # Details of the first LIST_LIMIT rows that moved (would move), and of the first refused ones.
+    rows: list[ReplayRow] = field(default_factory=list)
+    refused_rows: list[ReplayRow] = field(default_factory=list)
+
+    @property
+    def would_replay(self) -> int:
+        """Rows that move (or would move in a dry run): matched minus refused."""
+        return self.matched - self.refused
+
+    @property
+    def summary(self) -> str:
+        verb = "would replay" if self.dry_run else "replayed"
+        moved = self.would_replay if self.dry_run else self.replayed
+        text = f"{self.table}: {self.matched} dead rows matched, {verb} {moved}"
+        if self.refused:
+            text += (f", refused {self.refused} {'/'.join(m.REPLAY_NEEDS_FORCE)} rows "
+                     "(use --force / force: true to replay them)")
+        return text
+
+    def rows_markdown(self) -> str:
+        return markdown_table(self.rows, self.would_replay)
+
+    def refused_markdown(self) -> str:
+        return markdown_table(self.refused_rows, self.refused)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table, "dry_run": self.dry_run, "filter": self.filter, "selection": self.selection.as_dict(),
+            "matched": self.matched, "would_replay": self.would_replay, "replayed": self.replayed,
+            "refused": self.refused, "by_error_code": self.by_error_code,
+            "rows": [r.as_dict() for r in self.rows], "rows_listed": len(self.rows),
+            "refused_rows": [r.as_dict() for r in self.refused_rows],
+            "replayed_ids": self.replayed_ids, "refused_ids": self.refused_ids,
+        }
+
+
+def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str:
+    """The code as the filter uses it (upper case when known), or ReplayRefused listing the codes that exist."""
+    wanted = code.strip()
+    known = {c.upper(): c for c in KNOWN_ERROR_CODES}
+    present = {c.upper(): c for c in dead_codes}
+    if wanted.upper() in known:
+        return known[wanted.upper()]
+    if wanted.upper() in present:
+        return present[wanted.upper()]
+    in_table = ", ".join(sorted(dead_codes)) or "none (the table has no dead rows)"
+    raise ReplayRefused(
+        f"error code {wanted!r} is unknown: known codes are {', '.join(KNOWN_ERROR_CODES)}; "
+        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)", "error_code"
+    )
+
+
+def check_filter(selection: ReplayFilter, *, allow_all: bool) -> None:
+    """The checks that need no database: a filter (or allow_all), ids that fit bigint, since before until."""
+    if selection.is_empty() and not allow_all:
+        # Named both ways: replay_dead_job's config fields, then the command line's options.
+        raise ReplayRefused(
+            "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
+            "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table. "
+            "Nothing was touched.", "filter"
+        )
+    for value in selection.ids or ():
+        check_row_id(value)
+    since, until = selection.since, selection.until
+    if isinstance(since, datetime) and isinstance(until, datetime) and since >= until:
+        raise ReplayRefused(f"since ({iso(since)}) must be before until ({iso(until)}): nothing can match", "since")
+
+
+def _resolve_times(selection: ReplayFilter, conn: psycopg.Connection, now: datetime | None) -> ReplayFilter:
+    if not isinstance(selection.since, timedelta) and not isinstance(selection.until, timedelta):
+        return selection
+    if now is None:  # the database's clock, never the application's (docs/design.md §3.2)
+        now = SharedTables(conn).database_now()
+    since, until = (now - v if isinstance(v, timedelta) else v for v in (selection.since, selection.until))
+    resolved = replace(selection, since=since, until=until)
+    check_filter(resolved, allow_all=True)
+    return resolved
+
+
+def _resolved(bound: datetime | timedelta | None) -> datetime | None:
+    """A since/until bound once ``_resolve_times`` has turned "that long ago" into a time."""
+    assert not isinstance(bound, timedelta), "resolve the filter's times first"
+    return bound
+
+
+def replay_dead(
+    url: str,
+    table_name: str,
+    selection: ReplayFilter,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    allow_all: bool = False,
+    batch_size: int = 1000,
+    actor: str = REPLAY_WORKER,
+    now: datetime | None = None,
+) -> ReplayReport:
+    """Move matching dead rows back to pending with attempts reset (audited as outbox_replay).
+
+    Rows that died of BAD_REQUEST are refused unless ``force``: the input was
+    invalid and replaying it will fail the same way. An empty filter is refused
+    (ReplayRefused) unless ``allow_all``; so is an unknown error code.
+    """
+    check_filter(selection, allow_all=allow_all)
+    as_given = selection
+    with connect(url) as conn:
+        outbox_table = OutboxTable(conn, table_name)
+        selection = _resolve_times(selection, conn, now)
+        if selection.error_code is not None:
+            dead_codes = list(outbox_table.dead_counts_by_code())
+            code = resolve_error_code(selection.error_code, dead_codes, table_name)
+            selection = replace(selection, error_code=code)
+        report = ReplayReport(table_name, dry_run, filter=selection.describe(as_given), selection=selection)
+        after_id = 0
+        while True:
+            rows = outbox_table.replay_dead(
+                actor,
+                after_id=after_id,
+                ids=selection.ids,
+                topic=selection.topic,
+                tenant_id=selection.tenant_id,
+                error_code=selection.error_code,
+                since=_resolved(selection.since),
+                until=_resolved(selection.until),
+                force=force,
+                dry_run=dry_run,
+                limit=batch_size,
+                now=now,
+            )
+            _tally(report, rows)
+            if len(rows) < batch_size:
+                return report
+            after_id = rows[-1]["id"]
+
+
+def _tally(report: ReplayReport, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        report.matched += 1
+        code = row["last_error_code"] or m.UNKNOWN
+        report.by_error_code[code] = report.by_error_code.get(code, 0) + 1
+        detail = ReplayRow(row["id"], row["event_id"], row["topic"], row["tenant_id"], code, row.get("died_at"))
+        if row["refused"]:
+            report.refused += 1
+            report.refused_ids.append(row["id"])
+            if len(report.refused_rows) < LIST_LIMIT:
+                report.refused_rows.append(detail)
+        elif row["replayed"] or report.dry_run:
+            report.replayed += 0 if report.dry_run else 1
+            report.replayed_ids.append(row["id"])
+            if len(report.rows) < LIST_LIMIT:
+                report.rows.append(detail)

@@ -1,0 +1,143 @@
+"""Where a project declares its outbox tables, and that declaration read: one model, two spellings.
+
+* ``outbox.toml`` (``OUTBOX_CONFIG`` names another file): ``[tables.NAME]`` sections, and
+  ``shipped_tables = false`` to leave out the seeds' demo tables;
+* an ``OutboxComponent`` in a Dagster project's ``defs.yaml`` (``type: outbox_pipelines.OutboxComponent``):
+  ``attributes.tables`` holds the same sections (only those tables unless ``shipped_tables: true``).
+
+Both are found from the project's root (the nearest directory above the working directory holding
+pyproject.toml, outbox.toml or .outbox/), so every command and Dagster process reads the same tables from
+any sub-directory. The sections' keys and values are core.settings' to read.
+"""
+
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outbox_pipelines.core.errors import ConfigError
+
+CONFIG_ENV = "OUTBOX_CONFIG"
+COMPONENT_TYPE = "outbox_pipelines.OutboxComponent"
+TOP_LEVEL_KEYS = ("tables", "shipped_tables")
+# Directories of a defs folder a search for a component's defs.yaml never enters.
+_SKIPPED_DIRS = {"__pycache__", "node_modules"}
+# The one template a declaration's values take (as dg resolves it): {{ env.NAME }}, empty when unset.
+_ENV_TEMPLATE = re.compile(r"\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A project's tables' sections, whether the shipped tables come with them, and where it was read."""
+
+    tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    shipped_tables: bool = True
+    source: Path | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: Path | None, *, shipped_default: bool) -> "Declaration":
+        """A declaration from a file's (or a component's) top level: ``tables`` and ``shipped_tables``."""
+        where = f"{source}: " if source else ""
+        unknown_top = set(data) - set(TOP_LEVEL_KEYS)
+        if unknown_top:
+            raise ConfigError(f"{where}unknown top-level keys {sorted(unknown_top)}; put table settings under "
+                              f"[tables.NAME] (the top-level keys are {', '.join(TOP_LEVEL_KEYS)})")
+        tables = data.get("tables") or {}
+        if not isinstance(tables, Mapping) or not all(isinstance(s, Mapping) for s in tables.values()):
+            raise ConfigError(f"{where}tables must be a table of tables: one [tables.NAME] section per table")
+        shipped = data.get("shipped_tables", shipped_default)
+        if not isinstance(shipped, bool):
+            raise ConfigError(f"{where}shipped_tables must be true or false, got {shipped!r}")
+        return cls({name: dict(section) for name, section in tables.items()}, shipped, source)
+
+
+def load_config_file(path: Path | None) -> Declaration:
+    """outbox.toml's declaration (no file: the shipped tables alone)."""
+    if path is None:
+        return Declaration()
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return Declaration.from_mapping(data, path, shipped_default=True)
+
+
+def find_declaration(env: Mapping[str, str] | None = None, start: Path | None = None) -> Declaration:
+    """OUTBOX_CONFIG's file, else the project's outbox.toml, else its OutboxComponent's defs.yaml, else none."""
+    env = os.environ if env is None else env
+    explicit = env.get(CONFIG_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_ENV}={explicit} does not name a file")
+        return load_config_file(path)
+    from outbox_pipelines.core.storage.db import project_root
+
+    root = project_root(start)
+    if (root / "outbox.toml").is_file():
+        return load_config_file(root / "outbox.toml")
+    components = list(component_files(root))
+    if len(components) > 1:
+        raise ConfigError(f"{len(components)} OutboxComponents under {root} ({', '.join(map(str, components))}): "
+                          "declare every outbox table of a project in one of them")
+    return load_component_file(components[0], env) if components else Declaration()
+
+
+def component_files(root: Path) -> Iterator[Path]:
+    """The defs.yaml files declaring an OutboxComponent in the project's defs folder (the Dagster project's
+    ``[tool.dg.project]`` in pyproject.toml: ``defs_module``, else ``<root_module>.defs``; none without it)."""
+    defs = _defs_folder(root)
+    if defs is None:
+        return
+    for directory, subdirectories, files in os.walk(defs):
+        subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED_DIRS)
+        if "defs.yaml" in files:
+            path = Path(directory) / "defs.yaml"
+            if COMPONENT_TYPE in path.read_text(errors="replace"):
+                yield path
+
+
+def _defs_folder(root: Path) -> Path | None:
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("tool", {}).get("dg", {}).get("project")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    if not isinstance(project, dict) or not isinstance(project.get("root_module"), str):
+        return None
+    module = project.get("defs_module") or f"{project['root_module']}.defs"
+    relative = Path(*str(module).split("."))
+    return next((folder for folder in (root / relative, root / "src" / relative) if folder.is_dir()), None)
+
+
+def load_component_file(path: Path, env: Mapping[str, str]) -> Declaration:
+    """The OutboxComponent's attributes in ``path`` (a defs.yaml may hold several documents), with its
+    ``{{ env.NAME }}`` values resolved as dg resolves them."""
+    import yaml  # Dagster's dependency, read only when a project declares its tables in defs.yaml
+
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, Mapping)]
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    ours = [d for d in documents if d.get("type") == COMPONENT_TYPE]
+    if not ours:
+        raise ConfigError(f"{path}: no document of type {COMPONENT_TYPE}")
+    attributes = _resolve_env(ours[0].get("attributes") or {}, env)
+    if not isinstance(attributes, Mapping):
+        raise ConfigError(f"{path}: attributes must be a mapping (tables: ...)")
+    return Declaration.from_mapping(attributes, path, shipped_default=False)
+
+
+def _resolve_env(value: Any, env: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        whole = _ENV_TEMPLATE.fullmatch(value.strip())
+        if whole:
+            return env.get(whole.group(1)) or None
+        return _ENV_TEMPLATE.sub(lambda m: env.get(m.group(1), ""), value)
+    if isinstance(value, Mapping):
+        return {key: _resolve_env(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env(item, env) for item in value]
+    return value

@@ -1,0 +1,62 @@
+"""Named queries from sql/queries/*.sql, composed per table with a quoted identifier.
+
+Loading and composing only: core/storage/table.py is the engine module that runs them
+(bootstrap.sql's aside, which run before the schema exists: core/storage/db.py,
+core/storage/migrate.py and dagster_home.py), and the order wing runs ledger.sql's.
+"""
+
+from functools import cache, lru_cache
+from pathlib import Path
+
+from psycopg import sql
+
+from outbox_pipelines.core.names import table_identifier
+
+
+def sql_dir() -> Path:
+    """sql/ in a source checkout, or the copy packaged inside the wheel."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[3] / "sql", here.parents[2] / "_sql"):
+        if (candidate / "migrations").is_dir():
+            return candidate
+    raise FileNotFoundError("cannot find the sql/ directory of outbox_pipelines")
+
+
+def parse_named_queries(text: str) -> dict[str, str]:
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-- name:"):
+            name = stripped[len("-- name:"):].strip()
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice")
+            current = queries[name] = []
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip() for name, lines in queries.items()}
+
+
+@cache
+def named_queries() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for path in sorted((sql_dir() / "queries").glob("*.sql")):
+        for name, text in parse_named_queries(path.read_text()).items():
+            if name in found:
+                raise ValueError(f"query {name!r} is defined in more than one file")
+            found[name] = text
+    return found
+
+
+@lru_cache(maxsize=1024)
+def table_query(name: str, table_name: str) -> str:
+    """The named query with ``{table}`` bound to the quoted table name (validated by ``OutboxTable``).
+
+    Rendered to text once: psycopg then reuses its parse of the query (and its
+    server-side prepared statement) instead of re-composing it on every call.
+    """
+    return sql.SQL(named_queries()[name]).format(table=table_identifier(table_name)).as_string(None)
+
+
+def shared_query(name: str) -> sql.SQL:
+    return sql.SQL(named_queries()[name])
