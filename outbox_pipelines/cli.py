@@ -33,13 +33,7 @@ from outbox_pipelines.core.errors import (
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
-from outbox_pipelines.core.operations.maintenance import (
-    check_retention,
-    clean,
-    clean_shared,
-    requeue_stuck,
-    shared_cleanup_due,
-)
+from outbox_pipelines.core.operations.maintenance import SHARED_NOT_DUE, clean_tables, requeue_stuck
 from outbox_pipelines.core.operations.replay import (
     ReplayFilter,
     ReplayRefused,
@@ -166,7 +160,7 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
 
 GRANT_HELP = (
     "create the least-privilege group roles (NOLOGIN) and grant each its rights on the outbox tables: "
-    f"{', '.join(roles.ROLE_NAMES)}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
+    f"{', '.join(roles.role_names())}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
     "'db upgrade', and again after every 'db create-table' so the roles reach the new table; safe to repeat "
     "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
     "GRANT outbox_relay TO relay_login."
@@ -194,7 +188,7 @@ def cmd_db_grant(args: argparse.Namespace) -> int:
         print(f"created roles: {', '.join(plan.missing_roles)}")
     print(f"granted on schema {plan.schema} and its {len(plan.outbox_tables)} outbox tables "
           f"({', '.join(plan.outbox_tables) or 'none'}):")
-    for spec in roles.ROLES:
+    for spec in roles.all_roles():
         print(f"  {spec.name}: {spec.job}")
         for line in roles.rights(spec):
             print(f"      {line}")
@@ -487,26 +481,20 @@ def cmd_requeue_stuck(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    tables = _chosen_tables(args, settings)
-    for table in tables:  # every table's retention checked before anything is deleted
-        check_retention(table, table.retention_s if args.retention is None else args.retention, force=args.force)
-    url = _database_url()
-    for table in tables:
-        if not table.cleaner_enabled and not args.force:
-            print(f"{table.name}: cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)")
-            continue
-        report = clean(url, table, retention_s=args.retention, force=args.force, tenant_id=args.tenant, progress=say)
-        retention = args.retention if args.retention is not None else table.retention_s
-        whose = f" of tenant {args.tenant}" if args.tenant else ""
-        print(f"{table.name}: deleted {report.deleted_sent} sent rows{whose} older than {_fmt_s(retention)}")
-    # The shared tables once per run, whichever of the chosen tables have their cleaner on.
-    if not shared_cleanup_due(tables, force=args.force):
-        print("idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)")
-        return EXIT_OK
-    shared = clean_shared(url, audit_retention_s=args.audit_retention)
-    print(f"idempo_ledger: deleted {shared.deleted_ledger} expired rows"
-          + (f"; outbox_audit: deleted {shared.deleted_audit} old rows" if args.audit_retention else ""))
+    # The run's rules (which tables, the retention check before any delete, --force, the shared tables) are
+    # clean_tables'; this prints its report.
+    report = clean_tables(_database_url, _chosen_tables(args, _settings(args)), retention_s=args.retention,
+                          audit_retention_s=args.audit_retention, force=args.force, tenant_id=args.tenant,
+                          progress=say)
+    whose = f" of tenant {args.tenant}" if args.tenant else ""
+    for outcome in report.tables:
+        older = f"older than {_fmt_s(outcome.retention_s)}"
+        print(f"{outcome.table}: {outcome.skipped or f'deleted {outcome.deleted_sent} sent rows{whose} {older}'}")
+    if report.shared is None:
+        print(f"idempo_ledger, outbox_audit: {SHARED_NOT_DUE}")
+    else:
+        print(f"idempo_ledger: deleted {report.shared.deleted_ledger} expired rows"
+              + (f"; outbox_audit: deleted {report.shared.deleted_audit} old rows" if args.audit_retention else ""))
     return EXIT_OK
 
 
@@ -549,13 +537,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         until=args.until,
     )
     try:
-        check_filter(selection, allow_all=args.all)  # before a database is chosen: the rule replay_dead applies
-    except ReplayRefused as exc:
-        raise UsageError(f"{exc} Add --dry-run to look first.") from None
-    url = _database_url()
-    try:
-        report = replay_dead(url, table.name, selection, dry_run=args.dry_run, force=args.force, allow_all=args.all,
-                             actor=f"cli:{os.environ.get('USER', 'operator')}")
+        check_filter(selection, allow_all=args.all)  # the core's rule, the Dagster launch's too: before a database
+        report = replay_dead(_database_url(), table.name, selection, dry_run=args.dry_run, force=args.force,
+                             allow_all=args.all, actor=f"cli:{os.environ.get('USER', 'operator')}")
     except ReplayRefused as exc:
         raise UsageError(str(exc)) from None
     if args.json:

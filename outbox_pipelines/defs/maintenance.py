@@ -7,13 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.errors import ConfigError, RetentionTooShort
-from outbox_pipelines.core.operations.maintenance import (
-    check_retention,
-    clean,
-    clean_shared,
-    requeue_stuck,
-    shared_cleanup_due,
-)
+from outbox_pipelines.core.operations.maintenance import SHARED_NOT_DUE, clean_tables, requeue_stuck
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
@@ -30,25 +24,14 @@ class CleanConfig(TablesConfig):
     audit_retention: str | None = Field(default=None, description="Also delete audit rows older than this.")
     tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
     force: bool = Field(default=False, description=(
-        "Allow a retention shorter than the dedup horizon (a repeated event_id or payload may then be "
-        "delivered again)."))
+        "Clean the tables whose cleaner is disabled too, and allow a retention shorter than the dedup horizon "
+        "(a repeated event_id or payload may then be delivered again)."))
 
 
 def _chosen_tables(outbox_db: OutboxDb, table_names: list[str]) -> list[TableSettings]:
     """The tables the config names, else every configured table in name order."""
     settings = outbox_db.settings()
     return [resolve_table(settings, name, field="tables") for name in (table_names or sorted(settings.tables))]
-
-
-def _refuse_a_short_retention(tables: list[TableSettings], retention_s: float | None, *, force: bool) -> None:
-    """Every chosen table's retention checked before any row is deleted; a launch that asks for too short a
-    one is refused (the clean would refuse it table by table, after deleting from the tables before)."""
-    for table in tables:
-        if retention_s is not None and table.cleaner_enabled:
-            try:
-                check_retention(table, retention_s, force=force)
-            except RetentionTooShort as exc:
-                raise RefusedLaunch("retention", f"retention: {exc}") from None
 
 
 def _duration(value: str | None, field: str) -> float | None:
@@ -80,29 +63,33 @@ def requeue_stuck_op(
 def clean_op(
     context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb
 ) -> Iterator[dg.Output[None]]:
-    """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows."""
+    """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.
+
+    The run's rules (which tables, the retention check before any delete, force, the shared tables) are the
+    core's ``clean_tables``, the CLI's ``clean`` too; this logs its report and yields its figures.
+    """
     tables = _chosen_tables(outbox_db, config.tables)
     retention = _duration(config.retention, "retention")
     audit_retention = _duration(config.audit_retention, "audit_retention")
-    _refuse_a_short_retention(tables, retention, force=config.force)
-    changed = {}
-    for table in tables:
-        if not table.cleaner_enabled:
-            context.log.info(f"{table.name}: cleaner disabled; skipped")
-            continue
-        report = clean(outbox_db.database_url(), table, retention_s=retention, tenant_id=config.tenant_id,
-                       force=config.force, progress=context.log.info)
-        changed[table.name] = report.deleted_sent
-    # The shared tables once per run, whichever of the chosen tables have their cleaner on.
+    try:
+        report = clean_tables(outbox_db.database_url, tables, retention_s=retention, audit_retention_s=audit_retention,
+                              force=config.force, tenant_id=config.tenant_id, progress=context.log.info)
+    except RetentionTooShort as exc:
+        if retention is None:  # each table's own retention: the settings are wrong, not this launch
+            raise
+        raise RefusedLaunch("retention", f"retention: {exc}") from None
+    for outcome in report.tables:
+        if outcome.skipped:
+            context.log.info(f"{outcome.table}: {outcome.skipped}; skipped")
     ledger = audit = 0
-    if shared_cleanup_due(tables, force=config.force):
-        shared = clean_shared(outbox_db.database_url(), audit_retention_s=audit_retention)
-        ledger, audit = shared.deleted_ledger, shared.deleted_audit
+    if report.shared is None:
+        context.log.info(f"idempo_ledger, outbox_audit: {SHARED_NOT_DUE}")
     else:
-        context.log.info("idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)")
+        ledger, audit = report.shared.deleted_ledger, report.shared.deleted_audit
+    changed = report.deleted_sent_by_table
     context.log.info(f"deleted sent rows {changed}, expired ledger rows {ledger}, audit rows {audit}")
     yield dg.Output(None, metadata=metadata_values(
-        {"deleted_sent_by_table": changed, "deleted_sent_total": sum(changed.values()),
+        {"deleted_sent_by_table": changed, "deleted_sent_total": report.deleted_sent_total,
          "deleted_ledger": ledger, "deleted_audit": audit}))
 
 

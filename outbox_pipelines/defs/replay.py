@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from outbox_pipelines.core.operations.replay import (
     LIST_LIMIT,
+    NEEDS_A_FILTER,
     ReplayFilter,
     ReplayRefused,
     check_filter,
@@ -33,7 +34,7 @@ _TIME_HELP = (
 
 
 class ReplayConfig(LaunchConfig):
-    """Which dead rows to move back to pending. Give at least one filter, or set all: true."""
+    """Which dead rows to move back to pending: the filters below, or all: true (the rule: see ``all``)."""
 
     table: str = Field(default=ORDERS_TABLE, description=(
         "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
@@ -48,8 +49,7 @@ class ReplayConfig(LaunchConfig):
     since: str | None = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
     until: str | None = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
     all: bool = Field(default=False, description=(
-        "Set true to replay every dead row of the table when no filter is given. Without a filter and without "
-        "all: true the run is refused and touches nothing."))
+        f"Set true to replay every dead row of the table. The rule, the CLI's too: {NEEDS_A_FILTER}"))
     dry_run: bool = Field(default=True, description=(
         "true (the default): only list what would be replayed, change nothing. Set false to replay. "
         "The run is tagged outbox/dry_run=true or false."))
@@ -99,7 +99,7 @@ def selection_from_config(config: ReplayConfig) -> ReplayFilter:
             since=parse_death_time(config.since, "since") if config.since else None,
             until=parse_death_time(config.until, "until") if config.until else None,
         )
-        check_filter(selection, allow_all=config.all)  # "replay needs a filter": the core's rule, the CLI's too
+        check_filter(selection, allow_all=config.all)  # the core's rule, the CLI's too
     except ReplayRefused as exc:
         raise _refuse(exc, config) from None
     return selection

@@ -1,7 +1,8 @@
 """Maintenance passes in River's style: one batched statement, looped until a batch comes back short.
 
-A cleaner run is ``clean`` once per outbox table whose cleaner is on, and
-``clean_shared`` exactly once for the tables every outbox table shares (the
+A cleaner run (``clean_tables``, what ``outbox-pipelines clean`` and Dagster's
+``clean_job`` both run) is ``clean`` once per outbox table whose cleaner is on,
+and ``clean_shared`` exactly once for the tables every outbox table shares (the
 idempotency ledger, the audit), whichever outbox tables are cleaned.
 """
 
@@ -112,7 +113,7 @@ def check_retention(table: TableSettings, retention_s: float, *, force: bool = F
             f"{_human(minimum)}: sent rows are what makes a repeated event_id a duplicate (and what a "
             "repeated (topic, payload_sha) is answered from), so a message enqueued again, or a copy still "
             f"retrying, would be delivered twice. Keep at least {_human(minimum)} (default 168h), or force it "
-            "(--force) if you accept duplicates; nothing was deleted."
+            "(--force / force: true) if you accept duplicates; nothing was deleted."
         )
 
 
@@ -157,10 +158,94 @@ def clean(
                 return report
 
 
-def shared_cleanup_due(tables: Sequence[TableSettings], *, force: bool = False) -> bool:
-    """The shared tables are cleaned when the cleaner runs for at least one of the chosen tables:
-    a cleaner switched off everywhere (OUTBOX_CLEANER_ENABLED=false) deletes nothing at all."""
-    return force or any(table.cleaner_enabled for table in tables)
+# Why a chosen table is left alone; the callers print it after the table's name.
+CLEANER_DISABLED = "cleaner disabled (OUTBOX_CLEANER_ENABLED / cleaner_enabled)"
+# Why the shared tables are left alone; the callers print it after their names.
+SHARED_NOT_DUE = "not cleaned (the cleaner is disabled for every table chosen)"
+
+
+@dataclass
+class TableCleanOutcome:
+    """One chosen table of a cleaner run: the retention it was cleaned with, what went, or why it was skipped."""
+
+    table: str
+    retention_s: float
+    deleted_sent: int = 0
+    skipped: str | None = None  # None: cleaned
+
+
+@dataclass
+class CleanRunReport:
+    """What a cleaner run did: each chosen table in the order given, then the shared tables (None: not due)."""
+
+    tables: list[TableCleanOutcome] = field(default_factory=list)
+    shared: SharedCleanReport | None = None
+
+    @property
+    def deleted_sent_by_table(self) -> dict[str, int]:
+        """Sent rows deleted per table cleaned (a skipped table is not in it)."""
+        return {t.table: t.deleted_sent for t in self.tables if t.skipped is None}
+
+    @property
+    def deleted_sent_total(self) -> int:
+        return sum(self.deleted_sent_by_table.values())
+
+
+def clean_tables(
+    database_url: Callable[[], str],
+    tables: Sequence[TableSettings],
+    *,
+    retention_s: float | None = None,
+    audit_retention_s: float | None = None,
+    force: bool = False,
+    tenant_id: str | None = None,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+) -> CleanRunReport:
+    """One cleaner run over ``tables``: the rules of ``outbox-pipelines clean`` and of Dagster's ``clean_job``.
+
+    - A table whose cleaner is off (``cleaner_enabled`` / OUTBOX_CLEANER_ENABLED) is skipped
+      (``CLEANER_DISABLED``) unless ``force``; every other chosen table is cleaned, in the order given.
+    - Before anything is deleted, every table to be cleaned has the retention it will be cleaned with
+      (``retention_s`` when given, else the table's own) checked against its dedup horizon: one too
+      short raises RetentionTooShort naming the table, and nothing is deleted anywhere. A skipped table
+      loses nothing, so its retention is not checked.
+    - ``force`` is the operator's override of both: it cleans a table whose cleaner is off and accepts a
+      retention shorter than the dedup horizon.
+    - The shared tables are cleaned once, after the outbox tables, when at least one table was cleaned
+      (else ``report.shared`` is None: ``SHARED_NOT_DUE``): expired ledger rows, and audit rows older
+      than ``audit_retention_s`` when given. ``tenant_id`` limits the sent rows deleted to that
+      tenant's; the shared tables are cleaned regardless.
+    - ``database_url`` is called once the run is allowed and has something to delete, so a refused run
+      (or one with every cleaner off) never chooses a database, nor starts the embedded one.
+    """
+    report = CleanRunReport([
+        TableCleanOutcome(table.name, _retention_of(table, retention_s),
+                          skipped=None if _is_cleaned(table, force=force) else CLEANER_DISABLED)
+        for table in tables
+    ])
+    to_clean = [(table, outcome) for table, outcome in zip(tables, report.tables, strict=True) if not outcome.skipped]
+    for table, outcome in to_clean:
+        check_retention(table, outcome.retention_s, force=force)
+    if not to_clean:
+        return report
+    url = database_url()
+    for table, outcome in to_clean:
+        outcome.deleted_sent = clean(url, table, retention_s=outcome.retention_s, force=force,
+                                     tenant_id=tenant_id, now=now, progress=progress).deleted_sent
+    report.shared = clean_shared(url, audit_retention_s=audit_retention_s, now=now)
+    return report
+
+
+def _is_cleaned(table: TableSettings, *, force: bool) -> bool:
+    """Whether a run cleans ``table``: its cleaner is on, or the run is forced. A cleaner switched off
+    everywhere (OUTBOX_CLEANER_ENABLED=false) deletes nothing at all, not even from the shared tables."""
+    return table.cleaner_enabled or force
+
+
+def _retention_of(table: TableSettings, retention_s: float | None) -> float:
+    """The retention a run cleans ``table`` with: the run's when it gives one, else the table's own."""
+    return table.retention_s if retention_s is None else retention_s
 
 
 def clean_shared(

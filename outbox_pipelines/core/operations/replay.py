@@ -3,7 +3,7 @@
 Used by ``outbox-pipelines replay`` and by Dagster's ``replay_dead_job``; both
 share the checks below, so a tired operator gets the same answers from either:
 
-- no filter is refused unless ``allow_all`` (``--all`` / ``all: true``);
+- no filter is refused unless ``allow_all`` (``--all`` / ``all: true``): ``check_filter``, ``NEEDS_A_FILTER``;
 - error codes are matched case-insensitively, and a code that is neither a
   known one (``KNOWN_ERROR_CODES``) nor present among the table's dead rows is
   refused with the list of both;
@@ -269,15 +269,22 @@ def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str
     )
 
 
+# The one rule a replay's selection obeys, in the words both callers show: replay_dead_job's config fields, then
+# the command line's options. ``check_filter`` enforces it; a description of the ``all`` option may quote it.
+NEEDS_A_FILTER = (
+    "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
+    "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table."
+)
+
+
 def check_filter(selection: ReplayFilter, *, allow_all: bool) -> None:
-    """The checks that need no database: a filter (or allow_all), ids that fit bigint, since before until."""
+    """The checks that need no database: a filter (or allow_all), ids that fit bigint, since before until.
+
+    The CLI's ``replay`` and Dagster's ``replay_dead_job`` call it before choosing a database, ``replay_dead``
+    again; a selection with no filter and no ``allow_all`` is refused with ``NEEDS_A_FILTER`` (field "filter").
+    """
     if selection.is_empty() and not allow_all:
-        # Named both ways: replay_dead_job's config fields, then the command line's options.
-        raise ReplayRefused(
-            "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
-            "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table. "
-            "Nothing was touched.", "filter"
-        )
+        raise ReplayRefused(f"{NEEDS_A_FILTER} Nothing was touched.", "filter")
     for value in selection.ids or ():
         check_row_id(value)
     since, until = selection.since, selection.until
