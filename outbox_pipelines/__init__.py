@@ -10,6 +10,7 @@
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.errors import (
     ConfigError,
@@ -21,8 +22,14 @@ from outbox_pipelines.core.errors import (
     UnknownTable,
 )
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
-from outbox_pipelines.core.retry import PRESETS, RetryPolicy
+from outbox_pipelines.core.retry import RetryPolicy, all_presets
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+
+# The wings on the engine (core/wings.py): the order product and the examples. Declared here, outside the
+# engine, so the engine never names them; each is loaded the first time the engine asks what wings bring.
+wings.declare("outbox_pipelines.orders.wing:WING", "outbox_pipelines.examples.wing:WING")
+# Every retry preset by name, the wings' included (seed 000's "orders", seed 003's "memory", seed 004's "generic").
+PRESETS = all_presets()
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations import (

@@ -160,7 +160,7 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
 
 GRANT_HELP = (
     "create the least-privilege group roles (NOLOGIN) and grant each its rights on the outbox tables: "
-    f"{', '.join(roles.ROLE_NAMES)}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
+    f"{', '.join(roles.role_names())}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
     "'db upgrade', and again after every 'db create-table' so the roles reach the new table; safe to repeat "
     "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
     "GRANT outbox_relay TO relay_login."
@@ -188,7 +188,7 @@ def cmd_db_grant(args: argparse.Namespace) -> int:
         print(f"created roles: {', '.join(plan.missing_roles)}")
     print(f"granted on schema {plan.schema} and its {len(plan.outbox_tables)} outbox tables "
           f"({', '.join(plan.outbox_tables) or 'none'}):")
-    for spec in roles.ROLES:
+    for spec in roles.all_roles():
         print(f"  {spec.name}: {spec.job}")
         for line in roles.rights(spec):
             print(f"      {line}")

@@ -17,3 +17,38 @@ def test_import_linter_contracts_hold() -> None:
     for contract in ("The core never imports Dagster", "The engine never imports a wing", "Layers of the package",
                      "Rooms of the engine"):
         assert contract in result.stdout, result.stdout
+
+
+def _wing_names() -> set[str]:
+    """What only a wing may name: its tables, roles, metrics, environment variables and modules, read from the
+    wings themselves (core/wings.py), so a name a wing adds is checked without editing this test."""
+    import re
+
+    import outbox_pipelines  # noqa: F401 (declares the wings)
+    from outbox_pipelines.core import wings
+    from outbox_pipelines.orders import metrics as order_metrics
+
+    names = {"outbox_pipelines.orders", "outbox_pipelines.examples", "OUTBOX_API_TOKEN"}
+    for wing in wings.wings():
+        names |= set(wing.shipped_tables) | set(wing.shared_tables) | set(wing.producer_excluded_tables)
+        names |= {role.name for role in wing.roles} | set(wing.destinations.values())
+        names |= {name for name in wing.retry_presets if len(name) > 6}  # "orders" is also an English word
+    source = (REPO / "outbox_pipelines/orders/metrics.py").read_text()
+    names |= set(re.findall(r'(?:Counter|Histogram|Gauge)\(\s*"(\w+)"', source))
+    assert "outbox_orders" in names and "order_requests_total" in names and "idempo_ledger" in names
+    assert "automated_email_recipients" in names and "outbox_order_api" in names
+    return names
+
+
+def test_the_engine_names_none_of_the_wings_tables_roles_or_metrics() -> None:
+    """The engine (outbox_pipelines/core and its SQL) reaches a wing only through core/wings.py: a wing's
+    table, role, metric, variable or module named in it is a leak across the fence, whether import-linter can
+    see it (an import) or not (a string, a query)."""
+    names = _wing_names()
+    engine = [*sorted((REPO / "outbox_pipelines/core").rglob("*.py")), REPO / "sql/queries/outbox.sql",
+              REPO / "sql/queries/shared.sql", REPO / "sql/queries/roles.sql", REPO / "sql/queries/bootstrap.sql"]
+    leaks = []
+    for path in engine:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            leaks += [f"{path.relative_to(REPO)}:{number}: {name}" for name in names if name in line]
+    assert not leaks, "the engine names a wing's own names:\n" + "\n".join(leaks)

@@ -11,5 +11,5 @@
 - ``oncall/``: health, alerts, liveness, metrics, tracing, the on-call sweep.
 
 Nothing under this package imports Dagster or Starlette, nor a wing (the order product in
-``outbox_pipelines.orders``, the examples): import-linter contracts in pyproject.toml keep it so.
+``orders``, the examples: core/wings.py): import-linter contracts in pyproject.toml keep it so.
 """

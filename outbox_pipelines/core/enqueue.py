@@ -183,7 +183,7 @@ def _columns(rows: list[NewRow]) -> dict[str, list[Any]]:
 class Outbox:
     """One outbox table, as the application writing into it sees it.
 
-    >>> outbox = Outbox("outbox_events")
+    >>> outbox = Outbox("billing_outbox")
     >>> with engine.begin() as conn:
     ...     conn.execute(...)  # the business write
     ...     outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id="..."))

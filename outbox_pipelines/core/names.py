@@ -4,32 +4,36 @@ import re
 
 from psycopg import sql
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import InvalidTableName
 
 TABLE_NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
-# The tables of the outbox's own schema (sql/migrations and core/storage/migrate.py): never an
-# outbox table, so never a name for one. The one list; a test checks it against the
-# tables a migrated database really has.
+# The engine's tables of the outbox's own schema (sql/migrations and core/storage/migrate.py): never an
+# outbox table, so never a name for one. With the wings' own (core/wings.py: shared_tables) this is the
+# one list; a test checks it against the tables a migrated database really has.
 RESERVED_TABLE_NAMES = frozenset({
     "outbox_schema_migrations",    # core/storage/migrate.py: applied migrations
     "outbox_audit",                # 0001: every state change
-    "idempo_ledger",               # 0001: the Order API's idempotency ledger
-    "automated_email_recipients",  # 0003: seed 002's welcome emails
     "outbox_relay_workers",        # 0004: relay heartbeats
     "outbox_destination_health",   # 0004: destination failures and circuit
     "outbox_alert_state",          # 0004: what each alert has told
-    "outbox_api_secret",           # 0005: the Order API's server secret
 })
 # PostgreSQL's catalogs: pg_catalog is searched before any schema, so "pg_class" would
 # name the catalog, not a new table.
 RESERVED_TABLE_PREFIXES = ("pg_",)
 
 
+def reserved_table_names() -> frozenset[str]:
+    """The schema's own tables: the engine's and the wings'."""
+    return RESERVED_TABLE_NAMES | set(wings.shared_tables())
+
+
 def reserved_reason(name: str) -> str | None:
     """Why ``name`` cannot be an outbox table, or None if it can."""
-    if name in RESERVED_TABLE_NAMES:
-        return f"it is one of the outbox's own tables ({', '.join(sorted(RESERVED_TABLE_NAMES))})"
+    reserved = reserved_table_names()
+    if name in reserved:
+        return f"it is one of the outbox's own tables ({', '.join(sorted(reserved))})"
     for prefix in RESERVED_TABLE_PREFIXES:
         if name.startswith(prefix):
             return f"names starting with {prefix!r} are PostgreSQL's system catalogs"
@@ -47,7 +51,7 @@ def validate_table_name(name: object) -> str:
     if not isinstance(name, str) or not TABLE_NAME_PATTERN.fullmatch(name):
         raise InvalidTableName(
             f"invalid outbox table name {name!r}: use 1-63 lowercase letters, digits "
-            "and underscores, not starting with a digit (for example 'outbox_orders')"
+            "and underscores, not starting with a digit (for example 'billing_outbox')"
         )
     reason = reserved_reason(name)
     if reason is not None:

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import ConfigError
 
 # Receives (low, high) and returns a number in that range; tests inject their own.
@@ -58,9 +59,8 @@ class RetryPolicy:
         return replace(self, **chosen).validate()
 
 
+# The engine's presets; a wing adds its own (core/wings.py), and ``preset`` finds both.
 PRESETS: dict[str, RetryPolicy] = {
-    # seed 000: 2, 4, ... 256 s, ±10 %, 8 attempts
-    "orders": RetryPolicy(base_s=2.0, max_s=256.0, max_attempts=8, jitter=0.1),
     # seed 003: base 60 s, max 3600 s, jitter 0.3
     "memory": RetryPolicy(base_s=60.0, max_s=3600.0, max_attempts=10, jitter=0.3),
     # seed 004: min(1 s * 2^(n-1), 60 s), 25 attempts
@@ -68,8 +68,14 @@ PRESETS: dict[str, RetryPolicy] = {
 }
 
 
+def all_presets() -> dict[str, RetryPolicy]:
+    """The engine's presets and the wings'."""
+    return {**wings.retry_presets(), **PRESETS}
+
+
 def preset(name: str) -> RetryPolicy:
+    presets = all_presets()
     try:
-        return PRESETS[name]
+        return presets[name]
     except KeyError:
-        raise ConfigError(f"unknown retry preset {name!r}; choose one of {', '.join(sorted(PRESETS))}") from None
+        raise ConfigError(f"unknown retry preset {name!r}; choose one of {', '.join(sorted(presets))}") from None

@@ -26,10 +26,10 @@ from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, Ht
 from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.oncall.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.orders.failures import caller_reason, failure_code
 from outbox_pipelines.orders.ledger import SettledOrder, record_outcomes
+from outbox_pipelines.orders.metrics import ORDER_BROKER_LATENCY
 from outbox_pipelines.orders.model import broker_request, broker_timeout_s, exec_result, result_digest
 
 if TYPE_CHECKING:  # annotations only: the settings and the settlement are the engine's

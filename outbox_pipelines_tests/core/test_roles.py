@@ -32,6 +32,7 @@ from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.orders import ORDERS_TABLE
 from outbox_pipelines.orders.broker import OrderBroker
 from outbox_pipelines.orders.ledger import accept_order
+from outbox_pipelines.orders.wing import ORDER_API
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, order_payload, statuses
 
@@ -323,7 +324,7 @@ def test_maintainer_cleans_replays_and_runs_the_oncall_sweep(login_as: LoginAs, 
 
 
 def test_order_api_accepts_an_order_but_cannot_delete(login_as: LoginAs, conn: DictConnection) -> None:
-    url = login_as(roles.ORDER_API)
+    url = login_as(ORDER_API)
     assert migrate.pending(url) == []
     with psycopg.connect(url) as api:
         assert accept_order(api, "", order_payload(1)).kind == "accepted"
@@ -346,7 +347,7 @@ def test_order_api_accepts_an_order_but_cannot_delete(login_as: LoginAs, conn: D
 
 def test_order_api_role_starts_on_a_migrated_database(login_as: LoginAs) -> None:
     # What `outbox-pipelines order-api` runs as it starts: nothing is left to apply.
-    assert migrate.upgrade(login_as(roles.ORDER_API)) == []
+    assert migrate.upgrade(login_as(ORDER_API)) == []
 
 
 def test_grant_is_idempotent_and_a_rerun_reaches_a_new_table(granted: str, conn: DictConnection,
@@ -403,8 +404,13 @@ def test_cli_db_grant_refuses_a_role_that_does_not_own_the_tables(
     assert _table_acls(conn) == before
 
 
-def test_the_order_api_role_names_the_wing_s_table() -> None:
-    assert roles.ORDERS_TABLE == ORDERS_TABLE
+def test_the_wing_keeps_the_producer_off_its_table_and_the_engine_roles_gain_only_its_rights() -> None:
+    by_name = {spec.name: spec for spec in roles.all_roles()}
+    producer = by_name[roles.PRODUCER].grants[0]
+    assert producer.table == roles.EVERY_OUTBOX_TABLE and ORDERS_TABLE in producer.except_tables
+    assert {grant.table for grant in by_name[ORDER_API].grants} >= {ORDERS_TABLE, "idempo_ledger"}
+    engine_only = {spec.name: spec for spec in roles.ENGINE_ROLES}
+    assert all(ORDERS_TABLE not in grant.except_tables for grant in engine_only[roles.PRODUCER].grants)
 
 
 def _declared(spec: roles.RoleSpec, outbox_tables: list[str]) -> set[tuple[str, str, str]]:
@@ -421,7 +427,7 @@ def _declared(spec: roles.RoleSpec, outbox_tables: list[str]) -> set[tuple[str, 
 
 
 def test_the_maintainer_holds_every_right_of_the_relay() -> None:
-    by_name = {spec.name: spec for spec in roles.ROLES}
+    by_name = {spec.name: spec for spec in roles.all_roles()}
     tables = ["outbox_events", ORDERS_TABLE]
     assert _declared(by_name[roles.RELAY], tables) <= _declared(by_name[roles.MAINTAINER], tables)
 
@@ -432,7 +438,7 @@ def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted:
                            "FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid "
                            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' "
                            "AND a.attnum > 0 AND NOT a.attisdropped").fetchall()
-    for spec in roles.ROLES:
+    for spec in roles.all_roles():
         declared = _declared(spec, plan.outbox_tables)
         wanted = {(t, p, c) for t, p, c in declared if c != "*"} | {
             (row["table_name"], p, row["column_name"]) for row in columns for t, p, c in declared
@@ -455,7 +461,7 @@ def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted:
 
 
 def test_the_printed_rights_say_which_columns() -> None:
-    by_name = {spec.name: spec for spec in roles.ROLES}
+    by_name = {spec.name: spec for spec in roles.all_roles()}
     assert roles.rights(by_name[roles.PRODUCER]) == [
         "INSERT (id, event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key, "
         "ordering_blocked), SELECT (id, event_id, payload_sha, ordering_key, ordering_skipped_at, status) "
@@ -469,7 +475,7 @@ def test_the_printed_rights_say_which_columns() -> None:
                         "on every outbox table")
     assert "SELECT, UPDATE (status, result, result_digest, response, http_status, reason, updated_at) " \
            "on idempo_ledger" in relay
-    assert roles.rights(by_name[roles.ORDER_API])[0] == (
+    assert roles.rights(by_name[ORDER_API])[0] == (
         "SELECT, INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at) on outbox_orders")
 
 

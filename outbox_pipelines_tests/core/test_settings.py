@@ -4,8 +4,9 @@ import re
 
 import pytest
 
+from outbox_pipelines import PRESETS
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
-from outbox_pipelines.core.retry import PRESETS, RetryPolicy
+from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.settings import load_settings, parse_duration
 
 

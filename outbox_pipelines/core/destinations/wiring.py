@@ -1,15 +1,16 @@
 """Build the destination a table's settings name.
 
-The engine's own destinations are built here; a wing's (``settings.WING_DESTINATIONS``,
-e.g. the order broker) through its factory, imported by name when a table uses it:
+The engine's own destinations are built here; a wing's (core/wings.py: a kind and the
+"module:factory" building it) through its factory, imported by name when a table uses it:
 the engine never imports a wing.
 """
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
 from outbox_pipelines.core.destinations.paper import PaperBroker
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.settings import WING_DESTINATIONS, Settings, TableSettings, import_attribute
+from outbox_pipelines.core.settings import Settings, TableSettings, import_attribute
 
 
 def load_registry(spec: str) -> HandlerRegistry:
@@ -23,8 +24,8 @@ def load_registry(spec: str) -> HandlerRegistry:
 
 
 def build_wing_destination(table: TableSettings, settings: Settings) -> Destination:
-    """A wing's destination, from the factory its kind names in ``WING_DESTINATIONS``."""
-    spec = WING_DESTINATIONS[table.destination]
+    """A wing's destination, from the factory its wing names for the kind (core/wings.py)."""
+    spec = wings.destinations()[table.destination]
     factory = import_attribute(spec, f"the factory of destination {table.destination!r}")
     if not callable(factory):
         raise ConfigError(f"destination {table.destination!r}: {spec} is not a destination factory")
@@ -60,7 +61,7 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
 
         assert table.url  # settings refuse an http table without one
         # The table's own credential (settings: token_env, or OUTBOX_BROKER_TOKEN at the broker's origin), never
-        # the Order API's tokens; its name (logs, run logs, alerts) is the URL's origin.
+        # another's; its name (logs, run logs, alerts) is the URL's origin.
         return HttpDestination(
             table.url,
             timeout_s=table.timeout_s,
@@ -72,7 +73,7 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         )
     if table.broker is not None:
         return build_broker_destination(table)
-    if table.destination in WING_DESTINATIONS:
+    if table.destination in wings.destinations():
         return build_wing_destination(table, settings)
     if table.destination == "handlers":
         assert table.handlers

@@ -192,14 +192,6 @@ class BatchTally:
                 observe_repeated(child, attempts, times)
 
 
-ORDER_REQUESTS = Counter("order_requests_total", "Order API requests, by HTTP status", ["status"], registry=REGISTRY)
-ORDER_CONFLICTS = Counter("order_idempotency_conflicts_total", "Same key, different body (409)", registry=REGISTRY)
-ORDER_BROKER_LATENCY = Histogram(
-    "order_broker_latency_ms", "Broker round trip of one order, milliseconds", registry=REGISTRY,
-    buckets=(1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
-)
-
-
 class OutboxStateCollector(Collector):
     """outbox_pending_count, outbox_locked_count and outbox_lag_seconds, read at scrape time."""
 

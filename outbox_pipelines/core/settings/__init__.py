@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, overload
 from urllib.parse import urlsplit
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.destinations.http_outcomes import (
     DEFAULT_ALREADY_PROCESSED,
     STRICT_ALREADY_PROCESSED,
@@ -33,15 +34,19 @@ from outbox_pipelines.core.settings.brokers import (
 )
 from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
 
-# Destinations a wing provides (orders: the order broker), by kind: "module:factory", imported
-# only when a table uses one (wiring.build_destination). The engine names a wing here, as data, and
-# never imports one (an import-linter contract). A factory takes (TableSettings, Settings).
-WING_DESTINATIONS: dict[str, str] = {"orders": "outbox_pipelines.orders.broker:build_order_broker"}
-# Shipped tables a wing declares: "module:attribute" naming {table name: section}, read when settings load.
-WING_TABLES: tuple[str, ...] = ("outbox_pipelines.orders:SHIPPED_TABLES",)
-DESTINATION_KINDS = ("http", "handlers", "paper", *BROKERS, *WING_DESTINATIONS)
-# Destinations that take a URL (its credentials are checked at start-up): HTTP, and a wing's.
-URL_DESTINATIONS = ("http", *WING_DESTINATIONS)
+DESTINATION_KINDS = ("http", "handlers", "paper", *BROKERS)
+# Destinations that take a URL (its credentials are checked at start-up): HTTP, and those a wing says do.
+URL_DESTINATIONS = ("http",)
+
+
+def destination_kinds() -> tuple[str, ...]:
+    """Every ``destination`` a table may name: the engine's and the wings' (core/wings.py)."""
+    return (*DESTINATION_KINDS, *wings.destinations())
+
+
+def url_destinations() -> tuple[str, ...]:
+    return (*URL_DESTINATIONS, *wings.url_destinations())
+
 # What a shipped table's ``url_from_env`` may name: the GlobalSettings field, and the variable it comes from.
 URL_FROM_ENV = {"broker_url": "OUTBOX_BROKER_URL"}
 BROKER_TOKEN_ENV = "OUTBOX_BROKER_TOKEN"
@@ -126,8 +131,6 @@ class GlobalSettings:
     cleaner_enabled: bool = True
     cleaner_retention_s: float = 168 * 3600.0
     broker_url: str | None = None
-    # The Order API's accepted tokens (comma-separated, seed 001): never sent to any destination, never shown.
-    api_token: str | None = field(default=None, repr=False)
     # OUTBOX_BROKER_TOKEN, sent as "Authorization: Bearer <token>" to the broker's origin (OUTBOX_BROKER_URL's)
     # and to tables that name it in ``token_env``; never shown.
     broker_token: str | None = field(default=None, repr=False)
@@ -155,7 +158,6 @@ class GlobalSettings:
                 _env(env, "OUTBOX_CLEANER_RETENTION") or "168h", "OUTBOX_CLEANER_RETENTION"
             ),
             broker_url=_env(env, "OUTBOX_BROKER_URL"),
-            api_token=_env(env, "OUTBOX_API_TOKEN"),
             broker_token=_bearer_token(env, BROKER_TOKEN_ENV),
             environ=env,
         )
@@ -310,29 +312,11 @@ class TableSettings:
     probe_interval_s: float = 10.0
 
 
-# Built-in defaults of the engine's shipped tables (a wing adds its own: WING_TABLES); a config file's
+# Built-in defaults of the engine's shipped tables (a wing adds its own: core/wings.py); a config file's
 # sections override them.
 BUILTIN_TABLES: dict[str, dict[str, Any]] = {
     # seed 003: memory writes, dedup by (topic, payload_sha)
     "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
-    # seed 002: member events to in-process handlers (welcome email); success deletes the row
-    "outbox_members": {
-        "destination": "handlers",
-        "handlers": "outbox_pipelines.examples.members:registry",
-        "preset": "generic",
-        # Ghost: newStatus = (retryCount + 1) <= MAX_RETRIES ? PENDING : FAILED, MAX_RETRIES = 5:
-        # the first attempt and 5 retries, FAILED on the 6th failure.
-        "max_attempts": 6,
-        "on_success": "delete",
-        "mode": "single-active",
-    },
-    # seed 004: in-process handlers, single-active relay
-    "outbox_events": {
-        "destination": "handlers",
-        "handlers": "outbox_pipelines.examples.handlers:registry",
-        "preset": "generic",
-        "mode": "single-active",
-    },
 }
 
 
@@ -354,9 +338,7 @@ def import_attribute(spec: str, what: str, shape: str = "package.module:attribut
 
 def shipped_tables() -> dict[str, dict[str, Any]]:
     """Every shipped table's defaults: the wings' first, then the engine's own."""
-    sections: dict[str, dict[str, Any]] = {}
-    for spec in WING_TABLES:
-        sections.update(import_attribute(spec, "a wing's shipped tables"))
+    sections = {name: dict(section) for name, section in wings.shipped_tables().items()}
     sections.update(BUILTIN_TABLES)
     return sections
 
@@ -369,7 +351,7 @@ TABLE_KEYS = {
     "group", "ordering", "url_env", "bootstrap_servers", "topic_prefix", "exchange", "signing_secret_env",
     *KAFKA_SECURITY_KEYS,
 } | set(THRESHOLD_KEYS)
-# Keys a shipped table's defaults carry that a user does not write (WING_TABLES).
+# Keys a shipped table's defaults carry that a user does not write (a wing's shipped tables).
 INTERNAL_KEYS = {"url_from_env"}
 # The relay group a table joins unless its section names one: one Dagster run hosts a group's tables.
 DEFAULT_GROUP = "default"
@@ -398,7 +380,8 @@ def _one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
 def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:
     """The table's preset, with the section's overrides (and the seeds' variable for its preset's attempts)."""
     preset_name = section.get("preset", "generic")
-    env_max = env.retry_max if preset_name == "orders" else env.relay_max_attempts if preset_name == "generic" else None
+    attempts_from = {"generic": "relay_max_attempts", **wings.preset_attempts_from()}.get(preset_name)
+    env_max = getattr(env, attempts_from) if attempts_from else None
     policy = preset(preset_name).with_overrides(
         base_s=parse_duration(section["base"], f"{where} base") if "base" in section else None,
         max_s=parse_duration(section["max_backoff"], f"{where} max_backoff") if "max_backoff" in section else None,
@@ -433,7 +416,7 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
                           "\"handlers\" (with handlers = \"package.module:registry\"), a broker (\"nats\", "
                           "\"rabbitmq\" with url = ..., \"kafka\" with bootstrap_servers = ...) or \"paper\" "
                           "(messages are marked sent and go nowhere)")
-    destination = _one_of(section["destination"], DESTINATION_KINDS, f"{where} destination")
+    destination = _one_of(section["destination"], destination_kinds(), f"{where} destination")
     url = section.get("url")
     url_source = f"{where} url"
     if "url_env" in section:
@@ -464,7 +447,7 @@ def _destination(name: str, section: Mapping[str, Any], env: GlobalSettings, pol
     if destination == "handlers":
         _check_handlers(section.get("handlers"), where)
     token = None
-    if destination in URL_DESTINATIONS and url:
+    if destination in url_destinations() and url:
         token = _table_token(section, url, env, where)
         check_destination_credentials(url_source, url, env, token)
         policy.check_inside_window(table_name=name)
@@ -505,7 +488,7 @@ def _nowhere(name: str, destination: str, url: str | None, from_env: str | None)
     if destination == "paper":
         return (f"{name}: destination = \"paper\": every message is marked sent and delivered nowhere "
                 "(set destination = \"http\" with a url, or \"handlers\", to deliver)")
-    if destination in WING_DESTINATIONS and not url:
+    if destination in wings.destinations() and not url:
         variable = URL_FROM_ENV.get(from_env or "", "its url")
         return (f"{name}: {variable} is unset: the paper broker marks every message sent and delivers nothing "
                 f"(set {variable} to the broker's URL to deliver)")

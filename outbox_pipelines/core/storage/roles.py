@@ -1,8 +1,9 @@
 """Least-privilege group roles: what each part of the outbox may do in the database (``db grant``).
 
-Five NOLOGIN group roles; an operator puts each process's login role into one
-(``GRANT outbox_relay TO relay_login``). Their rights are declared here, in
-``ROLES``, and applied by ``grant_roles``: the fixed group roles are created when
+The engine's four NOLOGIN group roles, and those of the wings (core/wings.py); an operator
+puts each process's login role into one (``GRANT outbox_relay TO relay_login``). Their rights
+are declared here, in ``ENGINE_ROLES`` (with what each wing adds: ``all_roles``), and applied by
+``grant_roles``: the fixed group roles are created when
 missing, then, in one transaction, every right they hold on the managed tables
 (and on the outbox tables' id sequences) is revoked and the declared set granted,
 so a re-run converges on the declaration instead of adding to it. An outbox table
@@ -25,10 +26,8 @@ columns the grant names only those (column privileges):
   ``event_id`` and ``id``; ``Outbox.enqueue``'s duplicate path reads ``id``,
   ``event_id`` and ``payload_sha``. The producer gets SELECT on those three
   columns only: it can tell a duplicate but cannot read a message.
-- The producer has no right at all on the order wing's table (``ORDERS_TABLE``):
-  an order is placed through the Order API, which validates it, authenticates its
-  caller and records it in the ledger; the table's event ids are the callers'
-  scoped keys. Only the Order API role inserts there (the message columns only).
+- The producer has no right at all on an outbox table a wing writes itself
+  (``Wing.producer_excluded_tables``): the wing's own role inserts there.
 - The relay (and the maintainer, which relays too) UPDATEs only the delivery
   columns (``DELIVERY_COLUMNS``): never a message's payload, digest, topic, event
   id, headers, tenant or creation time. Column privileges cannot say which
@@ -36,13 +35,8 @@ columns the grant names only those (column privileges):
   ``status`` back to ``pending`` (a replay) or mark a row ``sent``. Keeping a
   relay from that needs a row-level rule (a trigger or a policy), which these
   grants are not.
-- In ``idempo_ledger`` the relay UPDATEs only the outcome columns the order
-  broker's settle writes (``LEDGER_OUTCOME_COLUMNS``: status, result, its digest,
-  the response a replay answers, its HTTP status, the reason, updated_at); the
-  request's identity (key, scope, request digest, event id) and its lifetime
-  (created_at, expires_at) are not its to change. It still can rewrite the
-  outcome of any ledger row, including one already ``succeeded``: the settle
-  writes those very columns, and a grant cannot limit the rows it may touch.
+- A wing's shared tables get the rights its ``engine_role_grants`` declare for each
+  engine role (e.g. the relay recording an outcome in a wing's table), no more.
 - The relay's settle statement carries its DELETE branch (tables that delete on
   success) whatever the table's setting, so the relay holds DELETE on the outbox
   tables; cleaning sent rows adds no right on them, only on the shared tables.
@@ -58,13 +52,14 @@ names are constants and table names come from the catalog, each validated.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import OutboxError
 from outbox_pipelines.core.names import table_identifier, validate_table_name
 from outbox_pipelines.core.storage.db import connect
@@ -75,12 +70,9 @@ PRODUCER = "outbox_producer"
 RELAY = "outbox_relay"
 MAINTAINER = "outbox_maintainer"
 READER = "outbox_reader"
-ORDER_API = "outbox_order_api"
 
 # Stands for every outbox table of the schema (those carrying the notify trigger) in a Grant.
 EVERY_OUTBOX_TABLE = "*"
-# The Order API's outbox table (core.orders.ORDERS_TABLE: the engine does not import the order wing).
-ORDERS_TABLE = "outbox_orders"
 # What an enqueue writes of a message (sql/queries/outbox.sql, outbox_insert and outbox_insert_many).
 MESSAGE_COLUMNS = ("event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "available_at")
 # What an application's enqueue writes: the message, the id that enqueue_many's COPY reserved, and an
@@ -93,8 +85,6 @@ ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha", "ordering_key", "orderi
 DELIVERY_COLUMNS = ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at",
                     "last_error", "last_error_code", "result_ref", "published_at", "updated_at",
                     "ordering_blocked", "ordering_skipped_at")
-# What the order broker's settle writes in idempo_ledger (ledger.sql, idempo_ledger_settle): the outcome.
-LEDGER_OUTCOME_COLUMNS = ("status", "result", "result_digest", "response", "http_status", "reason", "updated_at")
 PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 # The privileges PostgreSQL can grant on some columns only (DELETE takes whole rows).
 COLUMN_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE"})
@@ -165,26 +155,21 @@ class RoleSpec:
 
 
 _READ_AND_WRITE = ("SELECT", "INSERT", "UPDATE")
-# The relay's shared tables: its audit rows, its heartbeat, the destination's health, the
-# order outcomes it records in the ledger, and seed 002's handler record (written by the handler
-# in the relay's transaction; an application's own handler tables are the application's to grant).
-_RECORD_ORDER_OUTCOMES = (OnColumns("UPDATE", LEDGER_OUTCOME_COLUMNS),)
+# The relay's shared tables: its audit rows, its heartbeat, the destination's health (a wing adds what
+# the relay writes in its tables: an application's own handler tables are the application's to grant).
 _RELAY_SHARED = (
     Grant("outbox_audit", ("INSERT",)),
     Grant("outbox_relay_workers", _READ_AND_WRITE),
     Grant("outbox_destination_health", _READ_AND_WRITE),
-    Grant("idempo_ledger", ("SELECT",), _RECORD_ORDER_OUTCOMES),
-    Grant("automated_email_recipients", ("SELECT", "INSERT")),
 )
 # Reads whole rows (it delivers them), deletes them (on_success = "delete"), writes only how delivery went.
 _RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "DELETE"), (OnColumns("UPDATE", DELIVERY_COLUMNS),))
 
-ROLES: tuple[RoleSpec, ...] = (
+ENGINE_ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(PRODUCER, "applications that enqueue (Outbox.enqueue in their own transaction)", (
-        # Not on the order wing's table: orders go through the Order API (validation, auth, ledger).
         Grant(EVERY_OUTBOX_TABLE,
               columns=(OnColumns("INSERT", ENQUEUE_COLUMNS), OnColumns("SELECT", ENQUEUE_READ_COLUMNS)),
-              id_sequence=True, except_tables=(ORDERS_TABLE,)),
+              id_sequence=True),
     )),
     RoleSpec(RELAY, "standalone relays (outbox-pipelines relay)", (_RELAY_OUTBOX, *_RELAY_SHARED)),
     RoleSpec(MAINTAINER, "the Dagster code location, and the CLI's relay, requeue-stuck, clean and replay", (
@@ -192,8 +177,6 @@ ROLES: tuple[RoleSpec, ...] = (
         Grant("outbox_audit", ("SELECT", "INSERT", "DELETE")),
         Grant("outbox_relay_workers", _READ_AND_WRITE),
         Grant("outbox_destination_health", _READ_AND_WRITE),
-        Grant("idempo_ledger", ("SELECT", "DELETE"), _RECORD_ORDER_OUTCOMES),
-        Grant("automated_email_recipients", ("SELECT", "INSERT")),
         Grant("outbox_alert_state", _READ_AND_WRITE),
         Grant("outbox_schema_migrations", ("SELECT",)),
     )),
@@ -202,17 +185,25 @@ ROLES: tuple[RoleSpec, ...] = (
         *(Grant(name, ("SELECT",)) for name in ("outbox_audit", "outbox_relay_workers", "outbox_destination_health",
                                                  "outbox_alert_state", "outbox_schema_migrations")),
     )),
-    RoleSpec(ORDER_API, "the Order API (outbox-pipelines order-api)", (
-        # SELECT on the whole table: its /metrics reads the table's health as the reader does.
-        # INSERT of a message only (Outbox.enqueue): an order's delivery is the relay's to write.
-        Grant(ORDERS_TABLE, ("SELECT",), (OnColumns("INSERT", MESSAGE_COLUMNS),)),
-        Grant("idempo_ledger", ("SELECT", "INSERT")),
-        Grant("outbox_api_secret", ("SELECT", "INSERT")),
-        Grant("outbox_destination_health", ("SELECT",)),
-        Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the migrations as it starts
-    )),
 )
-ROLE_NAMES = tuple(spec.name for spec in ROLES)
+
+
+def all_roles() -> tuple[RoleSpec, ...]:
+    """The engine's roles with what the wings add to them (their tables' rights, the producer kept off the
+    tables they write themselves), then the wings' own roles."""
+    excluded = wings.producer_excluded_tables()
+    specs = []
+    for spec in ENGINE_ROLES:
+        grants = tuple(replace(g, except_tables=(*g.except_tables, *excluded))
+                       if spec.name == PRODUCER and g.table == EVERY_OUTBOX_TABLE and excluded else g
+                       for g in spec.grants)
+        specs.append(replace(spec, grants=grants + wings.engine_role_grants(spec.name)))
+    return (*specs, *wings.roles())
+
+
+def role_names() -> tuple[str, ...]:
+    return tuple(spec.name for spec in all_roles())
+
 
 
 @dataclass
@@ -290,28 +281,30 @@ def _check_grantable(conn: psycopg.Connection, tables: list[str]) -> str:
 
 
 def plan_grants(conn: psycopg.Connection) -> GrantPlan:
-    """The statements that bring the five roles to their declared rights on this database; changes nothing.
+    """The statements that bring the roles to their declared rights on this database; changes nothing.
 
     GrantRefused when this session does not own the schema and the tables (a GRANT by anyone
     else only warns, and would change nothing).
     """
     outbox_tables = [validate_table_name(name) for name in SharedTables(conn).outbox_table_names()]
-    shared = sorted({g.table for spec in ROLES for g in spec.grants if g.table != EVERY_OUTBOX_TABLE}
+    specs = all_roles()
+    shared = sorted({g.table for spec in specs for g in spec.grants if g.table != EVERY_OUTBOX_TABLE}
                     - set(outbox_tables))
     present = [name for name in shared if _fetch_one(conn, "role_table_exists", {"table_name": name})["found"]]
     schema = _check_grantable(conn, [*outbox_tables, *present])
-    missing = [role for role in ROLE_NAMES if not _fetch_one(conn, "role_exists", {"role": role})["found"]]
+    names = [spec.name for spec in specs]
+    missing = [role for role in names if not _fetch_one(conn, "role_exists", {"role": role})["found"]]
     plan = GrantPlan(schema, outbox_tables, missing)
     plan.absent_tables = [name for name in shared if name not in present]
     sequences = {name: _id_sequence(conn, name) for name in outbox_tables}
-    roles = sql.SQL(", ").join(sql.Identifier(role) for role in ROLE_NAMES)
+    roles = sql.SQL(", ").join(sql.Identifier(role) for role in names)
     plan.statements.append(_composed("role_schema_usage", schema=sql.Identifier(schema), roles=roles))
     for table_name in [*outbox_tables, *present]:
         plan.statements.append(_composed("role_table_revoke", table=sql.Identifier(table_name), roles=roles))
     for sequence in sequences.values():
         if sequence is not None:
             plan.statements.append(_composed("role_sequence_revoke", sequence=sequence, roles=roles))
-    for spec in ROLES:
+    for spec in specs:
         for grant in spec.grants:
             tables = [t for t in grant.tables_among(outbox_tables) if t in outbox_tables or t in present]
             plan.statements += _grant_statements(spec, grant, tables, sequences)
@@ -337,7 +330,7 @@ def apply_plan(conn: psycopg.Connection, plan: GrantPlan) -> None:
 
 
 def grant_roles(url: str, *, dry_run: bool = False) -> tuple[GrantPlan, list[str]]:
-    """Create and grant the five group roles on the database at ``url`` (as the tables' owner with
+    """Create and grant the group roles on the database at ``url`` (as the tables' owner with
     CREATEROLE, or a superuser); the plan, and its SQL text. ``dry_run`` changes nothing."""
     with connect(url) as conn:
         plan = plan_grants(conn)

@@ -47,6 +47,7 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.settings import env_bool, env_int, parse_duration
 from outbox_pipelines.orders import ORDERS_TABLE
+from outbox_pipelines.orders import metrics as order_metrics
 from outbox_pipelines.orders.api import tracing
 from outbox_pipelines.orders.api.auth import Tokens, read_or_create_secret, validate_secret
 from outbox_pipelines.orders.api.dbguard import (
@@ -375,7 +376,7 @@ class OrderApi:
 
 def conflict(key: str, message: str) -> Rejection:
     """409 IDEMPOTENCY_CONFLICT for ``key`` (counted): nothing was stored."""
-    metrics.ORDER_CONFLICTS.inc()
+    order_metrics.ORDER_CONFLICTS.inc()
     return Rejection(CONFLICT_STATUS, "IDEMPOTENCY_CONFLICT", message, idempotency_key=key)
 
 
@@ -466,7 +467,7 @@ def _endpoint(api: OrderApi, handler: Any, route: str, span_name: str | None = N
                 _describe_span(span, request.method, route, status, reason_code, facts)
         if order_route:
             response.headers["X-Trace-Id"] = facts.trace_id
-            metrics.ORDER_REQUESTS.labels(str(status)).inc()
+            order_metrics.ORDER_REQUESTS.labels(str(status)).inc()
         if order_route or status >= 400:  # healthz, metrics and openapi: only their failures
             log_request(request.method, route, status, reason_code, facts, (time.perf_counter() - started) * 1000,
                         reason=rejection.reason if rejection is not None else "", exc_info=exc_info)

@@ -54,7 +54,8 @@ def transport(request) -> str:
 
 def test_the_broker_token_is_its_own_variable():
     env = GlobalSettings.from_env({"OUTBOX_API_TOKEN": API_TOKENS, "OUTBOX_BROKER_TOKEN": "brk-token"})
-    assert (env.api_token, env.broker_token) == (API_TOKENS, "brk-token")
+    assert env.broker_token == "brk-token"
+    assert API_TOKENS not in repr(env)  # the engine does not read the Order API's tokens at all
     assert GlobalSettings.from_env({"OUTBOX_API_TOKEN": API_TOKENS}).broker_token is None
     assert GlobalSettings.from_env({"OUTBOX_BROKER_TOKEN": " brk-token\n"}).broker_token == "brk-token"
 

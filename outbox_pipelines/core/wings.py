@@ -1,0 +1,127 @@
+"""Wings: products built on the engine (the order product, the examples), plugged in without the engine
+naming them.
+
+A wing is one ``Wing`` value in a module of its own (``outbox_pipelines/orders/wing.py``). The package
+declares its wings at its top (``outbox_pipelines/__init__.py``: ``declare("module:attribute")``), and the
+engine loads them the first time it asks what they bring: a destination kind and the factory building it,
+shipped tables, retry presets, the shared tables of their own (never a name for an outbox table), their
+database roles and the rights the engine's roles need on their tables, and the shared clean-up of their
+tables. So the engine knows what a wing brings, never which wing it is (an import-linter contract and
+``outbox_pipelines_tests/test_architecture.py`` keep it so).
+
+A wing module must import only the engine's values (no Dagster, no web framework): it is loaded while
+settings are read.
+"""
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from outbox_pipelines.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from outbox_pipelines.core.retry import RetryPolicy
+    from outbox_pipelines.core.storage.roles import Grant, RoleSpec
+
+# One batch of a wing's expired shared rows deleted on the cleaner's connection: (conn, limit, now) -> rows.
+SharedCleanup = Callable[["psycopg.Connection[Any]", int, datetime | None], int]
+
+
+@dataclass(frozen=True)
+class Wing:
+    name: str
+    # Destination kinds it provides: kind -> "module:factory", the factory taking (TableSettings, Settings);
+    # imported only when a table uses the kind.
+    destinations: Mapping[str, str] = field(default_factory=dict)
+    # Destination kinds among those that take a ``url`` (its credential checked at start-up, as HTTP's).
+    url_destinations: tuple[str, ...] = ()
+    # Shipped tables: table name -> its settings section (a config file's section overrides it).
+    shipped_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Retry presets by name, and for some of them the GlobalSettings field whose variable sets max_attempts.
+    retry_presets: Mapping[str, "RetryPolicy"] = field(default_factory=dict)
+    preset_attempts_from: Mapping[str, str] = field(default_factory=dict)
+    # Tables of the schema that are the wing's (created by sql/migrations): name -> what it holds.
+    shared_tables: Mapping[str, str] = field(default_factory=dict)
+    # Database roles of its own, the rights each engine role needs on its tables (role name -> grants),
+    # and outbox tables the producer role may not write (the wing writes them itself).
+    roles: tuple["RoleSpec", ...] = ()
+    engine_role_grants: Mapping[str, tuple["Grant", ...]] = field(default_factory=dict)
+    producer_excluded_tables: tuple[str, ...] = ()
+    # The cleaner's work on its shared tables: label (its table) -> one batch of deletions.
+    shared_cleanups: Mapping[str, SharedCleanup] = field(default_factory=dict)
+
+
+_declared: list[str] = []
+_loaded: tuple[Wing, ...] | None = None
+
+
+def declare(*specs: str) -> None:
+    """Declare wings as "module:attribute" (each names a Wing); loaded on first use."""
+    global _loaded
+    for spec in specs:
+        if spec not in _declared:
+            _declared.append(spec)
+            _loaded = None
+
+
+def wings() -> tuple[Wing, ...]:
+    """Every declared wing, loaded once."""
+    global _loaded
+    if _loaded is None:
+        _loaded = tuple(_load(spec) for spec in _declared)
+    return _loaded
+
+
+def _load(spec: str) -> Wing:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        wing = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the wing {spec!r}: {exc}") from None
+    if not isinstance(wing, Wing):
+        raise ConfigError(f"the wing {spec!r} is a {type(wing).__name__}, not a Wing")
+    return wing
+
+
+def destinations() -> dict[str, str]:
+    return {kind: factory for wing in wings() for kind, factory in wing.destinations.items()}
+
+
+def url_destinations() -> tuple[str, ...]:
+    return tuple(kind for wing in wings() for kind in wing.url_destinations)
+
+
+def shipped_tables() -> dict[str, Mapping[str, Any]]:
+    return {name: section for wing in wings() for name, section in wing.shipped_tables.items()}
+
+
+def retry_presets() -> dict[str, "RetryPolicy"]:
+    return {name: policy for wing in wings() for name, policy in wing.retry_presets.items()}
+
+
+def preset_attempts_from() -> dict[str, str]:
+    return {name: env_field for wing in wings() for name, env_field in wing.preset_attempts_from.items()}
+
+
+def shared_tables() -> dict[str, str]:
+    return {name: what for wing in wings() for name, what in wing.shared_tables.items()}
+
+
+def roles() -> tuple["RoleSpec", ...]:
+    return tuple(spec for wing in wings() for spec in wing.roles)
+
+
+def engine_role_grants(role: str) -> tuple["Grant", ...]:
+    return tuple(grant for wing in wings() for grant in wing.engine_role_grants.get(role, ()))
+
+
+def producer_excluded_tables() -> tuple[str, ...]:
+    return tuple(name for wing in wings() for name in wing.producer_excluded_tables)
+
+
+def shared_cleanups() -> dict[str, SharedCleanup]:
+    return {label: cleanup for wing in wings() for label, cleanup in wing.shared_cleanups.items()}

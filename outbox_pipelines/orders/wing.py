@@ -1,0 +1,56 @@
+"""What the order product brings to the engine (core/wings.py), declared at the package's top.
+
+- The ``orders`` destination: the order broker (``broker.build_order_broker``), at a URL.
+- The shipped ``outbox_orders`` table, and seed 000's retry preset ``orders`` (2, 4, ... 256 s, ±10 %,
+  8 attempts; ``OUTBOX_RETRY_MAX`` sets its attempts).
+- Its shared tables: ``idempo_ledger`` (migration 0001) and ``outbox_api_secret`` (0005).
+- Its role ``outbox_order_api`` (the Order API), and its rights beside the engine's roles:
+
+  - The producer has no right at all on ``outbox_orders``: an order is placed through the Order API,
+    which validates it, authenticates its caller and records it in the ledger; the table's event ids
+    are the callers' scoped keys. Only the Order API role inserts there (the message columns only).
+  - In ``idempo_ledger`` the relay UPDATEs only the outcome columns the order broker's settle writes
+    (``LEDGER_OUTCOME_COLUMNS``: status, result, its digest, the response a replay answers, its HTTP
+    status, the reason, updated_at); the request's identity (key, scope, request digest, event id) and
+    its lifetime (created_at, expires_at) are not its to change. It still can rewrite the outcome of any
+    ledger row, including one already ``succeeded``: the settle writes those very columns, and a grant
+    cannot limit the rows it may touch. The maintainer also deletes expired ledger rows (the cleaner).
+"""
+
+from outbox_pipelines.core.retry import RetryPolicy
+from outbox_pipelines.core.storage.roles import MAINTAINER, MESSAGE_COLUMNS, RELAY, Grant, OnColumns, RoleSpec
+from outbox_pipelines.core.wings import Wing
+from outbox_pipelines.orders import ORDERS_TABLE, SHIPPED_TABLES
+
+ORDER_API = "outbox_order_api"
+LEDGER = "idempo_ledger"
+# What the order broker's settle writes in idempo_ledger (ledger.sql, idempo_ledger_settle): the outcome.
+LEDGER_OUTCOME_COLUMNS = ("status", "result", "result_digest", "response", "http_status", "reason", "updated_at")
+_RECORD_ORDER_OUTCOMES = (OnColumns("UPDATE", LEDGER_OUTCOME_COLUMNS),)
+
+ORDER_API_ROLE = RoleSpec(ORDER_API, "the Order API (outbox-pipelines order-api)", (
+    # SELECT on the whole table: its /metrics reads the table's health as the reader does.
+    # INSERT of a message only (Outbox.enqueue): an order's delivery is the relay's to write.
+    Grant(ORDERS_TABLE, ("SELECT",), (OnColumns("INSERT", MESSAGE_COLUMNS),)),
+    Grant(LEDGER, ("SELECT", "INSERT")),
+    Grant("outbox_api_secret", ("SELECT", "INSERT")),
+    Grant("outbox_destination_health", ("SELECT",)),
+    Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the migrations as it starts
+))
+
+WING = Wing(
+    name="orders",
+    destinations={"orders": "outbox_pipelines.orders.broker:build_order_broker"},
+    url_destinations=("orders",),
+    shipped_tables=SHIPPED_TABLES,
+    retry_presets={"orders": RetryPolicy(base_s=2.0, max_s=256.0, max_attempts=8, jitter=0.1)},
+    preset_attempts_from={"orders": "retry_max"},
+    shared_tables={LEDGER: "0001: the Order API's idempotency ledger",
+                   "outbox_api_secret": "0005: the Order API's server secret"},
+    roles=(ORDER_API_ROLE,),
+    engine_role_grants={
+        RELAY: (Grant(LEDGER, ("SELECT",), _RECORD_ORDER_OUTCOMES),),
+        MAINTAINER: (Grant(LEDGER, ("SELECT", "DELETE"), _RECORD_ORDER_OUTCOMES),),
+    },
+    producer_excluded_tables=(ORDERS_TABLE,),
+)
