@@ -3,13 +3,9 @@
 Every attempt of a message carries the same ``Idempotency-Key`` (its event_id),
 so the destination can execute it once however often it is delivered.
 
-Transports (chosen by measurement, see bench/results.md), all on one pooled
-keep-alive client per destination and all mapping answers and failures alike:
-- ``aiohttp-native``: an aiohttp ClientSession on a private event-loop thread
-  (the default: about 3x the requests/s of the best httpx option here);
-- ``aiohttp``: httpx's API over the httpx-aiohttp transport;
-- ``httpx-async``: httpx.AsyncClient with its own pool;
-- ``httpx-sync``: httpx.Client from a thread pool.
+The relay calls ``HttpDestination``: it builds each request (``HttpRequest``, by ``default_request`` or a
+table's builder), sends it on its ``http_transport.HttpClient`` (the transport a table chose), and maps
+what came back: an answer by ``http_outcomes``'s table, no answer by ``http_failures``.
 
 Credentials: ``token`` is sent as ``Authorization: Bearer <token>``; a URL with
 user-info (``http://user:password@host/...``) is sent as Basic auth instead, with
@@ -22,8 +18,7 @@ exception messages, references) has the destination's credentials scrubbed
 (``redaction.Scrubber``), so an answer that echoes request headers cannot carry
 them into ``last_error``, the audit, the ledger, alerts or run metadata.
 
-An answer's body is read up to ``MAX_BODY_BYTES``: the rest is never read, so a
-destination that streams without end cannot exhaust the relay's memory.
+An answer's body is read up to ``MAX_BODY_BYTES`` (``http_transport``).
 
 A request the HTTP client refuses to send (a control character in a header, an
 invalid URL built from the message) is dead at once as ``BAD_REQUEST``: sending
@@ -33,9 +28,7 @@ it again cannot succeed.
 import asyncio
 import json
 import re
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,13 +38,21 @@ import httpx
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.http_failures import check_request
+from outbox_pipelines.core.destinations.http_failures import exception_outcome as _exception_outcome
 from outbox_pipelines.core.destinations.http_outcomes import (
     STRICT_ALREADY_PROCESSED,
     AlreadyProcessed,
     classify_response,
 )
+from outbox_pipelines.core.destinations.http_transport import (
+    DEFAULT_TRANSPORT,
+    MAX_BODY_BYTES,
+    TRANSPORTS,
+    HttpClient,
+)
 from outbox_pipelines.core.destinations.signing import WebhookSigner
-from outbox_pipelines.core.destinations.trace_context import trace_headers
+from outbox_pipelines.core.destinations.trace_context import context_headers
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import (
@@ -63,11 +64,9 @@ from outbox_pipelines.core.redaction import (
     url_origin,
 )
 
-TRANSPORTS = ("aiohttp-native", "aiohttp", "httpx-async", "httpx-sync")
-DEFAULT_TRANSPORT = "aiohttp-native"
-# The most of an answer's body that is read (classification reads its first 4 KiB; a reference or an
-# ExecResult is far smaller): 32 requests in flight then hold at most 32 MiB, whatever a destination sends.
-MAX_BODY_BYTES = 1024 * 1024
+# The transports' table and the body cap are http_transport's; imported from here as they always were.
+__all__ = ["DEFAULT_TRANSPORT", "MAX_BODY_BYTES", "TRANSPORTS", "Attempt", "HttpDestination", "HttpRequest",
+           "RequestBuilder", "ResultHook", "default_request"]
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,7 @@ class HttpRequest:
 
 def default_request(message: ClaimedMessage) -> HttpRequest:
     """POST the payload as JSON; metadata travels in headers."""
-    headers = {"X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts), **trace_headers(message)}
-    if message.trace_id:
-        headers["X-Trace-Id"] = message.trace_id
-    if message.tenant_id:
-        headers["X-Tenant-Id"] = message.tenant_id
+    headers = {"X-Outbox-Topic": message.topic, "X-Outbox-Attempt": str(message.attempts), **context_headers(message)}
     return HttpRequest(body=message.payload, headers=headers)
 
 
@@ -104,110 +99,8 @@ RequestBuilder = Callable[[ClaimedMessage], HttpRequest]
 # that record results elsewhere (the order ledger).
 ResultHook = Callable[[ClaimedMessage, Outcome, bytes, Attempt], Outcome]
 
-# Control characters (CR, LF, NUL ...; TAB is allowed in header values) that no HTTP client sends in a header
-# or a request target. Refused here, the same way on every transport, before anything goes on the wire.
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # What a bearer token may hold: visible ASCII (RFC 6750's b64token, and then some), no space, no control.
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")
-
-
-def _check_request(url: str, headers: dict[str, str]) -> None:
-    """ValueError naming what the HTTP client would refuse to send."""
-    for name, value in headers.items():
-        if _CONTROL.search(name) or "\t" in name or not name:
-            raise ValueError(f"header name {name[:64]!r} holds a control character (CR, LF, NUL ...) or is empty")
-        if _CONTROL.search(value):
-            raise ValueError(f"header {name!r} holds a control character (CR, LF, NUL ...): {value[:64]!r}")
-    if _CONTROL.search(url):
-        raise ValueError(f"the request URL holds a control character (CR, LF, NUL ...): {redact_url(url)[:200]!r}")
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The one exception inside (nested) single-member exception groups (anyio raises those)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _as_httpx_error(exc: BaseException) -> BaseException:
-    """The httpx error an aiohttp failure stands for, so every transport reports the same outcome.
-
-    httpx-aiohttp maps every aiohttp connection error to ConnectTimeout (a refused
-    connection, a server that hung up) and lets a bad status line through unmapped;
-    classify by aiohttp's own exception instead, as httpx's native pools do.
-    """
-    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
-    if not isinstance(cause, aiohttp.ClientError):
-        return exc
-    text = f"{type(cause).__name__}: {cause}"
-    if isinstance(cause, aiohttp.ServerTimeoutError):
-        return exc if isinstance(exc, httpx.TimeoutException) else httpx.ReadTimeout(text)
-    if isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
-        return httpx.RemoteProtocolError(text)  # httpx: "Server disconnected…", "peer closed…", "illegal status line"
-    if isinstance(cause, aiohttp.ClientConnectionError):
-        return httpx.ConnectError(text)
-    return exc
-
-
-# Exceptions by which an HTTP client refuses to send a request: nothing reached the destination, and
-# sending the same request again fails the same way (checked after the network errors, which come first).
-CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
-    httpx.LocalProtocolError,  # h11: "Illegal header value b'a\\r\\nb'"
-    httpx.InvalidURL,
-    httpx.UnsupportedProtocol,
-    aiohttp.InvalidURL,
-    # aiohttp: "Forbidden control character detected in headers"; UnicodeEncodeError (httpx: non-ASCII header)
-    ValueError,
-    TypeError,
-)
-
-
-def _exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, str]:
-    """The outcome of an attempt that got no answer, and the Attempt.failure it stands for."""
-    exc = _as_httpx_error(_unwrap(exc))
-    text = redact_text(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, httpx.TimeoutException):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
-    if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {text}"), "connection"
-    if isinstance(exc, CLIENT_REFUSALS):
-        return Outcome.dead(m.BAD_REQUEST, f"the HTTP client refused to send the request: {text}"), "refused"
-    if isinstance(exc, httpx.HTTPError):
-        return Outcome.retry(m.UNKNOWN, f"unusable answer: {text}"), "protocol"
-    return Outcome.retry(m.UNKNOWN, text), "error"
-
-
-class _CappedBody:
-    """An answer's body up to MAX_BODY_BYTES, and whether there was more (left unread)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep ``chunk``; True once the cap is passed (stop reading)."""
-        self.parts.append(chunk)
-        self.size += len(chunk)
-        return self.size > MAX_BODY_BYTES
-
-    def read(self) -> tuple[bytes, bool]:
-        return b"".join(self.parts)[:MAX_BODY_BYTES], self.size > MAX_BODY_BYTES
-
-
-async def _read_capped(chunks: AsyncIterator[bytes]) -> tuple[bytes, bool]:
-    body = _CappedBody()
-    async for chunk in chunks:
-        if body.add(chunk):
-            break
-    return body.read()
-
-
-def _read_capped_sync(chunks: Iterator[bytes]) -> tuple[bytes, bool]:
-    body = _CappedBody()
-    for chunk in chunks:
-        if body.add(chunk):
-            break
-    return body.read()
 
 
 class HttpDestination(Destination):
@@ -270,29 +163,7 @@ class HttpDestination(Destination):
             # The same header on every transport (Basic auth, UTF-8 as RFC 7617 recommends).
             self.base_headers["Authorization"] = aiohttp.encode_basic_auth(*credentials, encoding="utf-8")
         self._base_lower = {name.lower(): value for name, value in self.base_headers.items()}
-        limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        if transport == "httpx-sync":
-            self._client: Any = httpx.Client(limits=limits, timeout=timeout_s)
-            self._pool = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="outbox-http")
-        else:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, name="outbox-http-loop", daemon=True)
-            self._thread.start()
-            self._client = asyncio.run_coroutine_threadsafe(self._make_async_client(limits), self._loop).result()
-
-    async def _make_async_client(self, limits: httpx.Limits) -> Any:
-        if self.transport == "aiohttp-native":
-            connector = aiohttp.TCPConnector(limit=self.max_in_flight, keepalive_timeout=30)
-            return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        if self.transport == "aiohttp":
-            # Imported for this transport only: httpx_aiohttp costs ~0.2 s at import (-X importtime).
-            from httpx_aiohttp import AiohttpTransport
-
-            return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=self.timeout_s)
-        return httpx.AsyncClient(limits=limits, timeout=self.timeout_s)
+        self._client = HttpClient(transport, timeout_s=timeout_s, max_in_flight=self.max_in_flight)
 
     def _prepare(self, message: ClaimedMessage) -> tuple[str, bytes, dict[str, str], float]:
         request = self.build_request(message)
@@ -308,7 +179,7 @@ class HttpDestination(Destination):
         path = request.path
         if path and not path.startswith(("/", "?")):
             path = "/" + path  # self.url has no trailing "/" here: "orders" must not become ":8080orders"
-        _check_request(self.url + path, headers)
+        check_request(self.url + path, headers)
         return self.url + path, body, headers, request.timeout_s or self.timeout_s
 
     def _answered(self, message: ClaimedMessage, status: int, headers: Any, body: bytes, truncated: bool) -> Outcome:
@@ -318,7 +189,7 @@ class HttpDestination(Destination):
         return self._result(message, outcome, body, Attempt(status=status))
 
     def _failed(self, message: ClaimedMessage, exc: BaseException, timeout: float) -> Outcome:
-        """The outcome of an attempt that got no usable answer."""
+        """The outcome of an attempt that got no usable answer (``_exception_outcome``: the name tests import)."""
         outcome, failure = _exception_outcome(exc, timeout)
         return self._result(message, outcome, b"", Attempt(failure=failure))
 
@@ -338,31 +209,11 @@ class HttpDestination(Destination):
         except Exception as exc:  # a request builder that cannot map this payload, a header no client sends
             return self._unbuildable(message, exc)
         async with gate:
-            if self.transport == "aiohttp-native":
-                return await self._send_native(message, url, body, headers, timeout)
             try:
-                request = self._client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
-                response = await self._client.send(request, stream=True)
-                try:
-                    content, truncated = await _read_capped(response.aiter_bytes())
-                finally:
-                    await response.aclose()
+                answer = await self._client.post(url, body, headers, timeout)
             except Exception as exc:
                 return self._failed(message, exc, timeout)
-        return self._answered(message, response.status_code, response.headers, content, truncated)
-
-    async def _send_native(self, message: ClaimedMessage, url: str, body: bytes, headers: dict[str, str],
-                           timeout: float) -> Outcome:
-        try:
-            async with self._client.post(url, data=body, headers=headers, allow_redirects=False,
-                                         timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                content, truncated = await _read_capped(response.content.iter_chunked(64 * 1024))
-                status, answer_headers = response.status, response.headers
-        except TimeoutError:
-            return self._failed(message, httpx.ReadTimeout("no answer"), timeout)
-        except Exception as exc:
-            return self._failed(message, exc, timeout)
-        return self._answered(message, status, answer_headers, content, truncated)
+        return self._answered(message, *answer)
 
     async def _deliver_async(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         gate = asyncio.Semaphore(self.max_in_flight)
@@ -374,29 +225,17 @@ class HttpDestination(Destination):
         except Exception as exc:
             return self._unbuildable(message, exc)
         try:
-            with self._client.stream("POST", url, content=body, headers=headers, timeout=timeout) as response:
-                content, truncated = _read_capped_sync(response.iter_bytes())
+            answer = self._client.post_sync(url, body, headers, timeout)
         except Exception as exc:
             return self._failed(message, exc, timeout)
-        return self._answered(message, response.status_code, response.headers, content, truncated)
+        return self._answered(message, *answer)
 
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         if not messages:
             return []
-        if self._pool is not None:
-            return list(self._pool.map(self._send_sync, messages))
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(self._deliver_async(messages), self._loop).result()
+        if self._client.pooled:
+            return self._client.map(self._send_sync, messages)
+        return self._client.run(self._deliver_async(messages))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._client.close()
-            return
-        if self._loop is not None and self._loop.is_running():
-            closing = self._client.close() if self.transport == "aiohttp-native" else self._client.aclose()
-            asyncio.run_coroutine_threadsafe(closing, self._loop).result(timeout=5)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._loop.close()
+        self._client.close()

@@ -1,12 +1,19 @@
 """An asyncio event loop on a thread of its own, for destinations whose client library is asyncio
-(aiohttp, nats-py, aio-pika) while the relay that calls them is synchronous."""
+(aiohttp, nats-py, aiormq) while the relay that calls them is synchronous."""
 
 import asyncio
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def backstop_s(timeout_s: float) -> float:
+    """How long a broker's batch may take before ``run_within`` gives up on it: its waits inside are each
+    bounded by the table's timeout (connect, acks), so this only guards against a stuck loop."""
+    return 3 * timeout_s + 10
 
 
 class LoopThread:
@@ -19,6 +26,15 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run_within(self, coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
+        """``run``, but None when no result came within ``timeout`` (the coroutine is then cancelled)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()
+            return None
 
     def stop(self, closing: Coroutine[Any, Any, Any] | None = None, timeout: float = 5.0) -> None:
         """Run ``closing`` (the client's close) if given, then stop the loop and join its thread."""

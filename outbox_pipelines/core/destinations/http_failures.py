@@ -1,0 +1,84 @@
+"""What an HTTP attempt that got no answer means: the outcome of each exception an HTTP client raises,
+alike on every transport (httpx's and aiohttp's errors mapped to one set), and the request checks that
+refuse, before anything goes on the wire, what a client would refuse to send.
+
+(An answer's outcome is ``http_outcomes``'s table.)
+"""
+
+import re
+
+import aiohttp
+import httpx
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.redaction import redact_text, redact_url
+
+# Control characters (CR, LF, NUL ...; TAB is allowed in header values) that no HTTP client sends in a header
+# or a request target. Refused here, the same way on every transport, before anything goes on the wire.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+# Exceptions by which an HTTP client refuses to send a request: nothing reached the destination, and
+# sending the same request again fails the same way (checked after the network errors, which come first).
+CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
+    httpx.LocalProtocolError,  # h11: "Illegal header value b'a\\r\\nb'"
+    httpx.InvalidURL,
+    httpx.UnsupportedProtocol,
+    aiohttp.InvalidURL,
+    # aiohttp: "Forbidden control character detected in headers"; UnicodeEncodeError (httpx: non-ASCII header)
+    ValueError,
+    TypeError,
+)
+
+
+def check_request(url: str, headers: dict[str, str]) -> None:
+    """ValueError naming what the HTTP client would refuse to send."""
+    for name, value in headers.items():
+        if _CONTROL.search(name) or "\t" in name or not name:
+            raise ValueError(f"header name {name[:64]!r} holds a control character (CR, LF, NUL ...) or is empty")
+        if _CONTROL.search(value):
+            raise ValueError(f"header {name!r} holds a control character (CR, LF, NUL ...): {value[:64]!r}")
+    if _CONTROL.search(url):
+        raise ValueError(f"the request URL holds a control character (CR, LF, NUL ...): {redact_url(url)[:200]!r}")
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups (anyio raises those)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _as_httpx_error(exc: BaseException) -> BaseException:
+    """The httpx error an aiohttp failure stands for, so every transport reports the same outcome.
+
+    httpx-aiohttp maps every aiohttp connection error to ConnectTimeout (a refused
+    connection, a server that hung up) and lets a bad status line through unmapped;
+    classify by aiohttp's own exception instead, as httpx's native pools do.
+    """
+    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
+    if not isinstance(cause, aiohttp.ClientError):
+        return exc
+    text = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, aiohttp.ServerTimeoutError):
+        return exc if isinstance(exc, httpx.TimeoutException) else httpx.ReadTimeout(text)
+    if isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+        return httpx.RemoteProtocolError(text)  # httpx: "Server disconnected…", "peer closed…", "illegal status line"
+    if isinstance(cause, aiohttp.ClientConnectionError):
+        return httpx.ConnectError(text)
+    return exc
+
+
+def exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, str]:
+    """The outcome of an attempt that got no answer, and the Attempt.failure it stands for."""
+    exc = _as_httpx_error(_unwrap(exc))
+    text = redact_text(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
+    if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {text}"), "connection"
+    if isinstance(exc, CLIENT_REFUSALS):
+        return Outcome.dead(m.BAD_REQUEST, f"the HTTP client refused to send the request: {text}"), "refused"
+    if isinstance(exc, httpx.HTTPError):
+        return Outcome.retry(m.UNKNOWN, f"unusable answer: {text}"), "protocol"
+    return Outcome.retry(m.UNKNOWN, text), "error"
