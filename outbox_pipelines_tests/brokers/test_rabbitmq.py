@@ -162,7 +162,7 @@ def test_a_refusal_that_names_no_size_is_traced_to_its_message_by_publishing_one
         node, exchange, monkeypatch):
     """Should the broker's words change (another version, another 406), the culprit is still found: the
     unconfirmed rest goes one publish at a time, and the one whose publish closes the channel is dead."""
-    import outbox_pipelines.core.destinations.rabbitmq as rabbitmq
+    import outbox_pipelines.core.destinations.rabbitmq_outcomes as rabbitmq
 
     monkeypatch.setattr(rabbitmq, "_TOO_LARGE", re.compile(r"(?!)"))  # understands no refusal text
     bind_queue(node.url, exchange, exchange)

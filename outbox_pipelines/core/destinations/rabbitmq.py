@@ -1,5 +1,7 @@
 """RabbitMQ destination: each message published to the table's exchange, ``sent`` only on the broker's ack.
 
+The relay calls ``RabbitMQDestination`` (built by ``build``).
+
 Client: aiormq, the AMQP 0-9-1 client aio-pika is built on (installed with aio-pika), on a private event
 loop (``LoopThread``). Measured on 2 cores against RabbitMQ 3.10, 10,000 confirmed persistent mandatory
 publishes of ~250 bytes of JSON (serialised in the loop), medians of 4 interleaved runs:
@@ -25,33 +27,9 @@ persistent (delivery_mode 2), content_type application/json, ``message_id`` = th
 key, and every property costs encoding time per message (measured: the HTTP destination's four headers
 and a timestamp cost about a tenth of the publish's CPU).
 
-Outcomes (each error text has the URL's credentials scrubbed; the destination is named by its origin):
-- basic.ack -> sent;
-- basic.return (mandatory: no queue is bound for the routing key) -> dead NO_SUBSCRIBERS: the
-  consumers' binding is missing; replay (no --force needed) once it exists. Not a retry: the message
-  would go nowhere again until someone binds a queue, and retries would burn its attempts meanwhile;
-- basic.nack (the broker could not take it: an internal error, a queue with ``x-overflow:
-  reject-publish`` that is full) -> retry BROKER_5XX (counts toward the table's circuit);
-- a body over the broker's ``max_message_size`` (the broker closes the channel: 406 PRECONDITION_FAILED)
-  -> dead BAD_REQUEST; the rest of the batch is published again on a new connection (publishes queued
-  behind the refused one make the broker close the connection too: 504), and the limit read from the
-  broker's refusal is kept, so later bodies over it are refused before sending;
-  any other 406 on publish (a precondition of this message) -> dead BAD_REQUEST likewise, the culprit
-  found by publishing the unconfirmed rest one at a time;
-- a routing key or message_id over 255 bytes (AMQP short strings) -> dead BAD_REQUEST, before sending;
-- authentication refused (ACCESS_REFUSED at login), the user may not open the vhost, or may not
-  declare / publish to the exchange (403) -> retry UNAUTHORIZED (counts toward the circuit);
-- connection refused, lost or closed by the broker, a server that does not speak AMQP, no connection
-  within the table's ``timeout``, no answer to any publish of the batch for ``timeout`` -> retry
-  NETWORK_TIMEOUT (counts toward the circuit): a broker that is down or hung answers every delivery
-  within about the table's timeout, and opens the circuit (no attempt spent, nothing dead);
-- anything else (the exchange deleted under us: 404) -> retry UNKNOWN.
-
-Connection: one connection and one confirm-mode channel, opened at the first delivery and kept across
-batches; a lost connection (or a timeout, after which its state is unknown) is dropped, the rest of
-its batch is not attempted, and the next batch opens a new one. A batch keeps ``requests_in_flight``
-publishes awaiting their confirm at once (lanes publishing in batch order on the one channel: a sliding
-window, measured 1.3x a loop that publishes 32 and waits for their confirms).
+Outcomes: ``rabbitmq_outcomes``'s table; the connection and its channel: ``rabbitmq_connection``. A batch
+keeps ``requests_in_flight`` publishes awaiting their confirm at once (lanes publishing in batch order on
+the one channel: a sliding window, measured 1.3x a loop that publishes 32 and waits for their confirms).
 
 Duplicates: at least once. A publish whose ack was lost (the connection dropped after the broker took
 it; the channel closed for another message of its batch) is retried and may reach the queue twice;
@@ -61,37 +39,30 @@ into each queue; a retried message lands after those published since. A table's 
 by the relay (one message of a key in flight at a time), not here.
 """
 
+
 import asyncio
 import json
-import logging
-import re
 from collections.abc import Iterator, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import aiormq
-import aiormq.abc
 from pamqp import commands as spec
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations import rabbitmq_outcomes as answers
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.loop_thread import LoopThread
-from outbox_pipelines.core.destinations.trace_context import trace_headers
+from outbox_pipelines.core.destinations.loop_thread import LoopThread, backstop_s
+from outbox_pipelines.core.destinations.rabbitmq_connection import ChannelKeeper, Ended
+from outbox_pipelines.core.destinations.trace_context import context_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import Scrubber, redact_text, split_credentials, url_origin
 
 if TYPE_CHECKING:  # the settings type, for build()'s annotation only
     from outbox_pipelines.core.settings import TableSettings
 
-log = logging.getLogger("outbox_pipelines.destinations.rabbitmq")
-
 # AMQP 0-9-1 short strings (routing key, message_id, exchange) hold at most 255 bytes.
 MAX_SHORT_STRING = 255
-# RabbitMQ's refusal of a body over max_message_size (it closes the channel with 406).
-_TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
-# How the broker refuses a message by closing its channel: 406 PRECONDITION_FAILED (too large, mostly).
-_MESSAGE_REFUSED = aiormq.exceptions.ChannelPreconditionFailed
 
 
 @dataclass
@@ -105,15 +76,6 @@ class _Publish:
     outcome: Outcome | None = None
     # Why its publish got no answer (the channel or the connection went, a timeout); None once answered.
     error: BaseException | None = None
-
-
-class _Ended(Exception):
-    """The round's channel or connection is gone: every publish without an outcome ends as ``outcome``."""
-
-    def __init__(self, outcome: Outcome, drop_connection: bool) -> None:
-        super().__init__(outcome.error)
-        self.outcome = outcome
-        self.drop_connection = drop_connection
 
 
 class RabbitMQDestination(Destination):
@@ -131,8 +93,7 @@ class RabbitMQDestination(Destination):
         self.max_in_flight = max(1, max_in_flight)
         # The broker's max_message_size once a refusal named it: bodies over it are dead before sending.
         self.max_body: int | None = None
-        self._connection: aiormq.abc.AbstractConnection | None = None
-        self._channel: aiormq.Channel | None = None
+        self._channels = ChannelKeeper(url, exchange, timeout_s)
         self._lock = asyncio.Lock()  # one batch on the wire at a time, whoever calls
         self._loop = LoopThread(f"outbox-rabbitmq-{exchange}")
 
@@ -141,19 +102,17 @@ class RabbitMQDestination(Destination):
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
         if not messages:
             return []
-        future = asyncio.run_coroutine_threadsafe(self._deliver(messages), self._loop.loop)
-        try:
-            # Every wait inside is bounded by timeout_s (connect, each confirm); this is a last guard.
-            return future.result(timeout=3 * self.timeout_s + 10)
-        except FutureTimeout:
-            future.cancel()
+        # Every wait inside is bounded by timeout_s (connect, each confirm); this is a last guard.
+        waited = backstop_s(self.timeout_s)
+        outcomes = self._loop.run_within(self._deliver(messages), waited)
+        if outcomes is None:
             # Its state is unknown (confirms may still come for the abandoned publishes): the next batch connects anew.
-            asyncio.run_coroutine_threadsafe(self._drop_connection(), self._loop.loop)
-            waited = 3 * self.timeout_s + 10
+            asyncio.run_coroutine_threadsafe(self._channels.drop(), self._loop.loop)
             return [Outcome.retry(m.NETWORK_TIMEOUT, f"no answer from {self.name} within {waited:g} s")] * len(messages)
+        return outcomes
 
     def close(self) -> None:
-        self._loop.stop(self._drop_connection())
+        self._loop.stop(self._channels.drop())
 
     # -- a batch ----------------------------------------------------------------------
 
@@ -186,20 +145,12 @@ class RabbitMQDestination(Destination):
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
             return Outcome.dead(m.BAD_REQUEST, redact_text(f"the payload cannot be sent as JSON: {exc}"))
         if self.max_body is not None and len(body) > self.max_body:
-            return self._too_large(len(body))
+            return answers.too_large(len(body), self.max_body)
         # What the spec asks for and nothing more: every header and property costs encoding time per message.
-        headers: dict[str, Any] = {"Idempotency-Key": message.event_id, **trace_headers(message)}
-        if message.trace_id:
-            headers["X-Trace-Id"] = message.trace_id
-        if message.tenant_id:
-            headers["X-Tenant-Id"] = message.tenant_id
+        headers: dict[str, Any] = {"Idempotency-Key": message.event_id, **context_headers(message)}
         properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2,
                                            message_id=message.event_id, headers=headers)
         return _Publish(index, body, routing_key, properties)
-
-    def _too_large(self, size: int) -> Outcome:
-        return Outcome.dead(m.BAD_REQUEST, f"the message body ({size} bytes) is larger than the broker's "
-                            f"max_message_size ({self.max_body} bytes): the broker refuses it")
 
     async def _publish(self, publishes: list[_Publish]) -> None:
         """Publish until every message has an outcome. When the broker closes the channel because of a
@@ -208,48 +159,48 @@ class RabbitMQDestination(Destination):
         one_at_a_time = False
         try:
             while pending:
-                channel = await self._ready_channel()
+                channel = await self._channels.ready()
                 ended = await self._round(channel, pending, 1 if one_at_a_time else self.max_in_flight)
                 if ended is None:
                     return
-                refusal = next((p.error for p in pending if isinstance(p.error, _MESSAGE_REFUSED)), None)
+                refusal = next((p.error for p in pending if isinstance(p.error, answers.MESSAGE_REFUSED)), None)
                 if refusal is None:
-                    raise _Ended(_exception_outcome(ended, self.timeout_s),
-                                 drop_connection=not isinstance(ended, aiormq.exceptions.ChannelClosed))
+                    raise Ended(answers.exception_outcome(ended, self.timeout_s),
+                                drop_connection=not isinstance(ended, aiormq.exceptions.ChannelClosed))
                 # Publishes queued behind the refused one reach the broker after it closed the channel, and it
                 # closes the connection for them (504 CHANNEL_ERROR), maybe only after a new channel opened on it:
                 # the rest goes on a new connection.
-                await self._drop_connection()
+                await self._channels.drop()
                 found = self._culprits(pending, one_at_a_time, refusal)
                 if one_at_a_time and not found:  # a refusal no message of the batch explains: do not loop
-                    raise _Ended(_exception_outcome(ended, self.timeout_s), drop_connection=False)
+                    raise Ended(answers.exception_outcome(ended, self.timeout_s), drop_connection=False)
                 # Progress every round: a culprit dead, or (none named) the rest sent one at a time, which names it.
                 one_at_a_time = not found
                 pending = [p for p in pending if p.outcome is None]
                 for publish in pending:
                     publish.error = None
-        except _Ended as ended_by:
+        except Ended as ended_by:
             for publish in pending:
                 if publish.outcome is None:
                     publish.outcome = ended_by.outcome
             if ended_by.drop_connection:
-                await self._drop_connection()
+                await self._channels.drop()
 
     def _culprits(self, pending: list[_Publish], one_at_a_time: bool, refusal: BaseException) -> bool:
         """Mark dead the messages that made the broker close the channel; False when none could be named."""
-        match = _TOO_LARGE.search(str(refusal))
-        if match:  # "message size 70000 is larger than configured max size 65536": kept for later batches
-            self.max_body = int(match.group(2))
+        max_body = answers.max_message_size(refusal)
+        if max_body is not None:  # kept for later batches
+            self.max_body = max_body
         found = False
         for publish in pending:
             if publish.outcome is not None:
                 continue
             if one_at_a_time and isinstance(publish.error, aiormq.exceptions.ChannelPreconditionFailed):
                 # Alone on the wire when the broker closed the channel: this message is the cause.
-                publish.outcome = Outcome.dead(m.BAD_REQUEST, f"the broker refused the message: {_reply_text(refusal)}")
+                publish.outcome = answers.refused(refusal)
                 found = True
             elif self.max_body is not None and len(publish.body) > self.max_body:
-                publish.outcome = self._too_large(len(publish.body))
+                publish.outcome = answers.too_large(len(publish.body), self.max_body)
                 found = True
         return found
 
@@ -273,11 +224,11 @@ class RabbitMQDestination(Destination):
                     # wait=False: no wait for the socket write to drain; the confirm is what is awaited.
                     await channel.basic_publish(publish.body, exchange=self.exchange, routing_key=publish.routing_key,
                                                 properties=publish.properties, mandatory=True, wait=False)
-                    publish.outcome = _SENT
+                    publish.outcome = answers.SENT
                 except aiormq.exceptions.PublishError as exc:  # a subclass of DeliveryError: first
-                    publish.outcome = _returned(exc)
+                    publish.outcome = answers.returned(exc)
                 except aiormq.exceptions.DeliveryError:
-                    publish.outcome = _NACKED
+                    publish.outcome = answers.NACKED
                 except Exception as exc:  # noqa: BLE001 - the channel or the connection is gone
                     publish.error = exc
                     ended.append(exc)
@@ -298,102 +249,8 @@ class RabbitMQDestination(Destination):
         # The broker's own reason (its channel.close or connection.close) over "channel closed" seen after it.
         return next((e for e in ended if not isinstance(e, aiormq.exceptions.ChannelInvalidStateError)), ended[0])
 
-    def _connection_lost(self) -> bool:
-        return self._connection is None or self._connection.is_closed
-
-    # -- the connection -------------------------------------------------------------
-
-    async def _ready_channel(self) -> aiormq.Channel:
-        """The open confirm channel, connecting and declaring the exchange first if needed; _Ended if not."""
-        if self._channel is not None and not self._channel.is_closed and not self._connection_lost():
-            return self._channel
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                if self._connection_lost():
-                    await self._drop_connection()
-                    self._connection = await aiormq.connect(
-                        self.url, client_properties={"connection_name": f"outbox-pipelines {self.exchange}"})
-                assert self._connection is not None
-                channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-                assert isinstance(channel, aiormq.Channel)  # the concrete class: its basic_publish takes wait=
-                await channel.exchange_declare(self.exchange, exchange_type="topic", durable=True)
-        except Exception as exc:  # noqa: BLE001 - an outcome for every pending message
-            raise _Ended(_connect_outcome(exc, self.exchange, self.timeout_s), drop_connection=True) from None
-        self._channel = channel
-        return channel
-
-    async def _drop_connection(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is None or connection.is_closed:
-            return
-        try:
-            await asyncio.wait_for(connection.close(), 1.0)
-        except Exception:  # noqa: BLE001 - a connection that will not close politely is abandoned
-            log.debug("closing the RabbitMQ connection failed", exc_info=True)
-
     def _scrubbed(self, outcome: Outcome) -> Outcome:
         return replace(outcome, error=self.scrub(outcome.error)) if outcome.error else outcome
-
-
-_SENT = Outcome.sent()
-_NACKED = Outcome.retry(m.BROKER_5XX, "the broker refused the message (basic.nack): an internal error, or a queue "
-                        "that rejects publishes when full (x-overflow: reject-publish)")
-
-
-def _reply_text(exc: BaseException) -> str:
-    """The broker's reply text of an aiormq error ('PRECONDITION_FAILED - message size ...'), else its str."""
-    for arg in getattr(exc, "args", ()):
-        if isinstance(arg, str) and " - " in arg:
-            return arg
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _returned(exc: aiormq.exceptions.PublishError) -> Outcome:
-    frame = exc.frame
-    code, text = getattr(frame, "reply_code", None), getattr(frame, "reply_text", "")
-    exchange, key = getattr(frame, "exchange", ""), getattr(frame, "routing_key", "")
-    return Outcome.dead(m.NO_SUBSCRIBERS, f"no queue is bound to exchange {exchange!r} for routing key {key!r} "
-                        f"(the broker returned it: {code} {text}); bind the consumers' queue, then replay")
-
-
-def _exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
-    """The outcome of a publish that failed for the connection's or the broker's sake, not the message's."""
-    text = redact_text(_reply_text(exc))
-    if isinstance(exc, TimeoutError):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"no confirm from the broker within {timeout_s:g} s")
-    if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused the publish: {text}")
-    if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
-                        ConnectionError, OSError, asyncio.CancelledError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"the connection to the broker was lost: {text}")
-    if isinstance(exc, aiormq.exceptions.ChannelClosed):
-        return Outcome.retry(m.UNKNOWN, f"the broker closed the channel: {text}")
-    return Outcome.retry(m.UNKNOWN, text)
-
-
-def _connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Outcome:
-    """The outcome of every message of a batch when connecting (or declaring the exchange) failed."""
-    text = redact_text(_reply_text(exc))
-    if isinstance(exc, TimeoutError):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"could not connect to the broker within {timeout_s:g} s")
-    if isinstance(exc, (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError)):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused the login: {text}")
-    if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
-            isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)):
-        # aiormq reports the broker's Connection.Close in answer to Connection.Open (530 NOT_ALLOWED) as an
-        # unexpected frame: the user may not open the URL's vhost, or it does not exist.
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to open the vhost (the user has no access to it, "
-                             f"or it does not exist): {text}")
-    if isinstance(exc, (aiormq.exceptions.ProtocolSyntaxError, aiormq.exceptions.IncompatibleProtocolError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"the server does not answer as an AMQP 0-9-1 broker: {text}")
-    if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to declare exchange {exchange!r}: {text}")
-    if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
-        return Outcome.retry(m.UNKNOWN, f"exchange {exchange!r} exists with another type or durability than a "
-                             f"durable topic exchange: {text}; delete it or set the table's exchange")
-    if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"could not connect to the broker: {text}")
-    return _exception_outcome(exc, timeout_s)
 
 
 def build(table: "TableSettings") -> RabbitMQDestination:
