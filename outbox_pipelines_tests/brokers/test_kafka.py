@@ -241,7 +241,7 @@ def test_a_full_local_queue_is_waited_out_not_lost(cluster):
 
 
 def test_librdkafka_complaints_are_logged_once_per_kind_and_broker(caplog):
-    from outbox_pipelines.core.destinations.kafka import _ClientLog
+    from outbox_pipelines.core.destinations.kafka_producer import _ClientLog
 
     client_log = _ClientLog()
     with caplog.at_level("DEBUG", logger="outbox_pipelines.kafka"):

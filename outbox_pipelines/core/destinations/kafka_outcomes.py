@@ -1,0 +1,113 @@
+"""What each error librdkafka reports means for a record: the Kafka destination's outcome table, and the
+topic names Kafka can hold.
+
+Outcomes (each decided here, on the error librdkafka reports, and why):
+
+- message too large (MSG_SIZE_TOO_LARGE, the broker's or the producer's ``message.max.bytes``), an
+  invalid record, or a topic name Kafka cannot hold (checked before producing: ``[A-Za-z0-9._-]``, at most
+  249 characters, not ``.``/``..``) → dead BAD_REQUEST: the message itself is refused, sending it again
+  cannot succeed (replay needs --force, after the message or the limit changed);
+- unknown topic (UNKNOWN_TOPIC_OR_PART, ``_UNKNOWN_TOPIC``: the broker does not create topics) → dead
+  NO_SUBSCRIBERS: no topic takes this message, while the cluster is fine and the table's other topics
+  still deliver, so it must not open the table's circuit (which would hold every topic); once the topic
+  is created, replay delivers it without --force. ``topic.metadata.propagation.max.ms`` is cut to half the
+  timeout so the verdict comes within the batch (the default 30 s would first time out the message and
+  count a destination failure); librdkafka asks again about a missing topic every second, so a topic
+  created since is seen at once;
+- authorization or authentication refused (TOPIC/CLUSTER_AUTHORIZATION_FAILED, SASL, SSL, or records that
+  timed out while the client reported an authentication failure) → retry UNAUTHORIZED: a credential or ACL
+  problem of the destination, fixed outside the message: the circuit opens, nothing is dead-lettered;
+- timed out, brokers unreachable, transport errors → retry NETWORK_TIMEOUT; retriable broker answers
+  (not enough replicas, leader moving, storage error) → retry BROKER_5XX; both open the circuit;
+- a fatal idempotent-producer error (the client's ``error.fatal()``: sequence desynchronised, fenced) →
+  retry UNKNOWN for what was not confirmed, and the producer is recreated before the next batch (a
+  producer in the fatal state accepts nothing again). Anything unforeseen → retry UNKNOWN, never dead.
+
+Error texts pass through the destination's ``Scrubber``: the name shows ``kafka://host:port``, never a
+SASL credential given in ``config``.
+"""
+
+import re
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError
+
+from outbox_pipelines.core import models as m
+from outbox_pipelines.core.models import Outcome
+
+# What Kafka accepts as a topic name (its Topic.validate): these characters, 1 to 249 of them, not "."/"..".
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+_E = KafkaError
+_TOO_LARGE = frozenset({_E.MSG_SIZE_TOO_LARGE})
+_INVALID_TOPIC_EXCEPTION = 17  # not among confluent-kafka's KafkaError constants
+_BAD_MESSAGE = frozenset({_E.INVALID_RECORD, _E.UNSUPPORTED_FOR_MESSAGE_FORMAT, _E.POLICY_VIOLATION,
+                          _INVALID_TOPIC_EXCEPTION, _E._INVALID_ARG, _E._BAD_MSG, _E._INVALID_TYPE})
+_NO_TOPIC = frozenset({_E.UNKNOWN_TOPIC_OR_PART, _E._UNKNOWN_TOPIC, _E._UNKNOWN_PARTITION, _E.UNKNOWN_TOPIC_ID})
+_REFUSED = frozenset({_E.TOPIC_AUTHORIZATION_FAILED, _E.CLUSTER_AUTHORIZATION_FAILED, _E._AUTHENTICATION,
+                      _E.SASL_AUTHENTICATION_FAILED, _E._SSL})
+_UNREACHABLE = frozenset({_E._MSG_TIMED_OUT, _E._TIMED_OUT, _E._TRANSPORT, _E._ALL_BROKERS_DOWN, _E._RESOLVE,
+                          _E.NETWORK_EXCEPTION, _E._QUEUE_FULL, _E._PURGE_QUEUE, _E._PURGE_INFLIGHT})
+_PRODUCER_BROKEN = frozenset({_E._FATAL, _E._FENCED, _E.OUT_OF_ORDER_SEQUENCE_NUMBER, _E.INVALID_PRODUCER_EPOCH,
+                              _E.PRODUCER_FENCED, _E.UNKNOWN_PRODUCER_ID, _E._INCONSISTENT})
+# The message's own refusals: they hold whatever else went wrong in the batch.
+_THE_MESSAGES = _TOO_LARGE | _BAD_MESSAGE | _NO_TOPIC
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why Kafka cannot hold a topic of this name, or None."""
+    if not _TOPIC.fullmatch(topic):
+        if len(topic) > 249:
+            return f"the Kafka topic name is {len(topic)} characters long; Kafka takes at most 249"
+        return f"the Kafka topic name {topic[:100]!r} is empty or holds characters other than A-Z a-z 0-9 . _ -"
+    if topic in (".", ".."):
+        return f"{topic!r} is not a Kafka topic name"
+    return None
+
+
+def sent(ref: str) -> Outcome:
+    """Outcome.sent(ref=ref) without the frozen dataclass's __init__ (five object.__setattr__ calls: a
+    tenth of a record's cost here), as models.EnqueueResult.new does."""
+    outcome = object.__new__(Outcome)
+    outcome.__dict__.update(kind="sent", code=None, error=None, ref=ref, delay_s=None)
+    return outcome
+
+
+def breaks_producer(err: KafkaError) -> bool:
+    """True when ``err`` leaves the idempotent producer unable to go on (it must be recreated)."""
+    return err.code() not in _THE_MESSAGES and (err.fatal() or err.code() in _PRODUCER_BROKEN)
+
+
+def client_hint(client_error: KafkaError | None, text: Callable[[str], str]) -> str:
+    """What the client last reported on its own, for an outcome's text ("" when nothing)."""
+    return f" (the client reported: {text(client_error.str())})" if client_error is not None else ""
+
+
+def error_outcome(err: KafkaError, text: Callable[[str], str], *, refused_at_produce: bool, broken: str | None,
+                  client_error: KafkaError | None) -> Outcome:
+    """The outcome of a record librdkafka refused or reported failed (``broken``: why the producer failed,
+    if it did; ``client_error``: what the client last reported on its own; ``text`` scrubs a text)."""
+    code = err.code()
+    what = text(f"{err.name()}: {err.str()}")
+    # The message's own refusals first: they hold whatever else went wrong in the batch.
+    if code in _TOO_LARGE:
+        where = "the producer's message.max.bytes" if refused_at_produce else "the broker's max.message.bytes"
+        return Outcome.dead(m.BAD_REQUEST, f"the record is larger than {where} allows ({what})")
+    if code in _BAD_MESSAGE:
+        return Outcome.dead(m.BAD_REQUEST, f"Kafka refused the record: {what}")
+    if code in _NO_TOPIC:
+        return Outcome.dead(m.NO_SUBSCRIBERS, f"the topic does not exist and the cluster does not create it "
+                                              f"({what}); create it, then replay")
+    if broken is not None:
+        # After a fatal error librdkafka fails what it still held (purged, timed out): all of it is the
+        # producer's failure, not the cluster's.
+        return Outcome.retry(m.UNKNOWN, f"the idempotent Kafka producer failed ({broken}); it is "
+                                        f"recreated for the next batch (this record: {what})")
+    if code in _REFUSED or (code in _UNREACHABLE and client_error is not None and client_error.code() in _REFUSED):
+        return Outcome.retry(m.UNAUTHORIZED, f"Kafka refused the producer's credentials or ACLs: {what}"
+                             + client_hint(client_error, text))
+    if code in _UNREACHABLE:
+        return Outcome.retry(m.NETWORK_TIMEOUT, f"not delivered: {what}" + client_hint(client_error, text))
+    if err.retriable():
+        return Outcome.retry(m.BROKER_5XX, f"the broker failed the write: {what}")
+    return Outcome.retry(m.UNKNOWN, f"Kafka error: {what}")
