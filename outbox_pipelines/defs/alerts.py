@@ -23,13 +23,20 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.oncall.alerts import Condition, announce_event, run_link
+from outbox_pipelines.core.oncall.alerts import Condition, announce_event
 from outbox_pipelines.core.oncall.sweep import SweepReport
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text, table_asset_key
+from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
+
+
+def run_link(run_id: str) -> dict[str, str]:
+    """A condition's link to the run in the Dagster UI, and its words."""
+    return {"link": DagsterLinks().run(run_id), "link_label": DagsterLinks.label}
+
 
 # Tags a run the on-call sweep already told people about (its relay died).
 FAILURE_TAG = "outbox/failure"
@@ -127,7 +134,7 @@ def _refused_launch_note(context: dg.RunFailureSensorContext, cause: RootCause) 
     run = context.dagster_run
     context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "refused_launch"})
     announce_event(Condition(
-        key=f"run:{run.run_id}", severity="info", kind="run_failure", link=run_link(run.run_id),
+        key=f"run:{run.run_id}", severity="info", kind="run_failure", **run_link(run.run_id),
         table=run.tags.get(TABLE_TAG), job=run.job_name, run_id=run.run_id,
         summary=(f"{run.job_name}: launch refused (run {run.run_id[:8]}), nothing was changed: "
                  f"{redact_text(cause.text)[:1000].rstrip('.')}. Whoever launched it can fix the field "
@@ -175,7 +182,7 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
     where = f" of {table_name}" if table_name else f" of relay group {group}" if group else ""
     condition = Condition(
-        key=f"run:{run.run_id}", severity="error", kind="run_failure", link=run_link(run.run_id), table=table_name,
+        key=f"run:{run.run_id}", severity="error", kind="run_failure", **run_link(run.run_id), table=table_name,
         job=run.job_name, run_id=run.run_id,
         summary=(f"{run.job_name}{where} failed (run {run.run_id[:8]}): {cause}. Open the run for its logs; "
                  "scheduled jobs run again on their own."),

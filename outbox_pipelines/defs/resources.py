@@ -16,6 +16,7 @@ from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.core.storage import db
 from outbox_pipelines.core.storage.db import driver_connection
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, ready_tables
+from outbox_pipelines.defs.links import DagsterLinks
 
 TABLE_TAG = "outbox/table"
 
@@ -81,11 +82,11 @@ class OutboxDatabase:
 
     def sweep(self) -> SweepReport:
         """The on-call sweep over every configured table (core.oncall.sweep)."""
-        return sweep(self.database_url(), self.settings())
+        return sweep(self.database_url(), self.settings(), links=DagsterLinks())
 
     def relays_died_with_run(self, run_id: str) -> list[dict[str, Any]]:
         """Bury the relays of a failed run that never said goodbye; the alerts told (core.oncall)."""
-        return relays_died_with_run(self.database_url(), self.settings(), run_id)
+        return relays_died_with_run(self.database_url(), self.settings(), run_id, links=DagsterLinks())
 
     def settings(self) -> Settings:
         return load_settings_or_problem(path=Path(self.config_path) if self.config_path else None,

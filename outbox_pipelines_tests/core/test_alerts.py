@@ -15,6 +15,7 @@ from outbox_pipelines.core.oncall import alerts
 from outbox_pipelines.core.oncall.alerts import Condition, Memory, announce, decide
 from outbox_pipelines.core.oncall.health import CHECK_NAMES, CheckVerdict
 from outbox_pipelines.core.oncall.sweep import check_condition
+from outbox_pipelines.defs.links import UI_URL_ENV, DagsterLinks
 from outbox_pipelines_tests.conftest import REPO
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -24,14 +25,14 @@ TABLES = ("outbox_orders", "outbox_memory", "outbox_events", "outbox_members")
 
 @pytest.fixture(autouse=True)
 def _no_alert_env(monkeypatch):
-    for name in (alerts.ALERT_WEBHOOK_ENV, alerts.ALERT_REPEAT_ENV, alerts.UI_URL_ENV):
+    for name in (alerts.ALERT_WEBHOOK_ENV, alerts.ALERT_REPEAT_ENV, UI_URL_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
 def cond(severity: str, key: str = "check:outbox_orders:lag", summary: str = "outbox_orders: lag p95 2.0 min.",
          **extra) -> Condition:
     return Condition(key=key, severity=severity, summary=summary, kind=extra.pop("kind", "check"),  # type: ignore[arg-type]
-                     link=extra.pop("link", alerts.asset_link("outbox_orders")),
+                     link=extra.pop("link", DagsterLinks().table("outbox_orders")),
                      table=extra.pop("table", "outbox_orders"), check=extra.pop("check", "lag"), **extra)
 
 
@@ -112,7 +113,8 @@ SEVERITY_OF = {  # table -> check -> verdict severity
 
 def conditions(severity_of) -> list[Condition]:
     return [check_condition(table, CheckVerdict(check, severity_of[table][check],
-                                                f"{table}: {check} is {severity_of[table][check]}.", {"n": 1}))
+                                                f"{table}: {check} is {severity_of[table][check]}.", {"n": 1}),
+                            DagsterLinks())
             for table in TABLES for check in CHECK_NAMES]
 
 
@@ -262,7 +264,7 @@ def test_escalation_and_re_escalation_are_posted(conn, http_sink):
 # -- what on-call receives -------------------------------------------------------
 
 def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
-    monkeypatch.setenv(alerts.UI_URL_ENV, "https://dagster.example.com/")
+    monkeypatch.setenv(UI_URL_ENV, "https://dagster.example.com/")
     [condition] = [c for c in conditions(SEVERITY_OF) if c.key == "check:outbox_orders:dead_letters"]
     [firing] = announce(conn, [condition], now=at(0), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert firing == http_sink.received[0].body
@@ -273,12 +275,13 @@ def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
     # The Checks tab opened on the check that fires (the UI opens on the first by name otherwise).
     assert firing["link"] == "https://dagster.example.com/assets/outbox/outbox_orders?view=checks&checkDetail=dead_letters"
     assert firing["summary"] in firing["text"] and firing["link"] in firing["text"]
-    assert firing["text"].startswith("*FIRING* [error]")
+    assert firing["text"].startswith("*FIRING* [error]") and "|Open in Dagster>" in firing["text"]
     assert firing["started_at"] == at(0).isoformat()
     assert firing["figures"] == {"n": 1}
     assert "resolved_at" not in firing
 
-    ok = check_condition("outbox_orders", CheckVerdict("dead_letters", "ok", "outbox_orders: 0 dead messages.", {}))
+    ok = check_condition("outbox_orders", CheckVerdict("dead_letters", "ok", "outbox_orders: 0 dead messages.", {}),
+                         DagsterLinks())
     [resolved] = announce(conn, [ok], now=at(600), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert (resolved["status"], resolved["severity"]) == ("resolved", "error")
     assert resolved["started_at"] == at(0).isoformat()
@@ -288,9 +291,16 @@ def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
 
 
 def test_the_link_defaults_to_the_local_dagster_ui():
-    condition = check_condition("outbox_events", CheckVerdict("lag", "warn", "x", {}))
+    condition = check_condition("outbox_events", CheckVerdict("lag", "warn", "x", {}), DagsterLinks())
     assert condition.link == "http://127.0.0.1:3000/assets/outbox/outbox_events?view=checks&checkDetail=lag"
-    assert alerts.run_link("abc-123") == "http://127.0.0.1:3000/runs/abc-123"
+    assert DagsterLinks().run("abc-123") == "http://127.0.0.1:3000/runs/abc-123"
+
+
+def test_without_a_ui_an_alert_carries_no_link(conn, http_sink):
+    """The engine knows no UI: a sweep not given one (a script of the team's own) tells the same, linkless."""
+    condition = check_condition("outbox_events", CheckVerdict("lag", "warn", "outbox_events: lag.", {}))
+    [body] = announce(conn, [condition], now=at(0), repeat_s=REPEAT, webhook_url=http_sink.url)
+    assert body["link"] == "" and body["text"] == "*FIRING* [warning] outbox_events: lag."
 
 
 def test_secrets_in_a_summary_never_reach_the_webhook(conn, http_sink, caplog):
@@ -337,7 +347,7 @@ def test_without_a_webhook_alerts_are_logged_and_remembered(conn, caplog):
 
 def test_an_event_is_told_once_with_its_own_fields(http_sink):
     condition = Condition(key="run:r1", severity="error", summary="relay_outbox_orders_job failed: boom.",
-                          kind="run_failure", link=alerts.run_link("r1"), table="outbox_orders",
+                          kind="run_failure", link=DagsterLinks().run("r1"), table="outbox_orders",
                           job="relay_outbox_orders_job", run_id="r1")
     body = alerts.announce_event(condition, now=at(0), webhook_url=http_sink.url)
     assert posted(http_sink) == [body]

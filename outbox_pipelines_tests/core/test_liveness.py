@@ -14,6 +14,7 @@ from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.oncall.sweep import sweep
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
 
 EVENTS = "outbox_events"
@@ -104,7 +105,7 @@ def test_sweep_tells_on_call_once_about_a_dead_relay(db_url, conn, killed_relay,
     proc, worker = killed_relay
     settings = load_settings(env={}, path=None)
     later = db_now(conn) + timedelta(seconds=30)
-    report = sweep(db_url, settings, now=later, webhook_url=http_sink.url, repeat_s=1800)
+    report = sweep(db_url, settings, now=later, webhook_url=http_sink.url, repeat_s=1800, links=DagsterLinks())
     assert [(d.worker, d.held, d.returned) for d in report.dead_relays] == [(worker["worker"], 5, 5)]
     died = [r.body for r in http_sink.received if r.body["kind"] == "relay_died"]
     assert len(died) == 1
@@ -186,7 +187,8 @@ def test_rows_out_of_attempts_go_dead_and_are_not_counted_as_returned(conn):
 def test_a_dead_relay_of_a_dagster_run_links_to_its_run(db_url, conn, http_sink):
     add_worker(conn, "run-relay", host=liveness.HOST, pid=gone_pid(), silent_s=45, run_id="0123456789abcdef",
                job="relay_group_default_job")
-    report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800)
+    report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800,
+                   links=DagsterLinks())
     assert [d.run_id for d in report.dead_relays] == ["0123456789abcdef"]
     [body] = [r.body for r in http_sink.received if r.body["kind"] == "relay_died"]
     assert (body["run_id"], body["job"]) == ("0123456789abcdef", "relay_group_default_job")  # as the relay recorded

@@ -14,8 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any, Literal, Protocol
 
 import httpx
 import psycopg
@@ -33,8 +32,6 @@ log = logging.getLogger("outbox_pipelines.alerts")
 
 ALERT_WEBHOOK_ENV = "OUTBOX_ALERT_WEBHOOK_URL"
 ALERT_REPEAT_ENV = "OUTBOX_ALERT_REPEAT"
-UI_URL_ENV = "OUTBOX_UI_URL"
-DEFAULT_UI_URL = "http://127.0.0.1:3000"
 DEFAULT_REPEAT_S = 30 * 60.0
 
 # "info": a note nobody has to act on (a launch refused for its input, told to whoever launched it); only ever
@@ -44,23 +41,38 @@ Action = Literal["firing", "reminder", "resolved"]
 _RANK = {"ok": 0, "info": 1, "warning": 2, "error": 3}
 
 
-def ui_url() -> str:
-    return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
-
-
 def repeat_every_s() -> float:
     raw = os.environ.get(ALERT_REPEAT_ENV)
     return parse_duration(raw, ALERT_REPEAT_ENV) if raw else DEFAULT_REPEAT_S
 
 
-def asset_link(table_name: str, base: str | None = None, check: str | None = None) -> str:
-    """The table's Checks tab; with ``check``, opened on that check (the UI opens on the first by name else)."""
-    detail = f"&checkDetail={quote(check)}" if check else ""
-    return f"{base or ui_url()}/assets/outbox/{quote(table_name)}?view=checks{detail}"
+class Links(Protocol):
+    """Where an alert sends people: the page of the UI that shows what it is about. The engine knows no UI; the
+    Dagster layer gives its pages (defs/links.py), and a sweep without one sends alerts without a link."""
+
+    label: str  # the link's words in an alert's text
+
+    def table(self, table_name: str, check: str | None = None) -> str: ...
+
+    def run(self, run_id: str) -> str: ...
+
+    def settings(self) -> str: ...
 
 
-def run_link(run_id: str, base: str | None = None) -> str:
-    return f"{base or ui_url()}/runs/{quote(run_id)}"
+class NoLinks:
+    label = ""
+
+    def table(self, table_name: str, check: str | None = None) -> str:
+        return ""
+
+    def run(self, run_id: str) -> str:
+        return ""
+
+    def settings(self) -> str:
+        return ""
+
+
+NO_LINKS = NoLinks()
 
 
 @dataclass(frozen=True)
@@ -69,12 +81,13 @@ class Condition:
     severity: Severity
     summary: str
     kind: str  # check | relay_died | run_failure | settings
-    link: str
+    link: str  # "" when the sweep was given no UI (Links)
     table: str | None = None
     check: str | None = None
     job: str | None = None
     run_id: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
+    link_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,9 @@ def payload(action: Action, condition: Condition, severity: Severity, started_at
     head = {"firing": "FIRING", "reminder": "STILL FIRING", "resolved": "RESOLVED"}[action]
     if severity == "info":
         head = "NOTE"  # nothing fires: a note is told once and has nothing to resolve
-    text = f"*{head}*{lasted} [{severity}] {summary}\n<{condition.link}|Open in Dagster>"
+    text = f"*{head}*{lasted} [{severity}] {summary}"
+    if condition.link:
+        text += f"\n<{condition.link}|{condition.link_label or 'Open'}>"
     body: dict[str, Any] = {
         "status": "resolved" if action == "resolved" else "firing",
         "reminder": action == "reminder",

@@ -14,13 +14,12 @@ from typing import Any
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
 from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.oncall.alerts import (
+    NO_LINKS,
     Condition,
+    Links,
     Severity,
     announce,
     announce_event,
-    asset_link,
-    run_link,
-    ui_url,
 )
 from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
@@ -42,16 +41,16 @@ class SweepReport:
     problems: list[str] = field(default_factory=list)
 
 
-def check_condition(table_name: str, verdict: CheckVerdict) -> Condition:
+def check_condition(table_name: str, verdict: CheckVerdict, links: Links = NO_LINKS) -> Condition:
     return Condition(
         key=f"check:{table_name}:{verdict.name}", severity=SEVERITY[verdict.severity],
-        summary=verdict.description, kind="check", link=asset_link(table_name, check=verdict.name), table=table_name,
-        check=verdict.name,
+        summary=verdict.description, kind="check", link=links.table(table_name, check=verdict.name),
+        link_label=links.label, table=table_name, check=verdict.name,
         figures={k: v for k, v in verdict.metadata.items() if v is not None},
     )
 
 
-def settings_condition(settings: Settings) -> Condition:
+def settings_condition(settings: Settings, links: Links = NO_LINKS) -> Condition:
     """The declaration as a whole: an error while it cannot be read at all (no table is known, so none is
     relayed or checked), ok once it can (which resolves the alert)."""
     return Condition(
@@ -59,11 +58,11 @@ def settings_condition(settings: Settings) -> Condition:
         summary=(f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
                  "Fix the file, then reload the code location." if settings.problem
                  else "the outbox's table settings are read again"),
-        kind="settings", link=f"{ui_url()}/locations",
+        kind="settings", link=links.settings(), link_label=links.label,
     )
 
 
-def relay_died_condition(relays: list[liveness.DeadRelay]) -> Condition:
+def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LINKS) -> Condition:
     """One alert for the relays of one process that died (a relay group's run hosts many tables' relays; a
     CLI relay, one): which tables, how many rows went back, what to look at."""
     first = max(relays, key=lambda relay: relay.held)
@@ -80,7 +79,8 @@ def relay_died_condition(relays: list[liveness.DeadRelay]) -> Condition:
                "happens again, read the run's logs and check the host's memory (OOM killer).")
     return Condition(
         key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}", severity="error", summary=summary,
-        kind="relay_died", link=run_link(run_id) if run_id else asset_link(first.table), table=first.table,
+        kind="relay_died", link=links.run(run_id) if run_id else links.table(first.table), link_label=links.label,
+        table=first.table,
         job=first.job if run_id else None, run_id=run_id,
         figures={"held": held, "returned": returned, "ran_s": round(max(r.ran_s for r in relays), 1),
                  "silent_s": round(first.silent_s, 1), "tables": tables, "worker": first.worker,
@@ -98,7 +98,7 @@ def _by_process(relays: list[liveness.DeadRelay]) -> list[list[liveness.DeadRela
 
 
 def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_url: str | None = None,
-          repeat_s: float | None = None) -> SweepReport:
+          repeat_s: float | None = None, links: Links = NO_LINKS) -> SweepReport:
     """Bury dead relays, evaluate every table's checks, announce what changed."""
     report = SweepReport()
     with connect(url) as conn:
@@ -107,9 +107,9 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
         buried = [dead for relay in liveness.find_dead(conn, now=now)
                   if (dead := liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))) is not None]
         report.dead_relays += buried  # one not buried here was told by whoever buried it
-        report.alerts += [announce_event(relay_died_condition(relays), now=report.now, webhook_url=webhook_url)
+        report.alerts += [announce_event(relay_died_condition(relays, links), now=report.now, webhook_url=webhook_url)
                           for relays in _by_process(buried)]
-        conditions = [settings_condition(settings)]
+        conditions = [settings_condition(settings, links)]
         for name in sorted({*settings.tables, *settings.broken}):
             try:
                 verdicts = table_verdicts(conn, settings, name, now=now)
@@ -117,7 +117,7 @@ def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_
                 report.problems.append(str(exc))
                 continue
             report.verdicts[name] = verdicts
-            conditions += [check_condition(name, v) for v in verdicts]
+            conditions += [check_condition(name, v, links) for v in verdicts]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
     return report
 
@@ -137,12 +137,12 @@ def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | 
                            delivers_nowhere=table.delivers_nowhere if table else None, settings_problem=problem)
 
 
-def relays_died_with_run(url: str, settings: Settings, run_id: str, *,
-                         webhook_url: str | None = None) -> list[dict[str, Any]]:
+def relays_died_with_run(url: str, settings: Settings, run_id: str, *, webhook_url: str | None = None,
+                         links: Links = NO_LINKS) -> list[dict[str, Any]]:
     """A failed run whose relay never said goodbye (SIGKILL, OOM): return its rows now and tell on-call
     that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
     max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
     with connect(url) as conn:
         now = SharedTables(conn).database_now()
         buried = liveness.bury_relays_of_failed_run(conn, run_id, max_attempts)
-        return [announce_event(relay_died_condition(buried), now=now, webhook_url=webhook_url)] if buried else []
+        return [announce_event(relay_died_condition(buried, links), now=now, webhook_url=webhook_url)] if buried else []
