@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage import db, project_dir
 from outbox_pipelines_tests.conftest import run_cli
 
 
@@ -36,7 +36,7 @@ def test_outside_any_project_the_directory_itself_is_the_root(tmp_path, monkeypa
     bare = tmp_path / "nowhere" / "special"
     bare.mkdir(parents=True)
     # A marker no directory above tmp_path holds: the walk goes up to / and finds nothing.
-    monkeypatch.setattr(db, "PROJECT_MARKERS", ("no-such-marker-3f9c",))
+    monkeypatch.setattr(project_dir, "PROJECT_MARKERS", ("no-such-marker-3f9c",))
     assert db.project_root(bare) == bare.resolve()
 
 
@@ -87,7 +87,7 @@ def test_the_projects_outbox_toml_is_read_from_any_sub_directory(project, db_url
 def test_a_command_outside_any_project_starts_no_server_there_and_says_how(tmp_path, monkeypatch):
     bare = tmp_path / "nowhere"
     bare.mkdir()
-    monkeypatch.setattr(db, "PROJECT_MARKERS", ("no-such-marker-3f9c",))  # nothing above tmp_path counts
+    monkeypatch.setattr(project_dir, "PROJECT_MARKERS", ("no-such-marker-3f9c",))  # nothing above tmp_path counts
     monkeypatch.chdir(bare)
     monkeypatch.delenv(db.DATABASE_URL_ENV, raising=False)
     monkeypatch.delenv(db.EMBEDDED_DIR_ENV, raising=False)

@@ -243,7 +243,7 @@ def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
 
     from outbox_pipelines.core.canonical import check_structure
     from outbox_pipelines.core.enqueue import _plain_event_ids, _prepare, _prepare_all
-    from outbox_pipelines.core.storage.table import _copy_line
+    from outbox_pipelines.core.storage.table_enqueue import _copy_line
 
     msgs = [Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items]
     rows = _prepare_all(msgs, 1 << 20, _plain_event_ids(msgs))

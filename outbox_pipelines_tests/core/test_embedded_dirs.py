@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage import db, embedded_as_root
 from outbox_pipelines_tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="Unix modes")
@@ -193,7 +193,7 @@ def test_kept_data_of_a_deleted_temporary_project_goes_and_no_other(tree):
             if pid is not None:
                 (home / "pgdata" / "postmaster.pid").write_text(f"{pid}\n{home / 'pgdata'}\n")
             made[name] = home
-        db._forget_deleted_temporary_projects()
+        embedded_as_root._forget_deleted_temporary_projects()
         assert {name for name, home in made.items() if home.exists()} == {"running", "elsewhere", "here"}
     finally:
         for home in made.values():
@@ -216,7 +216,7 @@ def test_the_servers_programs_in_a_closed_tree_get_search_only(tree, monkeypatch
         directory.chmod(0o700)
     outside = _parents_modes(tree.parent)
     monkeypatch.setattr(commands, "POSTGRES_BIN_PATH", bin_dir)
-    db._let_server_run_programs(db.SERVER_USER_AS_ROOT)
+    embedded_as_root._let_server_run_programs(db.SERVER_USER_AS_ROOT)
     assert {p: oct(_mode(p)) for p in (tree, tree / "venv", bin_dir.parent)} == dict.fromkeys(
         (tree, tree / "venv", bin_dir.parent), "0o701")
     assert _mode(bin_dir) == 0o755  # the package's own bin directory, as the package makes it
@@ -243,9 +243,9 @@ def test_the_server_runs_its_programs_from_a_clone_in_a_mktemp_directory(monkeyp
         program.write_text("#!/bin/sh\nexit 0\n")
         program.chmod(0o755)
         monkeypatch.setattr(commands, "POSTGRES_BIN_PATH", bin_dir)
-        db._let_server_run_programs(db.SERVER_USER_AS_ROOT)
+        embedded_as_root._let_server_run_programs(db.SERVER_USER_AS_ROOT)
         assert oct(_mode(parent)) == "0o701"
-        ran = subprocess.run([str(program)], **db._run_as(db.SERVER_USER_AS_ROOT), check=False)
+        ran = subprocess.run([str(program)], **embedded_as_root._run_as(db.SERVER_USER_AS_ROOT), check=False)
         assert ran.returncode == 0
     finally:
         shutil.rmtree(parent)

@@ -1,7 +1,15 @@
-"""Storage: where the database is and everything said to it.
+"""Storage: where the database is and everything said to it. Nothing here knows about destinations or Dagster.
 
-Connections and the embedded default (``db``), the schema and its forward-only migrations (``migrate``,
-``schema``), the named queries of sql/queries composed per table (``queries``) and the engine module that
-runs them (``table``: one method a statement), the least-privilege roles (``roles``) and what changes
-behind a connection pooler (``pooler``). Nothing here knows about destinations or Dagster.
+- Where the database is: ``db`` (``OUTBOX_DATABASE_URL`` or the embedded default; it re-exports the names
+  callers import from ``db``), ``database_url`` (a URL read as libpq reads it, and shown masked),
+  ``project_dir`` (the project's root and its private ``.outbox/``), ``embedded`` (the embedded PostgreSQL
+  started and stopped), ``embedded_socket`` (its private socket directory), ``embedded_as_root`` (its own
+  user and data directory when run as root).
+- Connections: ``connections`` (``connect``, ``driver_connection``) and what changes behind a connection
+  pooler (``pooler``).
+- The schema and its forward-only migrations (``migrate``, ``schema``); the least-privilege roles (``roles``).
+- Statements: the named queries of sql/queries composed per table (``queries``) and the modules that run
+  them, one method a statement: ``table`` (``OutboxTable``, composed of ``table_enqueue``, ``table_claims``,
+  ``table_lock_and_audit``, ``table_maintenance`` and ``table_reads`` on ``statements``) and
+  ``shared_tables`` (``SharedTables``).
 """

@@ -1,0 +1,74 @@
+"""Connections to the database: ``connect`` opens one of our own, fitted to a connection pooler if one is in
+between; ``driver_connection`` finds the psycopg connection inside one the application passes in (enqueue
+joins its transaction)."""
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.errors import DatabaseUnavailable
+from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage.database_url import _bad_url, psycopg_url, redact, scrub
+
+
+def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
+    """A psycopg connection, or DatabaseUnavailable / InvalidDatabaseUrl with a message that says what to check.
+
+    Neither message holds the password, and neither is chained to psycopg's
+    exception (whose text may quote the URL). Behind a connection pooler the
+    connection prepares no statement, and session settings a pooler refuses at
+    connect (``options``) are dropped with a warning (core/storage/pooler.py).
+    """
+    error: Exception
+    try:
+        conn = psycopg.connect(psycopg_url(url), autocommit=autocommit, row_factory=dict_row, **kwargs)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "options" in kwargs and _POOLER_REFUSES_OPTIONS in reason:
+            pooler.say_once(f"options {redact(url)}", (
+                f"the connection pooler at {redact(url)} refuses session settings at connect "
+                f"({kwargs['options']}); connecting without them. Set them on the database role instead "
+                "(ALTER ROLE ... SET statement_timeout = '30s'), or in the pooler (PgBouncer's query_timeout)."))
+            return connect(url, autocommit=autocommit, **{k: v for k, v in kwargs.items() if k != "options"})
+        error = DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {redact(url)}: {scrub(reason, url)}. "
+            "Check that the server is running and OUTBOX_DATABASE_URL is right "
+            "(unset it to use the embedded server under .outbox/)."
+        )
+    except psycopg.ProgrammingError as exc:
+        error = _bad_url(url, str(exc).strip() or "libpq cannot parse it")
+    else:
+        _fit_to_pooler(conn)
+        return conn
+    raise error
+
+
+# PgBouncer's answer to a startup packet carrying ``options`` (1.18; later releases accept a few settings).
+_POOLER_REFUSES_OPTIONS = "unsupported startup parameter"
+
+
+def _fit_to_pooler(conn: psycopg.Connection) -> None:
+    """Behind a pooler, prepare no statement: a transaction pooler runs each transaction on whichever
+    server connection is free, where a statement prepared on another one does not exist."""
+    if pooler.behind_pooler(conn):
+        conn.prepare_threshold = None
+    if not conn.autocommit:
+        conn.rollback()  # the check's transaction: the caller starts with none open
+
+
+def driver_connection(conn: Any) -> psycopg.Connection:
+    """The psycopg connection behind a SQLAlchemy Connection, or ``conn`` itself.
+
+    Enqueue runs on the caller's connection so that it joins the caller's
+    transaction: a rollback removes the message with the business write.
+    """
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    dbapi = getattr(getattr(conn, "connection", None), "driver_connection", None)
+    if isinstance(dbapi, psycopg.Connection):
+        return dbapi
+    raise TypeError(
+        "enqueue needs a psycopg 3 connection or a SQLAlchemy Connection on the psycopg driver "
+        f"(postgresql+psycopg://), got {type(conn).__name__}"
+    )

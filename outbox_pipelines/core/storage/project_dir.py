@@ -1,0 +1,92 @@
+"""The project's root and its private ``.outbox/``, where the embedded server's data lives.
+
+The root is the nearest directory at or above the working directory that holds
+``pyproject.toml``, ``outbox.toml`` or ``.outbox`` (``OUTBOX_EMBEDDED_DIR``
+overrides where the data goes), so every sub-directory of a project shares one
+server.
+
+``.outbox/`` is private: mode 0700, so nobody else can enter it (the files
+``dev``, its Dagster home and the example mailer write there are 0600).
+"""
+
+import os
+import stat
+from pathlib import Path
+
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.storage.database_url import DATABASE_URL_ENV
+
+EMBEDDED_DIR_ENV = "OUTBOX_EMBEDDED_DIR"
+PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600
+
+# What marks a project's root: the embedded server's data lives next to it, whichever
+# sub-directory a command runs in.
+PROJECT_MARKERS = ("pyproject.toml", "outbox.toml", ".outbox")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: the working directory) holding a project marker.
+
+    ``start`` itself when none does, so a directory outside any project keeps its own ``.outbox/``.
+    """
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
+            return directory
+    return here
+
+
+def refuse_a_server_outside_any_project(root: Path) -> None:
+    """A command run outside any project (no marker at or above the working directory, OUTBOX_EMBEDDED_DIR and
+    OUTBOX_DATABASE_URL unset) would leave a PostgreSQL server and its data in a directory nobody chose:
+    ConfigError saying how to choose one instead."""
+    if os.environ.get(EMBEDDED_DIR_ENV) or root.exists():
+        return
+    here = Path.cwd().resolve()
+    if any((directory / marker).exists() for directory in (here, *here.parents) for marker in PROJECT_MARKERS):
+        return
+    raise ConfigError(
+        f"no project here: {here} and the directories above it hold no {', '.join(PROJECT_MARKERS)}, and "
+        f"{DATABASE_URL_ENV} is unset, so no server was started. Run the command in your project's directory, "
+        f"set {DATABASE_URL_ENV}, or keep an embedded server here on purpose: mkdir .outbox (or set "
+        f"{EMBEDDED_DIR_ENV} to the directory for its data)")
+
+
+def embedded_dir() -> Path:
+    """Where the embedded server's files are: OUTBOX_EMBEDDED_DIR, else ``.outbox/`` at the project root."""
+    return Path(os.environ.get(EMBEDDED_DIR_ENV) or project_root() / ".outbox").resolve()
+
+
+def make_private_dirs(path: Path) -> Path:
+    """``path`` as a directory; it and every missing parent are created 0700 (whatever the umask)."""
+    missing: list[Path] = []
+    here = path
+    while not here.exists():
+        missing.append(here)
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass
+    return path
+
+
+def private_embedded_dir(data_root: Path | None = None) -> Path:
+    """``data_root`` (default: the project's ``.outbox/`` or OUTBOX_EMBEDDED_DIR), created if missing and
+    made private: mode 0700 (also one an earlier version made 0755), unless someone else owns it."""
+    root = (data_root or embedded_dir()).resolve()
+    root.parent.mkdir(parents=True, exist_ok=True)  # a named directory's parents as `mkdir -p` makes them
+    make_private_dirs(root)
+    st = os.stat(root)
+    if stat.S_IMODE(st.st_mode) & 0o077 and os.geteuid() in (0, st.st_uid):
+        os.chmod(root, stat.S_IMODE(st.st_mode) & 0o700)
+    return root
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a file only its owner can read (0600), over an existing one too."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), PRIVATE_FILE_MODE)  # an existing file keeps its mode otherwise
+        out.write(data)

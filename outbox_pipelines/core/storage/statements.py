@@ -1,0 +1,78 @@
+"""How the engine's named statements run: the rows they return, the error for a missing table, and
+``TableStatements``, the base of each family of ``OutboxTable``'s statements (one outbox table through one
+psycopg connection).
+
+The families are the ``table_*`` modules, composed into ``OutboxTable`` by core/storage/table.py; the
+statements not bound to one outbox table are ``SharedTables``'s (core/storage/shared_tables.py). These are
+the engine modules that name queries (sql/queries/*.sql).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.storage.queries import shared_query, table_query
+
+Row = dict[str, Any]
+Statement = str | sql.SQL | sql.Composed
+
+
+def unknown_table(table_name: str) -> UnknownTable:
+    return UnknownTable(
+        f"outbox table {table_name!r} does not exist: run 'outbox-pipelines db upgrade', "
+        f"or 'outbox-pipelines db create-table {table_name}' for a new table"
+    )
+
+
+def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
+             prepare: bool | None = None) -> psycopg.Cursor[Row]:
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(statement, params, prepare=prepare)
+    return cur
+
+
+def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
+           prepare: bool | None = None) -> list[Row]:
+    with _execute(conn, statement, params, prepare) as cur:
+        return cur.fetchall() if cur.description else []
+
+
+def _prepare(reuse_plan: bool) -> bool | None:
+    """``reuse_plan``: prepare the statement now (its plan kept for the session; PostgreSQL may make it
+    generic). Otherwise the connection's own rule (the relay's sessions: never prepared, planned anew)."""
+    return True if reuse_plan else None
+
+
+class TableStatements:
+    """One outbox table through one psycopg connection, and how its statements run.
+
+    The table's name is validated here, where it enters the engine; the statements
+    of every family quote it as an identifier and do not check it again.
+    """
+
+    def __init__(self, conn: psycopg.Connection, table_name: str) -> None:
+        self.conn = conn
+        self.table_name = validate_table_name(table_name)
+        # Ordering keys a settle could not release because a writer was committing a message of the key
+        # (migration 0010): the relay releases them again once its own transaction is over.
+        self.contended_keys: set[str] = set()
+
+    def _note_contended(self, keys: Sequence[str] | None) -> None:
+        if keys:
+            self.contended_keys.update(keys)
+
+    def _run(self, query: str, params: dict[str, Any], *, reuse_plan: bool = False) -> list[Row]:
+        try:
+            return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params},
+                          _prepare(reuse_plan))
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+
+    def _run_shared(self, query: str, params: dict[str, Any]) -> list[Row]:
+        """A statement of the shared tables about this table (its lock, its audit rows)."""
+        return _fetch(self.conn, shared_query(query), {"table_name": self.table_name, **params})

@@ -1,0 +1,240 @@
+"""Claims and settles: the relay's cycle on one outbox table (claim, settle, renew or give back what it
+holds, release ordering keys) and the reads it makes between cycles."""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import RowMaker
+
+from outbox_pipelines.core.canonical import loads_jsonb_text
+from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How one claimed row ends: new status ('sent', 'deleted', 'pending', 'dead')."""
+
+    id: int
+    attempts: int
+    status: str
+    audit_code: str
+    delay_s: float = 0.0
+    error_code: str | None = None
+    error: str | None = None
+    ref: str | None = None
+    # Give back the attempt counted at claim (throttling, or the circuit was open): not the message's fault.
+    refund: bool = False
+
+
+def bigint_array(values: Iterable[int]) -> str:
+    """An array parameter as PostgreSQL's text literal: psycopg dumps a Python list element by element, which
+    cost a relay as long as the settle statement on a batch of 1,000 (cast it: ``%(ids)s::bigint[]``)."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
+    return _claimed_message
+
+
+def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
+    """A claim's row, whose ``body`` is the JSON array [payload, headers] as UTF-8 bytes: one decoding call
+    per row, where psycopg's jsonb loader would make two, and two conversions of text more."""
+    row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at, ordering_key = values
+    payload, headers = loads_jsonb_text(body)
+    return ClaimedMessage.from_row((row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts,
+                                    created_at, claimed_at, ordering_key))
+
+
+# Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
+PLAN_REUSE_MAX_ROWS = 16
+
+
+class ClaimStatements(TableStatements):
+    """Claim, settle and hold messages of one outbox table."""
+
+    def _claimed(self, query: str, params: dict[str, Any], reuse_plan: bool) -> list[ClaimedMessage]:
+        """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
+        statement = table_query(query, self.table_name)
+        try:
+            # Binary results: the timestamps cross as integers, not text to format and parse.
+            with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
+                cur.execute(statement, {"table_name": self.table_name, **params}, prepare=_prepare(reuse_plan))
+                return cur.fetchall()
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+
+    def claim(
+        self,
+        worker: str,
+        limit: int,
+        lease_s: float,
+        *,
+        paused_topics: Sequence[str] = (),
+        max_attempts: int = 2**31 - 1,
+        audit_claims: bool = True,
+        fast_commit: bool = False,
+        gated: bool = False,
+        reuse_plan: bool = False,
+        now: datetime | None = None,
+    ) -> list[ClaimedMessage]:
+        """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number).
+
+        ``fast_commit``: on an autocommit connection, the claim commits without waiting for the WAL
+        flush (the relay's; a lost claim means a redelivery). Inside a caller's transaction it would
+        make the whole transaction so: leave it False there. ``gated``: nothing unless the table's
+        destination is plainly open (not paused, no throttle probe due, circuit closed).
+        ``reuse_plan``: a few rows are expected; keep the statement's plan (relay/session.py).
+        """
+        return self._claimed(
+            "outbox_claim",
+            {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
+             "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit,
+             "gated": gated, "now": now},
+            reuse_plan,
+        )
+
+    def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (), gated: bool = False,
+                   reuse_plan: bool = False, now: datetime | None = None) -> list[ClaimedMessage]:
+        """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
+        in the same transaction ends them. The server ends a transaction left idle for ``hold_s``.
+        ``gated``, ``reuse_plan``: as for ``claim``."""
+        return self._claimed("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
+                                                   "hold_timeout_ms": max(int(hold_s * 1000), 1), "gated": gated,
+                                                   "now": now}, reuse_plan)
+
+    def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
+                    refs: Sequence[str | None] | None = None, held: bool = False, audit_successes: bool = True,
+                    fast_commit: bool = False, pass_over_dead: bool = False,
+                    now: datetime | None = None) -> set[int]:
+        """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
+        nothing else to record. Returns the ids settled; the others lost their lease (audited).
+
+        ``fast_commit`` (leased rows, autocommit connection): as for ``claim``, the settle commits without
+        waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
+        """
+        params = {"worker": worker, "now": now, "audit_successes": audit_successes, "audit_code": audit_code,
+                  "ids": bigint_array(ids), "refs": list(refs) if refs is not None else None}
+        # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
+        reuse_plan = len(ids) <= PLAN_REUSE_MAX_ROWS
+        if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
+            rows = self._run("outbox_settle_held_sent", params, reuse_plan=reuse_plan)
+        else:
+            rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts),
+                                                    "fast_commit": fast_commit}, reuse_plan=reuse_plan)
+        self._note_contended(rows[0]["contended"])
+        lost = rows[0]["lost"]
+        return set(ids).difference(lost) if lost else set(ids)
+
+    def settle(self, worker: str, settlements: Sequence[Settlement], *, held: bool = False,
+               audit_successes: bool = True, pass_over_dead: bool = False, now: datetime | None = None) -> set[int]:
+        """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited).
+
+        ``held``: the rows were claimed with ``claim_held`` in this transaction (their attempt is
+        counted now). ``audit_successes`` False: deliveries leave no audit row (audit = "failures").
+        ``pass_over_dead``: a keyed message that dies lets the rest of its key go (ordering = "skip").
+        Settled keyed messages release their keys; keys a committing writer held are kept in
+        ``contended_keys``, for ``release_contended`` once the caller's transaction is over.
+        """
+        if not settlements:
+            return set()
+        audit_code = settlements[0].audit_code
+        if all(s.status == "sent" and s.error is None and s.error_code is None and not s.refund
+               and s.audit_code == audit_code for s in settlements):
+            refs = [s.ref for s in settlements]
+            return self.settle_sent(worker, [s.id for s in settlements], [s.attempts for s in settlements],
+                                    audit_code=audit_code, refs=refs if any(refs) else None, held=held,
+                                    audit_successes=audit_successes, now=now)
+        kept = [s for s in settlements if s.status != "deleted"]
+        gone = [s for s in settlements if s.status == "deleted"]
+        rows = self._run(
+            "outbox_settle",
+            {
+                "worker": worker,
+                "now": now,
+                "held": held,
+                "audit_successes": audit_successes,
+                "pass_over_dead": pass_over_dead,
+                "ids": [s.id for s in kept],
+                "attempts": [s.attempts for s in kept],
+                "statuses": [s.status for s in kept],
+                "delays": [s.delay_s for s in kept],
+                "error_codes": [s.error_code for s in kept],
+                "errors": [s.error for s in kept],
+                "refs": [s.ref for s in kept],
+                "audit_codes": [s.audit_code for s in kept],
+                "refunds": [s.refund for s in kept],
+                "delete_ids": [s.id for s in gone],
+                "delete_attempts": [s.attempts for s in gone],
+                "delete_audit_codes": [s.audit_code for s in gone],
+                "delete_error_codes": [s.error_code for s in gone],
+            },
+        )
+        if rows:
+            self._note_contended(rows[0]["contended"])
+        return {row["id"] for row in rows}
+
+    def release_keys(self, keys: Sequence[str]) -> list[str]:
+        """Let the next message of each key go if nothing before it holds the key (the release a settle
+        makes); the keys a committing writer still holds come back. Run outside a transaction."""
+        if not keys:
+            return []
+        return list(self._run("outbox_release_keys_again", {"keys": list(keys)})[0]["contended"] or [])
+
+    def release_contended(self) -> list[str]:
+        """``release_keys`` for the keys settles left in ``contended_keys``; those still held stay there."""
+        if not self.contended_keys:
+            return []
+        still = self.release_keys(sorted(self.contended_keys))
+        self.contended_keys = set(still)
+        return still
+
+    def renew(
+        self, worker: str, held: Sequence[tuple[int, int]], lease_s: float, *, now: datetime | None = None
+    ) -> set[int]:
+        """Extend the leases of (id, attempts) pairs this worker holds; return the ids renewed."""
+        if not held:
+            return set()
+        rows = self._run(
+            "outbox_renew_leases",
+            {
+                "worker": worker,
+                "lease_s": lease_s,
+                "now": now,
+                "ids": [h[0] for h in held],
+                "attempts": [h[1] for h in held],
+            },
+        )
+        return {row["id"] for row in rows}
+
+    def release_unsent(self, worker: str, held: Sequence[tuple[int, int]], reason: str, *,
+                       now: datetime | None = None) -> set[int]:
+        """Give claimed-but-unsent rows back (attempt not counted); return the ids released."""
+        if not held:
+            return set()
+        rows = self._run("outbox_release_unsent", {"worker": worker, "reason": reason, "now": now,
+                                                   "ids": [h[0] for h in held], "attempts": [h[1] for h in held]})
+        return {row["id"] for row in rows}
+
+    def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Row]:
+        """Sent rows with the same (topic, payload_sha), keyed by that pair."""
+        if not keys:
+            return {}
+        rows = self._run(
+            "outbox_dedup_lookup", {"topics": [k[0] for k in keys], "payload_shas": [k[1] for k in keys]}
+        )
+        return {(row["topic"], row["payload_sha"]): row for row in rows}
+
+    def next_due_in_s(self, *, paused_topics: Sequence[str] = (), now: datetime | None = None) -> float | None:
+        """Seconds until the next pending row outside ``paused_topics`` is due (negative: overdue); None: none."""
+        rows = self._run("outbox_next_due_in", {"now": now, "paused_topics": list(paused_topics)}, reuse_plan=True)
+        return rows[0]["next_due_in_s"] if rows else None
+
+    def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:
+        """Make messages waiting out a backoff for these error codes due now; how many."""
+        return int(self._run("outbox_retry_destination_failures_now",
+                             {"codes": list(codes), "now": now})[0]["pulled"])

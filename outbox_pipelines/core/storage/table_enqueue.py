@@ -1,0 +1,141 @@
+"""Enqueue: the statements that write new messages into one outbox table (one row, a batch in one
+statement, a batch by COPY) and find the rows an enqueue already stored."""
+
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext, suppress
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+
+from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.statements import TableStatements, unknown_table
+
+
+class NewRow(NamedTuple):
+    """A message to insert, checked: payload and headers as canonical JSON text."""
+
+    event_id: str
+    tenant_id: str | None
+    topic: str
+    payload: str
+    payload_sha: str
+    headers: str
+    available_at: datetime | None
+    ordering_key: str | None = None
+
+
+# COPY's text format, written here: psycopg's write_row takes 2 µs a row, a tenth of a batch enqueue.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# Text per COPY message: small enough that the server stores a batch while the rest of it is still
+# being encoded (a batch of 1,000 messages of 300 bytes went 1.3x faster with 8 kB than in one piece).
+_COPY_CHUNK_CHARS = 8_192
+
+
+def _copy_line(row_id: int, row: NewRow) -> str:
+    """One row of ``outbox_copy_in``: id, event_id, tenant_id, topic, payload, payload_sha, headers.
+
+    JSON text holds no control character (it escapes them with a backslash), so the common row, with
+    no backslash anywhere, printable identifiers and no tenant, needs no escaping at all."""
+    event_id, tenant_id, topic, payload, payload_sha, headers, _, _ = row
+    if (tenant_id is None and "\\" not in payload and "\\" not in headers and "\\" not in event_id
+            and "\\" not in topic and event_id.isprintable() and topic.isprintable()):
+        return f"{row_id}\t{event_id}\t\\N\t{topic}\t{payload}\t{payload_sha}\t{headers}\n"
+    fields = [str(row_id), event_id, tenant_id, topic, payload, payload_sha, headers]
+    return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
+
+
+class EnqueueStatements(TableStatements):
+    """Enqueue into one outbox table."""
+
+    def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
+               headers: str, available_at: datetime | None, ordering_key: str | None = None,
+               now: datetime | None = None) -> int | None:
+        """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
+        # A plain cursor, not _run's dict rows: this runs inside the application's own transaction,
+        # once per message, where the client's few microseconds are what an enqueue adds to it.
+        params = {"event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
+                  "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now}
+        query = "outbox_insert"
+        if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
+            query, params["ordering_key"] = "outbox_insert_keyed", ordering_key
+        try:
+            with self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(table_query(query, self.table_name), params)
+                row = cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+        return int(row[0]) if row else None
+
+    def insert_many(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
+                    payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str],
+                    available_ats: Sequence[datetime | None], ordering_keys: Sequence[str | None] = (),
+                    now: datetime | None = None) -> dict[str, int]:
+        """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
+        params: dict[str, Any] = {
+            "event_ids": list(event_ids), "tenant_ids": list(tenant_ids), "topics": list(topics),
+            "payloads": list(payloads), "payload_shas": list(payload_shas), "headers": list(headers),
+            "available_ats": list(available_ats), "now": now}
+        keyed = any(key is not None for key in ordering_keys)
+        if keyed:
+            params["ordering_keys"] = list(ordering_keys)
+        rows = self._run("outbox_insert_many_keyed" if keyed else "outbox_insert_many", params)
+        return {row["event_id"]: int(row["id"]) for row in rows}
+
+    def copy_new(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
+        """COPY ``count`` new messages in (due now: available_at is not written), under a savepoint; their
+        ids in the rows' order, or None, having written nothing, when an event_id is already stored.
+
+        ``rows`` is read as the COPY goes, a chunk at a time: the server stores one chunk while the next
+        is made. An exception from it stops the COPY, undoes what was sent, and goes to the caller.
+
+        On an autocommit connection outside a transaction the batch gets one of its own (all or
+        nothing); otherwise it joins the caller's, which an idle connection outside autocommit opens.
+        """
+        conn = self.conn
+        own_transaction = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        with conn.transaction() if own_transaction else nullcontext():
+            return self._copy_in_savepoint(rows, count)
+
+    def _copy_in_savepoint(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
+        try:
+            # Client-side binding: the savepoint and the id reservation cross as one message.
+            with psycopg.ClientCursor(self.conn, row_factory=tuple_row) as opening:
+                opening.execute(table_query("outbox_copy_open", self.table_name),
+                                {"table_name": self.table_name, "count": count})
+                opening.nextset()
+                ids_text = opening.fetchone()[0]  # type: ignore[index]
+            ids = [int(row_id) for row_id in ids_text[1:-1].split(",")]
+            with self.conn.cursor() as cur, cur.copy(table_query("outbox_copy_in", self.table_name)) as copy:
+                lines, size = [], 0
+                for row_id, row in zip(ids, rows, strict=True):
+                    line = _copy_line(row_id, row)
+                    lines.append(line)
+                    size += len(line)
+                    if size >= _COPY_CHUNK_CHARS:
+                        copy.write("".join(lines))
+                        lines, size = [], 0
+                copy.write("".join(lines))
+        except BaseException as exc:
+            self._undo_copy()  # whatever stopped the COPY, nothing of it stays
+            if isinstance(exc, psycopg.errors.UniqueViolation):
+                return None
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                raise unknown_table(self.table_name) from None
+            raise
+        self.conn.execute(table_query("outbox_copy_release", self.table_name))
+        return ids
+
+    def _undo_copy(self) -> None:
+        """Back to before ``outbox_copy_open``: the caller's transaction goes on. Where the savepoint was
+        never made (the transaction had failed before, the connection is gone) this fails too, and the
+        error that brought us here is the one to report."""
+        with suppress(psycopg.Error):
+            self.conn.execute(table_query("outbox_copy_undo", self.table_name))
+
+    def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """(id, payload_sha) of the stored rows with these event ids, by event_id."""
+        rows = self._run("outbox_find_by_event_ids", {"event_ids": list(event_ids)})
+        return {row["event_id"]: (int(row["id"]), row["payload_sha"]) for row in rows}
