@@ -16,6 +16,8 @@ from urllib.parse import SplitResult, urlsplit
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.redaction import redact_url, url_origin
+from outbox_pipelines.core.settings.registry import choices, keys_in
+from outbox_pipelines.core.settings.values import one_of
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,15 @@ BROKERS: dict[str, BrokerKind] = {
     # Kafka takes bootstrap servers ("host:port,host:port"), not a URL.
     "kafka": BrokerKind("confluent_kafka", "kafka", (), "127.0.0.1:9092"),
 }
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What names an environment variable (url_env, token_env, ...: a table names a variable, never a secret).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SERVER = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 # A topic prefix goes in front of every message's topic: the characters every broker takes in a name.
 _PREFIX = re.compile(r"^[A-Za-z0-9._\-]{0,100}$")
 _EXCHANGE = re.compile(r"^[A-Za-z0-9._:\-]{1,127}$")
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-KAFKA_SECURITY_KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_env")
+SECURITY_PROTOCOLS = choices("security_protocol")
+SASL_MECHANISMS = choices("sasl_mechanism")
+KAFKA_SECURITY_KEYS = tuple(key.name for key in keys_in("kafka_security"))
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def env_variable(section: Mapping[str, Any], key: str, environ: Mapping[str, str
     name = section.get(key)
     if name is None:
         return None
-    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         raise ConfigError(f"{where} {key} must name an environment variable (like BILLING_SECRET), got {name!r}")
     value = environ.get(name, "").strip()
     if not value:
@@ -167,10 +170,10 @@ def _kafka_security(section: Mapping[str, Any], environ: Mapping[str, str], wher
     """librdkafka's security settings from a Kafka table's keys; the password from the environment only."""
     config: dict[str, str] = {}
     if "security_protocol" in section:
-        config["security.protocol"] = _choice(section["security_protocol"], SECURITY_PROTOCOLS,
-                                              f"{where} security_protocol")
+        config["security.protocol"] = one_of(section["security_protocol"], SECURITY_PROTOCOLS,
+                                             f"{where} security_protocol")
     if "sasl_mechanism" in section:
-        config["sasl.mechanism"] = _choice(section["sasl_mechanism"], SASL_MECHANISMS, f"{where} sasl_mechanism")
+        config["sasl.mechanism"] = one_of(section["sasl_mechanism"], SASL_MECHANISMS, f"{where} sasl_mechanism")
     user, password = section.get("sasl_username"), env_variable(section, "sasl_password_env", environ, where)
     if (user is None) != (password is None):
         raise ConfigError(f"{where} sasl_username and sasl_password_env go together: name both (the password "
@@ -183,8 +186,3 @@ def _kafka_security(section: Mapping[str, Any], environ: Mapping[str, str], wher
         config.setdefault("sasl.mechanism", "PLAIN")
     return config
 
-
-def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-    return str(value)

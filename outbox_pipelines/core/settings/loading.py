@@ -1,0 +1,95 @@
+"""The settings a process runs with: the environment and every table's section, loaded together
+(``load_settings``), with each table whose section cannot be used set aside and named (``Settings.broken``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
+from outbox_pipelines.core.settings.environment import GlobalSettings
+from outbox_pipelines.core.settings.sections import build_table_settings, check_section
+from outbox_pipelines.core.settings.tables import TableSettings, shipped_tables
+
+
+@dataclass(frozen=True)
+class Settings:
+    env: GlobalSettings
+    tables: dict[str, TableSettings]
+    source: Path | None
+    # Tables whose section cannot be used, with what is wrong (ConfigError's message): the others load and
+    # relay without them; every command or check that names one says why.
+    broken: dict[str, str] = field(default_factory=dict)
+    # The declaration as a whole cannot be read (not TOML, an unknown top-level key): no table is known. Set
+    # only by ``load_settings_or_problem``, for the processes that must stay up to say so (Dagster's).
+    problem: str | None = None
+
+    def table(self, name: str) -> TableSettings:
+        if name in self.broken:
+            raise ConfigError(self.broken[name])
+        validate_table_name(name)
+        try:
+            return self.tables[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tables))
+            raise UnknownTable(
+                f"no settings for table {name!r}; known tables: {known}. "
+                f"Add a [tables.{name}] section to {self.source or 'outbox.toml (OUTBOX_CONFIG)'}"
+            ) from None
+
+    def check(self) -> None:
+        """ConfigError listing every table whose section cannot be used (the strict reading of the file)."""
+        if self.problem:
+            raise ConfigError(self.problem)
+        if self.broken:
+            raise ConfigError("; ".join(self.broken[name] for name in sorted(self.broken)))
+
+    def groups(self) -> dict[str, list[str]]:
+        """Each relay group's tables (the usable ones), by name."""
+        groups: dict[str, list[str]] = {}
+        for name in sorted(self.tables):
+            groups.setdefault(self.tables[name].group, []).append(name)
+        return groups
+
+
+def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None,
+                  declaration: Declaration | None = None) -> Settings:
+    """The settings; a table whose section cannot be used is left out and named in ``broken`` (its error), so
+    one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError.
+
+    The tables are ``declaration``'s (an ``OutboxComponent``'s), else the file's at ``path``, else
+    OUTBOX_CONFIG's or the project's ``outbox.toml``; with the shipped tables unless it says otherwise."""
+    global_settings = GlobalSettings.from_env(env)
+    if declaration is None:
+        declaration = load_config_file(path) if path is not None else find_declaration(env)
+    source = declaration.source
+    sections: dict[str, dict[str, Any]] = (
+        {name: dict(s) for name, s in shipped_tables().items()} if declaration.shipped_tables else {})
+    written = declaration.tables
+    for name, section in written.items():
+        sections[name] = {**sections.get(name, {}), **section}
+    tables: dict[str, TableSettings] = {}
+    broken: dict[str, str] = {}
+    for name, section in sections.items():
+        try:
+            if name in written:
+                check_section(name, written[name], source)
+            tables[name] = build_table_settings(name, section, global_settings)
+        except ConfigError as exc:
+            text = str(exc)
+            broken[name] = text if source is None or text.startswith(str(source)) else f"{source}: {text}"
+    return Settings(global_settings, tables, source, broken)
+
+
+def load_settings_or_problem(env: Mapping[str, str] | None = None, path: Path | None = None,
+                             declaration: Declaration | None = None) -> Settings:
+    """``load_settings`` for a process that must stay up when the declaration cannot be read at all (Dagster's
+    code location, its sensors): no table, and ``problem`` saying what to fix, for a check and an alert to tell,
+    instead of a code location that fails to load and goes quiet."""
+    try:
+        return load_settings(env, path, declaration)
+    except ConfigError as exc:
+        return Settings(GlobalSettings.from_env(env), {}, path, problem=str(exc))

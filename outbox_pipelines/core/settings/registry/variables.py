@@ -1,0 +1,85 @@
+"""Every environment variable the engine (``outbox_pipelines/core``) reads: its default as a user sets it, what
+it means, and where it is read.
+
+The Dagster layer's variables and a wing's (the Order API's ``OUTBOX_API_*``, the examples') are theirs, not
+the engine's: they are not listed here.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVariable:
+    """One environment variable the engine reads."""
+
+    name: str
+    # The default as a user would set it ("100", "1s", "true"), which leaving it unset gives; None when unset
+    # means no value (``default_note`` says what then).
+    default: str | None
+    meaning: str
+    # Where it is read: a module or a room of outbox_pipelines/ (the name is written there).
+    read_by: str
+    default_note: str = ""
+
+
+_SETTINGS = "core/settings/environment.py"
+_TRACING = "core/oncall/tracing.py"
+
+ENVIRONMENT: tuple[EnvVariable, ...] = (
+    # Where the outbox lives, and its tables.
+    EnvVariable("OUTBOX_DATABASE_URL", None, "where the outbox lives (a PostgreSQL URL)", "core/storage",
+                "unset: the embedded PostgreSQL under the project's `.outbox/`"),
+    EnvVariable("OUTBOX_DIRECT_DATABASE_URL", None, "behind a transaction pooler (PgBouncer): a direct connection "
+                "for the relay's session (LISTEN wake-ups, the single-active lock)", "core/storage/pooler.py"),
+    EnvVariable("OUTBOX_EMBEDDED_DIR", None, "where the embedded server keeps its data", "core/storage",
+                "unset: `<project root>/.outbox`"),
+    EnvVariable("OUTBOX_CONFIG", None, "the file declaring the tables (`[tables.NAME]` sections)",
+                "core/settings/declarations.py",
+                "unset: the project root's `outbox.toml`, else its OutboxComponent's `defs.yaml`"),
+    # The relay and the cleaner: a table's section overrides them (the key named).
+    EnvVariable("OUTBOX_BATCH_SIZE", "100", "messages per claim (`batch_size`)", _SETTINGS,
+                "`OUTBOX_RELAY_BATCH_SIZE` when unset"),
+    EnvVariable("OUTBOX_RELAY_BATCH_SIZE", "100", "the seeds' other name for `OUTBOX_BATCH_SIZE`, read when that "
+                "is unset", _SETTINGS),
+    EnvVariable("OUTBOX_PARALLELISM", "4", "threads running a handlers table's handlers (`parallelism`)", _SETTINGS),
+    EnvVariable("OUTBOX_RELAY_MAX_ATTEMPTS", None, "max attempts of `generic`-preset tables (`max_attempts`)",
+                _SETTINGS, "unset: the preset's 25"),
+    EnvVariable("OUTBOX_RETRY_MAX", None, "max attempts of the retry presets a wing ties to it (`max_attempts`)",
+                _SETTINGS, "unset: the preset's own"),
+    EnvVariable("OUTBOX_IDLE_SLEEP_MS", "200", "the idle poll, in milliseconds, when no NOTIFY arrives", _SETTINGS),
+    EnvVariable("OUTBOX_STUCK_THRESHOLD_MIN", "10", "minutes a `sending` row may stay unchanged before it is stuck, "
+                "and requeued (`stuck_threshold`)", _SETTINGS),
+    EnvVariable("OUTBOX_RELAY_ENABLED", "true", "relays run (`relay_enabled`; the CLI's `--force` overrides)",
+                _SETTINGS),
+    EnvVariable("OUTBOX_RELAY_POLL_INTERVAL", "1s", "how often a standby single-active relay retries the table's "
+                "lock", _SETTINGS),
+    EnvVariable("OUTBOX_RELAY_LOCK_TTL", "60s", "the claim's lease (`lease`)", _SETTINGS),
+    EnvVariable("OUTBOX_CLEANER_ENABLED", "true", "the cleaner runs (`cleaner_enabled`)", _SETTINGS),
+    EnvVariable("OUTBOX_CLEANER_RETENTION", "168h", "sent rows are kept this long (`retention`)", _SETTINGS),
+    # The broker a shipped table may deliver to, and its credential.
+    EnvVariable("OUTBOX_BROKER_URL", None, "the broker's URL: the url of a shipped table that takes it from the "
+                "environment (a wing's), and the origin `OUTBOX_BROKER_TOKEN` is sent to", _SETTINGS,
+                "unset: such a table's paper broker (delivers nothing, and says so)"),
+    EnvVariable("OUTBOX_BROKER_TOKEN", None, "sent as `Authorization: Bearer <token>` to `OUTBOX_BROKER_URL`'s "
+                "origin and to tables whose `token_env` names it; never shown", _SETTINGS),
+    # The application's side.
+    EnvVariable("OUTBOX_MAX_PAYLOAD_BYTES", "1048576", "the largest payload enqueue accepts, in bytes",
+                "core/enqueue.py"),
+    # On call.
+    EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
+                "core/oncall/metrics.py"),
+    EnvVariable("OUTBOX_ALERT_WEBHOOK_URL", None, "where alerts are posted (JSON with a Slack-compatible `text`)",
+                "core/oncall/alerts.py", "unset: alerts are logged only"),
+    EnvVariable("OUTBOX_ALERT_REPEAT", "30m", "the reminder interval of an alert that lasts", "core/oncall/alerts.py"),
+    EnvVariable("OTEL_EXPORTER_OTLP_ENDPOINT", None, "the OTLP/HTTP collector spans are exported to", _TRACING,
+                "unset: no span is exported (unless `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set)"),
+    EnvVariable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None, "the same, for traces only", _TRACING),
+    EnvVariable("OTEL_TRACES_EXPORTER", "otlp", "`none` turns the export off", _TRACING),
+    EnvVariable("OTEL_SDK_DISABLED", "false", "`true` turns tracing off", _TRACING),
+    EnvVariable("OTEL_SERVICE_NAME", None, "the service name spans carry", _TRACING,
+                "unset: the process's own (a relay's: `outbox-relay`)"),
+    EnvVariable("OTEL_RESOURCE_ATTRIBUTES", None, "resource attributes added to every span (read by the "
+                "OpenTelemetry SDK)", _TRACING),
+)
+
+ENVIRONMENT_BY_NAME = {variable.name: variable for variable in ENVIRONMENT}
