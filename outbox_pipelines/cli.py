@@ -33,7 +33,12 @@ from outbox_pipelines.core.errors import (
 from outbox_pipelines.core.models import STATES, Message
 from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
-from outbox_pipelines.core.operations.maintenance import SHARED_NOT_DUE, clean_tables, requeue_stuck
+from outbox_pipelines.core.operations.maintenance import (
+    SHARED_NOT_DUE,
+    clean_tables,
+    requeue_stuck,
+    shared_tables_cleaned,
+)
 from outbox_pipelines.core.operations.replay import (
     ReplayFilter,
     ReplayRefused,
@@ -491,10 +496,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
         older = f"older than {_fmt_s(outcome.retention_s)}"
         print(f"{outcome.table}: {outcome.skipped or f'deleted {outcome.deleted_sent} sent rows{whose} {older}'}")
     if report.shared is None:
-        print(f"idempo_ledger, outbox_audit: {SHARED_NOT_DUE}")
+        print(f"{', '.join(shared_tables_cleaned())}: {SHARED_NOT_DUE}")
     else:
-        print(f"idempo_ledger: deleted {report.shared.deleted_ledger} expired rows"
-              + (f"; outbox_audit: deleted {report.shared.deleted_audit} old rows" if args.audit_retention else ""))
+        lines = [f"{table}: deleted {n} expired rows" for table, n in report.shared.deleted_expired.items()]
+        lines += [f"outbox_audit: deleted {report.shared.deleted_audit} old rows"] if args.audit_retention else []
+        print("; ".join(lines))
     return EXIT_OK
 
 

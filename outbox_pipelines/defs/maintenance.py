@@ -7,10 +7,16 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.errors import ConfigError, RetentionTooShort
-from outbox_pipelines.core.operations.maintenance import SHARED_NOT_DUE, clean_tables, requeue_stuck
+from outbox_pipelines.core.operations.maintenance import (
+    SHARED_NOT_DUE,
+    clean_tables,
+    requeue_stuck,
+    shared_tables_cleaned,
+)
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
+from outbox_pipelines.orders.wing import LEDGER
 
 
 class TablesConfig(dg.Config):
@@ -81,16 +87,18 @@ def clean_op(
     for outcome in report.tables:
         if outcome.skipped:
             context.log.info(f"{outcome.table}: {outcome.skipped}; skipped")
-    ledger = audit = 0
+    expired: dict[str, int] = {}
+    audit = 0
     if report.shared is None:
-        context.log.info(f"idempo_ledger, outbox_audit: {SHARED_NOT_DUE}")
+        context.log.info(f"{', '.join(shared_tables_cleaned())}: {SHARED_NOT_DUE}")
     else:
-        ledger, audit = report.shared.deleted_ledger, report.shared.deleted_audit
+        expired, audit = report.shared.deleted_expired, report.shared.deleted_audit
     changed = report.deleted_sent_by_table
-    context.log.info(f"deleted sent rows {changed}, expired ledger rows {ledger}, audit rows {audit}")
+    ledger = expired.get(LEDGER, 0)
+    context.log.info(f"deleted sent rows {changed}, expired rows {expired}, audit rows {audit}")
     yield dg.Output(None, metadata=metadata_values(
         {"deleted_sent_by_table": changed, "deleted_sent_total": report.deleted_sent_total,
-         "deleted_ledger": ledger, "deleted_audit": audit}))
+         "deleted_expired_by_table": expired, "deleted_ledger": ledger, "deleted_audit": audit}))
 
 
 class PruneConfig(dg.Config):

@@ -127,3 +127,9 @@ def record_outcomes(conn: psycopg.Connection, outcomes: list[SettledOrder], *, n
         "reason_codes": [o.reason_code for o in outcomes],
         "now": now,
     })
+
+
+def delete_expired(conn: psycopg.Connection, limit: int, now: datetime | None = None) -> int:
+    """One batch of ledger rows past their expiry, deleted; how many went (the cleaner's work on the ledger,
+    run once per cleaner run through the wing: orders/wing.py)."""
+    return conn.execute(shared_query("idempo_ledger_clean_expired"), {"limit": limit, "now": now}).rowcount

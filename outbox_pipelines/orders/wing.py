@@ -21,6 +21,7 @@ from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.storage.roles import MAINTAINER, MESSAGE_COLUMNS, RELAY, Grant, OnColumns, RoleSpec
 from outbox_pipelines.core.wings import Wing
 from outbox_pipelines.orders import ORDERS_TABLE, SHIPPED_TABLES
+from outbox_pipelines.orders.ledger import delete_expired
 
 ORDER_API = "outbox_order_api"
 LEDGER = "idempo_ledger"
@@ -53,4 +54,5 @@ WING = Wing(
         MAINTAINER: (Grant(LEDGER, ("SELECT", "DELETE"), _RECORD_ORDER_OUTCOMES),),
     },
     producer_excluded_tables=(ORDERS_TABLE,),
+    shared_cleanups={LEDGER: delete_expired},
 )

@@ -77,7 +77,7 @@ def test_cleaner_removes_expired_ledger_rows(db_url, conn):
         "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '47 hours')"
     )
     report = clean_shared(db_url, audit_retention_s=None)
-    assert report.deleted_ledger == 1
+    assert report.deleted_expired == {"idempo_ledger": 1}
     assert [r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger")] == ["fresh"]
 
 

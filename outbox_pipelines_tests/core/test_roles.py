@@ -312,7 +312,7 @@ def test_maintainer_cleans_replays_and_runs_the_oncall_sweep(login_as: LoginAs, 
     url = login_as(roles.MAINTAINER)
     assert clean(url, table_settings("outbox_events"), retention_s=timedelta(days=7).total_seconds()).deleted_sent == 2
     shared = clean_shared(url, audit_retention_s=3600.0)
-    assert shared.deleted_ledger == 1
+    assert shared.deleted_expired == {"idempo_ledger": 1}
     # The Dagster code location's on-call sensor: two dead letters fire an alert, remembered.
     report = sweep(url, load_settings(env={}, path=None))
     assert not report.problems and report.alerts

@@ -52,3 +52,16 @@ FROM unnest(%(event_ids)s::text[], %(statuses)s::text[], %(results)s::text[],
             %(reason_codes)s::text[])
      AS i(event_id, status, result, result_digest, reason, error, http_status, reason_code)
 WHERE l.event_id = i.event_id AND l.status <> 'succeeded'
+
+-- name: idempo_ledger_clean_expired
+WITH doomed AS (
+    SELECT scope, idempotency_key
+    FROM idempo_ledger
+    WHERE expires_at < coalesce(%(now)s::timestamptz, now())
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idempo_ledger AS l
+USING doomed AS d
+WHERE l.scope = d.scope AND l.idempotency_key = d.idempotency_key

@@ -1,18 +1,5 @@
 -- Named queries over the shared tables (no table placeholder).
 
--- name: idempo_ledger_clean_expired
-WITH doomed AS (
-    SELECT scope, idempotency_key
-    FROM idempo_ledger
-    WHERE expires_at < coalesce(%(now)s::timestamptz, now())
-    ORDER BY expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM idempo_ledger AS l
-USING doomed AS d
-WHERE l.scope = d.scope AND l.idempotency_key = d.idempotency_key
-
 -- name: outbox_audit_clean_old
 WITH doomed AS (
     SELECT id FROM outbox_audit

@@ -3,13 +3,15 @@
 A cleaner run (``clean_tables``, what ``outbox-pipelines clean`` and Dagster's
 ``clean_job`` both run) is ``clean`` once per outbox table whose cleaner is on,
 and ``clean_shared`` exactly once for the tables every outbox table shares (the
-idempotency ledger, the audit), whichever outbox tables are cleaned.
+wings' own, such as the order wing's ledger, and the audit), whichever outbox tables are cleaned.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import TableSettings
@@ -39,8 +41,14 @@ class CleanReport:
 
 @dataclass
 class SharedCleanReport:
-    deleted_ledger: int = 0
+    # Expired rows deleted from each wing's shared table (core/wings.py: shared_cleanups), by table.
+    deleted_expired: dict[str, int] = field(default_factory=dict)
     deleted_audit: int = 0
+
+
+def shared_tables_cleaned() -> list[str]:
+    """The shared tables a cleaner run cleans once, after the outbox tables: the wings', then the audit."""
+    return [*wings.shared_cleanups(), "outbox_audit"]
 
 
 def requeue_stuck(
@@ -213,7 +221,7 @@ def clean_tables(
     - ``force`` is the operator's override of both: it cleans a table whose cleaner is off and accepts a
       retention shorter than the dedup horizon.
     - The shared tables are cleaned once, after the outbox tables, when at least one table was cleaned
-      (else ``report.shared`` is None: ``SHARED_NOT_DUE``): expired ledger rows, and audit rows older
+      (else ``report.shared`` is None: ``SHARED_NOT_DUE``): the wings' expired rows, and audit rows older
       than ``audit_retention_s`` when given. ``tenant_id`` limits the sent rows deleted to that
       tenant's; the shared tables are cleaned regardless.
     - ``database_url`` is called once the run is allowed and has something to delete, so a refused run
@@ -251,13 +259,13 @@ def _retention_of(table: TableSettings, retention_s: float | None) -> float:
 def clean_shared(
     url: str, *, audit_retention_s: float | None, now: datetime | None = None, batch_size: int = 5000
 ) -> SharedCleanReport:
-    """Delete expired idempotency-ledger rows and, when ``audit_retention_s`` is given, audit rows
-    older than that; once per cleaner run, whichever outbox tables it cleans."""
+    """Delete the wings' expired shared rows (the order wing's ledger) and, when ``audit_retention_s`` is
+    given, audit rows older than that; once per cleaner run, whichever outbox tables it cleans."""
     report = SharedCleanReport()
     with connect(url) as conn:
         shared = SharedTables(conn)
-        report.deleted_ledger = _until_short(
-            lambda: shared.delete_expired_ledger_rows(limit=batch_size, now=now), batch_size)
+        for table, delete_batch in wings.shared_cleanups().items():
+            report.deleted_expired[table] = _until_short(partial(delete_batch, conn, batch_size, now), batch_size)
         if audit_retention_s is not None:
             report.deleted_audit = _until_short(
                 lambda: shared.delete_old_audit_rows(retention_s=audit_retention_s, limit=batch_size, now=now),
