@@ -11,16 +11,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every markdown page: the repository's own, the docs site's, the benchmark's guide.
-DOCS = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "bench/README.md",
-        *sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md"))]
+DOCS = [
+    "README.md",
+    "CONTRIBUTING.md",
+    "CHANGELOG.md",
+    "bench/README.md",
+    *sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md")),
+]
 README_MAX_LINES = 250
 
 # `T/core/relay/test_loop.py::test_name` in docs/seeds.md: T is outbox_pipelines_tests.
 TEST_REFERENCE = re.compile(r"T/([\w/]+\.py)::(\w+)")
 # A repository path in backticks or a table cell: a known top-level folder, then a path.
-PATH_REFERENCE = re.compile(r"(?<![\w/.-])((?:outbox_pipelines|outbox_pipelines_tests|sql|bench|docs|scripts|deploy"
-                            r"|examples)"
-                            r"/[\w./-]*[\w/])")
+PATH_REFERENCE = re.compile(
+    r"(?<![\w/.-])((?:outbox_pipelines|outbox_pipelines_tests|sql|bench|docs|scripts|deploy"
+    r"|examples)"
+    r"/[\w./-]*[\w/])"
+)
 # Paths written relative to the package (`core/relay/loop.py`, `defs/alerts.py`, `orders/api/app.py`).
 PACKAGE_PATH = re.compile(r"(?<![\w/.-])((?:core|defs|api|orders)/[\w/-]*\w(?:\.py|/))")
 
@@ -55,27 +62,56 @@ def test_every_path_a_document_names_exists(document):
 
 def test_the_readme_is_short():
     lines = len(_text("README.md").splitlines())
-    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines (at most {README_MAX_LINES}): move the "
-                                       "detail into docs/ (tutorial, how-to, reference or explanation)")
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): move the "
+        "detail into docs/ (tutorial, how-to, reference or explanation)"
+    )
 
 
 def _bash_block(document: str, heading: str) -> str:
     text = _text(document)
-    block = re.search(r"```bash\n(.*?)```", text[text.index(heading):], re.S)
+    block = re.search(r"```bash\n(.*?)```", text[text.index(heading) :], re.S)
     assert block is not None, f"{document}: no bash block under {heading!r}"
     return block.group(1)
 
 
 def test_the_walkthrough_is_the_same_in_the_readme_and_the_tutorial():
     """test_adopting.py runs the README's block; the tutorial's copy must be that block, word for word."""
-    assert (_bash_block("docs/tutorial/add-an-outbox.md", "# Add an outbox to your service")
-            == _bash_block("README.md", "## Add an outbox to your service"))
+    assert _bash_block("docs/tutorial/add-an-outbox.md", "# Add an outbox to your service") == _bash_block(
+        "README.md", "## Add an outbox to your service"
+    )
 
 
 def test_the_docs_site_builds_with_no_broken_link(tmp_path):
     """mkdocs.yml validates every link and anchor between pages and every page's place in the nav as a
     warning; --strict fails the build on any warning."""
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-5000:]
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+GENERATED = re.compile(
+    r"<!-- generated: python -m outbox_pipelines\.core\.settings\.registry (\w+) -->\n\n"
+    r"((?:\|.*\n)+)"
+)
+
+
+def test_the_reference_tables_are_the_settings_registry_as_rendered():
+    """docs/reference/configuration.md's generated tables say what the registry the engine reads says."""
+    from outbox_pipelines.core.settings.registry import render_environment_markdown, render_table_keys_markdown
+
+    renderers = {"environment": render_environment_markdown, "keys": render_table_keys_markdown}
+    found = GENERATED.findall(_text("docs/reference/configuration.md"))
+    assert sorted(name for name, _ in found) == sorted(renderers), found
+    for name, table in found:
+        assert table == renderers[name](), (
+            f"docs/reference/configuration.md: the {name} table differs from the "
+            f"registry; regenerate it: python -m outbox_pipelines.core.settings."
+            f"registry {name}"
+        )
