@@ -1,8 +1,9 @@
 """What one relay invocation may spend: a time budget, an entry budget, one drain, until a stop request."""
 
-import threading
 import time
 from dataclasses import dataclass
+
+from outbox_pipelines.core.relay.stop import StopRequest
 
 
 @dataclass(frozen=True)
@@ -10,17 +11,17 @@ class Budget:
     deadline: float | None  # time.monotonic() at which the time budget is used; None: no time budget
     max_entries: int | None  # claims allowed in all; None: no entry budget
     once: bool  # drain what is ready now, then end
-    stop: threading.Event  # set by a stop request (SIGTERM, Dagster's termination)
+    stop: StopRequest  # requested by a SIGTERM or Dagster's termination (relay/stop.py)
 
     @classmethod
-    def starting_now(cls, stop: threading.Event, *, max_seconds: float | None = None,
+    def starting_now(cls, stop: StopRequest, *, max_seconds: float | None = None,
                      max_entries: int | None = None, once: bool = False) -> "Budget":
         deadline = time.monotonic() + max_seconds if max_seconds is not None else None
         return cls(deadline, max_entries, once, stop)
 
     @property
     def stop_requested(self) -> bool:
-        return self.stop.is_set()
+        return self.stop.requested
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

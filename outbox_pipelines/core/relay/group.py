@@ -20,33 +20,37 @@ group relays all of its tables in one process (one Dagster run, or one ``outbox-
   problem. The group run itself fails only when it cannot relay at all (its watcher cannot connect).
 
 A stop request (SIGTERM, Dagster's Terminate) stops every active relay after it settles its batch.
+
+Its parts: relay/group_places.py (the places), relay/group_tables.py (what the group knows of each table, and
+its report), relay/group_watcher.py (the watcher). This module runs them: the run, each table's thread, and
+the tables' problems.
 """
 
-import collections
 import gc
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import psycopg
-from psycopg import sql
 
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError, OutboxError
 from outbox_pipelines.core.models import cap_error
-from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.relay.group_places import Places
+from outbox_pipelines.core.relay.group_tables import GroupReport, TableWorker
+from outbox_pipelines.core.relay.group_watcher import Watcher
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.storage import pooler
 from outbox_pipelines.core.storage.db import connect
-from outbox_pipelines.core.storage.table import SharedTables, ready_tables
+from outbox_pipelines.core.storage.table import SharedTables
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -61,100 +65,6 @@ RETRY_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)
 LOCK_HELD_RETRY_S = 10.0
 GAVE_WAY = "gave its place to a waiting table"
 IDLE = "idle"
-
-
-class Places:
-    """At most ``size`` tables active at once, handed out first come, first served (a table that gives its
-    place up and asks again queues behind the tables already waiting); knows whether any table waits."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self._free = size, size
-        self._queue: collections.deque[object] = collections.deque()
-        self._cond = threading.Condition()
-
-    def take(self, stop: threading.Event) -> bool:
-        """Wait for a place; False if the group stops first (and then no place is taken)."""
-        ticket = object()
-        with self._cond:
-            self._queue.append(ticket)
-            try:
-                while not (self._free and self._queue[0] is ticket) and not stop.is_set():
-                    self._cond.wait(0.25)
-                if stop.is_set():
-                    return False
-                self._free -= 1
-                return True
-            finally:
-                self._queue.remove(ticket)
-                self._cond.notify_all()
-
-    def give_back(self) -> None:
-        with self._cond:
-            self._free += 1
-            self._cond.notify_all()
-
-    @property
-    def contended(self) -> bool:
-        return bool(self._queue)
-
-
-@dataclass
-class TableWorker:
-    """One table of the group: its relay (built at the first activation), what it did, what is wrong."""
-
-    settings: TableSettings
-    wake: threading.Event = field(default_factory=threading.Event)
-    report: RelayReport | None = None  # every finished activation, merged
-    live: RelayReport | None = None  # the activation running now, as its last progress call saw it
-    relay: Relay | None = None
-    destination: Destination | None = None
-    problem: str | None = None  # what keeps it from relaying, as recorded
-    left_out: bool = False  # cannot be relayed by this run at all (its settings say so, or it does not exist)
-    active: bool = False
-    activations: int = 0
-    failures: int = 0  # activations in a row that raised
-    not_before: float = 0.0  # time.monotonic() before which it is not woken again
-
-    @property
-    def name(self) -> str:
-        return self.settings.name
-
-    def totals(self) -> RelayReport | None:
-        """What it did in this run so far: the finished activations and the one running now."""
-        parts = [part for part in (self.report, self.live if self.active else None) if part is not None]
-        if len(parts) < 2:
-            return parts[0] if parts else None
-        combined = RelayReport(self.name, parts[0].worker)
-        for part in parts:
-            combined.merge(part)
-        return combined
-
-
-@dataclass
-class GroupReport:
-    """What a group run did: a report per table that relayed, and the tables it could not relay."""
-
-    group: str
-    tables: dict[str, RelayReport] = field(default_factory=dict)
-    problems: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    stopped_because: str = ""
-
-    @property
-    def sent(self) -> int:
-        return sum(r.sent for r in self.tables.values())
-
-    @property
-    def outcome(self) -> str:
-        """The run's outcome in one word (its Dagster tag): the worst that happened to any table."""
-        outcomes = {report.outcome for report in self.tables.values()}
-        for outcome in ("destination_failing", "dead_letters"):
-            if outcome in outcomes:
-                return outcome
-        if self.problems:
-            return "table_problems"
-        return "delivered" if "delivered" in outcomes else "idle"
-
 
 Progress = Callable[["GroupRelay"], None]
 
@@ -173,14 +83,21 @@ class GroupRelay:
         self.progress, self.progress_every_s = progress, progress_every_s
         self._build = destinations
         self.workers = {name: TableWorker(settings.table(name)) for name in table_names}
-        self._stop = threading.Event()
+        self._stop = StopRequest()
         self._deadline: float | None = None
         self._lock = threading.Lock()
 
     # -- control -------------------------------------------------------------------------------------------
     def request_stop(self, *_: object) -> None:
-        """Every active relay settles its batch in flight and stops; the quiet ones stop at once."""
-        self._stop.set()
+        """Every active relay settles its batch in flight and stops; the quiet ones stop at once. Safe from a
+        signal handler and from any thread: it only records the request (relay/stop.py), which the run's
+        thread passes on to every table within a slice (``_stop_every_table``)."""
+        self._stop.request()
+
+    def _stop_every_table(self) -> None:
+        """Wake every table's thread and stop every relay: in the run's thread once its wait ends, never in a
+        signal handler (it sets Events, and the handler may run while this thread holds one's lock)."""
+        self._stop.request()
         for worker in list(self.workers.values()):
             worker.wake.set()
             if worker.relay is not None:
@@ -207,14 +124,15 @@ class GroupRelay:
         # The relays and destinations just built live as long as the run: out of the collector's sight, as the
         # process's start-up objects are (table_relay.freeze_startup_objects; a full pass walks them all).
         gc.freeze()
-        watcher = None if once else self._start_watcher()
+        watcher = None if once else Watcher(self.direct_url or self.url, self.group, self.workers, poll_s=self.poll_s,
+                                            stop=self._stop).start()
         threads = [threading.Thread(target=self._work, args=(worker, once), daemon=True,
                                     name=f"outbox-group-{worker.name}")
                    for worker in self.workers.values() if not worker.left_out]
         for thread in threads:
             thread.start()
         stopped_because = self._wait(threads, once, started)
-        self.request_stop()
+        self._stop_every_table()
         for thread in threads:
             thread.join()
         if watcher is not None:
@@ -229,7 +147,7 @@ class GroupRelay:
     def _wait(self, threads: list[threading.Thread], once: bool, started: float) -> str:
         next_progress = started + self.progress_every_s
         while True:
-            if self._stop.is_set():
+            if self._stop.requested:
                 return "stop requested"
             if once and not any(thread.is_alive() for thread in threads):
                 return "drained what was ready"
@@ -277,11 +195,11 @@ class GroupRelay:
 
     # -- one table ---------------------------------------------------------------------------------------------
     def _work(self, worker: TableWorker, once: bool) -> None:
-        while not self._stop.is_set():
+        while not self._stop.requested:
             if once and worker.activations:
                 return
-            worker.wake.wait()  # set by the watcher, a backoff's end, or a stop (request_stop sets every one)
-            if self._stop.is_set():
+            worker.wake.wait()  # set by the watcher, a backoff's end, or a stop (_stop_every_table sets every one)
+            if self._stop.requested:
                 continue
             backoff = worker.not_before - time.monotonic()
             if backoff > 0:  # a relay that raised (or a lock held elsewhere) waits out its backoff first
@@ -362,69 +280,6 @@ class GroupRelay:
         except (psycopg.Error, OutboxError) as exc:
             log.warning("relay group %s: could not clear the problem of %s: %s", self.group, worker.name, exc)
         log.warning("relay %s: relaying again", worker.name)
-
-    # -- the watcher -------------------------------------------------------------------------------------------
-    def _start_watcher(self) -> threading.Thread:
-        conn = self._listen()  # in the caller's thread: a group that cannot connect fails now, not later
-        thread = threading.Thread(target=self._watch, args=(conn,), daemon=True, name=f"outbox-group-{self.group}")
-        thread.start()
-        return thread
-
-    def _listen(self) -> psycopg.Connection:
-        conn = connect(self.direct_url or self.url)
-        self._listening: set[str] = set()
-        self._follow(conn)
-        return conn
-
-    def _follow(self, conn: psycopg.Connection) -> None:
-        """LISTEN on the quiet tables' channels only: an active table's relay LISTENs on its own, and a busy
-        table's every NOTIFY would otherwise wake this thread too (hundreds a second, each a GIL hand-off)."""
-        for name, worker in self.workers.items():
-            quiet = not (worker.left_out or worker.active)
-            if quiet != (name in self._listening):
-                verb = "LISTEN" if quiet else "UNLISTEN"
-                conn.execute(sql.SQL(verb + " {}").format(sql.Identifier(notify_channel(name))))
-                (self._listening.add if quiet else self._listening.discard)(name)
-
-    def _watch(self, conn: psycopg.Connection) -> None:
-        """Wake a quiet table on its NOTIFY at once, and on rows that became due within poll_s (which also finds
-        a message committed while its table went quiet, before its channel was listened to again)."""
-        channels = {notify_channel(name): worker for name, worker in self.workers.items()}
-        while not self._stop.is_set():
-            try:
-                for note in conn.notifies(timeout=self.poll_s):
-                    worker = channels.get(note.channel)
-                    if worker is not None and not worker.active:
-                        worker.wake.set()
-                    if self._stop.is_set():
-                        break
-                self._follow(conn)
-                self._wake_the_due(conn)
-            except Exception as exc:  # noqa: BLE001 - the watcher wakes every table: it must outlive any error
-                log.warning("relay group %s: its watcher lost the database (%s); reconnecting", self.group, exc)
-                conn.close()
-                fresh = self._reconnect()
-                if fresh is None:
-                    return
-                conn = fresh
-        conn.close()
-
-    def _wake_the_due(self, conn: psycopg.Connection) -> None:
-        quiet = {name: tuple(worker.settings.paused_topics) + tuple(worker.destination.paused_topics)
-                 for name, worker in self.workers.items()
-                 if not (worker.left_out or worker.active or worker.wake.is_set()) and worker.destination is not None}
-        for name in ready_tables(conn, quiet):
-            self.workers[name].wake.set()
-
-    def _reconnect(self) -> psycopg.Connection | None:
-        delay = 0.5
-        while not self._stop.wait(delay):
-            try:
-                return self._listen()
-            except (psycopg.Error, OutboxError):  # DatabaseUnavailable while it is away
-                delay = min(delay * 2, 10.0)
-        return None
-
 
 def run_group_relay(url: str, settings: Settings, group: str, *, max_seconds: float | None = None,
                     once: bool = False, worker_prefix: str, run_id: str | None = None, job: str | None = None,

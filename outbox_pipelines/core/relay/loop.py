@@ -7,6 +7,9 @@ that renews the leases of a batch whose dispatch runs long. An invocation runs
 under a time budget and/or an entry budget (what a Dagster run uses), drains
 once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
 settles the batch in flight, so no lease is left behind.
+
+What one invocation carries from step to step is relay/invocation.py's; reconnecting after a database error,
+and the goodbye, relay/recovery.py's; the stop request (safe from a signal handler) relay/stop.py's.
 """
 
 import contextlib
@@ -15,79 +18,39 @@ import os
 import random
 import signal
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.models import ClaimedMessage, cap_error
+from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.oncall import liveness, metrics, tracing
 from outbox_pipelines.core.relay import ordering, single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
 from outbox_pipelines.core.relay.destination_health import DestinationGuard
+from outbox_pipelines.core.relay.invocation import Invocation, Release
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.pause import Pause
 from outbox_pipelines.core.relay.pipeline import Pipeline
+from outbox_pipelines.core.relay.recovery import Recovery
 from outbox_pipelines.core.relay.report import RelayReport
-from outbox_pipelines.core.relay.session import (
-    RelaySession,
-    open_relay_session,
-    open_session,
-    take_wakeups,
-    wait_for_wakeup,
-)
+from outbox_pipelines.core.relay.session import open_relay_session, take_wakeups, wait_for_wakeup
+from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
 
 log = logging.getLogger("outbox_pipelines.relay")
 
-# (seconds since the last claim that took rows, seconds since the invocation started) -> a reason to end it
-# now, or None. A relay group (relay/group.py) ends a table's idle invocation with it, or yields its place.
-Release = Callable[[float, float], str | None]
-
 DECLARED_DEAD = "declared dead by the liveness sweep (its heartbeat was lost); stopped"
-# Far past any lease: after a database error, every row this relay still holds counts as stuck.
-_ALL_HELD_S = 10 * 365 * 86400.0
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class _Invocation:
-    """One ``run``: its budget, its report, its connection (replaced on reconnect) and its clocks."""
-
-    budget: Budget
-    report: RelayReport
-    session: RelaySession
-    outbox_table: OutboxTable
-    keeper: LeaseKeeper
-    single_active: bool
-    started: float
-    next_progress: float
-    next_requeue: float
-    requeue_every: float
-    # When the last claim took rows (time.monotonic()), and what may end the invocation early (``Release``).
-    last_work: float = 0.0
-    release: "Release | None" = None
-    # Where the ordering sweep goes on from (core/relay/ordering.py), at the requeue's pace.
-    ordering_sweep: ordering.SweepCursor = field(default_factory=ordering.SweepCursor)
-
-    @property
-    def conn(self) -> psycopg.Connection:
-        return self.session.conn
-
-    def use(self, session: RelaySession) -> None:
-        self.session, self.outbox_table = session, OutboxTable(session.conn, self.report.table)
 
 
 class Relay:
@@ -126,14 +89,16 @@ class Relay:
         self.pause = Pause()
         self.batches = BatchRunner(table, destination, self.worker, self.guard, self.pause, uniform)
         self.pipeline = Pipeline(self.batches)
-        self._stop = threading.Event()
+        self._stop = StopRequest()
+        self.recovery = Recovery(url, direct_url, table, self.worker, self._stop)
         # The last claim took a few rows: the next one likely will too, and keeps its plan (relay/session.py).
         self._claims_are_small = False
 
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
-        """Finish the batch in flight, settle it, and return (safe from a signal handler)."""
-        self._stop.set()
+        """Finish the batch in flight, settle it, and return. Safe from a signal handler and from any thread:
+        it only records the request, which the loop's waits notice within a slice (relay/stop.py)."""
+        self._stop.request()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -154,26 +119,26 @@ class Relay:
             # Whatever ends the loop this way (Ctrl-C without the signal handlers, a bug), the batch it held
             # is not settled: its rows go back to pending now instead of waiting out their lease.
             run.keeper.release()
-            self._give_back_held(run)
+            self.recovery.give_back_held(run)
             raise
         finally:
             self._end(run)
         return run.report
 
-    def _start(self, budget: Budget) -> _Invocation:
+    def _start(self, budget: Budget) -> Invocation:
         started = time.monotonic()
         session = open_relay_session(self.url, self.table, self.direct_url)
         conn = session.conn
         liveness.register(conn, self.worker, self.table.name, self.run_id, job=self.job)
         keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
-        return _Invocation(
+        return Invocation(
             budget, RelayReport(self.table.name, self.worker), session, OutboxTable(conn, self.table.name), keeper,
             single_active=self.table.mode == "single-active", started=started,
             next_progress=started + self.progress_every_s, next_requeue=started,
             requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s), last_work=started,
         )
 
-    def _hold_the_lock(self, run: _Invocation) -> bool:
+    def _hold_the_lock(self, run: Invocation) -> bool:
         """Single-active: take the table's lock, standing by while another relay holds it. False: gave up."""
         if not run.single_active:
             return True
@@ -194,7 +159,7 @@ class Relay:
         run.last_work = time.monotonic()
         return True
 
-    def _turn(self, run: _Invocation) -> bool:
+    def _turn(self, run: Invocation) -> bool:
         """One pass of the loop; False when the invocation ends (``stopped_because`` says why)."""
         reason = self._reason_to_end(run)
         if reason:
@@ -224,7 +189,7 @@ class Relay:
         except psycopg.OperationalError as exc:
             return self._recover(run, batch, exc)
 
-    def _reason_to_end(self, run: _Invocation) -> str | None:
+    def _reason_to_end(self, run: Invocation) -> str | None:
         if run.budget.stop_requested:
             return "stop requested"
         if run.keeper.declared_dead:
@@ -236,21 +201,21 @@ class Relay:
                 return reason
         return run.budget.used_up(run.report.claimed)
 
-    def _report_progress_if_due(self, run: _Invocation) -> None:
+    def _report_progress_if_due(self, run: Invocation) -> None:
         now = time.monotonic()
         if self.progress and now >= run.next_progress:
             run.report.seconds = now - run.started
             self.progress(run.report)
             run.next_progress = now + self.progress_every_s
 
-    def _wait_out_the_pause(self, run: _Invocation) -> bool:
+    def _wait_out_the_pause(self, run: Invocation) -> bool:
         if run.budget.once:
             run.report.stopped_because = f"{self.pause.reason}; the rest waits as pending"
             return False
         wait_for_wakeup(run.session, min(self.pause.remaining(), run.budget.time_left()), self._stop)
         return True
 
-    def _emptied_the_queue(self, run: _Invocation, batch: list[ClaimedMessage]) -> bool:
+    def _emptied_the_queue(self, run: Invocation, batch: list[ClaimedMessage]) -> bool:
         """The claim took fewer rows than it asked for: nothing else was ready when it ran. A message
         committed since has sent a NOTIFY (kept in the session's backlog while the batch ran), so the
         relay waits for one instead of claiming again at once, which at a trickle cost every message an
@@ -260,7 +225,7 @@ class Relay:
         return (run.session.listening and not run.budget.once and not self.destination.pipelined
                 and len(batch) < self.table.batch_size and run.budget.used_up(run.report.claimed) is None)
 
-    def _idle(self, run: _Invocation) -> bool:
+    def _idle(self, run: Invocation) -> bool:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""
         if run.budget.once:
             run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
@@ -279,13 +244,13 @@ class Relay:
         wait_for_wakeup(run.session, min(idle, run.budget.time_left()), self._stop)
         return True
 
-    def _relay(self, run: _Invocation, batch: list[ClaimedMessage]) -> None:
+    def _relay(self, run: Invocation, batch: list[ClaimedMessage]) -> None:
         if self.destination.pipelined:
             self.pipeline.run(run.outbox_table, run.keeper, batch, run.report, lambda: self._claim_next(run))
         else:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
-    def _end(self, run: _Invocation) -> None:
+    def _end(self, run: Invocation) -> None:
         if run.outbox_table.contended_keys and not run.session.conn.closed:
             with contextlib.suppress(psycopg.Error):  # what stays held is the sweep's (ordering.py)
                 ordering.release_contended(run.outbox_table)
@@ -294,10 +259,10 @@ class Relay:
         report = run.report
         report.seconds = time.monotonic() - run.started
         report.circuit = "open" if self.guard.circuit_open else report.circuit
-        self._say_goodbye(run.conn, run.single_active and report.lock_held, report.stopped_because or "ended")
+        self.recovery.say_goodbye(run.conn, run.single_active and report.lock_held, report.stopped_because or "ended")
 
     # -- claiming --------------------------------------------------------------
-    def _claim_next(self, run: _Invocation) -> list[ClaimedMessage]:
+    def _claim_next(self, run: Invocation) -> list[ClaimedMessage]:
         """The next batch, within the budgets and what the table's destination allows now."""
         report = run.report
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
@@ -326,7 +291,7 @@ class Relay:
         self.batches.note_claimed(claimed)
         return claimed
 
-    def _claim(self, run: _Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
+    def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
             if self.table.claim == "transaction":
@@ -345,7 +310,7 @@ class Relay:
         """Read at every claim, so switching a topic off takes effect on a running relay."""
         return tuple(self.table.paused_topics) + tuple(self.destination.paused_topics)
 
-    def _requeue_expired_if_due(self, run: _Invocation) -> None:
+    def _requeue_expired_if_due(self, run: Invocation) -> None:
         now = time.monotonic()
         if now < run.next_requeue:
             return
@@ -357,83 +322,17 @@ class Relay:
         run.next_requeue = now + run.requeue_every
 
     # -- database errors -------------------------------------------------------
-    def _recover(self, run: _Invocation, batch: list[ClaimedMessage], exc: psycopg.OperationalError) -> bool:
+    def _recover(self, run: Invocation, batch: list[ClaimedMessage], exc: psycopg.OperationalError) -> bool:
         """Lost connection or statement timeout: the batch is abandoned at once (its leases are no longer
         renewed), and given back as soon as the database answers again. False: the invocation ends."""
         run.keeper.release()
         self.batches.forget_claims()
         run.report.db_errors += 1
         log.warning("relay %s: database error, reconnecting: %s", self.table.name, exc)
-        fresh = self._reconnect(run)
+        fresh = self.recovery.reconnect(run)
         if fresh is None:
             return False
         run.use(fresh)
-        self._audit_db_problem(run.outbox_table, batch, exc)
-        self._give_back_held(run)
+        self.recovery.audit_db_problem(run.outbox_table, batch, exc)
+        self.recovery.give_back_held(run)
         return True
-
-    def _reconnect(self, run: _Invocation) -> RelaySession | None:
-        run.conn.close()
-        report, delay = run.report, 0.1
-        while not self._stop.is_set():
-            if run.budget.out_of_time():
-                report.stopped_because = "time budget used while the database was unreachable"
-                return None
-            try:
-                new = open_relay_session(self.url, self.table, self.direct_url)
-            except Exception as exc:  # noqa: BLE001 - any failure to connect: try again after a backoff
-                log.warning("relay %s: reconnect failed (%s); retrying in %.1fs", self.table.name, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if run.single_active and not single_active.try_lock(OutboxTable(new.conn, self.table.name)):
-                report.lock_held = False
-                report.stopped_because = "lost the single-active lock while reconnecting"
-                new.conn.close()
-                return None
-            return new
-        report.stopped_because = "stop requested"
-        return None
-
-    def _audit_db_problem(self, outbox_table: OutboxTable, batch: list[ClaimedMessage],
-                          exc: BaseException) -> None:
-        code = m.AUDIT_DB_TIMEOUT if isinstance(exc, psycopg.errors.QueryCanceled) else m.AUDIT_DB_ERROR
-        try:
-            # With no batch yet (the claim itself failed): one row about the table, no message id.
-            outbox_table.audit_messages([msg.id for msg in batch], code=code, error_code=type(exc).__name__,
-                                        worker=self.worker, detail=cap_error(str(exc)))
-        except psycopg.Error:
-            log.warning("relay %s: could not audit %s", self.table.name, code)
-
-    def _give_back_held(self, run: _Invocation) -> None:
-        """After a database error: rows this relay still holds (a batch it could not settle, a claim whose
-        answer was lost) go back to pending now, so none strands until its lease expires. Their attempt
-        stays counted: they may have been delivered, and will be again (the idempotency key makes it once)."""
-        try:
-            rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
-                                                  max_attempts=self.table.retry.max_attempts,
-                                                  dead_holder=self.worker,
-                                                  pass_over_dead=self.table.ordering == "skip")
-        except psycopg.Error as exc:
-            log.warning("relay %s: could not give back the rows it held: %s", self.table.name, exc)
-            return
-        mine = sum(1 for r in rows if r["previous_holder"] == self.worker)
-        if mine:
-            log.warning("relay %s: gave back %d rows held when the database failed", self.table.name, mine)
-        run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
-
-    def _say_goodbye(self, conn: psycopg.Connection, unlock: bool, reason: str) -> None:
-        """Let go of the single-active lock and record the stop, so nobody takes this relay for dead."""
-        for _ in range(2):
-            try:
-                if conn.closed:
-                    conn = open_session(self.url)
-                if unlock:
-                    single_active.unlock(OutboxTable(conn, self.table.name))
-                liveness.stopped(conn, self.worker, reason)
-                break
-            except Exception as exc:  # noqa: BLE001 - a stop must always finish
-                log.warning("relay %s: could not record its stop (%s)", self.table.name, exc)
-                conn.close()
-                unlock = False  # a fresh session holds no lock
-        conn.close()

@@ -1,6 +1,5 @@
 """The relay's database sessions: how they are opened, and waiting on the table's wake-up channel."""
 
-import threading
 import time
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from psycopg.types.json import set_json_loads
 from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.names import notify_channel
+from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage import pooler
 from outbox_pipelines.core.storage.db import connect, redact
@@ -73,7 +73,7 @@ def open_relay_session(url: str, table: TableSettings, direct_url: str | None = 
     return RelaySession(conn, listening=True)
 
 
-def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event) -> None:
+def wait_for_wakeup(session: RelaySession, seconds: float, stop: StopRequest) -> None:
     """Sleep up to ``seconds``, waking at once on a NOTIFY (when the session LISTENs) or a stop request.
 
     psycopg keeps notifications that arrive during other statements in a
@@ -87,7 +87,7 @@ def wait_for_wakeup(session: RelaySession, seconds: float, stop: threading.Event
         return
     deadline = time.monotonic() + max(seconds, 0.0)
     woken = False
-    while not woken and not stop.is_set():
+    while not woken and not stop.requested:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break

@@ -1,0 +1,67 @@
+"""A relay group's tables: what the group knows of each (``TableWorker``), and what its run did (``GroupReport``)."""
+
+import threading
+from dataclasses import dataclass, field
+
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.relay.loop import Relay
+from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.settings import TableSettings
+
+
+@dataclass
+class TableWorker:
+    """One table of the group: its relay (built at the first activation), what it did, what is wrong."""
+
+    settings: TableSettings
+    wake: threading.Event = field(default_factory=threading.Event)
+    report: RelayReport | None = None  # every finished activation, merged
+    live: RelayReport | None = None  # the activation running now, as its last progress call saw it
+    relay: Relay | None = None
+    destination: Destination | None = None
+    problem: str | None = None  # what keeps it from relaying, as recorded
+    left_out: bool = False  # cannot be relayed by this run at all (its settings say so, or it does not exist)
+    active: bool = False
+    activations: int = 0
+    failures: int = 0  # activations in a row that raised
+    not_before: float = 0.0  # time.monotonic() before which it is not woken again
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def totals(self) -> RelayReport | None:
+        """What it did in this run so far: the finished activations and the one running now."""
+        parts = [part for part in (self.report, self.live if self.active else None) if part is not None]
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        combined = RelayReport(self.name, parts[0].worker)
+        for part in parts:
+            combined.merge(part)
+        return combined
+
+
+@dataclass
+class GroupReport:
+    """What a group run did: a report per table that relayed, and the tables it could not relay."""
+
+    group: str
+    tables: dict[str, RelayReport] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped_because: str = ""
+
+    @property
+    def sent(self) -> int:
+        return sum(r.sent for r in self.tables.values())
+
+    @property
+    def outcome(self) -> str:
+        """The run's outcome in one word (its Dagster tag): the worst that happened to any table."""
+        outcomes = {report.outcome for report in self.tables.values()}
+        for outcome in ("destination_failing", "dead_letters"):
+            if outcome in outcomes:
+                return outcome
+        if self.problems:
+            return "table_problems"
+        return "delivered" if "delivered" in outcomes else "idle"
