@@ -1,7 +1,7 @@
 -- Statements that run before the outbox's schema exists: the embedded server's
 -- database, Dagster's storage next to it, and the migration runner's own
--- bookkeeping. core/db.py, dagster_home.py and core/migrate.py read them through
--- queries.py (not core/table.py, whose statements need the schema these create).
+-- bookkeeping. core/storage/embedded.py, dagster_home.py and core/storage/migrate.py read them through
+-- queries.py (not OutboxTable in core/storage/, whose statements need the schema these create).
 
 -- name: pg_database_exists
 SELECT 1 FROM pg_database WHERE datname = %(database)s
@@ -40,5 +40,5 @@ SELECT version, name, checksum FROM outbox_schema_migrations
 INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
 
 -- name: server_backend_pid
--- The server's own pid for this session; a pooler reports another at connect (core/pooler.py).
+-- The server's own pid for this session; a pooler reports another at connect (core/storage/pooler.py).
 SELECT pg_backend_pid() AS pid

@@ -76,7 +76,7 @@ RETURNING circuit_opened_at IS NOT NULL AS circuit_open
 -- A delivery succeeded: the streak (if any) is over, the circuit closes, an
 -- expired throttle is lifted.
 -- Written when a streak is open, and otherwise at most every SUCCESS_EVERY_S per relay
--- (core/destination_health.py).
+-- (core/relay/destination_health.py).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 )

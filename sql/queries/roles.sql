@@ -1,6 +1,6 @@
--- The least-privilege group roles of `outbox-pipelines db grant` (core/roles.py runs these).
+-- The least-privilege group roles of `outbox-pipelines db grant` (core/storage/roles.py runs these).
 -- "{role}", "{roles}", "{table}", "{sequence}", "{schema}" and "{columns}" are quoted identifiers,
--- and "{privileges}" / "{privilege}" are privilege keywords from core/roles.py's fixed sets, all
+-- and "{privileges}" / "{privilege}" are privilege keywords from core/storage/roles.py's fixed sets, all
 -- composed with psycopg.sql: never text formatted from input.
 
 -- name: role_exists
@@ -26,7 +26,7 @@ REVOKE ALL ON TABLE {table} FROM {roles}
 GRANT {privileges} ON TABLE {table} TO {role}
 
 -- name: role_columns_grant
--- A privilege on some columns only: "{privilege}" is SELECT, INSERT or UPDATE (core/roles.py's
+-- A privilege on some columns only: "{privilege}" is SELECT, INSERT or UPDATE (core/storage/roles.py's
 -- fixed set). PostgreSQL then refuses a statement that writes, or reads, any other column.
 GRANT {privilege} ({columns}) ON TABLE {table} TO {role}
 

@@ -1,8 +1,9 @@
 """Named queries from sql/queries/*.sql, composed per table with a quoted identifier.
 
-Loading and composing only: core/storage/table.py is the engine module that runs them
-(bootstrap.sql's aside, which run before the schema exists: core/storage/db.py,
-core/storage/migrate.py and dagster_home.py), and the order wing runs ledger.sql's.
+Loading and composing only: ``OutboxTable`` and ``SharedTables`` (core/storage/table*.py,
+shared_tables.py) run them (bootstrap.sql's aside, which run before the schema exists:
+core/storage/embedded.py, core/storage/migrate.py and dagster_home.py), and the order wing
+runs ledger.sql's.
 """
 
 from functools import cache, lru_cache

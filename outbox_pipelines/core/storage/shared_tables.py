@@ -109,10 +109,6 @@ class SharedTables:
                                                "notified_at": notified_at, "summary": summary, "now": now})
 
     # -- retention of the shared tables --------------------------------------
-    def delete_expired_ledger_rows(self, *, limit: int, now: datetime | None = None) -> int:
-        """One batch of idempotency-ledger rows past their expiry; how many went."""
-        return self._count("idempo_ledger_clean_expired", {"limit": limit, "now": now})
-
     def delete_old_audit_rows(self, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
         """One batch of audit rows older than ``retention_s``; how many went."""
         return self._count("outbox_audit_clean_old", {"retention_s": retention_s, "limit": limit, "now": now})
