@@ -1,22 +1,22 @@
-"""Small helpers shared by the tests."""
+"""Small helpers shared by the tests (the process helpers live in processes.py, row states in rows.py)."""
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines_tests.processes import free_port as free_port
+from outbox_pipelines_tests.processes import python_stacks as python_stacks
+from outbox_pipelines_tests.processes import stop_process as stop_process
+from outbox_pipelines_tests.processes import stop_processes as stop_processes
+from outbox_pipelines_tests.processes import wait_for_port as wait_for_port
+from outbox_pipelines_tests.processes import wait_until as wait_until
 
 DictConnection = psycopg.Connection[DictRow]
 
@@ -87,21 +87,6 @@ class ScriptedDestination(Destination):
         pass
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
-               on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout_s``
-    (for real processes whose progress has no database clock to move)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}", pytrace=False)
-        time.sleep(interval_s)
-
-
 class QueriesDatabase:
     """``connect`` / ``query`` / ``scalar`` over ``self.database_url``: a mixin for the process harnesses."""
 
@@ -117,64 +102,3 @@ class QueriesDatabase:
     def scalar(self, statement: str, params: Any = None) -> Any:
         rows = self.query(statement, params)
         return next(iter(rows[0].values())) if rows else None
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for a server started in another process)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop_process(process: subprocess.Popen | None, grace_s: float = 30) -> None:
-    """Stop a process the test started, by its pid: SIGTERM (an orderly stop, as Ctrl-C or a deploy would),
-    SIGKILL if it has not exited within ``grace_s``."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def stop_processes(processes: list[subprocess.Popen], grace_s: float = 30) -> None:
-    """Stop every process the test started with SIGTERM, all at once, as a deploy would. One that has not
-    exited within ``grace_s`` fails the test with its Python stacks (py-spy), then is killed: a process that
-    ignores an orderly stop is a bug to see, not a cleanup to hide."""
-    alive = [process for process in processes if process.poll() is None]
-    for process in alive:
-        process.terminate()
-    deadline = time.monotonic() + grace_s
-    stuck: list[str] = []
-    for process in alive:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            stuck.append(f"pid {process.pid} ignored SIGTERM for {grace_s:.0f}s:\n{python_stacks(process.pid)}")
-            process.kill()
-            process.wait()
-    assert not stuck, "\n".join(stuck)
-
-
-def python_stacks(pid: int) -> str:
-    """Every thread's stack of a running Python process (py-spy, in the dev extra), for a failure message."""
-    py_spy = Path(sys.executable).with_name("py-spy")
-    if not py_spy.exists():
-        return "(py-spy is not installed: no stacks)"
-    dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-    return dump.stdout + dump.stderr
-
-
-def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 30) -> None:
-    """Wait until the process listens (a bare TCP connect: no HTTP request that a server would count)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}")

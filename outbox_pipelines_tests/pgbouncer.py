@@ -8,7 +8,6 @@ user may enter), or as ``nobody`` in front of a server reached over TCP.
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+
+from outbox_pipelines_tests.processes import free_port, stop_process
 
 INSTALL_HINT = ("pgbouncer is not installed: `apt-get install pgbouncer` (Debian/Ubuntu), or run `bash .ci/run`, "
                 "which installs it where it is missing")
@@ -27,13 +28,6 @@ def pgbouncer_binary() -> str:
     if found is None:
         raise RuntimeError(INSTALL_HINT)
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _run_as(server_host: str) -> list[str]:
@@ -50,7 +44,7 @@ class PgBouncer:
     def __init__(self, database_url: str, *, pool_size: int = 2) -> None:
         server = conninfo_to_dict(database_url)
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-pgbouncer-"))
-        self.port = _free_port()
+        self.port = free_port()
         target = " ".join(f"{key}={value}" for key, value in (
             ("host", server.get("host", "127.0.0.1")), ("port", server.get("port", "5432")),
             ("dbname", server["dbname"]), ("user", server.get("user", "postgres")),
@@ -93,12 +87,6 @@ class PgBouncer:
         return self.log_path.read_text()[-3000:]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace_s=10)
         self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -9,6 +9,7 @@ import pytest
 
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
+from outbox_pipelines_tests.processes import free_port, start_relay, stop_process
 
 COMMANDS = [
     ["db", "upgrade"], ["db", "create-table"], ["db", "url"], ["db", "stop"], ["enqueue"], ["status"],
@@ -158,20 +159,13 @@ def test_db_upgrade_reports_up_to_date(cli_env):
 
 
 def test_relay_serves_prometheus_metrics_while_it_runs(cli_env, conn):
-    import socket
-    import subprocess
-    import sys
     import time
 
     import httpx
 
     enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
-                             "--max-seconds", "20", "--quiet", "--metrics-port", str(port)],
-                            env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = free_port()
+    proc = start_relay(cli_env, "outbox_events", "--max-seconds", "20", "--metrics-port", str(port))
     try:
         sent = 'outbox_dispatch_total{result="success",table="outbox_events",tenant="",topic="org.changed"} 3.0'
         deadline, text = time.monotonic() + 20, ""
@@ -184,9 +178,8 @@ def test_relay_serves_prometheus_metrics_while_it_runs(cli_env, conn):
         assert sent in text
         assert 'outbox_pending_count{table="outbox_events"} 0.0' in text
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    assert proc.returncode == 0
+        code = stop_process(proc, grace_s=20)
+    assert code == 0
 
 
 def test_a_handler_module_next_to_outbox_toml_imports_under_the_console_script(cli_env, conn, tmp_path):

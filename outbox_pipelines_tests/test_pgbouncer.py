@@ -3,9 +3,7 @@ caller's transaction, the relay drains (its statements unprepared), polls when L
 pooler and says so once, wakes at once on a direct session, and a single-active relay refuses to run
 without one (docs/deploy.md, "Behind PgBouncer")."""
 
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ from outbox_pipelines.core.storage import pooler
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.pgbouncer import PgBouncer
+from outbox_pipelines_tests.processes import start_relay, stop_and_read, wait_until
 
 TABLE = "outbox_events"  # shipped as single-active, with in-process handlers of org.changed
 POLLING = "LISTEN/NOTIFY cannot pass a transaction pooler"
@@ -47,28 +46,11 @@ def org_changed(n: int, prefix: str) -> list[Message]:
     return [Message(topic="org.changed", payload={"org_id": i}, event_id=f"{prefix}-{i}") for i in range(n)]
 
 
-def start_relay(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet",
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def stop_relay(relay: subprocess.Popen[str]) -> tuple[int, str]:
-    relay.send_signal(signal.SIGTERM)
-    _, stderr = relay.communicate(timeout=30)
-    return relay.returncode, stderr
-
-
 def wait_until_idle(conn: psycopg.Connection, relay: subprocess.Popen[str], timeout_s: float = 20.0) -> None:
     """Until the relay's session sits idle after asking when the next row is due (nothing to claim)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert relay.poll() is None, relay.communicate()[1]
-        idle = conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND state = 'idle' AND query LIKE '%%AS next_due_in_s%%'").fetchone()
-        if idle["n"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the relay never went idle")
+    wait_until(lambda: conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND state = 'idle' AND query LIKE '%%AS next_due_in_s%%'").fetchone()["n"],
+               timeout_s, "the relay to go idle", interval_s=0.05, process=relay)
 
 
 def wait_for_sent(conn: psycopg.Connection, n: int, timeout_s: float) -> float:
@@ -117,7 +99,7 @@ def test_competing_relays_drain_through_pgbouncer_and_each_says_once_that_it_pol
     try:
         Outbox(TABLE).enqueue_many(conn, org_changed(600, "drain"))
         env = pooled_env(cli_env, bouncer, OUTBOX_CONFIG=str(competing_config))
-        relays = [start_relay(env, "--once", "--batch-size", "10") for _ in range(2)]
+        relays = [start_relay(env, TABLE, "--once", "--batch-size", "10") for _ in range(2)]
         outcomes = [(relay.wait(timeout=120), relay.communicate()[1]) for relay in relays]
     finally:
         bouncer.stop()
@@ -131,13 +113,13 @@ def test_competing_relays_drain_through_pgbouncer_and_each_says_once_that_it_pol
 
 def test_an_idle_relay_behind_pgbouncer_picks_up_new_messages_by_polling(bouncer, cli_env, conn, competing_config):
     relay = start_relay(pooled_env(cli_env, bouncer, OUTBOX_CONFIG=str(competing_config),
-                                   OUTBOX_IDLE_SLEEP_MS="300"), "--max-seconds", "60")
+                                   OUTBOX_IDLE_SLEEP_MS="300"), TABLE, "--max-seconds", "60")
     try:
         wait_until_idle(conn, relay)
         Outbox(TABLE).enqueue_many(conn, org_changed(3, "later"))
         wait_for_sent(conn, 3, timeout_s=15)
     finally:
-        code, stderr = stop_relay(relay)
+        code, _, stderr = stop_and_read(relay)
     assert code == 0, stderr
     assert stderr.count(POLLING) == 1
 
@@ -146,7 +128,7 @@ def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_
                                                                                        db_url):
     # Polling would take 60 s here: delivery within seconds is the NOTIFY on the direct session.
     relay = start_relay(pooled_env(cli_env, bouncer, OUTBOX_DIRECT_DATABASE_URL=db_url,
-                                   OUTBOX_IDLE_SLEEP_MS="60000"), "--max-seconds", "90")
+                                   OUTBOX_IDLE_SLEEP_MS="60000"), TABLE, "--max-seconds", "90")
     try:
         wait_until_idle(conn, relay)
         Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="wake-1"))
@@ -155,7 +137,7 @@ def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_
                                     "AND granted").fetchone()["n"]
         assert lock_holders == 1  # the single-active lock, on the direct session
     finally:
-        code, stderr = stop_relay(relay)
+        code, _, stderr = stop_and_read(relay)
     assert code == 0, stderr
     assert POLLING not in stderr
 

@@ -1,10 +1,8 @@
 """Relay liveness with real relay processes: a relay that dies gives its rows back at once, and on-call hears once."""
 
-import signal
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
 
 EVENTS = "outbox_events"
 
@@ -39,22 +38,6 @@ def relay_env(cli_env, tmp_path: Path, silent_server: str) -> dict[str, str]:
     return {**cli_env, "OUTBOX_CONFIG": str(config)}
 
 
-def start_relay(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", EVENTS, "--quiet"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"the relay exited ({proc.returncode}) before {what}: {proc.stderr.read()}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def workers(conn) -> list[dict]:
     return conn.execute("SELECT * FROM outbox_relay_workers ORDER BY started_at").fetchall()
 
@@ -63,16 +46,16 @@ def workers(conn) -> list[dict]:
 def killed_relay(conn, relay_env):
     """A relay process that claimed 5 rows (stuck on the hung destination) and was SIGKILLed."""
     enqueue_n(conn, EVENTS, 5)
-    proc = start_relay(relay_env)
+    proc = start_relay(relay_env, EVENTS)
     try:
-        wait_for(lambda: statuses(conn, EVENTS).get("sending") == 5, proc, what="the relay to hold the rows")
+        wait_until(lambda: statuses(conn, EVENTS).get("sending") == 5, 30, "the relay to hold the rows", 0.05,
+                   process=proc)
         [worker] = workers(conn)
         assert (worker["pid"], worker["table_name"], worker["stopped_at"]) == (proc.pid, EVENTS, None)
         # Alive, even when its heartbeat looks old (a slow beat, a database blip): never declared dead.
         assert liveness.find_dead(conn, now=db_now(conn) + timedelta(seconds=30)) == []
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        kill_process(proc)
     return proc, worker
 
 
@@ -125,21 +108,17 @@ def test_sweep_tells_on_call_once_about_a_dead_relay(db_url, conn, killed_relay,
 
 
 def test_a_relay_stopped_cleanly_is_never_found_dead(conn, relay_env):
-    proc = start_relay(relay_env)
+    proc = start_relay(relay_env, EVENTS)
     try:
-        wait_for(lambda: len(workers(conn)) == 1, proc, what="the relay to register")
+        wait_until(lambda: len(workers(conn)) == 1, 30, "the relay to register", 0.05, process=proc)
         [worker] = workers(conn)
         assert worker["pid"] == proc.pid
         # Its heartbeat looks an hour old, but the process is alive: not dead.
         conn.execute("UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour'")
         assert liveness.find_dead(conn) == []
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+        code, _, err = stop_and_read(proc)
+    assert code == 0, err
     [stopped] = workers(conn)
     assert stopped["stopped_at"] is not None
     assert stopped["stop_reason"] == "stop requested"

@@ -1,10 +1,7 @@
 """The per-table claim and audit settings: claim = "transaction" (rows locked in one transaction
 from claim to settle) and audit = "failures" (deliveries leave no audit row)."""
 
-import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
@@ -15,6 +12,7 @@ from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
+from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
 
 ORDERS = "outbox_orders"
 
@@ -97,15 +95,7 @@ def _transaction_relay(cli_env, tmp_path, sink_url: str, lease: str = "60s", *ar
     config = tmp_path / "outbox.toml"
     config.write_text(f'[tables.outbox_orders]\nclaim = "transaction"\nmode = "competing"\nlease = "{lease}"\n')
     env = {**cli_env, "OUTBOX_CONFIG": str(config), "OUTBOX_BROKER_URL": sink_url, "OUTBOX_BATCH_SIZE": "10"}
-    command = [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return start_relay(env, ORDERS, *args)
 
 
 def test_a_transaction_relay_killed_mid_batch_frees_its_rows_at_once(cli_env, tmp_path, conn, http_sink):
@@ -113,13 +103,11 @@ def test_a_transaction_relay_killed_mid_batch_frees_its_rows_at_once(cli_env, tm
     http_sink.delay_s = 5.0
     proc = _transaction_relay(cli_env, tmp_path, http_sink.url)
     try:
-        _wait_for(lambda: len(http_sink.received) >= 10, "the relay to be mid-batch")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        wait_until(lambda: len(http_sink.received) >= 10, 30, "the relay to be mid-batch", 0.05)
     finally:
-        proc.kill()
+        kill_process(proc)
     # No lease to wait out: the dead session's transaction is gone, its rows are pending as they were.
-    _wait_for(lambda: statuses(conn, ORDERS) == {"pending": 30}, "the rows to be free")
+    wait_until(lambda: statuses(conn, ORDERS) == {"pending": 30}, 30, "the rows to be free", 0.05)
     assert {r["attempts"] for r in rows(conn, ORDERS)} == {0}
     http_sink.delay_s = 0.0
     again = _transaction_relay(cli_env, tmp_path, http_sink.url, "60s", "--once")
@@ -135,17 +123,16 @@ def test_a_transaction_relay_that_hangs_past_its_lease_is_cut_off_by_the_server(
     http_sink.delay_s = 4.0  # longer than the lease: the server ends the idle transaction
     proc = _transaction_relay(cli_env, tmp_path, http_sink.url, "1s")
     try:
-        _wait_for(lambda: len(http_sink.received) >= 5, "the first delivery")
+        wait_until(lambda: len(http_sink.received) >= 5, 30, "the first delivery", 0.05)
         # While the relay still waits for its answers, the rows are free again for anyone.
-        _wait_for(lambda: conn.execute(
+        wait_until(lambda: conn.execute(
             "SELECT count(*) AS n FROM outbox_orders WHERE status = 'pending' "
             "AND id NOT IN (SELECT id FROM outbox_orders FOR UPDATE SKIP LOCKED)").fetchone()["n"] == 0,
-            "the server to end the hung transaction", timeout_s=3.5)
+            3.5, "the server to end the hung transaction", 0.05)
         http_sink.delay_s = 0.0
-        _wait_for(lambda: statuses(conn, ORDERS) == {"sent": 5}, "the relay to reconnect and deliver", 60)
+        wait_until(lambda: statuses(conn, ORDERS) == {"sent": 5}, 60, "the relay to reconnect and deliver", 0.05)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _, out, err = stop_and_read(proc)
     assert "database error" in err  # said, not hidden
     assert set(http_sink.counts.values()) <= {1, 2, 3}
 

@@ -6,8 +6,6 @@ cost its neighbours their attempts. Real CLI relay processes, in-process handler
 """
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import rows, statuses
+from outbox_pipelines_tests.processes import start_relay, stop_and_read, wait_until
 
 HANDLERS = '''
 import os, sys, threading
@@ -102,16 +101,12 @@ def test_sigint_still_stops_the_relay_cleanly_while_a_handler_runs(cli_env, conn
     """The relay's own stop (SIGINT / SIGTERM) is not a handler failure: the batch finishes and is settled."""
     env = team_project(tmp_path, cli_env, 1)
     enqueue(conn, ["slow", "ok"])
-    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
-                             "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_relay(env, "outbox_events")
     log = tmp_path / "handled.log"
-    deadline = time.monotonic() + 30
-    while not (log.exists() and "slow-started" in log.read_text()):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    wait_until(lambda: log.exists() and "slow-started" in log.read_text(), 30, "the slow handler to start", 0.02,
+               process=proc)
+    code, out, err = stop_and_read(proc, signal.SIGINT)
+    assert code == 0, err
     assert "stop requested" in out
     assert statuses(conn, "outbox_events") == {"sent": 2}
 

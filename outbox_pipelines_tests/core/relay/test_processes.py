@@ -1,8 +1,6 @@
 """Concurrency and crashes with real relay processes (the CLI worker) and a real HTTP sink."""
 
-import signal
 import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -13,34 +11,16 @@ from outbox_pipelines.core.operations.maintenance import requeue_stuck
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
 
 ORDERS = "outbox_orders"
-
-
-def start_relay(env: dict, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", ORDERS, "--quiet", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("workers", [2, 8])
 def test_concurrent_relays_deliver_each_message_exactly_once(workers, cli_env, conn, http_sink):
     enqueue_n(conn, ORDERS, 10_000, prefix="order-")
     env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "200"}
-    procs = [start_relay(env, "--once") for _ in range(workers)]
+    procs = [start_relay(env, ORDERS, "--once") for _ in range(workers)]
     for proc in procs:
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
@@ -60,10 +40,9 @@ def test_relay_killed_mid_batch_loses_nothing(db_url, cli_env, conn, http_sink):
     enqueue_n(conn, ORDERS, 30, prefix="order-")
     http_sink.delay_s = 5.0  # the relay is blocked waiting for answers when it dies
     env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "10"}
-    proc = start_relay(env)
-    wait_for(lambda: len(http_sink.received) >= 10, what="the relay to be mid-batch")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc = start_relay(env, ORDERS)
+    wait_until(lambda: len(http_sink.received) >= 10, 30, "the relay to be mid-batch", 0.05)
+    kill_process(proc)
     in_flight = rows(conn, ORDERS, "status = 'sending'")
     # The batch on the wire, and (the relay pipelines network deliveries) perhaps the next one, claimed.
     assert len(in_flight) in (10, 20) and all(r["attempts"] == 1 for r in in_flight)
@@ -92,11 +71,10 @@ def test_sigterm_finishes_the_batch_in_flight_and_releases_nothing_held(cli_env,
     enqueue_n(conn, ORDERS, 40, prefix="order-")
     http_sink.delay_s = 1.0
     env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "10"}
-    proc = start_relay(env)
-    wait_for(lambda: len(http_sink.received) >= 10, what="the relay to be mid-batch")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    proc = start_relay(env, ORDERS)
+    wait_until(lambda: len(http_sink.received) >= 10, 30, "the relay to be mid-batch", 0.05)
+    code, out, err = stop_and_read(proc)
+    assert code == 0, err
     assert "stop requested" in out
     found = statuses(conn, ORDERS)
     assert "sending" not in found  # every claimed row was settled before exit
@@ -133,16 +111,14 @@ def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(c
     env = {**cli_env, "OUTBOX_CONFIG": str(config), "SLOW_HANDLERS_LOG": str(log),
            "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}"}
     enqueue_n(conn, "outbox_events", 40, prefix="slow-")
-    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
-                             "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_relay(env, "outbox_events")
 
     def handled() -> list[tuple[str, str]]:
         return [tuple(line.split()) for line in log.read_text().splitlines()] if log.exists() else []
 
-    wait_for(lambda: len(handled()) >= 10, what="the relay to be in its second batch")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+    wait_until(lambda: len(handled()) >= 10, 30, "the relay to be in its second batch", 0.05)
+    code, out, err = stop_and_read(proc)
+    assert code == 0, err
     assert "stop requested" in out
     found = statuses(conn, "outbox_events")
     assert "sending" not in found  # the batch in flight was finished and settled before exit
@@ -169,22 +145,13 @@ def start_events_relay(cli_env: dict, conn, tmp_path, config_lines: str, **env: 
     config = tmp_path / "outbox.toml"
     config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "quick_handlers:registry"\n'
                       + config_lines)
-    proc = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_events",
-                             "--quiet"], env={**cli_env, "OUTBOX_CONFIG": str(config),
-                                              "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: proc.poll() is not None or conn.execute(
+    proc = start_relay({**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
+                        **env}, "outbox_events")
+    wait_until(lambda: proc.poll() is not None or conn.execute(
         "SELECT count(*) AS n FROM outbox_relay_workers WHERE table_name = 'outbox_events' AND stopped_at IS NULL"
-    ).fetchone()["n"] == 1, what="the relay to register")
+    ).fetchone()["n"] == 1, 30, "the relay to register", 0.05)
     assert proc.poll() is None, proc.communicate()
     return proc
-
-
-def stop(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    return out
 
 
 def test_a_trickle_reaches_a_running_relay_at_once_with_a_30_s_idle_sleep(cli_env, conn, tmp_path):
@@ -197,9 +164,10 @@ def test_a_trickle_reaches_a_running_relay_at_once_with_a_30_s_idle_sleep(cli_en
         for n in range(30):
             Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"trickle-{n}"))
             time.sleep(0.03)
-        wait_for(lambda: statuses(conn, "outbox_events") == {"sent": 30}, timeout=20, what="all 30 sent")
+        wait_until(lambda: statuses(conn, "outbox_events") == {"sent": 30}, 20, "all 30 sent", 0.05)
     finally:
-        stop(proc)
+        code, _, err = stop_and_read(proc)
+    assert code == 0, err
     slowest = conn.execute("SELECT max(published_at - created_at) AS d FROM outbox_events").fetchone()["d"]
     assert slowest < timedelta(seconds=1), f"a message waited {slowest} for a relay that sleeps 30 s when idle"
 
@@ -218,7 +186,8 @@ def test_a_switched_off_topic_with_waiting_rows_leaves_a_running_relay_idle(cli_
         time.sleep(3.0)  # the window watched: about 15 idle sleeps of 200 ms
         during = scans() - before
     finally:
-        stop(proc)
+        code, _, err = stop_and_read(proc)
+    assert code == 0, err
     assert statuses(conn, "outbox_events") == {"pending": 5}
     # A claim and a next-due read per idle sleep read the table a few times each; claiming nonstop for
     # the due rows it may not take, it read the table thousands of times in 3 s.

@@ -1,0 +1,165 @@
+"""Real processes the tests start, one copy of each helper: a CLI command or a relay, a free port, waiting
+for a port or a condition, reading a log's tail, and stopping a process by its pid (SIGTERM, then SIGKILL).
+
+A test that starts a process stops that process, by its pid (or its own process group), never by name.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = (sys.executable, "-m", "outbox_pipelines.cli")
+"""``outbox-pipelines`` as the test's own interpreter runs it (no console script needed on the PATH)."""
+
+
+def free_port() -> int:
+    """A port nothing listens on now: for a server started in another process, or a connection refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts a TCP connection on ``port`` (a bare connect, no request sent)."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a process's log, for a failure message (a log not there yet says so)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+
+
+def start_cli(env: dict[str, str], *args: str, cwd: Path | str | None = None, stdout: Any = subprocess.PIPE,
+              stderr: Any = subprocess.PIPE, **popen: Any) -> "subprocess.Popen[str]":
+    """``outbox-pipelines ARGS`` in a process of its own, its output as text (piped unless told otherwise)."""
+    return subprocess.Popen([*CLI, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True, **popen)
+
+
+def start_relay(env: dict[str, str], table: str, *args: str, quiet: bool = True,
+                **popen: Any) -> "subprocess.Popen[str]":
+    """``outbox-pipelines relay --table TABLE [--quiet] ARGS`` (see ``start_cli`` for the rest)."""
+    return start_cli(env, "relay", "--table", table, *(["--quiet"] if quiet else []), *args, **popen)
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
+               on_timeout: Callable[[], str] | None = None,
+               process: "subprocess.Popen[Any] | None" = None) -> Any:
+    """Poll ``condition`` until it returns something truthy, and return that; fail with ``what`` after
+    ``timeout_s`` (for real processes whose progress has no database clock to move). With ``process``,
+    fail at once when that process exits first, with its stderr when it was piped."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            said = process.stderr.read() if process.stderr is not None else ""
+            pytest.fail(f"the process exited ({process.returncode}) before {what}: {said}", pytrace=False)
+        if time.monotonic() >= deadline:
+            extra = f"\n{on_timeout()}" if on_timeout else ""
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}", pytrace=False)
+        time.sleep(interval_s)
+
+
+def wait_for_port(port: int, process: "subprocess.Popen[Any]", seconds: float = 30) -> None:
+    """Wait until the process listens (a bare TCP connect: no HTTP request that a server would count)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def _signal(process: "subprocess.Popen[Any]", sig: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(process.pid, sig)  # start_new_session: the leader's pid is its group's id
+        else:
+            process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop_process(process: "subprocess.Popen[Any] | None", grace_s: float = 30, *, sig: int = signal.SIGTERM,
+                 group: bool = False) -> int | None:
+    """Stop a process the test started, by its pid: ``sig`` (SIGTERM: an orderly stop, as a deploy would),
+    SIGKILL if it has not exited within ``grace_s``. ``group``: signal its process group (one started with
+    ``start_new_session``: a server and the children it started). Its exit code; None when it had to be
+    killed or was never started."""
+    if process is None:
+        return None
+    if process.poll() is not None:
+        return process.returncode
+    _signal(process, sig, group)
+    try:
+        return process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal(process, signal.SIGKILL, group)
+        process.wait(timeout=10)
+        return None
+
+
+def stop_and_read(process: "subprocess.Popen[str]", sig: int = signal.SIGTERM,
+                  timeout_s: float = 30) -> tuple[int, str, str]:
+    """Signal a process whose output is piped (SIGTERM unless told) and read it to the end: its exit code,
+    stdout and stderr. One still running after ``timeout_s`` is killed (the test fails: TimeoutExpired)."""
+    process.send_signal(sig)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return process.returncode, out or "", err or ""
+
+
+def kill_process(process: "subprocess.Popen[Any]") -> None:
+    """SIGKILL, as a crash would, and reap it."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+def stop_processes(processes: Sequence["subprocess.Popen[Any]"], grace_s: float = 30) -> None:
+    """Stop every process the test started with SIGTERM, all at once, as a deploy would. One that has not
+    exited within ``grace_s`` fails the test with its Python stacks (py-spy), then is killed: a process that
+    ignores an orderly stop is a bug to see, not a cleanup to hide."""
+    alive = [process for process in processes if process.poll() is None]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + grace_s
+    stuck: list[str] = []
+    for process in alive:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            stuck.append(f"pid {process.pid} ignored SIGTERM for {grace_s:.0f}s:\n{python_stacks(process.pid)}")
+            process.kill()
+            process.wait()
+    assert not stuck, "\n".join(stuck)
+
+
+def python_stacks(pid: int) -> str:
+    """Every thread's stack of a running Python process (py-spy, in the dev extra), for a failure message."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if not py_spy.exists():
+        return "(py-spy is not installed: no stacks)"
+    dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    return dump.stdout + dump.stderr
