@@ -39,6 +39,8 @@ from typing import IO, Any
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from outbox_pipelines_tests.processes import stop_process
+
 # Kafka protocol request types (ApiKey) the tests inject errors into.
 PRODUCE = 0
 METADATA = 3
@@ -205,12 +207,7 @@ class KafkaCluster:
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.pid, signal.SIGCONT)  # a frozen process cannot act on SIGTERM
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            stop_process(self.process, grace_s=10)
         for stream in (self.process.stdin, self.process.stdout):
             if stream is not None:
                 stream.close()

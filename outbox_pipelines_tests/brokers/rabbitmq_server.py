@@ -45,6 +45,8 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
+from outbox_pipelines_tests.processes import free_port, stop_process
+
 SERVER_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 INSTALL_HINT = ("RabbitMQ is not installed: `apt-get install rabbitmq-server` (Debian/Ubuntu; its service need not "
@@ -56,12 +58,6 @@ _started = 0
 
 def installed() -> bool:
     return SERVER_SCRIPT.exists() and CTL_SCRIPT.exists() and shutil.which("epmd") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def password_hash(password: str) -> str:
@@ -250,13 +246,7 @@ class RabbitMQ:
         try:
             self.stop(kill=True)
         finally:
-            if self.epmd is not None and self.epmd.poll() is None:
-                self.epmd.terminate()
-                try:
-                    self.epmd.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.epmd.kill()
-                    self.epmd.wait()
+            stop_process(self.epmd, grace_s=5)
             if not os.environ.get("OUTBOX_RABBITMQ_KEEP_TMP"):
                 shutil.rmtree(self.dir, ignore_errors=True)
 
