@@ -87,8 +87,10 @@ def _base(key_applies_to: tuple[str, ...]) -> dict[str, Any]:
 def test_a_section_accepts_exactly_the_registrys_keys():
     assert TABLE_KEYS == {key.name for key in TABLE_KEY_REGISTRY}
     assert len(TABLE_KEY_REGISTRY) == len(TABLE_KEYS), "a key is in the registry twice"
-    settings = load_settings(env={}, declaration=Declaration(
-        {"registry_t": {"destination": "paper", "undocumented_key": 1}}, shipped_tables=False))
+    settings = load_settings(
+        env={},
+        declaration=Declaration({"registry_t": {"destination": "paper", "undocumented_key": 1}}, shipped_tables=False),
+    )
     assert "unknown keys ['undocumented_key']" in settings.broken["registry_t"]
 
 
@@ -133,9 +135,14 @@ def test_a_section_without_a_key_gets_the_registrys_default(key):
 
 
 DIFFERENT_VALUES = {
-    "OUTBOX_PARALLELISM": "3", "OUTBOX_RELAY_MAX_ATTEMPTS": "7", "OUTBOX_BATCH_SIZE": "7",
-    "OUTBOX_RELAY_LOCK_TTL": "30s", "OUTBOX_STUCK_THRESHOLD_MIN": "5", "OUTBOX_RELAY_ENABLED": "false",
-    "OUTBOX_CLEANER_RETENTION": "1h", "OUTBOX_CLEANER_ENABLED": "false",
+    "OUTBOX_PARALLELISM": "3",
+    "OUTBOX_RELAY_MAX_ATTEMPTS": "7",
+    "OUTBOX_BATCH_SIZE": "7",
+    "OUTBOX_RELAY_LOCK_TTL": "30s",
+    "OUTBOX_STUCK_THRESHOLD_MIN": "5",
+    "OUTBOX_RELAY_ENABLED": "false",
+    "OUTBOX_CLEANER_RETENTION": "1h",
+    "OUTBOX_CLEANER_ENABLED": "false",
 }
 
 
@@ -226,7 +233,7 @@ def test_the_reference_tables_have_a_row_per_key_and_per_variable():
     keys = render_table_keys_markdown().splitlines()
     assert len(keys) == 2 + len(TABLE_KEY_REGISTRY)
     assert all(line.startswith("| `") and line.endswith(" |") for line in keys[2:])
-    assert "| `timeout` | duration | `\"5s\"` |" in render_table_keys_markdown()
+    assert '| `timeout` | duration | `"5s"` |' in render_table_keys_markdown()
     variables = render_environment_markdown().splitlines()
     assert len(variables) == 2 + len(ENVIRONMENT)
     assert "| `OUTBOX_BATCH_SIZE` | `100` (`OUTBOX_RELAY_BATCH_SIZE` when unset) |" in render_environment_markdown()

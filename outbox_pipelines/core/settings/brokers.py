@@ -77,8 +77,10 @@ def env_variable(section: Mapping[str, Any], key: str, environ: Mapping[str, str
         raise ConfigError(f"{where} {key} must name an environment variable (like BILLING_SECRET), got {name!r}")
     value = environ.get(name, "").strip()
     if not value:
-        raise ConfigError(f"{where} {key} = {name!r}, but {name} is not set: set it in the environment of every "
-                          f"process that relays the table, or remove {key}")
+        raise ConfigError(
+            f"{where} {key} = {name!r}, but {name} is not set: set it in the environment of every "
+            f"process that relays the table, or remove {key}"
+        )
     return value
 
 
@@ -87,9 +89,11 @@ def missing_extra(kind: str) -> str | None:
     broker = BROKERS[kind]
     if importlib.util.find_spec(broker.module) is not None:
         return None
-    return (f"destination = \"{kind}\" needs the {broker.module} client library: run "
-            f"pip install 'outbox_pipelines[{broker.extra}]' in the environment that runs the outbox "
-            "(Dagster's code server and run workers too)")
+    return (
+        f'destination = "{kind}" needs the {broker.module} client library: run '
+        f"pip install 'outbox_pipelines[{broker.extra}]' in the environment that runs the outbox "
+        "(Dagster's code server and run workers too)"
+    )
 
 
 def _kafka_servers(value: str, where: str) -> tuple[str, str]:
@@ -116,8 +120,9 @@ def _broker_url(kind: str, url: str, where: str) -> tuple[str, str]:
     parts = split_url(url, f"{where} url")
     if parts.scheme not in broker.schemes or not parts.hostname:
         schemes = " or ".join(f"{s}://" for s in broker.schemes)
-        raise ConfigError(f"{where} url = {shown!r}: destination = \"{kind}\" needs a {schemes} URL with a host "
-                          f"(like {broker.example})")
+        raise ConfigError(
+            f'{where} url = {shown!r}: destination = "{kind}" needs a {schemes} URL with a host (like {broker.example})'
+        )
     return url, url_origin(url)
 
 
@@ -128,8 +133,9 @@ def _text(section: Mapping[str, Any], key: str, pattern: re.Pattern[str], defaul
     return value
 
 
-def broker_settings(name: str, kind: str, section: Mapping[str, Any], url: str | None,
-                    environ: Mapping[str, str], where: str) -> BrokerSettings:
+def broker_settings(
+    name: str, kind: str, section: Mapping[str, Any], url: str | None, environ: Mapping[str, str], where: str
+) -> BrokerSettings:
     """A broker table's settings; ``url`` is the section's ``url`` or its ``url_env`` variable's value."""
     problem = missing_extra(kind)
     if problem:
@@ -139,22 +145,28 @@ def broker_settings(name: str, kind: str, section: Mapping[str, Any], url: str |
         if url and section.get("bootstrap_servers"):
             raise ConfigError(f"{where} names both bootstrap_servers and url: a Kafka table takes bootstrap_servers")
         if not isinstance(servers, str) or not servers.strip():
-            raise ConfigError(f"{where} destination = \"kafka\" needs bootstrap_servers = \"host:9092\" "
-                              "(or url_env naming a variable that holds them)")
+            raise ConfigError(
+                f'{where} destination = "kafka" needs bootstrap_servers = "host:9092" '
+                "(or url_env naming a variable that holds them)"
+            )
         connect, shown = _kafka_servers(servers, where)
         shown = f"kafka://{shown}"
     else:
         if not url:
-            raise ConfigError(f"{where} destination = \"{kind}\" has no url: set url = \"{BROKERS[kind].example}\", "
-                              "or url_env naming the variable that holds it (with its credentials)")
+            raise ConfigError(
+                f'{where} destination = "{kind}" has no url: set url = "{BROKERS[kind].example}", '
+                "or url_env naming the variable that holds it (with its credentials)"
+            )
         connect, shown = _broker_url(kind, url, where)
     if kind != "kafka" and any(key in section for key in KAFKA_SECURITY_KEYS):
-        raise ConfigError(f"{where} {', '.join(KAFKA_SECURITY_KEYS)} apply to destination = \"kafka\" only")
+        raise ConfigError(f'{where} {", ".join(KAFKA_SECURITY_KEYS)} apply to destination = "kafka" only')
     if kind != "nats" and "token_env" in section:
-        raise ConfigError(f"{where} token_env applies to destination = \"http\" or \"nats\"; put a {kind} "
-                          "credential in the URL read from url_env")
+        raise ConfigError(
+            f'{where} token_env applies to destination = "http" or "nats"; put a {kind} '
+            "credential in the URL read from url_env"
+        )
     if kind != "rabbitmq" and "exchange" in section:
-        raise ConfigError(f"{where} exchange applies to destination = \"rabbitmq\" only")
+        raise ConfigError(f'{where} exchange applies to destination = "rabbitmq" only')
     return BrokerSettings(
         kind=kind,
         url=connect,
@@ -170,14 +182,17 @@ def _kafka_security(section: Mapping[str, Any], environ: Mapping[str, str], wher
     """librdkafka's security settings from a Kafka table's keys; the password from the environment only."""
     config: dict[str, str] = {}
     if "security_protocol" in section:
-        config["security.protocol"] = one_of(section["security_protocol"], SECURITY_PROTOCOLS,
-                                             f"{where} security_protocol")
+        config["security.protocol"] = one_of(
+            section["security_protocol"], SECURITY_PROTOCOLS, f"{where} security_protocol"
+        )
     if "sasl_mechanism" in section:
         config["sasl.mechanism"] = one_of(section["sasl_mechanism"], SASL_MECHANISMS, f"{where} sasl_mechanism")
     user, password = section.get("sasl_username"), env_variable(section, "sasl_password_env", environ, where)
     if (user is None) != (password is None):
-        raise ConfigError(f"{where} sasl_username and sasl_password_env go together: name both (the password "
-                          "is read from the variable, never written in the file)")
+        raise ConfigError(
+            f"{where} sasl_username and sasl_password_env go together: name both (the password "
+            "is read from the variable, never written in the file)"
+        )
     if user is not None and password is not None:
         if not isinstance(user, str) or not user:
             raise ConfigError(f"{where} sasl_username must be a user name, got {user!r}")
@@ -185,4 +200,3 @@ def _kafka_security(section: Mapping[str, Any], environ: Mapping[str, str], wher
         config.setdefault("security.protocol", "SASL_SSL")
         config.setdefault("sasl.mechanism", "PLAIN")
     return config
-

@@ -43,8 +43,10 @@ class Declaration:
         where = f"{source}: " if source else ""
         unknown_top = set(data) - set(TOP_LEVEL_KEYS)
         if unknown_top:
-            raise ConfigError(f"{where}unknown top-level keys {sorted(unknown_top)}; put table settings under "
-                              f"[tables.NAME] (the top-level keys are {', '.join(TOP_LEVEL_KEYS)})")
+            raise ConfigError(
+                f"{where}unknown top-level keys {sorted(unknown_top)}; put table settings under "
+                f"[tables.NAME] (the top-level keys are {', '.join(TOP_LEVEL_KEYS)})"
+            )
         tables = data.get("tables") or {}
         if not isinstance(tables, Mapping) or not all(isinstance(s, Mapping) for s in tables.values()):
             raise ConfigError(f"{where}tables must be a table of tables: one [tables.NAME] section per table")
@@ -81,8 +83,10 @@ def find_declaration(env: Mapping[str, str] | None = None, start: Path | None = 
         return load_config_file(root / "outbox.toml")
     components = list(component_files(root))
     if len(components) > 1:
-        raise ConfigError(f"{len(components)} OutboxComponents under {root} ({', '.join(map(str, components))}): "
-                          "declare every outbox table of a project in one of them")
+        raise ConfigError(
+            f"{len(components)} OutboxComponents under {root} ({', '.join(map(str, components))}): "
+            "declare every outbox table of a project in one of them"
+        )
     return load_component_file(components[0], env) if components else Declaration()
 
 

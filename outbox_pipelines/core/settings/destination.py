@@ -68,8 +68,9 @@ def _table_token(section: Mapping[str, Any], url: str | None, env: GlobalSetting
     name = section.get("token_env")
     if name is not None:
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise ConfigError(f"{where} token_env must name an environment variable (like BILLING_HOOK_TOKEN), "
-                              f"got {name!r}")
+            raise ConfigError(
+                f"{where} token_env must name an environment variable (like BILLING_HOOK_TOKEN), got {name!r}"
+            )
         token = env.broker_token if name == BROKER_TOKEN_ENV else bearer_token(env.environ, name)
         if token is None:
             raise ConfigError(f"{where} token_env = {name!r}, but {name} is not set: set it, or remove token_env")
@@ -108,8 +109,9 @@ class Where:
     signing_secret: str | None = None
 
 
-def table_destination(name: str, section: Mapping[str, Any], env: GlobalSettings, policy: RetryPolicy,
-                      where: str) -> Where:
+def table_destination(
+    name: str, section: Mapping[str, Any], env: GlobalSettings, policy: RetryPolicy, where: str
+) -> Where:
     """The destination kind, URL and credential; checked here, at start-up, not at the first delivery.
 
     There is no implicit destination: a table names one; ``http`` needs its ``url``. The paper broker is an
@@ -117,27 +119,32 @@ def table_destination(name: str, section: Mapping[str, Any], env: GlobalSettings
     and then ``delivers_nowhere`` says so wherever the table's destination is shown.
     """
     if "destination" not in section:
-        raise ConfigError(f"{where} names no destination: set destination = \"http\" (with url = ...), "
-                          "\"handlers\" (with handlers = \"package.module:registry\"), a broker (\"nats\", "
-                          "\"rabbitmq\" with url = ..., \"kafka\" with bootstrap_servers = ...) or \"paper\" "
-                          "(messages are marked sent and go nowhere)")
+        raise ConfigError(
+            f'{where} names no destination: set destination = "http" (with url = ...), '
+            '"handlers" (with handlers = "package.module:registry"), a broker ("nats", '
+            '"rabbitmq" with url = ..., "kafka" with bootstrap_servers = ...) or "paper" '
+            "(messages are marked sent and go nowhere)"
+        )
     destination = one_of(section["destination"], destination_kinds(), f"{where} destination")
     url = section.get("url")
     url_source = f"{where} url"
     if "url_env" in section:
         if url is not None:
-            raise ConfigError(f"{where} names both url and url_env: keep one (url_env when the URL holds a "
-                              "credential, which then stays out of the file)")
+            raise ConfigError(
+                f"{where} names both url and url_env: keep one (url_env when the URL holds a "
+                "credential, which then stays out of the file)"
+            )
         url, url_source = env_variable(section, "url_env", env.environ, where), f"{where} url_env"
     if "signing_secret_env" in section and destination != "http":
-        raise ConfigError(f"{where} signing_secret_env applies to destination = \"http\" (signed webhooks)")
+        raise ConfigError(f'{where} signing_secret_env applies to destination = "http" (signed webhooks)')
     if destination in BROKERS:
         broker = broker_settings(name, destination, section, url, env.environ, where)
         return Where(destination, None, broker.token, None, broker=broker)
     broker_only = sorted(_BROKER_KEYS & set(section))
     if broker_only:
-        raise ConfigError(f"{where} {', '.join(broker_only)} apply to a broker destination "
-                          "(\"nats\", \"rabbitmq\", \"kafka\")")
+        raise ConfigError(
+            f'{where} {", ".join(broker_only)} apply to a broker destination ("nats", "rabbitmq", "kafka")'
+        )
     from_env = section.get("url_from_env")
     if url is None and from_env in URL_FROM_ENV:
         # A shipped table whose URL, unless its section sets one, comes from a variable
@@ -146,9 +153,11 @@ def table_destination(name: str, section: Mapping[str, Any], env: GlobalSettings
     if url is not None and (not isinstance(url, str) or not url.strip()):
         raise ConfigError(f"{where} url must be an http:// or https:// URL, got {url!r}")
     if destination == "http" and not url:
-        raise ConfigError(f"{where} destination = \"http\" has no url: set url = \"https://...\" (the endpoint "
-                          "that receives the messages), or choose another destination. Nothing is delivered "
-                          "anywhere until it names one.")
+        raise ConfigError(
+            f'{where} destination = "http" has no url: set url = "https://..." (the endpoint '
+            "that receives the messages), or choose another destination. Nothing is delivered "
+            "anywhere until it names one."
+        )
     if destination == "handlers":
         _check_handlers(section.get("handlers"), where)
     token = None
@@ -157,7 +166,7 @@ def table_destination(name: str, section: Mapping[str, Any], env: GlobalSettings
         check_destination_credentials(url_source, url, env, token)
         policy.check_inside_window(table_name=name)
     elif "token_env" in section:
-        raise ConfigError(f"{where} token_env applies to a table with a url (destination = \"http\")")
+        raise ConfigError(f'{where} token_env applies to a table with a url (destination = "http")')
     secret = env_variable(section, "signing_secret_env", env.environ, where)
     if secret is not None:
         try:
@@ -173,9 +182,11 @@ def _check_handlers(spec: Any, where: str) -> None:
     never as a run that fails again at every launch."""
     if not spec:
         raise ConfigError(f"{where} destination = 'handlers' needs handlers = 'package.module:registry'")
-    fix = ("make the module importable in every process that runs the outbox: put it in your project's "
-           "package and install the project (pip install -e .), so Dagster's code server and run workers "
-           "import it without PYTHONPATH; or fix the name")
+    fix = (
+        "make the module importable in every process that runs the outbox: put it in your project's "
+        "package and install the project (pip install -e .), so Dagster's code server and run workers "
+        "import it without PYTHONPATH; or fix the name"
+    )
     try:
         registry = import_attribute(str(spec), f"{where} handlers", shape="package.module:registry")
     except ConfigError as exc:
@@ -184,17 +195,23 @@ def _check_handlers(spec: Any, where: str) -> None:
         raise ConfigError(f"{where} handlers = {spec!r}: importing it raised {type(exc).__name__}: {exc}") from None
     if registry is None:
         module_name, _, attribute = str(spec).partition(":")
-        raise ConfigError(f"{where} handlers = {spec!r}: {module_name} has no attribute {attribute!r}; "
-                          "name the HandlerRegistry it defines (package.module:registry)")
+        raise ConfigError(
+            f"{where} handlers = {spec!r}: {module_name} has no attribute {attribute!r}; "
+            "name the HandlerRegistry it defines (package.module:registry)"
+        )
 
 
 def _nowhere(name: str, destination: str, url: str | None, from_env: str | None) -> str | None:
     """The plain sentence for a table whose messages go nowhere (the paper broker), else None."""
     if destination == "paper":
-        return (f"{name}: destination = \"paper\": every message is marked sent and delivered nowhere "
-                "(set destination = \"http\" with a url, or \"handlers\", to deliver)")
+        return (
+            f'{name}: destination = "paper": every message is marked sent and delivered nowhere '
+            '(set destination = "http" with a url, or "handlers", to deliver)'
+        )
     if destination in wings.destinations() and not url:
         variable = URL_FROM_ENV.get(from_env or "", "its url")
-        return (f"{name}: {variable} is unset: the paper broker marks every message sent and delivers nothing "
-                f"(set {variable} to the broker's URL to deliver)")
+        return (
+            f"{name}: {variable} is unset: the paper broker marks every message sent and delivers nothing "
+            f"(set {variable} to the broker's URL to deliver)"
+        )
     return None

@@ -61,8 +61,10 @@ def bearer_token(env: Mapping[str, str], name: str) -> str | None:
         return None
     token = raw.strip()
     if not _TOKEN.fullmatch(token):
-        raise ConfigError(f"{name} holds spaces, control or non-ASCII characters: it cannot be sent as "
-                          "'Authorization: Bearer <token>'; set the token alone")
+        raise ConfigError(
+            f"{name} holds spaces, control or non-ASCII characters: it cannot be sent as "
+            "'Authorization: Bearer <token>'; set the token alone"
+        )
     return token
 
 
@@ -101,8 +103,9 @@ class GlobalSettings:
             idle_sleep_s=env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
             stuck_threshold_s=env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
             relay_enabled=env_bool(env, "OUTBOX_RELAY_ENABLED", True),
-            poll_interval_s=parse_duration(_env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s",
-                                           "OUTBOX_RELAY_POLL_INTERVAL"),
+            poll_interval_s=parse_duration(
+                _env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s", "OUTBOX_RELAY_POLL_INTERVAL"
+            ),
             lock_ttl_s=parse_duration(_env(env, "OUTBOX_RELAY_LOCK_TTL") or "60s", "OUTBOX_RELAY_LOCK_TTL"),
             relay_max_attempts=env_int(env, "OUTBOX_RELAY_MAX_ATTEMPTS", 25) if relay_max else None,
             cleaner_enabled=env_bool(env, "OUTBOX_CLEANER_ENABLED", True),

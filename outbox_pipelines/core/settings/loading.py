@@ -55,8 +55,9 @@ class Settings:
         return groups
 
 
-def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None,
-                  declaration: Declaration | None = None) -> Settings:
+def load_settings(
+    env: Mapping[str, str] | None = None, path: Path | None = None, declaration: Declaration | None = None
+) -> Settings:
     """The settings; a table whose section cannot be used is left out and named in ``broken`` (its error), so
     one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError.
 
@@ -67,7 +68,8 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None
         declaration = load_config_file(path) if path is not None else find_declaration(env)
     source = declaration.source
     sections: dict[str, dict[str, Any]] = (
-        {name: dict(s) for name, s in shipped_tables().items()} if declaration.shipped_tables else {})
+        {name: dict(s) for name, s in shipped_tables().items()} if declaration.shipped_tables else {}
+    )
     written = declaration.tables
     for name, section in written.items():
         sections[name] = {**sections.get(name, {}), **section}
@@ -84,8 +86,9 @@ def load_settings(env: Mapping[str, str] | None = None, path: Path | None = None
     return Settings(global_settings, tables, source, broken)
 
 
-def load_settings_or_problem(env: Mapping[str, str] | None = None, path: Path | None = None,
-                             declaration: Declaration | None = None) -> Settings:
+def load_settings_or_problem(
+    env: Mapping[str, str] | None = None, path: Path | None = None, declaration: Declaration | None = None
+) -> Settings:
     """``load_settings`` for a process that must stay up when the declaration cannot be read at all (Dagster's
     code location, its sensors): no table, and ``problem`` saying what to fix, for a check and an alert to tell,
     instead of a code location that fails to load and goes quiet."""

@@ -44,8 +44,9 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
         raise ConfigError(f"{where}[tables.{name}]: {exc}") from None
     unknown = set(section) - TABLE_KEYS - INTERNAL_KEYS
     if unknown:
-        raise ConfigError(f"{where}[tables.{name}] has unknown keys {sorted(unknown)}; "
-                          f"known keys: {sorted(TABLE_KEYS)}")
+        raise ConfigError(
+            f"{where}[tables.{name}] has unknown keys {sorted(unknown)}; known keys: {sorted(TABLE_KEYS)}"
+        )
 
 
 def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:
@@ -65,8 +66,10 @@ def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -
 def _already_processed(section: Mapping[str, Any], where: str) -> AlreadyProcessed:
     rules = section.get("already_processed", DEFAULT_ALREADY_PROCESSED)
     if not isinstance(rules, (list, tuple)):
-        raise ConfigError(f"{where} already_processed must be a list of rules like \"status=already_processed\" "
-                          f"or a phrase, got {rules!r}")
+        raise ConfigError(
+            f'{where} already_processed must be a list of rules like "status=already_processed" '
+            f"or a phrase, got {rules!r}"
+        )
     try:
         return AlreadyProcessed.parse(rules, f"{where} already_processed")
     except ValueError as exc:
@@ -129,8 +132,9 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         handler_threads=int(section.get("parallelism", env.handler_threads)),
         requests_in_flight=int(section.get("concurrency", 32)),
         lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),
-        stuck_threshold_s=parse_duration(section.get("stuck_threshold", env.stuck_threshold_s),
-                                         f"{where} stuck_threshold"),
+        stuck_threshold_s=parse_duration(
+            section.get("stuck_threshold", env.stuck_threshold_s), f"{where} stuck_threshold"
+        ),
         retention_s=parse_duration(section.get("retention", env.cleaner_retention_s), f"{where} retention"),
         paused_topics=paused,
         relay_enabled=bool(section.get("relay_enabled", env.relay_enabled)),
@@ -138,9 +142,12 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         idle_sleep_s=env.idle_sleep_s,
         poll_interval_s=env.poll_interval_s,
         checks=thresholds,
-        max_retry_after_s=positive(parse_duration(section.get("max_retry_after", "300s"), f"{where} max_retry_after"),
-                                   f"{where} max_retry_after"),
+        max_retry_after_s=positive(
+            parse_duration(section.get("max_retry_after", "300s"), f"{where} max_retry_after"),
+            f"{where} max_retry_after",
+        ),
         circuit_threshold=whole(section.get("circuit_threshold", 10), f"{where} circuit_threshold"),
-        probe_interval_s=positive(parse_duration(section.get("probe_interval", "10s"), f"{where} probe_interval"),
-                                  f"{where} probe_interval"),
+        probe_interval_s=positive(
+            parse_duration(section.get("probe_interval", "10s"), f"{where} probe_interval"), f"{where} probe_interval"
+        ),
     )

@@ -63,8 +63,9 @@ class CheckThresholds:
 
 
 # A threshold key -> the CheckThresholds field it sets (a duration's in seconds: ``_s``), and its kind.
-THRESHOLD_KEYS = {key.name: (f"{key.name}_s" if key.kind == "duration" else key.name, key.kind)
-                  for key in keys_in("checks")}
+THRESHOLD_KEYS = {
+    key.name: (f"{key.name}_s" if key.kind == "duration" else key.name, key.kind) for key in keys_in("checks")
+}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,18 @@ from outbox_pipelines.core.settings.registry.table_keys import (
 from outbox_pipelines.core.settings.registry.variables import ENVIRONMENT, ENVIRONMENT_BY_NAME, EnvVariable
 
 __all__ = [
-    "ENVIRONMENT", "ENVIRONMENT_BY_NAME", "GROUPS", "KINDS", "TABLE_KEYS", "TABLE_KEYS_BY_NAME", "TABLE_KEY_REGISTRY",
-    "EnvVariable", "TableKey", "choices", "keys_in", "render_environment_markdown", "render_markdown",
+    "ENVIRONMENT",
+    "ENVIRONMENT_BY_NAME",
+    "GROUPS",
+    "KINDS",
+    "TABLE_KEYS",
+    "TABLE_KEYS_BY_NAME",
+    "TABLE_KEY_REGISTRY",
+    "EnvVariable",
+    "TableKey",
+    "choices",
+    "keys_in",
+    "render_environment_markdown",
+    "render_markdown",
     "render_table_keys_markdown",
 ]

@@ -54,12 +54,19 @@ def render_environment_markdown(variables: Iterable[EnvVariable] = ENVIRONMENT) 
     """The environment variables' reference: variable, default, meaning, where it is read."""
     lines = [_row("variable", "default", "meaning", "read by"), "|---|---|---|---|"]
     for variable in variables:
-        lines.append(_row(f"`{variable.name}`", _variable_default(variable), variable.meaning,
-                          f"`outbox_pipelines/{variable.read_by}`"))
+        lines.append(
+            _row(
+                f"`{variable.name}`",
+                _variable_default(variable),
+                variable.meaning,
+                f"`outbox_pipelines/{variable.read_by}`",
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
 def render_markdown() -> str:
     """Both tables, each under a heading."""
-    return (f"## Table keys\n\n{render_table_keys_markdown()}\n"
-            f"## Environment variables\n\n{render_environment_markdown()}")
+    return (
+        f"## Table keys\n\n{render_table_keys_markdown()}\n## Environment variables\n\n{render_environment_markdown()}"
+    )

@@ -10,8 +10,21 @@ as ``http`` does.
 from dataclasses import dataclass
 
 # What a key's value is; "choice" takes one of the key's ``choices``.
-KINDS = ("choice", "duration", "count", "whole number", "fraction", "true/false", "text", "name", "URL",
-         "host:port list", "variable name", "module:attribute", "list of text")
+KINDS = (
+    "choice",
+    "duration",
+    "count",
+    "whole number",
+    "fraction",
+    "true/false",
+    "text",
+    "name",
+    "URL",
+    "host:port list",
+    "variable name",
+    "module:attribute",
+    "list of text",
+)
 # What a key is about, in the order the reference lists them.
 GROUPS = ("where", "delivery", "broker", "kafka_security", "retry", "relay", "cleaner", "checks")
 
@@ -42,10 +55,14 @@ _HTTP, _BROKERS = ("http",), ("nats", "rabbitmq", "kafka")
 
 def _thresholds(stem: str, kind: str, warn: str, error: str, what: str) -> tuple[TableKey, TableKey]:
     """A check's two thresholds: it turns WARN at ``warn``, ERROR at ``error``."""
-    return (TableKey(f"{stem}_warn", "checks", kind, warn, f"{what}: the check turns WARN at this"),
-            TableKey(f"{stem}_error", "checks", kind, error, f"{what}: the check turns ERROR at this"))
+    return (
+        TableKey(f"{stem}_warn", "checks", kind, warn, f"{what}: the check turns WARN at this"),
+        TableKey(f"{stem}_error", "checks", kind, error, f"{what}: the check turns ERROR at this"),
+    )
 
 
+# fmt: off
+# (The registry reads as a table, a few lines a key; the formatter would give every field a line of its own.)
 TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
     # Where messages go, and with which credential.
     TableKey("destination", "where", "choice", None, "where messages go; `paper` marks them sent and delivers "
@@ -148,6 +165,7 @@ TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
     *_thresholds("destination_failing", "duration", '"30s"', '"5m"', "how long every delivery has failed"),
     *_thresholds("blocked_keys", "count", "1", "10", "ordering keys held back by a dead message (`park`)"),
 )
+# fmt: on
 
 TABLE_KEYS_BY_NAME = {key.name: key for key in TABLE_KEY_REGISTRY}
 # The keys a section may carry: a key is accepted only if it is documented here.

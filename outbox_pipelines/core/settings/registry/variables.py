@@ -25,6 +25,8 @@ class EnvVariable:
 _SETTINGS = "core/settings/environment.py"
 _TRACING = "core/oncall/tracing.py"
 
+# fmt: off
+# (The registry reads as a table, a few lines a variable; the formatter would give every field a line of its own.)
 ENVIRONMENT: tuple[EnvVariable, ...] = (
     # Where the outbox lives, and its tables.
     EnvVariable("OUTBOX_DATABASE_URL", None, "where the outbox lives (a PostgreSQL URL)", "core/storage",
@@ -81,5 +83,6 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OTEL_RESOURCE_ATTRIBUTES", None, "resource attributes added to every span (read by the "
                 "OpenTelemetry SDK)", _TRACING),
 )
+# fmt: on
 
 ENVIRONMENT_BY_NAME = {variable.name: variable for variable in ENVIRONMENT}
