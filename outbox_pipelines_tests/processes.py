@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def silent_port(backlog: int = 64) -> Iterator[int]:
+    """A port that accepts TCP connections (the kernel completes the handshake) and never says a word: a hung
+    peer, a black hole. Closed on leaving the block."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(backlog)
+        yield int(sock.getsockname()[1])
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +40,8 @@ from outbox_pipelines_tests.api.conftest import (
     post_order,
     sample,
 )
-from outbox_pipelines_tests.helpers import free_port, rows, wait_for_port
+from outbox_pipelines_tests.helpers import rows
+from outbox_pipelines_tests.processes import free_port, silent_port, wait_for_port
 
 TIMEOUT_S = ApiSettings(database_url="").db_timeout_s  # the default, 2 s
 HEALTH_LIMIT_S = 1.0
@@ -239,28 +239,6 @@ def test_a_full_pool_answers_503_busy_fast_and_healthz_does_not_queue_behind_it(
 
 # -- no database ---------------------------------------------------------------------------------------
 @contextmanager
-def closed_port() -> Iterator[int]:
-    """A port nothing listens on (connection refused)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    yield port
-
-
-@contextmanager
-def silent_server() -> Iterator[int]:
-    """A port that accepts TCP connections (the kernel's backlog) and never says a word."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
-
-
-@contextmanager
 def api_on(url: str) -> Iterator[LiveApi]:
     servers = ApiServers(url)
     try:
@@ -275,18 +253,18 @@ def assert_no_secret(texts: list[str], url: str) -> None:
 
 
 def test_a_database_that_is_down_is_503_unavailable_and_healthz_says_unreachable_within_1s(api_log):
-    with closed_port() as port:
-        url = f"postgresql://outbox:{PASSWORD}@127.0.0.1:{port}/outbox"
-        with api_on(url) as live, live.client() as client:
-            started = time.monotonic()
-            posted = client.post("/do/order", content=json.dumps(order("k-down")).encode(),
-                                 headers={"Content-Type": "application/json", "Idempotency-Key": "k-down"})
-            post_s = time.monotonic() - started
-            got = client.get("/do/order/k-down")
-            started = time.monotonic()
-            health = client.get("/healthz")
-            health_s = time.monotonic() - started
-            scrape = client.get("/metrics")
+    port = free_port()  # nothing listens: connection refused
+    url = f"postgresql://outbox:{PASSWORD}@127.0.0.1:{port}/outbox"
+    with api_on(url) as live, live.client() as client:
+        started = time.monotonic()
+        posted = client.post("/do/order", content=json.dumps(order("k-down")).encode(),
+                             headers={"Content-Type": "application/json", "Idempotency-Key": "k-down"})
+        post_s = time.monotonic() - started
+        got = client.get("/do/order/k-down")
+        started = time.monotonic()
+        health = client.get("/healthz")
+        health_s = time.monotonic() - started
+        scrape = client.get("/metrics")
 
     body = assert_error(posted, 503, "DATABASE_UNAVAILABLE")
     assert "same key" in body["message"] and posted.headers["retry-after"] == "2"
@@ -303,7 +281,7 @@ def test_a_database_that_is_down_is_503_unavailable_and_healthz_says_unreachable
 
 
 def test_a_database_that_never_answers_healthz_says_timeout_within_1s_and_posts_get_503(api_log):
-    with silent_server() as port:
+    with silent_port() as port:
         url = f"postgresql://outbox:{PASSWORD}@127.0.0.1:{port}/outbox"
         with api_on(url) as live, live.client() as client:
             healths = []

@@ -8,7 +8,6 @@ refuses the login opens the table's circuit with nothing dead.
 
 import json
 import re
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,11 @@ from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.settings.brokers import BrokerSettings
-from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue, drain_queue, free_port, installed
+from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue, drain_queue, installed
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.core.destinations.test_http import claimed
 from outbox_pipelines_tests.helpers import rows, statuses
+from outbox_pipelines_tests.processes import free_port, silent_port
 
 pytestmark = pytest.mark.skipif(not installed(), reason="rabbitmq-server is not installed (bash .ci/run installs it)")
 
@@ -256,10 +256,8 @@ def test_a_broker_that_is_down_answers_network_timeout_at_once_and_opens_the_cir
 def test_a_broker_that_never_answers_gives_network_timeout_within_the_table_timeout(exchange):
     """A port that takes the connection and says nothing (a hung broker, a black hole): the batch ends in
     about the table's timeout, never hangs the relay."""
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # the kernel completes the handshake; nobody ever answers
-        url = f"amqp://outbox:{PASSWORD}@127.0.0.1:{silent.getsockname()[1]}/"
+    with silent_port() as port:  # the kernel completes the handshake; nobody ever answers
+        url = f"amqp://outbox:{PASSWORD}@127.0.0.1:{port}/"
         destination = RabbitMQDestination(url, exchange=exchange, timeout_s=1.0)
         try:
             started = time.monotonic()

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -17,6 +16,7 @@ from outbox_pipelines.core.oncall.health import CHECK_NAMES, CheckVerdict
 from outbox_pipelines.core.oncall.sweep import check_condition
 from outbox_pipelines.defs.links import UI_URL_ENV, DagsterLinks
 from outbox_pipelines_tests.conftest import REPO
+from outbox_pipelines_tests.processes import free_port
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 REPEAT = 1800.0
@@ -326,9 +326,7 @@ def test_a_webhook_url_with_credentials_is_never_logged_with_its_password(conn, 
     assert "answered HTTP 500" in caplog.text
     assert "alerts:secretpw" not in caplog.text and "secretpw" not in caplog.text
     # unreachable too (a closed port)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     caplog.clear()
     with caplog.at_level(logging.INFO):
         assert alerts.post_alert({"text": "t"}, f"http://alerts:secretpw@127.0.0.1:{port}/hook", timeout_s=2) is False

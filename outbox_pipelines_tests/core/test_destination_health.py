@@ -1,6 +1,5 @@
 """An outage shows while it lasts: relays record destination failure streaks; the destination check grades them."""
 
-import socket
 from datetime import timedelta
 
 import pytest
@@ -14,6 +13,7 @@ from outbox_pipelines.core.relay.destination_health import SUCCESS_EVERY_S, Dest
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, statuses
+from outbox_pipelines_tests.processes import free_port
 
 EVENTS = "outbox_events"
 
@@ -25,10 +25,7 @@ def events_settings(**overrides):
 @pytest.fixture
 def closed_url() -> str:
     """A local port nobody listens on: connection refused."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}/"
+    return f"http://127.0.0.1:{free_port()}/"
 
 
 def relay_once(db_url, url):

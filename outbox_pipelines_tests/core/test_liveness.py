@@ -1,6 +1,5 @@
 """Relay liveness with real relay processes: a relay that dies gives its rows back at once, and on-call hears once."""
 
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -14,7 +13,7 @@ from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
-from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.processes import kill_process, silent_port, start_relay, stop_and_read, wait_until
 
 EVENTS = "outbox_events"
 
@@ -22,11 +21,8 @@ EVENTS = "outbox_events"
 @pytest.fixture
 def silent_server():
     """A TCP port that accepts connections (the kernel does) and never answers: a hung destination."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
-    listener.close()
+    with silent_port(128) as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 @pytest.fixture

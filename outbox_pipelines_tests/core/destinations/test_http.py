@@ -1,7 +1,6 @@
 """The HTTP destination over real sockets on 127.0.0.1, alone and through the relay."""
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.processes import free_port
 
 ORDERS = "outbox_orders"
 JSON = {"Content-Type": "application/json"}
@@ -61,13 +61,6 @@ def header(received, name: str) -> str | None:
     values = [v for k, v in received.headers.items() if k.lower() == name.lower()]
     assert len(values) <= 1, f"{name} sent {len(values)} times: {values}"
     return values[0] if values else None
-
-
-def closed_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RawServer:
@@ -250,7 +243,7 @@ def test_a_per_request_timeout_overrides_the_destination_timeout(http_sink, tran
 
 def test_connection_refused_is_a_network_timeout_retry(transport):
     started = time.monotonic()
-    outcome = deliver_one(f"http://127.0.0.1:{closed_port()}/", transport, timeout_s=2)
+    outcome = deliver_one(f"http://127.0.0.1:{free_port()}/", transport, timeout_s=2)
     assert (outcome.kind, outcome.code) == ("retry", "NETWORK_TIMEOUT")
     # It is reported as a failed connection, not as a timeout it never waited for.
     assert "connect" in outcome.error.lower()
@@ -488,7 +481,7 @@ def test_garbage_answers_retry_then_go_dead_with_the_reason(conn, db_url, http_s
 
 def test_an_unreachable_broker_keeps_messages_pending(conn, db_url):
     keys = enqueue(conn, "o-1", "o-2")
-    settings = table_settings(ORDERS, destination="http", url=f"http://127.0.0.1:{closed_port()}/", retry=SMALL_RETRY)
+    settings = table_settings(ORDERS, destination="http", url=f"http://127.0.0.1:{free_port()}/", retry=SMALL_RETRY)
     r = Relay(db_url, settings, HttpDestination(settings.url, timeout_s=1), worker_id="test-relay")
     try:
         report = r.run(once=True, max_seconds=30)

@@ -17,7 +17,6 @@ the relay is the product's run_table_relay; the Order API is served by uvicorn.
 """
 
 import dataclasses
-import socket
 
 import pytest
 
@@ -35,6 +34,7 @@ from outbox_pipelines.orders.failures import (
 from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import ApiServers
 from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.processes import free_port
 
 TABLE = "outbox_orders"
 
@@ -124,9 +124,7 @@ def test_gave_up_after_timeouts_is_broker_timeout(conn, db_url):
 
 
 def test_gave_up_after_connection_errors_is_broker_down(conn, db_url):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/orders"
+    closed = f"http://127.0.0.1:{free_port()}/orders"
     accept(conn, "k-unreachable")
     relay_until_settled(conn, db_url, settings_for(closed), passes=2)
     found = assert_failed(conn, "k-unreachable", BROKER_DOWN, 503, "NETWORK_TIMEOUT")
