@@ -1,0 +1,103 @@
+"""outbox-pipelines: the command line of the outbox.
+
+Exit codes: 0 done; 1 failed (database unreachable, migration error, ...);
+2 bad input or usage (nothing was written).
+
+The package, one job a module:
+- ``parser.py``: the argparse tree (every command, its options and help texts);
+- ``output.py``: the exit codes, the usage error, stderr, short durations, suggested command lines;
+- ``inputs.py``: the database URL, the table settings and the tables a command works on;
+- ``db_commands.py``: ``db upgrade | create-table | grant | url | stop``;
+- ``enqueue_command.py``: ``enqueue``;
+- ``oncall_commands.py``: ``status``;
+- ``relay_commands.py``: ``relay --table | --group``;
+- ``operations_commands.py``: ``requeue-stuck``, ``clean``, ``replay``, ``skip``;
+- ``servers.py``: ``order-api``, ``broker-sim``, ``dev``, ``demo``;
+- here: ``main``, which parses, runs the command and turns its errors into exit codes.
+
+The rules each command applies are the core's; a command passes its options and prints the outcome.
+"""
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from outbox_pipelines.cli.db_commands import cmd_db_create_table, cmd_db_grant, cmd_db_stop, cmd_db_upgrade, cmd_db_url
+from outbox_pipelines.cli.enqueue_command import cmd_enqueue
+from outbox_pipelines.cli.inputs import unusable_tables
+from outbox_pipelines.cli.oncall_commands import blocked_keys_text, cmd_status
+from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
+from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say
+from outbox_pipelines.cli.parser import GRANT_HELP, Handler, build_parser
+from outbox_pipelines.cli.relay_commands import cmd_relay
+from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
+from outbox_pipelines.core.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidMessage,
+    InvalidTableName,
+    MigrationError,
+    UnknownTable,
+)
+from outbox_pipelines.core.redaction import redact_text
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "GRANT_HELP",
+    "Handler",
+    "UsageError",
+    "blocked_keys_text",
+    "build_parser",
+    "cmd_broker_sim",
+    "cmd_clean",
+    "cmd_db_create_table",
+    "cmd_db_grant",
+    "cmd_db_stop",
+    "cmd_db_upgrade",
+    "cmd_db_url",
+    "cmd_demo",
+    "cmd_dev",
+    "cmd_enqueue",
+    "cmd_order_api",
+    "cmd_relay",
+    "cmd_replay",
+    "cmd_requeue_stuck",
+    "cmd_skip",
+    "cmd_status",
+    "main",
+    "say",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    # Handler modules an outbox.toml names next to it import as under `python -m` (the console
+    # script alone does not put the working directory on the path).
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return int(args.handler(args) or 0) or unusable_tables(args)
+    except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    except (DatabaseUnavailable, MigrationError) as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except psycopg.Error as exc:
+        if args.verbose:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        say(f"error: the database refused: {redact_text(first)} (rerun with -v for the traceback)")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130

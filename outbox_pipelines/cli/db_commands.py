@@ -1,0 +1,97 @@
+"""``outbox-pipelines db ...``: the schema (upgrade, create-table), the least-privilege roles (grant), and the
+database in use (url, stop the embedded server). The work is the storage room's; these say what it did."""
+
+import argparse
+import os
+
+import psycopg
+
+from outbox_pipelines.cli.inputs import database_url, settings_of
+from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, UsageError, say
+from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.storage import db, migrate, roles, schema
+
+NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgrade' first"
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    url = database_url()
+    applied = migrate.upgrade(url)
+    if applied:
+        for name in applied:
+            print(f"applied {name}")
+    else:
+        print("database is up to date")
+    return EXIT_OK
+
+
+def cmd_db_create_table(args: argparse.Namespace) -> int:
+    url = database_url()
+    if migrate.pending(url):
+        raise UsageError(NOT_MIGRATED)
+    created = schema.create_table(url, args.name, dedup_index=args.dedup)
+    print(
+        f"created outbox table {args.name}"
+        if created
+        else f"outbox table {args.name} already exists (checked its indexes and trigger)"
+    )
+    if args.name not in settings_of(args).tables:
+        print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
+    return EXIT_OK
+
+
+def cmd_db_grant(args: argparse.Namespace) -> int:
+    url = database_url()
+    if migrate.pending(url):
+        raise UsageError(NOT_MIGRATED)
+    try:
+        plan, statements = roles.grant_roles(url, dry_run=args.dry_run)
+    except roles.GrantRefused as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except psycopg.errors.InsufficientPrivilege as exc:  # CREATE ROLE without CREATEROLE
+        say(
+            f"error: the database refused: {redact_text(str(exc).strip().splitlines()[0])}. Run 'db grant' as the "
+            "owner of the outbox tables with CREATEROLE (or as a superuser), like 'db upgrade'."
+        )
+        return EXIT_FAILED
+    if args.dry_run:
+        print("\n".join(statements))
+        print("-- dry run: nothing changed")
+        return EXIT_OK
+    if plan.missing_roles:
+        print(f"created roles: {', '.join(plan.missing_roles)}")
+    print(
+        f"granted on schema {plan.schema} and its {len(plan.outbox_tables)} outbox tables "
+        f"({', '.join(plan.outbox_tables) or 'none'}):"
+    )
+    for spec in roles.all_roles():
+        print(f"  {spec.name}: {spec.job}")
+        for line in roles.rights(spec):
+            print(f"      {line}")
+    if plan.absent_tables:
+        print(f"not in this database, skipped: {', '.join(plan.absent_tables)}")
+    print(
+        "put each process's login role in its group (GRANT outbox_relay TO relay_login), and run "
+        "'outbox-pipelines db grant' again after 'db create-table' so the roles reach the new table"
+    )
+    return EXIT_OK
+
+
+def cmd_db_url(args: argparse.Namespace) -> int:
+    url = database_url()
+    print(url if args.show_password else db.mask_password(url))
+    return EXIT_OK
+
+
+def cmd_db_stop(args: argparse.Namespace) -> int:
+    if os.environ.get(db.DATABASE_URL_ENV):
+        raise UsageError("OUTBOX_DATABASE_URL is set: this command only stops the embedded server")
+    root = db.embedded_dir()
+    stopped = db.stop_embedded(root)
+    print(
+        f"stopped the embedded PostgreSQL under {root}"
+        if stopped
+        else f"no embedded PostgreSQL was running under {root}"
+    )
+    return EXIT_OK

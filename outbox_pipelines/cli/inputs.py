@@ -1,0 +1,42 @@
+"""Where a command's inputs come from: the database URL, the table settings (``--config``), and which tables
+it works on (``--table``, else every usable one; the unusable ones are told at the end)."""
+
+import argparse
+import os
+import sys
+
+from outbox_pipelines.cli.output import EXIT_OK, EXIT_USAGE, say
+from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+from outbox_pipelines.core.storage import db
+
+
+def database_url() -> str:
+    return db.resolve_database(announce=True).url
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    if getattr(args, "config", None):
+        os.environ["OUTBOX_CONFIG"] = args.config
+    # The project's own modules (its handlers) import from its root, as Dagster imports them from the
+    # code location's working directory: a console script's sys.path does not hold the working directory.
+    root = str(db.project_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return load_settings()
+
+
+def chosen_tables(args: argparse.Namespace, settings: Settings) -> list[TableSettings]:
+    """The tables named by --table (repeatable), else every usable table in name order; a table whose section
+    cannot be used is then told at the end, and the command exits 2 (``main``)."""
+    chosen = getattr(args, "table", None)
+    if not chosen:
+        args.unusable_tables = settings.broken
+    return [settings.table(table_name) for table_name in (chosen or sorted(settings.tables))]
+
+
+def unusable_tables(args: argparse.Namespace) -> int:
+    """Say which tables the command left out because their settings cannot be used: exit 2 if any."""
+    broken: dict[str, str] = getattr(args, "unusable_tables", {})
+    for name in sorted(broken):
+        say(f"error: {name} was left out: {broken[name]}")
+    return EXIT_USAGE if broken else EXIT_OK

@@ -1,0 +1,157 @@
+"""``outbox-pipelines status``: the on-call's view of each table (rows per state, stuck, age of the oldest,
+lag, dead rows by code, the destination's health, blocked ordering keys), with the commands to run next.
+The figures are the on-call room's (``core.oncall.health.read_status``); this lays them out."""
+
+import argparse
+import json
+import shlex
+from typing import Any
+
+from outbox_pipelines.cli.inputs import chosen_tables, database_url, settings_of
+from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fmt_seconds, say, shell_prefix
+from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.models import STATES
+from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.table import OutboxTable
+
+LAG_LEGEND = (
+    "messages still waiting counted with their age so far; "
+    "oldest = age of the oldest message not yet delivered (retries in backoff included), from its creation\n"
+    "the lag check grades what waits now instead: the p95 and the oldest of the messages due and not yet "
+    "delivered, each from when it became due (a retry when its backoff ends, a replay at the replay); "
+    "nothing waiting passes"
+)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+    url = database_url()
+    reports = []
+    missing: list[str] = []  # declared, not created yet: told at the end, the others shown
+    chosen = chosen_tables(args, settings)
+    with db.connect(url) as conn:
+        for table in chosen:
+            try:
+                reports.append(
+                    read_status(OutboxTable(conn, table.name), stuck_after_s=table.stuck_threshold_s, count_sent=True)
+                )
+            except UnknownTable:
+                missing.append(table.name)
+    tables = [t for t in chosen if t.name not in missing]
+    print_status(args, reports, tables)
+    if missing:
+        say(
+            f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db create-table NAME' for each "
+            "(or 'outbox-pipelines db upgrade' for the shipped tables)"
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: list[TableSettings]) -> None:
+    if args.json:
+        print(
+            json.dumps(
+                [{**r.as_dict(), "delivers_nowhere": t.delivers_nowhere} for r, t in zip(reports, tables, strict=True)],
+                indent=2,
+                default=str,
+            )
+        )
+        return
+    print_counts(reports)
+    dead = [(r.table, code, n) for r in reports for code, n in r.dead_by_code.items()]
+    if dead:
+        print("\ndead by error code:")
+        for table_name, code, n in dead:
+            print(f"  {table_name:<18} {code:<22} {n}")
+        print("\nto look at dead rows (changes nothing; drop --dry-run to replay them):")
+        for command in status_replay_suggestions(args, reports):
+            print(f"  {command}")
+    lag_window = fmt_seconds(reports[0].lag_window_s if reports else 3600)
+    print(f"\nlag = created → delivered over the last {lag_window}, {LAG_LEGEND}")
+    for r in reports:
+        print_destination_health(r)
+    for r in reports:
+        if r.blocked_keys:
+            print(f"\n{blocked_keys_text(r)}")
+            for command in blocked_key_suggestions(args, r):
+                print(f"  {command}")
+    for table in tables:
+        if table.delivers_nowhere:
+            print(f"\n{table.delivers_nowhere}")
+
+
+def print_counts(reports: list[TableStatus]) -> None:
+    """The table of figures: one line a table, rows per state then stuck, oldest and the lag percentiles."""
+    width = max([18, *(len(r.table) + 1 for r in reports)])
+    header = (
+        f"{'table':<{width}}"
+        + "".join(f"{s:>10}" for s in STATES)
+        + f"{'stuck':>8}{'oldest':>9}{'lag p50':>9}{'p95':>8}{'p99':>8}"
+    )
+    print(header)
+    for r in reports:
+        print(
+            f"{r.table:<{width}}" + "".join(f"{r.counts.get(s, 0):>10}" for s in STATES) + f"{r.stuck:>8}"
+            f"{fmt_seconds(r.oldest_pending_age_s):>9}{fmt_seconds(r.lag_p50_s):>9}"
+            f"{fmt_seconds(r.lag_p95_s):>8}{fmt_seconds(r.lag_p99_s):>8}"
+        )
+
+
+def print_destination_health(r: TableStatus) -> None:
+    health = r.destination
+    if health is None:
+        return
+    if health.failing:
+        codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
+        print(
+            f"\n{r.table}: deliveries to {health.destination} have failed for "
+            f"{fmt_seconds(health.failing_for_s)} ({codes}); messages retry by themselves"
+        )
+    if health.circuit_opened_at is not None:
+        print(
+            f"{r.table}: circuit open since {health.circuit_opened_at:%Y-%m-%d %H:%M:%S %Z}: one probe "
+            "message at a time, no attempts spent; it closes on the first success"
+        )
+    if health.paused:
+        print(f"{r.table}: paused {fmt_seconds(health.paused_for_s)} more: the destination asked to slow down (429)")
+    if health.relay_problem:
+        since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
+        print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
+
+
+def blocked_keys_text(r: Any) -> str:
+    which = ", ".join(f"{k['key']} (id {k['id']})" for k in r.blocked_oldest)
+    more = f" and {r.blocked_keys - len(r.blocked_oldest)} more" if r.blocked_keys > len(r.blocked_oldest) else ""
+    return (
+        f"{r.table}: {r.blocked_keys} ordering key{'' if r.blocked_keys == 1 else 's'} blocked since "
+        f"{r.blocked_since:%Y-%m-%d %H:%M:%S %Z} by a dead message; {r.blocked_messages} later "
+        f"message{'' if r.blocked_messages == 1 else 's'} wait behind: {which}{more}. Replay the dead message "
+        "(its key then goes on in order), or skip it (the rest of its key goes without it):"
+    )
+
+
+def blocked_key_suggestions(args: argparse.Namespace, r: Any) -> list[str]:
+    prefix = shell_prefix(args)
+    first = r.blocked_oldest[0]["id"]
+    return [
+        f"{prefix} replay --table {r.table} --id {first} --dry-run",
+        f"{prefix} skip --table {r.table} --id {first} --dry-run",
+    ]
+
+
+def status_replay_suggestions(args: argparse.Namespace, reports: list[Any]) -> list[str]:
+    """Replay commands that run as printed: per table with dead rows, its commonest code, and --all."""
+    prefix = command_prefix(args)
+    commands = []
+    for r in reports:
+        if not r.dead_by_code:
+            continue
+        code = max(r.dead_by_code.items(), key=lambda item: (item[1], item[0]))[0]
+        base = prefix + ["replay", "--table", r.table]
+        commands.append(shlex.join(base + ["--error-code", code, "--dry-run"]))
+        if len(r.dead_by_code) > 1:
+            commands.append(shlex.join(base + ["--all", "--dry-run"]))
+    return commands

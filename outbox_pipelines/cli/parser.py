@@ -1,0 +1,293 @@
+"""The command line's grammar: the argparse tree of every command, its options, help texts and value types.
+
+Each command's parser names its function (``handler``) from the command modules; ``main`` parses and calls it.
+"""
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
+from outbox_pipelines.cli.db_commands import cmd_db_create_table, cmd_db_grant, cmd_db_stop, cmd_db_upgrade, cmd_db_url
+from outbox_pipelines.cli.enqueue_command import cmd_enqueue
+from outbox_pipelines.cli.oncall_commands import cmd_status
+from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
+from outbox_pipelines.cli.relay_commands import cmd_relay
+from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.operations.replay import ReplayRefused, check_row_id, parse_death_time
+from outbox_pipelines.core.settings import parse_duration
+from outbox_pipelines.core.storage import roles
+
+Handler = Callable[[argparse.Namespace], int]
+
+GRANT_HELP = (
+    "create the least-privilege group roles (NOLOGIN) and grant each its rights on the outbox tables: "
+    f"{', '.join(roles.role_names())}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
+    "'db upgrade', and again after every 'db create-table' so the roles reach the new table; safe to repeat "
+    "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
+    "GRANT outbox_relay TO relay_login."
+)
+
+
+# -- value types: argparse tells a bad value as a usage error (exit 2), in the core's own words --------------
+def row_id(value: str) -> int:
+    try:
+        return check_row_id(int(value))
+    except ValueError as exc:  # ReplayRefused is a ValueError too
+        message = str(exc) if isinstance(exc, ReplayRefused) else f"{value!r} is not a row id (a whole number)"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def death_time(name: str) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            return parse_death_time(value, name)
+        except ReplayRefused as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "time"
+    return parse
+
+
+def duration(value: str) -> float:
+    try:
+        return parse_duration(value, "duration")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- the tree: the top-level options, then each command's parser, in the order --help lists them ------------
+def command(sub: Any, name: str, handler: Handler, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text, **kwargs)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox-pipelines",
+        description=(
+            "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL, or an embedded PostgreSQL "
+            "under the project's .outbox/ when it is unset (the nearest directory up from here holding "
+            "pyproject.toml, outbox.toml or .outbox). Table settings come from OUTBOX_CONFIG, else the project's "
+            "outbox.toml, else its OutboxComponent's defs.yaml (dg scaffold defs outbox_pipelines.OutboxComponent)."
+        ),
+        epilog="Exit codes: 0 done, 1 failed, 2 bad input or usage (nothing written).",
+    )
+    parser.add_argument(
+        "--config",
+        help="table settings file (TOML); default: $OUTBOX_CONFIG, else the project's "
+        "outbox.toml or OutboxComponent defs.yaml",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_db_commands(sub)
+    add_message_commands(sub)
+    add_maintenance_commands(sub)
+    add_service_commands(sub)
+    return parser
+
+
+def add_db_commands(sub: Any) -> None:
+    dbp = sub.add_parser(
+        "db",
+        help="schema: upgrade, create-table, grant, url, stop",
+        description="Database schema and the embedded server.",
+    )
+    dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
+    p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
+    p.set_defaults(handler=cmd_db_upgrade)
+    p = dbsub.add_parser("create-table", help="create another outbox table of the canonical shape")
+    p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
+    p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
+    p.set_defaults(handler=cmd_db_create_table)
+    p = dbsub.add_parser(
+        "grant",
+        help="create the least-privilege database roles and grant their rights (re-run after create-table)",
+        description=GRANT_HELP,
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the SQL it would run; change nothing")
+    p.set_defaults(handler=cmd_db_grant)
+    p = dbsub.add_parser(
+        "url", help="print the database URL in use, its password masked (starts the embedded server if needed)"
+    )
+    p.add_argument(
+        "--show-password",
+        action="store_true",
+        help="print the password too (for scripts; keep it off screens and logs)",
+    )
+    p.set_defaults(handler=cmd_db_url)
+    p = dbsub.add_parser("stop", help="stop the project's embedded PostgreSQL (under its .outbox/)")
+    p.set_defaults(handler=cmd_db_stop)
+
+
+def add_message_commands(sub: Any) -> None:
+    """enqueue, status, relay and replay."""
+    add = partial(command, sub)
+
+    p = add("enqueue", cmd_enqueue, "enqueue one message (in its own transaction)")
+    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_events")
+    p.add_argument("--topic", required=True, help="message topic / event type")
+    p.add_argument("--payload", required=True, help="JSON object, @file.json, or - for stdin")
+    p.add_argument("--event-id", help="idempotency key (default: a new UUID)")
+    p.add_argument("--tenant", help="tenant id")
+    p.add_argument(
+        "--ordering-key",
+        metavar="KEY",
+        help="deliver after every earlier message of this key, one at a time (the aggregate: order-42)",
+    )
+    p.add_argument("--trace-id", help="trace id, stored in the headers")
+    p.add_argument("--header", action="append", metavar="KEY=VALUE", help="extra header (repeatable)")
+    p.add_argument("--allow-unknown-topic", action="store_true", help="enqueue even if no handler knows the topic")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = add("status", cmd_status, "per table: rows per state, stuck, oldest pending age, lag p50/p95/p99, dead by code")
+    p.add_argument("--table", action="append", help="only this table (repeatable); default: every configured table")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add(
+        "relay",
+        cmd_relay,
+        "run a relay worker: claim, dispatch, settle",
+        epilog=(
+            "Behind a transaction pooler (PgBouncer) set OUTBOX_DIRECT_DATABASE_URL to a direct connection: the "
+            "relay's session (LISTEN wake-ups, the single-active lock) needs one. Without it a competing table's "
+            "relay polls, and a single-active table's relay refuses to start."
+        ),
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--table", help="outbox table to relay")
+    which.add_argument(
+        "--group",
+        help="relay every table of this relay group in one process, each on a worker of "
+        "its own ('default' unless outbox.toml gives a table another group)",
+    )
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")
+    budget.add_argument(
+        "--max-seconds", type=float, metavar="S", help="stop claiming after S seconds (finishes the batch in flight)"
+    )
+    p.add_argument("--max-entries", type=int, metavar="N", help="stop after claiming N messages")
+    p.add_argument("--batch-size", type=int, help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)")
+    p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
+    p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON")
+
+    p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
+    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_orders")
+    p.add_argument("--id", type=row_id, action="append", metavar="ID", help="row id (repeatable)")
+    p.add_argument("--topic", help="only rows of this topic")
+    p.add_argument("--tenant", help="only rows of this tenant id")
+    p.add_argument(
+        "--error-code",
+        metavar="CODE",
+        help="only rows that died with this code, any case: e.g. BROKER_5XX, NETWORK_TIMEOUT, UNAUTHORIZED "
+        "(UNKNOWN = no code; 'outbox-pipelines status' lists the codes of dead rows)",
+    )
+    p.add_argument(
+        "--since",
+        type=death_time("since"),
+        metavar="TIME",
+        help="died at or after TIME: ISO 8601 like 2026-11-21T10:00:00Z (UTC if no offset), a date "
+        "like 2026-11-21, or a time ago like 30m, 2h, 7d",
+    )
+    p.add_argument(
+        "--until", type=death_time("until"), metavar="TIME", help="died before TIME (same formats as --since)"
+    )
+    p.add_argument("--all", action="store_true", help="every dead row of the table (needed when no filter is given)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be replayed; change nothing")
+    p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (rows, counts, filter)")
+
+    p = add(
+        "skip",
+        cmd_skip,
+        "pass over a dead message that blocks its ordering key: the rest of the key goes on",
+        epilog="The message stays dead (replay it later and it goes out unordered); the skip is audited "
+        '(outbox_skip). Under ordering = "park" (the default) a dead message blocks the later '
+        "messages of its key until it is replayed or skipped.",
+    )
+    p.add_argument("--table", required=True, help="outbox table")
+    p.add_argument("--id", type=row_id, action="append", metavar="ID", help="the dead message's row id (repeatable)")
+    p.add_argument("--key", metavar="KEY", help="every parked dead message of this ordering key")
+    p.add_argument("--reason", help="why, kept in the audit row")
+    p.add_argument("--dry-run", action="store_true", help="list what would be skipped; change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def add_maintenance_commands(sub: Any) -> None:
+    add = partial(command, sub)
+
+    p = add(
+        "requeue-stuck",
+        cmd_requeue_stuck,
+        "return sending rows with an expired lease (or stuck past the threshold) to pending",
+    )
+    p.add_argument("--table", action="append", help="only this table (repeatable)")
+    p.add_argument(
+        "--threshold", type=duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)"
+    )
+
+    p = add("clean", cmd_clean, "delete sent rows older than the retention, and expired ledger rows")
+    p.add_argument("--table", action="append", help="only this table (repeatable)")
+    p.add_argument(
+        "--retention", type=duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)"
+    )
+    p.add_argument("--audit-retention", type=duration, help="also delete audit rows older than this")
+    p.add_argument("--tenant", help="only this tenant's sent rows (expired ledger rows are cleaned regardless)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run even if the cleaner is disabled, and accept a retention shorter than the table's dedup "
+        "horizon (at least 1h; sent rows are what dedups a repeated event_id or payload)",
+    )
+
+
+def add_service_commands(sub: Any) -> None:
+    """The Order API, the broker simulator, the Dagster dev stack and the demo."""
+    add = partial(command, sub)
+
+    p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can place orders)",
+    )
+
+    p = add(
+        "broker-sim",
+        cmd_broker_sim,
+        "a local broker that executes each idempotency key once, with fault injection",
+        epilog=CONTROL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_fault_options(p)
+
+    p = add(
+        "dev",
+        cmd_dev,
+        "start the Dagster UI and daemon on the outbox (embedded default), with schedules and sensors on; "
+        "Dagster's ticks that found nothing to do are left out of the terminal (outbox-pipelines -v dev "
+        "shows them)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote",
+    )
+    p.add_argument("--port", type=int, default=3000)
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="serve the UI on a non-loopback --host: it has no login, so anyone who reaches it can launch "
+        "runs (put an authenticating proxy in front; docs/deploy.md)",
+    )
+
+    p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
+    p.add_argument("--quiet", action="store_true")

@@ -1,0 +1,51 @@
+"""The long-running servers and the showcase: ``order-api`` (the order wing's HTTP API), ``broker-sim`` (a local
+broker with fault injection), ``dev`` (the Dagster UI and daemon) and ``demo``.
+
+Each imports its stack (Starlette, aiohttp, Dagster) inside its command: a relay or a status starts without them.
+"""
+
+import argparse
+
+from outbox_pipelines.broker_faults import faults_from_args
+from outbox_pipelines.cli.inputs import database_url
+from outbox_pipelines.cli.output import EXIT_OK, say
+from outbox_pipelines.core.storage import migrate
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from outbox_pipelines.demo import run_demo  # Dagster: only for this command
+
+    return run_demo(database_url(), quiet=args.quiet)
+
+
+def cmd_order_api(args: argparse.Namespace) -> int:
+    # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.2 s to every command.
+    from outbox_pipelines.orders.api.server import prepare, serve
+
+    url = database_url()
+    prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing
+    applied = migrate.upgrade(url)
+    if applied:
+        say(f"migrated the database: {', '.join(applied)}")
+    return serve(url, args.host, args.port, allow_anonymous=args.allow_anonymous, say=say)
+
+
+def cmd_broker_sim(args: argparse.Namespace) -> int:
+    from aiohttp import web  # the server stack: only for this command, so a relay starts faster
+
+    from outbox_pipelines.broker_sim import BrokerSim
+
+    faults = faults_from_args(args)
+    sim = BrokerSim(faults, host=args.host, port=args.port)
+    say(
+        f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); "
+        f"faults: {faults.describe()}"
+    )
+    web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return EXIT_OK
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from outbox_pipelines.dev import run_dev  # Dagster: only for this command
+
+    return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote, verbose=args.verbose)
