@@ -2,7 +2,9 @@
 alike on every transport (httpx's and aiohttp's errors mapped to one set), and the request checks that
 refuse, before anything goes on the wire, what a client would refuse to send.
 
-(An answer's outcome is ``http_outcomes``'s table.)
+``ROWS`` is the table of those failures: what ``exception_outcome`` tells apart, and the outcome and code
+each makes. (An answer's outcome is ``http_outcomes``'s table; docs/reference/outcomes.md shows both, rendered
+by ``outcome_tables``.)
 """
 
 import re
@@ -11,6 +13,7 @@ import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import redact_text, redact_url
 
@@ -29,6 +32,19 @@ CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
     ValueError,
     TypeError,
 )
+
+# The table, in the docs' order (after the answers'). Each branch of exception_outcome answers with one of these.
+NO_ANSWER_IN_TIME = OutcomeRow("no answer within the table's `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+CONNECTION_FAILED = OutcomeRow("connection refused or reset (connecting, sending or reading)", "retry",
+                               m.NETWORK_TIMEOUT, " (circuit)")
+CLIENT_REFUSED = OutcomeRow("a request that cannot be built, or that the HTTP client refuses to send (a control "
+                            "character in a header, an invalid URL)", "dead", m.BAD_REQUEST, " at once, nothing sent")
+UNUSABLE_ANSWER = OutcomeRow("garbage: an answer that is not HTTP (a bad status line), or a server that closed the "
+                             "connection before answering or mid-answer", "retry", m.UNKNOWN,
+                             " (circuit), bounded by max attempts")
+OTHER_ERROR = OutcomeRow("any other error of the HTTP client", "retry", m.UNKNOWN,
+                         " (circuit), bounded by max attempts")
+ROWS = (NO_ANSWER_IN_TIME, CONNECTION_FAILED, CLIENT_REFUSED, UNUSABLE_ANSWER, OTHER_ERROR)
 
 
 def check_request(url: str, headers: dict[str, str]) -> None:
@@ -74,11 +90,11 @@ def exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, st
     exc = _as_httpx_error(_unwrap(exc))
     text = redact_text(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
+        return NO_ANSWER_IN_TIME.outcome(f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
     if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"connection failed: {text}"), "connection"
+        return CONNECTION_FAILED.outcome(f"connection failed: {text}"), "connection"
     if isinstance(exc, CLIENT_REFUSALS):
-        return Outcome.dead(m.BAD_REQUEST, f"the HTTP client refused to send the request: {text}"), "refused"
+        return CLIENT_REFUSED.outcome(f"the HTTP client refused to send the request: {text}"), "refused"
     if isinstance(exc, httpx.HTTPError):
-        return Outcome.retry(m.UNKNOWN, f"unusable answer: {text}"), "protocol"
-    return Outcome.retry(m.UNKNOWN, text), "error"
+        return UNUSABLE_ANSWER.outcome(f"unusable answer: {text}"), "protocol"
+    return OTHER_ERROR.outcome(text), "error"

@@ -1,17 +1,8 @@
 """The mapping of HTTP answers to outcomes (docs/design.md §3.4, seed 000 §5 and §7). Pure functions.
 
-| answer | outcome | code |
-|---|---|---|
-| 2xx | sent (ref: the broker's id, else the body's digest) | - |
-| 2xx declaring JSON with a body that is not JSON | retry | UNKNOWN |
-| 409 whose body carries the table's evidence of "already processed" | sent | CONFLICT_PROCESSED |
-| 409 other (a duplicate rejection, a conflict, anything unclear) | dead | BAD_REQUEST |
-| 429 | retry not before Retry-After | RATE_LIMITED |
-| 408 | retry | NETWORK_TIMEOUT |
-| 401, 403 | dead | UNAUTHORIZED |
-| any other 4xx (400, 404, 405, 410, 413, 422 ...) | dead | BAD_REQUEST |
-| 5xx | retry (not before Retry-After if given) | BROKER_5XX |
-| anything else (1xx, 3xx, > 599) | retry, bounded by max attempts | UNKNOWN |
+``ROWS`` is the table: each answer ``classify_response`` tells apart, and the outcome and code it makes (an
+attempt that got no answer is ``http_failures``'s). docs/reference/outcomes.md shows it, rendered by
+``outcome_tables``.
 """
 
 import email.utils
@@ -25,6 +16,7 @@ from datetime import UTC
 from typing import Any
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 
 # What a 409's body must say to count as "this idempotency key was already executed" (seed 000 §5), unless a
@@ -37,6 +29,43 @@ DEFAULT_ALREADY_PROCESSED = ("status=already_processed", "code=already_processed
                              "already processed")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 REF_KEYS = ("broker_order_id", "memory_id", "order_id", "id")
+
+
+def _one_of(words: Sequence[str]) -> str:
+    quoted = [f"`{word}`" for word in words]
+    return " or ".join(quoted) if len(quoted) < 3 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def _evidence(rules: Sequence[str]) -> str:
+    """The docs' words for the default "already processed" rules."""
+    fields = _one_of([rule for rule in rules if "=" in rule])
+    phrases = _one_of([rule for rule in rules if "=" not in rule])
+    return f"a JSON field as in {fields}, or a plain-text body that is just {phrases}"
+
+
+# The table, in the docs' order. Each branch of classify_response answers with one of these rows.
+SENT = OutcomeRow("2xx", "sent", then=" (reference from the body's " + " / ".join(f"`{key}`" for key in REF_KEYS)
+                  + ", else the body's sha256 digest)")
+NOT_THE_JSON_IT_DECLARES = OutcomeRow("2xx declaring JSON with a body that is not JSON", "retry", m.UNKNOWN,
+                                      " (circuit)")
+ALREADY_PROCESSED = OutcomeRow(
+    '409 whose body says "already processed" explicitly: ' + _evidence(DEFAULT_ALREADY_PROCESSED)
+    + " (a table's `already_processed` names its destination's own evidence instead)",
+    "sent", m.CONFLICT_PROCESSED)
+CONFLICT = OutcomeRow('409 otherwise (a duplicate rejection, "duplicate rejected: different order", anything unclear)',
+                      "dead", m.BAD_REQUEST, " at once")
+REQUEST_TIMEOUT = OutcomeRow("408", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+TOO_MANY_REQUESTS = OutcomeRow("429", "retry", m.RATE_LIMITED, " not before `Retry-After` (seconds or HTTP date, "
+                               "capped by `max_retry_after`), no attempt spent; every relay of the table pauses")
+SERVER_ERROR = OutcomeRow("5xx", "retry", m.BROKER_5XX,
+                          " (circuit); with `Retry-After` not before it, no attempt spent")
+UNAUTHORIZED = OutcomeRow("401, 403", "dead", m.UNAUTHORIZED, " at once (circuit)")
+CLIENT_ERROR = OutcomeRow("any other 4xx (400, 404, 405, 410, 413, 422 …)", "dead", m.BAD_REQUEST,
+                          " at once (a poison pill never blocks the rest)")
+UNEXPECTED_STATUS = OutcomeRow("an unexpected status (1xx, 3xx: redirects are not followed, so the credential goes "
+                               "nowhere else; > 599)", "retry", m.UNKNOWN, " (circuit), bounded by max attempts")
+ROWS = (SENT, NOT_THE_JSON_IT_DECLARES, ALREADY_PROCESSED, CONFLICT, REQUEST_TIMEOUT, TOO_MANY_REQUESTS, SERVER_ERROR,
+        UNAUTHORIZED, CLIENT_ERROR, UNEXPECTED_STATUS)
 
 
 def _http_date_epoch(value: str) -> float:
@@ -167,26 +196,26 @@ def classify_response(
             try:
                 json.loads(body)
             except ValueError:
-                return Outcome.retry(m.UNKNOWN,
-                                     f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
-        return Outcome.sent(ref=_reference(body) if body else None)
+                return NOT_THE_JSON_IT_DECLARES.outcome(
+                    f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
+        return SENT.outcome(ref=_reference(body) if body else None)
     if status == 409:
         if already_processed.says_so(body):
-            return Outcome.sent(ref=_reference(body), code=m.CONFLICT_PROCESSED)
+            return ALREADY_PROCESSED.outcome(ref=_reference(body))
         # Seed 000 §5: a duplicate rejection is not retried (only "already processed" counts as sent).
-        return Outcome.dead(m.BAD_REQUEST, f"HTTP 409 that does not say already processed: {snippet!r}")
+        return CONFLICT.outcome(f"HTTP 409 that does not say already processed: {snippet!r}")
     retry_after = parse_retry_after(headers.get("retry-after"), now_epoch=now_epoch, date_header=headers.get("date"))
     if status == 429:
-        return Outcome.retry(m.RATE_LIMITED, f"HTTP 429: {snippet!r}", delay_s=retry_after)
+        return TOO_MANY_REQUESTS.outcome(f"HTTP 429: {snippet!r}", delay_s=retry_after)
     if status == 408:
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"HTTP 408 request timeout: {snippet!r}")
+        return REQUEST_TIMEOUT.outcome(f"HTTP 408 request timeout: {snippet!r}")
     if status in (401, 403):
         # No body snippet: an answer to a refused credential may echo it.
-        return Outcome.dead(m.UNAUTHORIZED, f"HTTP {status}: check the destination's credentials "
-                                            "(OUTBOX_BROKER_TOKEN, or user:password in its URL)")
+        return UNAUTHORIZED.outcome(f"HTTP {status}: check the destination's credentials "
+                                    "(OUTBOX_BROKER_TOKEN, or user:password in its URL)")
     if 400 <= status < 500:
         # Seed 000 §5: every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
-        return Outcome.dead(m.BAD_REQUEST, f"HTTP {status}: {snippet!r}")
+        return CLIENT_ERROR.outcome(f"HTTP {status}: {snippet!r}")
     if 500 <= status < 600:
-        return Outcome.retry(m.BROKER_5XX, f"HTTP {status}: {snippet!r}", delay_s=retry_after)
-    return Outcome.retry(m.UNKNOWN, f"unexpected HTTP {status}: {snippet!r}")
+        return SERVER_ERROR.outcome(f"HTTP {status}: {snippet!r}", delay_s=retry_after)
+    return UNEXPECTED_STATUS.outcome(f"unexpected HTTP {status}: {snippet!r}")

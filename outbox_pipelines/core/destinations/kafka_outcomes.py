@@ -1,27 +1,24 @@
-"""What each error librdkafka reports means for a record: the Kafka destination's outcome table, and the
-topic names Kafka can hold.
+"""What each error librdkafka reports means for a record: the Kafka destination's outcome table (``ROWS``;
+docs/destinations.md shows it, rendered by ``outcome_tables``), and the topic names Kafka can hold.
 
-Outcomes (each decided here, on the error librdkafka reports, and why):
+Why the rows are as they are (each decided here, on the error librdkafka reports):
 
-- message too large (MSG_SIZE_TOO_LARGE, the broker's or the producer's ``message.max.bytes``), an
-  invalid record, or a topic name Kafka cannot hold (checked before producing: ``[A-Za-z0-9._-]``, at most
-  249 characters, not ``.``/``..``) → dead BAD_REQUEST: the message itself is refused, sending it again
-  cannot succeed (replay needs --force, after the message or the limit changed);
-- unknown topic (UNKNOWN_TOPIC_OR_PART, ``_UNKNOWN_TOPIC``: the broker does not create topics) → dead
-  NO_SUBSCRIBERS: no topic takes this message, while the cluster is fine and the table's other topics
-  still deliver, so it must not open the table's circuit (which would hold every topic); once the topic
-  is created, replay delivers it without --force. ``topic.metadata.propagation.max.ms`` is cut to half the
-  timeout so the verdict comes within the batch (the default 30 s would first time out the message and
-  count a destination failure); librdkafka asks again about a missing topic every second, so a topic
-  created since is seen at once;
-- authorization or authentication refused (TOPIC/CLUSTER_AUTHORIZATION_FAILED, SASL, SSL, or records that
-  timed out while the client reported an authentication failure) → retry UNAUTHORIZED: a credential or ACL
-  problem of the destination, fixed outside the message: the circuit opens, nothing is dead-lettered;
-- timed out, brokers unreachable, transport errors → retry NETWORK_TIMEOUT; retriable broker answers
-  (not enough replicas, leader moving, storage error) → retry BROKER_5XX; both open the circuit;
-- a fatal idempotent-producer error (the client's ``error.fatal()``: sequence desynchronised, fenced) →
-  retry UNKNOWN for what was not confirmed, and the producer is recreated before the next batch (a
-  producer in the fatal state accepts nothing again). Anything unforeseen → retry UNKNOWN, never dead.
+- a message too large (the broker's or the producer's ``message.max.bytes``), an invalid record, or a
+  topic name Kafka cannot hold (checked before producing: ``[A-Za-z0-9._-]``, at most 249 characters,
+  not ``.``/``..``) is the message itself refused: sending it again cannot succeed (replay needs --force,
+  after the message or the limit changed);
+- an unknown topic (the broker does not create topics) is dead: no topic takes this message, while the
+  cluster is fine and the table's other topics still deliver, so it must not open the table's circuit
+  (which would hold every topic); once the topic is created, replay delivers it without --force.
+  ``topic.metadata.propagation.max.ms`` is cut to half the timeout so the verdict comes within the batch
+  (the default 30 s would first time out the message and count a destination failure); librdkafka asks
+  again about a missing topic every second, so a topic created since is seen at once;
+- refused credentials or ACLs (also records that timed out while the client reported an authentication
+  failure) are a problem of the destination, fixed outside the message: the circuit opens, nothing is
+  dead-lettered; so do timeouts, unreachable brokers and the broker's retriable answers;
+- after a fatal idempotent-producer error (the client's ``error.fatal()``: sequence desynchronised,
+  fenced) what was not confirmed is retried, and the producer is recreated before the next batch (a
+  producer in the fatal state accepts nothing again). Anything unforeseen is retried, never dead.
 
 Error texts pass through the destination's ``Scrubber``: the name shows ``kafka://host:port``, never a
 SASL credential given in ``config``.
@@ -33,6 +30,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 
 # What Kafka accepts as a topic name (its Topic.validate): these characters, 1 to 249 of them, not "."/"..".
@@ -53,6 +51,26 @@ _PRODUCER_BROKEN = frozenset({_E._FATAL, _E._FENCED, _E.OUT_OF_ORDER_SEQUENCE_NU
 # The message's own refusals: they hold whatever else went wrong in the batch.
 _THE_MESSAGES = _TOO_LARGE | _BAD_MESSAGE | _NO_TOPIC
 
+# The table, in the docs' order. Every outcome here is one of these rows'.
+DELIVERED = OutcomeRow("delivered", "sent", then=", ref `topic/partition@offset`")
+BAD_RECORD = OutcomeRow("`MSG_SIZE_TOO_LARGE` (the broker's or the producer's limit), `INVALID_RECORD`, "
+                        "`POLICY_VIOLATION`, a topic name Kafka cannot hold (refused before producing)",
+                        "dead", m.BAD_REQUEST)
+NO_TOPIC = OutcomeRow("`UNKNOWN_TOPIC_OR_PART` (the cluster does not create topics)", "dead", m.NO_SUBSCRIBERS,
+                      " (replay once the topic exists); not the circuit, which would hold the table's other topics")
+REFUSED = OutcomeRow("topic or cluster authorization failed, SASL or SSL refused", "retry", m.UNAUTHORIZED,
+                     " (circuit)")
+UNREACHABLE = OutcomeRow("timed out, brokers unreachable, transport errors, local queue full", "retry",
+                         m.NETWORK_TIMEOUT, " (circuit)")
+BROKER_FAILED = OutcomeRow("other retriable broker errors (not enough replicas, leader moving, storage error)", "retry",
+                           m.BROKER_5XX, " (circuit)")
+PRODUCER_FAILED = OutcomeRow("a fatal idempotent-producer error (the producer is recreated before the next batch)",
+                             "retry", m.UNKNOWN, " (circuit)")
+UNFORESEEN = OutcomeRow("anything unforeseen", "retry", m.UNKNOWN, " (circuit)")
+ROWS = (DELIVERED, BAD_RECORD, NO_TOPIC, REFUSED, UNREACHABLE, BROKER_FAILED, PRODUCER_FAILED, UNFORESEEN)
+# sent()'s fields, read once: it builds an Outcome per record.
+_DELIVERED_KIND, _DELIVERED_CODE = DELIVERED.kind, DELIVERED.code
+
 
 def topic_problem(topic: str) -> str | None:
     """Why Kafka cannot hold a topic of this name, or None."""
@@ -66,10 +84,10 @@ def topic_problem(topic: str) -> str | None:
 
 
 def sent(ref: str) -> Outcome:
-    """Outcome.sent(ref=ref) without the frozen dataclass's __init__ (five object.__setattr__ calls: a
+    """DELIVERED.outcome(ref=ref) without the frozen dataclass's __init__ (five object.__setattr__ calls: a
     tenth of a record's cost here), as models.EnqueueResult.new does."""
     outcome = object.__new__(Outcome)
-    outcome.__dict__.update(kind="sent", code=None, error=None, ref=ref, delay_s=None)
+    outcome.__dict__.update(kind=_DELIVERED_KIND, code=_DELIVERED_CODE, error=None, ref=ref, delay_s=None)
     return outcome
 
 
@@ -92,22 +110,22 @@ def error_outcome(err: KafkaError, text: Callable[[str], str], *, refused_at_pro
     # The message's own refusals first: they hold whatever else went wrong in the batch.
     if code in _TOO_LARGE:
         where = "the producer's message.max.bytes" if refused_at_produce else "the broker's max.message.bytes"
-        return Outcome.dead(m.BAD_REQUEST, f"the record is larger than {where} allows ({what})")
+        return BAD_RECORD.outcome(f"the record is larger than {where} allows ({what})")
     if code in _BAD_MESSAGE:
-        return Outcome.dead(m.BAD_REQUEST, f"Kafka refused the record: {what}")
+        return BAD_RECORD.outcome(f"Kafka refused the record: {what}")
     if code in _NO_TOPIC:
-        return Outcome.dead(m.NO_SUBSCRIBERS, f"the topic does not exist and the cluster does not create it "
-                                              f"({what}); create it, then replay")
+        return NO_TOPIC.outcome(f"the topic does not exist and the cluster does not create it ({what}); create it, "
+                                "then replay")
     if broken is not None:
         # After a fatal error librdkafka fails what it still held (purged, timed out): all of it is the
         # producer's failure, not the cluster's.
-        return Outcome.retry(m.UNKNOWN, f"the idempotent Kafka producer failed ({broken}); it is "
-                                        f"recreated for the next batch (this record: {what})")
+        return PRODUCER_FAILED.outcome(f"the idempotent Kafka producer failed ({broken}); it is "
+                                       f"recreated for the next batch (this record: {what})")
     if code in _REFUSED or (code in _UNREACHABLE and client_error is not None and client_error.code() in _REFUSED):
-        return Outcome.retry(m.UNAUTHORIZED, f"Kafka refused the producer's credentials or ACLs: {what}"
-                             + client_hint(client_error, text))
+        return REFUSED.outcome(f"Kafka refused the producer's credentials or ACLs: {what}"
+                               + client_hint(client_error, text))
     if code in _UNREACHABLE:
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"not delivered: {what}" + client_hint(client_error, text))
+        return UNREACHABLE.outcome(f"not delivered: {what}" + client_hint(client_error, text))
     if err.retriable():
-        return Outcome.retry(m.BROKER_5XX, f"the broker failed the write: {what}")
-    return Outcome.retry(m.UNKNOWN, f"Kafka error: {what}")
+        return BROKER_FAILED.outcome(f"the broker failed the write: {what}")
+    return UNFORESEEN.outcome(f"Kafka error: {what}")

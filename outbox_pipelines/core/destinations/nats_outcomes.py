@@ -1,21 +1,15 @@
 """What each answer of a NATS server, and each failure of the client, means for a message: the NATS
-destination's outcome table.
+destination's outcome table (``ROWS``; docs/destinations.md shows it, rendered by ``outcome_tables``).
 
-Outcomes (each outcome's text has the connection's credentials scrubbed):
-- PubAck (``duplicate`` or not) -> sent, ref ``stream:seq``;
-- no stream takes the subject (no responders, and JetStream's own API confirms no stream's subjects
-  match) -> dead NO_SUBSCRIBERS: replayable once a stream takes the subject. No responders while a stream
-  does take the subject, or while JetStream's API does not answer either (a server shutting down answers
-  publishes with no responders before it closes the connection) -> retry BROKER_5XX;
-- a message larger than the server's ``max_payload`` (payload and headers), an invalid subject (empty,
-  an empty token, whitespace, a wildcard ``*`` / ``>``, a ``$`` system prefix, longer than
-  MAX_SUBJECT_BYTES), a stream's ``max_msg_size`` exceeded -> dead BAD_REQUEST, refused before sending
-  where the client can tell (``nats_wire``; the server would otherwise close the connection, failing every
-  message in flight, or store a wildcard subject no consumer's filter expects);
-- authorization violation at connect, a publish or reply-inbox permission violation -> retry UNAUTHORIZED;
-- connection refused / closed / lost, no PubAck within the timeout -> retry NETWORK_TIMEOUT;
-- any other JetStream error (stream full with ``discard: new``, store failure, JetStream unavailable,
-  mostly code 503) -> retry BROKER_5XX; an answer that is not JetStream's -> retry UNKNOWN.
+Each outcome's text has the connection's credentials scrubbed. Why some rows are as they are:
+- no responders is resolved against JetStream's API: no stream's subjects match -> dead, replayable once a
+  stream takes the subject; a stream does take it, or the API does not answer either (a server shutting
+  down answers publishes with no responders before it closes the connection) -> retry;
+- what the server would refuse (a message over ``max_payload``, a subject it cannot hold) is refused
+  before sending where the client can tell (``nats_wire``): the server would otherwise close the
+  connection, failing every message in flight, or store a wildcard subject no consumer's filter expects;
+- JetStream's other errors (stream full, store failure, JetStream unavailable: mostly code 503) are the
+  broker's state, not the message's.
 """
 
 import asyncio
@@ -30,6 +24,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.nats_wire import MAX_SUBJECT_BYTES
+from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import Scrubber
 
@@ -39,8 +35,30 @@ MESSAGE_ERROR_CODES = frozenset({10054})
 # nats-py reports a refused publish or subscription through its error callback only (the server keeps the
 # connection open and sends no ack): 'nats: permissions violation for publish to "orders.created"'.
 _PERMISSION = re.compile(r"permissions violation for (publish|subscription) to \"(.*)\"", re.IGNORECASE)
+
+# The table, in the docs' order. Every outcome here (and NO_RESPONDERS) is one of these rows'.
+PUBACK = OutcomeRow("PubAck (also with `duplicate: true`: the stream already holds it, once)", "sent",
+                    then=", ref `stream:seq`")
+NO_STREAM = OutcomeRow("no responders, and JetStream confirms no stream takes the subject", "dead", m.NO_SUBSCRIBERS,
+                       " (replay once a stream takes it)")
+NOT_ANSWERING = OutcomeRow("no responders while a stream does take the subject, or JetStream's API silent (a server "
+                           "shutting down)", "retry", m.BROKER_5XX, " (circuit)")
+MESSAGE_REFUSED = OutcomeRow(
+    "payload and headers over the server's `max_payload`; a subject that is empty, has an empty token, whitespace, "
+    f"`*`, `>`, a `$` prefix or is over {MAX_SUBJECT_BYTES:,} bytes (refused before sending); a stream's "
+    "`max_msg_size` exceeded", "dead", m.BAD_REQUEST)
+DENIED = OutcomeRow("authorization violation at connect, a denied publish or reply subscription", "retry",
+                    m.UNAUTHORIZED, " (circuit)")
+CONNECTION_LOST = OutcomeRow("connection refused, closed or lost; no PubAck within `timeout`", "retry",
+                             m.NETWORK_TIMEOUT, " (circuit)")
+JETSTREAM_ERROR = OutcomeRow("any other JetStream error (stream full with `discard: new`, store failure, JetStream "
+                             "off)", "retry", m.BROKER_5XX, " (circuit)")
+NOT_JETSTREAMS = OutcomeRow("a reply that is not JetStream's; any other error of the client", "retry", m.UNKNOWN,
+                            " (circuit)")
+ROWS = (PUBACK, NO_STREAM, NOT_ANSWERING, MESSAGE_REFUSED, DENIED, CONNECTION_LOST, JETSTREAM_ERROR, NOT_JETSTREAMS)
+
 # A reply's result when nothing listens on the subject (status 503): resolved against JetStream's API.
-NO_RESPONDERS = Outcome.retry(m.BROKER_5XX, "no responders")
+NO_RESPONDERS = NOT_ANSWERING.outcome("no responders")
 
 
 def permission_violation(exc: Exception) -> tuple[str, str] | None:
@@ -59,12 +77,12 @@ class NatsOutcomes:
         self.name = name
         self.scrub = scrub
         self.timeout_s = timeout_s
-        self.no_ack = Outcome.retry(m.NETWORK_TIMEOUT, f"no PubAck from NATS {name} within {timeout_s:g} s")
-        self.closed = Outcome.retry(m.NETWORK_TIMEOUT, f"connection to NATS {name} closed before the PubAck")
+        self.no_ack = CONNECTION_LOST.outcome(f"no PubAck from NATS {name} within {timeout_s:g} s")
+        self.closed = CONNECTION_LOST.outcome(f"connection to NATS {name} closed before the PubAck")
 
     def denied(self, why: str) -> Outcome:
         """The server refuses these credentials something the delivery needs (``why`` says what)."""
-        return Outcome.retry(m.UNAUTHORIZED, self.scrub(why))
+        return DENIED.outcome(self.scrub(why))
 
     def reply(self, msg: Msg) -> Outcome:
         """The outcome a reply on the inbox says: the PubAck, JetStream's error, or no responders."""
@@ -76,34 +94,34 @@ class NatsOutcomes:
             if error is None:
                 # A PubAck with "duplicate": true is sent too: the stream already holds this event_id (an
                 # earlier attempt whose ack was lost) and stored nothing new; the ref names the copy it holds.
-                return Outcome.sent(ref=f"{answer['stream']}:{answer['seq']}")
+                return PUBACK.outcome(ref=f"{answer['stream']}:{answer['seq']}")
             return self.api_error(error)
         except (ValueError, TypeError, KeyError, AttributeError):
-            return Outcome.retry(m.UNKNOWN, self.scrub(
+            return NOT_JETSTREAMS.outcome(self.scrub(
                 f"NATS {self.name} answered the publish with something that is not a PubAck: {msg.data[:200]!r}"))
 
     def api_error(self, error: dict[str, Any]) -> Outcome:
         what = self.scrub(f"JetStream on NATS {self.name} refused the message: {error.get('description')} "
                           f"(code {error.get('code')}, err_code {error.get('err_code')})")
         if error.get("err_code") in MESSAGE_ERROR_CODES:
-            return Outcome.dead(m.BAD_REQUEST, what)
+            return MESSAGE_REFUSED.outcome(what)
         # Stream full (discard: new), store failure, JetStream unavailable ...: the broker's state, not the
         # message's; retried, and a table where every message fails this way opens its circuit.
-        return Outcome.retry(m.BROKER_5XX, what)
+        return JETSTREAM_ERROR.outcome(what)
 
     def exception(self, exc: BaseException) -> Outcome:
         """The outcome of a publish the client refused or could not make."""
         text = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, (nats.errors.BadSubjectError, nats.errors.MaxPayloadError, nats.errors.BadHeaderError)):
-            outcome = Outcome.dead(m.BAD_REQUEST, f"the NATS client refused to publish the message: {text}")
+            outcome = MESSAGE_REFUSED.outcome(f"the NATS client refused to publish the message: {text}")
         elif isinstance(exc, nats.js.errors.APIError):
             outcome = self.api_error({"description": exc.description, "code": exc.code, "err_code": exc.err_code})
         elif isinstance(exc, (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError,
                               nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
                               nats.errors.StaleConnectionError, asyncio.TimeoutError, TimeoutError, OSError)):
-            outcome = Outcome.retry(m.NETWORK_TIMEOUT, f"connection to NATS {self.name} lost: {text}")
+            outcome = CONNECTION_LOST.outcome(f"connection to NATS {self.name} lost: {text}")
         else:
-            outcome = Outcome.retry(m.UNKNOWN, f"NATS {self.name}: {text}")
+            outcome = NOT_JETSTREAMS.outcome(f"NATS {self.name}: {text}")
         return replace(outcome, error=self.scrub(outcome.error))
 
     def connect_failed(self, exc: Exception, errors: list[Exception], where: str) -> Outcome:
@@ -113,10 +131,10 @@ class NatsOutcomes:
         text = f"{type(cause).__name__}: {cause}".strip()
         if isinstance(cause, nats.errors.AuthorizationError) or "authoriz" in text.lower() \
                 or "authentication" in text.lower():
-            return Outcome.retry(m.UNAUTHORIZED, self.scrub(f"NATS {where} refused the credentials: {text}"))
+            return DENIED.outcome(self.scrub(f"NATS {where} refused the credentials: {text}"))
         if isinstance(cause, (asyncio.TimeoutError, TimeoutError)):
             text = f"no answer within {self.timeout_s:g} s"
-        return Outcome.retry(m.NETWORK_TIMEOUT, self.scrub(f"cannot connect to NATS {where}: {text}"))
+        return CONNECTION_LOST.outcome(self.scrub(f"cannot connect to NATS {where}: {text}"))
 
     async def no_responders(self, nc: Client, subject: str) -> Outcome:
         """No responders to a publish: no stream takes the subject (dead), or JetStream is not answering
@@ -124,12 +142,12 @@ class NatsOutcomes:
         try:
             stream = await nc.jsm(timeout=self.timeout_s).find_stream_name_by_subject(subject)
         except nats.js.errors.NotFoundError:
-            return Outcome.dead(m.NO_SUBSCRIBERS, f"no JetStream stream on NATS {self.name} takes subject "
-                                f"{subject!r}: add the subject to a stream, then replay the message")
+            return NO_STREAM.outcome(f"no JetStream stream on NATS {self.name} takes subject {subject!r}: add the "
+                                     "subject to a stream, then replay the message")
         except nats.js.errors.ServiceUnavailableError:
-            return Outcome.retry(m.BROKER_5XX, f"JetStream on NATS {self.name} is not answering (no responders "
-                                 "to a publish or to its API: shutting down, or not enabled for this account)")
+            return NOT_ANSWERING.outcome(f"JetStream on NATS {self.name} is not answering (no responders to a "
+                                         "publish or to its API: shutting down, or not enabled for this account)")
         except Exception as exc:  # noqa: BLE001 - the check itself failed (connection lost ...)
             return self.exception(exc)
-        return Outcome.retry(m.BROKER_5XX, f"stream {stream!r} on NATS {self.name} takes subject {subject!r} "
-                             "but did not answer the publish (restarting, or no leader)")
+        return NOT_ANSWERING.outcome(f"stream {stream!r} on NATS {self.name} takes subject {subject!r} but did not "
+                                     "answer the publish (restarting, or no leader)")

@@ -1,27 +1,20 @@
 """What each answer of a RabbitMQ broker, and each failure of the AMQP client (aiormq), means for a
-message: the RabbitMQ destination's outcome table.
+message: the RabbitMQ destination's outcome table (``ROWS``; docs/destinations.md shows it, rendered by
+``outcome_tables``).
 
-Outcomes (each error text has the URL's credentials scrubbed by the destination, which is named by its origin):
-- basic.ack -> sent;
-- basic.return (mandatory: no queue is bound for the routing key) -> dead NO_SUBSCRIBERS: the
-  consumers' binding is missing; replay (no --force needed) once it exists. Not a retry: the message
-  would go nowhere again until someone binds a queue, and retries would burn its attempts meanwhile;
-- basic.nack (the broker could not take it: an internal error, a queue with ``x-overflow:
-  reject-publish`` that is full) -> retry BROKER_5XX (counts toward the table's circuit);
-- a body over the broker's ``max_message_size`` (the broker closes the channel: 406 PRECONDITION_FAILED)
-  -> dead BAD_REQUEST; the rest of the batch is published again on a new connection (publishes queued
+Each error text has the URL's credentials scrubbed by the destination, which is named by its origin. Why
+some rows are as they are:
+- ``basic.return`` (mandatory: no queue is bound for the routing key) is dead, not a retry: the message
+  would go nowhere again until someone binds a queue, and retries would burn its attempts meanwhile; once
+  the binding exists, replay needs no --force;
+- a body over the broker's ``max_message_size`` makes the broker close the channel (406
+  PRECONDITION_FAILED): the rest of the batch is published again on a new connection (publishes queued
   behind the refused one make the broker close the connection too: 504), and the limit read from the
-  broker's refusal is kept, so later bodies over it are refused before sending;
-  any other 406 on publish (a precondition of this message) -> dead BAD_REQUEST likewise, the culprit
-  found by publishing the unconfirmed rest one at a time;
-- a routing key or message_id over 255 bytes (AMQP short strings) -> dead BAD_REQUEST, before sending;
-- authentication refused (ACCESS_REFUSED at login), the user may not open the vhost, or may not
-  declare / publish to the exchange (403) -> retry UNAUTHORIZED (counts toward the circuit);
-- connection refused, lost or closed by the broker, a server that does not speak AMQP, no connection
-  within the table's ``timeout``, no answer to any publish of the batch for ``timeout`` -> retry
-  NETWORK_TIMEOUT (counts toward the circuit): a broker that is down or hung answers every delivery
-  within about the table's timeout, and opens the circuit (no attempt spent, nothing dead);
-- anything else (the exchange deleted under us: 404) -> retry UNKNOWN.
+  broker's refusal is kept, so later bodies over it are refused before sending; any other 406 on publish
+  (a precondition of this message) likewise, the culprit found by publishing the unconfirmed rest one at
+  a time;
+- a broker that is down or hung answers every delivery within about the table's timeout, and opens the
+  circuit (no attempt spent, nothing dead).
 """
 
 import asyncio
@@ -30,6 +23,7 @@ import re
 import aiormq
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import redact_text
 
@@ -38,9 +32,27 @@ _TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size 
 # How the broker refuses a message by closing its channel: 406 PRECONDITION_FAILED (too large, mostly).
 MESSAGE_REFUSED = aiormq.exceptions.ChannelPreconditionFailed
 
-SENT = Outcome.sent()
-NACKED = Outcome.retry(m.BROKER_5XX, "the broker refused the message (basic.nack): an internal error, or a queue "
-                       "that rejects publishes when full (x-overflow: reject-publish)")
+# The table, in the docs' order. Every outcome here is one of these rows'.
+ACK = OutcomeRow("`basic.ack`", "sent")
+RETURN = OutcomeRow("`basic.return` (mandatory: no queue bound for the routing key)", "dead", m.NO_SUBSCRIBERS,
+                    " (replay once a queue is bound)")
+NACK = OutcomeRow("`basic.nack` (an internal error, a full queue with `x-overflow: reject-publish`)", "retry",
+                  m.BROKER_5XX, " (circuit)")
+BAD_MESSAGE = OutcomeRow(
+    "a body over the broker's `max_message_size` (406, the channel is reopened and the rest of the batch goes on), "
+    "any other 406 on publish; a routing key or message id over 255 bytes (refused before sending)",
+    "dead", m.BAD_REQUEST)
+DENIED = OutcomeRow("login refused (`ACCESS_REFUSED`), no access to the vhost or the exchange (403)", "retry",
+                    m.UNAUTHORIZED, " (circuit)")
+UNREACHABLE = OutcomeRow("connection refused, lost or closed; a server that does not speak AMQP; no connection or "
+                         "confirm within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+OTHER = OutcomeRow("anything else (an exchange of that name with another type; the exchange deleted: 404)", "retry",
+                   m.UNKNOWN, " (circuit)")
+ROWS = (ACK, RETURN, NACK, BAD_MESSAGE, DENIED, UNREACHABLE, OTHER)
+
+SENT = ACK.outcome()
+NACKED = NACK.outcome("the broker refused the message (basic.nack): an internal error, or a queue that "
+                      "rejects publishes when full (x-overflow: reject-publish)")
 
 
 def max_message_size(refusal: BaseException) -> int | None:
@@ -51,13 +63,13 @@ def max_message_size(refusal: BaseException) -> int | None:
 
 
 def too_large(size: int, max_body: int | None) -> Outcome:
-    return Outcome.dead(m.BAD_REQUEST, f"the message body ({size} bytes) is larger than the broker's "
-                        f"max_message_size ({max_body} bytes): the broker refuses it")
+    return BAD_MESSAGE.outcome(f"the message body ({size} bytes) is larger than the broker's "
+                               f"max_message_size ({max_body} bytes): the broker refuses it")
 
 
 def refused(refusal: BaseException) -> Outcome:
     """The outcome of the message whose publish made the broker close the channel."""
-    return Outcome.dead(m.BAD_REQUEST, f"the broker refused the message: {reply_text(refusal)}")
+    return BAD_MESSAGE.outcome(f"the broker refused the message: {reply_text(refusal)}")
 
 
 def reply_text(exc: BaseException) -> str:
@@ -72,45 +84,45 @@ def returned(exc: aiormq.exceptions.PublishError) -> Outcome:
     frame = exc.frame
     code, text = getattr(frame, "reply_code", None), getattr(frame, "reply_text", "")
     exchange, key = getattr(frame, "exchange", ""), getattr(frame, "routing_key", "")
-    return Outcome.dead(m.NO_SUBSCRIBERS, f"no queue is bound to exchange {exchange!r} for routing key {key!r} "
-                        f"(the broker returned it: {code} {text}); bind the consumers' queue, then replay")
+    return RETURN.outcome(f"no queue is bound to exchange {exchange!r} for routing key {key!r} "
+                          f"(the broker returned it: {code} {text}); bind the consumers' queue, then replay")
 
 
 def exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
     """The outcome of a publish that failed for the connection's or the broker's sake, not the message's."""
     text = redact_text(reply_text(exc))
     if isinstance(exc, TimeoutError):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"no confirm from the broker within {timeout_s:g} s")
+        return UNREACHABLE.outcome(f"no confirm from the broker within {timeout_s:g} s")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused the publish: {text}")
+        return DENIED.outcome(f"the broker refused the publish: {text}")
     if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
                         ConnectionError, OSError, asyncio.CancelledError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"the connection to the broker was lost: {text}")
+        return UNREACHABLE.outcome(f"the connection to the broker was lost: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelClosed):
-        return Outcome.retry(m.UNKNOWN, f"the broker closed the channel: {text}")
-    return Outcome.retry(m.UNKNOWN, text)
+        return OTHER.outcome(f"the broker closed the channel: {text}")
+    return OTHER.outcome(text)
 
 
 def connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Outcome:
     """The outcome of every message of a batch when connecting (or declaring the exchange) failed."""
     text = redact_text(reply_text(exc))
     if isinstance(exc, TimeoutError):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"could not connect to the broker within {timeout_s:g} s")
+        return UNREACHABLE.outcome(f"could not connect to the broker within {timeout_s:g} s")
     if isinstance(exc, (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError)):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused the login: {text}")
+        return DENIED.outcome(f"the broker refused the login: {text}")
     if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
             isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)):
         # aiormq reports the broker's Connection.Close in answer to Connection.Open (530 NOT_ALLOWED) as an
         # unexpected frame: the user may not open the URL's vhost, or it does not exist.
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to open the vhost (the user has no access to it, "
-                             f"or it does not exist): {text}")
+        return DENIED.outcome(f"the broker refused to open the vhost (the user has no access to it, or it does not "
+                              f"exist): {text}")
     if isinstance(exc, (aiormq.exceptions.ProtocolSyntaxError, aiormq.exceptions.IncompatibleProtocolError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"the server does not answer as an AMQP 0-9-1 broker: {text}")
+        return UNREACHABLE.outcome(f"the server does not answer as an AMQP 0-9-1 broker: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
-        return Outcome.retry(m.UNAUTHORIZED, f"the broker refused to declare exchange {exchange!r}: {text}")
+        return DENIED.outcome(f"the broker refused to declare exchange {exchange!r}: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
-        return Outcome.retry(m.UNKNOWN, f"exchange {exchange!r} exists with another type or durability than a "
-                             f"durable topic exchange: {text}; delete it or set the table's exchange")
+        return OTHER.outcome(f"exchange {exchange!r} exists with another type or durability than a durable topic "
+                             f"exchange: {text}; delete it or set the table's exchange")
     if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)):
-        return Outcome.retry(m.NETWORK_TIMEOUT, f"could not connect to the broker: {text}")
+        return UNREACHABLE.outcome(f"could not connect to the broker: {text}")
     return exception_outcome(exc, timeout_s)
