@@ -115,3 +115,22 @@ def test_the_reference_tables_are_the_settings_registry_as_rendered():
             f"registry; regenerate it: python -m outbox_pipelines.core.settings."
             f"registry {name}"
         )
+
+
+OUTCOME_TABLE = re.compile(
+    r"<!-- generated: python -m outbox_pipelines\.core\.destinations\.outcome_tables (\w+) -->\n\n"
+    r"((?:\|.*\n)+)"
+)
+
+
+def test_the_outcome_tables_are_the_classifiers_rows_as_rendered():
+    """Each destination's outcome table shows once in the docs, as its classifiers' rows render it."""
+    from outbox_pipelines.core.destinations.outcome_tables import TABLES, render_markdown
+
+    found = [(document, name, table) for document in DOCS for name, table in OUTCOME_TABLE.findall(_text(document))]
+    assert sorted(name for _, name, _ in found) == sorted(TABLES), [(document, name) for document, name, _ in found]
+    for document, name, table in found:
+        assert table == render_markdown(name), (
+            f"{document}: the {name} outcome table differs from the code's rows; regenerate it: "
+            f"python -m outbox_pipelines.core.destinations.outcome_tables {name}"
+        )
