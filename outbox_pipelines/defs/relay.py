@@ -12,7 +12,8 @@ from pydantic import Field
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
-from outbox_pipelines.core.relay.group import GroupRelay, GroupReport, run_group_relay
+from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
+from outbox_pipelines.core.relay.group_tables import GroupReport
 from outbox_pipelines.core.settings import DEFAULT_GROUP
 from outbox_pipelines.defs.common import RefusedLaunch, metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
