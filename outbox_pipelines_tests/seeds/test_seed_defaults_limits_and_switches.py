@@ -78,7 +78,7 @@ def test_the_order_api_allows_60_requests_a_minute_per_client_by_default(monkeyp
         monkeypatch.delenv(name)
     settings = ApiSettings.from_env("postgresql://127.0.0.1:1/unused")
     assert settings.rate_per_minute == 60
-    # The limiter the app builds from it (orders/api/app.py: RateLimiter(settings.rate_per_minute)), on a frozen clock.
+    # The limiter the app builds from it (orders/api/callers.py: RateLimiter(settings.rate_per_minute)), on a frozen clock.
     limiter = RateLimiter(settings.rate_per_minute, clock=lambda: 1000.0)
     assert [limiter.allow("10.0.0.1") for _ in range(60)] == [0] * 60
     assert limiter.allow("10.0.0.1") >= 1  # the 61st within the minute waits (Retry-After)
