@@ -34,7 +34,6 @@ each, SIGKILL after a timeout. It drops both databases. The run ids are printed 
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -64,7 +63,8 @@ from outbox_pipelines.defs.relay import (
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines.testing import TemplateDatabases
 from outbox_pipelines_tests.conftest import REPO
-from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
+from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.processes import free_port, port_open
 from outbox_pipelines_tests.sink import HttpSink
 
 pytestmark = [
@@ -119,12 +119,6 @@ RUN_LOGS = """query ($id: ID!) { logsForRun(runId: $id) { __typename
 
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _descendants(pid: int) -> list[int]:

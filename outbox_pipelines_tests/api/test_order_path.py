@@ -7,9 +7,6 @@ the database (``available_at = now()``), never by sleeping.
 """
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -33,7 +30,8 @@ from outbox_pipelines_tests.api.conftest import (
     sample,
 )
 from outbox_pipelines_tests.conftest import REPO, run_cli, table_settings
-from outbox_pipelines_tests.helpers import audit_codes, free_port, order_payload, rows, wait_for_port
+from outbox_pipelines_tests.helpers import audit_codes, order_payload, rows
+from outbox_pipelines_tests.processes import free_port, start_cli, stop_and_read, wait_for_port
 
 TABLE = "outbox_orders"
 KEY = "01JB4A-ORDER-PATH-0001"
@@ -285,10 +283,7 @@ def test_broker_sim_command_serves_with_fault_injection():
     assert shown.returncode == 0 and "--every-nth-5xx" in shown.stdout and "--bad-key" in shown.stdout
 
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "outbox_pipelines.cli", "broker-sim", "--port", str(port), "--every-nth-5xx", "2"],
-        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    process = start_cli(cli_env(), "broker-sim", "--port", str(port), "--every-nth-5xx", "2")
     try:
         wait_for_port(port, process)
         url = f"http://127.0.0.1:{port}/orders"
@@ -305,8 +300,7 @@ def test_broker_sim_command_serves_with_fault_injection():
             assert again.json()["status"] == "already_processed"
             assert again.json()["broker_order_id"] == executed.json()["broker_order_id"]
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        out, err = process.communicate(timeout=15)
+        _, out, err = stop_and_read(process, timeout_s=15)
     assert process.returncode is not None
     assert "every_nth_5xx=2" in out + err
 

@@ -16,7 +16,6 @@ import logging
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -41,7 +40,7 @@ from outbox_pipelines_tests.api.conftest import (
     sample,
 )
 from outbox_pipelines_tests.helpers import rows
-from outbox_pipelines_tests.processes import free_port, silent_port, wait_for_port
+from outbox_pipelines_tests.processes import free_port, silent_port, start_cli, stop_process, wait_for_port
 
 TIMEOUT_S = ApiSettings(database_url="").db_timeout_s  # the default, 2 s
 HEALTH_LIMIT_S = 1.0
@@ -348,10 +347,7 @@ async def aiohttp_timed(session: aiohttp.ClientSession, method: str, path: str, 
 def order_api_process(env: dict[str, str]) -> Iterator[tuple[str, list[str]]]:
     """``outbox-pipelines order-api`` on a free loopback port: its URL and its stderr lines so far."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "outbox_pipelines.cli", "order-api", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = start_cli(env, "order-api", "--host", "127.0.0.1", "--port", str(port), stdout=subprocess.DEVNULL)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stderr or ()), daemon=True)
     reader.start()
@@ -359,13 +355,11 @@ def order_api_process(env: dict[str, str]) -> Iterator[tuple[str, list[str]]]:
         wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}", lines
     finally:
-        process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=15)
+            stopped = stop_process(process, grace_s=15, sig=signal.SIGINT)
         finally:
-            if process.poll() is None:
-                process.kill()
             reader.join(timeout=5)
+        assert stopped is not None, "the Order API did not stop within 15 s of SIGINT"
 
 
 @pytest.mark.soak

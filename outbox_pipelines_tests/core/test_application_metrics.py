@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from outbox_pipelines_tests.helpers import free_port, wait_until
+from outbox_pipelines_tests.processes import free_port, kill_process, wait_until
 
 APP = '''
 import os, sys, time
@@ -59,8 +59,7 @@ def test_an_application_serves_its_enqueue_counts(cli_env, conn, tmp_path: Path,
         assert app.stdout.readline().strip() == "ready", app.stderr.read() if app.poll() is not None else ""
         text = wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics").text, 10, "the /metrics endpoint")
     finally:
-        app.kill()
-        app.wait(10)
+        kill_process(app)
     assert 'outbox_enqueue_total{table="outbox_events",topic="org.changed"} 3.0' in text, text
     assert 'outbox_enqueue_total{table="outbox_events",topic="member.joined"} 25.0' in text
     if way == "expose_metrics":

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
+from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.processes import free_port, stop_process
 
 REPOSITORY = """
 query {
@@ -62,11 +63,7 @@ def webserver(db_url, tmp_path):
         except httpx.HTTPError:
             time.sleep(0.5)
     yield url
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+    stop_process(proc, grace_s=20, group=True)
 
 
 def graphql(url: str, query: str, **variables):

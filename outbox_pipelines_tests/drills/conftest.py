@@ -30,7 +30,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,8 @@ import psycopg
 import pytest
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines_tests.helpers import QueriesDatabase, free_port, order_payload, wait_until
+from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
+from outbox_pipelines_tests.processes import free_port, port_open, stop_process, tail, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -65,20 +65,6 @@ CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay"
 
 
 # -- small helpers -------------------------------------------------------------
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-    return "\n".join(text[-lines:])
 
 
 def _proc_stat(pid: int) -> tuple[int, int, int] | None:
@@ -220,12 +206,7 @@ class BrokerSimProcess:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, grace_s=timeout_s)
         deadline = time.monotonic() + 10
         while port_open(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -509,7 +490,8 @@ class DrillStack(QueriesDatabase):
         ]
         with contextlib.suppress(Exception):
             parts.append(f"{TABLE} statuses: {self.statuses()}")
-        parts.append(f"--- last {LOG_TAIL_LINES} lines of {self.dev_log.name} ---\n{tail(self.dev_log)}")
+        dev_log = tail(self.dev_log, LOG_TAIL_LINES)
+        parts.append(f"--- last {LOG_TAIL_LINES} lines of {self.dev_log.name} ---\n{dev_log}")
         parts.append(f"--- last 10 lines of {self.broker_log.name} ---\n{tail(self.broker_log, 10)}")
         parts.append(f"--- alerts received ({len(self.receiver.alerts)}) ---\n{self.alert_lines()}")
         return "\n".join(parts)

@@ -17,7 +17,6 @@ during the outage yet was written is sent again: at least once).
 """
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.kafka_cluster import KafkaCluster, read_topic
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
+from outbox_pipelines_tests.helpers import statuses
+from outbox_pipelines_tests.processes import start_relay, stop_process, wait_until
 
 TABLE = "kafka_drill"
 TOPIC = "drill.order.changed"
@@ -57,9 +57,8 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
                     ordering_key=f"order-{i % KEYS}" if i % 5 == 0 else None) for i in range(MESSAGES)])
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = subprocess.Popen(
-                [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--max-seconds", "170"],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            relay = start_relay(env, TABLE, "--max-seconds", "170", quiet=False, cwd=tmp_path, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
         def relay_log() -> str:
             return "\n".join(log_path.read_text().splitlines()[-40:])

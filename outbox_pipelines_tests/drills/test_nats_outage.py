@@ -14,7 +14,6 @@ The figures are printed (``pytest -s``) and attached to the test's report (``rec
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,7 +23,8 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.nats_server import NatsServer, Received
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
+from outbox_pipelines_tests.helpers import statuses
+from outbox_pipelines_tests.processes import start_relay, stop_process, wait_until
 
 TABLE = "nats_drill"
 MESSAGES = 5_000
@@ -88,9 +88,8 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
         consumer = LiveConsumer(server, "DRILL", "reader").start()
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = subprocess.Popen(
-                [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--max-seconds", "170"],
-                cwd=project, env=cli_env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            relay = start_relay(cli_env, TABLE, "--max-seconds", "170", quiet=False, cwd=project, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         relay_log = lambda: log_path.read_text()[-4000:]  # noqa: E731
         started = time.monotonic()
 

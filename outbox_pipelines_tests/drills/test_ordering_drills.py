@@ -7,9 +7,7 @@ key overlap in time, and the versions it accepted are v1, v2, ... in order.
 """
 
 import hashlib
-import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,7 +15,8 @@ from pathlib import Path
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, stop_processes, wait_until
+from outbox_pipelines_tests.helpers import statuses
+from outbox_pipelines_tests.processes import kill_process, start_relay, stop_processes, wait_until
 from outbox_pipelines_tests.sink import HttpSink, Received
 
 TABLE = "org_outbox"
@@ -34,9 +33,8 @@ def adopter(tmp_path: Path, sink_url: str, mode: str, **extra: str) -> Path:
     return project
 
 
-def start_relay(env: dict, project: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet"],
-                            env=env, cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def project_relay(env: dict, project: Path) -> subprocess.Popen:
+    return start_relay(env, TABLE, cwd=project, stdout=subprocess.DEVNULL)
 
 
 def version(received: Received) -> tuple[str, int]:
@@ -75,7 +73,7 @@ def test_a_single_active_relay_delivers_a_key_in_order_through_a_503(cli_env, co
             result = run_cli(cli_env, "enqueue", "--table", TABLE, "--topic", "org.changed", "--payload",
                              f'{{"v": {v}}}', "--event-id", f"org-42-v{v}", "--ordering-key", "org-42", cwd=project)
             assert result.returncode == 0, result.stderr
-        relay = start_relay(cli_env, project)
+        relay = project_relay(cli_env, project)
         try:
             wait_until(lambda: statuses(conn, TABLE) == {"sent": 5}, 60, "the five versions to be sent")
         finally:
@@ -110,16 +108,14 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
             with conn.transaction():
                 outbox.enqueue_many(conn, [Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}",
                                                    ordering_key=f"org{k}") for k in range(keys)])
-        procs = [start_relay(cli_env, project) for _ in range(4)]
+        procs = [project_relay(cli_env, project) for _ in range(4)]
         # kill one relay mid-flight (its rows come back when their lease expires), then start another
         wait_until(lambda: len(sink.received) >= 300, 60, "the relays to be under way")
-        procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(timeout=10)
-        procs.append(start_relay(cli_env, project))
+        kill_process(procs[0])
+        procs.append(project_relay(cli_env, project))
         wait_until(lambda: len(sink.received) >= 700, 60, "more deliveries")
-        procs[1].send_signal(signal.SIGKILL)
-        procs[1].wait(timeout=10)
-        procs.append(start_relay(cli_env, project))
+        kill_process(procs[1])
+        procs.append(project_relay(cli_env, project))
         wait_until(lambda: statuses(conn, TABLE) == {"sent": keys * versions}, 120,
                    "every message to be sent", on_timeout=lambda: str(statuses(conn, TABLE)))
     finally:

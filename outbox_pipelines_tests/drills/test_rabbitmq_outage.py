@@ -24,7 +24,6 @@ message_id = event_id), and a message the consumer read but had not acknowledged
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,8 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.brokers.rabbitmq_server import Consumer, RabbitMQ, bind_queue, installed
 from outbox_pipelines_tests.conftest import run_cli
-from outbox_pipelines_tests.helpers import statuses, stop_process, wait_until
+from outbox_pipelines_tests.helpers import statuses
+from outbox_pipelines_tests.processes import start_relay, stop_process, wait_until
 
 TABLE = "rabbitmq_drill"
 EXCHANGE = "drill.events"
@@ -65,9 +65,8 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
         consumer = Consumer(node.url, QUEUE)
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = subprocess.Popen(
-                [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--max-seconds", "170"],
-                env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            relay = start_relay(env, TABLE, "--max-seconds", "170", quiet=False, cwd=tmp_path, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
         def relay_log() -> str:
             return "\n".join(log_path.read_text().splitlines()[-40:]) + "\n" + node.log(10)

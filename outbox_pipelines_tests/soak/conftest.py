@@ -17,8 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +30,8 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.storage import db, migrate
-from outbox_pipelines_tests.helpers import QueriesDatabase, free_port, order_payload
+from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
+from outbox_pipelines_tests.processes import free_port, kill_process, port_open, stop_process, tail
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -56,19 +55,6 @@ def scale() -> float:
 
 def scaled(value: float, minimum: float) -> float:
     return max(value * scale(), minimum)
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
 
 
 def record(figures: dict[str, Any]) -> None:
@@ -111,22 +97,11 @@ class Process:
         """SIGKILL, as a crash would."""
         if self.running:
             assert self.proc is not None
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+            kill_process(self.proc)
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace_s``; the exit code (None if it had to be killed)."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-            return None
+        return stop_process(self.proc, grace_s)
 
 
 class Broker(Process):
