@@ -1,6 +1,5 @@
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines.core.settings import TableSettings, load_settings
 from outbox_pipelines.testing import ScratchServer, TemplateDatabases
+from outbox_pipelines_tests.processes import CLI
 from outbox_pipelines_tests.sink import HttpSink
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def run_cli(
     env: dict[str, str], *args: str, timeout: float = 60, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "outbox_pipelines.cli", *args],
+        [*CLI, *args],
         env=env,
         capture_output=True,
         text=True,

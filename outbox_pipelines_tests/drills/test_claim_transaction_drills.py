@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -36,9 +35,10 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.drills import conftest as drills
-from outbox_pipelines_tests.drills.conftest import RUN_QUERY, BrokerSimProcess, DrillStack, free_port, tail
-from outbox_pipelines_tests.helpers import DictConnection, order_payload, statuses, wait_until
+from outbox_pipelines_tests.drills.conftest import RUN_QUERY, BrokerSimProcess, DrillStack
+from outbox_pipelines_tests.helpers import DictConnection, order_payload, statuses
 from outbox_pipelines_tests.pgbouncer import PgBouncer
+from outbox_pipelines_tests.processes import free_port, kill_process, start_relay, tail, wait_until
 
 pytestmark = pytest.mark.drill
 
@@ -118,13 +118,12 @@ class Relays:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, env: dict[str, str], worker: str, *args: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet", "--json",
-                   "--worker-id", worker, "--batch-size", str(BATCH), *args]
+    def start(self, env: dict[str, str], worker: str, *args: str) -> subprocess.Popen[str]:
         with (self.tmp / f"{worker}.out").open("wb") as out, (self.tmp / f"{worker}.err").open("wb") as err:
-            proc = subprocess.Popen(command, env=env, stdout=out, stderr=err, cwd=self.tmp)
+            proc = start_relay(env, TABLE, "--json", "--worker-id", worker, "--batch-size", str(BATCH), *args,
+                               stdout=out, stderr=err, cwd=self.tmp)
         self.procs[worker] = proc
         return proc
 
@@ -151,9 +150,7 @@ class Relays:
         return self.wait(worker, timeout_s)
 
     def kill(self, worker: str) -> None:
-        proc = self.procs[worker]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        kill_process(self.procs[worker])
 
     def alive(self) -> list[str]:
         return [w for w, p in self.procs.items() if p.poll() is None]

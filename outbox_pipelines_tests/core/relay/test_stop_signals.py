@@ -8,7 +8,6 @@ CI run saw a CLI relay ignore SIGTERM while it reconnected to a database the tes
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,8 @@ from outbox_pipelines.core.settings import GlobalSettings, Settings
 from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines_tests.conftest import REPO
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
-from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, python_stacks, statuses, wait_until
+from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, statuses
+from outbox_pipelines_tests.processes import python_stacks, start_cli, wait_until
 
 BUSY, QUIET = "busy_outbox", "quiet_outbox"
 
@@ -63,8 +63,7 @@ class CliRelay:
         self.name, self.lines = name, []
         self.signalled_at: float | None = None
         self.exited_at: float | None = None
-        self.process = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", *args, "--quiet",
-                                         "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = start_cli(env, "relay", *args, "--quiet", "--json")
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
