@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import free_port, start_relay, stop_process
+from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 
 COMMANDS = [
     ["db", "upgrade"], ["db", "create-table"], ["db", "url"], ["db", "stop"], ["enqueue"], ["status"],
@@ -98,7 +100,7 @@ def test_bad_environment_value_is_a_usage_error(cli_env):
 
 def test_replay_needs_a_filter_and_reports_dry_run(cli_env, conn):
     ids = enqueue_n(conn, "outbox_events", 2)
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST'")
+    make_dead(conn, "outbox_events", code="BAD_REQUEST")
     assert run_cli(cli_env, "replay", "--table", "outbox_events").returncode == 2
     dry = run_cli(cli_env, "replay", "--table", "outbox_events", "--all", "--dry-run")
     assert dry.returncode == 0 and "2 dead rows matched" in dry.stdout and "--force" in dry.stdout
@@ -109,11 +111,10 @@ def test_replay_needs_a_filter_and_reports_dry_run(cli_env, conn):
 
 def test_requeue_and_clean_commands(cli_env, conn):
     enqueue_n(conn, "outbox_events", 2)
-    conn.execute("UPDATE outbox_events SET status = 'sending', locked_by = 'gone', attempts = 1, "
-                 "lease_expires_at = now() - interval '1 second'")
+    make_stuck(conn, "outbox_events", lease_left=timedelta(seconds=-1))
     result = run_cli(cli_env, "requeue-stuck", "--table", "outbox_events")
     assert result.returncode == 0 and "requeued 2" in result.stdout
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '8 days'")
+    make_sent(conn, "outbox_events", age=timedelta(days=8))
     result = run_cli(cli_env, "clean", "--table", "outbox_events")
     assert result.returncode == 0 and "deleted 2 sent rows" in result.stdout
     assert statuses(conn, "outbox_events") == {}

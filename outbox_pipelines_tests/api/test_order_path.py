@@ -32,6 +32,7 @@ from outbox_pipelines_tests.api.conftest import (
 from outbox_pipelines_tests.conftest import REPO, run_cli, table_settings
 from outbox_pipelines_tests.helpers import audit_codes, order_payload, rows
 from outbox_pipelines_tests.processes import free_port, start_cli, stop_and_read, wait_for_port
+from outbox_pipelines_tests.rows import make_due
 
 TABLE = "outbox_orders"
 KEY = "01JB4A-ORDER-PATH-0001"
@@ -60,11 +61,6 @@ def backoff_s(conn: psycopg.Connection, event_id: str = KEY) -> float:
     ).fetchone()
     assert row["waiting"], "a retried order waits for its backoff"
     return row["delay"].total_seconds()
-
-
-def make_due(conn: psycopg.Connection) -> None:
-    """Move time instead of sleeping: every waiting order is due now."""
-    conn.execute(f"UPDATE {TABLE} SET available_at = now() WHERE status = 'pending'")
 
 
 def dispatched(result: str) -> float:
@@ -109,7 +105,7 @@ def test_5xx_is_retried_with_exponential_backoff_to_a_final_success(client, conn
         delays.append(backoff_s(conn))
         assert relay(db_url, sim.url).claimed == 0, "not due before its backoff"
         assert the_entry(conn)["status"] == "accepted"
-        make_due(conn)
+        make_due(conn, TABLE)
     # The orders preset: 2 s, then 4 s, ±10 %.
     assert 1.8 <= delays[0] <= 2.2 and 3.6 <= delays[1] <= 4.4, delays
 
@@ -146,7 +142,7 @@ def test_400_from_the_broker_is_dead_at_once_and_the_ledger_says_why(client, con
 
     report = relay(db_url, sim.url)
     assert (report.claimed, report.dead, report.dead_by_code) == (1, 1, {"BAD_REQUEST": 1})
-    make_due(conn)
+    make_due(conn, TABLE)
     assert relay(db_url, sim.url).claimed == 0  # dead stays dead: no second attempt
     assert sim.attempts[KEY] == 1 and not sim.executed
 
@@ -215,7 +211,7 @@ def test_the_broker_request_maps_the_order_and_every_attempt_carries_the_same_ke
     assert scoped_key.endswith(":k-scoped") and scoped_key != "k-scoped"
 
     relay(db_url, http_sink.url)
-    make_due(conn)
+    make_due(conn, TABLE)
     relay(db_url, http_sink.url)
 
     sent = {r["event_id"]: r for r in rows(conn, TABLE)}
@@ -261,7 +257,7 @@ def test_broker_timeouts_follow_time_in_force(client, conn, db_url, broker_sim):
     assert the_row(conn, "k-fok")["status"] == the_row(conn, "k-gtc")["status"] == "sent"
 
     sim.faults.every_nth_timeout = 0  # the broker recovers
-    make_due(conn)
+    make_due(conn, TABLE)
     assert relay(db_url, sim.url).sent == 1
     ioc = the_row(conn, "k-ioc")
     assert ioc["status"] == "sent" and ioc["attempts"] == 2

@@ -13,13 +13,13 @@ from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.operations.backfill import redeliver_sent
 from outbox_pipelines_tests.helpers import ScriptedDestination, db_now, enqueue_n, rows
+from outbox_pipelines_tests.rows import make_dead, make_sent
 
 EVENTS = "outbox_events"
 
 
 def mark_sent(conn, ids, published_at) -> None:
-    conn.execute("UPDATE outbox_events SET status = 'sent', attempts = 1, published_at = %s WHERE id = ANY(%s)",
-                 (published_at, list(ids)))
+    make_sent(conn, EVENTS, ids, published_at=published_at, attempts=1)
 
 
 def backfill_audit(conn) -> list[dict]:
@@ -35,7 +35,7 @@ def test_only_rows_sent_inside_the_window_are_delivered_again_and_stay_sent(db_u
     mark_sent(conn, [ids[2]], end - timedelta(seconds=1))     # just before the end: inside
     mark_sent(conn, [ids[3]], end)                            # at the end: outside, the window is [start, end)
     mark_sent(conn, [ids[4]], start - timedelta(seconds=1))   # before the start: outside
-    conn.execute("UPDATE outbox_events SET status = 'dead', updated_at = %s WHERE id = %s", (start, ids[5]))
+    make_dead(conn, EVENTS, ids[5], code=None, at=start)
     # ids[6] stays pending
     before = {r["id"]: r for r in rows(conn, EVENTS)}
     destination = ScriptedDestination()

@@ -1,11 +1,14 @@
 """clean_tables, the one cleaner run of the CLI's ``clean`` and Dagster's ``clean_job``: its rules, in the core."""
 
+from datetime import timedelta
+
 import pytest
 
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.operations.maintenance import CLEANER_DISABLED, clean_tables
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.rows import make_sent
 
 EVENTS, MEMORY = "outbox_events", "outbox_memory"
 
@@ -16,7 +19,7 @@ def _no_database() -> str:
 
 def _old_sent(conn, table: str, n: int = 2) -> None:
     enqueue_n(conn, table, n, prefix=f"{table}-")
-    conn.execute(f"UPDATE {table} SET status = 'sent', published_at = now() - interval '30 days'")
+    make_sent(conn, table, age=timedelta(days=30))
 
 
 def test_a_retention_too_short_for_any_table_deletes_nothing_and_chooses_no_database(conn):

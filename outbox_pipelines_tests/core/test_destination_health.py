@@ -14,6 +14,7 @@ from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, statuses
 from outbox_pipelines_tests.processes import free_port
+from outbox_pipelines_tests.rows import make_due
 
 EVENTS = "outbox_events"
 
@@ -34,10 +35,6 @@ def relay_once(db_url, url):
         return Relay(db_url, events_settings(), destination).run(once=True)
     finally:
         destination.close()
-
-
-def make_due(conn):
-    conn.execute("UPDATE outbox_events SET available_at = now() WHERE status = 'pending'")
 
 
 def health_row(conn):
@@ -66,14 +63,14 @@ def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, c
     assert started is not None
 
     # The outage goes on: the same streak grows, it does not restart.
-    make_due(conn)
+    make_due(conn, EVENTS)
     relay_once(db_url, closed_url)
     health = read_health(conn, EVENTS)
     assert (health.consecutive_failures, health.error_codes) == (6, {m.NETWORK_TIMEOUT: 6})
     assert health_row(conn)["failing_since"] == started
 
     # The destination is back: the first delivery ends the streak.
-    make_due(conn)
+    make_due(conn, EVENTS)
     report = relay_once(db_url, http_sink.url)
     assert (report.sent, report.outcome, report.destination_failures) == (3, "delivered", {})
     assert statuses(conn, EVENTS) == {"sent": 3}

@@ -12,6 +12,7 @@ from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.storage.queries import table_query
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.helpers import db_now, enqueue_n
+from outbox_pipelines_tests.rows import age_rows, make_dead, make_sent
 
 EVENTS = "outbox_events"
 
@@ -23,11 +24,6 @@ def status_of(conn, *, now=None, count_sent=False, stuck_after_s=600.0, window_s
 
 def verdict(status, name, limits=None):
     return {v.name: v for v in evaluate_checks(status, limits or CheckThresholds())}[name]
-
-
-def age_rows(conn, ids, seconds):
-    conn.execute("UPDATE outbox_events SET created_at = now() - make_interval(secs => %s) WHERE id = ANY(%s)",
-                 (seconds, ids))
 
 
 def test_an_empty_table_is_healthy_and_every_check_passes(conn):
@@ -82,7 +78,7 @@ def test_oldest_waiting_counts_an_in_flight_row(conn):
     """A row held in sending (created 20 min ago) counts, even when nothing is pending."""
     enqueue_n(conn, EVENTS, 1)
     OutboxTable(conn, EVENTS).claim("w", 1, 600)
-    conn.execute("UPDATE outbox_events SET created_at = now() - interval '20 minutes'")
+    age_rows(conn, EVENTS, created=timedelta(minutes=20))
     status = status_of(conn)
     assert status.counts["sending"] == 1 and status.backlog == 0 and status.waiting == 1
     assert status.oldest_waiting_age_s == pytest.approx(1200, abs=5)
@@ -92,10 +88,10 @@ def test_oldest_waiting_counts_an_in_flight_row(conn):
 def test_oldest_waiting_is_the_older_of_pending_and_in_flight(conn):
     ids = enqueue_n(conn, EVENTS, 2)
     OutboxTable(conn, EVENTS).claim("w", 1, 600)  # takes ids[0]
-    age_rows(conn, [ids[0]], 100)
-    age_rows(conn, [ids[1]], 400)
+    age_rows(conn, EVENTS, ids[0], created=timedelta(seconds=100))
+    age_rows(conn, EVENTS, ids[1], created=timedelta(seconds=400))
     assert status_of(conn).oldest_waiting_age_s == pytest.approx(400, abs=5)
-    age_rows(conn, [ids[0]], 900)
+    age_rows(conn, EVENTS, ids[0], created=timedelta(seconds=900))
     assert status_of(conn).oldest_waiting_age_s == pytest.approx(900, abs=5)
 
 
@@ -124,7 +120,7 @@ def test_lag_mixes_recent_deliveries_with_waiting_messages(conn):
     ids = enqueue_n(conn, EVENTS, 100)
     conn.execute("UPDATE outbox_events SET status = 'sent', created_at = now() - interval '2 minutes', "
                  "published_at = now() - interval '119 seconds' WHERE id = ANY(%s)", (ids[:90],))
-    age_rows(conn, ids[90:], 600)
+    age_rows(conn, EVENTS, ids[90:], created=timedelta(seconds=600))
     status = status_of(conn)
     assert status.lag_sample == 100
     assert status.lag_p50_s == pytest.approx(1, abs=0.5)
@@ -153,9 +149,8 @@ def test_sent_rows_outside_the_window_do_not_count(conn):
 
 def test_counts_and_the_exact_sent_count(conn):
     ids = enqueue_n(conn, EVENTS, 12)
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() WHERE id = ANY(%s)", (ids[:5],))
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)",
-                 (ids[5:7],))
+    make_sent(conn, EVENTS, ids[:5])
+    make_dead(conn, EVENTS, ids[5:7], code="BAD_REQUEST")
     conn.execute("UPDATE outbox_events SET attempts = 2 WHERE id = %s", (ids[7],))
     OutboxTable(conn, EVENTS).claim("w", 1, 60)  # ids[7] (lowest ready id) goes in flight
     status = status_of(conn)
@@ -170,10 +165,9 @@ def test_counts_and_the_exact_sent_count(conn):
 
 def test_dead_by_code_and_the_dead_letters_check(conn):
     ids = enqueue_n(conn, EVENTS, 6)
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BROKER_5XX' WHERE id = ANY(%s)",
-                 (ids[:3],))
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = %s", (ids[3],))
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = NULL WHERE id = %s", (ids[4],))
+    make_dead(conn, EVENTS, ids[:3], code="BROKER_5XX")
+    make_dead(conn, EVENTS, ids[3], code="BAD_REQUEST")
+    make_dead(conn, EVENTS, ids[4], code=None)
     status = status_of(conn)
     assert status.counts["dead"] == 5
     assert status.dead_by_code == {"BROKER_5XX": 3, "BAD_REQUEST": 1, "UNKNOWN": 1}
@@ -224,8 +218,7 @@ def test_the_snapshot_reads_indexes_not_the_whole_table(conn):
         FROM generate_series(1, 200000) AS g
     """)
     ids = enqueue_n(conn, EVENTS, 20)
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)",
-                 (ids[:5],))
+    make_dead(conn, EVENTS, ids[:5], code="BAD_REQUEST")
     OutboxTable(conn, EVENTS).claim("w", 5, 60)
     conn.execute("ANALYZE outbox_events")
     query = table_query("outbox_health_snapshot", EVENTS)

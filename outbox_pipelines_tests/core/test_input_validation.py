@@ -13,6 +13,7 @@ from outbox_pipelines.core.operations.maintenance import MIN_RETENTION_S, clean,
 from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import make_sent
 
 EVENTS = "outbox_events"
 
@@ -206,7 +207,7 @@ def test_reserved_names_are_every_non_outbox_table_of_the_schema(conn):
 def _sent_long_ago(conn, n: int) -> list[int]:
     ids = enqueue_n(conn, EVENTS, n)
     t0 = db_now(conn)
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = %s", (t0 - timedelta(minutes=10),))
+    make_sent(conn, EVENTS, published_at=t0 - timedelta(minutes=10))
     return ids
 
 

@@ -14,6 +14,7 @@ from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import kill_process, silent_port, start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.rows import expire_leases
 
 EVENTS = "outbox_events"
 
@@ -197,7 +198,7 @@ def test_bury_counts_only_the_dead_relays_rows(conn):
     outbox_table = OutboxTable(conn, EVENTS)
     outbox_table.claim("ghost", 1, 600)  # ids[0]
     outbox_table.claim("alive", 1, 600)  # ids[1], whose lease has just run out (its relay will requeue it)
-    conn.execute("UPDATE outbox_events SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (ids[1],))
+    expire_leases(conn, EVENTS, ids[1])
     [dead] = liveness.find_dead(conn)
     buried = liveness.bury(conn, dead, max_attempts=25)
     assert rows(conn, EVENTS)[0]["status"] == "pending"

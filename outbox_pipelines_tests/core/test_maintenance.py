@@ -8,6 +8,7 @@ from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import make_dead, make_sent
 
 EVENTS = "outbox_events"
 
@@ -48,11 +49,9 @@ def test_cleaner_deletes_only_old_sent_rows(db_url, conn):
     ids = enqueue_n(conn, EVENTS, 6)
     t0 = db_now(conn)
     # old sent, recent sent, pending, dead (old), sending (old), retrying
-    sent = "UPDATE outbox_events SET status = 'sent', published_at = %s WHERE id = %s"
-    set_rows(conn, sent, t0 - timedelta(days=8), ids[0])
-    set_rows(conn, sent, t0 - timedelta(days=6), ids[1])
-    set_rows(conn, "UPDATE outbox_events SET status = 'dead', updated_at = %s WHERE id = %s", t0 - timedelta(days=30),
-             ids[3])
+    make_sent(conn, EVENTS, ids[0], published_at=t0 - timedelta(days=8))
+    make_sent(conn, EVENTS, ids[1], published_at=t0 - timedelta(days=6))
+    make_dead(conn, EVENTS, ids[3], code=None, at=t0 - timedelta(days=30))
     set_rows(conn, "UPDATE outbox_events SET status = 'sending', locked_by = 'w', updated_at = %s WHERE id = %s",
              t0 - timedelta(days=9), ids[4])
     set_rows(conn, "UPDATE outbox_events SET attempts = 2 WHERE id = %s", ids[5])
@@ -65,7 +64,7 @@ def test_cleaner_deletes_only_old_sent_rows(db_url, conn):
 
 def test_cleaner_works_in_bounded_batches_until_done(db_url, conn):
     enqueue_n(conn, EVENTS, 25)
-    set_rows(conn, "UPDATE outbox_events SET status = 'sent', published_at = now() - interval '10 days'")
+    make_sent(conn, EVENTS, age=timedelta(days=10))
     report = clean(db_url, table_settings(EVENTS), retention_s=86400, batch_size=10)
     assert (report.deleted_sent, report.batches) == (25, 3)
     assert rows(conn, EVENTS) == []

@@ -19,6 +19,7 @@ from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, rows, statuses
+from outbox_pipelines_tests.rows import expire_leases
 
 EVENTS = "outbox_events"
 
@@ -220,6 +221,6 @@ def test_an_expired_lease_is_re_taken_before_anything_else_of_its_key(conn):
     enqueue(conn, ("a", "a1"), ("a", "a2"))
     table = OutboxTable(conn, EVENTS)
     assert names(table.claim("old", 10, 30)) == ["a1"]
-    conn.execute("UPDATE outbox_events SET lease_expires_at = now() - interval '1 second' WHERE event_id = 'a1'")
+    expire_leases(conn, EVENTS, event_ids=["a1"])
     assert names(table.claim("new", 10, 30)) == ["a1"]  # the same head again, never a2 beside it
     assert names(table.claim("third", 10, 30)) == []

@@ -16,6 +16,7 @@ from outbox_pipelines.core.operations.replay import (
 )
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import make_dead
 
 EVENTS = "outbox_events"
 
@@ -184,7 +185,7 @@ def test_status_suggestions_run_as_printed(cli_env, conn):
     _dead(conn, ids[:2], "BROKER_5XX")
     _dead(conn, ids[2:3], "custom code")  # spaces: the printed command must quote it
     order_ids = enqueue_n(conn, "outbox_orders", 1)
-    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = NULL WHERE id = %s", (order_ids[0],))
+    make_dead(conn, "outbox_orders", order_ids[0], code=None)
     status = run_cli(cli_env, "status")
     assert status.returncode == 0, status.stderr
     printed = [line.strip() for line in status.stdout.splitlines() if line.strip().startswith("outbox-pipelines ")]

@@ -35,6 +35,7 @@ from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines.orders.wing import ORDER_API
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, order_payload, statuses
+from outbox_pipelines_tests.rows import make_dead, make_sent
 
 DictConnection = psycopg.Connection[DictRow]
 LoginAs = Callable[[str], str]
@@ -303,10 +304,8 @@ def test_reader_reads_status_through_the_cli_but_cannot_write(
 
 def test_maintainer_cleans_replays_and_runs_the_oncall_sweep(login_as: LoginAs, conn: DictConnection) -> None:
     ids = enqueue_n(conn, "outbox_events", 4)
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '30 days' "
-                 "WHERE id = ANY(%s)", (ids[:2],))
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BROKER_5XX' WHERE id = ANY(%s)",
-                 (ids[2:],))
+    make_sent(conn, "outbox_events", ids[:2], age=timedelta(days=30))
+    make_dead(conn, "outbox_events", ids[2:], code="BROKER_5XX")
     conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) "
                  "VALUES ('old', 'd', now() - interval '1 hour')")
     url = login_as(roles.MAINTAINER)

@@ -1,11 +1,14 @@
 """Seed 004 §7 / §10.3: tenants in the audit, an index for per-tenant questions, clean-up per tenant."""
 
+from datetime import timedelta
+
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.operations.maintenance import clean
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination
+from outbox_pipelines_tests.rows import make_sent
 
 EVENTS = "outbox_events"
 
@@ -34,7 +37,7 @@ def test_a_tenant_index_serves_per_tenant_questions(conn):
 def test_clean_can_be_scoped_to_one_tenant(db_url, conn, cli_env):
     enqueue_for(conn, "acme", 3)
     enqueue_for(conn, "globex", 2)
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '30 days'")
+    make_sent(conn, EVENTS, age=timedelta(days=30))
     settings = table_settings(EVENTS)
     report = clean(db_url, settings, tenant_id="acme")
     assert report.deleted_sent == 3

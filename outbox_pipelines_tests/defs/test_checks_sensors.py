@@ -1,5 +1,7 @@
 """Asset checks at pass / WARN / ERROR, the backlog sensor, and alerts reaching a local webhook."""
 
+from datetime import timedelta
+
 import dagster as dg
 import pytest
 
@@ -8,6 +10,7 @@ from outbox_pipelines.defs.alerts import oncall_sensor
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n
+from outbox_pipelines_tests.rows import age_rows, make_dead, make_stuck
 
 
 def check_results(result) -> dict:
@@ -34,13 +37,10 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
 
 def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 60)
-    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = ANY(%s)",
-                 (ids[:2],))
-    conn.execute("UPDATE outbox_orders SET status = 'sending', locked_by = 'gone', attempts = 1, "
-                 "lease_expires_at = now() - interval '1 minute' WHERE id = ANY(%s)", (ids[2:55],))
+    make_dead(conn, "outbox_orders", ids[:2], code="BAD_REQUEST")
+    make_stuck(conn, "outbox_orders", ids[2:55])
     # Five messages created and due an hour ago, still pending (created_at alone would read as a replay: due now).
-    conn.execute("UPDATE outbox_orders SET created_at = now() - interval '1 hour', "
-                 "available_at = now() - interval '1 hour' WHERE id = ANY(%s)", (ids[55:],))
+    age_rows(conn, "outbox_orders", ids[55:], created=timedelta(hours=1), available=timedelta(hours=1))
     checks = check_results(run_job("outbox_checks_job", resources, instance))
     assert checks["dead_letters"][:2] == (False, "WARN")
     assert checks["dead_letters"][2]["dead_BAD_REQUEST"] == 2
@@ -104,7 +104,7 @@ def oncall_tick(instance, db_url, cursor=None):
 def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, instance, http_sink, monkeypatch):
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     enqueue_n(conn, "outbox_orders", 1)
-    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'UNAUTHORIZED'")
+    make_dead(conn, "outbox_orders", code="UNAUTHORIZED")
     result = oncall_tick(instance, db_url)
     evaluations = {(e.asset_key.to_user_string(), e.check_name): e for e in result.asset_events}
     dead = evaluations[("outbox/outbox_orders", "dead_letters")]
@@ -185,8 +185,7 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, 
     gone = subprocess.Popen(["true"])
     gone.wait()
     [row_id] = enqueue_n(conn, "outbox_orders", 1)
-    conn.execute("UPDATE outbox_orders SET status = 'sending', attempts = 1, locked_by = 'dagster:dead',"
-                 " lease_expires_at = now() + interval '1 minute'")
+    make_stuck(conn, "outbox_orders", worker="dagster:dead", lease_left=timedelta(minutes=1))
     conn.execute("INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host) VALUES (%s, %s, %s, %s, %s)",
                  ("dagster:dead", "outbox_orders", failed.run_id, gone.pid, liveness.HOST))
     instance.add_run_tags(failed.run_id, {"outbox/table": "outbox_orders"})

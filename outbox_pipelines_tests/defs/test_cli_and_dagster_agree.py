@@ -6,6 +6,7 @@ Each front end runs against a database of its own, seeded alike, so what one del
 """
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.rows import make_dead, make_sent
 
 EVENTS, MEMORY = "outbox_events", "outbox_memory"
 CLEANER_OFF_FOR_MEMORY = f"[tables.{MEMORY}]\ncleaner_enabled = false\n"
@@ -36,11 +38,10 @@ def _seed(url: str) -> None:
     """Old and fresh sent rows in two tables, a pending row, an expired and a live ledger row, an old audit row."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         enqueue_n(conn, EVENTS, 4, prefix="ev-")
-        conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() - interval '30 days' "
-                     "WHERE event_id IN ('ev-0', 'ev-1')")
-        conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() WHERE event_id = 'ev-2'")
+        make_sent(conn, EVENTS, event_ids=["ev-0", "ev-1"], age=timedelta(days=30))
+        make_sent(conn, EVENTS, event_ids=["ev-2"])
         enqueue_n(conn, MEMORY, 2, prefix="mem-")
-        conn.execute(f"UPDATE {MEMORY} SET status = 'sent', published_at = now() - interval '30 days'")
+        make_sent(conn, MEMORY, age=timedelta(days=30))
         conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
                      "('old', 'sha256:a', now() - interval '1 minute'), "
                      "('fresh', 'sha256:b', now() + interval '1 day')")
@@ -162,7 +163,7 @@ def test_a_disabled_cleaner_is_skipped_without_a_retention_check_and_force_clean
 def test_a_replay_without_a_filter_is_refused_in_the_same_words_by_the_cli_and_dagster(
         conn, cli_env, instance, resources):
     enqueue_n(conn, EVENTS, 2)
-    conn.execute(f"UPDATE {EVENTS} SET status = 'dead', last_error_code = 'BROKER_5XX'")
+    make_dead(conn, EVENTS, code="BROKER_5XX")
 
     cli = run_cli(cli_env, "replay", "--table", EVENTS)
     dagster = run_job("replay_dead_job", resources, instance,

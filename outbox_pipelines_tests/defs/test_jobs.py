@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +16,7 @@ from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,10 +76,8 @@ def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instanc
 
 def test_requeue_and_clean_jobs_report_what_they_changed(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_events", 3)
-    conn.execute("UPDATE outbox_events SET status = 'sending', locked_by = 'gone', attempts = 1, "
-                 "lease_expires_at = now() - interval '1 minute' WHERE id = %s", (ids[0],))
-    conn.execute("UPDATE outbox_events SET status = 'sent', published_at = now() - interval '30 days' WHERE id = %s",
-                 (ids[1],))
+    make_stuck(conn, "outbox_events", ids[0])
+    make_sent(conn, "outbox_events", ids[1], age=timedelta(days=30))
     result = run_job("requeue_stuck_job", resources, instance)
     assert result.success and op_metadata(result, "requeue_stuck_op")["requeued_total"] == 1
     result = run_job("clean_job", resources, instance)
@@ -112,8 +112,8 @@ def test_clean_job_with_the_cleaner_switched_off_everywhere_deletes_nothing(db_u
 
 def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 3)
-    conn.execute("UPDATE outbox_orders SET status = 'dead', last_error_code = 'BROKER_5XX'")
-    conn.execute("UPDATE outbox_orders SET last_error_code = 'BAD_REQUEST' WHERE id = %s", (ids[2],))
+    make_dead(conn, "outbox_orders", ids[:2], code="BROKER_5XX")
+    make_dead(conn, "outbox_orders", ids[2], code="BAD_REQUEST")
     config = {"ops": {"replay_dead_op": {"config": {"table": "outbox_orders", "all": True}}}}
     dry = op_metadata(run_job("replay_dead_job", resources, instance, config), "replay_dead_op")
     assert (dry["dry_run"], dry["matched"], dry["replayed"], dry["refused_bad_request"]) == (True, 3, 0, 1)
@@ -131,7 +131,7 @@ def test_skip_job_passes_over_a_parked_head_after_a_dry_run(db_url, conn, instan
     outbox = Outbox("outbox_events")
     first, second = (outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42")).id
                      for n in (1, 2))
-    conn.execute("UPDATE outbox_events SET status = 'dead', last_error_code = 'BAD_REQUEST' WHERE id = %s", (first,))
+    make_dead(conn, "outbox_events", first, code="BAD_REQUEST")
     config = {"ops": {"skip_dead_op": {"config": {"table": "outbox_events", "ordering_key": "org-42"}}}}
     dry = op_metadata(run_job("skip_dead_job", resources, instance, config), "skip_dead_op")
     assert (dry["dry_run"], dry["matched"], dry["skipped"], dry["keys"]) == (True, 1, 0, "org-42")
@@ -149,9 +149,8 @@ def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instan
     monkeypatch.setenv("OUTBOX_BROKER_URL", http_sink.url)  # outbox_orders' own destination
     ids = enqueue_n(conn, "outbox_orders", 4, prefix="bf-")
     today = db_now(conn).date()
-    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() WHERE id = ANY(%s)", (ids[:3],))
-    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() - interval '3 days' WHERE id = %s",
-                 (ids[3],))
+    make_sent(conn, "outbox_orders", ids[:3])
+    make_sent(conn, "outbox_orders", ids[3], age=timedelta(days=3))
     resources = outbox_resources(url=db_url)
     config = {"ops": {"backfill_op": {"config": {"table": "outbox_orders"}}}}
     result = run_job("backfill_job", resources, instance, config, partition_key=today.isoformat())

@@ -6,6 +6,7 @@ the failed run and posts to a local webhook: a refused launch is one note at sev
 """
 
 import re
+from datetime import timedelta
 
 import dagster as dg
 import pytest
@@ -15,6 +16,7 @@ from outbox_pipelines.defs.replay import ReplayConfig
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.rows import make_dead, make_sent
 
 ORDERS = "outbox_orders"
 UNREACHABLE = "postgresql://nobody@127.0.0.1:9/none"
@@ -63,7 +65,7 @@ def _assert_a_note(alert: dict, field: str, instance, result) -> None:
 @pytest.fixture
 def dead_orders(conn):
     ids = enqueue_n(conn, ORDERS, 2, prefix="ord-", topic="order.created")
-    conn.execute(f"UPDATE {ORDERS} SET status = 'dead', last_error_code = 'BROKER_5XX'")
+    make_dead(conn, ORDERS, code="BROKER_5XX")
     return ids
 
 
@@ -291,7 +293,7 @@ def test_a_backfill_launch_cannot_choose_where_messages_go(db_url, instance, res
 def test_clean_launch_mistakes_are_refused_naming_the_field_and_delete_nothing(db_url, conn, instance, resources,
                                                                               values, field, expected):
     enqueue_n(conn, "outbox_orders", 2, prefix="kept-")
-    conn.execute("UPDATE outbox_orders SET status = 'sent', published_at = now() - interval '3 days'")
+    make_sent(conn, ORDERS, age=timedelta(days=3))
     result = run_job("clean_job", resources, instance, _op_config("clean_op", **values))
     message, named = _refusal(result)
     assert named == field and message.startswith(expected), message

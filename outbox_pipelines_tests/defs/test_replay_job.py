@@ -7,6 +7,7 @@ from outbox_pipelines.defs.replay import DRY_RUN_TAG, ReplayConfig
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.rows import make_dead
 
 ORDERS = "outbox_orders"
 
@@ -30,8 +31,8 @@ def _snapshot(conn):
 @pytest.fixture
 def dead_orders(conn):
     ids = enqueue_n(conn, ORDERS, 3, prefix="ord-", topic="order.created")
-    conn.execute(f"UPDATE {ORDERS} SET status = 'dead', last_error_code = 'BROKER_5XX'")
-    conn.execute(f"UPDATE {ORDERS} SET last_error_code = 'BAD_REQUEST' WHERE id = %s", (ids[2],))
+    make_dead(conn, ORDERS, ids[:2], code="BROKER_5XX")
+    make_dead(conn, ORDERS, ids[2], code="BAD_REQUEST")
     return ids
 
 

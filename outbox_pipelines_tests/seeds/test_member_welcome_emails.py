@@ -9,6 +9,7 @@ from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.examples import members
 from outbox_pipelines_tests.helpers import audit_codes, rows, statuses
+from outbox_pipelines_tests.rows import make_due
 
 TABLE = "outbox_members"
 
@@ -69,7 +70,7 @@ def test_failures_retry_up_to_the_maximum_then_dead(db_url, conn, mail_dir):
     row_id = member_created(conn, 3)
     # Ghost: (retryCount + 1) <= MAX_RETRIES ? PENDING : FAILED with MAX_RETRIES = 5 -> 5 retries, FAILED on the 6th
     for attempt in range(1, 7):
-        conn.execute("UPDATE outbox_members SET available_at = now()")
+        make_due(conn, TABLE)
         relay(db_url)
         assert rows(conn, TABLE)[0]["attempts"] == attempt
         assert rows(conn, TABLE)[0]["status"] == ("pending" if attempt < 6 else "dead")

@@ -15,6 +15,7 @@ from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage import schema
 from outbox_pipelines.core.storage.db import sqlalchemy_url
 from outbox_pipelines_tests.helpers import db_now, rows, statuses
+from outbox_pipelines_tests.rows import make_due, make_sent
 
 TABLE = "org_outbox"
 
@@ -71,7 +72,7 @@ def test_max_attempts_stops_retrying_and_the_row_stays_queryable(db_url, conn, o
     registry.register("org.changed", lambda msg: (_ for _ in ()).throw(RuntimeError("always")))
     Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={}, event_id="e"))
     for _ in range(4):
-        conn.execute(f"UPDATE {TABLE} SET available_at = now()")
+        make_due(conn, TABLE)
         Relay(db_url, settings(), HandlerDestination(registry)).run(once=True)
     [row] = rows(conn, TABLE)
     assert (row["status"], row["attempts"]) == ("dead", 3)
@@ -112,10 +113,8 @@ def test_cleaner_retention_keeps_unpublished_and_recent_rows(db_url, conn, org_o
     for n in range(4):
         Outbox(TABLE).enqueue(conn, Message(topic="t", payload={}, event_id=f"c{n}"))
     now = db_now(conn)
-    conn.execute(f"UPDATE {TABLE} SET status = 'sent', published_at = %s WHERE event_id IN ('c0', 'c1')",
-                 (now - timedelta(hours=169),))
-    conn.execute(f"UPDATE {TABLE} SET status = 'sent', published_at = %s WHERE event_id = 'c2'",
-                 (now - timedelta(hours=1),))
+    make_sent(conn, TABLE, event_ids=["c0", "c1"], published_at=now - timedelta(hours=169))
+    make_sent(conn, TABLE, event_ids=["c2"], published_at=now - timedelta(hours=1))
     report = clean(db_url, settings(), retention_s=168 * 3600)
     assert report.deleted_sent == 2
     assert sorted(r["event_id"] for r in rows(conn, TABLE)) == ["c2", "c3"]

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -32,14 +33,10 @@ from outbox_pipelines.orders.api.ratelimit import RateLimiter
 from outbox_pipelines_tests.api.conftest import broker_settings, sample
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import expire_leases, make_due, make_sent
 
 ORDERS = "outbox_orders"
 EVENTS = "outbox_events"
-
-
-def make_due(conn: psycopg.Connection, table: str) -> None:
-    """Move time instead of sleeping: every waiting message is due now."""
-    conn.execute(f"UPDATE {table} SET available_at = now() WHERE status = 'pending'")
 
 
 # -- seed 000 §2 / §9: the orders preset gives up at attempt 8 (OUTBOX_RETRY_MAX default 8) ----------------
@@ -78,7 +75,8 @@ def test_the_order_api_allows_60_requests_a_minute_per_client_by_default(monkeyp
         monkeypatch.delenv(name)
     settings = ApiSettings.from_env("postgresql://127.0.0.1:1/unused")
     assert settings.rate_per_minute == 60
-    # The limiter the app builds from it (orders/api/callers.py: RateLimiter(settings.rate_per_minute)), on a frozen clock.
+    # The limiter the app builds from it (orders/api/callers.py: RateLimiter(settings.rate_per_minute)),
+    # on a frozen clock.
     limiter = RateLimiter(settings.rate_per_minute, clock=lambda: 1000.0)
     assert [limiter.allow("10.0.0.1") for _ in range(60)] == [0] * 60
     assert limiter.allow("10.0.0.1") >= 1  # the 61st within the minute waits (Retry-After)
@@ -260,7 +258,7 @@ def test_a_settle_that_hits_the_statement_timeout_is_audited_as_outbox_flush_db_
     # ends) and delivered again — the idempotency key makes that once in effect.
     row = rows(conn, EVENTS)[0]
     if row["status"] == "sending":  # the give-back itself ran into the lock: the lease brings the row back
-        conn.execute(f"UPDATE {EVENTS} SET lease_expires_at = now() WHERE status = 'sending'")
+        expire_leases(conn, EVENTS, by=timedelta(0))
         monkeypatch.undo()
         assert Relay(db_url, settings, ScriptedDestination()).run(once=True).sent == 1
         row = rows(conn, EVENTS)[0]
@@ -293,7 +291,7 @@ def test_relay_enabled_false_makes_the_relay_do_nothing_and_keeps_the_rows_pendi
 
 def test_cleaner_enabled_false_makes_clean_skip_the_table_and_keep_old_sent_rows(cli_env, conn):
     enqueue_n(conn, EVENTS, 2)
-    conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() - interval '30 days'")
+    make_sent(conn, EVENTS, age=timedelta(days=30))
     disabled = run_cli({**cli_env, "OUTBOX_CLEANER_ENABLED": "false"}, "clean", "--table", EVENTS)
     assert disabled.returncode == 0, disabled.stderr
     assert f"{EVENTS}: cleaner disabled" in disabled.stdout

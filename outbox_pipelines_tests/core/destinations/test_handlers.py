@@ -11,6 +11,7 @@ from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.rows import make_due
 
 EVENTS = "outbox_events"
 MEMORY = "outbox_memory"
@@ -56,11 +57,6 @@ def audit(conn, event_id: str, table: str = EVENTS) -> list[tuple[str, str, str 
         (table, event_id),
     ).fetchall()
     return [(r["code"], r["to_status"], r["error_code"]) for r in found]
-
-
-def make_due(conn, table: str = EVENTS) -> None:
-    """Skip the backoff in database time: the relay claims rows whose available_at <= now()."""
-    conn.execute(f"UPDATE {table} SET available_at = now() WHERE status = 'pending'")
 
 
 class Calls:
@@ -177,7 +173,7 @@ def test_a_handler_that_recovers_sends_the_message_on_a_later_attempt(conn, db_u
     key = enqueue(conn, EVENTS, "demo.flaky", {"n": 1}, "f-1")
     run_relay(db_url, registry)
     assert state(conn, key) == ("pending", 1, "HANDLER_ERROR")
-    make_due(conn)
+    make_due(conn, EVENTS)
     run_relay(db_url, registry)
     assert state(conn, key) == ("sent", 2, None)
     assert (row(conn, key)["last_error"], row(conn, key)["result_ref"]) == (None, "delivered")
@@ -196,7 +192,7 @@ def test_permanent_error_is_dead_at_once_with_its_code(conn, db_url):
     assert state(conn, key) == ("dead", 1, "BAD_PAYLOAD")
     assert "org.changed needs org_id" in row(conn, key)["last_error"]
     assert audit(conn, key) == [CLAIM, ("outbox_flush_dead", "dead", "BAD_PAYLOAD")]
-    make_due(conn)
+    make_due(conn, EVENTS)
     run_relay(db_url, registry)
     assert calls.count("parse_org") == 1  # dead is final
 
@@ -210,7 +206,7 @@ def test_a_topic_without_handlers_retries_then_dies_never_dropped(conn, db_url):
         run_relay(db_url, registry)
         assert state(conn, key) == ("pending", attempt, "NO_SUBSCRIBERS")
         assert "member.renamed" in row(conn, key)["last_error"]
-        make_due(conn)
+        make_due(conn, EVENTS)
     report = run_relay(db_url, registry)
 
     assert report.dead_by_code == {"NO_SUBSCRIBERS": 1}

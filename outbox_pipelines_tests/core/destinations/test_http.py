@@ -16,6 +16,7 @@ from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.processes import free_port
+from outbox_pipelines_tests.rows import make_due
 
 ORDERS = "outbox_orders"
 JSON = {"Content-Type": "application/json"}
@@ -349,11 +350,6 @@ def audit_codes(conn, event_id: str) -> list[str]:
     return [row["code"] for row in found]
 
 
-def make_due(conn) -> None:
-    """Skip the backoff: the relay claims rows whose available_at <= now() (database time)."""
-    conn.execute(f"UPDATE {ORDERS} SET available_at = now() WHERE status = 'pending'")
-
-
 def test_relay_retries_a_5xx_then_sends(conn, db_url, http_sink):
     [key] = enqueue(conn, "order-1")
     http_sink.script = lambda k, attempt, body: (503, {}, b"broker restarting") if attempt == 1 else None
@@ -368,7 +364,7 @@ def test_relay_retries_a_5xx_then_sends(conn, db_url, http_sink):
     run_once(db_url, http_sink)  # not due yet: nothing happens
     assert rows(conn)[key]["attempts"] == 1
 
-    make_due(conn)
+    make_due(conn, ORDERS)
     report = run_once(db_url, http_sink)
     assert report.sent == 1
     row = rows(conn)[key]
@@ -394,7 +390,7 @@ def test_a_400_poison_pill_is_dead_after_one_attempt_and_never_blocks_the_rest(c
     assert "qty invalid" in found["poison"]["last_error"]
     assert audit_codes(conn, "poison") == ["outbox_claim", "outbox_flush_dead"]
 
-    make_due(conn)
+    make_due(conn, ORDERS)
     run_once(db_url, http_sink)
     assert http_sink.counts["poison"] == 1  # dead is final: never delivered again
     assert rows(conn)["poison"]["attempts"] == 1
@@ -463,7 +459,7 @@ def test_garbage_answers_retry_then_go_dead_with_the_reason(conn, db_url, http_s
         row = rows(conn)[key]
         assert (row["status"], row["attempts"], row["last_error_code"]) == ("pending", attempt, "UNKNOWN")
         assert row["due_in_s"] == pytest.approx(backoff, abs=5)
-        make_due(conn)
+        make_due(conn, ORDERS)
 
     report = run_once(db_url, http_sink)
     assert report.dead_by_code == {"UNKNOWN": 1}
@@ -498,7 +494,7 @@ def test_audit_rows_record_every_transition(conn, db_url, http_sink):
         (400, {}, b"nope") if k == "bad" else (502, {}, b"") if k == "flaky" and attempt == 1 else None
     )
     run_once(db_url, http_sink)
-    make_due(conn)
+    make_due(conn, ORDERS)
     run_once(db_url, http_sink)
     transitions = conn.execute(
         """SELECT event_id, from_status, to_status, attempts, code, error_code, worker

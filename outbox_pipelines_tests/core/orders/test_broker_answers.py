@@ -21,6 +21,7 @@ from outbox_pipelines.orders.broker import OrderBroker
 from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.rows import make_due
 
 ORDERS = "outbox_orders"
 JSON = {"Content-Type": "application/json"}
@@ -87,7 +88,7 @@ def test_a_final_4xx_is_dead_after_one_attempt_with_its_reason(conn, db_url, htt
     http_sink.script = lambda key, attempt, request_body: (status, JSON, body) if key == "k-4xx" else None
     report = relay_once(db_url, HttpDestination(http_sink.url, timeout_s=2), http_sink.url)
     assert (report.sent, report.dead, report.retried) == (1, 1, 0)
-    conn.execute(f"UPDATE {ORDERS} SET available_at = now() WHERE status = 'pending'")
+    make_due(conn, ORDERS)
     assert relay_once(db_url, HttpDestination(http_sink.url, timeout_s=2), http_sink.url).claimed == 0
 
     row = the_row(conn, "k-4xx")
@@ -113,7 +114,7 @@ def test_408_is_retried_then_sent(conn, db_url, http_sink):
     assert relay_once(db_url, HttpDestination(http_sink.url, timeout_s=2), http_sink.url).retried == 1
     row = the_row(conn, "k-408")
     assert (row["status"], row["last_error_code"]) == ("pending", "NETWORK_TIMEOUT")
-    conn.execute(f"UPDATE {ORDERS} SET available_at = now()")
+    make_due(conn, ORDERS)
     assert relay_once(db_url, HttpDestination(http_sink.url, timeout_s=2), http_sink.url).sent == 1
     assert (the_row(conn, "k-408")["status"], http_sink.counts["k-408"]) == ("sent", 2)
 
@@ -218,7 +219,7 @@ def test_settle_audit_rows_carry_the_broker_order_id_or_the_error_text(conn, db_
                 Relay(db_url, settings, broker, worker_id="audit").run(once=True, max_seconds=30)
             finally:
                 broker.close()
-            conn.execute(f"UPDATE {ORDERS} SET available_at = now() WHERE status = 'pending'")
+            make_due(conn, ORDERS)
     finally:
         sim.stop()
 

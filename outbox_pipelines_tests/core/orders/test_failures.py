@@ -35,6 +35,7 @@ from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import ApiServers
 from outbox_pipelines_tests.helpers import order_payload
 from outbox_pipelines_tests.processes import free_port
+from outbox_pipelines_tests.rows import make_due
 
 TABLE = "outbox_orders"
 
@@ -56,7 +57,7 @@ def relay_until_settled(conn, db_url: str, settings: Settings, passes: int = 3) 
     """Relay passes with time moved forward between them (no sleeping through backoffs)."""
     for _ in range(passes):
         run_table_relay(db_url, settings, TABLE, once=True)
-        conn.execute(f"UPDATE {TABLE} SET available_at = now() WHERE status = 'pending'")
+        make_due(conn, TABLE)
 
 
 def entry(conn, key: str) -> dict:

@@ -13,6 +13,7 @@ from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.rows import make_due
 
 ORDERS = "outbox_orders"
 
@@ -41,7 +42,7 @@ def test_a_transaction_claim_settles_sent_retry_and_dead_as_a_lease_does(db_url,
          "worker": "relay-a"}]
     assert [r["code"] for r in audit_rows(conn, flaky)] == ["outbox_flush_retry"]
     # The second attempt is the last one: dead, with the attempts counted.
-    conn.execute("UPDATE outbox_events SET available_at = now() WHERE id = %s", (flaky,))
+    make_due(conn, EVENTS, flaky)
     Relay(db_url, settings, destination).run(once=True)
     assert rows(conn, EVENTS, f"id = {flaky}")[0]["status"] == "dead"
     assert rows(conn, EVENTS, f"id = {flaky}")[0]["attempts"] == 2

@@ -24,6 +24,7 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
+from outbox_pipelines_tests.rows import make_due
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def test_retryable_failures_end_dead_after_max_attempts(db_url, conn):
     settings = events_settings(retry=RetryPolicy(base_s=60, max_s=60, max_attempts=3, jitter=0))
     destination = ScriptedDestination(lambda msg: Outcome.retry(m.BROKER_5XX, "HTTP 503"))
     for expected_attempts in (1, 2, 3):
-        conn.execute("UPDATE outbox_events SET available_at = now()")
+        make_due(conn, EVENTS)
         report = Relay(db_url, settings, destination).run(once=True)
         assert report.claimed == 1
         assert rows(conn, EVENTS)[0]["attempts"] == expected_attempts
