@@ -22,6 +22,8 @@ import pytest
 
 from outbox_pipelines_tests.sink import HttpSink
 
+pytestmark = pytest.mark.slow  # a project of its own: dg, dagster and the CLI as processes
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "billing_service"
 SECTION = "## Add an outbox to your service"

@@ -141,6 +141,7 @@ def _modes(root: Path) -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow
 def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, conn, tmp_path):
     """A real `dev` (loopback) with a relay run: .outbox/ is 0700, its Dagster home, instance file and the
     run's compute logs are 0600 files in 0700 directories, with the usual umask (022) around it."""

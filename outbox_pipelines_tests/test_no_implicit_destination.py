@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
@@ -43,6 +45,7 @@ def test_an_http_table_without_a_url_is_refused_by_every_command(cli_env, tmp_pa
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_the_code_location_fails_to_load_naming_the_table_and_key(cli_env, tmp_path):
     project = adopter(tmp_path, NO_URL)
     env = {**cli_env, "OUTBOX_CONFIG": str(project / "outbox.toml")}

@@ -103,6 +103,7 @@ def test_definitions_validate_in_the_root(user_env):
     assert f"on the server of {db.DATABASE_URL_ENV}" in result.stderr
 
 
+@pytest.mark.slow
 def test_dg_checks_and_lists_every_definition(user_env):
     check = run([str(BIN / "dg"), "check", "defs"], user_env, REPO)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -182,6 +183,7 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> tuple[int | None, str]:
 
 
 @pytest.mark.parametrize("command", [["dagster", "dev"], ["dg", "dev"]], ids=" ".join)
+@pytest.mark.slow
 def test_dev_serves_the_ui_from_the_root(user_env, tmp_path, command):
     port = free_port()
     log_path = tmp_path / "dev.log"

@@ -77,6 +77,7 @@ def test_the_live_app_serves_the_fuzzed_document(fuzz_api):
 
 @schema.parametrize()
 @FUZZ
+@pytest.mark.slow
 def test_no_server_error_and_no_answer_outside_the_document(case, fuzz_api, session):
     if case.meta is not None and case.meta.generation.mode.is_positive:
         key_header_follows_body(case)

@@ -18,6 +18,8 @@ from outbox_pipelines_tests.brokers.nats_server import NatsServer
 from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue, drain_queue
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 
+pytestmark = pytest.mark.slow  # real brokers under a Dagster job
+
 TABLE = "billing_outbox"
 COUNT = 30
 PASSWORD = "dagster-broker-pw-5d1f"

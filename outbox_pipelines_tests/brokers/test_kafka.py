@@ -26,6 +26,8 @@ from outbox_pipelines_tests.brokers.kafka_cluster import PRODUCE, KafkaCluster, 
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import free_port, rows, statuses, wait_until
 
+pytestmark = pytest.mark.slow  # librdkafka's mock cluster in a process of its own
+
 EVENTS = "outbox_events"
 
 

@@ -21,6 +21,8 @@ from outbox_pipelines_tests.brokers.nats_server import NatsServer
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
 
+pytestmark = pytest.mark.slow  # a real nats-server
+
 EVENTS = "outbox_events"
 PASSWORD = "pw-never-shown-7c1e"
 TOKEN = "tok-never-shown-93ab"

@@ -28,7 +28,10 @@ from outbox_pipelines_tests.core.destinations.test_http import claimed
 from outbox_pipelines_tests.helpers import rows, statuses
 from outbox_pipelines_tests.processes import free_port, silent_port
 
-pytestmark = pytest.mark.skipif(not installed(), reason="rabbitmq-server is not installed (bash .ci/run installs it)")
+pytestmark = [
+    pytest.mark.skipif(not installed(), reason="rabbitmq-server is not installed (bash .ci/run installs it)"),
+    pytest.mark.slow,  # real RabbitMQ nodes
+]
 
 TABLE = "outbox_events"
 MAX_MESSAGE_SIZE = 64 * 1024

@@ -162,6 +162,7 @@ def test_announce_posts_each_non_ok_condition_once_and_resolves_once(conn, http_
     assert len(http_sink.received) == 10
 
 
+@pytest.mark.slow
 def test_a_restarted_process_does_not_repeat_what_was_told(db_url, conn, http_sink):
     announce(conn, conditions(SEVERITY_OF), now=at(0), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert len(http_sink.received) == 7

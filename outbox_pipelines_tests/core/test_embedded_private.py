@@ -90,6 +90,7 @@ def test_the_test_servers_socket_is_in_its_private_data_directory(pg_server):
     assert_private(host)
 
 
+@pytest.mark.slow
 def test_a_long_project_path_gets_a_short_private_socket_directory(long_root):
     url = db.start_embedded(long_root, database="postgres")
     socket_dir = db.embedded_socket_dir(long_root)
@@ -106,6 +107,7 @@ def test_a_long_project_path_gets_a_short_private_socket_directory(long_root):
     assert not socket_dir.exists(), list(socket_dir.iterdir())  # removed once the server stopped
 
 
+@pytest.mark.slow
 def test_another_local_user_cannot_connect(long_root, other_user):
     url = db.start_embedded(long_root, database="postgres")
     socket_dir = db.embedded_socket_dir(long_root)

@@ -100,6 +100,7 @@ def _insert_same_key(url: str, barrier, results) -> None:
         results.put((result.id, result.duplicate))
 
 
+@pytest.mark.slow
 def test_eight_processes_enqueue_the_same_key_once(db_url, conn):
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(8), ctx.Queue()

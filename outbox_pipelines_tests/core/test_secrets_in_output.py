@@ -59,6 +59,7 @@ def env(cli_env, secret_url, http_sink) -> dict[str, str]:
     return {**cli_env, "OUTBOX_DATABASE_URL": secret_url, "OUTBOX_BROKER_URL": f"http://brokeruser:{BROKER_PASSWORD}@{base}"}
 
 
+@pytest.mark.slow
 def test_status_enqueue_replay_relay_never_print_a_password(env, conn, http_sink):
     enqueue_n(conn, "outbox_orders", 3)
     # the broker refuses the first order for good and is down for the others, so status has a dead
@@ -98,6 +99,7 @@ def test_db_url_is_masked_unless_show_password(env, secret_url):
     assert shown.returncode == 0 and shown.stdout.strip() == secret_url
 
 
+@pytest.mark.slow
 def test_a_failing_connection_does_not_echo_the_password(env, secret_url):
     dbname = psycopg.conninfo.conninfo_to_dict(secret_url)["dbname"]
     host = psycopg.conninfo.conninfo_to_dict(secret_url)["host"]
@@ -128,6 +130,7 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("url", MALFORMED, ids=["ipv6", "bad-option", "bad-escape", "bad-port", "conninfo"])
+@pytest.mark.slow
 def test_a_malformed_database_url_is_exit_2_with_the_password_masked(cli_env, url):
     for command in COMMANDS + [["dev", "--port", str(free_port())]]:
         result = run_cli({**cli_env, "OUTBOX_DATABASE_URL": url}, *command, timeout=60)
@@ -175,6 +178,7 @@ def test_mask_password(url, masked):
 
 
 @pytest.mark.parametrize("password", ["S3cret?Pw-xyz", "S3cret/Pw-xyz", "S3cret#Pw-xyz", "S3c?re/t#Pw@xyz"])
+@pytest.mark.slow
 def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, password):
     """Issue 22: with a raw "?" in the password the URL was printed in clear (libpq reads the rest as a query),
     and with "/" or "#" libpq's complaint quoted a piece of it ("the port 'S3cret'")."""

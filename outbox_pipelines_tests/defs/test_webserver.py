@@ -13,6 +13,8 @@ import pytest
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 from outbox_pipelines_tests.processes import free_port, stop_process
 
+pytestmark = pytest.mark.slow  # a real dagster-webserver process per test
+
 REPOSITORY = """
 query {
   repositoriesOrError {

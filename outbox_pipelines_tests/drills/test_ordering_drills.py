@@ -12,12 +12,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.processes import kill_process, start_relay, stop_processes, wait_until
 from outbox_pipelines_tests.sink import HttpSink, Received
+
+pytestmark = pytest.mark.slow  # real relay processes against an HTTP sink, up to 100,000 keys
 
 TABLE = "org_outbox"
 

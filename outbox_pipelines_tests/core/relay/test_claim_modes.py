@@ -99,6 +99,7 @@ def _transaction_relay(cli_env, tmp_path, sink_url: str, lease: str = "60s", *ar
     return start_relay(env, ORDERS, *args)
 
 
+@pytest.mark.slow
 def test_a_transaction_relay_killed_mid_batch_frees_its_rows_at_once(cli_env, tmp_path, conn, http_sink):
     enqueue_n(conn, ORDERS, 30, prefix="order-")
     http_sink.delay_s = 5.0

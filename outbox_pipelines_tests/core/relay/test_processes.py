@@ -17,6 +17,7 @@ ORDERS = "outbox_orders"
 
 
 @pytest.mark.parametrize("workers", [2, 8])
+@pytest.mark.slow
 def test_concurrent_relays_deliver_each_message_exactly_once(workers, cli_env, conn, http_sink):
     enqueue_n(conn, ORDERS, 10_000, prefix="order-")
     env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_BATCH_SIZE": "200"}
