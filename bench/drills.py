@@ -53,8 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Arguments after -- go to pytest, e.g. `bench/drills.py --runs 1 -- -x -k outage`.",
     )
     parser.add_argument("--runs", type=int, default=3, help="how many times to run the drills (default 3)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -64,8 +68,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_once(index: int, runs: int, results: Path, extra: list[str]) -> int:
     python = REPO / ".venv" / "bin" / "python"
-    command = [str(python if python.exists() else sys.executable), "-m", "pytest", "-m", "drill", DRILLS_DIR, "-q",
-               "-p", "no:cacheprovider", *extra]
+    command = [
+        str(python if python.exists() else sys.executable),
+        "-m",
+        "pytest",
+        "-m",
+        "drill",
+        DRILLS_DIR,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *extra,
+    ]
     env = {**os.environ, "OUTBOX_DRILL_RESULTS": str(results)}
     print(f"[{index}/{runs}] {' '.join(command[1:])}", flush=True)
     started = time.monotonic()

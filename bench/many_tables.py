@@ -63,38 +63,54 @@ def measure(checkout: Path, n: int, wait_s: float) -> dict[str, Any]:
         project.mkdir()
         (project / "pyproject.toml").write_text('[project]\nname = "service"\nversion = "1"\n')
         tables = [f"mod{i:02d}_outbox" for i in range(n)]
-        (project / "outbox.toml").write_text("\n".join(
-            f'[tables.{t}]\ndestination = "http"\nurl = "{sink.url}{t}"\nmode = "competing"\n' for t in tables))
+        (project / "outbox.toml").write_text(
+            "\n".join(
+                f'[tables.{t}]\ndestination = "http"\nurl = "{sink.url}{t}"\nmode = "competing"\n' for t in tables
+            )
+        )
         for table in tables:
             create_table(url, table)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_"))}
-        env.update(PYTHONPATH=str(checkout), OUTBOX_DATABASE_URL=url, DAGSTER_HOME=str(tmp / "dagster_home"),
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            PYTHONPATH=str(checkout),
+            OUTBOX_DATABASE_URL=url,
+            DAGSTER_HOME=str(tmp / "dagster_home"),
+            PYTHONUNBUFFERED="1",
+        )
         dev = DevProcess(free_port(), tmp / "dev.log", env, project)
         dev.start()
         dev.wait_ready(240)
         time.sleep(20)
         with psycopg.connect(url) as conn:
             for table in tables:
-                Outbox(table).enqueue_many(conn, [Message(topic="m", payload={"n": i}, event_id=f"{table}-{i}")
-                                                  for i in range(PER_TABLE)])
+                Outbox(table).enqueue_many(
+                    conn, [Message(topic="m", payload={"n": i}, event_id=f"{table}-{i}") for i in range(PER_TABLE)]
+                )
             conn.commit()
         started, drained, peak_rss, peak_processes = time.monotonic(), {}, 0, 0
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
             while time.monotonic() - started < wait_s and len(drained) < n:
                 for table in tables:
-                    if table not in drained and conn.execute(
-                            f"SELECT count(*) AS n FROM {table} WHERE status = 'sent'").fetchone()["n"] == PER_TABLE:
+                    if (
+                        table not in drained
+                        and conn.execute(f"SELECT count(*) AS n FROM {table} WHERE status = 'sent'").fetchone()["n"]
+                        == PER_TABLE
+                    ):
                         drained[table] = round(time.monotonic() - started, 1)
                 rss, processes = _resident(dev)
                 peak_rss, peak_processes = max(peak_rss, rss), max(peak_processes, processes)
                 time.sleep(1)
         times = sorted(drained.values())
-        return {"checkout": str(checkout), "tables": n, "drained": len(drained),
-                "undrained_after_s": None if len(drained) == n else wait_s,
-                "drain_s_max": times[-1] if times else None,
-                "drain_s_median": times[len(times) // 2] if times else None,
-                "peak_rss_gib": round(peak_rss / 1024**3, 2), "peak_processes": peak_processes}
+        return {
+            "checkout": str(checkout),
+            "tables": n,
+            "drained": len(drained),
+            "undrained_after_s": None if len(drained) == n else wait_s,
+            "drain_s_max": times[-1] if times else None,
+            "drain_s_median": times[len(times) // 2] if times else None,
+            "peak_rss_gib": round(peak_rss / 1024**3, 2),
+            "peak_processes": peak_processes,
+        }
     finally:
         if dev is not None:
             dev.stop(signal.SIGTERM, 60)
@@ -107,5 +123,8 @@ def measure(checkout: Path, n: int, wait_s: float) -> dict[str, Any]:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    print(json.dumps(measure(Path(sys.argv[1]).resolve(), int(sys.argv[2]),
-                             float(sys.argv[3]) if len(sys.argv) > 3 else 120.0)))
+    print(
+        json.dumps(
+            measure(Path(sys.argv[1]).resolve(), int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 120.0)
+        )
+    )

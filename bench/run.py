@@ -184,7 +184,7 @@ SCENARIOS = [
         "against the same messages without keys (target >= 0.7x); the keyed drain beside a blocked key against "
         "without it (>= 0.9x); 10 % healthy keys beside 10 hot keys holding 90 % against the healthy messages "
         "alone (>= 0.9x); commit->handler at the latency rate over 100 keys against no keys; the claim at "
-        "1,000,000 pending over 100,000 keys against no keys (--quick: 100,000), its plan in results.json."
+        "1,000,000 pending over 100,000 keys against no keys (--quick: 100,000), its plan in results.json.",
     ),
     Scenario(
         "brokers",
@@ -417,7 +417,7 @@ def add_run_to_markdown(existing: str | None, section: str) -> str:
     """results.md with this run's section first, below the title: every earlier section stays as it was
     (the file is also where each pass's analysis is written, so a run must never replace it)."""
     if existing and existing.startswith(TITLE):
-        return f"{TITLE}\n\n{section}\n{existing[len(TITLE):].lstrip()}"
+        return f"{TITLE}\n\n{section}\n{existing[len(TITLE) :].lstrip()}"
     earlier = (existing or "").strip()
     return "\n".join([TITLE, "", section, *HOW_TO_RUN]) + (f"\n{earlier}\n" if earlier else "")
 
@@ -470,9 +470,7 @@ def write_results(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    epilog = "scenarios:\n" + "\n".join(
-        f"  {s.name:8s} " + "\n           ".join(_wrap(s.help, 68)) for s in SCENARIOS
-    )
+    epilog = "scenarios:\n" + "\n".join(f"  {s.name:8s} " + "\n           ".join(_wrap(s.help, 68)) for s in SCENARIOS)
     parser = argparse.ArgumentParser(
         prog="bench/run.py",
         description="Benchmark outbox_pipelines against hand-written ceilings measured in the same run.",
@@ -480,15 +478,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--scenario", action="append", choices=[s.name for s in SCENARIOS], metavar="NAME",
+        "--scenario",
+        action="append",
+        choices=[s.name for s in SCENARIOS],
+        metavar="NAME",
         help="run only this scenario (repeat for several); default: all of " + ", ".join(BY_NAME),
     )
     parser.add_argument("--runs", type=int, default=3, help="repetitions per figure; medians are reported (default 3)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes: the whole run takes about two minutes")
     parser.add_argument(
-        "--output", type=Path, default=None,
-        help=("directory whose results.json/results.md this run adds to (default: bench/, or bench/.runs/ "
-              "with --quick); earlier runs stay in both"),
+        "--output",
+        type=Path,
+        default=None,
+        help=(
+            "directory whose results.json/results.md this run adds to (default: bench/, or bench/.runs/ "
+            "with --quick); earlier runs stay in both"
+        ),
     )
     scale_out.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -541,8 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     server = BenchServer()
     try:
         postgres = server.facts()
-        log(f"PostgreSQL {postgres['server_version']} ({postgres['server']}); {facts['nproc']} CPUs; runs={args.runs}"
-            + (" (quick sizes)" if args.quick else ""))
+        log(
+            f"PostgreSQL {postgres['server_version']} ({postgres['server']}); {facts['nproc']} CPUs; runs={args.runs}"
+            + (" (quick sizes)" if args.quick else "")
+        )
         for scenario in chosen:
             result, seconds[scenario.name] = _run_scenario(server, scenario, sizes, args.runs)
             figures.extend(result.figures)

@@ -81,11 +81,19 @@ _options: dict[str, int | None] = {"messages": None, "batch": None}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scale-messages", type=int, metavar="N",
-                        help=f"scale: messages per measurement (default {DEFAULT_MESSAGES:,}; "
-                             f"--quick {QUICK_MESSAGES:,}); the 4-table layout holds N/4 per table")
-    parser.add_argument("--scale-batch", type=int, metavar="B",
-                        help=f"scale: the relays' batch size (default {DEFAULT_BATCH}, the shipped default)")
+    parser.add_argument(
+        "--scale-messages",
+        type=int,
+        metavar="N",
+        help=f"scale: messages per measurement (default {DEFAULT_MESSAGES:,}; "
+        f"--quick {QUICK_MESSAGES:,}); the 4-table layout holds N/4 per table",
+    )
+    parser.add_argument(
+        "--scale-batch",
+        type=int,
+        metavar="B",
+        help=f"scale: the relays' batch size (default {DEFAULT_BATCH}, the shipped default)",
+    )
 
 
 def configure(args: argparse.Namespace) -> None:
@@ -157,13 +165,14 @@ def write_config(path: Path, batch: int, groups: Layout | None = None) -> None:
 
 def _load(url: str, layout: Layout, rows: list[Row]) -> None:
     """Empty every table of the scenario, the audit and the relay registry; load ``rows`` split over the layout."""
-    names = [sql.Identifier(t) for t in (ONE_TABLE, *FOUR_TABLES, *FIFTY_TABLES, "outbox_audit",
-                                         "outbox_relay_workers")]
+    names = [
+        sql.Identifier(t) for t in (ONE_TABLE, *FOUR_TABLES, *FIFTY_TABLES, "outbox_audit", "outbox_relay_workers")
+    ]
     share = len(rows) // len(layout.tables)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(sql.SQL(", ").join(names)))
         for i, table in enumerate(layout.tables):
-            copy_rows(conn, table, rows[i * share:(i + 1) * share])
+            copy_rows(conn, table, rows[i * share : (i + 1) * share])
     settle_server(url, *layout.tables)
 
 
@@ -187,8 +196,9 @@ class Relays:
     def _start(self, name: str, args: list[str]) -> None:
         out, err = self.log_dir / f"{name}.json", self.log_dir / f"{name}.log"
         with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = subprocess.Popen([*_cli(), *args], env=self.env, cwd=self.log_dir, stdout=stdout,
-                                    stderr=stderr, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [*_cli(), *args], env=self.env, cwd=self.log_dir, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+            )
         self.procs.append((proc, out, err))
 
     def check(self) -> bool:
@@ -229,8 +239,11 @@ class Relays:
 def _unfinished(conn: psycopg.Connection, tables: tuple[str, ...]) -> bool:
     """Anything pending or sending left? EXISTS on the partial indexes: cheap while the relays work."""
     probe = sql.SQL(" OR ").join(
-        sql.SQL("EXISTS (SELECT 1 FROM {t} WHERE status = 'pending') OR EXISTS (SELECT 1 FROM {t} WHERE status = "
-                "'sending')").format(t=sql.Identifier(t)) for t in tables)
+        sql.SQL(
+            "EXISTS (SELECT 1 FROM {t} WHERE status = 'pending') OR EXISTS (SELECT 1 FROM {t} WHERE status = 'sending')"
+        ).format(t=sql.Identifier(t))
+        for t in tables
+    )
     row = conn.execute(sql.SQL("SELECT ") + probe).fetchone()
     return bool(row and row[0])
 
@@ -238,11 +251,15 @@ def _unfinished(conn: psycopg.Connection, tables: tuple[str, ...]) -> bool:
 def _db_times(conn: psycopg.Connection, tables: tuple[str, ...]) -> tuple[Any, Any, Any, dict[str, int]]:
     """(first relay started, last relay started, last published) and the rows per status, all tables together."""
     first, last = conn.execute("SELECT min(started_at), max(started_at) FROM outbox_relay_workers").fetchone() or (
-        None, None)
+        None,
+        None,
+    )
     union = sql.SQL(" UNION ALL ").join(
-        sql.SQL("SELECT status, published_at FROM {}").format(sql.Identifier(t)) for t in tables)
-    rows = conn.execute(sql.SQL("SELECT status, count(*), max(published_at) FROM (") + union
-                        + sql.SQL(") u GROUP BY status")).fetchall()
+        sql.SQL("SELECT status, published_at FROM {}").format(sql.Identifier(t)) for t in tables
+    )
+    rows = conn.execute(
+        sql.SQL("SELECT status, count(*), max(published_at) FROM (") + union + sql.SQL(") u GROUP BY status")
+    ).fetchall()
     published = max((r[2] for r in rows if r[2] is not None), default=None)
     return first, last, published, {r[0]: int(r[1]) for r in rows}
 
@@ -292,9 +309,12 @@ def measure(url: str, layout: Layout, rows: list[Row], env: dict[str, str], log_
 
 def _layouts() -> list[Layout]:
     one = [Layout(f"1 table, {k} relay{'s' if k > 1 else ''}", (ONE_TABLE,), k) for k in PROCESS_COUNTS]
-    return [*one, Layout("4 tables, 1 relay each", FOUR_TABLES, 1),
-            Layout("50 tables, 1 relay group", FIFTY_TABLES, 1, groups=1),
-            Layout("50 tables, 4 relay groups", FIFTY_TABLES, 1, groups=4)]
+    return [
+        *one,
+        Layout("4 tables, 1 relay each", FOUR_TABLES, 1),
+        Layout("50 tables, 1 relay group", FIFTY_TABLES, 1, groups=1),
+        Layout("50 tables, 4 relay groups", FIFTY_TABLES, 1, groups=4),
+    ]
 
 
 def _sizes(sizes: Sizes) -> tuple[int, int]:
@@ -328,34 +348,42 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             tag = f"r{round_index + 1}-k{layout.processes}{'t' if len(layout.tables) > 1 else ''}{len(layout.tables)}"
             m = measure(url, layout, rows, env, log_dir, tag)
             results[layout.name].append(m)
-            log(f"  scale {layout.name:24s} round {round_index + 1}/{runs}: {m.launch_rate:8,.0f} msg/s launch→sent, "
+            log(
+                f"  scale {layout.name:24s} round {round_index + 1}/{runs}: {m.launch_rate:8,.0f} msg/s launch→sent, "
                 f"{m.busy_rate:8,.0f} msg/s first connect→sent; connected after {m.first_connect_s:.2f}–"
-                f"{m.last_connect_s:.2f} s; sent per relay {m.sent_per_relay}")
-    return ScenarioResult(figures=_figures(layouts, results, messages, batch),
-                          details=_details(layouts, results, messages, batch, runs, log_dir))
+                f"{m.last_connect_s:.2f} s; sent per relay {m.sent_per_relay}"
+            )
+    return ScenarioResult(
+        figures=_figures(layouts, results, messages, batch),
+        details=_details(layouts, results, messages, batch, runs, log_dir),
+    )
 
 
-def _figures(layouts: list[Layout], results: dict[str, list[Measurement]], messages: int,
-             batch: int) -> list[Figure]:
+def _figures(layouts: list[Layout], results: dict[str, list[Measurement]], messages: int, batch: int) -> list[Figure]:
     base = results[layouts[0].name]
     figures = []
     for kind, what in (("launch_rate", "launch → all sent"), ("busy_rate", "first relay connected → all sent")):
         for layout in layouts:
-            size = (f"{messages:,} msgs" if len(layout.tables) == 1
-                    else f"{messages // len(layout.tables):,} msgs each")
+            size = f"{messages:,} msgs" if len(layout.tables) == 1 else f"{messages // len(layout.tables):,} msgs each"
             ours = [getattr(m, kind) for m in results[layout.name]]
             reference = [getattr(m, kind) for m in base] if layout is not layouts[0] else []
-            figures.append(Figure(
-                "scale",
-                f"scale, {layout.name} ({layout.processes} CLI process{'es' if layout.processes > 1 else ''}, "
-                f"batch {batch}, {size}): {what}",
-                "msg/s", ours, reference, "1 relay, same round" if reference else "",
-            ))
+            figures.append(
+                Figure(
+                    "scale",
+                    f"scale, {layout.name} ({layout.processes} CLI process{'es' if layout.processes > 1 else ''}, "
+                    f"batch {batch}, {size}): {what}",
+                    "msg/s",
+                    ours,
+                    reference,
+                    "1 relay, same round" if reference else "",
+                )
+            )
     return figures
 
 
-def _details(layouts: list[Layout], results: dict[str, list[Measurement]], messages: int, batch: int, runs: int,
-             log_dir: Path) -> dict[str, Any]:
+def _details(
+    layouts: list[Layout], results: dict[str, list[Measurement]], messages: int, batch: int, runs: int, log_dir: Path
+) -> dict[str, Any]:
     return {
         "messages": messages,
         "batch": batch,
@@ -363,7 +391,7 @@ def _details(layouts: list[Layout], results: dict[str, list[Measurement]], messa
         "four_tables": "N/4 messages in each of 4 tables (the same total as the one-table layouts)",
         "fifty_tables": "N/50 messages in each of 50 tables, relayed by 1 or 4 relay groups (one process each)",
         "command": "outbox-pipelines relay --table <table> --once --quiet --json --worker-id <id>; for the 50-table "
-                   "layouts outbox-pipelines relay --group <group> --once --quiet --json",
+        "layouts outbox-pipelines relay --group <group> --once --quiet --json",
         "destination": "handlers (scale_out:registry, a no-op handler), parallelism 1, competing mode, mark_sent",
         "logs": str(log_dir),
         "layouts": {

@@ -70,12 +70,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "Arguments after -- go to pytest, e.g. `bench/soak.py --scale 0.1 -- -x -k chaos`."
         ),
     )
-    parser.add_argument("--scale", type=float, default=None,
-                        help="scale message counts and fault durations (default: $OUTBOX_SOAK_SCALE or 1)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="also keep the raw JSON lines here (default: a temp file, removed)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="scale message counts and fault durations (default: $OUTBOX_SOAK_SCALE or 1)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"Markdown file to write (default {DEFAULT_OUT.relative_to(REPO)})",
+    )
+    parser.add_argument(
+        "--results", type=Path, default=None, help="also keep the raw JSON lines here (default: a temp file, removed)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.scale is not None and not 0 < args.scale <= 10:
@@ -88,8 +97,21 @@ def run_pytest(args: argparse.Namespace, results: Path, junit: Path) -> tuple[in
     env["OUTBOX_SOAK_RESULTS"] = str(results)
     if args.scale is not None:
         env["OUTBOX_SOAK_SCALE"] = f"{args.scale:g}"
-    command = [sys.executable, "-m", "pytest", "-m", "soak", *TARGETS, "-q", "-p", "no:cacheprovider",
-               f"--junitxml={junit}", "-o", "junit_logging=system-out", *args.pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "soak",
+        *TARGETS,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_logging=system-out",
+        *args.pytest_args,
+    ]
     print("$ " + " ".join(command[2:]), flush=True)
     started = time.monotonic()
     code = subprocess.call(command, cwd=REPO, env=env)
@@ -112,9 +134,15 @@ def read_junit(junit: Path) -> list[dict[str, Any]]:
                     outcome += f": {message.splitlines()[0][:300]}"
                 break
         out = case.find("system-out")
-        cases.append({"name": case.get("name", "?"), "file": case.get("classname", ""),
-                      "outcome": outcome, "seconds": float(case.get("time") or 0.0),
-                      "output": out.text if out is not None and out.text else ""})
+        cases.append(
+            {
+                "name": case.get("name", "?"),
+                "file": case.get("classname", ""),
+                "outcome": outcome,
+                "seconds": float(case.get("time") or 0.0),
+                "output": out.text if out is not None and out.text else "",
+            }
+        )
     return cases
 
 
@@ -163,8 +191,11 @@ def figures_table(figures: dict[str, Any]) -> list[str]:
 
 def soak_lines_of(output: str) -> list[str]:
     """What a test printed about itself (lines starting 'soak'), for tests that record no figures."""
-    return [line.strip() for line in output.splitlines() if line.strip().lower().startswith("soak")
-            and not line.startswith("SOAK RESULT")]
+    return [
+        line.strip()
+        for line in output.splitlines()
+        if line.strip().lower().startswith("soak") and not line.startswith("SOAK RESULT")
+    ]
 
 
 def measured_commit() -> str:
@@ -173,20 +204,25 @@ def measured_commit() -> str:
     return f"{head or 'unknown'} with uncommitted changes" if dirty else head or "unknown"
 
 
-def render(cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int, seconds: float,
-           scale: str, commit: str) -> str:
+def render(
+    cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int, seconds: float, scale: str, commit: str
+) -> str:
     lines = [
         "# Soak tests",
         "",
-        (f"`.venv/bin/python bench/soak.py` — {time.strftime('%Y-%m-%d %H:%M')}, scale {scale}, "
-         f"{os.cpu_count()} CPUs ({platform.machine()}), pytest exit code {code}, {seconds / 60:.1f} min in all. "
-         f"Commit {commit}."),
+        (
+            f"`.venv/bin/python bench/soak.py` — {time.strftime('%Y-%m-%d %H:%M')}, scale {scale}, "
+            f"{os.cpu_count()} CPUs ({platform.machine()}), pytest exit code {code}, {seconds / 60:.1f} min in all. "
+            f"Commit {commit}."
+        ),
         "",
-        ("Each soak runs real processes (`outbox-pipelines relay --table outbox_orders`, `outbox-pipelines "
-         "broker-sim`) on its own embedded PostgreSQL. *Lost*: orders not `sent` (or never executed at the "
-         "broker). *Executed twice*: keys the broker executed more than once (it executes a key once, so this "
-         "checks the simulator). *Duplicate deliveries*: requests for a key the broker had already executed "
-         "(answered 409 \"already processed\"), i.e. what at-least-once delivery cost."),
+        (
+            "Each soak runs real processes (`outbox-pipelines relay --table outbox_orders`, `outbox-pipelines "
+            "broker-sim`) on its own embedded PostgreSQL. *Lost*: orders not `sent` (or never executed at the "
+            "broker). *Executed twice*: keys the broker executed more than once (it executes a key once, so this "
+            "checks the simulator). *Duplicate deliveries*: requests for a key the broker had already executed "
+            '(answered 409 "already processed"), i.e. what at-least-once delivery cost.'
+        ),
         "",
     ]
     by_test: dict[str, dict[str, Any]] = {}
@@ -202,7 +238,7 @@ def render(cases: list[dict[str, Any]], results: list[dict[str, Any]], code: int
         for printed in case["output"].splitlines():
             if printed.startswith("SOAK RESULT "):
                 try:
-                    test = str(json.loads(printed[len("SOAK RESULT "):]).get("test"))
+                    test = str(json.loads(printed[len("SOAK RESULT ") :]).get("test"))
                 except ValueError:
                     continue
                 if test in by_test and test not in used:

@@ -1,10 +1,10 @@
 """outbox_pipelines: a transactional outbox for PostgreSQL, run by Dagster.
 
-    from outbox_pipelines import Message, Outbox
-    outbox = Outbox("outbox_events")
-    with engine.begin() as conn:          # the business transaction
-        conn.execute(...)                 # business write
-        outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id=...))
+from outbox_pipelines import Message, Outbox
+outbox = Outbox("outbox_events")
+with engine.begin() as conn:          # the business transaction
+    conn.execute(...)                 # business write
+    outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id=...))
 """
 
 import importlib

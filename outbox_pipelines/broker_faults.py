@@ -38,8 +38,9 @@ class Faults:
     every_nth_drop: int = 0
 
     def describe(self) -> str:
-        parts = [f"{name}={value}" for name, value in vars(self).items()
-                 if value and name not in ("retry_after_s", "hang_s")]
+        parts = [
+            f"{name}={value}" for name, value in vars(self).items() if value and name not in ("retry_after_s", "hang_s")
+        ]
         return ", ".join(parts) or "none"
 
     def as_json(self) -> dict[str, Any]:
@@ -79,17 +80,29 @@ class Faults:
 def add_fault_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
-    p.add_argument("--fail-first", type=int, default=0, metavar="N",
-                   help="answer 503 to the first N attempts of every key")
+    p.add_argument(
+        "--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key"
+    )
     p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
     p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
-    p.add_argument("--retry-after", type=float, default=1.0, metavar="S",
-                   help="Retry-After of the 429 answers (seconds)")
-    p.add_argument("--every-nth-timeout", type=int, default=0, metavar="N",
-                   help="hang on every Nth request (then execute it: a late answer)")
+    p.add_argument(
+        "--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)"
+    )
+    p.add_argument(
+        "--every-nth-timeout",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hang on every Nth request (then execute it: a late answer)",
+    )
     p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")
-    p.add_argument("--every-nth-drop", type=int, default=0, metavar="N",
-                   help="drop the connection of every Nth request (nothing executed)")
+    p.add_argument(
+        "--every-nth-drop",
+        type=int,
+        default=0,
+        metavar="N",
+        help="drop the connection of every Nth request (nothing executed)",
+    )
     p.add_argument("--bad-key", action="append", metavar="KEY", help="answer 400 for this idempotency key (repeatable)")
 
 

@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m outbox_pipelines.broker_sim",
         description="A local broker that executes each idempotency key once, with fault injection. "
-                    "A repeated key answers 409 'already processed' with the original result.",
+        "A repeated key answers 409 'already processed' with the original result.",
         epilog=CONTROL_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -248,8 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
-    print(f"broker simulator on http://{args.host}:{args.port}/orders (any path works; GET /_stats, POST /_faults; "
-          f"Ctrl-C stops it); faults: {faults.describe()}", flush=True)
+    print(
+        f"broker simulator on http://{args.host}:{args.port}/orders (any path works; GET /_stats, POST /_faults; "
+        f"Ctrl-C stops it); faults: {faults.describe()}",
+        flush=True,
+    )
     web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
     return 0
 

@@ -16,8 +16,12 @@ DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
 def dagster_yaml_source() -> Path:
     """The project's dagster.yaml (found from any sub-directory), else the one shipped with the package."""
     here = Path(__file__).resolve().parent
-    candidates = (Path.cwd() / "dagster.yaml", db.project_root() / "dagster.yaml",
-                  here.parent / "dagster.yaml", here / "_dagster.yaml")
+    candidates = (
+        Path.cwd() / "dagster.yaml",
+        db.project_root() / "dagster.yaml",
+        here.parent / "dagster.yaml",
+        here / "_dagster.yaml",
+    )
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -38,8 +42,8 @@ def dagster_storage_url(outbox_url: str) -> str:
         except psycopg.errors.InsufficientPrivilege:
             conn.execute(shared_query("dagster_schema_create"))  # the schema "dagster"
             joiner = "&" if "?" in url else "?"
-            return "postgresql+psycopg2://" + url[len("postgresql://"):] + joiner + "options=-csearch_path%3Ddagster"
-    return "postgresql+psycopg2://" + db.url_with_database(outbox_url, database)[len("postgresql://"):]
+            return "postgresql+psycopg2://" + url[len("postgresql://") :] + joiner + "options=-csearch_path%3Ddagster"
+    return "postgresql+psycopg2://" + db.url_with_database(outbox_url, database)[len("postgresql://") :]
 
 
 def prepare_dagster_home(outbox_url: str) -> dict[str, str]:

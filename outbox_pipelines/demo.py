@@ -35,10 +35,17 @@ if TYPE_CHECKING:
 
 def _order(key: str, n: int) -> dict[str, Any]:
     """An OrderRequest v1.1 as an application would enqueue it."""
-    return {"order_id": f"ord-{key}", "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3],
-            "side": ("BUY", "SELL")[n % 2], "qty": round(0.1 * (1 + n % 3), 2),
-            "price": None if n % 2 else 145.0 + n / 100, "time_in_force": "IOC",
-            "tags": ["demo"], "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
+    return {
+        "order_id": f"ord-{key}",
+        "instrument": ("USDJPY", "EURUSD", "GBPJPY")[n % 3],
+        "side": ("BUY", "SELL")[n % 2],
+        "qty": round(0.1 * (1 + n % 3), 2),
+        "price": None if n % 2 else 145.0 + n / 100,
+        "time_in_force": "IOC",
+        "tags": ["demo"],
+        "idempotency_key": key,
+        "requested_at": "2025-08-24T00:00:00Z",
+    }
 
 
 def _enqueue_samples(url: str, run: str) -> dict[str, int]:
@@ -46,29 +53,47 @@ def _enqueue_samples(url: str, run: str) -> dict[str, int]:
     with db.connect(url, autocommit=False) as conn:
         orders = Outbox("outbox_orders")
         for n in range(12):
-            orders.enqueue(conn, Message(
-                topic="order.submitted", payload=_order(f"{run}-order-{n}", n), event_id=f"{run}-order-{n}",
-                headers={"trace_id": f"demo-{run}-{n}"},
-            ))
-        again = orders.enqueue(conn, Message(topic="order.submitted", payload=_order(f"{run}-order-0", 0),
-                                             event_id=f"{run}-order-0"))
+            orders.enqueue(
+                conn,
+                Message(
+                    topic="order.submitted",
+                    payload=_order(f"{run}-order-{n}", n),
+                    event_id=f"{run}-order-{n}",
+                    headers={"trace_id": f"demo-{run}-{n}"},
+                ),
+            )
+        again = orders.enqueue(
+            conn, Message(topic="order.submitted", payload=_order(f"{run}-order-0", 0), event_id=f"{run}-order-0")
+        )
         counts["duplicate_enqueues"] = int(again.duplicate)
         memory = Outbox("outbox_memory")
         for n in range(6):
-            memory.enqueue(conn, Message(topic="space:team", payload={"note": f"fact {n % 4}", "run": run},
-                                         event_id=f"{run}-memory-{n}"))
+            memory.enqueue(
+                conn,
+                Message(
+                    topic="space:team", payload={"note": f"fact {n % 4}", "run": run}, event_id=f"{run}-memory-{n}"
+                ),
+            )
         events = Outbox("outbox_events")
         for n in range(8):
             events.enqueue(conn, Message(topic="org.changed", payload={"org_id": n}, event_id=f"{run}-org-{n}"))
         events.enqueue(conn, Message(topic="demo.flaky", payload={"x": 1}, event_id=f"{run}-flaky"))
-        events.enqueue(conn, Message(topic="org.changed", payload={"name": "no org_id"},
-                                     event_id=f"{run}-malformed"))
+        events.enqueue(conn, Message(topic="org.changed", payload={"name": "no org_id"}, event_id=f"{run}-malformed"))
         events.enqueue(conn, Message(topic="nobody.listens", payload={"x": 1}, event_id=f"{run}-unrouted"))
         member_events = Outbox("outbox_members")
         for n in range(3):
-            member_events.enqueue(conn, Message(topic="MemberCreatedEvent", event_id=f"{run}-member-{n}", payload={
-                "member_id": f"{run}-{n}", "email": f"member{n}@example.test" if n < 2 else "not-an-email",
-                "name": f"Member {n}"}))
+            member_events.enqueue(
+                conn,
+                Message(
+                    topic="MemberCreatedEvent",
+                    event_id=f"{run}-member-{n}",
+                    payload={
+                        "member_id": f"{run}-{n}",
+                        "email": f"member{n}@example.test" if n < 2 else "not-an-email",
+                        "name": f"Member {n}",
+                    },
+                ),
+            )
         conn.commit()
     return counts
 
@@ -112,16 +137,29 @@ def _order_api_calls(url: str, run: str) -> tuple[list[tuple[str, int]], str]:
     from outbox_pipelines.orders.api.app import ApiSettings, create_app
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(ApiSettings(database_url=url)), host="127.0.0.1", port=port,
-                                           log_level="error"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(ApiSettings(database_url=url)), host="127.0.0.1", port=port, log_level="error")
+    )
     thread = threading.Thread(target=server.run, name="order-api", daemon=True)
     thread.start()
     key = f"{run}-api-1"
-    order = {"order_id": f"ord-{run}", "instrument": "USDJPY", "side": "BUY", "qty": 0.1, "price": None,
-             "time_in_force": "IOC", "idempotency_key": key, "requested_at": "2025-08-24T00:00:00Z"}
+    order = {
+        "order_id": f"ord-{run}",
+        "instrument": "USDJPY",
+        "side": "BUY",
+        "qty": 0.1,
+        "price": None,
+        "time_in_force": "IOC",
+        "idempotency_key": key,
+        "requested_at": "2025-08-24T00:00:00Z",
+    }
     bad = {**order, "idempotency_key": f"{run}-api-2", "qty": 0.015, "instrument": "XAUUSD"}
-    calls = [("new order", order, key), ("same again", order, key), ("same key, other qty", {**order, "qty": 0.2}, key),
-             ("invalid order", bad, f"{run}-api-2")]
+    calls = [
+        ("new order", order, key),
+        ("same again", order, key),
+        ("same key, other qty", {**order, "qty": 0.2}, key),
+        ("invalid order", bad, f"{run}-api-2"),
+    ]
     answers = []
     try:
         while not server.started:
@@ -160,19 +198,25 @@ def _relay_group_once(definitions: "dg.Definitions", instance: "dg.DagsterInstan
     job = definitions.resolve_job_def(relay_group_job_name(DEFAULT_GROUP))
     result = job.execute_in_process(
         run_config={"ops": {"relay_group": {"config": {"group": DEFAULT_GROUP, "once": True}}}, **QUIET},
-        instance=instance, tags={"outbox/trigger": "demo"},
+        instance=instance,
+        tags={"outbox/trigger": "demo"},
     )
-    meta = {k: getattr(v, "value", v) for e in result.all_events
-            if e.event_type_value == "STEP_OUTPUT" for k, v in e.step_output_data.metadata.items()}
+    meta = {
+        k: getattr(v, "value", v)
+        for e in result.all_events
+        if e.event_type_value == "STEP_OUTPUT"
+        for k, v in e.step_output_data.metadata.items()
+    }
     tables = meta.get("tables")
     for table_name, counts in sorted(tables.items() if isinstance(tables, dict) else []):
         if not quiet:
-            print(f"  run {result.run_id[:8]} {table_name}: sent {counts['sent']} (dedup {counts['dedup_hits']}), "
-                  f"retried {counts['retried']}, dead {counts['dead']}")
+            print(
+                f"  run {result.run_id[:8]} {table_name}: sent {counts['sent']} (dedup {counts['dedup_hits']}), "
+                f"retried {counts['retried']}, dead {counts['dead']}"
+            )
 
 
-def _relay_until_settled(definitions: "dg.Definitions", instance: "dg.DagsterInstance", url: str,
-                         quiet: bool) -> int:
+def _relay_until_settled(definitions: "dg.Definitions", instance: "dg.DagsterInstance", url: str, quiet: bool) -> int:
     """Relay group runs until no table has a message due within 3 s (30 s at most); the runs made."""
     runs = 0
     deadline = time.monotonic() + 30
@@ -196,14 +240,17 @@ def _run_dagster_jobs(url: str, config_path: Path, quiet: bool) -> tuple[int, li
     from outbox_pipelines.defs.resources import outbox_resources
 
     # The demo's own declaration (its tables, its broker), whatever tables the project around it declares.
-    definitions = build_from_settings(load_settings(path=config_path),
-                                      outbox_resources(url=url, config_path=str(config_path)))
+    definitions = build_from_settings(
+        load_settings(path=config_path), outbox_resources(url=url, config_path=str(config_path))
+    )
     with dg.DagsterInstance.get() as instance:
         runs = _relay_until_settled(definitions, instance, url, quiet)
-        checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance,
-                                                                                     run_config=QUIET)
-        verdicts = [e.asset_check_evaluation_data for e in checks.all_events
-                    if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        checks = definitions.resolve_job_def("outbox_checks_job").execute_in_process(
+            instance=instance, run_config=QUIET
+        )
+        verdicts = [
+            e.asset_check_evaluation_data for e in checks.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+        ]
     return runs + 1, verdicts
 
 
@@ -224,24 +271,32 @@ def _print_tables(url: str, run: str) -> None:
 
 def _print_outcomes(url: str, run: str, api_key: str, broker: BrokerSim) -> None:
     """What the broker executed, the ledger of the API's order, and the welcome emails."""
-    print(f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests "
-          "(each key at most once)")
+    print(
+        f"broker executed {len(broker.executed)} distinct orders over {broker.requests} requests "
+        "(each key at most once)"
+    )
     with db.connect(url) as conn, conn.cursor(row_factory=dict_row) as cur:
-        entry = cur.execute("SELECT status, result FROM idempo_ledger WHERE idempotency_key = %s",
-                            (api_key,)).fetchone()
-        emails = cur.execute("SELECT count(*) AS n FROM automated_email_recipients WHERE event_id LIKE %s",
-                             (f"{run}-%",)).fetchone()
+        entry = cur.execute(
+            "SELECT status, result FROM idempo_ledger WHERE idempotency_key = %s", (api_key,)
+        ).fetchone()
+        emails = cur.execute(
+            "SELECT count(*) AS n FROM automated_email_recipients WHERE event_id LIKE %s", (f"{run}-%",)
+        ).fetchone()
     assert entry is not None and emails is not None, "the API wrote its order's ledger row; a count is one row"
     broker_result = entry["result"] or {}
     print(f"ledger of order {api_key}: {entry['status']}, broker order {broker_result.get('broker_order_id')}")
-    print(f"welcome emails (seed 002): {emails['n']} sent, recorded in automated_email_recipients, files in "
-          f"{os.environ.get('OUTBOX_MAIL_DIR') or db.embedded_dir() / 'mail'}")
+    print(
+        f"welcome emails (seed 002): {emails['n']} sent, recorded in automated_email_recipients, files in "
+        f"{os.environ.get('OUTBOX_MAIL_DIR') or db.embedded_dir() / 'mail'}"
+    )
 
 
 def _print_checks(verdicts: list["dg.AssetCheckEvaluation"]) -> None:
     failing = [f"{v.asset_key.path[-1]}:{v.check_name}={v.severity.value}" for v in verdicts if not v.passed]
-    print(f"asset checks: {len(verdicts) - len(failing)} passed"
-          + (f", not passing: {', '.join(failing)}" if failing else ""))
+    print(
+        f"asset checks: {len(verdicts) - len(failing)} passed"
+        + (f", not passing: {', '.join(failing)}" if failing else "")
+    )
 
 
 def run_demo(url: str, quiet: bool = False) -> int:
@@ -258,8 +313,10 @@ def run_demo(url: str, quiet: bool = False) -> int:
     extra = _enqueue_samples(url, run)
     api_answers, api_key = _order_api_calls(url, run)
     print("Order API (seed 001): " + ", ".join(f"{what} → {code}" for what, code in api_answers))
-    print(f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
-          "6 memory writes (2 repeated payloads), 11 events, 3 member sign-ups")
+    print(
+        f"enqueued 12 orders (+1 duplicate enqueue, answered duplicate={bool(extra['duplicate_enqueues'])}), "
+        "6 memory writes (2 repeated payloads), 11 events, 3 member sign-ups"
+    )
     try:
         runs, verdicts = _run_dagster_jobs(url, config_path, quiet)
     finally:
@@ -267,7 +324,9 @@ def run_demo(url: str, quiet: bool = False) -> int:
     _print_tables(url, run)
     _print_outcomes(url, run, api_key, broker)
     _print_checks(verdicts)
-    print(f"\n{runs} Dagster runs recorded. Next: 'outbox-pipelines dev' and open the UI: Runs (relay metadata), "
-          "Assets → outbox (checks); 'outbox-pipelines status'; "
-          "'outbox-pipelines replay --table outbox_orders --all --dry-run' for the dead letters")
+    print(
+        f"\n{runs} Dagster runs recorded. Next: 'outbox-pipelines dev' and open the UI: Runs (relay metadata), "
+        "Assets → outbox (checks); 'outbox-pipelines status'; "
+        "'outbox-pipelines replay --table outbox_orders --all --dry-run' for the dead letters"
+    )
     return 0

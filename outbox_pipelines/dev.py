@@ -34,8 +34,10 @@ PRIVATE_UMASK = 0o077
 # Dagster's lines that tell an outbox operator nothing, left out of dev's terminal unless --verbose: a sensor or
 # schedule tick with nothing to do (~86 a minute with a few relay groups) and dagster dev's warning about the
 # repository's dagster.yaml, which dev copies into DAGSTER_HOME (so it is the one in use).
-QUIET = re.compile(r"Checking for new runs for sensor: |Sensor \S+ skipped: |No run requests returned for |"
-                   r"Evaluating schedule `|Found a dagster instance configuration value")
+QUIET = re.compile(
+    r"Checking for new runs for sensor: |Sensor \S+ skipped: |No run requests returned for |"
+    r"Evaluating schedule `|Found a dagster instance configuration value"
+)
 
 
 def relay_output(source: IO[str], sink: IO[str], verbose: bool) -> None:
@@ -58,8 +60,10 @@ def check_ui_exposure(host: str, allow_remote: bool) -> str | None:
             "reach it through an authenticating proxy (docs/deploy.md), or pass --allow-remote to serve it on "
             f"{host} on purpose"
         )
-    return (f"the Dagster UI is served on {host} with no login (--allow-remote): anyone who can reach it can "
-            "launch runs; put an authenticating proxy in front of it (docs/deploy.md)")
+    return (
+        f"the Dagster UI is served on {host} with no login (--allow-remote): anyone who can reach it can "
+        "launch runs; put an authenticating proxy in front of it (docs/deploy.md)"
+    )
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -157,8 +161,16 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = F
     print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
     env = {**os.environ, **prepare_dagster_home(resolved.url)}
     print(f"Dagster home: {env['DAGSTER_HOME']} (runs and ticks stored in PostgreSQL)")
-    command = [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "outbox_pipelines.definitions",
-               "-h", host, "-p", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "dagster"),
+        "dev",
+        "-m",
+        "outbox_pipelines.definitions",
+        "-h",
+        host,
+        "-p",
+        str(port),
+    ]
     stopping = False
 
     def stop(*_: object) -> None:
@@ -170,8 +182,9 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = F
     # ignored the SIGINT it is stopped with (a 48 s stop, ended by SIGKILL).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
     assert proc.stdout is not None
     threading.Thread(target=relay_output, args=(proc.stdout, sys.stdout, verbose), daemon=True).start()
     url = f"http://{host}:{port}"

@@ -33,9 +33,7 @@ class ScratchServer:
         self.data_dir = data_dir
 
     @classmethod
-    def from_env(
-        cls, url_env: str, dir_prefix: str, starting: Callable[[Path], None] | None = None
-    ) -> "ScratchServer":
+    def from_env(cls, url_env: str, dir_prefix: str, starting: Callable[[Path], None] | None = None) -> "ScratchServer":
         """The server named by the URL in ``url_env``, else an embedded one started under a new temporary directory.
 
         ``starting`` is told the directory before the embedded server starts (it takes seconds).

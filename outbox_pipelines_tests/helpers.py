@@ -23,13 +23,28 @@ DictConnection = psycopg.Connection[DictRow]
 
 def order_payload(i: int, key: str | None = None) -> dict[str, Any]:
     """A valid OrderRequest v1.1 (outbox_orders rows are orders: the broker adapter maps them)."""
-    return {"order_id": f"ord-{i}", "instrument": "USDJPY", "side": "BUY" if i % 2 else "SELL", "qty": 0.1,
-            "price": None, "time_in_force": "IOC", "tags": [], "idempotency_key": key or f"key-{i}",
-            "requested_at": "2026-01-01T00:00:00Z"}
+    return {
+        "order_id": f"ord-{i}",
+        "instrument": "USDJPY",
+        "side": "BUY" if i % 2 else "SELL",
+        "qty": 0.1,
+        "price": None,
+        "time_in_force": "IOC",
+        "tags": [],
+        "idempotency_key": key or f"key-{i}",
+        "requested_at": "2026-01-01T00:00:00Z",
+    }
 
 
-def enqueue_n(conn: DictConnection, table_name: str, n: int, *, topic: str = "t", prefix: str = "e",
-              payload: Callable[[int], dict[str, Any]] | None = None) -> list[int]:
+def enqueue_n(
+    conn: DictConnection,
+    table_name: str,
+    n: int,
+    *,
+    topic: str = "t",
+    prefix: str = "e",
+    payload: Callable[[int], dict[str, Any]] | None = None,
+) -> list[int]:
     if payload is None and table_name == "outbox_orders":
         payload = order_payload
     messages = [
@@ -73,9 +88,7 @@ class ScriptedDestination(Destination):
 
     name = "scripted"
 
-    def __init__(
-        self, decide: Callable[[ClaimedMessage], Outcome] = lambda m: Outcome.sent(ref=f"ref-{m.id}")
-    ) -> None:
+    def __init__(self, decide: Callable[[ClaimedMessage], Outcome] = lambda m: Outcome.sent(ref=f"ref-{m.id}")) -> None:
         self.decide = decide
         self.calls: list[ClaimedMessage] = []
 

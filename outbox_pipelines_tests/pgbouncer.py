@@ -18,13 +18,16 @@ from psycopg.conninfo import conninfo_to_dict
 
 from outbox_pipelines_tests.processes import free_port, stop_process
 
-INSTALL_HINT = ("pgbouncer is not installed: `apt-get install pgbouncer` (Debian/Ubuntu), or run `bash .ci/run`, "
-                "which installs it where it is missing")
+INSTALL_HINT = (
+    "pgbouncer is not installed: `apt-get install pgbouncer` (Debian/Ubuntu), or run `bash .ci/run`, "
+    "which installs it where it is missing"
+)
 
 
 def pgbouncer_binary() -> str:
     found = shutil.which("pgbouncer") or next(
-        (str(p) for p in (Path("/usr/sbin/pgbouncer"), Path("/usr/bin/pgbouncer")) if p.exists()), None)
+        (str(p) for p in (Path("/usr/sbin/pgbouncer"), Path("/usr/bin/pgbouncer")) if p.exists()), None
+    )
     if found is None:
         raise RuntimeError(INSTALL_HINT)
     return found
@@ -45,10 +48,17 @@ class PgBouncer:
         server = conninfo_to_dict(database_url)
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-pgbouncer-"))
         self.port = free_port()
-        target = " ".join(f"{key}={value}" for key, value in (
-            ("host", server.get("host", "127.0.0.1")), ("port", server.get("port", "5432")),
-            ("dbname", server["dbname"]), ("user", server.get("user", "postgres")),
-            ("password", server.get("password"))) if value)
+        target = " ".join(
+            f"{key}={value}"
+            for key, value in (
+                ("host", server.get("host", "127.0.0.1")),
+                ("port", server.get("port", "5432")),
+                ("dbname", server["dbname"]),
+                ("user", server.get("user", "postgres")),
+                ("password", server.get("password")),
+            )
+            if value
+        )
         (self.dir / "pgbouncer.ini").write_text(
             "[databases]\n"
             f"outbox = {target}\n"
@@ -57,7 +67,8 @@ class PgBouncer:
             "auth_type = any\npool_mode = transaction\n"
             f"default_pool_size = {pool_size}\nmax_client_conn = 200\n"
             # Clients reconnect at once in the tests: no grace period for a server connection to come back.
-            "server_login_retry = 1\n")
+            "server_login_retry = 1\n"
+        )
         # PgBouncer reads its configuration after it gave up root.
         self.dir.chmod(0o755)
         (self.dir / "pgbouncer.ini").chmod(0o644)
@@ -66,7 +77,10 @@ class PgBouncer:
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [pgbouncer_binary(), *_run_as(str(server.get("host", ""))), str(self.dir / "pgbouncer.ini")],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait_until_ready()
 
     def _wait_until_ready(self, timeout_s: float = 15.0) -> None:

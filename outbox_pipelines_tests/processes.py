@@ -53,21 +53,33 @@ def tail(path: Path, lines: int = 30) -> str:
         return f"(cannot read {path}: {exc})"
 
 
-def start_cli(env: dict[str, str], *args: str, cwd: Path | str | None = None, stdout: Any = subprocess.PIPE,
-              stderr: Any = subprocess.PIPE, **popen: Any) -> "subprocess.Popen[str]":
+def start_cli(
+    env: dict[str, str],
+    *args: str,
+    cwd: Path | str | None = None,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+    **popen: Any,
+) -> "subprocess.Popen[str]":
     """``outbox-pipelines ARGS`` in a process of its own, its output as text (piped unless told otherwise)."""
     return subprocess.Popen([*CLI, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True, **popen)
 
 
-def start_relay(env: dict[str, str], table: str, *args: str, quiet: bool = True,
-                **popen: Any) -> "subprocess.Popen[str]":
+def start_relay(
+    env: dict[str, str], table: str, *args: str, quiet: bool = True, **popen: Any
+) -> "subprocess.Popen[str]":
     """``outbox-pipelines relay --table TABLE [--quiet] ARGS`` (see ``start_cli`` for the rest)."""
     return start_cli(env, "relay", "--table", table, *(["--quiet"] if quiet else []), *args, **popen)
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5,
-               on_timeout: Callable[[], str] | None = None,
-               process: "subprocess.Popen[Any] | None" = None) -> Any:
+def wait_until(
+    condition: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.5,
+    on_timeout: Callable[[], str] | None = None,
+    process: "subprocess.Popen[Any] | None" = None,
+) -> Any:
     """Poll ``condition`` until it returns something truthy, and return that; fail with ``what`` after
     ``timeout_s`` (for real processes whose progress has no database clock to move). With ``process``,
     fail at once when that process exits first, with its stderr when it was piped."""
@@ -108,8 +120,9 @@ def _signal(process: "subprocess.Popen[Any]", sig: int, group: bool) -> None:
         pass
 
 
-def stop_process(process: "subprocess.Popen[Any] | None", grace_s: float = 30, *, sig: int = signal.SIGTERM,
-                 group: bool = False) -> int | None:
+def stop_process(
+    process: "subprocess.Popen[Any] | None", grace_s: float = 30, *, sig: int = signal.SIGTERM, group: bool = False
+) -> int | None:
     """Stop a process the test started, by its pid: ``sig`` (SIGTERM: an orderly stop, as a deploy would),
     SIGKILL if it has not exited within ``grace_s``. ``group``: signal its process group (one started with
     ``start_new_session``: a server and the children it started). Its exit code; None when it had to be
@@ -127,8 +140,9 @@ def stop_process(process: "subprocess.Popen[Any] | None", grace_s: float = 30, *
         return None
 
 
-def stop_and_read(process: "subprocess.Popen[str]", sig: int = signal.SIGTERM,
-                  timeout_s: float = 30) -> tuple[int, str, str]:
+def stop_and_read(
+    process: "subprocess.Popen[str]", sig: int = signal.SIGTERM, timeout_s: float = 30
+) -> tuple[int, str, str]:
     """Signal a process whose output is piped (SIGTERM unless told) and read it to the end: its exit code,
     stdout and stderr. One still running after ``timeout_s`` is killed (the test fails: TimeoutExpired)."""
     process.send_signal(sig)

@@ -33,7 +33,7 @@ TABLES = ["billing_outbox", "billing_receipts_outbox"]
 def walkthrough_commands() -> list[str]:
     """The README section's bash block, a command a line."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index(SECTION):]
+    section = text[text.index(SECTION) :]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None, "the walkthrough's bash block is gone from the README"
     return [line for line in block.group(1).splitlines() if line.strip()]
@@ -52,8 +52,13 @@ def adopter_env(tmp_path: Path, db_url: str, webhook: str) -> dict[str, str]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHONPATH"))}
-    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-            "OUTBOX_DATABASE_URL": db_url, "BILLING_WEBHOOK_URL": webhook, "DAGSTER_HOME": str(home)}
+    return {
+        **env,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "OUTBOX_DATABASE_URL": db_url,
+        "BILLING_WEBHOOK_URL": webhook,
+        "DAGSTER_HOME": str(home),
+    }
 
 
 def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -91,8 +96,7 @@ def test_the_readme_walkthrough_takes_a_service_of_its_own_to_a_delivered_messag
         sink.stop()
 
 
-def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_sub_directory(tmp_path, project,
-                                                                                               db_url):
+def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_sub_directory(tmp_path, project, db_url):
     shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", project / "billing_service" / "defs" / "outbox")
     env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
     listed = json.loads(run("dg list defs --json", project, env).stdout)
@@ -107,19 +111,23 @@ def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_s
     assert not (deep / ".outbox").exists()
 
 
-def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_that_table_out(tmp_path, project,
-                                                                                              db_url):
+def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_that_table_out(
+    tmp_path, project, db_url
+):
     declared = project / "billing_service" / "defs" / "outbox"
     shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", declared)
     yaml_file = declared / "defs.yaml"
-    yaml_file.write_text(yaml_file.read_text().replace("billing_service.handlers:registry",
-                                                       "billing_service.handler:registry"))
+    yaml_file.write_text(
+        yaml_file.read_text().replace("billing_service.handlers:registry", "billing_service.handler:registry")
+    )
     env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
     check = subprocess.run(["dg", "check", "defs"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     said = check.stdout + check.stderr
     assert check.returncode != 0
-    assert ("[tables.billing_receipts_outbox] handlers = 'billing_service.handler:registry': cannot import "
-            "billing_service.handler") in said, said[-3000:]
+    assert (
+        "[tables.billing_receipts_outbox] handlers = 'billing_service.handler:registry': cannot import "
+        "billing_service.handler"
+    ) in said, said[-3000:]
     assert "pip install -e ." in said
     # Loaded to run (dg dev, the code server): the other table relays; no job or sensor for the broken one.
     listed = json.loads(run("dg list defs --json", project, env).stdout)
@@ -132,8 +140,9 @@ def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_t
 def test_the_demo_runs_beside_the_teams_own_tables(tmp_path, project, db_url):
     shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", project / "billing_service" / "defs" / "outbox")
     env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
-    demo = subprocess.run(["outbox-pipelines", "demo"], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=500)
+    demo = subprocess.run(
+        ["outbox-pipelines", "demo"], cwd=project, env=env, capture_output=True, text=True, timeout=500
+    )
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert re.search(r"^outbox_orders\s+0\s+0\s+0\s+12\s+1", demo.stdout, re.M), demo.stdout
     assert "billing_outbox" not in demo.stdout  # the demo's tables, not the team's

@@ -14,8 +14,12 @@ def test_import_linter_contracts_hold() -> None:
     result = subprocess.run([str(lint_imports)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "kept, 0 broken" in result.stdout, result.stdout
-    for contract in ("The core never imports Dagster", "The engine never imports a wing", "Layers of the package",
-                     "Rooms of the engine"):
+    for contract in (
+        "The core never imports Dagster",
+        "The engine never imports a wing",
+        "Layers of the package",
+        "Rooms of the engine",
+    ):
         assert contract in result.stdout, result.stdout
 
 
@@ -26,7 +30,6 @@ def _wing_names() -> set[str]:
 
     import outbox_pipelines  # noqa: F401 (declares the wings)
     from outbox_pipelines.core import wings
-    from outbox_pipelines.orders import metrics as order_metrics
 
     names = {"outbox_pipelines.orders", "outbox_pipelines.examples", "OUTBOX_API_TOKEN"}
     for wing in wings.wings():
@@ -45,8 +48,13 @@ def test_the_engine_names_none_of_the_wings_tables_roles_or_metrics() -> None:
     table, role, metric, variable or module named in it is a leak across the fence, whether import-linter can
     see it (an import) or not (a string, a query)."""
     names = _wing_names()
-    engine = [*sorted((REPO / "outbox_pipelines/core").rglob("*.py")), REPO / "sql/queries/outbox.sql",
-              REPO / "sql/queries/shared.sql", REPO / "sql/queries/roles.sql", REPO / "sql/queries/bootstrap.sql"]
+    engine = [
+        *sorted((REPO / "outbox_pipelines/core").rglob("*.py")),
+        REPO / "sql/queries/outbox.sql",
+        REPO / "sql/queries/shared.sql",
+        REPO / "sql/queries/roles.sql",
+        REPO / "sql/queries/bootstrap.sql",
+    ]
     leaks = []
     for path in engine:
         for number, line in enumerate(path.read_text().splitlines(), 1):

@@ -29,8 +29,18 @@ def bench_run() -> ModuleType:
 
 def _figure(scenario: str, label: str, median: float) -> dict[str, Any]:
     stats = {"median": median, "min": median, "max": median, "runs": [median]}
-    return {"scenario": scenario, "label": label, "unit": "ms", "ours": stats, "ceiling": None,
-            "ceiling_label": None, "ratio": None, "target": None, "pass": None, "note": None}
+    return {
+        "scenario": scenario,
+        "label": label,
+        "unit": "ms",
+        "ours": stats,
+        "ceiling": None,
+        "ceiling_label": None,
+        "ratio": None,
+        "target": None,
+        "pass": None,
+        "note": None,
+    }
 
 
 def _report(timestamp: str, commit: str, figures: dict[str, float]) -> dict[str, Any]:
@@ -43,13 +53,25 @@ def _report(timestamp: str, commit: str, figures: dict[str, float]) -> dict[str,
         "sizes": {"latency_rate": 500},
         "seconds": 60.0,
         "scenario_seconds": {s: 30.0 for s in scenarios},
-        "machine": {"nproc": 2, "cpu_model": "cpu", "mem_total_gib": 1, "platform": "linux", "python": "3",
-                    "packages": {"psycopg": "3", "sqlalchemy": "2", "httpx": "0", "httpx-aiohttp": "0",
-                                 "aiohttp": "3"},
-                    "git_commit": commit, "core_uncommitted_changes": False,
-                    "loadavg_at_start": [0.1], "loadavg_at_end": [0.2]},
-        "postgres": {"server_version": "18", "server": "embedded", "shared_buffers": "128MB",
-                     "synchronous_commit": "on", "fsync": "on"},
+        "machine": {
+            "nproc": 2,
+            "cpu_model": "cpu",
+            "mem_total_gib": 1,
+            "platform": "linux",
+            "python": "3",
+            "packages": {"psycopg": "3", "sqlalchemy": "2", "httpx": "0", "httpx-aiohttp": "0", "aiohttp": "3"},
+            "git_commit": commit,
+            "core_uncommitted_changes": False,
+            "loadavg_at_start": [0.1],
+            "loadavg_at_end": [0.2],
+        },
+        "postgres": {
+            "server_version": "18",
+            "server": "embedded",
+            "shared_buffers": "128MB",
+            "synchronous_commit": "on",
+            "fsync": "on",
+        },
         "figures": [_figure(label.split()[0], label, value) for label, value in figures.items()],
         "details": {s: {} for s in scenarios},
     }
@@ -88,7 +110,9 @@ def test_a_run_of_one_scenario_keeps_the_others_figures_and_every_earlier_sectio
     assert (checks["timestamp"], checks["git_commit"]) == ("2026-01-01T00:00:00+00:00", "aaaaaaa")
     assert [f["ours"]["median"] for f in checks["figures"]] == [6.0]
     assert sorted(p.name for p in archive.iterdir()) == [
-        "results-2026-01-01T000000+0000.json", "results-2026-02-02T000000+0000.json"]
+        "results-2026-01-01T000000+0000.json",
+        "results-2026-02-02T000000+0000.json",
+    ]
 
 
 def test_an_older_results_json_with_separate_runs_carries_every_scenario_forward(bench_run, tmp_path):
@@ -97,8 +121,12 @@ def test_an_older_results_json_with_separate_runs_carries_every_scenario_forward
     (tmp_path / "results.json").write_text(json.dumps(older))
     (tmp_path / "results.md").write_text("notes written before the title was fixed\n")
 
-    bench_run.write_results(_report("2026-03-03T00:00:00+00:00", "ccccccc", {"defaults sweep": 2.5}),
-                            tmp_path, "results", tmp_path / "archive")
+    bench_run.write_results(
+        _report("2026-03-03T00:00:00+00:00", "ccccccc", {"defaults sweep": 2.5}),
+        tmp_path,
+        "results",
+        tmp_path / "archive",
+    )
 
     results = json.loads((tmp_path / "results.json").read_text())
     assert sorted(results["earlier"]) == ["drain", "order"]

@@ -14,8 +14,17 @@ from outbox_pipelines_tests.processes import free_port, start_relay, stop_proces
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 
 COMMANDS = [
-    ["db", "upgrade"], ["db", "create-table"], ["db", "url"], ["db", "stop"], ["enqueue"], ["status"],
-    ["relay"], ["replay"], ["requeue-stuck"], ["clean"], ["demo"],
+    ["db", "upgrade"],
+    ["db", "create-table"],
+    ["db", "url"],
+    ["db", "stop"],
+    ["enqueue"],
+    ["status"],
+    ["relay"],
+    ["replay"],
+    ["requeue-stuck"],
+    ["clean"],
+    ["demo"],
 ]
 
 
@@ -35,12 +44,35 @@ def test_top_level_help_lists_commands_and_exit_codes(cli_env):
 
 
 def test_enqueue_status_relay_round_trip(cli_env, conn):
-    result = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
-                     "--payload", '{"org_id": 7}', "--event-id", "cli-1", "--trace-id", "tr-9", "--json")
+    result = run_cli(
+        cli_env,
+        "enqueue",
+        "--table",
+        "outbox_events",
+        "--topic",
+        "org.changed",
+        "--payload",
+        '{"org_id": 7}',
+        "--event-id",
+        "cli-1",
+        "--trace-id",
+        "tr-9",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["duplicate"] is False
-    again = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
-                    "--payload", '{"org_id": 7}', "--event-id", "cli-1")
+    again = run_cli(
+        cli_env,
+        "enqueue",
+        "--table",
+        "outbox_events",
+        "--topic",
+        "org.changed",
+        "--payload",
+        '{"org_id": 7}',
+        "--event-id",
+        "cli-1",
+    )
     assert again.returncode == 0 and "duplicate" in again.stdout
     status = run_cli(cli_env, "status", "--table", "outbox_events", "--json")
     assert json.loads(status.stdout)[0]["counts"]["pending"] == 1
@@ -67,8 +99,17 @@ def test_enqueue_unknown_topic_on_a_handler_table_is_refused(cli_env, conn):
     assert result.returncode == 2
     assert "no handler for topic 'nobody.listens'" in result.stderr and "org.changed" in result.stderr
     assert statuses(conn, "outbox_events") == {}
-    forced = run_cli(cli_env, "enqueue", "--table", "outbox_events", "--topic", "nobody.listens", "--payload", "{}",
-                     "--allow-unknown-topic")
+    forced = run_cli(
+        cli_env,
+        "enqueue",
+        "--table",
+        "outbox_events",
+        "--topic",
+        "nobody.listens",
+        "--payload",
+        "{}",
+        "--allow-unknown-topic",
+    )
     assert forced.returncode == 0
 
 
@@ -123,10 +164,14 @@ def test_requeue_and_clean_commands(cli_env, conn):
 def test_clean_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_is_off(cli_env, conn, tmp_path):
     config = tmp_path / "outbox.toml"
     config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
-    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
-                 "('old', 'sha256:a', now() - interval '1 minute')")
-    conn.execute("INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
-                 "VALUES ('outbox_events', 'outbox_claim', 'w', now() - interval '40 days')")
+    conn.execute(
+        "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+        "('old', 'sha256:a', now() - interval '1 minute')"
+    )
+    conn.execute(
+        "INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
+        "VALUES ('outbox_events', 'outbox_claim', 'w', now() - interval '40 days')"
+    )
     result = run_cli({**cli_env, "OUTBOX_CONFIG": str(config)}, "clean", "--audit-retention", "30d")
     assert result.returncode == 0, result.stderr
     assert "outbox_events: cleaner disabled" in result.stdout
@@ -135,8 +180,10 @@ def test_clean_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_
 
 
 def test_clean_with_the_cleaner_switched_off_everywhere_deletes_nothing_not_even_the_ledger(cli_env, conn):
-    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
-                 "('old', 'sha256:a', now() - interval '1 minute')")
+    conn.execute(
+        "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+        "('old', 'sha256:a', now() - interval '1 minute')"
+    )
     result = run_cli({**cli_env, "OUTBOX_CLEANER_ENABLED": "false"}, "clean")
     assert result.returncode == 0, result.stderr
     assert "idempo_ledger, outbox_audit: not cleaned (the cleaner is disabled for every table chosen)" in result.stdout
@@ -187,23 +234,29 @@ def test_a_handler_module_next_to_outbox_toml_imports_under_the_console_script(c
     (tmp_path / "team_handlers.py").write_text(
         "from outbox_pipelines.core.destinations.handlers import HandlerRegistry\n"
         "registry = HandlerRegistry()\n"
-        "registry.on('team.joined')(lambda message: 'team:' + str(message.payload['team']))\n")
+        "registry.on('team.joined')(lambda message: 'team:' + str(message.payload['team']))\n"
+    )
     (tmp_path / "outbox.toml").write_text('[tables.outbox_events]\nhandlers = "team_handlers:registry"\n')
     console_script = [str(Path(sys.executable).with_name("outbox-pipelines"))]
     env = {**cli_env, "PYTHONPATH": ""}  # the console script as installed, nothing on the path but the package
-    for args in (["enqueue", "--table", "outbox_events", "--topic", "team.joined", "--payload", '{"team": 4}'],
-                 ["relay", "--table", "outbox_events", "--once", "--quiet"]):
-        result = subprocess.run(console_script + args, env=env, cwd=tmp_path, capture_output=True, text=True,
-                                timeout=60)
+    for args in (
+        ["enqueue", "--table", "outbox_events", "--topic", "team.joined", "--payload", '{"team": 4}'],
+        ["relay", "--table", "outbox_events", "--once", "--quiet"],
+    ):
+        result = subprocess.run(
+            console_script + args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, result.stderr
     assert [(r["status"], r["result_ref"]) for r in rows(conn, "outbox_events")] == [("sent", "team:4")]
 
 
 def test_a_relay_of_in_process_handlers_loads_no_http_or_dagster_stack(cli_env):
     """Each relay process starts in a fraction of a second: scaling out is starting more of them."""
-    probe = ("import sys; from outbox_pipelines.cli import main; "
-             "code = main(['relay', '--table', 'outbox_events', '--once', '--quiet']); "
-             "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))")
+    probe = (
+        "import sys; from outbox_pipelines.cli import main; "
+        "code = main(['relay', '--table', 'outbox_events', '--once', '--quiet']); "
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], env=cli_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "0 []"

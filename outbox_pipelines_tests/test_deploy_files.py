@@ -91,7 +91,7 @@ def _variables_the_package_reads() -> frozenset[str]:
 def _dockerfile_cmd() -> list[str]:
     lines = [line for line in (DEPLOY / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
     assert len(lines) == 1, "deploy/Dockerfile has one CMD, in exec (JSON) form"
-    cmd: list[str] = json.loads(lines[0][len("CMD "):])
+    cmd: list[str] = json.loads(lines[0][len("CMD ") :])
     return cmd
 
 
@@ -185,8 +185,16 @@ def _env_references(config: Any) -> Iterator[str]:
             yield from _env_references(value)
 
 
-@pytest.mark.parametrize("path", ["deploy/docker-compose.yaml", "deploy/helm/values.yaml",
-                                  "deploy/helm/migrate-job.yaml", "deploy/dagster.yaml", "docs/deploy.md"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "deploy/docker-compose.yaml",
+        "deploy/helm/values.yaml",
+        "deploy/helm/migrate-job.yaml",
+        "deploy/dagster.yaml",
+        "docs/deploy.md",
+    ],
+)
 def test_every_outbox_variable_named_is_one_the_package_reads(path):
     named = set(OUTBOX_VARIABLE.findall((ROOT / path).read_text()))
     unknown = named - _variables_the_package_reads()
@@ -240,7 +248,10 @@ def test_instance_is_a_valid_dagster_instance_with_the_per_table_run_limit():
     result = process_config(QueuedRunCoordinator.config_type(), coordinator["config"])
     assert result.success, result.errors
     assert _run_limits(coordinator["config"]["tag_concurrency_limits"]) == {
-        (GROUP_TAG, "each"): 2, (TABLE_TAG, "each"): 2, (KIND_TAG, RELAY_KIND): 8}
+        (GROUP_TAG, "each"): 2,
+        (TABLE_TAG, "each"): 2,
+        (KIND_TAG, RELAY_KIND): 8,
+    }
     assert coordinator["config"]["max_concurrent_runs"] > 8, "relay runs leave slots for maintenance"
     development = _load(ROOT / "dagster.yaml")["run_coordinator"]["config"]["tag_concurrency_limits"]
     assert _run_limits(development) == _run_limits(coordinator["config"]["tag_concurrency_limits"])
@@ -251,8 +262,9 @@ def _run_limits(limits: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
     found = {}
     for limit in limits:
         value = limit.get("value")
-        found[(limit["key"], "each" if isinstance(value, dict) and value.get("applyLimitPerUniqueValue")
-               else value)] = limit["limit"]
+        found[
+            (limit["key"], "each" if isinstance(value, dict) and value.get("applyLimitPerUniqueValue") else value)
+        ] = limit["limit"]
     return found
 
 
@@ -319,15 +331,19 @@ def test_migrate_job_runs_the_migrations_from_the_same_secret():
     assert container["command"][:3] == ["outbox-pipelines", "db", "upgrade"]
     [deployment] = _load(HELM_VALUES)["dagster-user-deployments"]["deployments"]
     assert [source["secretRef"]["name"] for source in container["envFrom"]] == [
-        secret["name"] for secret in deployment["envSecrets"]]
+        secret["name"] for secret in deployment["envSecrets"]
+    ]
     assert container["image"] == f"{deployment['image']['repository']}:{deployment['image']['tag']}"
 
 
 # -- docs/deploy.md ---------------------------------------------------------------------------------
 def test_deploy_doc_names_only_paths_that_exist():
     text = DEPLOY_DOC.read_text()
-    missing = {path for path in PATH_REFERENCE.findall(text)
-               if "*" not in path and "<" not in path and not (ROOT / path.rstrip("/.")).exists()}
+    missing = {
+        path
+        for path in PATH_REFERENCE.findall(text)
+        if "*" not in path and "<" not in path and not (ROOT / path.rstrip("/.")).exists()
+    }
     missing |= {path for path in PACKAGE_PATH.findall(text) if not (ROOT / "outbox_pipelines" / path).exists()}
     assert not missing, f"docs/deploy.md names paths that do not exist: {sorted(missing)}"
 

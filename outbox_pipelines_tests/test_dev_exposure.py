@@ -45,8 +45,15 @@ def _embedded_env(tmp_path: Path) -> dict[str, str]:
 def _run_dev(env: dict[str, str], cwd: Path, *args: str, timeout: float = 45) -> subprocess.CompletedProcess[str]:
     """`outbox-pipelines dev ARGS`; one that is still running after ``timeout`` (it served) is stopped
     with SIGTERM, as Ctrl-C would, and reported with the code -1."""
-    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "outbox-pipelines"), "dev", *args], env=env, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "outbox-pipelines"), "dev", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -106,8 +113,9 @@ def test_allow_remote_says_so_in_one_warning_line(tmp_path):
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli(_embedded_env(tmp_path), "dev", "--host", "0.0.0.0", "--allow-remote", "--port", str(port),
-                         cwd=tmp_path)
+        result = run_cli(
+            _embedded_env(tmp_path), "dev", "--host", "0.0.0.0", "--allow-remote", "--port", str(port), cwd=tmp_path
+        )
     assert result.returncode == 2 and f"port {port} on 0.0.0.0 is in use" in result.stderr, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "no login" in warnings[0] and "0.0.0.0" in warnings[0], result.stderr
@@ -155,9 +163,14 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
     old_umask = os.umask(0o022)
     try:
         with log_path.open("w") as log:
-            proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "outbox-pipelines"), "dev", "--port", str(port)],
-                                    env=env, cwd=tmp_path / "project", stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [str(REPO / ".venv" / "bin" / "outbox-pipelines"), "dev", "--port", str(port)],
+                env=env,
+                cwd=tmp_path / "project",
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     finally:
         os.umask(old_umask)
     try:
@@ -179,8 +192,11 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
         assert repo is not None, log_path.read_text()[-3000:]
         enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})
         params = {
-            "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                         "jobName": "relay_job"},
+            "selector": {
+                "repositoryLocationName": repo["location"]["name"],
+                "repositoryName": repo["name"],
+                "jobName": "relay_job",
+            },
             "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},
         }
         launched = graphql(url, LAUNCH, params=params)["launchRun"]
@@ -188,8 +204,9 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
         run_id = launched["run"]["runId"]
         assert wait_status(url, run_id, ("SUCCESS", "FAILURE", "CANCELED"), timeout=180) == "SUCCESS"
         assert statuses(conn, "outbox_events") == {"sent": 2}
-        compute_logs = [p for p in (outbox_dir / "dagster_home" / "storage").rglob("*")
-                        if p.is_file() and run_id in str(p)]
+        compute_logs = [
+            p for p in (outbox_dir / "dagster_home" / "storage").rglob("*") if p.is_file() and run_id in str(p)
+        ]
         assert compute_logs, sorted(_modes(outbox_dir))
     finally:
         os.kill(proc.pid, signal.SIGTERM)

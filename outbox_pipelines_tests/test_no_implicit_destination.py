@@ -37,8 +37,11 @@ def adopter(tmp_path: Path, config: str) -> Path:
 def test_an_http_table_without_a_url_is_refused_by_every_command(cli_env, tmp_path, conn):
     project = adopter(tmp_path, NO_URL)
     conn.execute("SELECT 1")  # the database exists and is migrated: only the settings can refuse
-    for command in (["status"], ["relay", "--table", "billing_outbox", "--once"],
-                    ["enqueue", "--table", "billing_outbox", "--topic", "invoice.paid", "--payload", "{}"]):
+    for command in (
+        ["status"],
+        ["relay", "--table", "billing_outbox", "--once"],
+        ["enqueue", "--table", "billing_outbox", "--topic", "invoice.paid", "--payload", "{}"],
+    ):
         result = run_cli(cli_env, *command, cwd=project)
         assert result.returncode == 2, f"{command}: {result.returncode}\n{result.stdout}{result.stderr}"
         assert SAID in result.stderr and "set url =" in result.stderr, result.stderr
@@ -77,7 +80,8 @@ def test_the_paper_order_broker_is_said_at_relay_start_in_status_and_by_the_chec
     assert nowhere["outbox_orders"] and nowhere["outbox_events"] is None
 
     table = load_settings(env={}, path=None).table("outbox_orders")
-    verdicts = evaluate_checks(read_status(OutboxTable(conn, "outbox_orders")), table.checks,
-                               delivers_nowhere=table.delivers_nowhere)
+    verdicts = evaluate_checks(
+        read_status(OutboxTable(conn, "outbox_orders")), table.checks, delivers_nowhere=table.delivers_nowhere
+    )
     destination = {v.name: v for v in verdicts}["destination"]
     assert "delivers nothing" in destination.description and destination.metadata["delivers_nowhere"] is True

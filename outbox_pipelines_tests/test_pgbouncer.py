@@ -48,9 +48,16 @@ def org_changed(n: int, prefix: str) -> list[Message]:
 
 def wait_until_idle(conn: psycopg.Connection, relay: subprocess.Popen[str], timeout_s: float = 20.0) -> None:
     """Until the relay's session sits idle after asking when the next row is due (nothing to claim)."""
-    wait_until(lambda: conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                                    "AND state = 'idle' AND query LIKE '%%AS next_due_in_s%%'").fetchone()["n"],
-               timeout_s, "the relay to go idle", interval_s=0.05, process=relay)
+    wait_until(
+        lambda: conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle' AND query LIKE '%%AS next_due_in_s%%'"
+        ).fetchone()["n"],
+        timeout_s,
+        "the relay to go idle",
+        interval_s=0.05,
+        process=relay,
+    )
 
 
 def wait_for_sent(conn: psycopg.Connection, n: int, timeout_s: float) -> float:
@@ -93,7 +100,8 @@ def test_enqueue_joins_the_callers_transaction_through_pgbouncer(bouncer, conn):
 
 
 def test_competing_relays_drain_through_pgbouncer_and_each_says_once_that_it_polls(
-        db_url, cli_env, conn, competing_config):
+    db_url, cli_env, conn, competing_config
+):
     # One server connection for both relays: a statement one prepared would be missing or taken for the other.
     bouncer = PgBouncer(db_url, pool_size=1)
     try:
@@ -112,8 +120,12 @@ def test_competing_relays_drain_through_pgbouncer_and_each_says_once_that_it_pol
 
 
 def test_an_idle_relay_behind_pgbouncer_picks_up_new_messages_by_polling(bouncer, cli_env, conn, competing_config):
-    relay = start_relay(pooled_env(cli_env, bouncer, OUTBOX_CONFIG=str(competing_config),
-                                   OUTBOX_IDLE_SLEEP_MS="300"), TABLE, "--max-seconds", "60")
+    relay = start_relay(
+        pooled_env(cli_env, bouncer, OUTBOX_CONFIG=str(competing_config), OUTBOX_IDLE_SLEEP_MS="300"),
+        TABLE,
+        "--max-seconds",
+        "60",
+    )
     try:
         wait_until_idle(conn, relay)
         Outbox(TABLE).enqueue_many(conn, org_changed(3, "later"))
@@ -124,17 +136,21 @@ def test_an_idle_relay_behind_pgbouncer_picks_up_new_messages_by_polling(bouncer
     assert stderr.count(POLLING) == 1
 
 
-def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_lock(bouncer, cli_env, conn,
-                                                                                       db_url):
+def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_lock(bouncer, cli_env, conn, db_url):
     # Polling would take 60 s here: delivery within seconds is the NOTIFY on the direct session.
-    relay = start_relay(pooled_env(cli_env, bouncer, OUTBOX_DIRECT_DATABASE_URL=db_url,
-                                   OUTBOX_IDLE_SLEEP_MS="60000"), TABLE, "--max-seconds", "90")
+    relay = start_relay(
+        pooled_env(cli_env, bouncer, OUTBOX_DIRECT_DATABASE_URL=db_url, OUTBOX_IDLE_SLEEP_MS="60000"),
+        TABLE,
+        "--max-seconds",
+        "90",
+    )
     try:
         wait_until_idle(conn, relay)
         Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="wake-1"))
         assert wait_for_sent(conn, 1, timeout_s=10) < 10
-        lock_holders = conn.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' "
-                                    "AND granted").fetchone()["n"]
+        lock_holders = conn.execute(
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        ).fetchone()["n"]
         assert lock_holders == 1  # the single-active lock, on the direct session
     finally:
         code, _, stderr = stop_and_read(relay)
@@ -143,7 +159,8 @@ def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_
 
 
 def test_a_single_active_relay_behind_pgbouncer_without_a_direct_session_refuses_and_says_what_to_set(
-        bouncer, cli_env, conn):
+    bouncer, cli_env, conn
+):
     Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="refused-1"))
     relay = run_cli(pooled_env(cli_env, bouncer), "relay", "--table", TABLE, "--once")
     assert relay.returncode == 2, (relay.returncode, relay.stdout, relay.stderr)

@@ -188,9 +188,14 @@ def test_dev_serves_the_ui_from_the_root(user_env, tmp_path, command):
     port = free_port()
     log_path = tmp_path / "dev.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(BIN / command[0]), *command[1:], "-h", "127.0.0.1", "-p", str(port)],
-                                env=user_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(BIN / command[0]), *command[1:], "-h", "127.0.0.1", "-p", str(port)],
+            env=user_env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline, info = time.monotonic() + 120, None
         while info is None and time.monotonic() < deadline and proc.poll() is None:
@@ -214,8 +219,11 @@ def test_dev_serves_the_ui_from_the_root(user_env, tmp_path, command):
         # Seen only late in a full `.ci/run` session (alone, it stops within seconds; cause not found yet):
         # reported with what was still running, not failed, since this test is about serving from the root.
         how = "killed" if code is None else "stopped"
-        warnings.warn(f"{' '.join(command)} did not stop within {STOP_WAIT_S:.0f} s of Ctrl-C ({how} after SIGTERM); "
-                      f"still running then:\n{lingering}", stacklevel=1)
+        warnings.warn(
+            f"{' '.join(command)} did not stop within {STOP_WAIT_S:.0f} s of Ctrl-C ({how} after SIGTERM); "
+            f"still running then:\n{lingering}",
+            stacklevel=1,
+        )
         return
     assert code == 0, log_path.read_text(errors="replace")[-3000:]
     assert not left, f"{' '.join(command)} left its temporary DAGSTER_HOME behind: {left}"

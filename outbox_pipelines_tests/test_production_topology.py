@@ -164,16 +164,28 @@ class Process:
 
     def start(self, env: dict[str, str], cwd: Path) -> "Process":
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=env,
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def tail(self) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        state = "not started" if self.proc is None else (
-            "running" if self.proc.poll() is None else f"exited with {self.proc.returncode}")
-        return f"--- {self.name} (pid {self.proc.pid if self.proc else '-'}, {state}): {self.log_path}\n" \
-               f"{text[-LOG_TAIL_CHARS:]}"
+        state = (
+            "not started"
+            if self.proc is None
+            else ("running" if self.proc.poll() is None else f"exited with {self.proc.returncode}")
+        )
+        return (
+            f"--- {self.name} (pid {self.proc.pid if self.proc else '-'}, {state}): {self.log_path}\n"
+            f"{text[-LOG_TAIL_CHARS:]}"
+        )
 
     def stop(self) -> None:
         """SIGTERM to its process group, and to any descendant that left the group, each once, by pid;
@@ -218,8 +230,9 @@ class Topology:
         return "\n".join(p.tail() for p in self.processes)
 
     def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
-        answer = httpx.post(f"http://127.0.0.1:{self.webserver_port}/graphql",
-                            json={"query": query, "variables": variables}, timeout=30)
+        answer = httpx.post(
+            f"http://127.0.0.1:{self.webserver_port}/graphql", json={"query": query, "variables": variables}, timeout=30
+        )
         answer.raise_for_status()
         body: dict[str, Any] = answer.json()
         assert not body.get("errors"), f"GraphQL errors: {body['errors']}"
@@ -303,7 +316,8 @@ def _location_loaded(topology: Topology) -> bool:
     if entry["loadStatus"] == "LOADED" and loaded.get("__typename") == "PythonError":
         # The webserver asked before the code server answered: ask it to load the location again.
         DagsterGraphQLClient("127.0.0.1", port_number=topology.webserver_port).reload_repository_location(
-            topology.location)
+            topology.location
+        )
         return False
     return entry["loadStatus"] == "LOADED" and loaded.get("__typename") == "RepositoryLocation"
 
@@ -371,46 +385,79 @@ def topology(pg_server: TemplateDatabases, tmp_path_factory: pytest.TempPathFact
         home.mkdir()
         shutil.copyfile(DEPLOY / "dagster.yaml", home / "dagster.yaml")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "_OUTBOX_"))}
-        env.update({
-            "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-            "PYTHONPATH": str(REPO),
-            "DAGSTER_HOME": str(home),
-            DATABASE_URL_ENV: outbox_url,
-            DAGSTER_PG_URL_ENV: dagster_storage_url(outbox_url),  # creates '<outbox db>_dagster' next to it
-            "OUTBOX_BROKER_URL": sink.url,
-            RUN_MINUTES_ENV: str(RUN_MINUTES),
-        })
+        env.update(
+            {
+                "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+                "PYTHONPATH": str(REPO),
+                "DAGSTER_HOME": str(home),
+                DATABASE_URL_ENV: outbox_url,
+                DAGSTER_PG_URL_ENV: dagster_storage_url(outbox_url),  # creates '<outbox db>_dagster' next to it
+                "OUTBOX_BROKER_URL": sink.url,
+                RUN_MINUTES_ENV: str(RUN_MINUTES),
+            }
+        )
         assert env[DAGSTER_PG_URL_ENV].startswith("postgresql+psycopg2://")
-        upgrade = subprocess.run([str(BIN / "outbox-pipelines"), "db", "upgrade"], env=env, cwd=root,
-                                 capture_output=True, text=True, timeout=120)
+        upgrade = subprocess.run(
+            [str(BIN / "outbox-pipelines"), "db", "upgrade"],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
 
         code_port, webserver_port = free_port(), free_port()
         workspace = root / "workspace.yaml"
         location = _workspace(workspace, code_port)
         topology = Topology(env, outbox_url, webserver_port, location, processes, sink=sink)
-        code_server = Process("code server", [
-            str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(code_port),
-            "-m", "outbox_pipelines.definitions", "-a", "defs"], root / "code-server.log")
-        webserver = Process("webserver", [
-            str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(webserver_port), "-w", str(workspace)],
-            root / "webserver.log")
+        code_server = Process(
+            "code server",
+            [
+                str(BIN / "dagster"),
+                "code-server",
+                "start",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(code_port),
+                "-m",
+                "outbox_pipelines.definitions",
+                "-a",
+                "defs",
+            ],
+            root / "code-server.log",
+        )
+        webserver = Process(
+            "webserver",
+            [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(webserver_port), "-w", str(workspace)],
+            root / "webserver.log",
+        )
         daemon = Process("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)], root / "daemon.log")
 
         started = time.monotonic()
         processes.append(code_server.start(env, root))
         topology.wait_for("the code server's port", lambda: port_open(code_port))
         processes.append(webserver.start(env, root))
-        topology.wait_for("the webserver's /server_info", lambda: httpx.get(
-            f"http://127.0.0.1:{webserver_port}/server_info", timeout=2).json().get("dagster_webserver_version"))
-        topology.wait_for("the code location, loaded by the webserver from the code server",
-                          lambda: _location_loaded(topology))
+        topology.wait_for(
+            "the webserver's /server_info",
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{webserver_port}/server_info", timeout=2)
+                .json()
+                .get("dagster_webserver_version")
+            ),
+        )
+        topology.wait_for(
+            "the code location, loaded by the webserver from the code server", lambda: _location_loaded(topology)
+        )
         # Before the daemon runs, so that no other schedule or sensor launches a run meanwhile.
         _only_the_schedule_under_test(topology)
         processes.append(daemon.start(env, root))
         topology.wait_for("the daemon's scheduler and run queue", lambda: _daemons_healthy(topology))
-        print(f"\ntopology up in {time.monotonic() - started:.1f} s: code server :{code_port}, "
-              f"webserver :{webserver_port}, daemon; {root}")
+        print(
+            f"\ntopology up in {time.monotonic() - started:.1f} s: code server :{code_port}, "
+            f"webserver :{webserver_port}, daemon; {root}"
+        )
         yield topology
     finally:
         if len(processes) == 3:
@@ -433,23 +480,29 @@ def outbox(topology: Topology) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture(scope="module")
 def events_before_the_tick(topology: Topology, outbox: psycopg.Connection[Any]) -> list[int]:
     """Events enqueued right after the topology is up: the scheduled run finds them ready."""
-    return enqueue_n(outbox, SCHEDULED_TABLE, 4, topic="org.changed", prefix="topo-ev-",
-                     payload=lambda i: {"org_id": f"org-{i}"})
+    return enqueue_n(
+        outbox, SCHEDULED_TABLE, 4, topic="org.changed", prefix="topo-ev-", payload=lambda i: {"org_id": f"org-{i}"}
+    )
 
 
 def _relay_of_run(outbox: psycopg.Connection[Any], table: str, run_id: str) -> list[dict[str, Any]]:
-    return outbox.execute("SELECT worker, stopped_at, stop_reason FROM outbox_relay_workers "
-                          "WHERE table_name = %s AND run_id = %s", (table, run_id)).fetchall()
+    return outbox.execute(
+        "SELECT worker, stopped_at, stop_reason FROM outbox_relay_workers WHERE table_name = %s AND run_id = %s",
+        (table, run_id),
+    ).fetchall()
 
 
 def _senders(outbox: psycopg.Connection[Any], table: str, event_prefix: str) -> set[str]:
-    rows = outbox.execute("SELECT DISTINCT worker FROM outbox_audit WHERE outbox_table = %s AND to_status = 'sent' "
-                          "AND event_id LIKE %s", (table, f"{event_prefix}%")).fetchall()
+    rows = outbox.execute(
+        "SELECT DISTINCT worker FROM outbox_audit WHERE outbox_table = %s AND to_status = 'sent' AND event_id LIKE %s",
+        (table, f"{event_prefix}%"),
+    ).fetchall()
     return {r["worker"] for r in rows}
 
 
 def test_a_relay_run_launched_through_graphql_succeeds(
-        topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]) -> None:
+    topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]
+) -> None:
     prefix = "topo-order-"
     enqueue_n(outbox, LAUNCHED_TABLE, 5, prefix=prefix)
     assert statuses(outbox, LAUNCHED_TABLE) == {"pending": 5}
@@ -457,9 +510,12 @@ def test_a_relay_run_launched_through_graphql_succeeds(
     client = DagsterGraphQLClient("127.0.0.1", port_number=topology.webserver_port)
     job = "relay_job"  # one table, named in its run config
     run_id = client.submit_job_execution(
-        job, repository_location_name=topology.location, repository_name=REPOSITORY,
+        job,
+        repository_location_name=topology.location,
+        repository_name=REPOSITORY,
         run_config={"ops": {"relay_table": {"config": {"table": LAUNCHED_TABLE, "once": True, "max_seconds": 60}}}},
-        tags={"outbox/test": "production-topology"})
+        tags={"outbox/test": "production-topology"},
+    )
     print(f"\nrelay run launched through GraphQL: {run_id} ({job})")
 
     run = topology.wait_for_run(run_id, deadline_s=150)
@@ -472,12 +528,14 @@ def test_a_relay_run_launched_through_graphql_succeeds(
     assert relay["stopped_at"] is not None, f"{context}: its relay never said goodbye: {relay}"
     assert _senders(outbox, LAUNCHED_TABLE, prefix) == {relay["worker"]}, f"{context}: another relay sent them"
     assert topology.sink is not None
-    assert sorted(k for k in topology.sink.keys() if k.startswith(prefix)) == [f"{prefix}{i}" for i in range(5)], \
+    assert sorted(k for k in topology.sink.keys() if k.startswith(prefix)) == [f"{prefix}{i}" for i in range(5)], (
         f"{context}: the sink did not receive each order once"
+    )
 
 
 def test_the_daemon_launches_a_scheduled_relay_run(
-        topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]) -> None:
+    topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]
+) -> None:
     # The first tick is at the next minute after the schedule started; the run then relays for its
     # cadence plus the overlap (two minutes here), and the daemon and code server need some seconds.
     run_seconds = RUN_MINUTES * 60 + OVERLAP_S

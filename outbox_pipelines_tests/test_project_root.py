@@ -97,8 +97,10 @@ def test_a_command_outside_any_project_starts_no_server_there_and_says_how(tmp_p
 
 
 def test_status_shows_the_tables_there_and_names_those_not_created_yet(project, db_url):
-    (project / "outbox.toml").write_text('shipped_tables = false\n\n[tables.ledger_outbox]\ndestination = "paper"\n\n'
-                                         '[tables.a_much_longer_payroll_outbox]\ndestination = "paper"\n')
+    (project / "outbox.toml").write_text(
+        'shipped_tables = false\n\n[tables.ledger_outbox]\ndestination = "paper"\n\n'
+        '[tables.a_much_longer_payroll_outbox]\ndestination = "paper"\n'
+    )
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}, "OUTBOX_DATABASE_URL": db_url}
     assert run_cli(env, "db", "create-table", "a_much_longer_payroll_outbox", cwd=project).returncode == 0
     status = run_cli(env, "status", cwd=project)

@@ -49,8 +49,12 @@ def print_tree(rows: list[tuple[str, int]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout to measure (default: this one)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="the checkout to measure (default: this one)",
+    )
     parser.add_argument("--top", type=int, default=10, help="how many of the longest functions to list")
     args = parser.parse_args()
     package = args.root / "outbox_pipelines"

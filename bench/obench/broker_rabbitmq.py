@@ -77,21 +77,22 @@ async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, dict[str,
     await channel.exchange_declare(exchange, exchange_type="topic", durable=True)
 
     async def publish(event_id: str, payload: dict[str, Any]) -> Any:
-        properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=event_id,
-                                           headers={"Idempotency-Key": event_id})
-        return await channel.basic_publish(_body(payload), exchange=exchange, routing_key=TOPIC, properties=properties,
-                                           mandatory=True)
+        properties = spec.Basic.Properties(
+            content_type="application/json", delivery_mode=2, message_id=event_id, headers={"Idempotency-Key": event_id}
+        )
+        return await channel.basic_publish(
+            _body(payload), exchange=exchange, routing_key=TOPIC, properties=properties, mandatory=True
+        )
 
     confirmed = 0
     for start in range(0, len(parts), inflight):
-        answers = await asyncio.gather(*(publish(e, b) for e, b in parts[start:start + inflight]))
+        answers = await asyncio.gather(*(publish(e, b) for e, b in parts[start : start + inflight]))
         confirmed += sum(isinstance(a, spec.Basic.Ack) for a in answers)
     await connection.close()
     return confirmed
 
 
-async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, dict[str, Any]]],
-                         inflight: int) -> int:
+async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, dict[str, Any]]], inflight: int) -> int:
     import aio_pika
 
     connection = await aio_pika.connect(url)
@@ -99,15 +100,20 @@ async def _aio_pika_loop(url: str, exchange_name: str, parts: list[tuple[str, di
     exchange = await channel.declare_exchange(exchange_name, aio_pika.ExchangeType.TOPIC, durable=True)
 
     def message(event_id: str, payload: dict[str, Any]) -> aio_pika.Message:
-        return aio_pika.Message(_body(payload), content_type="application/json",
-                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=event_id,
-                                headers={"Idempotency-Key": event_id})
+        return aio_pika.Message(
+            _body(payload),
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=event_id,
+            headers={"Idempotency-Key": event_id},
+        )
 
     confirmed = 0
     for start in range(0, len(parts), inflight):
-        await asyncio.gather(*(exchange.publish(message(e, b), TOPIC, mandatory=True)
-                               for e, b in parts[start:start + inflight]))
-        confirmed += len(parts[start:start + inflight])  # publish raises unless the broker acked
+        await asyncio.gather(
+            *(exchange.publish(message(e, b), TOPIC, mandatory=True) for e, b in parts[start : start + inflight])
+        )
+        confirmed += len(parts[start : start + inflight])  # publish raises unless the broker acked
     await connection.close()
     return confirmed
 
@@ -120,9 +126,18 @@ def _pika_loop(url: str, exchange: str, parts: list[tuple[str, dict[str, Any]]])
     channel.confirm_delivery()
     channel.exchange_declare(exchange, "topic", durable=True)
     for event_id, payload in parts:  # basic_publish returns once the broker confirmed (raises otherwise)
-        channel.basic_publish(exchange, TOPIC, _body(payload), pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, message_id=event_id,
-            headers={"Idempotency-Key": event_id}), mandatory=True)
+        channel.basic_publish(
+            exchange,
+            TOPIC,
+            _body(payload),
+            pika.BasicProperties(
+                content_type="application/json",
+                delivery_mode=2,
+                message_id=event_id,
+                headers={"Idempotency-Key": event_id},
+            ),
+            mandatory=True,
+        )
     connection.close()
     return len(parts)
 
@@ -156,15 +171,27 @@ def destination_alone(url: str, exchange: str, messages: int, barrier: Barrier) 
     from outbox_pipelines.core.models import ClaimedMessage
 
     now = datetime.now(UTC)
-    batch = [ClaimedMessage(id=n, event_id=f"alone-{n}", tenant_id=None, topic=TOPIC, payload=sample_payload(n),
-                            payload_sha="", headers={}, attempts=1, created_at=now) for n in range(messages)]
+    batch = [
+        ClaimedMessage(
+            id=n,
+            event_id=f"alone-{n}",
+            tenant_id=None,
+            topic=TOPIC,
+            payload=sample_payload(n),
+            payload_sha="",
+            headers={},
+            attempts=1,
+            created_at=now,
+        )
+        for n in range(messages)
+    ]
     destination = RabbitMQDestination(url, exchange=exchange, max_in_flight=INFLIGHT)
     barrier()
     started = time.perf_counter()
     sent = 0
     try:
         for start in range(0, messages, BATCH):
-            sent += sum(o.kind == "sent" for o in destination.deliver(batch[start:start + BATCH]))
+            sent += sum(o.kind == "sent" for o in destination.deliver(batch[start : start + BATCH]))
     finally:
         destination.close()
     seconds = time.perf_counter() - started
@@ -182,8 +209,14 @@ def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[
     from outbox_pipelines.core.settings.brokers import BrokerSettings
 
     broker = BrokerSettings(kind="rabbitmq", url=url, shown=url_origin(url), exchange=exchange)
-    table = replace(load_settings(env={}, path=None).tables[TABLE], destination="rabbitmq", broker=broker,
-                    mode="competing", batch_size=BATCH, requests_in_flight=INFLIGHT)
+    table = replace(
+        load_settings(env={}, path=None).tables[TABLE],
+        destination="rabbitmq",
+        broker=broker,
+        mode="competing",
+        batch_size=BATCH,
+        requests_in_flight=INFLIGHT,
+    )
     destination = build(table)  # connects at its first batch: inside the clock
     relay = Relay(db_url, table, destination, worker_id="bench-rabbitmq")
     try:
@@ -191,8 +224,13 @@ def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[
         report = relay.run(once=True)
     finally:
         destination.close()
-    return {"sent": report.sent, "retried": report.retried, "dead": report.dead, "seconds": report.seconds,
-            "rate": report.sent / report.seconds if report.seconds else 0.0}
+    return {
+        "sent": report.sent,
+        "retried": report.retried,
+        "dead": report.dead,
+        "seconds": report.seconds,
+        "rate": report.sent / report.seconds if report.seconds else 0.0,
+    }
 
 
 def _queue_count(url: str, queue: str, purge: bool) -> int:
@@ -224,14 +262,19 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     with RabbitMQ(prefix="outbox-bench-rabbitmq-") as node:
         version = node.version()
         pid = node.process.pid if node.process else "?"
-        log(f"  rabbitmq: RabbitMQ {version} node {node.nodename} on port {node.port} (pid {pid}), "
-            f"booted in {node.boot_seconds[0]:.1f} s")
+        log(
+            f"  rabbitmq: RabbitMQ {version} node {node.nodename} on port {node.port} (pid {pid}), "
+            f"booted in {node.boot_seconds[0]:.1f} s"
+        )
         for side in ("relay", *loops):
             bind_queue(node.url, f"bench-{side}", f"bench-{side}", "#")
         for run in range(runs):
             for kind in loops:
-                job = ((destination_alone, (node.url, f"bench-{kind}", messages)) if kind == "destination-alone"
-                       else (client_loop, (kind, node.url, f"bench-{kind}", messages)))
+                job = (
+                    (destination_alone, (node.url, f"bench-{kind}", messages))
+                    if kind == "destination-alone"
+                    else (client_loop, (kind, node.url, f"bench-{kind}", messages))
+                )
                 out = run_processes([job], 300)[0]
                 stored = _queue_count(node.url, f"bench-{kind}", purge=True)
                 if out["confirmed"] != messages or stored != messages:
@@ -245,8 +288,13 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
             out = run_processes([(relay_drain, (db_url, node.url, "bench-relay"))], 300)[0]
             counts = count_by_status(db_url, TABLE)
             stored = _queue_count(node.url, "bench-relay", purge=True)
-            if out["retried"] or out["dead"] or out["sent"] != messages or counts != {"sent": messages} \
-                    or stored != messages:
+            if (
+                out["retried"]
+                or out["dead"]
+                or out["sent"] != messages
+                or counts != {"sent": messages}
+                or stored != messages
+            ):
                 raise RuntimeError(f"relay: {out}, table {counts}, the queue holds {stored}")
             figures["relay"].append(out["rate"])
             log(f"  rabbitmq run {run + 1}/{runs} {'relay':18s} {out['rate']:8,.0f} msg/s")
@@ -263,7 +311,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "destination_alone_msg_s": figures["destination-alone"],
         "ratio_relay_to_client_loop": [r / c for r, c in zip(figures["relay"], figures["aiormq-32"], strict=True)],
         "comparison": f"aiormq, {INFLIGHT} publishes then their confirms, batch after batch (confirmed, persistent, "
-                      "mandatory); the sequential loop, aio-pika's and pika's are for information",
+        "mandatory); the sequential loop, aio-pika's and pika's are for information",
         "server_version": version,
         "server": "RabbitMQ (Debian package), one node, no plugins, durable queue bound to the exchange",
     }
@@ -273,12 +321,14 @@ def main() -> None:
     from obench.brokers import run_standalone
 
     result, medians = run_standalone("rabbitmq", measure)
-    print(f"RabbitMQ {result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (aiormq, "
-          f"{INFLIGHT} in flight) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
-          f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "
-          f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians.get('aio_pika_loop_msg_s', 0):,.0f}, "
-          f"pika blocking {medians.get('pika_blocking_loop_msg_s', 0):,.0f}, the destination alone (batches of "
-          f"{BATCH}, no database) {medians['destination_alone_msg_s']:,.0f} msg/s")
+    print(
+        f"RabbitMQ {result['server_version']}: relay {medians['relay_msg_s']:,.0f} msg/s; client loop (aiormq, "
+        f"{INFLIGHT} in flight) {medians['client_loop_msg_s']:,.0f} msg/s; ratio "
+        f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "
+        f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians.get('aio_pika_loop_msg_s', 0):,.0f}, "
+        f"pika blocking {medians.get('pika_blocking_loop_msg_s', 0):,.0f}, the destination alone (batches of "
+        f"{BATCH}, no database) {medians['destination_alone_msg_s']:,.0f} msg/s"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def _http(url: str, messages: int, runs: int) -> dict[str, list[float]]:
     return {"relay_msg_s": relay, "client_loop_msg_s": loop}
 
 
-def run_standalone(kind: str, measure: Callable[[str, int, int], dict[str, Any]]) -> tuple[dict[str, Any],
-                                                                                          dict[str, float]]:
+def run_standalone(
+    kind: str, measure: Callable[[str, int, int], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, float]]:
     """A broker module run as a script (``python bench/obench/broker_nats.py [MESSAGES [RUNS]]``): its
     ``measure`` on a database of its own; prints the result as JSON and returns it with its medians."""
     from obench.common import BenchServer
@@ -84,8 +85,11 @@ def run_standalone(kind: str, measure: Callable[[str, int, int], dict[str, Any]]
     finally:
         server.drop_database(name)
         server.close()
-    medians = {key: statistics.median(values) for key, values in result.items()
-               if isinstance(values, list) and values and isinstance(values[0], float)}
+    medians = {
+        key: statistics.median(values)
+        for key, values in result.items()
+        if isinstance(values, list) and values and isinstance(values[0], float)
+    }
     print(json.dumps({**result, "medians": medians}, indent=2))
     return result, medians
 
@@ -95,10 +99,15 @@ def detail_lines(details: dict[str, Any]) -> list[str]:
     a destination that does nothing, other loops), as medians: where the relay's time goes."""
     lines = []
     for kind, figures in details.items():
-        medians = {key: statistics.median(values) for key, values in figures.items()
-                   if isinstance(values, list) and values and isinstance(values[0], (int, float))}
-        shown = [f"{key.removesuffix('_msg_s')} {value:,.0f}" if key.endswith("_msg_s") else f"{key} {value:.2f}"
-                 for key, value in medians.items()]
+        medians = {
+            key: statistics.median(values)
+            for key, values in figures.items()
+            if isinstance(values, list) and values and isinstance(values[0], (int, float))
+        }
+        shown = [
+            f"{key.removesuffix('_msg_s')} {value:,.0f}" if key.endswith("_msg_s") else f"{key} {value:.2f}"
+            for key, value in medians.items()
+        ]
         lines.append(f"- **brokers {kind}** (medians; msg/s unless a ratio): " + "; ".join(shown) + ".")
     return lines
 
@@ -114,15 +123,30 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             continue
         out: dict[str, Any] = module.measure(url, messages, runs)
         result.details[kind] = out
-        result.figures.append(Figure(
-            "brokers", f"{kind}: relay, batch 100, {messages:,} messages", "msg/s", out[relay_key], out[loop_key],
-            f"{kind} client's own publish loop ({loop_key})", TARGET))
+        result.figures.append(
+            Figure(
+                "brokers",
+                f"{kind}: relay, batch 100, {messages:,} messages",
+                "msg/s",
+                out[relay_key],
+                out[loop_key],
+                f"{kind} client's own publish loop ({loop_key})",
+                TARGET,
+            )
+        )
     http = _http(url, messages, runs)
     result.details["http"] = http
-    result.figures.append(Figure(
-        "brokers", f"http: relay, batch 100, {messages:,} messages", "msg/s", http["relay_msg_s"],
-        http["client_loop_msg_s"], "aiohttp's own loop, 32 in flight",
-        note="for comparison with the brokers; the http scenario has every transport"))
+    result.figures.append(
+        Figure(
+            "brokers",
+            f"http: relay, batch 100, {messages:,} messages",
+            "msg/s",
+            http["relay_msg_s"],
+            http["client_loop_msg_s"],
+            "aiohttp's own loop, 32 in flight",
+            note="for comparison with the brokers; the http scenario has every transport",
+        )
+    )
     for figure in result.figures:
         ratios = figure.ratios()
         if ratios:

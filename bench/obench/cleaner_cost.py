@@ -118,17 +118,24 @@ def load_sent(url: str, total: int) -> dict[str, Any]:
         f"{vacuum_s:.0f} s; {FULL} is {_human_bytes(total_b)} (heap {_human_bytes(heap_b)}, "
         f"indexes {_human_bytes(index_b)})"
     )
-    return {"rows": total, "insert_s": round(insert_s, 1), "vacuum_analyze_s": round(vacuum_s, 1),
-            "load_s": round(insert_s + vacuum_s, 1), "total_bytes": total_b, "heap_bytes": heap_b,
-            "index_bytes": index_b}
+    return {
+        "rows": total,
+        "insert_s": round(insert_s, 1),
+        "vacuum_analyze_s": round(vacuum_s, 1),
+        "load_s": round(insert_s + vacuum_s, 1),
+        "total_bytes": total_b,
+        "heap_bytes": heap_b,
+        "index_bytes": index_b,
+    }
 
 
 def backlog(url: str) -> int:
     """Sent rows older than the retention: what the cleaner still owes (an index-only count)."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE status = 'sent' "
-                    "AND published_at < now() - make_interval(secs => %s)").format(sql.Identifier(FULL)),
+            sql.SQL(
+                "SELECT count(*) FROM {} WHERE status = 'sent' AND published_at < now() - make_interval(secs => %s)"
+            ).format(sql.Identifier(FULL)),
             (RETENTION_S,),
         ).fetchone()
     assert row is not None
@@ -169,15 +176,17 @@ def claim_run(url: str, run_index: int) -> tuple[float, float]:
                 if len(batch) != CLAIM_BATCH:
                     raise RuntimeError(f"claim on {table_name} returned {len(batch)} rows, expected {CLAIM_BATCH}")
                 outbox_table.settle(
-                    WORKER, [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch])
+                    WORKER, [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch]
+                )
     return percentile(times[EMPTY], 50), percentile(times[FULL], 50)
 
 
 # -- the cleaner -------------------------------------------------------------------
 
 
-def cleaner_worker(url: str, seconds: float, max_rows: int, stop: multiprocessing.synchronize.Event | None,
-                   barrier: Barrier) -> dict[str, Any]:
+def cleaner_worker(
+    url: str, seconds: float, max_rows: int, stop: multiprocessing.synchronize.Event | None, barrier: Barrier
+) -> dict[str, Any]:
     """``maintenance.clean``'s loop, bounded: the same statement, batch and retention, timed per batch.
 
     It stops when a batch comes back short (the backlog is gone, as clean()
@@ -212,8 +221,15 @@ def cleaner_worker(url: str, seconds: float, max_rows: int, stop: multiprocessin
             if time.monotonic() >= deadline:
                 break
         finished = time.monotonic()
-    return {"kind": "cleaner", "started": started, "finished": finished, "deleted": deleted,
-            "batches": len(batch_ms), "batch_ms": batch_ms, "stopped_by": why}
+    return {
+        "kind": "cleaner",
+        "started": started,
+        "finished": finished,
+        "deleted": deleted,
+        "batches": len(batch_ms),
+        "batch_ms": batch_ms,
+        "stopped_by": why,
+    }
 
 
 def relay_worker(url: str, done: multiprocessing.synchronize.Event, barrier: Barrier) -> dict[str, Any]:
@@ -227,10 +243,16 @@ def relay_worker(url: str, done: multiprocessing.synchronize.Event, barrier: Bar
 
 def _cleaner_stats(out: dict[str, Any]) -> dict[str, Any]:
     seconds = out["finished"] - out["started"]
-    return {"deleted": out["deleted"], "seconds": round(seconds, 2), "rows_per_s": out["deleted"] / seconds,
-            "batches": out["batches"], "batch_ms_p50": percentile(out["batch_ms"], 50),
-            "batch_ms_p95": percentile(out["batch_ms"], 95), "batch_ms_max": max(out["batch_ms"]),
-            "stopped_by": out["stopped_by"]}
+    return {
+        "deleted": out["deleted"],
+        "seconds": round(seconds, 2),
+        "rows_per_s": out["deleted"] / seconds,
+        "batches": out["batches"],
+        "batch_ms_p50": percentile(out["batch_ms"], 50),
+        "batch_ms_p95": percentile(out["batch_ms"], 95),
+        "batch_ms_max": max(out["batch_ms"]),
+        "stopped_by": out["stopped_by"],
+    }
 
 
 def cleaner_alone(url: str, sizes: Sizes) -> dict[str, Any]:
@@ -243,12 +265,15 @@ def cleaner_alone(url: str, sizes: Sizes) -> dict[str, Any]:
     settle_server(url, FULL)
     due = backlog(url)
     log(f"  cleaner alone: {due:,} sent rows older than 1 day; deleting for up to {sizes.cleaner_seconds:.0f} s")
-    out = run_processes([(cleaner_worker, (url, sizes.cleaner_seconds, due // 3, None))],
-                        timeout_s=sizes.cleaner_seconds + 600)[0]
+    out = run_processes(
+        [(cleaner_worker, (url, sizes.cleaner_seconds, due // 3, None))], timeout_s=sizes.cleaner_seconds + 600
+    )[0]
     stats = {"backlog_before": due, **_cleaner_stats(out)}
-    log(f"  cleaner alone: {stats['deleted']:,} rows in {stats['seconds']:.1f} s = {stats['rows_per_s']:,.0f} rows/s; "
+    log(
+        f"  cleaner alone: {stats['deleted']:,} rows in {stats['seconds']:.1f} s = {stats['rows_per_s']:,.0f} rows/s; "
         f"batch of {CLEAN_BATCH:,} p50 {stats['batch_ms_p50']:.0f} ms, p95 {stats['batch_ms_p95']:.0f} ms "
-        f"(stopped by {stats['stopped_by']})")
+        f"(stopped by {stats['stopped_by']})"
+    )
     return stats
 
 
@@ -258,29 +283,40 @@ def cleaner_under_load(url: str, sizes: Sizes) -> dict[str, Any]:
         copy_rows(conn, FULL, make_rows(sizes.cleaner_load_messages, "order.created", "load"))
     settle_server(url, FULL)
     due = backlog(url)
-    log(f"  cleaner under load: {due:,} sent rows older than 1 day, {sizes.cleaner_load_messages:,} pending; "
-        "cleaner and relay released together")
+    log(
+        f"  cleaner under load: {due:,} sent rows older than 1 day, {sizes.cleaner_load_messages:,} pending; "
+        "cleaner and relay released together"
+    )
     done = SPAWN.Event()
-    results = run_processes(
-        [(relay_worker, (url, done)), (cleaner_worker, (url, 3600.0, due, done))], timeout_s=3600)
+    results = run_processes([(relay_worker, (url, done)), (cleaner_worker, (url, 3600.0, due, done))], timeout_s=3600)
     relay = next(r for r in results if r["kind"] == "relay")
     cleaner = next(r for r in results if r["kind"] == "cleaner")
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'sending')")
-                           .format(sql.Identifier(FULL))).fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'sending')").format(sql.Identifier(FULL))
+        ).fetchone()
     left = int(row[0]) if row else -1
     if relay["sent"] != sizes.cleaner_load_messages or left != 0:
-        raise RuntimeError(f"cleaner under load: relay sent {relay['sent']:,} of {sizes.cleaner_load_messages:,}, "
-                           f"{left} rows still pending or sending")
+        raise RuntimeError(
+            f"cleaner under load: relay sent {relay['sent']:,} of {sizes.cleaner_load_messages:,}, "
+            f"{left} rows still pending or sending"
+        )
     relay_s = relay["finished"] - relay["started"]
     overlap = min(relay["finished"], cleaner["finished"]) - max(relay["started"], cleaner["started"])
-    stats = {"backlog_before": due, **_cleaner_stats(cleaner), "relay_sent": relay["sent"],
-             "relay_seconds": round(relay_s, 2), "relay_msgs_per_s": relay["sent"] / relay_s,
-             "overlap_s": round(overlap, 2)}
-    log(f"  cleaner under load: cleaner {stats['deleted']:,} rows in {stats['seconds']:.1f} s = "
+    stats = {
+        "backlog_before": due,
+        **_cleaner_stats(cleaner),
+        "relay_sent": relay["sent"],
+        "relay_seconds": round(relay_s, 2),
+        "relay_msgs_per_s": relay["sent"] / relay_s,
+        "overlap_s": round(overlap, 2),
+    }
+    log(
+        f"  cleaner under load: cleaner {stats['deleted']:,} rows in {stats['seconds']:.1f} s = "
         f"{stats['rows_per_s']:,.0f} rows/s (batch p50 {stats['batch_ms_p50']:.0f} ms, p95 "
         f"{stats['batch_ms_p95']:.0f} ms, stopped by {stats['stopped_by']}); relay {relay['sent']:,} msgs in "
-        f"{relay_s:.1f} s = {stats['relay_msgs_per_s']:,.0f} msg/s; overlap {overlap:.1f} s")
+        f"{relay_s:.1f} s = {stats['relay_msgs_per_s']:,.0f} msg/s; overlap {overlap:.1f} s"
+    )
     return stats
 
 
@@ -306,48 +342,77 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             e, f = claim_run(url, run_index)
             empty.append(e)
             full.append(f)
-            log(f"  cleaner run {run_index + 1}/{runs} claim of {CLAIM_BATCH:,}: empty table {e:.2f} ms, "
-                f"with {n:,} sent rows {f:.2f} ms")
-        result.figures.append(Figure(
-            "cleaner", f"claim time, batch {CLAIM_BATCH:,}, with {n:,} sent rows kept", "ms", full, empty,
-            "same claim on an empty table", Target("within ±25 % of the empty table", ratio_min=0.75, ratio_max=1.25),
-            note=f"median of {CLAIMS} claims per run, alternating tables",
-        ))
+            log(
+                f"  cleaner run {run_index + 1}/{runs} claim of {CLAIM_BATCH:,}: empty table {e:.2f} ms, "
+                f"with {n:,} sent rows {f:.2f} ms"
+            )
+        result.figures.append(
+            Figure(
+                "cleaner",
+                f"claim time, batch {CLAIM_BATCH:,}, with {n:,} sent rows kept",
+                "ms",
+                full,
+                empty,
+                "same claim on an empty table",
+                Target("within ±25 % of the empty table", ratio_min=0.75, ratio_max=1.25),
+                note=f"median of {CLAIMS} claims per run, alternating tables",
+            )
+        )
         result.details["claim_ms"] = {"full": full, "empty": empty}
 
         alone = cleaner_alone(url, sizes)
         result.details["alone"] = alone
         target = Target(f"≥ {ARRIVAL_RATE:,.0f} rows/s (the arrival rate)", value_min=ARRIVAL_RATE)
-        result.figures.append(Figure(
-            "cleaner", f"cleaner DELETE rate, {n:,} sent rows, alone (batch {CLEAN_BATCH:,}, 1-day retention)",
-            "rows/s", [alone["rows_per_s"]], target=target,
-            note=f"once per invocation; batch p50 {alone['batch_ms_p50']:.0f} ms, p95 {alone['batch_ms_p95']:.0f} ms",
-        ))
+        result.figures.append(
+            Figure(
+                "cleaner",
+                f"cleaner DELETE rate, {n:,} sent rows, alone (batch {CLEAN_BATCH:,}, 1-day retention)",
+                "rows/s",
+                [alone["rows_per_s"]],
+                target=target,
+                note=f"once per invocation; batch p50 {alone['batch_ms_p50']:.0f} ms, "
+                f"p95 {alone['batch_ms_p95']:.0f} ms",
+            )
+        )
 
         loaded = cleaner_under_load(url, sizes)
         result.details["under_load"] = loaded
-        result.figures.append(Figure(
-            "cleaner", f"cleaner DELETE rate, {n:,} sent rows, while a relay drains (batch {CLEAN_BATCH:,})",
-            "rows/s", [loaded["rows_per_s"]], target=target,
-            note=f"once per invocation; batch p50 {loaded['batch_ms_p50']:.0f} ms, "
-                 f"p95 {loaded['batch_ms_p95']:.0f} ms",
-        ))
-        result.figures.append(Figure(
-            "cleaner", f"relay drain beside the cleaner, {sizes.cleaner_load_messages:,} msgs "
-                       "(1 process, default settings, competing)",
-            "msg/s", [loaded["relay_msgs_per_s"]], note="for information",
-        ))
+        result.figures.append(
+            Figure(
+                "cleaner",
+                f"cleaner DELETE rate, {n:,} sent rows, while a relay drains (batch {CLEAN_BATCH:,})",
+                "rows/s",
+                [loaded["rows_per_s"]],
+                target=target,
+                note=f"once per invocation; batch p50 {loaded['batch_ms_p50']:.0f} ms, "
+                f"p95 {loaded['batch_ms_p95']:.0f} ms",
+            )
+        )
+        result.figures.append(
+            Figure(
+                "cleaner",
+                f"relay drain beside the cleaner, {sizes.cleaner_load_messages:,} msgs "
+                "(1 process, default settings, competing)",
+                "msg/s",
+                [loaded["relay_msgs_per_s"]],
+                note="for information",
+            )
+        )
 
-        slow = {k: s["rows_per_s"] for k, s in (("alone", alone), ("under load", loaded))
-                if s["rows_per_s"] < ARRIVAL_RATE}
+        slow = {
+            k: s["rows_per_s"] for k, s in (("alone", alone), ("under load", loaded)) if s["rows_per_s"] < ARRIVAL_RATE
+        }
         if slow:
-            verdict = ("DELETE-based cleaning does NOT keep up at 5,000 msg/s: "
-                       + ", ".join(f"{k} {v:,.0f} rows/s" for k, v in slow.items()))
+            verdict = "DELETE-based cleaning does NOT keep up at 5,000 msg/s: " + ", ".join(
+                f"{k} {v:,.0f} rows/s" for k, v in slow.items()
+            )
         else:
             verdict = "DELETE-based cleaning keeps up"
         result.details["verdict"] = verdict
-        log(f"  cleaner verdict: {verdict} (alone {alone['rows_per_s']:,.0f} rows/s, under load "
-            f"{loaded['rows_per_s']:,.0f} rows/s beside a relay at {loaded['relay_msgs_per_s']:,.0f} msg/s)")
+        log(
+            f"  cleaner verdict: {verdict} (alone {alone['rows_per_s']:,.0f} rows/s, under load "
+            f"{loaded['rows_per_s']:,.0f} rows/s beside a relay at {loaded['relay_msgs_per_s']:,.0f} msg/s)"
+        )
     finally:
         drop_tables(url)
     return result

@@ -89,8 +89,9 @@ def log_path(label: str) -> Path:
 def start_cli(args: list[str], env: dict[str, str], label: str, cwd: Path) -> subprocess.Popen:
     """Start `outbox-pipelines <args>` in its own session (so its process group can be stopped)."""
     out = log_path(label).open("w")
-    proc = subprocess.Popen([CLI, *args], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [CLI, *args], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
     log(f"  started outbox-pipelines {' '.join(args)} (pid {proc.pid}, log {out.name})")
     return proc
 
@@ -124,8 +125,7 @@ class DagsterDev:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"outbox-bench-{label}-"))
         self.home = self.tmp / "dagster_home"
         self.pg_url = dagster_storage_url(url)  # creates <db>_dagster
-        self.dagster_db = psycopg.conninfo.conninfo_to_dict(
-            "postgresql://" + self.pg_url.split("://", 1)[1])["dbname"]
+        self.dagster_db = psycopg.conninfo.conninfo_to_dict("postgresql://" + self.pg_url.split("://", 1)[1])["dbname"]
         self.port = free_port()
         self.env = {
             **os.environ,
@@ -158,7 +158,9 @@ class DagsterDev:
                     raise RuntimeError("outbox-pipelines dev exited")
                 row = conn.execute(
                     "SELECT worker FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' "
-                    "AND worker LIKE 'dagster:%%' ORDER BY id LIMIT 1", (table_name,)).fetchone()
+                    "AND worker LIKE 'dagster:%%' ORDER BY id LIMIT 1",
+                    (table_name,),
+                ).fetchone()
                 if row:
                     return row[0]
                 time.sleep(0.5)
@@ -185,18 +187,21 @@ def dagster_runs(home: str, pg_url: str, job: str, barrier: Barrier) -> list[dic
         run = record.dagster_run
         stats = instance.get_run_stats(run.run_id)
         steps = instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_START)
-        out.append({
-            "run_id": run.run_id,
-            "status": run.status.value,
-            "tags": {k: v for k, v in run.tags.items()
-                     if k.startswith(("outbox/", "dagster/schedule", "dagster/sensor"))},
-            "created": record.create_timestamp.timestamp(),
-            "enqueued": stats.enqueued_time,
-            "launched": stats.launch_time,
-            "started": stats.start_time if stats.start_time else record.start_time,
-            "ended": stats.end_time if stats.end_time else record.end_time,
-            "step_started": min((e.timestamp for e in steps), default=None),
-        })
+        out.append(
+            {
+                "run_id": run.run_id,
+                "status": run.status.value,
+                "tags": {
+                    k: v for k, v in run.tags.items() if k.startswith(("outbox/", "dagster/schedule", "dagster/sensor"))
+                },
+                "created": record.create_timestamp.timestamp(),
+                "enqueued": stats.enqueued_time,
+                "launched": stats.launch_time,
+                "started": stats.start_time if stats.start_time else record.start_time,
+                "ended": stats.end_time if stats.end_time else record.end_time,
+                "step_started": min((e.timestamp for e in steps), default=None),
+            }
+        )
     instance.dispose()
     out.sort(key=lambda r: r["created"])
     return out
@@ -207,7 +212,8 @@ def claims_by_worker(url: str, table_name: str) -> dict[str, tuple[float, float,
         rows = conn.execute(
             "SELECT worker, extract(epoch FROM min(created_at))::float8, extract(epoch FROM max(created_at))::float8, "
             "count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' GROUP BY worker",
-            (table_name,)).fetchall()
+            (table_name,),
+        ).fetchall()
     # A relay run's worker is "dagster:<run id[:8]>:<pid>": key by the run.
     by_run: dict[str, tuple[float, float, int]] = {}
     for worker, first, last, n in rows:
@@ -230,22 +236,25 @@ def runs_with_claims(dev: DagsterDev, job: str, table_name: str) -> list[dict[st
 
 def overhead(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-run Dagster overhead (seconds) and medians over the runs that started."""
+
     def diff(r: dict[str, Any], a: str, b: str) -> float | None:
         return r[b] - r[a] if r.get(a) and r.get(b) else None
 
     per_run = []
     for r in runs:
-        per_run.append({
-            "run": r["run_id"][:8],
-            "trigger": "backlog" if r["tags"].get("outbox/trigger") == "backlog" else "schedule",
-            "create_to_launch_s": diff(r, "created", "launched"),
-            "launch_to_start_s": diff(r, "launched", "started"),
-            "start_to_step_s": diff(r, "started", "step_started"),
-            "launch_to_relay_start_s": diff(r, "launched", "step_started"),
-            "create_to_relay_start_s": diff(r, "created", "step_started"),
-            "step_to_first_claim_s": diff(r, "step_started", "first_claim"),
-            "run_seconds": diff(r, "started", "ended"),
-        })
+        per_run.append(
+            {
+                "run": r["run_id"][:8],
+                "trigger": "backlog" if r["tags"].get("outbox/trigger") == "backlog" else "schedule",
+                "create_to_launch_s": diff(r, "created", "launched"),
+                "launch_to_start_s": diff(r, "launched", "started"),
+                "start_to_step_s": diff(r, "started", "step_started"),
+                "launch_to_relay_start_s": diff(r, "launched", "step_started"),
+                "create_to_relay_start_s": diff(r, "created", "step_started"),
+                "step_to_first_claim_s": diff(r, "step_started", "first_claim"),
+                "run_seconds": diff(r, "started", "ended"),
+            }
+        )
     keys = [k for k in per_run[0] if k.endswith("_s") or k == "run_seconds"] if per_run else []
     medians = {}
     for k in keys:
@@ -275,18 +284,20 @@ def handoffs(runs: list[dict[str, Any]], lat: list[tuple[float, float]]) -> list
         points = [t for t in (prev["last_claim"], prev["ended"], nxt["first_claim"]) if t]
         lo, hi = min(points) - HANDOFF_WINDOW_S, max(points) + HANDOFF_WINDOW_S
         around = [v for c, v in lat if lo <= c <= hi]
-        out.append({
-            "from_run": prev["run_id"][:8],
-            "to_run": nxt["run_id"][:8],
-            "from_last_claim": prev["last_claim"],
-            "from_end": prev["ended"],
-            "to_start": nxt["started"],
-            "to_first_claim": nxt["first_claim"],
-            "claim_gap_s": nxt["first_claim"] - prev["last_claim"],
-            "messages_in_window": len(around),
-            "max_latency_ms": max(around) * 1000 if around else None,
-            "over_1s": sum(1 for v in around if v > SLOW_S),
-        })
+        out.append(
+            {
+                "from_run": prev["run_id"][:8],
+                "to_run": nxt["run_id"][:8],
+                "from_last_claim": prev["last_claim"],
+                "from_end": prev["ended"],
+                "to_start": nxt["started"],
+                "to_first_claim": nxt["first_claim"],
+                "claim_gap_s": nxt["first_claim"] - prev["last_claim"],
+                "messages_in_window": len(around),
+                "max_latency_ms": max(around) * 1000 if around else None,
+                "over_1s": sum(1 for v in around if v > SLOW_S),
+            }
+        )
     return out
 
 
@@ -318,8 +329,11 @@ def wait_settled(url: str, table_name: str, where: str, timeout_s: float) -> int
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
-            left = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'sending') AND " + where)
-                                .format(sql.Identifier(table_name))).fetchone()[0]
+            left = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'sending') AND " + where).format(
+                    sql.Identifier(table_name)
+                )
+            ).fetchone()[0]
             if not left or time.monotonic() > deadline:
                 return int(left)
             time.sleep(1.0)
@@ -341,16 +355,21 @@ def one_run(url: str, rate: float, seconds: float, run_no: int) -> dict[str, Any
             conn.commit()
         t0 = time.monotonic()
         worker = dev.wait_run_claimed(TABLE)
-        log(f"  first relay run ({worker}) claimed the warm-up message {time.monotonic() - t0:.1f} s after it was "
-            f"committed; producer: {rate:.0f} msg/s for {seconds:.0f} s")
+        log(
+            f"  first relay run ({worker}) claimed the warm-up message {time.monotonic() - t0:.1f} s after it was "
+            f"committed; producer: {rate:.0f} msg/s for {seconds:.0f} s"
+        )
         prefix = f"ds{run_no}"
         (prod,) = run_processes([(producer, (url, rate, seconds, prefix))], timeout_s=seconds * 2 + 120)
         left = wait_settled(url, TABLE, f"event_id LIKE '{prefix}-%%'".replace("%%", "%"), timeout_s=150)
         with psycopg.connect(url, autocommit=True) as conn:
             rows = conn.execute(
-                sql.SQL("SELECT event_id, status, extract(epoch FROM created_at)::float8, "
-                        "extract(epoch FROM published_at - created_at)::float8 FROM {} WHERE event_id LIKE %s")
-                .format(sql.Identifier(TABLE)), (f"{prefix}-%",)).fetchall()
+                sql.SQL(
+                    "SELECT event_id, status, extract(epoch FROM created_at)::float8, "
+                    "extract(epoch FROM published_at - created_at)::float8 FROM {} WHERE event_id LIKE %s"
+                ).format(sql.Identifier(TABLE)),
+                (f"{prefix}-%",),
+            ).fetchall()
         runs = runs_with_claims(dev, "relay_group_default_job", TABLE)
     finally:
         dev.stop()
@@ -373,10 +392,20 @@ def one_run(url: str, rate: float, seconds: float, run_no: int) -> dict[str, Any
         "over_1s": len(slow),
         "over_1s_at_handoffs": in_windows,
         "slow_first_10": [(round(c - t_first, 2), round(v * 1000, 1)) for c, v in slow[:10]],
-        "handoffs": [{**h, **{k: round(h[k] - t_first, 2) for k in ("from_last_claim", "from_end", "to_start",
-                                                                      "to_first_claim") if h[k]}} for h in hand],
-        "max_latency_at_handoffs_ms": max((h["max_latency_ms"] for h in hand if h["max_latency_ms"] is not None),
-                                          default=None),
+        "handoffs": [
+            {
+                **h,
+                **{
+                    k: round(h[k] - t_first, 2)
+                    for k in ("from_last_claim", "from_end", "to_start", "to_first_claim")
+                    if h[k]
+                },
+            }
+            for h in hand
+        ],
+        "max_latency_at_handoffs_ms": max(
+            (h["max_latency_ms"] for h in hand if h["max_latency_ms"] is not None), default=None
+        ),
         "runs": [{**r, "run_id": r["run_id"][:8]} for r in runs],
         "overhead": overhead(runs),
         "dagster_ready_s": ready_s,
@@ -393,10 +422,12 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
         log(f"  run {n + 1}/{runs}: outbox-pipelines dev + {rate:.0f} msg/s into {TABLE} for {seconds:.0f} s")
         r = one_run(url, rate, seconds, n)
         per_run.append(r)
-        log(f"  p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+        log(
+            f"  p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
             f"max {r['max_ms']:.0f} ms; {r['over_1s']} over 1 s ({r['over_1s_at_handoffs']} near hand-offs); "
             f"{len(r['handoffs'])} hand-offs, worst near one {r['max_latency_at_handoffs_ms']} ms; "
-            f"producer {r['producer']['achieved_rate']:.0f} msg/s")
+            f"producer {r['producer']['achieved_rate']:.0f} msg/s"
+        )
     label = f"dagster: commit→dispatch at {rate:.0f} msg/s, {seconds:.0f} s"
     ov = [r["overhead"]["median"] for r in per_run]
 
@@ -405,19 +436,35 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
 
     figures = [
         Figure("dagster", f"{label}, p50", "ms", [r["p50_ms"] for r in per_run]),
-        Figure("dagster", f"{label}, p99", "ms", [r["p99_ms"] for r in per_run],
-               target=Target("p99 <= 200 ms", value_max=200.0)),
+        Figure(
+            "dagster",
+            f"{label}, p99",
+            "ms",
+            [r["p99_ms"] for r in per_run],
+            target=Target("p99 <= 200 ms", value_max=200.0),
+        ),
         Figure("dagster", f"{label}, max", "ms", [r["max_ms"] for r in per_run]),
-        Figure("dagster", "dagster: worst commit→dispatch within ±5 s of a run hand-off", "ms",
-               [r["max_latency_at_handoffs_ms"] if r["max_latency_at_handoffs_ms"] is not None else float("nan")
-                for r in per_run],
-               target=Target("<= 1000 ms", value_max=1000.0)),
+        Figure(
+            "dagster",
+            "dagster: worst commit→dispatch within ±5 s of a run hand-off",
+            "ms",
+            [
+                r["max_latency_at_handoffs_ms"] if r["max_latency_at_handoffs_ms"] is not None else float("nan")
+                for r in per_run
+            ],
+            target=Target("<= 1000 ms", value_max=1000.0),
+        ),
         Figure("dagster", "dagster: messages waiting > 1 s", "msgs", [float(r["over_1s"]) for r in per_run]),
         Figure("dagster", "dagster overhead per run: run created → launched (queue)", "ms", med("create_to_launch_s")),
-        Figure("dagster", "dagster overhead per run: launched → relay step started", "ms",
-               med("launch_to_relay_start_s")),
-        Figure("dagster", "dagster overhead per run: run created → relay step started", "ms",
-               med("create_to_relay_start_s")),
+        Figure(
+            "dagster", "dagster overhead per run: launched → relay step started", "ms", med("launch_to_relay_start_s")
+        ),
+        Figure(
+            "dagster",
+            "dagster overhead per run: run created → relay step started",
+            "ms",
+            med("create_to_relay_start_s"),
+        ),
     ]
     return ScenarioResult(figures=figures, details={"rate": rate, "seconds": seconds, "runs": per_run})
 

@@ -83,8 +83,9 @@ def http_worker(url: str, sink_url: str, in_flight: int, barrier: Barrier) -> tu
     from outbox_pipelines.core.settings import TableSettings
 
     destination = HttpDestination(sink_url, max_in_flight=in_flight)
-    table = TableSettings(name=TABLE, destination="http", url=sink_url, mode="competing",
-                          requests_in_flight=in_flight, preset="orders")
+    table = TableSettings(
+        name=TABLE, destination="http", url=sink_url, mode="competing", requests_in_flight=in_flight, preset="orders"
+    )
     relay = Relay(url, table, destination, worker_id=f"bench-inflight-{in_flight}")
     try:
         barrier()
@@ -107,29 +108,61 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     result = ScenarioResult()
     drain_rows = make_rows(sizes.sweep_messages, "order.created", "sweep")
     for claim in ("lease", "transaction"):
-        rates = _interleaved(BATCHES, runs, lambda b, c=claim: drain.drain_once(
-            url, "ours", 4, drain_rows, {"batch_size": b, "claim": c}), f"batch_size (claim={claim})")
+        rates = _interleaved(
+            BATCHES,
+            runs,
+            lambda b, c=claim: drain.drain_once(url, "ours", 4, drain_rows, {"batch_size": b, "claim": c}),
+            f"batch_size (claim={claim})",
+        )
         for batch in BATCHES:
-            result.figures.append(Figure("defaults", f"4 relays, claim={claim}, batch_size {batch}", "msg/s",
-                                         rates[batch], note="for information"))
+            result.figures.append(
+                Figure(
+                    "defaults",
+                    f"4 relays, claim={claim}, batch_size {batch}",
+                    "msg/s",
+                    rates[batch],
+                    note="for information",
+                )
+            )
         result.details[f"batch_size_claim_{claim}"] = rates
     handler_rows = make_rows(sizes.sweep_messages // 8, "order.created", "threads")
     for wait_s, what in ((HANDLER_WAIT_S, "handlers waiting 1 ms"), (0.0, "no-op handlers")):
-        rates = _interleaved(THREADS, runs, lambda t, w=wait_s: _one_relay_rate(
-            url, handler_rows, handlers_worker, (t, w), f"parallelism {t}"),
-                             f"threads ({what})")
+        rates = _interleaved(
+            THREADS,
+            runs,
+            lambda t, w=wait_s: _one_relay_rate(url, handler_rows, handlers_worker, (t, w), f"parallelism {t}"),
+            f"threads ({what})",
+        )
         for threads in THREADS:
-            result.figures.append(Figure("defaults", f"1 relay, {what}, parallelism {threads}", "msg/s",
-                                         rates[threads], note="for information"))
+            result.figures.append(
+                Figure(
+                    "defaults",
+                    f"1 relay, {what}, parallelism {threads}",
+                    "msg/s",
+                    rates[threads],
+                    note="for information",
+                )
+            )
         result.details[f"threads_{what}"] = rates
     sink = Sink(delay_s=SINK_DELAY_S)
     try:
         http_rows = make_rows(sizes.sweep_messages // 8, "order.created", "inflight")
-        rates = _interleaved(IN_FLIGHT, runs, lambda n: _one_relay_rate(
-            url, http_rows, http_worker, (sink.url, n), f"concurrency {n}"), "in flight")
+        rates = _interleaved(
+            IN_FLIGHT,
+            runs,
+            lambda n: _one_relay_rate(url, http_rows, http_worker, (sink.url, n), f"concurrency {n}"),
+            "in flight",
+        )
         for in_flight in IN_FLIGHT:
-            result.figures.append(Figure("defaults", f"1 relay, HTTP sink answering in 5 ms, concurrency {in_flight}",
-                                         "msg/s", rates[in_flight], note="for information (batch 100)"))
+            result.figures.append(
+                Figure(
+                    "defaults",
+                    f"1 relay, HTTP sink answering in 5 ms, concurrency {in_flight}",
+                    "msg/s",
+                    rates[in_flight],
+                    note="for information (batch 100)",
+                )
+            )
         result.details["in_flight"] = rates
     finally:
         sink.stop()

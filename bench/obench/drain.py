@@ -45,8 +45,9 @@ TARGETS = {
 }
 
 
-def ours_worker(url: str, table_name: str, overrides: dict[str, Any], index: int,
-                barrier: Barrier) -> tuple[float, float, int]:
+def ours_worker(
+    url: str, table_name: str, overrides: dict[str, Any], index: int, barrier: Barrier
+) -> tuple[float, float, int]:
     """One process of ours, through run_table_relay: what `outbox-pipelines relay` and the Dagster op run."""
     from outbox_pipelines.core.relay import run_table_relay
     from outbox_pipelines.core.settings import GlobalSettings, Settings, TableSettings
@@ -55,8 +56,9 @@ def ours_worker(url: str, table_name: str, overrides: dict[str, Any], index: int
     settings = Settings(GlobalSettings.from_env({}), {table_name: table}, None)
     barrier()
     started = time.monotonic()
-    report = run_table_relay(url, settings, table_name, once=True, worker_id=f"bench-ours-{index}",
-                             destination=NoopDestination())
+    report = run_table_relay(
+        url, settings, table_name, once=True, worker_id=f"bench-ours-{index}", destination=NoopDestination()
+    )
     return started, time.monotonic(), report.sent
 
 
@@ -100,15 +102,19 @@ def _compare_settings(url: str, sizes: Sizes, runs: int, rows: list[Any], result
                 rates[kind].append(rate)
                 log(f"  drain x{workers} run {run_index + 1}/{runs} {kind:34s} {rate:9,.0f} msg/s")
         for claim, audit in SETTINGS:
-            result.figures.append(Figure(
-                "drain",
-                f"drain {_label(claim, audit)}, {workers} worker{'s' if workers > 1 else ''} "
-                f"(batch {batch:,}, {sizes.drain_messages:,} msgs)",
-                "msg/s", rates[_label(claim, audit)], rates["simple"],
-                "simple loop: FOR UPDATE SKIP LOCKED, no-op, UPDATE ... WHERE id = ANY, one txn per batch",
-                TARGETS.get((claim, audit)),
-                note="the shipped default" if (claim, audit) == SETTINGS[0] else "",
-            ))
+            result.figures.append(
+                Figure(
+                    "drain",
+                    f"drain {_label(claim, audit)}, {workers} worker{'s' if workers > 1 else ''} "
+                    f"(batch {batch:,}, {sizes.drain_messages:,} msgs)",
+                    "msg/s",
+                    rates[_label(claim, audit)],
+                    rates["simple"],
+                    "simple loop: FOR UPDATE SKIP LOCKED, no-op, UPDATE ... WHERE id = ANY, one txn per batch",
+                    TARGETS.get((claim, audit)),
+                    note="the shipped default" if (claim, audit) == SETTINGS[0] else "",
+                )
+            )
         result.details[f"drain_x{workers}_msg_per_s"] = rates
 
 
@@ -126,12 +132,18 @@ def _compare_defaults(url: str, sizes: Sizes, runs: int, rows: list[Any], result
                 rate = peers.pgqueuer_drain_once(url, workers, len(rows))
                 pgq.append(rate)
             log(f"  defaults x{workers} run {run_index + 1}/{runs} {kind:8s} {rate:9,.0f} msg/s")
-    result.figures.append(Figure(
-        "drain", f"drain at default settings, {workers} processes ({len(rows):,} msgs)", "msg/s", ours, pgq,
-        "pgqueuer 1.6 at its defaults (batch_size 10, psycopg driver), same messages and processes",
-        Target("≥ 2× pgqueuer", ratio_min=2.0),
-        note="ours: every TableSettings default (batch 100, claim=lease, audit=all) but mode=competing",
-    ))
+    result.figures.append(
+        Figure(
+            "drain",
+            f"drain at default settings, {workers} processes ({len(rows):,} msgs)",
+            "msg/s",
+            ours,
+            pgq,
+            "pgqueuer 1.6 at its defaults (batch_size 10, psycopg driver), same messages and processes",
+            Target("≥ 2× pgqueuer", ratio_min=2.0),
+            note="ours: every TableSettings default (batch 100, claim=lease, audit=all) but mode=competing",
+        )
+    )
     result.details["defaults_msg_per_s"] = {"ours": ours, "pgqueuer": pgq}
 
 

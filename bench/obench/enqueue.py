@@ -98,8 +98,13 @@ def transactions(pg: psycopg.Connection, engine: Any) -> dict[str, Callable[[Ite
             conn.execute(sa_business, {"body": payload})
             conn.execute(
                 sa_plain,
-                {"event_id": event_id, "topic": topic, "payload": payload, "payload_sha": payload_sha,
-                 "headers": headers},
+                {
+                    "event_id": event_id,
+                    "topic": topic,
+                    "payload": payload,
+                    "payload_sha": payload_sha,
+                    "headers": headers,
+                },
             )
 
     return {
@@ -196,8 +201,15 @@ BATCH_VARIANTS = ("ours", "ours-insert", "executemany", "copy", "pgqueuer")
 
 
 def _batch_items(run_index: int, n: int, variant: str) -> list[peers.EnqueueItem]:
-    return [(f"b{run_index}-{variant}-{n}-{i}-{uuid.uuid4().hex[:8]}", TOPIC, sample_payload(i),
-             {"trace_id": uuid.uuid4().hex}) for i in range(BATCH)]
+    return [
+        (
+            f"b{run_index}-{variant}-{n}-{i}-{uuid.uuid4().hex[:8]}",
+            TOPIC,
+            sample_payload(i),
+            {"trace_id": uuid.uuid4().hex},
+        )
+        for i in range(BATCH)
+    ]
 
 
 def _batch_calls(pg: psycopg.Connection, pgq: Any) -> dict[str, Callable[[list[peers.EnqueueItem]], None]]:
@@ -233,8 +245,7 @@ def _batch_calls(pg: psycopg.Connection, pgq: Any) -> dict[str, Callable[[list[p
     def pgqueuer(items: list[peers.EnqueueItem]) -> None:
         peers.pgqueuer_enqueue_batch(pgq, [p for _, _, p, _ in items])
 
-    return {"ours": ours, "ours-insert": ours_insert, "executemany": executemany, "copy": copy,
-            "pgqueuer": pgqueuer}
+    return {"ours": ours, "ours-insert": ours_insert, "executemany": executemany, "copy": copy, "pgqueuer": pgqueuer}
 
 
 def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
@@ -249,14 +260,16 @@ def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
     rows = _prepare_all(msgs, 1 << 20, _plain_event_ids(msgs))
     steps: dict[str, Callable[[], object]] = {
         "json.dumps (what any writer pays)": lambda: [json.dumps(m.payload) for m in msgs],
-        "Message objects (the caller's)": lambda: [Message(topic=t, payload=p, event_id=e, headers=h)
-                                                   for e, t, p, h in items],
+        "Message objects (the caller's)": lambda: [
+            Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items
+        ],
         "canonical JSON (orjson, json's text)": lambda: [canonical_json(m.payload) for m in msgs],
         "sha256 digest": lambda: [digest(t) for t in [canonical_json(m.payload) for m in msgs]],
         "structure check, message by message (before orjson)": lambda: [check_structure(m.payload) for m in msgs],
         "preparation, message by message (_prepare)": lambda: [_prepare(m, 1 << 20) for m in msgs],
-        "preparation of the batch (identifiers a column at a time)":
-            lambda: _prepare_all(msgs, 1 << 20, _plain_event_ids(msgs)),
+        "preparation of the batch (identifiers a column at a time)": lambda: _prepare_all(
+            msgs, 1 << 20, _plain_event_ids(msgs)
+        ),
         "COPY text of the rows": lambda: [_copy_line(n, row) for n, row in enumerate(rows)],
     }
     timings = {}
@@ -273,8 +286,9 @@ def _timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _timed_batches(calls: dict[str, Callable[[list[peers.EnqueueItem]], None]], run_index: int, batches: int,
-                   settle_gc: bool) -> dict[str, float]:
+def _timed_batches(
+    calls: dict[str, Callable[[list[peers.EnqueueItem]], None]], run_index: int, batches: int, settle_gc: bool
+) -> dict[str, float]:
     """Seconds each variant took for ``batches`` committed batches of 1,000, variants taking turns.
 
     ``settle_gc``: collect garbage before each timed call, outside the clock. The harness builds
@@ -314,8 +328,10 @@ def _batch_enqueue(url: str, sizes: Sizes, runs: int, result: ScenarioResult) ->
                 seconds = _timed_batches(calls, run_index, batches, settle_gc)
                 for variant in BATCH_VARIANTS:
                     figures[variant].append(batches * BATCH / seconds[variant])
-                log(f"  enqueue_many run {run_index + 1}/{runs} ({'GC settled' if settle_gc else 'GC not settled'}): "
-                    + ", ".join(f"{v} {figures[v][-1]:,.0f} msg/s" for v in BATCH_VARIANTS))
+                log(
+                    f"  enqueue_many run {run_index + 1}/{runs} ({'GC settled' if settle_gc else 'GC not settled'}): "
+                    + ", ".join(f"{v} {figures[v][-1]:,.0f} msg/s" for v in BATCH_VARIANTS)
+                )
         stored = pg.execute("SELECT count(*) FROM outbox_events").fetchone()[0]  # type: ignore[index]
         pg.commit()
     expected = (2 * batches + 1) * BATCH * 4
@@ -323,17 +339,49 @@ def _batch_enqueue(url: str, sizes: Sizes, runs: int, result: ScenarioResult) ->
         raise RuntimeError(f"enqueue_many: {stored} outbox rows after the last run, expected {expected}")
     reference = "same rows, json.dumps inside the clock, commit per batch"
     result.figures += [
-        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path)", "msg/s", rates["ours"], rates["executemany"],
-               f"psycopg executemany of the plain INSERT ({reference})", Target("≥ 0.8× executemany", ratio_min=0.8)),
-        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path) vs bare COPY", "msg/s", rates["ours"],
-               rates["copy"], f"bare COPY ({reference})", Target("≥ 0.8× bare COPY", ratio_min=0.8)),
-        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path) vs bare COPY, GC not settled between calls",
-               "msg/s", unsettled["ours"], unsettled["copy"], f"bare COPY ({reference})",
-               note="the harness's garbage is collected inside whichever timed call trips the collector"),
-        Figure("enqueue", "enqueue_many, batches of 1,000 (INSERT ... unnest path, used below 20 rows)", "msg/s",
-               rates["ours-insert"], rates["executemany"], f"psycopg executemany ({reference})"),
-        Figure("enqueue", "enqueue_many, batches of 1,000 (COPY path) vs pgqueuer", "msg/s", rates["ours"],
-               rates["pgqueuer"], "pgqueuer 1.6 Queries.enqueue of 1,000 (its own table, autocommit)"),
+        Figure(
+            "enqueue",
+            "enqueue_many, batches of 1,000 (COPY path)",
+            "msg/s",
+            rates["ours"],
+            rates["executemany"],
+            f"psycopg executemany of the plain INSERT ({reference})",
+            Target("≥ 0.8× executemany", ratio_min=0.8),
+        ),
+        Figure(
+            "enqueue",
+            "enqueue_many, batches of 1,000 (COPY path) vs bare COPY",
+            "msg/s",
+            rates["ours"],
+            rates["copy"],
+            f"bare COPY ({reference})",
+            Target("≥ 0.8× bare COPY", ratio_min=0.8),
+        ),
+        Figure(
+            "enqueue",
+            "enqueue_many, batches of 1,000 (COPY path) vs bare COPY, GC not settled between calls",
+            "msg/s",
+            unsettled["ours"],
+            unsettled["copy"],
+            f"bare COPY ({reference})",
+            note="the harness's garbage is collected inside whichever timed call trips the collector",
+        ),
+        Figure(
+            "enqueue",
+            "enqueue_many, batches of 1,000 (INSERT ... unnest path, used below 20 rows)",
+            "msg/s",
+            rates["ours-insert"],
+            rates["executemany"],
+            f"psycopg executemany ({reference})",
+        ),
+        Figure(
+            "enqueue",
+            "enqueue_many, batches of 1,000 (COPY path) vs pgqueuer",
+            "msg/s",
+            rates["ours"],
+            rates["pgqueuer"],
+            "pgqueuer 1.6 Queries.enqueue of 1,000 (its own table, autocommit)",
+        ),
     ]
     result.details["enqueue_many_msg_per_s"] = rates
     result.details["enqueue_many_msg_per_s_gc_not_settled"] = unsettled

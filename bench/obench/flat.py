@@ -65,8 +65,13 @@ def relay_with_rss(url: str, total: int, barrier: Barrier) -> dict[str, Any]:
     started[0] = time.monotonic()
     report = relay.run(once=True)
     after = rss_kib()
-    return {"samples": samples, "rss_before_kib": before, "rss_after_kib": after, "sent": report.sent,
-            "seconds": report.seconds}
+    return {
+        "samples": samples,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "sent": report.sent,
+        "seconds": report.seconds,
+    }
 
 
 def load_pending(url: str, table_name: str, count: int, prefix: str) -> None:
@@ -92,9 +97,15 @@ def memory_run(url: str, sizes: Sizes) -> dict[str, Any]:
     segments = []
     for (c0, _, s0), (c1, _, s1) in zip([(0, 0, 0.0)] + samples[:-1], samples, strict=False):
         segments.append(round((c1 - c0) / (s1 - s0)) if s1 > s0 else None)
-    return {"reference_kib": reference, "worst_kib": worst, "samples": samples, "segment_msgs_per_s": segments,
-            "rss_before_kib": out["rss_before_kib"], "rss_after_kib": out["rss_after_kib"],
-            "drain_msgs_per_s": out["sent"] / out["seconds"]}
+    return {
+        "reference_kib": reference,
+        "worst_kib": worst,
+        "samples": samples,
+        "segment_msgs_per_s": segments,
+        "rss_before_kib": out["rss_before_kib"],
+        "rss_after_kib": out["rss_after_kib"],
+        "drain_msgs_per_s": out["sent"] / out["seconds"],
+    }
 
 
 def prepare_claim_tables(url: str, sizes: Sizes) -> None:
@@ -147,7 +158,8 @@ def claim_run(url: str, sizes: Sizes, run_index: int) -> tuple[float, float]:
                 if len(batch) != BATCH:
                     raise RuntimeError(f"claim on {table_name} returned {len(batch)} rows, expected {BATCH}")
                 outbox_table.settle(
-                    "bench-claim", [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch])
+                    "bench-claim", [Settlement(m.id, m.attempts, "sent", "outbox_flush_success") for m in batch]
+                )
     return percentile(times[EMPTY], 50), percentile(times[FULL], 50)
 
 

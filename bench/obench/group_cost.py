@@ -48,13 +48,16 @@ def _settings(url: str) -> Any:
     from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
 
     base = load_settings(env={}, path=None)
-    tables = {name: TableSettings(name=name, destination="handlers", handlers="x:y", mode="single-active")
-              for name in (TABLE, *QUIET)}
+    tables = {
+        name: TableSettings(name=name, destination="handlers", handlers="x:y", mode="single-active")
+        for name in (TABLE, *QUIET)
+    }
     return Settings(base.env, tables, None)
 
 
-def _consume(url: str, expected: int, seconds: float, barrier: Barrier, grouped: bool,
-             fill: int = 0) -> tuple[str, dict[str, float], dict[str, Any]]:
+def _consume(
+    url: str, expected: int, seconds: float, barrier: Barrier, grouped: bool, fill: int = 0
+) -> tuple[str, dict[str, float], dict[str, Any]]:
     """Relay the busy table (alone, or in a group of 50) until ``expected`` messages reached its handler;
     ``fill``: enqueue that many first, once the relay (or the group) is up, in one transaction."""
     from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
@@ -84,8 +87,12 @@ def _consume(url: str, expected: int, seconds: float, barrier: Barrier, grouped:
         runner = threading.Thread(target=group.run, kwargs={"max_seconds": seconds + 30})
         runner.start()
         deadline = time.monotonic() + 60
-        while not (all(w.activations for w in group.workers.values())
-                   and not any(w.active for w in group.workers.values())) and time.monotonic() < deadline:
+        while (
+            not (
+                all(w.activations for w in group.workers.values()) and not any(w.active for w in group.workers.values())
+            )
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
     else:
         relay = Relay(url, settings.tables[TABLE], build(settings.tables[TABLE], settings), worker_id="bench-dedicated")
@@ -103,13 +110,15 @@ def _consume(url: str, expected: int, seconds: float, barrier: Barrier, grouped:
     return "consumer", delivered, {"sent": len(delivered), "rate": rate}
 
 
-def latency_consumer(url: str, expected: int, seconds: float, grouped: bool,
-                     barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def latency_consumer(
+    url: str, expected: int, seconds: float, grouped: bool, barrier: Barrier
+) -> tuple[str, dict[str, float], dict[str, Any]]:
     return _consume(url, expected, seconds, barrier, grouped)
 
 
-def drain_consumer(url: str, expected: int, seconds: float, grouped: bool,
-                   barrier: Barrier) -> tuple[str, dict[str, float], dict[str, Any]]:
+def drain_consumer(
+    url: str, expected: int, seconds: float, grouped: bool, barrier: Barrier
+) -> tuple[str, dict[str, float], dict[str, Any]]:
     return _consume(url, expected, seconds, barrier, grouped, fill=expected)
 
 
@@ -126,8 +135,13 @@ def _fill(url: str, n: int) -> None:
 
     with psycopg.connect(url) as conn:
         for start in range(0, n, 5_000):
-            Outbox(TABLE).enqueue_many(conn, [Message(topic=TOPIC, payload=sample_payload(i), event_id=f"d-{i}")
-                                              for i in range(start, min(n, start + 5_000))])
+            Outbox(TABLE).enqueue_many(
+                conn,
+                [
+                    Message(topic=TOPIC, payload=sample_payload(i), event_id=f"d-{i}")
+                    for i in range(start, min(n, start + 5_000))
+                ],
+            )
         conn.commit()
 
 
@@ -136,8 +150,13 @@ def measure_latency(url: str, sizes: Sizes, grouped: bool) -> dict[str, Any]:
     settle_server(url, TABLE)
     expected = int(sizes.latency_rate * sizes.latency_seconds)
     deadline_s = PRODUCER_HEAD_START_S + sizes.latency_seconds * DEADLINE_FACTOR + DEADLINE_SLACK_S
-    results = run_processes([(latency_consumer, (url, expected, deadline_s, grouped)),
-                             (producer, (url, sizes.latency_rate, sizes.latency_seconds))], timeout_s=deadline_s + 60)
+    results = run_processes(
+        [
+            (latency_consumer, (url, expected, deadline_s, grouped)),
+            (producer, (url, sizes.latency_rate, sizes.latency_seconds)),
+        ],
+        timeout_s=deadline_s + 60,
+    )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered = next(r[1] for r in results if r[0] == "consumer")
     return latency_summary(committed, delivered, sizes.latency_rate)
@@ -166,18 +185,37 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             lat[grouped].append(m)
             rate = measure_drain(url, drain_n, grouped)
             rates[grouped].append(rate)
-            log(f"  group run {run_index + 1}/{runs} {'group of 50' if grouped else 'dedicated  '}: latency p50 "
-                f"{m['p50']:.2f} ms p99 {m['p99']:.2f} ms; drain {rate:,.0f} msg/s")
+            log(
+                f"  group run {run_index + 1}/{runs} {'group of 50' if grouped else 'dedicated  '}: latency p50 "
+                f"{m['p50']:.2f} ms p99 {m['p99']:.2f} ms; drain {rate:,.0f} msg/s"
+            )
     dedicated = "the same table's dedicated Relay, same run"
     for quantile in ("p50", "p99", "p99.9"):
-        result.figures.append(Figure(
-            "group", f"commit→handler at {sizes.latency_rate:.0f} msg/s, the busy table in a group of 50: {quantile}",
-            "ms", [m[quantile] for m in lat[True]], [m[quantile] for m in lat[False]], dedicated,
-            Target("≤ 1.25× dedicated", ratio_max=1.25) if quantile == "p99" else None,
-            note="" if quantile == "p99" else "for information"))
-    result.figures.append(Figure(
-        "group", f"drain {drain_n:,} of the busy table (batch 100), in a group of 50", "msg/s", rates[True],
-        rates[False], dedicated, Target("≥ 0.9× dedicated", ratio_min=0.9)))
-    result.details["runs"] = {"latency": {"dedicated": lat[False], "group": lat[True]},
-                              "drain_msg_s": {"dedicated": rates[False], "group": rates[True]}}
+        result.figures.append(
+            Figure(
+                "group",
+                f"commit→handler at {sizes.latency_rate:.0f} msg/s, the busy table in a group of 50: {quantile}",
+                "ms",
+                [m[quantile] for m in lat[True]],
+                [m[quantile] for m in lat[False]],
+                dedicated,
+                Target("≤ 1.25× dedicated", ratio_max=1.25) if quantile == "p99" else None,
+                note="" if quantile == "p99" else "for information",
+            )
+        )
+    result.figures.append(
+        Figure(
+            "group",
+            f"drain {drain_n:,} of the busy table (batch 100), in a group of 50",
+            "msg/s",
+            rates[True],
+            rates[False],
+            dedicated,
+            Target("≥ 0.9× dedicated", ratio_min=0.9),
+        )
+    )
+    result.details["runs"] = {
+        "latency": {"dedicated": lat[False], "group": lat[True]},
+        "drain_msg_s": {"dedicated": rates[False], "group": rates[True]},
+    }
     return result

@@ -159,8 +159,9 @@ class _Lanes:
         await asyncio.gather(*(lane(i) for i in range(self.inflight)))
 
 
-async def _with_httpx(lanes: _Lanes, url: str, body: bytes, headers: dict[str, str], limits: Any,
-                      transport: Any) -> None:
+async def _with_httpx(
+    lanes: _Lanes, url: str, body: bytes, headers: dict[str, str], limits: Any, transport: Any
+) -> None:
     import httpx
 
     client = httpx.AsyncClient(limits=limits, transport=transport) if transport else httpx.AsyncClient(limits=limits)
@@ -228,16 +229,23 @@ def bare_client(kind: str, url: str, inflight: int, seconds: float, barrier: Bar
 # -- ours ----------------------------------------------------------------------
 
 
-def ours_relay(url: str, sink_url: str, transport: str, inflight: int, batch: int, seconds: float,
-               barrier: Barrier) -> dict[str, Any]:
+def ours_relay(
+    url: str, sink_url: str, transport: str, inflight: int, batch: int, seconds: float, barrier: Barrier
+) -> dict[str, Any]:
     from outbox_pipelines.core.destinations.http import HttpDestination
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import TableSettings
 
     destination = HttpDestination(sink_url, max_in_flight=inflight, transport=transport)
     table = TableSettings(
-        name=TABLE, destination="http", url=sink_url, transport=transport, mode="competing",
-        batch_size=batch, requests_in_flight=inflight, preset="orders",
+        name=TABLE,
+        destination="http",
+        url=sink_url,
+        transport=transport,
+        mode="competing",
+        batch_size=batch,
+        requests_in_flight=inflight,
+        preset="orders",
     )
     relay = Relay(url, table, destination, worker_id=f"bench-http-{transport}")
     try:
@@ -299,8 +307,13 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     fastest_per_run = [max(bare[k][i] for k in choices) for i in range(runs)]
     for kind in BARE_CLIENTS:
         result.figures.append(
-            Figure("http", f"http bare {kind}, {sizes.http_inflight} in flight", "req/s", bare[kind],
-                   note="bare client loop")
+            Figure(
+                "http",
+                f"http bare {kind}, {sizes.http_inflight} in flight",
+                "req/s",
+                bare[kind],
+                note="bare client loop",
+            )
         )
     for transport, batch in cases:
         result.figures.append(

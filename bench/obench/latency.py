@@ -57,16 +57,22 @@ def producer(url: str, rate: float, seconds: float, barrier: Barrier) -> tuple[s
     return keyed_producer(url, rate, seconds, 0, barrier)
 
 
-def keyed_producer(url: str, rate: float, seconds: float, keys: int,
-                   barrier: Barrier) -> tuple[str, dict[str, float]]:
+def keyed_producer(url: str, rate: float, seconds: float, keys: int, barrier: Barrier) -> tuple[str, dict[str, float]]:
     """One enqueue per transaction at ``rate``; with ``keys``, message n has ordering key agg-(n % keys)."""
     from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.models import Message
 
     outbox = Outbox(TABLE)
     count = int(rate * seconds)
-    messages = [Message(topic=TOPIC, payload=sample_payload(n), event_id=f"lat-{n}",
-                        ordering_key=f"agg-{n % keys}" if keys else None) for n in range(count)]
+    messages = [
+        Message(
+            topic=TOPIC,
+            payload=sample_payload(n),
+            event_id=f"lat-{n}",
+            ordering_key=f"agg-{n % keys}" if keys else None,
+        )
+        for n in range(count)
+    ]
     committed: dict[str, float] = {}
     with psycopg.connect(url) as conn:
         barrier()
@@ -146,13 +152,25 @@ def cli_consumer(
     obench.latency_handlers; released once the relay has registered (connected and LISTENing)."""
     with tempfile.TemporaryDirectory(prefix="outbox-bench-latency-") as scratch:
         config, out = Path(scratch) / "outbox.toml", Path(scratch) / "delivered.json"
-        config.write_text(f'[tables.{TABLE}]\ndestination = "handlers"\n'
-                          'handlers = "obench.latency_handlers:registry"\nmode = "single-active"\n')
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
-               "OUTBOX_DATABASE_URL": url, "OUTBOX_CONFIG": str(config), "OUTBOX_BENCH_LATENCY_OUT": str(out),
-               "OUTBOX_BENCH_LATENCY_EXPECTED": str(expected), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        relay = subprocess.Popen([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet"],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        config.write_text(
+            f'[tables.{TABLE}]\ndestination = "handlers"\n'
+            'handlers = "obench.latency_handlers:registry"\nmode = "single-active"\n'
+        )
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
+            "OUTBOX_DATABASE_URL": url,
+            "OUTBOX_CONFIG": str(config),
+            "OUTBOX_BENCH_LATENCY_OUT": str(out),
+            "OUTBOX_BENCH_LATENCY_EXPECTED": str(expected),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", TABLE, "--quiet"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             _wait_for_registration(url, relay)
             barrier()
@@ -177,8 +195,9 @@ def _wait_for_registration(url: str, relay: subprocess.Popen[str]) -> None:
         while time.monotonic() < deadline:
             if relay.poll() is not None:
                 raise RuntimeError(f"the CLI relay exited {relay.returncode} at start: {relay.stderr.read()[-2000:]}")
-            row = conn.execute("SELECT count(*) FROM outbox_relay_workers WHERE table_name = %s "
-                               "AND stopped_at IS NULL", (TABLE,)).fetchone()
+            row = conn.execute(
+                "SELECT count(*) FROM outbox_relay_workers WHERE table_name = %s AND stopped_at IS NULL", (TABLE,)
+            ).fetchone()
             if row and row[0]:
                 return
             time.sleep(0.05)
@@ -202,8 +221,7 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
     )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered, info = next((r[1], r[2]) for r in results if r[0] == "consumer")
-    return {**latency_summary(committed, delivered, sizes.latency_rate), "table": count_by_status(url, TABLE),
-            **info}
+    return {**latency_summary(committed, delivered, sizes.latency_rate), "table": count_by_status(url, TABLE), **info}
 
 
 KINDS = ("ours-cli", "ours", "simple", "pgqueuer")
@@ -225,18 +243,31 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
                 f"{m['achieved_rate']:.0f}/s, {m['missing']} missing)"
             )
             if m["achieved_rate"] < 0.9 * sizes.latency_rate:
-                log(f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): "
-                    "the machine is busy")
+                log(
+                    f"  WARNING: the producer fell behind its schedule ({m['achieved_rate']:.0f}/s): "
+                    "the machine is busy"
+                )
             if m["missing"]:
                 raise RuntimeError(f"latency {kind}: {m['missing']} committed messages never reached the handler")
     label = f"latency commit→handler at {sizes.latency_rate:.0f} msg/s, {sizes.latency_seconds:.0f} s"
-    for kind, what in (("ours-cli", "CLI relay (outbox-pipelines relay)"), ("ours", "Relay in a process of ours"),
-                       ("pgqueuer", "pgqueuer 1.6 at its defaults")):
+    for kind, what in (
+        ("ours-cli", "CLI relay (outbox-pipelines relay)"),
+        ("ours", "Relay in a process of ours"),
+        ("pgqueuer", "pgqueuer 1.6 at its defaults"),
+    ):
         for quantile in ("p50", "p95", "p99", "p99.9"):
-            target = (Target("≤ 5 ms", value_max=5.0) if (kind, quantile) == ("ours-cli", "p99") else None)
-            result.figures.append(Figure(
-                "latency", f"{label}, {what}: {quantile}", "ms", [m[quantile] for m in stats[kind]],
-                [m[quantile] for m in stats["simple"]], REFERENCE, target,
-                note="" if target else "for information"))
+            target = Target("≤ 5 ms", value_max=5.0) if (kind, quantile) == ("ours-cli", "p99") else None
+            result.figures.append(
+                Figure(
+                    "latency",
+                    f"{label}, {what}: {quantile}",
+                    "ms",
+                    [m[quantile] for m in stats[kind]],
+                    [m[quantile] for m in stats["simple"]],
+                    REFERENCE,
+                    target,
+                    note="" if target else "for information",
+                )
+            )
     result.details["runs"] = stats
     return result

@@ -40,9 +40,17 @@ NO_RATE_LIMIT = "1000000000"
 
 def order(i: int, key: str) -> dict[str, Any]:
     """A valid OrderRequest v1.1 (as outbox_pipelines_tests/helpers.py order_payload)."""
-    return {"order_id": f"ord-{i}", "instrument": "USDJPY", "side": "BUY" if i % 2 else "SELL", "qty": 0.1,
-            "price": None, "time_in_force": "IOC", "tags": [], "idempotency_key": key,
-            "requested_at": "2026-01-01T00:00:00Z"}
+    return {
+        "order_id": f"ord-{i}",
+        "instrument": "USDJPY",
+        "side": "BUY" if i % 2 else "SELL",
+        "qty": 0.1,
+        "price": None,
+        "time_in_force": "IOC",
+        "tags": [],
+        "idempotency_key": key,
+        "requested_at": "2026-01-01T00:00:00Z",
+    }
 
 
 async def _post(client: Any, i: int, prefix: str) -> int:
@@ -61,8 +69,9 @@ def blast(api: str, seconds: float, inflight: int, prefix: str, barrier: Barrier
     async def main() -> dict[str, Any]:
         counter = iter(range(10**9))
         statuses: dict[int, int] = {}
-        async with httpx.AsyncClient(base_url=api, timeout=30.0,
-                                     limits=httpx.Limits(max_connections=inflight)) as client:
+        async with httpx.AsyncClient(
+            base_url=api, timeout=30.0, limits=httpx.Limits(max_connections=inflight)
+        ) as client:
             await _post(client, next(counter), prefix + "w")  # connect once before the clock
             barrier()
             start = time.monotonic()
@@ -118,13 +127,16 @@ def ledger_latency(url: str, prefix: str, timeout_s: float = 90.0) -> dict[str, 
         while True:
             left = conn.execute(
                 "SELECT count(*) FROM idempo_ledger WHERE status = 'accepted' AND idempotency_key LIKE %s",
-                (prefix + "-%",)).fetchone()[0]
+                (prefix + "-%",),
+            ).fetchone()[0]
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         rows = conn.execute(
             "SELECT status, extract(epoch FROM updated_at - created_at)::float8 FROM idempo_ledger "
-            "WHERE idempotency_key LIKE %s", (prefix + "-%",)).fetchall()
+            "WHERE idempotency_key LIKE %s",
+            (prefix + "-%",),
+        ).fetchall()
         outbox = dict(conn.execute("SELECT status, count(*) FROM outbox_orders GROUP BY status").fetchall())
     values = [v for s, v in rows if s == "succeeded"]
     return {
@@ -178,9 +190,11 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             finally:
                 stop_cli(relay, grace_s=30)
             cli.append({"load": load, **lat})
-            log(f"  CLI relay run {n + 1}/{runs}: p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, "
+            log(
+                f"  CLI relay run {n + 1}/{runs}: p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, "
                 f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.0f} ms; {lat['succeeded']}/{lat['orders']} succeeded "
-                f"at {load['achieved_rate']:.0f} orders/s ({load['statuses']})")
+                f"at {load['achieved_rate']:.0f} orders/s ({load['statuses']})"
+            )
         details["cli"] = cli
         # 3. latency, Dagster job (once: one `dagster dev` start-up costs ~30 s)
         reset(url)
@@ -195,22 +209,45 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
         finally:
             dev.stop()
         details["dagster"] = {"load": load, **lat}
-        log(f"  Dagster relay: p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, "
-            f"max {lat['max_ms']:.0f} ms; {lat['succeeded']}/{lat['orders']} succeeded")
+        log(
+            f"  Dagster relay: p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, "
+            f"max {lat['max_ms']:.0f} ms; {lat['succeeded']}/{lat['orders']} succeeded"
+        )
     finally:
         stop_cli(api_proc, grace_s=15)
         stop_cli(broker, grace_s=15)
     figures = [
-        Figure("order", f"order: POST /do/order accepted (201) per s, 1 uvicorn worker, {INFLIGHT} in flight", "req/s",
-               [r["accepted_per_s"] for r in thr]),
-        Figure("order", f"order: accepted → executed at {rate:.0f} orders/s, CLI relay, p50", "ms",
-               [r["p50_ms"] for r in cli]),
-        Figure("order", f"order: accepted → executed at {rate:.0f} orders/s, CLI relay, p99", "ms",
-               [r["p99_ms"] for r in cli], target=Target("p99 <= 50 ms", value_max=50.0)),
-        Figure("order", f"order: accepted → executed at {rate:.0f} orders/s, Dagster job, p50", "ms",
-               [details["dagster"]["p50_ms"]]),
-        Figure("order", f"order: accepted → executed at {rate:.0f} orders/s, Dagster job, p99", "ms",
-               [details["dagster"]["p99_ms"]]),
+        Figure(
+            "order",
+            f"order: POST /do/order accepted (201) per s, 1 uvicorn worker, {INFLIGHT} in flight",
+            "req/s",
+            [r["accepted_per_s"] for r in thr],
+        ),
+        Figure(
+            "order",
+            f"order: accepted → executed at {rate:.0f} orders/s, CLI relay, p50",
+            "ms",
+            [r["p50_ms"] for r in cli],
+        ),
+        Figure(
+            "order",
+            f"order: accepted → executed at {rate:.0f} orders/s, CLI relay, p99",
+            "ms",
+            [r["p99_ms"] for r in cli],
+            target=Target("p99 <= 50 ms", value_max=50.0),
+        ),
+        Figure(
+            "order",
+            f"order: accepted → executed at {rate:.0f} orders/s, Dagster job, p50",
+            "ms",
+            [details["dagster"]["p50_ms"]],
+        ),
+        Figure(
+            "order",
+            f"order: accepted → executed at {rate:.0f} orders/s, Dagster job, p99",
+            "ms",
+            [details["dagster"]["p99_ms"]],
+        ),
     ]
     return ScenarioResult(figures=figures, details=details)
 

@@ -64,17 +64,27 @@ ORDER BY n
 
 def _load(url: str, prefix: str, count: int, *, keys: int, key_prefix: str = "k-", hot_share: int = 0) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(LOAD.format(table=TABLE), {"prefix": prefix, "count": count, "keys": keys,
-                                                "key_prefix": key_prefix, "hot_share": hot_share,
-                                                "hot_keys": HOT_KEYS})
+        conn.execute(
+            LOAD.format(table=TABLE),
+            {
+                "prefix": prefix,
+                "count": count,
+                "keys": keys,
+                "key_prefix": key_prefix,
+                "hot_share": hot_share,
+                "hot_keys": HOT_KEYS,
+            },
+        )
 
 
 def _block_a_key(url: str) -> None:
     """One key whose head died (BAD_REQUEST) with BLOCKED_BEHIND messages waiting behind it."""
     _load(url, "stuck-", BLOCKED_BEHIND + 1, keys=1, key_prefix="stuck-")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BAD_REQUEST' "  # noqa: S608 (constant)
-                     f"WHERE id = (SELECT min(id) FROM {TABLE} WHERE ordering_key = 'stuck-0')")
+        conn.execute(
+            f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BAD_REQUEST' "  # noqa: S608 (constant)
+            f"WHERE id = (SELECT min(id) FROM {TABLE} WHERE ordering_key = 'stuck-0')"
+        )
 
 
 def drain_worker(url: str, index: int, barrier: Barrier) -> Any:
@@ -89,17 +99,22 @@ def drain_worker(url: str, index: int, barrier: Barrier) -> Any:
         started = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
         sent = 0
         while True:
-            sent += run_table_relay(url, settings, TABLE, once=True, worker_id=f"bench-ordering-{index}",
-                                    destination=NoopDestination()).sent
-            left = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE status IN ('pending', 'sending') "  # noqa: S608
-                                "AND NOT ordering_blocked").fetchone()[0]  # type: ignore[index]
+            sent += run_table_relay(
+                url, settings, TABLE, once=True, worker_id=f"bench-ordering-{index}", destination=NoopDestination()
+            ).sent
+            left = conn.execute(
+                f"SELECT count(*) FROM {TABLE} WHERE status IN ('pending', 'sending') "  # noqa: S608
+                "AND NOT ordering_blocked"
+            ).fetchone()[0]  # type: ignore[index]
             if not left:
                 return started, sent
 
 
 # Which messages a drain's rate counts (constants, never input).
-MEASURED = {"keyed beside a blocked key": "coalesce(ordering_key, '') NOT LIKE 'stuck-%'",
-            "healthy beside hot keys": "ordering_key NOT LIKE 'hot-%'"}
+MEASURED = {
+    "keyed beside a blocked key": "coalesce(ordering_key, '') NOT LIKE 'stuck-%'",
+    "healthy beside hot keys": "ordering_key NOT LIKE 'hot-%'",
+}
 
 
 def drain(url: str, load: str, messages: int) -> float:
@@ -122,7 +137,8 @@ def drain(url: str, load: str, messages: int) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
         count, unsent, last = conn.execute(
             f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status <> 'sent'), "  # noqa: S608
-            f"max(published_at) FROM {TABLE} WHERE {measured}").fetchone()  # type: ignore[misc]
+            f"max(published_at) FROM {TABLE} WHERE {measured}"
+        ).fetchone()  # type: ignore[misc]
     if unsent:
         raise RuntimeError(f"ordering drain {load}: {unsent} messages not sent")
     return count / (last - started).total_seconds()
@@ -130,12 +146,27 @@ def drain(url: str, load: str, messages: int) -> float:
 
 DRAINS = ("unkeyed", "keyed", "keyed beside a blocked key", "healthy alone", "healthy beside hot keys")
 COMPARED = (
-    ("keyed", "unkeyed", f"keyed drain ({KEYS:,} keys)", Target("≥ 0.7× the same messages without keys",
-                                                                 ratio_min=0.7), "the same messages without keys"),
-    ("keyed beside a blocked key", "keyed", f"keyed drain beside a blocked key ({BLOCKED_BEHIND:,} waiting)",
-     Target("≥ 0.9× without the blocked key", ratio_min=0.9), "the keyed drain without the blocked key"),
-    ("healthy beside hot keys", "healthy alone", f"10 % healthy keys beside {HOT_KEYS} hot keys holding 90 %",
-     Target("≥ 0.9× the healthy messages alone", ratio_min=0.9), "the healthy messages alone"),
+    (
+        "keyed",
+        "unkeyed",
+        f"keyed drain ({KEYS:,} keys)",
+        Target("≥ 0.7× the same messages without keys", ratio_min=0.7),
+        "the same messages without keys",
+    ),
+    (
+        "keyed beside a blocked key",
+        "keyed",
+        f"keyed drain beside a blocked key ({BLOCKED_BEHIND:,} waiting)",
+        Target("≥ 0.9× without the blocked key", ratio_min=0.9),
+        "the keyed drain without the blocked key",
+    ),
+    (
+        "healthy beside hot keys",
+        "healthy alone",
+        f"10 % healthy keys beside {HOT_KEYS} hot keys holding 90 %",
+        Target("≥ 0.9× the healthy messages alone", ratio_min=0.9),
+        "the healthy messages alone",
+    ),
 )
 
 
@@ -144,9 +175,13 @@ def latency(url: str, sizes: Sizes, keys: int) -> dict[str, Any]:
     settle_server(url, LATENCY_TABLE)
     expected = int(sizes.latency_rate * sizes.latency_seconds)
     deadline_s = PRODUCER_HEAD_START_S + sizes.latency_seconds * DEADLINE_FACTOR + DEADLINE_SLACK_S
-    results = run_processes([(ours_consumer, (url, expected, deadline_s)),
-                             (keyed_producer, (url, sizes.latency_rate, sizes.latency_seconds, keys))],
-                            timeout_s=deadline_s + 60)
+    results = run_processes(
+        [
+            (ours_consumer, (url, expected, deadline_s)),
+            (keyed_producer, (url, sizes.latency_rate, sizes.latency_seconds, keys)),
+        ],
+        timeout_s=deadline_s + 60,
+    )
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered = next(r[1] for r in results if r[0] == "consumer")
     summary = latency_summary(committed, delivered, sizes.latency_rate)
@@ -156,8 +191,16 @@ def latency(url: str, sizes: Sizes, keys: int) -> dict[str, Any]:
 
 
 CLAIM_PARAMS: dict[str, Any] = {
-    "table_name": TABLE, "worker": "bench-plan", "limit": 100, "lease_s": 30.0, "paused_topics": [],
-    "max_attempts": 2**31 - 1, "audit_claims": True, "fast_commit": False, "gated": False, "now": None,
+    "table_name": TABLE,
+    "worker": "bench-plan",
+    "limit": 100,
+    "lease_s": 30.0,
+    "paused_topics": [],
+    "max_attempts": 2**31 - 1,
+    "audit_claims": True,
+    "fast_commit": False,
+    "gated": False,
+    "now": None,
 }
 
 
@@ -203,32 +246,56 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
             rates[load].append(rate)
             log(f"  ordering run {run_index + 1}/{runs} {load:28s} {rate:9,.0f} msg/s")
     for ours, reference, label, target, reference_label in COMPARED:
-        result.figures.append(Figure("ordering", f"{label}, {WORKERS} relays at default settings, "
-                                     f"{messages:,} msgs", "msg/s", rates[ours], rates[reference],
-                                     reference_label, target))
+        result.figures.append(
+            Figure(
+                "ordering",
+                f"{label}, {WORKERS} relays at default settings, {messages:,} msgs",
+                "msg/s",
+                rates[ours],
+                rates[reference],
+                reference_label,
+                target,
+            )
+        )
     result.details["drain_msg_per_s"] = rates
 
     stats: dict[str, list[dict[str, Any]]] = {"keyed": [], "unkeyed": []}
     for run_index in range(runs):
-        for kind in (("keyed", "unkeyed") if run_index % 2 == 0 else ("unkeyed", "keyed")):
+        for kind in ("keyed", "unkeyed") if run_index % 2 == 0 else ("unkeyed", "keyed"):
             m = latency(url, sizes, 100 if kind == "keyed" else 0)
             stats[kind].append(m)
-            log(f"  ordering latency run {run_index + 1}/{runs} {kind:8s} p50 {m['p50']:6.2f} ms  "
-                f"p99 {m['p99']:6.2f} ms")
+            log(
+                f"  ordering latency run {run_index + 1}/{runs} {kind:8s} p50 {m['p50']:6.2f} ms  "
+                f"p99 {m['p99']:6.2f} ms"
+            )
     for quantile in ("p50", "p99"):
-        result.figures.append(Figure(
-            "ordering", f"latency commit→handler at {sizes.latency_rate:.0f} msg/s over 100 keys: {quantile}", "ms",
-            [m[quantile] for m in stats["keyed"]], [m[quantile] for m in stats["unkeyed"]],
-            "the same without keys", note="for information"))
+        result.figures.append(
+            Figure(
+                "ordering",
+                f"latency commit→handler at {sizes.latency_rate:.0f} msg/s over 100 keys: {quantile}",
+                "ms",
+                [m[quantile] for m in stats["keyed"]],
+                [m[quantile] for m in stats["unkeyed"]],
+                "the same without keys",
+                note="for information",
+            )
+        )
     result.details["latency"] = stats
 
     pending = sizes.flat_messages
     keyed_cost = claim_cost(url, pending, pending // 10)
     plain_cost = claim_cost(url, pending, 0)
-    result.figures.append(Figure(
-        "ordering", f"claim of 100 at {pending:,} pending over {pending // 10:,} keys", "ms",
-        keyed_cost["claim_ms_runs"], plain_cost["claim_ms_runs"], f"the claim at {pending:,} pending without keys",
-        note="for information"))
+    result.figures.append(
+        Figure(
+            "ordering",
+            f"claim of 100 at {pending:,} pending over {pending // 10:,} keys",
+            "ms",
+            keyed_cost["claim_ms_runs"],
+            plain_cost["claim_ms_runs"],
+            f"the claim at {pending:,} pending without keys",
+            note="for information",
+        )
+    )
     result.details["claim_plan_keyed"] = keyed_cost["plan"]
     result.details["claim_plan_unkeyed"] = plain_cost["plan"]
     return result

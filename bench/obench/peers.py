@@ -213,7 +213,8 @@ def pgqueuer_install(url: str, fresh: bool = False) -> bool:
         import pgqueuer  # noqa: F401
     except ImportError:
         raise RuntimeError(
-            "pgqueuer, the benchmark's peer, is not installed: .venv/bin/pip install -e '.[bench]'") from None
+            "pgqueuer, the benchmark's peer, is not installed: .venv/bin/pip install -e '.[bench]'"
+        ) from None
 
     async def install(queries: Any) -> bool:
         settings = queries.qbe.settings
@@ -402,7 +403,6 @@ def pgqueuer_drain_once(url: str, workers: int, count: int) -> float:
 
 
 # -- pgqueuer latency (commit -> handler), same pattern as obench.latency ------
-
 
 
 def _latency_key(n: int) -> str:

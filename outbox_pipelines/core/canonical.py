@@ -31,8 +31,9 @@ def _as_orjson_writes(value: Any) -> Any:
 
 # One encoder for every call: json.dumps with options builds a new one each time, which
 # costs as much as encoding a small payload.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                              default=_as_orjson_writes)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_as_orjson_writes
+)
 
 # json's output above is the canonical form: stored digests and same_payload answers depend on it.
 # orjson writes the same bytes 3x faster (sorting and the checks below included) except where its
@@ -41,8 +42,12 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 # digit before "e-", or "0.0000"; otherwise (and for any type orjson declines: subclasses of str,
 # int, dict and list, integers beyond 64 bits, lone surrogates, non-string keys) json writes it.
 # Strings, key order and every other number are written alike (test_canonical_orjson.py compares).
-_ORJSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-                   | orjson.OPT_PASSTHROUGH_SUBCLASS)
+_ORJSON_OPTIONS = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 _SMALL_FLOAT_EXPONENT = re.compile(rb"[0-9]e-")
 
 

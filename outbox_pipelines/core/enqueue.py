@@ -103,17 +103,28 @@ def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) 
         raise InvalidMessage("headers must be a JSON object")
     _check_available_at(message)
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
-    return NewRow(event_id, message.tenant_id, message.topic, payload_text, payload_sha,
-                  _headers_text(message.headers, max_bytes), message.available_at, message.ordering_key)
+    return NewRow(
+        event_id,
+        message.tenant_id,
+        message.topic,
+        payload_text,
+        payload_sha,
+        _headers_text(message.headers, max_bytes),
+        message.available_at,
+        message.ordering_key,
+    )
 
 
 def _plain_identifiers(values: Iterable[Any], max_length: int | None = None) -> bool:
     """Every value a non-empty string (of at most ``max_length`` characters), all printable: one pattern
     search over them all."""
     values = list(values)
-    return (all(type(value) is str for value in values) and min(map(len, values), default=1) > 0
-            and (max_length is None or max(map(len, values), default=0) <= max_length)
-            and unprintable_problem("".join(values)) is None)
+    return (
+        all(type(value) is str for value in values)
+        and min(map(len, values), default=1) > 0
+        and (max_length is None or max(map(len, values), default=0) <= max_length)
+        and unprintable_problem("".join(values)) is None
+    )
 
 
 def _plain_event_ids(messages: list[Any]) -> list[str] | None:
@@ -132,9 +143,13 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
         keys = {message.ordering_key for message in messages if message.ordering_key is not None}
     except TypeError:  # an unhashable topic, tenant or key
         return None
-    if (_plain_identifiers(event_ids, 255) and _plain_identifiers(topics)
-            and all(topic.strip() for topic in topics) and _plain_identifiers(tenants)
-            and _plain_identifiers(keys, 255)):
+    if (
+        _plain_identifiers(event_ids, 255)
+        and _plain_identifiers(topics)
+        and all(topic.strip() for topic in topics)
+        and _plain_identifiers(tenants)
+        and _plain_identifiers(keys, 255)
+    ):
         return event_ids
     return None
 
@@ -147,8 +162,16 @@ def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
         headers_text = _plain_headers_text(headers, max_bytes)
         data = plain_canonical_bytes(payload)
         if data is not None and headers_text is not None and len(data) <= max_bytes:
-            return NewRow(event_id, message.tenant_id, message.topic, data.decode("utf-8"), digest_bytes(data),
-                          headers_text, None, message.ordering_key)
+            return NewRow(
+                event_id,
+                message.tenant_id,
+                message.topic,
+                data.decode("utf-8"),
+                digest_bytes(data),
+                headers_text,
+                None,
+                message.ordering_key,
+            )
     return _prepare(message, max_bytes, event_id)
 
 
@@ -157,8 +180,9 @@ def _prepare_all(messages: list[Any], max_bytes: int, event_ids: list[str] | Non
     what ``_plain_event_ids`` found for the batch."""
     if event_ids is None:
         return [_prepare(message, max_bytes) for message in messages]
-    return [_prepare_checked(message, event_id, max_bytes)
-            for message, event_id in zip(messages, event_ids, strict=True)]
+    return [
+        _prepare_checked(message, event_id, max_bytes) for message, event_id in zip(messages, event_ids, strict=True)
+    ]
 
 
 def check_message(message: Message, max_payload_bytes: int | None = None) -> None:
@@ -175,8 +199,16 @@ def _invisible_conflict(event_id: str) -> InvalidMessage:
 
 def _columns(rows: list[NewRow]) -> dict[str, list[Any]]:
     """The prepared rows as the parallel lists ``OutboxTable.insert_many`` takes."""
-    names = ("event_ids", "tenant_ids", "topics", "payloads", "payload_shas", "headers", "available_ats",
-             "ordering_keys")
+    names = (
+        "event_ids",
+        "tenant_ids",
+        "topics",
+        "payloads",
+        "payload_shas",
+        "headers",
+        "available_ats",
+        "ordering_keys",
+    )
     return {name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
@@ -221,9 +253,13 @@ class Outbox:
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
         event_ids = _plain_event_ids(batch)
         # COPY writes no ordering key (a keyed message's place in its key is decided as it is inserted).
-        if (event_ids is not None and len(batch) >= COPY_MIN_ROWS and now is None
-                and len(set(event_ids)) == len(event_ids)
-                and all(message.ordering_key is None for message in batch)):
+        if (
+            event_ids is not None
+            and len(batch) >= COPY_MIN_ROWS
+            and now is None
+            and len(set(event_ids)) == len(event_ids)
+            and all(message.ordering_key is None for message in batch)
+        ):
             copied = self._copy(outbox_table, batch, event_ids)
             if copied is not None:
                 return copied
@@ -242,8 +278,9 @@ class Outbox:
         count_enqueued(self.table_name, [row.topic for row in unique if row.event_id in inserted])
         return [_result(row, first_of[row.event_id], inserted, existing) for row in prepared]
 
-    def _copy(self, outbox_table: OutboxTable, batch: list[Message],
-              event_ids: list[str]) -> list[EnqueueResult] | None:
+    def _copy(
+        self, outbox_table: OutboxTable, batch: list[Message], event_ids: list[str]
+    ) -> list[EnqueueResult] | None:
         """Write a batch of new messages, due now, with COPY; None, having written nothing, when an event_id
         is already stored (the INSERT that reports duplicates runs instead).
 
@@ -252,8 +289,9 @@ class Outbox:
         stops the COPY and undoes it: nothing is written, and the error is the one ``_prepare`` gives.
         """
         max_bytes = self.max_payload_bytes
-        rows = (_prepare_checked(message, event_id, max_bytes)
-                for message, event_id in zip(batch, event_ids, strict=True))
+        rows = (
+            _prepare_checked(message, event_id, max_bytes) for message, event_id in zip(batch, event_ids, strict=True)
+        )
         ids = outbox_table.copy_new(rows, len(batch))
         if ids is None:
             return None
@@ -261,8 +299,9 @@ class Outbox:
         return [EnqueueResult.new(row_id, event_id) for row_id, event_id in zip(ids, event_ids, strict=True)]
 
 
-def _result(row: NewRow, first: NewRow, inserted: dict[str, int],
-            existing: dict[str, tuple[int, str]]) -> EnqueueResult:
+def _result(
+    row: NewRow, first: NewRow, inserted: dict[str, int], existing: dict[str, tuple[int, str]]
+) -> EnqueueResult:
     """What ``enqueue_many`` reports for one prepared row; ``first`` is the row of its event_id written first."""
     event_id = row.event_id
     if event_id in inserted:

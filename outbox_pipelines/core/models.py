@@ -113,14 +113,27 @@ class Message:
     available_at: datetime | None = None
     ordering_key: str | None = None
 
-    def __init__(self, topic: str, payload: Any, event_id: str | None = None, tenant_id: str | None = None,
-                 headers: dict[str, Any] | None = None, available_at: datetime | None = None,
-                 ordering_key: str | None = None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        payload: Any,
+        event_id: str | None = None,
+        tenant_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+        available_at: datetime | None = None,
+        ordering_key: str | None = None,
+    ) -> None:
         # A frozen dataclass's own __init__ sets each field through object.__setattr__: 1 µs a
         # message, a twentieth of a batch enqueue's time. Enqueue checks the values, not this.
-        self.__dict__.update(topic=topic, payload=payload, event_id=event_id, tenant_id=tenant_id,
-                             headers={} if headers is None else headers, available_at=available_at,
-                             ordering_key=ordering_key)
+        self.__dict__.update(
+            topic=topic,
+            payload=payload,
+            event_id=event_id,
+            tenant_id=tenant_id,
+            headers={} if headers is None else headers,
+            available_at=available_at,
+            ordering_key=ordering_key,
+        )
 
 
 @dataclass(frozen=True)
@@ -168,8 +181,19 @@ class ClaimedMessage:
         0.84 µs for an update from zip). A row of the wrong length raises ValueError."""
         message = object.__new__(cls)
         d = message.__dict__
-        (d["id"], d["event_id"], d["tenant_id"], d["topic"], d["payload"], d["payload_sha"], d["headers"],
-         d["attempts"], d["created_at"], d["claimed_at"], d["ordering_key"]) = values
+        (
+            d["id"],
+            d["event_id"],
+            d["tenant_id"],
+            d["topic"],
+            d["payload"],
+            d["payload_sha"],
+            d["headers"],
+            d["attempts"],
+            d["created_at"],
+            d["claimed_at"],
+            d["ordering_key"],
+        ) = values
         return message
 
 

@@ -12,13 +12,15 @@ TABLE_NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # The engine's tables of the outbox's own schema (sql/migrations and core/storage/migrate.py): never an
 # outbox table, so never a name for one. With the wings' own (core/wings.py: shared_tables) this is the
 # one list; a test checks it against the tables a migrated database really has.
-RESERVED_TABLE_NAMES = frozenset({
-    "outbox_schema_migrations",    # core/storage/migrate.py: applied migrations
-    "outbox_audit",                # 0001: every state change
-    "outbox_relay_workers",        # 0004: relay heartbeats
-    "outbox_destination_health",   # 0004: destination failures and circuit
-    "outbox_alert_state",          # 0004: what each alert has told
-})
+RESERVED_TABLE_NAMES = frozenset(
+    {
+        "outbox_schema_migrations",  # core/storage/migrate.py: applied migrations
+        "outbox_audit",  # 0001: every state change
+        "outbox_relay_workers",  # 0004: relay heartbeats
+        "outbox_destination_health",  # 0004: destination failures and circuit
+        "outbox_alert_state",  # 0004: what each alert has told
+    }
+)
 # PostgreSQL's catalogs: pg_catalog is searched before any schema, so "pg_class" would
 # name the catalog, not a new table.
 RESERVED_TABLE_PREFIXES = ("pg_",)

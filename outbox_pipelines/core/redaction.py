@@ -20,7 +20,8 @@ _AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic)(?P<sep>\s+)(?P<value>
 _AUTH_HEADER = re.compile(r"(?i)(?P<key>\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'\r\n,}]+)")
 _KEY_PARAM = re.compile(
     r"(?i)(?P<key>\b(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token|token|secret|password|signature|sig)"
-    r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&\s,;}]{3,})")
+    r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&\s,;}]{3,})"
+)
 # Pieces shorter than this are not scrubbed on their own: they would mangle ordinary words.
 _MIN_SECRET = 4
 
@@ -104,8 +105,12 @@ class Scrubber:
         self._origin = url_origin(url)
         parts = urlsplit(url)
         self._urls = sorted({url, url.rstrip("/")}, key=len, reverse=True)
-        for piece in (parts.path + (f"?{parts.query}" if parts.query else ""), parts.query,
-                      *parts.path.split("/"), *re.split(r"[&=]", parts.query)):
+        for piece in (
+            parts.path + (f"?{parts.query}" if parts.query else ""),
+            parts.query,
+            *parts.path.split("/"),
+            *re.split(r"[&=]", parts.query),
+        ):
             if len(piece) >= 8 or (piece.count("/") > 1 and len(piece) > 1):
                 secrets.add(piece)  # a webhook's secret path, an ?apikey=...: long pieces, not "/orders"
         self._secrets = _longest_first(s for v in secrets for s in (v, unquote(v)) if len(s) >= _MIN_SECRET)

@@ -56,11 +56,16 @@ def _check_evaluations(
             if last_severity == verdict.severity and now - last_at < RECORD_EVERY_S:
                 continue
             recorded[key] = [verdict.severity, now]
-            events.append(dg.AssetCheckEvaluation(
-                asset_key=table_asset_key(table_name), check_name=verdict.name, passed=verdict.passed,
-                severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
-                description=verdict.description, metadata=check_metadata(verdict.metadata),
-            ))
+            events.append(
+                dg.AssetCheckEvaluation(
+                    asset_key=table_asset_key(table_name),
+                    check_name=verdict.name,
+                    passed=verdict.passed,
+                    severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
+                    description=verdict.description,
+                    metadata=check_metadata(verdict.metadata),
+                )
+            )
     return events
 
 
@@ -79,10 +84,12 @@ def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport)
     name="outbox_oncall",
     minimum_interval_seconds=SWEEP_EVERY_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(f"Every {SWEEP_EVERY_S} s: evaluates every table's checks (shown on the table assets), returns "
-                 "the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
-                 "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
-                 "(resolved)."),
+    description=(
+        f"Every {SWEEP_EVERY_S} s: evaluates every table's checks (shown on the table assets), returns "
+        "the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
+        "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
+        "(resolved)."
+    ),
 )
 def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SensorResult:
     report = outbox_db.sweep()
@@ -133,22 +140,32 @@ def _refused_launch_note(context: dg.RunFailureSensorContext, cause: RootCause) 
     """A refused launch: one note at severity info, no page; the run is tagged so the Runs page can filter."""
     run = context.dagster_run
     context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "refused_launch"})
-    announce_event(Condition(
-        key=f"run:{run.run_id}", severity="info", kind="run_failure", **run_link(run.run_id),
-        table=run.tags.get(TABLE_TAG), job=run.job_name, run_id=run.run_id,
-        summary=(f"{run.job_name}: launch refused (run {run.run_id[:8]}), nothing was changed: "
-                 f"{redact_text(cause.text)[:1000].rstrip('.')}. Whoever launched it can fix the field "
-                 f"{cause.refused_input} and launch again; nothing to do on call."),
-        figures={"refused_input": cause.refused_input},
-    ), now=datetime.now(UTC))
+    announce_event(
+        Condition(
+            key=f"run:{run.run_id}",
+            severity="info",
+            kind="run_failure",
+            **run_link(run.run_id),
+            table=run.tags.get(TABLE_TAG),
+            job=run.job_name,
+            run_id=run.run_id,
+            summary=(
+                f"{run.job_name}: launch refused (run {run.run_id[:8]}), nothing was changed: "
+                f"{redact_text(cause.text)[:1000].rstrip('.')}. Whoever launched it can fix the field "
+                f"{cause.refused_input} and launch again; nothing to do on call."
+            ),
+            figures={"refused_input": cause.refused_input},
+        ),
+        now=datetime.now(UTC),
+    )
     return dg.SkipReason(f"run {run.run_id[:8]} was a refused launch ({cause.refused_input}); told as a note")
 
 
 @dg.run_failure_sensor(
     name="outbox_run_failure_alert",
     description="Posts each failed run to OUTBOX_ALERT_WEBHOOK_URL with its root cause and a link (logged when "
-                "unset). Cancelled runs are not failures; relay deaths are told by outbox_oncall; a launch "
-                "refused for its input is a note (severity info), not an error.",
+    "unset). Cancelled runs are not failures; relay deaths are told by outbox_oncall; a launch "
+    "refused for its input is a note (severity info), not an error.",
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=10,
     monitor_all_code_locations=False,
@@ -175,17 +192,25 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
         context.instance.add_run_tags(run.run_id, {FAILURE_TAG: "interrupted_by_stop"})
         # Shown as what it was: the same status a Terminate or a stop mid-relay gives.
         context.instance.report_run_canceled(
-            run, message="Interrupted by a stop (outbox-pipelines dev or the daemon was stopping): not a failure.")
+            run, message="Interrupted by a stop (outbox-pipelines dev or the daemon was stopping): not a failure."
+        )
         return dg.SkipReason(f"run {run.run_id[:8]} was interrupted by a stop, not failed; marked canceled")
     table_name, group = run.tags.get(TABLE_TAG), run.tags.get(GROUP_TAG)
     stats = context.instance.get_run_stats(run.run_id)
     ran_s = (stats.end_time - stats.start_time) if stats.start_time and stats.end_time else None
     where = f" of {table_name}" if table_name else f" of relay group {group}" if group else ""
     condition = Condition(
-        key=f"run:{run.run_id}", severity="error", kind="run_failure", **run_link(run.run_id), table=table_name,
-        job=run.job_name, run_id=run.run_id,
-        summary=(f"{run.job_name}{where} failed (run {run.run_id[:8]}): {cause}. Open the run for its logs; "
-                 "scheduled jobs run again on their own."),
+        key=f"run:{run.run_id}",
+        severity="error",
+        kind="run_failure",
+        **run_link(run.run_id),
+        table=table_name,
+        job=run.job_name,
+        run_id=run.run_id,
+        summary=(
+            f"{run.job_name}{where} failed (run {run.run_id[:8]}): {cause}. Open the run for its logs; "
+            "scheduled jobs run again on their own."
+        ),
         figures={"ran_s": round(ran_s, 1) if ran_s is not None else None},
     )
     announce_event(condition, now=datetime.now(UTC))

@@ -22,25 +22,26 @@ from outbox_pipelines.defs.resources import OutboxDb
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
     "lag": "how late what waits now is: the p95 and the oldest of the messages due and not yet delivered "
-           "(pending and due, or in flight), each timed from when it became due (a retry when its backoff ends, a "
-           "replay at the replay); nothing waiting passes. The last hour's created → delivered lag is shown, not "
-           "graded",
+    "(pending and due, or in flight), each timed from when it became due (a retry when its backoff ends, a "
+    "replay at the replay); nothing waiting passes. The last hour's created → delivered lag is shown, not "
+    "graded",
     "dead_letters": "messages in dead, by error code (replay them with replay_dead_job, a dry run first)",
     "stuck": "messages in sending past their lease or the stuck threshold (requeue_stuck_job returns them)",
     "backlog": "messages waiting to be relayed",
     "destination": "how long the destination has failed every delivery (timeouts, 5xx, 401): an outage shows "
-                   "while it lasts",
+    "while it lasts",
     "relay": "whether the table can be relayed at all: its settings can be used, its relay group can build its "
-             "destination (handlers import) and run its relay",
-    "blocked_keys": "ordering keys held back by a dead message (ordering = \"park\"): which, since when, how many "
-                    "messages wait behind (replay the dead message, or skip it with skip_dead_job)",
+    "destination (handlers import) and run its relay",
+    "blocked_keys": 'ordering keys held back by a dead message (ordering = "park"): which, since when, how many '
+    "messages wait behind (replay the dead message, or skip it with skip_dead_job)",
 }
 
 
 def check_metadata(values: dict[str, Any]) -> dict[str, Any]:
     """Measurements as numbers (the UI plots them); thresholds as text (a flat line is noise)."""
-    measured = {k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s"))
-                and v is not None}
+    measured = {
+        k: v for k, v in values.items() if not k.endswith(("_warn", "_error", "_warn_s", "_error_s")) and v is not None
+    }
     limits = {k: dg.MetadataValue.text(str(v)) for k, v in values.items() if k not in measured}
     return {**metadata_values(measured), **limits}
 
@@ -65,9 +66,7 @@ def table_checks(table_name: str) -> dg.AssetChecksDefinition:
         # Each check can run on its own, so the Checks tab can execute one, or all (no materialization needed).
         can_subset=True,
     )
-    def _checks(
-        context: dg.AssetCheckExecutionContext, outbox_db: OutboxDb
-    ) -> Iterator[dg.AssetCheckResult]:
+    def _checks(context: dg.AssetCheckExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.AssetCheckResult]:
         selected = {check.name for check in context.selected_asset_check_keys}
         for verdict in outbox_db.table_verdicts(table_name):
             if verdict.name not in selected:

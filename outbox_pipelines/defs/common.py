@@ -45,8 +45,11 @@ class RefusedLaunch(dg.Failure, ValueError):
     """
 
     def __init__(self, field: str, message: str, **metadata: Any) -> None:
-        super().__init__(description=named(field, message),
-                         metadata={REFUSED_INPUT: field, "refused": REFUSED_NOTE, **metadata}, allow_retries=False)
+        super().__init__(
+            description=named(field, message),
+            metadata={REFUSED_INPUT: field, "refused": REFUSED_NOTE, **metadata},
+            allow_retries=False,
+        )
         self.field = field
 
 
@@ -78,8 +81,11 @@ def refused_config_text(dump: str) -> tuple[str, str] | None:
     if not re.search(r"\d+ validation errors? for ", dump):
         return None
     lines = dump.splitlines()
-    problems = [(field.group(1), reason.group(1)) for line, below in zip(lines, lines[1:], strict=False)
-                if (field := _DUMP_FIELD.match(line)) and (reason := _DUMP_REASON.match(below))]
+    problems = [
+        (field.group(1), reason.group(1))
+        for line, below in zip(lines, lines[1:], strict=False)
+        if (field := _DUMP_FIELD.match(line)) and (reason := _DUMP_REASON.match(below))
+    ]
     if not problems:
         return None
     return problems[0][0], "; ".join(named(field, reason) for field, reason in problems)
@@ -116,11 +122,13 @@ def resolve_table(settings: Settings, table_name: str, field: str = "table") -> 
         return settings.table(table_name)
     except (UnknownTable, InvalidTableName) as exc:
         # Led by the field: the settings' own message says "table" in a sentence, not as the launchpad's field.
-        raise RefusedLaunch(field, f"{field}: {str(exc).rstrip('.')}{_did_you_mean(table_name, settings)}",
-                            known_tables=known) from None
+        raise RefusedLaunch(
+            field, f"{field}: {str(exc).rstrip('.')}{_did_you_mean(table_name, settings)}", known_tables=known
+        ) from None
     except ConfigError as exc:
-        raise dg.Failure(description=str(exc), metadata={"table": table_name, "known_tables": known},
-                         allow_retries=False) from None
+        raise dg.Failure(
+            description=str(exc), metadata={"table": table_name, "known_tables": known}, allow_retries=False
+        ) from None
 
 
 def metadata_values(values: dict[str, Any]) -> dict[str, Any]:

@@ -33,11 +33,11 @@ from outbox_pipelines.defs.skip import skip_jobs
 VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"
 
 
-def declaration_of(tables: Mapping[str, Mapping[str, Any]], *, shipped_tables: bool = False,
-                   source: Path | None = None) -> Declaration:
+def declaration_of(
+    tables: Mapping[str, Mapping[str, Any]], *, shipped_tables: bool = False, source: Path | None = None
+) -> Declaration:
     """A project's tables as a declaration (no shipped demo tables unless asked): ConfigError on a bad shape."""
-    return Declaration.from_mapping({"tables": tables, "shipped_tables": shipped_tables}, source,
-                                    shipped_default=False)
+    return Declaration.from_mapping({"tables": tables, "shipped_tables": shipped_tables}, source, shipped_default=False)
 
 
 def load_project_settings(declaration: Declaration | None) -> Settings:
@@ -53,9 +53,13 @@ def load_project_settings(declaration: Declaration | None) -> Settings:
     return settings
 
 
-def outbox_definitions(tables: Mapping[str, Mapping[str, Any]] | None = None, *, shipped_tables: bool = False,
-                       source: Path | None = None,
-                       resources: Mapping[str, Any] | None = None) -> dg.Definitions:
+def outbox_definitions(
+    tables: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    shipped_tables: bool = False,
+    source: Path | None = None,
+    resources: Mapping[str, Any] | None = None,
+) -> dg.Definitions:
     """Assets, checks, relay jobs and their schedules and sensors, maintenance, replay, skip, backfill and
     alerts for the project's outbox tables.
 
@@ -64,16 +68,21 @@ def outbox_definitions(tables: Mapping[str, Mapping[str, Any]] | None = None, *,
     they are declared in messages. ``resources``: the deployment's (default ``outbox_resources``: the database
     from OUTBOX_DATABASE_URL or the embedded server)."""
     declaration = None if tables is None else declaration_of(tables, shipped_tables=shipped_tables, source=source)
-    return build_from_settings(load_project_settings(declaration),
-                               resources if resources is not None else outbox_resources(declaration=declaration))
+    return build_from_settings(
+        load_project_settings(declaration),
+        resources if resources is not None else outbox_resources(declaration=declaration),
+    )
 
 
 def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.Definitions:
     """The definitions of ``settings``' tables; every table has its asset, those whose section cannot be used
     included (an asset whose relay check says why), and only the usable ones a relay."""
     tables = sorted({*settings.tables, *(name for name in settings.broken if is_valid_table_name(name))})
-    groups = {group: relayed for group, names in settings.groups().items()
-              if (relayed := [t for t in names if settings.tables[t].relay_enabled])}
+    groups = {
+        group: relayed
+        for group, names in settings.groups().items()
+        if (relayed := [t for t in names if settings.tables[t].relay_enabled])
+    }
     jobs = relay_jobs(groups) + maintenance_jobs() + replay_jobs() + skip_jobs() + backfill_jobs()
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(tables)
@@ -82,7 +91,10 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
         asset_checks=checks,
         jobs=[*jobs, CHECKS_JOB],
         schedules=relay_schedules(groups, by_name) + maintenance_schedules(by_name),
-        sensors=[backlog_sensor(group, names, by_name[relay_group_job_name(group)])
-                 for group, names in sorted(groups.items())] + [oncall_sensor, run_failure_alert],
+        sensors=[
+            backlog_sensor(group, names, by_name[relay_group_job_name(group)])
+            for group, names in sorted(groups.items())
+        ]
+        + [oncall_sensor, run_failure_alert],
         resources=dict(resources),
     )

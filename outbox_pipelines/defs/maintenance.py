@@ -24,14 +24,22 @@ class TablesConfig(dg.Config):
 
 
 class CleanConfig(TablesConfig):
-    retention: str | None = Field(default=None, description=(
-        "Keep sent rows this long, e.g. 168h (default: each table's retention). Shorter than the table's "
-        "dedup horizon is refused unless force."))
+    retention: str | None = Field(
+        default=None,
+        description=(
+            "Keep sent rows this long, e.g. 168h (default: each table's retention). Shorter than the table's "
+            "dedup horizon is refused unless force."
+        ),
+    )
     audit_retention: str | None = Field(default=None, description="Also delete audit rows older than this.")
     tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
-    force: bool = Field(default=False, description=(
-        "Clean the tables whose cleaner is disabled too, and allow a retention shorter than the dedup horizon "
-        "(a repeated event_id or payload may then be delivered again)."))
+    force: bool = Field(
+        default=False,
+        description=(
+            "Clean the tables whose cleaner is disabled too, and allow a retention shorter than the dedup horizon "
+            "(a repeated event_id or payload may then be delivered again)."
+        ),
+    )
 
 
 def _chosen_tables(outbox_db: OutboxDb, table_names: list[str]) -> list[TableSettings]:
@@ -59,16 +67,15 @@ def requeue_stuck_op(
         report = requeue_stuck(outbox_db.database_url(), table, progress=context.log.info)
         changed[table.name] = {"requeued": report.requeued, "dead_no_attempts_left": report.dead}
         if report.requeued or report.dead:
-            context.log.warning(f"{table.name}: requeued {report.requeued}, dead {report.dead} "
-                                "(a relay died holding them)")
+            context.log.warning(
+                f"{table.name}: requeued {report.requeued}, dead {report.dead} (a relay died holding them)"
+            )
     total = sum(v["requeued"] for v in changed.values())
     yield dg.Output(None, metadata=metadata_values({"requeued_total": total, "by_table": changed}))
 
 
 @dg.op(out=dg.Out(dg.Nothing))
-def clean_op(
-    context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb
-) -> Iterator[dg.Output[None]]:
+def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
     """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.
 
     The run's rules (which tables, the retention check before any delete, force, the shared tables) are the
@@ -78,8 +85,15 @@ def clean_op(
     retention = _duration(config.retention, "retention")
     audit_retention = _duration(config.audit_retention, "audit_retention")
     try:
-        report = clean_tables(outbox_db.database_url, tables, retention_s=retention, audit_retention_s=audit_retention,
-                              force=config.force, tenant_id=config.tenant_id, progress=context.log.info)
+        report = clean_tables(
+            outbox_db.database_url,
+            tables,
+            retention_s=retention,
+            audit_retention_s=audit_retention,
+            force=config.force,
+            tenant_id=config.tenant_id,
+            progress=context.log.info,
+        )
     except RetentionTooShort as exc:
         if retention is None:  # each table's own retention: the settings are wrong, not this launch
             raise
@@ -96,9 +110,18 @@ def clean_op(
     changed = report.deleted_sent_by_table
     ledger = expired.get(LEDGER, 0)
     context.log.info(f"deleted sent rows {changed}, expired rows {expired}, audit rows {audit}")
-    yield dg.Output(None, metadata=metadata_values(
-        {"deleted_sent_by_table": changed, "deleted_sent_total": report.deleted_sent_total,
-         "deleted_expired_by_table": expired, "deleted_ledger": ledger, "deleted_audit": audit}))
+    yield dg.Output(
+        None,
+        metadata=metadata_values(
+            {
+                "deleted_sent_by_table": changed,
+                "deleted_sent_total": report.deleted_sent_total,
+                "deleted_expired_by_table": expired,
+                "deleted_ledger": ledger,
+                "deleted_audit": audit,
+            }
+        ),
+    )
 
 
 class PruneConfig(dg.Config):
@@ -127,18 +150,27 @@ def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) ->
 
 
 def maintenance_jobs() -> list[dg.JobDefinition]:
-    @dg.job(description="Requeue stuck rows of every table (or config.tables).", executor_def=dg.in_process_executor,
-            tags=MAINTENANCE_TAGS)
+    @dg.job(
+        description="Requeue stuck rows of every table (or config.tables).",
+        executor_def=dg.in_process_executor,
+        tags=MAINTENANCE_TAGS,
+    )
     def requeue_stuck_job() -> None:
         requeue_stuck_op()
 
-    @dg.job(description="Clean old sent rows and expired ledger rows.", executor_def=dg.in_process_executor,
-            tags=MAINTENANCE_TAGS)
+    @dg.job(
+        description="Clean old sent rows and expired ledger rows.",
+        executor_def=dg.in_process_executor,
+        tags=MAINTENANCE_TAGS,
+    )
     def clean_job() -> None:
         clean_op()
 
-    @dg.job(description="Prune Dagster's own run history older than keep_days.", executor_def=dg.in_process_executor,
-            tags=MAINTENANCE_TAGS)
+    @dg.job(
+        description="Prune Dagster's own run history older than keep_days.",
+        executor_def=dg.in_process_executor,
+        tags=MAINTENANCE_TAGS,
+    )
     def prune_run_history_job() -> None:
         prune_run_history_op()
 

@@ -36,8 +36,10 @@ def run_minutes() -> int:
     if not raw:
         return DEFAULT_RUN_MINUTES
     if not raw.isdigit() or int(raw) not in RUN_MINUTE_CHOICES:
-        raise ConfigError(f"{RUN_MINUTES_ENV}={raw!r}: use one of {', '.join(map(str, RUN_MINUTE_CHOICES))} "
-                          "(minutes between relay runs; each run relays that long plus a one-minute overlap)")
+        raise ConfigError(
+            f"{RUN_MINUTES_ENV}={raw!r}: use one of {', '.join(map(str, RUN_MINUTE_CHOICES))} "
+            "(minutes between relay runs; each run relays that long plus a one-minute overlap)"
+        )
     return int(raw)
 
 
@@ -49,7 +51,8 @@ class RelayRunConfig(dg.Config):
     table: str = Field(default=ORDERS_TABLE, description="The outbox table to relay (see outbox.toml).")
     max_seconds: float = Field(
         default=default_run_seconds(),
-        description="Stop claiming after this many seconds; the batch in flight is settled first.")
+        description="Stop claiming after this many seconds; the batch in flight is settled first.",
+    )
     max_entries: int | None = Field(default=None, description="Stop after claiming this many messages.")
     once: bool = Field(default=False, description="Drain what is ready now, then end the run.")
 
@@ -98,8 +101,9 @@ class Stoppable(Protocol):
     def request_stop(self) -> None: ...
 
 
-def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[Stoppable], None]], T],
-                     stopped: Callable[[T], list[str]]) -> T:
+def _relay_in_thread(
+    context: dg.OpExecutionContext, start: Callable[[Callable[[Stoppable], None]], T], stopped: Callable[[T], list[str]]
+) -> T:
     """Run a relay (one table's, or a group's) on a thread of its own; the op's thread only waits.
 
     Dagster delivers "Terminate" (and a clean stop of `outbox-pipelines dev`) as an interrupt
@@ -145,8 +149,10 @@ def _relay_in_thread(context: dg.OpExecutionContext, start: Callable[[Callable[[
 
 
 def _stopped_table(report: RelayReport) -> list[str]:
-    return [f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, dead {report.dead} "
-            f"in {report.seconds:.1f}s; nothing left in sending"]
+    return [
+        f"{report.table}: stopped cleanly; sent {report.sent}, retried {report.retried}, dead {report.dead} "
+        f"in {report.seconds:.1f}s; nothing left in sending"
+    ]
 
 
 @dg.op(
@@ -162,32 +168,36 @@ def relay_table(
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     if not table.relay_enabled:
-        context.log.warning(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); "
-                            "nothing done")
+        context.log.warning(f"relay is disabled for {table.name} (OUTBOX_RELAY_ENABLED / relay_enabled); nothing done")
         context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: "disabled"})
         yield dg.Output(None, metadata={"table": table.name, "relay_enabled": False})
         return
     context.instance.add_run_tags(context.run_id, {TABLE_TAG: table.name})  # the Runs page filters by it
     destination = outbox_destinations.for_table(table, settings)
-    context.log.info(f"relaying {table.name} → {display_name(destination.name)} for up to "
-                     f"{config.max_seconds:.0f}s ({table.mode})")
+    context.log.info(
+        f"relaying {table.name} → {display_name(destination.name)} for up to {config.max_seconds:.0f}s ({table.mode})"
+    )
     if table.delivers_nowhere:
         context.log.warning(table.delivers_nowhere)
     try:
-        report = _relay_in_thread(context, lambda started: run_table_relay(
-            outbox_db.database_url(),
-            settings,
-            table.name,
-            max_seconds=config.max_seconds,
-            max_entries=config.max_entries,
-            once=config.once,
-            destination=destination,
-            worker_id=f"dagster:{context.run_id[:8]}:{os.getpid()}",
-            run_id=context.run_id,
-            job=context.job_name,
-            relay_started=started,
-            progress=lambda r: context.log.info(f"{r.table}: {r.progress_line()}"),
-        ), _stopped_table)
+        report = _relay_in_thread(
+            context,
+            lambda started: run_table_relay(
+                outbox_db.database_url(),
+                settings,
+                table.name,
+                max_seconds=config.max_seconds,
+                max_entries=config.max_entries,
+                once=config.once,
+                destination=destination,
+                worker_id=f"dagster:{context.run_id[:8]}:{os.getpid()}",
+                run_id=context.run_id,
+                job=context.job_name,
+                relay_started=started,
+                progress=lambda r: context.log.info(f"{r.table}: {r.progress_line()}"),
+            ),
+            _stopped_table,
+        )
     finally:
         destination.close()
     context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
@@ -198,7 +208,8 @@ def relay_table(
         context.log.warning(
             f"{table.name}: nothing was delivered: the destination failed "
             f"({values['destination_failures']}); {report.retried} messages wait and retry with backoff. "
-            "The destination check on the table's asset says how long it has been failing.")
+            "The destination check on the table's asset says how long it has been failing."
+        )
     context.log.info(
         f"{table.name}: {report.outcome}; sent {report.sent}, retried {report.retried}, dead {report.dead}, "
         f"conflicts {report.conflicts}, dedup hits {report.dedup_hits} in {report.seconds:.1f}s; "
@@ -233,8 +244,8 @@ def hosted_tag(table_name: str) -> str:
 class GroupRunConfig(dg.Config):
     group: str = Field(default=DEFAULT_GROUP, description="The relay group (outbox.toml's group key) to relay.")
     max_seconds: float = Field(
-        default=default_run_seconds(),
-        description="Relay this long; every table's batch in flight is settled first.")
+        default=default_run_seconds(), description="Relay this long; every table's batch in flight is settled first."
+    )
     once: bool = Field(default=False, description="Drain what each table has ready now, then end the run.")
 
 
@@ -254,75 +265,122 @@ class _Observer:
         for table_name, table_report in report.tables.items():
             totals = table_report.as_dict()
             before = self.seen.get(table_name, {})
-            delta = {k: totals[k] - before.get(k, 0) for k in ("claimed", "sent", "retried", "dead", "conflicts",
-                                                                "dedup_hits", "rate_limited")}
+            delta = {
+                k: totals[k] - before.get(k, 0)
+                for k in ("claimed", "sent", "retried", "dead", "conflicts", "dedup_hits", "rate_limited")
+            }
             problem = report.problems.get(table_name)
             if not any(delta.values()) and not problem:
                 continue
             self.seen[table_name] = totals
-            values = {"group": self.group, "window_s": round(window, 1), **delta, "outcome": table_report.outcome,
-                      "destination_failures": by_code(table_report.destination_failures) or None,
-                      "dead_by_code": by_code(table_report.dead_by_code) or None, "circuit": table_report.circuit,
-                      "problem": problem, **table_report.lag.percentiles()}
-            self.context.log_event(dg.AssetObservation(asset_key=table_asset_key(table_name),
-                                                       metadata=metadata_values(values)))
+            values = {
+                "group": self.group,
+                "window_s": round(window, 1),
+                **delta,
+                "outcome": table_report.outcome,
+                "destination_failures": by_code(table_report.destination_failures) or None,
+                "dead_by_code": by_code(table_report.dead_by_code) or None,
+                "circuit": table_report.circuit,
+                "problem": problem,
+                **table_report.lag.percentiles(),
+            }
+            self.context.log_event(
+                dg.AssetObservation(asset_key=table_asset_key(table_name), metadata=metadata_values(values))
+            )
 
 
 def _group_progress(context: dg.OpExecutionContext, observer: _Observer) -> Callable[[GroupRelay], None]:
     def progress(group: GroupRelay) -> None:
         report = group.report()
         active = [name for name, worker in group.workers.items() if worker.active]
-        context.log.info(f"group {report.group}: {len(active)} of {len(group.workers)} tables active, sent "
-                         f"{report.sent} so far" + (f"; cannot relay: {', '.join(sorted(report.problems))}"
-                                                    if report.problems else ""))
+        context.log.info(
+            f"group {report.group}: {len(active)} of {len(group.workers)} tables active, sent "
+            f"{report.sent} so far"
+            + (f"; cannot relay: {', '.join(sorted(report.problems))}" if report.problems else "")
+        )
         observer.observe(report)
 
     return progress
 
 
 def _stopped_group(report: GroupReport) -> list[str]:
-    return [f"{name}: stopped cleanly; sent {r.sent}, retried {r.retried}, dead {r.dead}; nothing left in sending"
-            for name, r in report.tables.items() if r.claimed]
+    return [
+        f"{name}: stopped cleanly; sent {r.sent}, retried {r.retried}, dead {r.dead}; nothing left in sending"
+        for name, r in report.tables.items()
+        if r.claimed
+    ]
 
 
 @dg.op(
     description="Relay every table of a relay group, each on a worker of its own, until the run's time budget.",
     out=dg.Out(dg.Nothing),
 )
-def relay_group(context: dg.OpExecutionContext, config: GroupRunConfig,
-                outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+def relay_group(
+    context: dg.OpExecutionContext, config: GroupRunConfig, outbox_db: OutboxDb
+) -> Iterator[dg.Output[None]]:
     settings = outbox_db.settings()
     if config.group not in settings.groups():  # a launch naming a group that has no table: the launcher's typo
-        raise RefusedLaunch("group", f"group: no relay group {config.group!r}; groups: "
-                            f"{', '.join(sorted(settings.groups())) or 'none'} (a table joins one with "
-                            "group = \"NAME\" in its section; the default group is 'default')")
+        raise RefusedLaunch(
+            "group",
+            f"group: no relay group {config.group!r}; groups: "
+            f"{', '.join(sorted(settings.groups())) or 'none'} (a table joins one with "
+            "group = \"NAME\" in its section; the default group is 'default')",
+        )
     observer = _Observer(context, config.group)
-    context.log.info(f"relaying group {config.group} for up to {config.max_seconds:.0f}s: "
-                     f"{', '.join(settings.groups().get(config.group, [])) or 'no table'}")
+    context.log.info(
+        f"relaying group {config.group} for up to {config.max_seconds:.0f}s: "
+        f"{', '.join(settings.groups().get(config.group, [])) or 'no table'}"
+    )
     for name in sorted(settings.broken):
         context.log.warning(f"left out: {settings.broken[name]}")
     try:
-        report = _relay_in_thread(context, lambda started: run_group_relay(
-            outbox_db.database_url(), settings, config.group, max_seconds=config.max_seconds, once=config.once,
-            worker_prefix=f"dagster:{context.run_id[:8]}:{os.getpid()}", run_id=context.run_id, job=context.job_name,
-            group_started=started, progress=_group_progress(context, observer),
-        ), _stopped_group)
+        report = _relay_in_thread(
+            context,
+            lambda started: run_group_relay(
+                outbox_db.database_url(),
+                settings,
+                config.group,
+                max_seconds=config.max_seconds,
+                once=config.once,
+                worker_prefix=f"dagster:{context.run_id[:8]}:{os.getpid()}",
+                run_id=context.run_id,
+                job=context.job_name,
+                group_started=started,
+                progress=_group_progress(context, observer),
+            ),
+            _stopped_group,
+        )
     except ConfigError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
     observer.observe(report, final=True)
     context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
     for name, problem in sorted(report.problems.items()):
         context.log.warning(f"cannot relay {name}: {problem}")
-    summary = {name: {"sent": r.sent, "retried": r.retried, "dead": r.dead, "dedup_hits": r.dedup_hits,
-                      "outcome": r.outcome} for name, r in report.tables.items() if r.claimed}
-    context.log.info(f"group {config.group}: {report.outcome}; sent {report.sent} over {len(summary)} tables in "
-                     f"{report.seconds:.1f}s; stopped: {report.stopped_because}")
-    yield dg.Output(None, metadata=metadata_values({
-        "group": config.group, "outcome": report.outcome, "sent": report.sent, "tables_relayed": len(summary),
-        "tables": summary or None, "problems": report.problems or None, "left_out": dict(settings.broken) or None,
-        "duration_s": report.seconds,
-        "stopped_because": report.stopped_because,
-    }))
+    summary = {
+        name: {"sent": r.sent, "retried": r.retried, "dead": r.dead, "dedup_hits": r.dedup_hits, "outcome": r.outcome}
+        for name, r in report.tables.items()
+        if r.claimed
+    }
+    context.log.info(
+        f"group {config.group}: {report.outcome}; sent {report.sent} over {len(summary)} tables in "
+        f"{report.seconds:.1f}s; stopped: {report.stopped_because}"
+    )
+    yield dg.Output(
+        None,
+        metadata=metadata_values(
+            {
+                "group": config.group,
+                "outcome": report.outcome,
+                "sent": report.sent,
+                "tables_relayed": len(summary),
+                "tables": summary or None,
+                "problems": report.problems or None,
+                "left_out": dict(settings.broken) or None,
+                "duration_s": report.seconds,
+                "stopped_because": report.stopped_because,
+            }
+        ),
+    )
 
 
 @dg.graph(description="Relay every table of a relay group.")
@@ -342,7 +400,7 @@ def relay_jobs(groups: dict[str, list[str]]) -> list[dg.JobDefinition]:
         relay_group_graph.to_job(
             name=relay_group_job_name(group),
             description=f"Relay the tables of group {group} ({len(tables)}: {', '.join(tables)}) for up to "
-                        f"{seconds / 60:.0f} min, each on a worker of its own.",
+            f"{seconds / 60:.0f} min, each on a worker of its own.",
             config={"ops": {"relay_group": {"config": {"group": group, "max_seconds": seconds}}}},
             tags={GROUP_TAG: group, KIND_TAG: RELAY_KIND, **{hosted_tag(table): HOSTED for table in tables}},
             executor_def=dg.in_process_executor,

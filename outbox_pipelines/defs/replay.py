@@ -36,26 +36,46 @@ _TIME_HELP = (
 class ReplayConfig(LaunchConfig):
     """Which dead rows to move back to pending: the filters below, or all: true (the rule: see ``all``)."""
 
-    table: str = Field(default=ORDERS_TABLE, description=(
-        "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."))
-    ids: list[int] | None = Field(default=None, description=(
-        "Filter: only these row ids (the outbox table's id column), e.g. [101, 102]."))
-    topic: str | None = Field(default=None, description=(
-        "Filter: only rows of this topic (exact match), e.g. order.created."))
+    table: str = Field(
+        default=ORDERS_TABLE,
+        description=(
+            "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."
+        ),
+    )
+    ids: list[int] | None = Field(
+        default=None, description=("Filter: only these row ids (the outbox table's id column), e.g. [101, 102].")
+    )
+    topic: str | None = Field(
+        default=None, description=("Filter: only rows of this topic (exact match), e.g. order.created.")
+    )
     tenant_id: str | None = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
-    error_code: str | None = Field(default=None, description=(
-        "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
-        "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code). An unknown code is refused with the list of known ones."))
+    error_code: str | None = Field(
+        default=None,
+        description=(
+            "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
+            "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code). An unknown code is refused with the list of known ones."
+        ),
+    )
     since: str | None = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
     until: str | None = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
-    all: bool = Field(default=False, description=(
-        f"Set true to replay every dead row of the table. The rule, the CLI's too: {NEEDS_A_FILTER}"))
-    dry_run: bool = Field(default=True, description=(
-        "true (the default): only list what would be replayed, change nothing. Set false to replay. "
-        "The run is tagged outbox/dry_run=true or false."))
-    force: bool = Field(default=False, description=(
-        "Also replay rows that died of BAD_REQUEST (invalid input: they will likely fail the same way). "
-        "Without it they are listed as refused."))
+    all: bool = Field(
+        default=False,
+        description=(f"Set true to replay every dead row of the table. The rule, the CLI's too: {NEEDS_A_FILTER}"),
+    )
+    dry_run: bool = Field(
+        default=True,
+        description=(
+            "true (the default): only list what would be replayed, change nothing. Set false to replay. "
+            "The run is tagged outbox/dry_run=true or false."
+        ),
+    )
+    force: bool = Field(
+        default=False,
+        description=(
+            "Also replay rows that died of BAD_REQUEST (invalid input: they will likely fail the same way). "
+            "Without it they are listed as refused."
+        ),
+    )
 
     @field_validator("since", "until")
     @classmethod
@@ -120,20 +140,36 @@ def replay_dead_op(
     table = resolve_table(settings, config.table)
     context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true" if config.dry_run else "false"})
     try:
-        report = replay_dead(outbox_db.database_url(), table.name, selection, dry_run=config.dry_run,
-                             force=config.force, allow_all=config.all, actor=f"dagster:{context.run_id[:8]}")
+        report = replay_dead(
+            outbox_db.database_url(),
+            table.name,
+            selection,
+            dry_run=config.dry_run,
+            force=config.force,
+            allow_all=config.all,
+            actor=f"dagster:{context.run_id[:8]}",
+        )
     except ReplayRefused as exc:
         raise _refuse(exc, config) from None
     context.log.info(f"filter: {report.filter}")
     context.log.info(report.summary)
     if report.matched == 0:
         context.log.warning(f"{table.name}: no dead rows match {report.filter}; nothing to replay")
-    metadata = metadata_values({
-        "table": table.name, "dry_run": config.dry_run, "filter": report.filter, "matched": report.matched,
-        "would_replay": report.would_replay, "replayed": report.replayed, "refused_bad_request": report.refused,
-        "replayed_ids": report.replayed_ids[:1000], "refused_ids": report.refused_ids[:1000],
-        "by_error_code": report.by_error_code or None, "summary": report.summary,
-    })
+    metadata = metadata_values(
+        {
+            "table": table.name,
+            "dry_run": config.dry_run,
+            "filter": report.filter,
+            "matched": report.matched,
+            "would_replay": report.would_replay,
+            "replayed": report.replayed,
+            "refused_bad_request": report.refused,
+            "replayed_ids": report.replayed_ids[:1000],
+            "refused_ids": report.refused_ids[:1000],
+            "by_error_code": report.by_error_code or None,
+            "summary": report.summary,
+        }
+    )
     verb, count = ("Would replay", report.would_replay) if config.dry_run else ("Replayed", report.replayed)
     metadata["rows"] = dg.MetadataValue.md(
         f"**{verb} {count}** dead rows of `{table.name}` (filter: {report.filter})\n\n{report.rows_markdown()}"
@@ -147,11 +183,14 @@ def replay_dead_op(
 
 
 def replay_jobs() -> list[dg.JobDefinition]:
-    @dg.job(description=(
-        "Replay dead messages by filter (ids, topic, tenant, error code, died since/until) or all: true. "
-        "Dry run by default: look at the op's 'rows' metadata, then run again with dry_run: false. "
-        "BAD_REQUEST rows need force."),
-            executor_def=dg.in_process_executor)
+    @dg.job(
+        description=(
+            "Replay dead messages by filter (ids, topic, tenant, error code, died since/until) or all: true. "
+            "Dry run by default: look at the op's 'rows' metadata, then run again with dry_run: false. "
+            "BAD_REQUEST rows need force."
+        ),
+        executor_def=dg.in_process_executor,
+    )
     def replay_dead_job() -> None:
         replay_dead_op()
 

@@ -36,8 +36,9 @@ class OutboxDatabase:
     hold a session advisory lock and LISTEN, which must not go back to a pool.
     """
 
-    def __init__(self, url: str | None = None, config_path: str | None = None,
-                 declaration: Declaration | None = None) -> None:
+    def __init__(
+        self, url: str | None = None, config_path: str | None = None, declaration: Declaration | None = None
+    ) -> None:
         self.url = url
         self.config_path = config_path
         self.declaration = declaration
@@ -77,8 +78,14 @@ class OutboxDatabase:
         with self.engine().connect() as conn:
             raw = driver_connection(conn)
             existing = set(SharedTables(raw).outbox_table_names())
-            return ready_tables(raw, {name: settings.tables[name].paused_topics for name in table_names
-                                      if name in existing and name in settings.tables})
+            return ready_tables(
+                raw,
+                {
+                    name: settings.tables[name].paused_topics
+                    for name in table_names
+                    if name in existing and name in settings.tables
+                },
+            )
 
     def sweep(self) -> SweepReport:
         """The on-call sweep over every configured table (core.oncall.sweep)."""
@@ -89,8 +96,9 @@ class OutboxDatabase:
         return relays_died_with_run(self.database_url(), self.settings(), run_id, links=DagsterLinks())
 
     def settings(self) -> Settings:
-        return load_settings_or_problem(path=Path(self.config_path) if self.config_path else None,
-                                        declaration=self.declaration)
+        return load_settings_or_problem(
+            path=Path(self.config_path) if self.config_path else None, declaration=self.declaration
+        )
 
     def close(self) -> None:
         if self._engine is not None:
@@ -111,16 +119,20 @@ OutboxDb = dg.ResourceParam[OutboxDatabase]
 Destinations = dg.ResourceParam[OutboxDestinations]
 
 
-def outbox_resources(url: str | None = None, config_path: str | None = None,
-                     declaration: Declaration | None = None) -> dict[str, dg.ResourceDefinition]:
+def outbox_resources(
+    url: str | None = None, config_path: str | None = None, declaration: Declaration | None = None
+) -> dict[str, dg.ResourceDefinition]:
     """The resources of the outbox's definitions: ``outbox_db`` and ``outbox_destinations``.
 
     Each has an empty config schema, so a run config that tries to set anything on them is refused
     ("unexpected config entry") instead of redirecting messages or credentials.
     """
 
-    @dg.resource(config_schema={}, description="The outbox's PostgreSQL and table settings (set by the "
-                 "deployment: OUTBOX_DATABASE_URL, OUTBOX_CONFIG; not configurable at launch).")
+    @dg.resource(
+        config_schema={},
+        description="The outbox's PostgreSQL and table settings (set by the "
+        "deployment: OUTBOX_DATABASE_URL, OUTBOX_CONFIG; not configurable at launch).",
+    )
     def outbox_db(_: dg.InitResourceContext) -> Iterator[OutboxDatabase]:
         database = OutboxDatabase(url=url, config_path=config_path, declaration=declaration)
         try:
@@ -128,8 +140,9 @@ def outbox_resources(url: str | None = None, config_path: str | None = None,
         finally:
             database.close()
 
-    @dg.resource(config_schema={}, description="Each table's destination, from its settings (not configurable "
-                 "at launch).")
+    @dg.resource(
+        config_schema={}, description="Each table's destination, from its settings (not configurable at launch)."
+    )
     def outbox_destinations(_: dg.InitResourceContext) -> OutboxDestinations:
         return OutboxDestinations()
 

@@ -21,12 +21,15 @@ class SkipConfig(LaunchConfig):
     """Which parked dead messages to pass over: their ids, or every one of an ordering key."""
 
     table: str = Field(description="Outbox table, e.g. outbox_events (a table from the settings).")
-    ids: list[int] | None = Field(default=None, description=(
-        "The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them."))
+    ids: list[int] | None = Field(
+        default=None,
+        description=("The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them."),
+    )
     ordering_key: str | None = Field(default=None, description="Every parked dead message of this ordering key.")
     reason: str = Field(default="skipped by an operator", description="Why: kept in the audit row (outbox_skip).")
-    dry_run: bool = Field(default=True, description=(
-        "true (the default): only list what would be passed over. Set false to do it."))
+    dry_run: bool = Field(
+        default=True, description=("true (the default): only list what would be passed over. Set false to do it.")
+    )
 
     @field_validator("ids")
     @classmethod
@@ -35,15 +38,26 @@ class SkipConfig(LaunchConfig):
         return [check_row_id(row_id, "ids") for row_id in value] if value else value
 
 
-@dg.op(description=(
-    "Pass over parked dead messages: they stay dead (replayable, audited as outbox_skip) and the later "
-    "messages of their keys go on in order without them."), out=dg.Out(dg.Nothing))
+@dg.op(
+    description=(
+        "Pass over parked dead messages: they stay dead (replayable, audited as outbox_skip) and the later "
+        "messages of their keys go on in order without them."
+    ),
+    out=dg.Out(dg.Nothing),
+)
 def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
     table = resolve_table(outbox_db.settings(), config.table)
     context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true" if config.dry_run else "false"})
     try:
-        report = skip_dead_heads(outbox_db.database_url(), table, ids=config.ids, ordering_key=config.ordering_key,
-                                 dry_run=config.dry_run, worker=f"dagster:{context.run_id[:8]}", reason=config.reason)
+        report = skip_dead_heads(
+            outbox_db.database_url(),
+            table,
+            ids=config.ids,
+            ordering_key=config.ordering_key,
+            dry_run=config.dry_run,
+            worker=f"dagster:{context.run_id[:8]}",
+            reason=config.reason,
+        )
     except ConfigError as exc:
         # The core's "name the messages" rule raises a plain ConfigError; its subclasses (a database URL that
         # cannot be parsed) are the deployment's, and stay real failures.
@@ -51,18 +65,31 @@ def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: 
             raise
         raise RefusedLaunch("ids", str(exc), table=table.name) from None
     context.log.info(report.summary)
-    yield dg.Output(None, metadata=metadata_values({
-        "table": table.name, "dry_run": config.dry_run, "matched": len(report.matched), "skipped": report.skipped,
-        "keys": ", ".join(report.keys) or None, "ids": [row_id for row_id, _, _ in report.matched][:1000],
-        "summary": report.summary,
-    }))
+    yield dg.Output(
+        None,
+        metadata=metadata_values(
+            {
+                "table": table.name,
+                "dry_run": config.dry_run,
+                "matched": len(report.matched),
+                "skipped": report.skipped,
+                "keys": ", ".join(report.keys) or None,
+                "ids": [row_id for row_id, _, _ in report.matched][:1000],
+                "summary": report.summary,
+            }
+        ),
+    )
 
 
 def skip_jobs() -> list[dg.JobDefinition]:
-    @dg.job(description=(
-        "Pass over dead messages that block their ordering keys (by ids or ordering_key), so the rest of each key "
-        "goes on. Dry run by default. To keep the key's order instead, fix the cause and replay the message "
-        "(replay_dead_job)."), executor_def=dg.in_process_executor)
+    @dg.job(
+        description=(
+            "Pass over dead messages that block their ordering keys (by ids or ordering_key), so the rest of each key "
+            "goes on. Dry run by default. To keep the key's order instead, fix the cause and replay the message "
+            "(replay_dead_job)."
+        ),
+        executor_def=dg.in_process_executor,
+    )
     def skip_dead_job() -> None:
         skip_dead_op()
 

@@ -20,6 +20,11 @@ ORDERS_TABLE = "outbox_orders"
 # The shipped orders table's defaults (a config file's [tables.outbox_orders] overrides them): orders go to
 # the broker at OUTBOX_BROKER_URL (the paper broker when unset), results to the ledger.
 SHIPPED_TABLES: dict[str, dict[str, Any]] = {
-    ORDERS_TABLE: {"destination": "orders", "preset": "orders", "mode": "competing", "timeout": "5s",
-                   "url_from_env": "broker_url"},
+    ORDERS_TABLE: {
+        "destination": "orders",
+        "preset": "orders",
+        "mode": "competing",
+        "timeout": "5s",
+        "url_from_env": "broker_url",
+    },
 }

@@ -52,17 +52,31 @@ class OrderBroker(Destination):
     # after_settle records each order's outcome in the ledger: in the settle's transaction.
     writes_on_settle = True
 
-    def __init__(self, url: str | None = None, *, token: str | None = None, max_in_flight: int = 32,
-                 transport: str = "aiohttp-native", already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
-                 ) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        max_in_flight: int = 32,
+        transport: str = "aiohttp-native",
+        already_processed: AlreadyProcessed = STRICT_ALREADY_PROCESSED,
+    ) -> None:
         # Keyed by message id; deliveries run on the HTTP threads while the relay settles other batches.
         self._deliveries: dict[int, _Delivery] = {}
         self._lock = threading.Lock()
         self.http = (
-            HttpDestination(url, name=f"order broker {url_origin(url)}", max_in_flight=max_in_flight, token=token,
-                            transport=transport, build_request=self._request, on_result=self._answered,
-                            already_processed=already_processed)
-            if url else None
+            HttpDestination(
+                url,
+                name=f"order broker {url_origin(url)}",
+                max_in_flight=max_in_flight,
+                token=token,
+                transport=transport,
+                build_request=self._request,
+                on_result=self._answered,
+                already_processed=already_processed,
+            )
+            if url
+            else None
         )
         self.name = self.http.name if self.http else "paper order broker"
 
@@ -73,8 +87,11 @@ class OrderBroker(Destination):
     def _request(self, message: ClaimedMessage) -> HttpRequest:
         with self._lock:
             self._delivery(message).started = time.perf_counter()
-        return HttpRequest(body=broker_request(message.payload, message.event_id, message.trace_id),
-                           headers=trace_headers(message), timeout_s=broker_timeout_s(message.payload))
+        return HttpRequest(
+            body=broker_request(message.payload, message.event_id, message.trace_id),
+            headers=trace_headers(message),
+            timeout_s=broker_timeout_s(message.payload),
+        )
 
     def _answered(self, message: ClaimedMessage, outcome: Outcome, body: bytes, attempt: Attempt) -> Outcome:
         """HttpDestination's hook after each attempt: the latency, and the ExecResult or what went wrong."""
@@ -97,11 +114,14 @@ class OrderBroker(Destination):
         return Outcome.sent(ref=result["broker_order_id"] or outcome.ref, code=outcome.code)
 
     def _paper(self, message: ClaimedMessage) -> Outcome:
-        result = exec_result({
-            "broker_order_id": "paper-" + hashlib.sha256(message.event_id.encode()).hexdigest()[:16],
-            "accepted_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "status": "accepted",
-        }, message.event_id)
+        result = exec_result(
+            {
+                "broker_order_id": "paper-" + hashlib.sha256(message.event_id.encode()).hexdigest()[:16],
+                "accepted_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "status": "accepted",
+            },
+            message.event_id,
+        )
         with self._lock:
             self._delivery(message).result = result
         return Outcome.sent(ref=result["broker_order_id"])
@@ -149,5 +169,10 @@ def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _
 
 def build_order_broker(table: "TableSettings", settings: "Settings") -> OrderBroker:
     """The destination of a table whose settings say ``destination = "orders"`` (settings.WING_DESTINATIONS)."""
-    return OrderBroker(table.url, token=table.token, max_in_flight=table.requests_in_flight,
-                       transport=table.transport, already_processed=table.already_processed)
+    return OrderBroker(
+        table.url,
+        token=table.token,
+        max_in_flight=table.requests_in_flight,
+        transport=table.transport,
+        already_processed=table.already_processed,
+    )

@@ -17,8 +17,9 @@ INTERNAL_ERROR = "INTERNAL_ERROR"  # the order failed on this side, not at the b
 _HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
 
 
-def failure_code(error_code: str | None, error: str | None = None, http_status: int | None = None,
-                 failure: str | None = None) -> tuple[str, int]:
+def failure_code(
+    error_code: str | None, error: str | None = None, http_status: int | None = None, failure: str | None = None
+) -> tuple[str, int]:
     """Seed 001's (error code, HTTP status) of a dead order, from what its last attempt saw.
 
     ``http_status`` is the broker's answer (None: no answer); ``failure`` says why there was
@@ -34,8 +35,10 @@ def failure_code(error_code: str | None, error: str | None = None, http_status: 
     if failure == "refused" or (no_answer and error_code in (m.BAD_REQUEST, m.UNAUTHORIZED)):
         # Never sent: the request could not be built or the HTTP client refused it (seed 001: BROKER_REJECTED 400).
         return BROKER_REJECTED, 401 if error_code == m.UNAUTHORIZED else 400
-    if http_status in (408, 504) or failure == "timeout" or (
-        no_answer and error_code == m.NETWORK_TIMEOUT and "no answer within" in (error or "")
+    if (
+        http_status in (408, 504)
+        or failure == "timeout"
+        or (no_answer and error_code == m.NETWORK_TIMEOUT and "no answer within" in (error or ""))
     ):
         return BROKER_TIMEOUT, http_status or 504
     if http_status is not None and 500 <= http_status < 600:

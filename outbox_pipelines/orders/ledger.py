@@ -50,8 +50,14 @@ def _get(conn: psycopg.Connection, scope: str, key: str) -> dict[str, Any] | Non
 
 
 def accept_order(
-    conn: psycopg.Connection, scope: str, order: dict[str, Any], *, trace_id: str | None = None,
-    traceparent: str | None = None, table_name: str = ORDERS_TABLE, ttl_s: float = LEDGER_TTL_S,
+    conn: psycopg.Connection,
+    scope: str,
+    order: dict[str, Any],
+    *,
+    trace_id: str | None = None,
+    traceparent: str | None = None,
+    table_name: str = ORDERS_TABLE,
+    ttl_s: float = LEDGER_TTL_S,
     now: datetime | None = None,
 ) -> Acceptance:
     """Accepted the first time, a replay for an identical repeat, a conflict for a different body.
@@ -64,9 +70,18 @@ def accept_order(
     digest = request_digest(order)
     event_id = broker_key(scope, key)
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(shared_query("idempo_ledger_reserve"),
-                    {"key": key, "scope": scope, "request_digest": digest, "order_id": order.get("order_id"),
-                     "event_id": event_id, "ttl_s": ttl_s, "now": now})
+        cur.execute(
+            shared_query("idempo_ledger_reserve"),
+            {
+                "key": key,
+                "scope": scope,
+                "request_digest": digest,
+                "order_id": order.get("order_id"),
+                "event_id": event_id,
+                "ttl_s": ttl_s,
+                "now": now,
+            },
+        )
         reserved = cur.fetchone()
     if reserved is None:
         existing = _get(conn, scope, key)
@@ -116,17 +131,20 @@ def record_outcomes(conn: psycopg.Connection, outcomes: list[SettledOrder], *, n
     """
     if not outcomes:
         return
-    conn.execute(shared_query("idempo_ledger_settle"), {
-        "event_ids": [o.event_id for o in outcomes],
-        "statuses": [o.status for o in outcomes],
-        "results": [json.dumps(o.result) if o.result is not None else None for o in outcomes],
-        "result_digests": [o.result_digest for o in outcomes],
-        "reasons": [m.cap_error(o.reason) for o in outcomes],
-        "errors": [o.error if o.status == "failed" else None for o in outcomes],
-        "http_statuses": [o.http_status for o in outcomes],
-        "reason_codes": [o.reason_code for o in outcomes],
-        "now": now,
-    })
+    conn.execute(
+        shared_query("idempo_ledger_settle"),
+        {
+            "event_ids": [o.event_id for o in outcomes],
+            "statuses": [o.status for o in outcomes],
+            "results": [json.dumps(o.result) if o.result is not None else None for o in outcomes],
+            "result_digests": [o.result_digest for o in outcomes],
+            "reasons": [m.cap_error(o.reason) for o in outcomes],
+            "errors": [o.error if o.status == "failed" else None for o in outcomes],
+            "http_statuses": [o.http_status for o in outcomes],
+            "reason_codes": [o.reason_code for o in outcomes],
+            "now": now,
+        },
+    )
 
 
 def delete_expired(conn: psycopg.Connection, limit: int, now: datetime | None = None) -> int:

@@ -39,8 +39,12 @@ def broker_request(order: dict[str, Any], broker_key: str, trace_id: str | None)
         "qty": units,
         "limit_price": order.get("price"),
         "trace_id": trace_id or f"do-outbox-{broker_key}",
-        "meta": {"source": "DoLayer", "order_id": order.get("order_id"),
-                 "time_in_force": order.get("time_in_force", "IOC"), "tags": order.get("tags", [])},
+        "meta": {
+            "source": "DoLayer",
+            "order_id": order.get("order_id"),
+            "time_in_force": order.get("time_in_force", "IOC"),
+            "tags": order.get("tags", []),
+        },
     }
 
 

@@ -22,8 +22,18 @@ MAX_LOT = Decimal("100")
 MAX_PRICE = 1_000_000.0
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 ORDER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
-FIELDS = {"order_id", "instrument", "side", "qty", "price", "time_in_force", "tags", "idempotency_key",
-          "requested_at", "risk_constraints"}
+FIELDS = {
+    "order_id",
+    "instrument",
+    "side",
+    "qty",
+    "price",
+    "time_in_force",
+    "tags",
+    "idempotency_key",
+    "requested_at",
+    "risk_constraints",
+}
 REQUIRED = ("order_id", "instrument", "side", "qty", "idempotency_key", "requested_at")
 RISK_FIELDS = {"max_dd", "max_consecutive_loss", "max_spread"}
 MAX_TAGS, MAX_TAG_LENGTH = 16, 32
@@ -146,8 +156,10 @@ def _check_time_in_force(tif: Any, now: datetime) -> list[Violation]:
 
 
 def _check_tags(tags: Any, now: datetime) -> list[Violation]:
-    if isinstance(tags, list) and len(tags) <= MAX_TAGS and all(
-        isinstance(t, str) and 0 < len(t) <= MAX_TAG_LENGTH for t in tags
+    if (
+        isinstance(tags, list)
+        and len(tags) <= MAX_TAGS
+        and all(isinstance(t, str) and 0 < len(t) <= MAX_TAG_LENGTH for t in tags)
     ):
         return []
     return [Violation("tags", f"must be a list of at most {MAX_TAGS} strings of 1-{MAX_TAG_LENGTH} characters")]

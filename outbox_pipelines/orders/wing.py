@@ -29,15 +29,19 @@ LEDGER = "idempo_ledger"
 LEDGER_OUTCOME_COLUMNS = ("status", "result", "result_digest", "response", "http_status", "reason", "updated_at")
 _RECORD_ORDER_OUTCOMES = (OnColumns("UPDATE", LEDGER_OUTCOME_COLUMNS),)
 
-ORDER_API_ROLE = RoleSpec(ORDER_API, "the Order API (outbox-pipelines order-api)", (
-    # SELECT on the whole table: its /metrics reads the table's health as the reader does.
-    # INSERT of a message only (Outbox.enqueue): an order's delivery is the relay's to write.
-    Grant(ORDERS_TABLE, ("SELECT",), (OnColumns("INSERT", MESSAGE_COLUMNS),)),
-    Grant(LEDGER, ("SELECT", "INSERT")),
-    Grant("outbox_api_secret", ("SELECT", "INSERT")),
-    Grant("outbox_destination_health", ("SELECT",)),
-    Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the migrations as it starts
-))
+ORDER_API_ROLE = RoleSpec(
+    ORDER_API,
+    "the Order API (outbox-pipelines order-api)",
+    (
+        # SELECT on the whole table: its /metrics reads the table's health as the reader does.
+        # INSERT of a message only (Outbox.enqueue): an order's delivery is the relay's to write.
+        Grant(ORDERS_TABLE, ("SELECT",), (OnColumns("INSERT", MESSAGE_COLUMNS),)),
+        Grant(LEDGER, ("SELECT", "INSERT")),
+        Grant("outbox_api_secret", ("SELECT", "INSERT")),
+        Grant("outbox_destination_health", ("SELECT",)),
+        Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the migrations as it starts
+    ),
+)
 
 WING = Wing(
     name="orders",
@@ -46,8 +50,10 @@ WING = Wing(
     shipped_tables=SHIPPED_TABLES,
     retry_presets={"orders": RetryPolicy(base_s=2.0, max_s=256.0, max_attempts=8, jitter=0.1)},
     preset_attempts_from={"orders": "retry_max"},
-    shared_tables={LEDGER: "0001: the Order API's idempotency ledger",
-                   "outbox_api_secret": "0005: the Order API's server secret"},
+    shared_tables={
+        LEDGER: "0001: the Order API's idempotency ledger",
+        "outbox_api_secret": "0005: the Order API's server secret",
+    },
     roles=(ORDER_API_ROLE,),
     engine_role_grants={
         RELAY: (Grant(LEDGER, ("SELECT",), _RECORD_ORDER_OUTCOMES),),

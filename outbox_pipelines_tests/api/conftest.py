@@ -55,8 +55,11 @@ def serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
     # proxy_headers=False: the app alone decides whom to believe about X-Forwarded-For
     # (ApiSettings.trusted_proxies). uvicorn's default would rewrite the peer of any request from
     # 127.0.0.1 from a client-written X-Forwarded-For before the app sees it.
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on", proxy_headers=False))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on", proxy_headers=False
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"order-api-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -179,10 +182,12 @@ def post_order(client: httpx.Client, body: Any, key: str | None = "<body>", **he
     return client.post("/do/order", content=dumps(body), headers=sent)
 
 
-def post_raw(client: httpx.Client, content: bytes, key: str = "k-raw", content_type: str = "application/json",
-             **headers: str) -> httpx.Response:
-    return client.post("/do/order", content=content,
-                       headers={"Content-Type": content_type, "Idempotency-Key": key, **headers})
+def post_raw(
+    client: httpx.Client, content: bytes, key: str = "k-raw", content_type: str = "application/json", **headers: str
+) -> httpx.Response:
+    return client.post(
+        "/do/order", content=content, headers={"Content-Type": content_type, "Idempotency-Key": key, **headers}
+    )
 
 
 def ledger(conn: psycopg.Connection, where: str = "true") -> list[dict]:

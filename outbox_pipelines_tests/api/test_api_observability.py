@@ -64,8 +64,12 @@ def test_one_log_line_per_request_with_the_seed_fields_rejections_included(start
             (lambda: post_order(client, order(KEY, qty=0.5)), 409, "IDEMPOTENCY_CONFLICT", KEY),
             (lambda: post_order(client, order(KEY), key="other-key"), 422, "IDEMPOTENCY_MISMATCH", "other-key"),
             (lambda: post_order(client, order("k-bad", qty=-1)), 422, "VALIDATION_ERROR", "k-bad"),
-            (lambda: post_raw(client, b"qty=1", key="k-form", content_type="application/x-www-form-urlencoded"),
-             415, "UNSUPPORTED_MEDIA_TYPE", "k-form"),
+            (
+                lambda: post_raw(client, b"qty=1", key="k-form", content_type="application/x-www-form-urlencoded"),
+                415,
+                "UNSUPPORTED_MEDIA_TYPE",
+                "k-form",
+            ),
             (lambda: post_order(client, big), 413, "PAYLOAD_TOO_LARGE", KEY),
             (lambda: client.get(f"/do/order/{KEY}"), 200, "OK", KEY),
             (lambda: client.get("/do/order/k-unknown"), 404, "NOT_FOUND", "k-unknown"),
@@ -116,8 +120,13 @@ def test_no_order_field_and_no_token_reaches_any_log(start_api, conn, all_logs, 
         assert post_order(client, body).status_code == 200
         assert post_order(client, {**body, "tags": [MARKERS[3]]}).status_code == 409
         # Rejected for its content: the violations name fields and values in the answer, never in a log.
-        invalid = {**body, "idempotency_key": "k-invalid", "tags": [MARKERS[3] * 3], "qty": "lots",
-                   "risk_constraints": {"max_dd": MARKERS[4]}}
+        invalid = {
+            **body,
+            "idempotency_key": "k-invalid",
+            "tags": [MARKERS[3] * 3],
+            "qty": "lots",
+            "risk_constraints": {"max_dd": MARKERS[4]},
+        }
         assert post_order(client, invalid).status_code == 422
         assert post_order(client, {**body, "note": MARKERS[4] * 200}).status_code in (413, 422)
         assert post_raw(client, json.dumps(body).encode()[:-3], key=KEY).status_code == 400
@@ -156,8 +165,12 @@ def test_do_order_span_and_its_traceparent_in_the_outbox_headers(start_api, conn
         [span] = do_order_spans(exporter)
         assert span.kind == trace.SpanKind.SERVER and span.parent is None
         assert dict(span.attributes) == {
-            "http.request.method": "POST", "http.route": "/do/order", "http.response.status_code": 201,
-            "order.reason_code": "OK", "order.trace_id": f"{span.context.trace_id:032x}", "order.idempotency_key": KEY,
+            "http.request.method": "POST",
+            "http.route": "/do/order",
+            "http.response.status_code": 201,
+            "order.reason_code": "OK",
+            "order.trace_id": f"{span.context.trace_id:032x}",
+            "order.idempotency_key": KEY,
         }
         [row] = rows(conn, "outbox_orders")
         traceparent = row["headers"]["traceparent"]
@@ -172,8 +185,10 @@ def test_do_order_span_and_its_traceparent_in_the_outbox_headers(start_api, conn
         assert post_order(client, order(KEY, qty=0.5)).status_code == 409
         assert post_order(client, order("k-bad", side="HOLD")).status_code == 422
         replay, conflict, invalid = do_order_spans(exporter)
-        assert [(s.attributes["http.response.status_code"], s.attributes["order.reason_code"]) for s in
-                (replay, conflict, invalid)] == [(200, "OK"), (409, "IDEMPOTENCY_CONFLICT"), (422, "VALIDATION_ERROR")]
+        assert [
+            (s.attributes["http.response.status_code"], s.attributes["order.reason_code"])
+            for s in (replay, conflict, invalid)
+        ] == [(200, "OK"), (409, "IDEMPOTENCY_CONFLICT"), (422, "VALIDATION_ERROR")]
         assert rows(conn, "outbox_orders") == [row]  # the replay did not rewrite the stored traceparent
 
 

@@ -115,11 +115,16 @@ def test_keys_accepted_before_the_upgrade_still_replay_under_their_legacy_scope(
         assert post_order(client, order("k-after-upgrade")).status_code == 201
     scopes = {(e["idempotency_key"], e["scope"]) for e in ledger(conn)}
     secret = database_secret(conn)
-    assert scopes == {(KEY, legacy_scope(TOKEN)), (KEY, hmac_scope(secret, OTHER)),
-                      ("k-after-upgrade", hmac_scope(secret, TOKEN))}
+    assert scopes == {
+        (KEY, legacy_scope(TOKEN)),
+        (KEY, hmac_scope(secret, OTHER)),
+        ("k-after-upgrade", hmac_scope(secret, TOKEN)),
+    }
     assert [r["event_id"] for r in rows(conn, "outbox_orders")] == [
-        f"{legacy_scope(TOKEN)}:{KEY}", f"{hmac_scope(secret, OTHER)}:{KEY}",
-        f"{hmac_scope(secret, TOKEN)}:k-after-upgrade"]
+        f"{legacy_scope(TOKEN)}:{KEY}",
+        f"{hmac_scope(secret, OTHER)}:{KEY}",
+        f"{hmac_scope(secret, TOKEN)}:k-after-upgrade",
+    ]
 
 
 # -- failed authentications ------------------------------------------------------------------------
@@ -156,8 +161,9 @@ def test_300_wrong_tokens_get_429_after_the_first_ten_and_another_address_is_una
 
     # Another address (127.0.0.2, also loopback) with the right token is served as usual.
     transport = httpx.HTTPTransport(local_address="127.0.0.2")
-    with httpx.Client(base_url=api.url, transport=transport, trust_env=False, timeout=15,
-                      headers={"Authorization": f"Bearer {TOKEN}"}) as elsewhere:
+    with httpx.Client(
+        base_url=api.url, transport=transport, trust_env=False, timeout=15, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as elsewhere:
         assert post_order(elsewhere, order(KEY)).status_code == 201
         assert elsewhere.get(f"/do/order/{KEY}").status_code == 200
     assert [e["idempotency_key"] for e in ledger(conn)] == [KEY]
@@ -174,16 +180,28 @@ def test_failed_authentications_behind_a_trusted_proxy_count_per_forwarded_clien
 
 
 # -- open or not -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
-                                                ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
-                                                ("::", False), ("192.0.2.10", False), ("api.example.com", False)])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.4.5", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.10", False),
+        ("api.example.com", False),
+    ],
+)
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
 
 def test_without_tokens_a_non_loopback_address_is_refused_unless_anonymous_is_allowed():
-    with pytest.raises(ConfigError,
-                       match="refusing to serve the Order API on 0.0.0.0 without a token.*--allow-anonymous"):
+    with pytest.raises(
+        ConfigError, match="refusing to serve the Order API on 0.0.0.0 without a token.*--allow-anonymous"
+    ):
         check_exposure("0.0.0.0", has_tokens=False, allow_anonymous=False)
     assert "--allow-anonymous" in check_exposure("0.0.0.0", has_tokens=False, allow_anonymous=True)
     assert "open on loopback only" in check_exposure("127.0.0.1", has_tokens=False, allow_anonymous=False)
@@ -206,8 +224,15 @@ def test_serve_refuses_before_listening_and_warns_once_on_loopback(monkeypatch, 
 
 def test_the_cli_refuses_a_public_address_without_a_token_exit_2(cli_env):
     env = {k: v for k, v in cli_env.items() if k != "OUTBOX_API_TOKEN"}
-    result = subprocess.run([sys.executable, "-m", "outbox_pipelines.cli", "order-api", "--host", "0.0.0.0",
-                             "--port", "1"], env=env, capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox_pipelines.cli", "order-api", "--host", "0.0.0.0", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     out = result.stdout + result.stderr
     assert "without a token" in out and "--allow-anonymous" in out and "Traceback" not in out
@@ -250,9 +275,11 @@ def test_a_client_that_disconnects_mid_body_is_info_and_499_not_an_error(start_a
         host, port = api.url.removeprefix("http://").split(":")
         body = json.dumps(order(KEY)).encode()
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            sock.sendall(b"POST /do/order HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Idempotency-Key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                         + body[: len(body) // 2])
+            sock.sendall(
+                b"POST /do/order HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Idempotency-Key: {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body[: len(body) // 2]
+            )
             time.sleep(0.2)
         deadline = time.monotonic() + 5
         while sample("order_requests_total", status="499") == closed_before and time.monotonic() < deadline:
@@ -277,8 +304,11 @@ def test_the_default_api_settings_hide_tokens_and_urls_from_repr():
 
 
 def test_rate_and_body_limits_from_the_environment_must_be_whole_positive_numbers(monkeypatch):
-    for name, value in (("OUTBOX_API_RATE_PER_MINUTE", "-5"), ("OUTBOX_API_RATE_PER_MINUTE", "lots"),
-                        ("OUTBOX_API_MAX_BODY_BYTES", "0")):
+    for name, value in (
+        ("OUTBOX_API_RATE_PER_MINUTE", "-5"),
+        ("OUTBOX_API_RATE_PER_MINUTE", "lots"),
+        ("OUTBOX_API_MAX_BODY_BYTES", "0"),
+    ):
         monkeypatch.setenv(name, value)
         with pytest.raises(ConfigError, match=name):
             ApiSettings.from_env("postgresql:///x")

@@ -30,8 +30,10 @@ def echoing_gateway() -> Iterator[str]:
     async def handle(request: web.Request) -> web.Response:
         body = await request.json()
         status = 400 if body.get("idempotency_key", "").endswith("-bad") else 503
-        echoed = {"error": f"refused: Authorization: {request.headers.get('Authorization')}",
-                  "headers": dict(request.headers)}
+        echoed = {
+            "error": f"refused: Authorization: {request.headers.get('Authorization')}",
+            "headers": dict(request.headers),
+        }
         return web.Response(status=status, text=json.dumps(echoed), content_type="application/json")
 
     app = web.Application()
@@ -41,8 +43,9 @@ def echoing_gateway() -> Iterator[str]:
     server.stop()
 
 
-def test_an_echoed_token_reaches_no_row_no_caller_no_alert_and_no_status(api, client, conn, db_url, cli_env,
-                                                                       echoing_gateway, tmp_path):
+def test_an_echoed_token_reaches_no_row_no_caller_no_alert_and_no_status(
+    api, client, conn, db_url, cli_env, echoing_gateway, tmp_path
+):
     for key in ("K-ECHO-1-bad", "K-ECHO-2"):
         assert post_order(client, order(key)).status_code == 201
     env = {**cli_env, "OUTBOX_BROKER_URL": echoing_gateway, "OUTBOX_BROKER_TOKEN": TOKEN}

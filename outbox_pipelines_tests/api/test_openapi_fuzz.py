@@ -37,8 +37,9 @@ CHECKS = [
     response_headers_conformance,
     negative_data_rejection,
 ]
-FUZZ = settings(max_examples=100, deadline=None, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=100, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 # The document the live app serves (checked below), loaded at collection so that
 # schemathesis makes one test per operation.

@@ -46,7 +46,11 @@ def test_first_post_is_201_with_the_ledger_row_and_one_outbox_row_in_the_same_co
 
     [entry] = ledger(conn)
     assert (entry["idempotency_key"], entry["scope"], entry["status"], entry["http_status"]) == (
-        KEY, "", "accepted", 201)
+        KEY,
+        "",
+        "accepted",
+        201,
+    )
     assert entry["request_digest"] == ack["request_digest"] and entry["response"] == ack
     assert 47.9 * 3600 < (entry["expires_at"] - entry["created_at"]).total_seconds() <= 48 * 3600
 
@@ -96,8 +100,12 @@ def test_same_key_with_a_different_body_is_409_and_nothing_new_is_stored(client,
     assert post_order(client, order(KEY, qty=0.1)).status_code == 201
     before_ledger, before_rows = ledger(conn), rows(conn, "outbox_orders")
 
-    for changed in (order(KEY, qty=0.2), order(KEY, side="SELL"), order(KEY, time_in_force="GTC"),
-                    order(KEY, tags=["x"])):
+    for changed in (
+        order(KEY, qty=0.2),
+        order(KEY, side="SELL"),
+        order(KEY, time_in_force="GTC"),
+        order(KEY, tags=["x"]),
+    ):
         body = assert_error(post_order(client, changed), 409, "IDEMPOTENCY_CONFLICT")
         assert body["idempotency_key"] == KEY
 
@@ -109,8 +117,12 @@ def test_same_key_with_a_different_body_is_409_and_nothing_new_is_stored(client,
 # -- 422 -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("header_key", "why"),
-    [(None, "no header"), ("", "empty header"), ("other-key", "different key"),
-     (KEY.lower(), "keys are case-sensitive")],
+    [
+        (None, "no header"),
+        ("", "empty header"),
+        ("other-key", "different key"),
+        (KEY.lower(), "keys are case-sensitive"),
+    ],
 )
 def test_header_and_body_keys_must_match_422_idempotency_mismatch(client, conn, header_key, why):
     response = post_order(client, order(KEY), key=header_key)
@@ -147,8 +159,17 @@ def test_validation_error_lists_every_violation_at_once(client, conn):
     )
     found = violations(post_order(client, bad))
     assert set(found) == {
-        "instrument", "side", "qty", "price", "time_in_force", "requested_at", "tags", "colour",
-        "risk_constraints.max_dd", "risk_constraints.max_consecutive_loss", "risk_constraints.max_spread",
+        "instrument",
+        "side",
+        "qty",
+        "price",
+        "time_in_force",
+        "requested_at",
+        "tags",
+        "colour",
+        "risk_constraints.max_dd",
+        "risk_constraints.max_consecutive_loss",
+        "risk_constraints.max_spread",
         "risk_constraints.max_leverage",
     }
     assert found["colour"] == "unknown field" and found["risk_constraints.max_leverage"] == "unknown field"
@@ -222,8 +243,14 @@ def test_valid_variants_are_accepted(client, conn, fields):
 
 def test_the_seed_example_order_is_accepted(client, conn):
     seed_example = {
-        "order_id": "ord-20250824-0001", "instrument": "USDJPY", "side": "BUY", "qty": 0.10, "price": None,
-        "time_in_force": "IOC", "tags": ["pdca", "recheck"], "idempotency_key": "01JABCXYZ-ULID-5678",
+        "order_id": "ord-20250824-0001",
+        "instrument": "USDJPY",
+        "side": "BUY",
+        "qty": 0.10,
+        "price": None,
+        "time_in_force": "IOC",
+        "tags": ["pdca", "recheck"],
+        "idempotency_key": "01JABCXYZ-ULID-5678",
         "requested_at": "2025-08-24T00:00:00Z",
         "risk_constraints": {"max_dd": 0.1, "max_consecutive_loss": 3, "max_spread": 0.002},
     }
@@ -342,8 +369,9 @@ def test_a_body_over_the_limit_is_413_declared_or_streamed(start_api, conn):
                 yield b" " * 64
             yield json.dumps(order(KEY)).encode()
 
-        streamed = client.post("/do/order", content=chunks(),
-                               headers={"Content-Type": "application/json", "Idempotency-Key": KEY})
+        streamed = client.post(
+            "/do/order", content=chunks(), headers={"Content-Type": "application/json", "Idempotency-Key": KEY}
+        )
         assert "content-length" not in streamed.request.headers
         assert_error(streamed, 413, "PAYLOAD_TOO_LARGE")
         assert_nothing_stored(conn)
@@ -382,8 +410,21 @@ def test_json_with_a_charset_parameter_is_fine(client, conn):
         b'{"order_id": "\\udfff-x"}',
         b"{'single': 'quotes'}",
     ],
-    ids=["empty", "truncated", "unterminated", "invalid-utf8", "latin1", "nan", "inf", "-inf", "5000-digits",
-         "deep-nesting", "lone-high-surrogate", "lone-low-surrogate", "single-quotes"],
+    ids=[
+        "empty",
+        "truncated",
+        "unterminated",
+        "invalid-utf8",
+        "latin1",
+        "nan",
+        "inf",
+        "-inf",
+        "5000-digits",
+        "deep-nesting",
+        "lone-high-surrogate",
+        "lone-low-surrogate",
+        "single-quotes",
+    ],
 )
 def test_malformed_json_is_400_never_5xx(client, conn, content):
     assert_error(post_raw(client, content, "k"), 400, "MALFORMED_JSON")
@@ -398,8 +439,11 @@ def test_malformed_json_is_400_never_5xx(client, conn, content):
         (None, 422, "IDEMPOTENCY_MISMATCH"),
         ({"idempotency_key": KEY}, 422, "VALIDATION_ERROR"),
         ({"idempotency_key": KEY, "x" * 10_000: 1}, 422, "VALIDATION_ERROR"),
-        ({"idempotency_key": KEY, "qty": raw("1e400"), "price": raw("-1e400"), "n": raw("1e400")}, 422,
-         "VALIDATION_ERROR"),
+        (
+            {"idempotency_key": KEY, "qty": raw("1e400"), "price": raw("-1e400"), "n": raw("1e400")},
+            422,
+            "VALIDATION_ERROR",
+        ),
         ({**order(KEY), "qty": 10**4000}, 422, "VALIDATION_ERROR"),
         ({**order(KEY), "nested": {"\u0000key": "\u0000"}}, 422, "VALIDATION_ERROR"),
     ],
@@ -424,8 +468,9 @@ def test_fifty_concurrent_identical_posts_give_one_201_and_49_replays(api, conn)
 
             async def one() -> httpx.Response:
                 await start.wait()
-                return await client.post("/do/order", content=body,
-                                         headers={"Content-Type": "application/json", "Idempotency-Key": KEY})
+                return await client.post(
+                    "/do/order", content=body, headers={"Content-Type": "application/json", "Idempotency-Key": KEY}
+                )
 
             tasks = [asyncio.create_task(one()) for _ in range(50)]
             await asyncio.sleep(0)
@@ -522,12 +567,17 @@ def test_unknown_paths_are_404_in_the_json_error_shape(client, path):
     assert_error(client.get(path), 404, "NOT_FOUND")
 
 
-@pytest.mark.parametrize(("method", "path", "allow"), [("PUT", "/do/order", "POST"),
-                                                       ("DELETE", f"/do/order/{KEY}", "GET"),
-                                                       ("POST", "/healthz", "GET")])
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("PUT", "/do/order", "POST"), ("DELETE", f"/do/order/{KEY}", "GET"), ("POST", "/healthz", "GET")],
+)
 def test_a_wrong_method_is_405_with_allow(client, conn, method, path, allow):
-    response = client.request(method, path, content=json.dumps(order(KEY)).encode(),
-                              headers={"Content-Type": "application/json", "Idempotency-Key": KEY})
+    response = client.request(
+        method,
+        path,
+        content=json.dumps(order(KEY)).encode(),
+        headers={"Content-Type": "application/json", "Idempotency-Key": KEY},
+    )
     assert_error(response, 405, "METHOD_NOT_ALLOWED")
     assert allow in response.headers["allow"]
     assert_nothing_stored(conn)

@@ -116,7 +116,11 @@ def test_5xx_is_retried_with_exponential_backoff_to_a_final_success(client, conn
     assert the_entry(conn)["status"] == "succeeded"
 
     assert audit_codes(conn, TABLE, row["id"]) == [
-        "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_retry", "outbox_claim",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
         "outbox_flush_success",
     ]
     transitions = conn.execute(
@@ -125,8 +129,12 @@ def test_5xx_is_retried_with_exponential_backoff_to_a_final_success(client, conn
         (row["id"],),
     ).fetchall()
     assert [(t["from_status"], t["to_status"], t["attempts"]) for t in transitions] == [
-        ("pending", "sending", 1), ("sending", "pending", 1), ("pending", "sending", 2), ("sending", "pending", 2),
-        ("pending", "sending", 3), ("sending", "sent", 3),
+        ("pending", "sending", 1),
+        ("sending", "pending", 1),
+        ("pending", "sending", 2),
+        ("sending", "pending", 2),
+        ("pending", "sending", 3),
+        ("sending", "sent", 3),
     ]
     assert {t["trace_id"] for t in transitions} == {row["headers"]["trace_id"]}
     assert [t["error_code"] for t in transitions if t["to_status"] == "pending"] == ["BROKER_5XX", "BROKER_5XX"]
@@ -216,7 +224,9 @@ def test_the_broker_request_maps_the_order_and_every_attempt_carries_the_same_ke
 
     sent = {r["event_id"]: r for r in rows(conn, TABLE)}
     assert {k: (r["status"], r["attempts"]) for k, r in sent.items()} == {
-        KEY: ("sent", 2), "k-market": ("sent", 2), scoped_key: ("sent", 2)
+        KEY: ("sent", 2),
+        "k-market": ("sent", 2),
+        scoped_key: ("sent", 2),
     }
     received = {}
     for request in http_sink.received:
@@ -227,7 +237,11 @@ def test_the_broker_request_maps_the_order_and_every_attempt_carries_the_same_ke
         assert bodies[0] == bodies[1], "every attempt sends the same request"
 
     assert received[KEY][0] == {
-        "idempotency_key": KEY, "symbol": "EURJPY", "intent": "SELL", "qty": 113_000, "limit_price": 145.001,
+        "idempotency_key": KEY,
+        "symbol": "EURJPY",
+        "intent": "SELL",
+        "qty": 113_000,
+        "limit_price": 145.001,
         "trace_id": "do-outbox-01JB4A",
         "meta": {"source": "DoLayer", "order_id": limit["order_id"], "time_in_force": "GTC", "tags": ["pdca"]},
     }
@@ -284,9 +298,11 @@ def test_broker_sim_command_serves_with_fault_injection():
         wait_for_port(port, process)
         url = f"http://127.0.0.1:{port}/orders"
         with httpx.Client(trust_env=False, timeout=10) as client:
+
             def send(key: str) -> httpx.Response:
-                return client.post(url, json={"idempotency_key": key, "symbol": "USDJPY"},
-                                   headers={"Idempotency-Key": key})
+                return client.post(
+                    url, json={"idempotency_key": key, "symbol": "USDJPY"}, headers={"Idempotency-Key": key}
+                )
 
             answers = [send("cli-a"), send("cli-b")]
             assert sorted(a.status_code for a in answers) == [201, 503]
@@ -342,8 +358,9 @@ def test_the_ledger_reads_the_time_it_is_given(db_url, conn):
     [entry] = ledger(conn)
     assert (entry["created_at"], entry["updated_at"], entry["expires_at"]) == (at, at, at + timedelta(seconds=60))
     settled_at = at + timedelta(minutes=5)
-    record_outcomes(conn, [SettledOrder(entry["event_id"], "succeeded", {"status": "accepted"}, "sha256:x")],
-                    now=settled_at)
+    record_outcomes(
+        conn, [SettledOrder(entry["event_id"], "succeeded", {"status": "accepted"}, "sha256:x")], now=settled_at
+    )
     [entry] = ledger(conn)
     assert (entry["status"], entry["created_at"], entry["updated_at"]) == ("succeeded", at, settled_at)
 

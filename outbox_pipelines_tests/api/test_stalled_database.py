@@ -65,8 +65,12 @@ async def timed(client: httpx.AsyncClient, method: str, path: str, key: str = ""
     if body is None:
         response = await client.request(method, path)
     else:
-        response = await client.request(method, path, content=json.dumps(body).encode(),
-                                        headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        response = await client.request(
+            method,
+            path,
+            content=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        )
     return Answer(key, response.status_code, time.monotonic() - started, response.headers, response.text)
 
 
@@ -75,8 +79,9 @@ def async_client(url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, limits=limits, timeout=60, trust_env=False)
 
 
-async def poll_health(client: Any, until: float, every_s: float = 0.2,
-                      send: Callable[..., Awaitable[Answer]] = timed) -> list[Answer]:
+async def poll_health(
+    client: Any, until: float, every_s: float = 0.2, send: Callable[..., Awaitable[Answer]] = timed
+) -> list[Answer]:
     """GET /healthz every ``every_s`` until ``until``, through ``send`` (``timed``, or ``aiohttp_timed``)."""
     answers = []
     while time.monotonic() < until:
@@ -109,16 +114,22 @@ def api_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 def warnings_503(caplog: pytest.LogCaptureFixture, path: str = "/do/order") -> list[str]:
     """The request lines of the 503s on ``path``, as '<reason_code> (<reason>) in <latency> ms'."""
-    return [f"{r.reason_code} ({r.reason}) in {r.latency_ms} ms" for r in caplog.records
-            if r.levelno == logging.WARNING and r.name == "outbox_pipelines.orders.api"
-            and getattr(r, "route", None) == path
-            and getattr(r, "status", None) == 503 and f"status=503 reason_code={r.reason_code}" in r.getMessage()]
+    return [
+        f"{r.reason_code} ({r.reason}) in {r.latency_ms} ms"
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and r.name == "outbox_pipelines.orders.api"
+        and getattr(r, "route", None) == path
+        and getattr(r, "status", None) == 503
+        and f"status=503 reason_code={r.reason_code}" in r.getMessage()
+    ]
 
 
 # -- a locked table --------------------------------------------------------------------------------
 @pytest.mark.parametrize("table", ["outbox_orders", "idempo_ledger"])
 def test_a_locked_table_gives_503_busy_with_retry_after_never_500_and_nothing_half_stored(
-        api: LiveApi, conn, db_url, api_log, table):
+    api: LiveApi, conn, db_url, api_log, table
+):
     first = [f"k-{table}-first-{i:02d}" for i in range(20)]  # all inside the lock: 503
     late = [f"k-{table}-late-{i:02d}" for i in range(6)]  # waiting when the lock goes: 201 or 503
     bodies = {k: order(k, i) for i, k in enumerate(first + late)}
@@ -201,8 +212,11 @@ def test_the_timeout_is_configurable_and_retry_after_follows_it(start_api, conn,
 # -- a full pool -------------------------------------------------------------------------------------
 def test_a_full_pool_answers_503_busy_fast_and_healthz_does_not_queue_behind_it(start_api, conn, db_url, api_log):
     live = start_api(pool_size=1, pool_max_overflow=0, pool_timeout_s=0.5)
-    with psycopg.connect(db_url) as locker, live.client() as client, \
-            concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    with (
+        psycopg.connect(db_url) as locker,
+        live.client() as client,
+        concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool,
+    ):
         locker.execute("LOCK TABLE outbox_orders IN ACCESS EXCLUSIVE MODE")
         # The only connection waits on the lock (up to the 2 s timeout) ...
         holder = pool.submit(post_order, client, order("k-holder", 1))
@@ -256,8 +270,11 @@ def test_a_database_that_is_down_is_503_unavailable_and_healthz_says_unreachable
     url = f"postgresql://outbox:{PASSWORD}@127.0.0.1:{port}/outbox"
     with api_on(url) as live, live.client() as client:
         started = time.monotonic()
-        posted = client.post("/do/order", content=json.dumps(order("k-down")).encode(),
-                             headers={"Content-Type": "application/json", "Idempotency-Key": "k-down"})
+        posted = client.post(
+            "/do/order",
+            content=json.dumps(order("k-down")).encode(),
+            headers={"Content-Type": "application/json", "Idempotency-Key": "k-down"},
+        )
         post_s = time.monotonic() - started
         got = client.get("/do/order/k-down")
         started = time.monotonic()
@@ -308,7 +325,11 @@ def test_the_timeouts_and_the_pool_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("OUTBOX_API_POOL_TIMEOUT", "1s")
     settings = ApiSettings.from_env("postgresql:///outbox")
     assert (settings.db_timeout_s, settings.pool_size, settings.pool_max_overflow, settings.pool_timeout_s) == (
-        0.75, 3, 0, 1.0)
+        0.75,
+        3,
+        0,
+        1.0,
+    )
     assert settings.retry_after_s == 1
     monkeypatch.setenv("OUTBOX_API_DB_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="OUTBOX_API_DB_TIMEOUT"):
@@ -329,12 +350,15 @@ def test_the_timeouts_and_the_pool_come_from_the_environment(monkeypatch):
 # 70 % busy handing 60 requests to its 61 connections (httpx costs 1-2.4 ms of CPU a request, DESIGN.md
 # section 7; a client each was worse), and a retry wave reached the server over 0.8 s (clocked on both
 # sides, while the answers took at most 2.1 s inside the API).
-REQUEST_LINE = re.compile(r"/do/order status=(?P<status>\d+) reason_code=(?P<code>\S+) .* "
-                          r"latency_ms=(?P<ms>[\d.]+)(?: reason=(?P<reason>\S+))?")
+REQUEST_LINE = re.compile(
+    r"/do/order status=(?P<status>\d+) reason_code=(?P<code>\S+) .* "
+    r"latency_ms=(?P<ms>[\d.]+)(?: reason=(?P<reason>\S+))?"
+)
 
 
-async def aiohttp_timed(session: aiohttp.ClientSession, method: str, path: str, key: str = "",
-                        body: dict | None = None) -> Answer:
+async def aiohttp_timed(
+    session: aiohttp.ClientSession, method: str, path: str, key: str = "", body: dict | None = None
+) -> Answer:
     started = time.monotonic()
     headers = {"Content-Type": "application/json", "Idempotency-Key": key} if body is not None else {}
     data = json.dumps(body).encode() if body is not None else None
@@ -410,11 +434,13 @@ def test_soak_table_locked_45s_against_the_order_api(conn, db_url, cli_env):
     max_health = max(h.seconds for h in health)
     reasons = Counter(m["reason"] for m in logged)
     server_max_ms = max((float(m["ms"]) for m in logged), default=0.0)
-    print(f"\nsoak: outbox_orders locked {lock_s:.0f} s, {clients} clients x {orders_each} orders: "
-          f"{len(answers)} POSTs, by status {dict(sorted(counts.items()))}; slowest 503 {max_503:.2f} s; "
-          f"/healthz {len(health)} polls, by status {dict(Counter(h.status for h in health))}, "
-          f"max {max_health * 1000:.0f} ms; accepted {len(accepted)}/{clients * orders_each}; "
-          f"503 reasons {dict(reasons)}, slowest 503 inside the API {server_max_ms:.0f} ms")
+    print(
+        f"\nsoak: outbox_orders locked {lock_s:.0f} s, {clients} clients x {orders_each} orders: "
+        f"{len(answers)} POSTs, by status {dict(sorted(counts.items()))}; slowest 503 {max_503:.2f} s; "
+        f"/healthz {len(health)} polls, by status {dict(Counter(h.status for h in health))}, "
+        f"max {max_health * 1000:.0f} ms; accepted {len(accepted)}/{clients * orders_each}; "
+        f"503 reasons {dict(reasons)}, slowest 503 inside the API {server_max_ms:.0f} ms"
+    )
     assert counts[500] == 0
     assert len(logged) == counts[503]
     assert set(counts) <= {200, 201, 503}

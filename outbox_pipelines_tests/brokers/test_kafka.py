@@ -43,8 +43,19 @@ def settings(**overrides: object):  # type: ignore[no-untyped-def]
 
 
 def claimed(i: int, topic: str, payload: object = None, ordering_key: str | None = None) -> ClaimedMessage:
-    return ClaimedMessage(i, f"ev-{i}", None, topic, {"n": i} if payload is None else payload, "sha", {}, 1,
-                          datetime.now(UTC), None, ordering_key)
+    return ClaimedMessage(
+        i,
+        f"ev-{i}",
+        None,
+        topic,
+        {"n": i} if payload is None else payload,
+        "sha",
+        {},
+        1,
+        datetime.now(UTC),
+        None,
+        ordering_key,
+    )
 
 
 def by_event(conn, table: str = EVENTS) -> dict[str, dict]:  # type: ignore[no-untyped-def]
@@ -55,9 +66,16 @@ def test_a_drain_lands_every_message_once_keyed_by_its_aggregate(cluster, db_url
     """200 messages, 150 of them on 7 ordering keys: a consumer reads each event_id once, with its
     idempotency key; one aggregate stays in one partition, in the order it was enqueued."""
     cluster.create_topic("shop.order.changed", 6)
-    messages = [Message(topic="order.changed", payload={"n": i}, event_id=f"ev-{i}",
-                        ordering_key=f"order-{i % 7}" if i < 150 else None, headers={"trace_id": f"tr-{i}"})
-                for i in range(200)]
+    messages = [
+        Message(
+            topic="order.changed",
+            payload={"n": i},
+            event_id=f"ev-{i}",
+            ordering_key=f"order-{i % 7}" if i < 150 else None,
+            headers={"trace_id": f"tr-{i}"},
+        )
+        for i in range(200)
+    ]
     Outbox(EVENTS).enqueue_many(conn, messages)
     destination = KafkaDestination(cluster.bootstrap, timeout_s=3.0, topic_prefix="shop.")
     try:
@@ -102,8 +120,14 @@ def test_each_refusal_ends_with_its_code_and_the_rest_of_the_batch_is_delivered(
     cluster.partition_errors("big", 0, PRODUCE, KafkaError.MSG_SIZE_TOO_LARGE)
     cluster.topic_error("missing", KafkaError.UNKNOWN_TOPIC_OR_PART)
     cluster.topic_error("secret", KafkaError.TOPIC_AUTHORIZATION_FAILED)
-    odd = {"big": "big", "huge": "good", "bad": "bad topic!", "long": "t" * 250, "missing": "missing",
-           "secret": "secret"}
+    odd = {
+        "big": "big",
+        "huge": "good",
+        "bad": "bad topic!",
+        "long": "t" * 250,
+        "missing": "missing",
+        "secret": "secret",
+    }
     messages = [Message(topic="good", payload={"n": i}, event_id=f"ok-{i}") for i in range(10)]
     for name, topic in odd.items():
         payload = {"blob": "x" * 1_010_000} if name == "huge" else {"n": name}
@@ -116,23 +140,35 @@ def test_each_refusal_ends_with_its_code_and_the_rest_of_the_batch_is_delivered(
         destination.close()
     found = by_event(conn)
     assert {e: (r["status"], r["last_error_code"]) for e, r in found.items() if not e.startswith("ok-")} == {
-        "big": ("dead", m.BAD_REQUEST), "huge": ("dead", m.BAD_REQUEST), "bad": ("dead", m.BAD_REQUEST),
-        "long": ("dead", m.BAD_REQUEST), "missing": ("dead", m.NO_SUBSCRIBERS),
-        "secret": ("pending", m.UNAUTHORIZED)}  # to be retried (pending again), not dead
+        "big": ("dead", m.BAD_REQUEST),
+        "huge": ("dead", m.BAD_REQUEST),
+        "bad": ("dead", m.BAD_REQUEST),
+        "long": ("dead", m.BAD_REQUEST),
+        "missing": ("dead", m.NO_SUBSCRIBERS),
+        "secret": ("pending", m.UNAUTHORIZED),
+    }  # to be retried (pending again), not dead
     assert "broker's max.message.bytes" in found["big"]["last_error"]
     assert "producer's message.max.bytes" in found["huge"]["last_error"]
     assert all(found[f"ok-{i}"]["status"] == "sent" for i in range(10))
     assert sorted(r.headers["idempotency-key"] for r in read_topic(cluster.bootstrap, "good")) == sorted(
-        f"ok-{i}" for i in range(10))
+        f"ok-{i}" for i in range(10)
+    )
     assert read_topic(cluster.bootstrap, "big") == []
 
 
 def test_a_sasl_failure_retries_unauthorized_and_shows_no_credential(cluster):
     """The client asks for SASL PLAIN; the mock broker has no SASL (a real protocol refusal of the
     handshake): the record times out while the client reports the authentication failure."""
-    destination = KafkaDestination(cluster.bootstrap, timeout_s=1.0, config={
-        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "svc-outbox",
-        "sasl.password": "pw-Very-Secret-123"})
+    destination = KafkaDestination(
+        cluster.bootstrap,
+        timeout_s=1.0,
+        config={
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "svc-outbox",
+            "sasl.password": "pw-Very-Secret-123",
+        },
+    )
     try:
         outcomes = destination.deliver([claimed(1, "good")])
     finally:
@@ -172,8 +208,9 @@ def test_an_unreachable_cluster_opens_the_circuit_and_kills_nothing(db_url, conn
         outcomes = destination.deliver([claimed(i, "t") for i in range(3)])
         assert time.monotonic() - started < 1.0 + REPORT_GRACE_S + 0.5
         assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
-        report = Relay(db_url, settings(batch_size=5, circuit_threshold=3, probe_interval_s=0.5, timeout_s=1.0),
-                       destination).run(max_seconds=4)
+        report = Relay(
+            db_url, settings(batch_size=5, circuit_threshold=3, probe_interval_s=0.5, timeout_s=1.0), destination
+        ).run(max_seconds=4)
     finally:
         destination.close()
     assert report.circuit == "open" and report.dead == 0
@@ -195,8 +232,12 @@ def test_brokers_that_go_down_and_come_back_are_reconnected_on_its_own():
             assert time.monotonic() - started < 2.0 + REPORT_GRACE_S + 0.5
             assert {(o.kind, o.code) for o in down} == {("retry", m.NETWORK_TIMEOUT)}
             own.brokers_up()
-            wait_until(lambda: {o.kind for o in destination.deliver([claimed(i, "flaky") for i in range(5, 10)])}
-                       == {"sent"}, 20, "the producer to deliver again after the brokers came back", 0.1)
+            wait_until(
+                lambda: {o.kind for o in destination.deliver([claimed(i, "flaky") for i in range(5, 10)])} == {"sent"},
+                20,
+                "the producer to deliver again after the brokers came back",
+                0.1,
+            )
         finally:
             destination.close()
         ids = [r.headers["idempotency-key"] for r in read_topic(own.bootstrap, "flaky")]
@@ -210,19 +251,36 @@ def test_the_cli_relays_a_kafka_table_from_its_outbox_toml(cluster, cli_env, tmp
     first_broker = cluster.bootstrap.split(",")[0]
     (project / "outbox.toml").write_text(
         '[tables.kafka_outbox]\ndestination = "kafka"\n'
-        f'bootstrap_servers = "{first_broker}"\ntopic_prefix = "cli."\ntimeout = "3s"\n')
+        f'bootstrap_servers = "{first_broker}"\ntopic_prefix = "cli."\ntimeout = "3s"\n'
+    )
     env = {**cli_env, "OUTBOX_CONFIG": str(project / "outbox.toml")}
     created = run_cli(env, "db", "create-table", "kafka_outbox", cwd=project)
     assert created.returncode == 0, created.stderr
     for i in range(3):
-        queued = run_cli(env, "enqueue", "--table", "kafka_outbox", "--topic", "order.created", "--payload",
-                         json.dumps({"n": i}), "--event-id", f"cli-{i}", "--ordering-key", "order-1", cwd=project)
+        queued = run_cli(
+            env,
+            "enqueue",
+            "--table",
+            "kafka_outbox",
+            "--topic",
+            "order.created",
+            "--payload",
+            json.dumps({"n": i}),
+            "--event-id",
+            f"cli-{i}",
+            "--ordering-key",
+            "order-1",
+            cwd=project,
+        )
         assert queued.returncode == 0, queued.stderr
     relay = run_cli(env, "relay", "--table", "kafka_outbox", "--once", cwd=project)
     assert relay.returncode == 0 and "sent 3" in relay.stdout, relay.stdout + relay.stderr
     records = read_topic(cluster.bootstrap, "cli.order.created")
-    assert [r.headers["idempotency-key"] for r in sorted(records, key=lambda r: r.offset)] == ["cli-0", "cli-1",
-                                                                                               "cli-2"]
+    assert [r.headers["idempotency-key"] for r in sorted(records, key=lambda r: r.offset)] == [
+        "cli-0",
+        "cli-1",
+        "cli-2",
+    ]
     assert {r.key for r in records} == {"order-1"} and len({r.partition for r in records}) == 1
     status = run_cli(env, "status", "--table", "kafka_outbox", cwd=project)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -239,7 +297,8 @@ def test_a_full_local_queue_is_waited_out_not_lost(cluster):
         destination.close()
     assert {o.kind for o in outcomes} == {"sent"}
     assert sorted(r.headers["idempotency-key"] for r in read_topic(cluster.bootstrap, "queue")) == sorted(
-        f"ev-{i}" for i in range(60))
+        f"ev-{i}" for i in range(60)
+    )
 
 
 def test_librdkafka_complaints_are_logged_once_per_kind_and_broker(caplog):
@@ -252,4 +311,5 @@ def test_librdkafka_complaints_are_logged_once_per_kind_and_broker(caplog):
         client_log.log(40, "%s [%s] %s", "FAIL", "p-1", "127.0.0.1:9/2: Connect failed: Connection refused")
     assert [r.getMessage() for r in caplog.records] == [
         "librdkafka FAIL: 127.0.0.1:9/1: Connect failed: Connection refused",
-        "librdkafka FAIL: 127.0.0.1:9/2: Connect failed: Connection refused"]
+        "librdkafka FAIL: 127.0.0.1:9/2: Connect failed: Connection refused",
+    ]

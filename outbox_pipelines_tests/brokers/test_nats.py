@@ -36,10 +36,20 @@ def nats_server() -> Iterator[NatsServer]:
 
 
 def settings(url: str, **overrides: object):
-    broker = BrokerSettings(kind="nats", url=url, shown=url_origin(url),
-                            topic_prefix=str(overrides.pop("topic_prefix", "")))
-    return table_settings(EVENTS, **{"destination": "nats", "broker": broker, "mode": "competing",
-                                     "idle_sleep_s": 0.01, "timeout_s": 2.0, **overrides})
+    broker = BrokerSettings(
+        kind="nats", url=url, shown=url_origin(url), topic_prefix=str(overrides.pop("topic_prefix", ""))
+    )
+    return table_settings(
+        EVENTS,
+        **{
+            "destination": "nats",
+            "broker": broker,
+            "mode": "competing",
+            "idle_sleep_s": 0.01,
+            "timeout_s": 2.0,
+            **overrides,
+        },
+    )
 
 
 def relay_once(db_url: str, url: str, **overrides: object) -> tuple[NatsJetStreamDestination, object]:
@@ -57,17 +67,34 @@ def by_event(conn) -> dict[str, dict]:
 
 
 def claimed(row: dict) -> ClaimedMessage:
-    return ClaimedMessage(id=row["id"], event_id=row["event_id"], tenant_id=row["tenant_id"], topic=row["topic"],
-                          payload=row["payload"], payload_sha=row["payload_sha"], headers=row["headers"],
-                          attempts=1, created_at=row["created_at"])
+    return ClaimedMessage(
+        id=row["id"],
+        event_id=row["event_id"],
+        tenant_id=row["tenant_id"],
+        topic=row["topic"],
+        payload=row["payload"],
+        payload_sha=row["payload_sha"],
+        headers=row["headers"],
+        attempts=1,
+        created_at=row["created_at"],
+    )
 
 
 def test_a_drain_reaches_a_consumer_once_each_with_its_keys(db_url, conn, nats_server):
     nats_server.add_stream("SHOP", ["shop.>"])
-    Outbox(EVENTS).enqueue_many(conn, [
-        Message(topic="order.created" if i % 2 else "order.paid", payload={"n": i}, event_id=f"ev-{i}",
-                tenant_id="acme" if i == 3 else None, headers={"trace_id": f"trace-{i}"})
-        for i in range(300)])
+    Outbox(EVENTS).enqueue_many(
+        conn,
+        [
+            Message(
+                topic="order.created" if i % 2 else "order.paid",
+                payload={"n": i},
+                event_id=f"ev-{i}",
+                tenant_id="acme" if i == 3 else None,
+                headers={"trace_id": f"trace-{i}"},
+            )
+            for i in range(300)
+        ],
+    )
     destination, report = relay_once(db_url, nats_server.url, topic_prefix="shop.", batch_size=100)
     assert statuses(conn, EVENTS) == {"sent": 300} and report.sent == 300
     read = nats_server.consume("SHOP")
@@ -108,8 +135,12 @@ def test_each_bad_input_ends_with_its_code_and_the_rest_of_the_batch_is_sent(db_
         bad = {
             "too-large": ("t.ok", {"x": "y" * 5000}),  # past the server's max_payload: refused before sending
             "stream-limit": ("t.ok", {"x": "y" * 3000}),  # past the stream's max_msg_size: JetStream's 10054
-            "space": ("t.has space", {}), "star": ("t.*", {}), "gt": ("t.>", {}), "empty-token": ("t..x", {}),
-            "trailing-dot": ("t.", {}), "system": ("$JS.API.STREAM.DELETE.S", {}),
+            "space": ("t.has space", {}),
+            "star": ("t.*", {}),
+            "gt": ("t.>", {}),
+            "empty-token": ("t..x", {}),
+            "trailing-dot": ("t.", {}),
+            "system": ("$JS.API.STREAM.DELETE.S", {}),
             "no-stream": ("elsewhere.x", {}),
         }
         messages = [Message(topic="t.ok", payload={"n": i}, event_id=f"good-{i}") for i in range(10)]
@@ -150,9 +181,13 @@ def test_wrong_credentials_open_the_circuit_and_are_never_shown(db_url, conn):
         assert {(r["status"], r["attempts"]) for r in rows(conn, EVENTS)} == {("pending", 0)}
         health = conn.execute("SELECT * FROM outbox_destination_health WHERE table_name = %s", (EVENTS,)).fetchone()
         assert "refused the credentials" in health["last_error"]
-        shown = [health["last_error"], health["destination"], destination.name,
-                 *(r["last_error"] or "" for r in rows(conn, EVENTS)),
-                 *(r["detail"] or "" for r in conn.execute("SELECT detail FROM outbox_audit").fetchall())]
+        shown = [
+            health["last_error"],
+            health["destination"],
+            destination.name,
+            *(r["last_error"] or "" for r in rows(conn, EVENTS)),
+            *(r["detail"] or "" for r in conn.execute("SELECT detail FROM outbox_audit").fetchall()),
+        ]
         assert not any(PASSWORD in text for text in shown), shown
         assert destination.name == server.url
         # the right password: the next probe succeeds, the circuit closes, everything goes
@@ -172,8 +207,17 @@ def test_a_token_authenticates_and_a_wrong_one_is_unauthorized():
     server = NatsServer(token=TOKEN).start()
     try:
         server.add_stream("S", ["t.>"])
-        message = ClaimedMessage(id=1, event_id="tok-1", tenant_id=None, topic="t.x", payload={}, payload_sha="",
-                                 headers={}, attempts=1, created_at=datetime.now(UTC))
+        message = ClaimedMessage(
+            id=1,
+            event_id="tok-1",
+            tenant_id=None,
+            topic="t.x",
+            payload={},
+            payload_sha="",
+            headers={},
+            attempts=1,
+            created_at=datetime.now(UTC),
+        )
         for token, expected in ((TOKEN, "sent"), (f"bad-{TOKEN}", m.UNAUTHORIZED)):
             destination = NatsJetStreamDestination(server.url, token=token, timeout_s=2)
             try:
@@ -190,8 +234,10 @@ def test_a_publish_the_server_denies_is_unauthorized_and_the_others_are_sent(db_
     server = NatsServer(user="relay", password=PASSWORD, deny_publish=["t.secret"]).start()
     try:
         server.add_stream("S", ["t.>"])
-        Outbox(EVENTS).enqueue_many(conn, [Message(topic="t.secret" if i == 2 else "t.open", payload={"n": i},
-                                                   event_id=f"p{i}") for i in range(6)])
+        Outbox(EVENTS).enqueue_many(
+            conn,
+            [Message(topic="t.secret" if i == 2 else "t.open", payload={"n": i}, event_id=f"p{i}") for i in range(6)],
+        )
         started = time.monotonic()
         relay_once(db_url, f"nats://relay:{PASSWORD}@127.0.0.1:{server.port}")
         assert time.monotonic() - started < 2.0  # answered when the server said no, not at the ack timeout
@@ -264,13 +310,23 @@ def test_relay_once_from_a_project_with_its_own_outbox_toml(cli_env, conn, tmp_p
         project.mkdir()
         (project / "outbox.toml").write_text(
             '[tables.nats_orders]\ndestination = "nats"\nurl_env = "ORDERS_NATS_URL"\ntopic_prefix = "shop."\n'
-            'timeout = "2s"\nmode = "competing"\n')
+            'timeout = "2s"\nmode = "competing"\n'
+        )
         env = {**cli_env, "ORDERS_NATS_URL": f"nats://shop:{PASSWORD}@127.0.0.1:{server.port}"}
         created = run_cli(env, "db", "create-table", "nats_orders", cwd=project)
         assert created.returncode == 0, created.stderr
         for i in range(3):
-            queued = run_cli(env, "enqueue", "--table", "nats_orders", "--topic", "order.created", "--payload",
-                             f'{{"order": {i}}}', cwd=project)
+            queued = run_cli(
+                env,
+                "enqueue",
+                "--table",
+                "nats_orders",
+                "--topic",
+                "order.created",
+                "--payload",
+                f'{{"order": {i}}}',
+                cwd=project,
+            )
             assert queued.returncode == 0, queued.stderr
         relay = run_cli(env, "relay", "--table", "nats_orders", "--once", cwd=project)
         assert relay.returncode == 0 and "sent 3" in relay.stdout, relay.stdout + relay.stderr

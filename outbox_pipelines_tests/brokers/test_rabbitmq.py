@@ -40,8 +40,11 @@ PASSWORD = RabbitMQ.PASSWORD
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[RabbitMQ]:
-    with RabbitMQ(max_message_size=MAX_MESSAGE_SIZE, users={"nobody": "nobody-pw-7", "reader": "reader-pw-8"},
-                  permissions={"nobody": None, "reader": (".*", "^$", ".*")}) as server:
+    with RabbitMQ(
+        max_message_size=MAX_MESSAGE_SIZE,
+        users={"nobody": "nobody-pw-7", "reader": "reader-pw-8"},
+        permissions={"nobody": None, "reader": (".*", "^$", ".*")},
+    ) as server:
         yield server
 
 
@@ -52,10 +55,24 @@ def exchange(request) -> str:
 
 
 def settings(url: str, exchange: str, **overrides: object) -> TableSettings:
-    broker = BrokerSettings(kind="rabbitmq", url=url, shown=url_origin(url), exchange=exchange,
-                            topic_prefix=str(overrides.pop("topic_prefix", "")))
-    return table_settings(TABLE, **{"destination": "rabbitmq", "broker": broker, "mode": "competing",
-                                    "idle_sleep_s": 0.01, "timeout_s": 2.0, **overrides})
+    broker = BrokerSettings(
+        kind="rabbitmq",
+        url=url,
+        shown=url_origin(url),
+        exchange=exchange,
+        topic_prefix=str(overrides.pop("topic_prefix", "")),
+    )
+    return table_settings(
+        TABLE,
+        **{
+            "destination": "rabbitmq",
+            "broker": broker,
+            "mode": "competing",
+            "idle_sleep_s": 0.01,
+            "timeout_s": 2.0,
+            **overrides,
+        },
+    )
 
 
 def enqueue(conn, messages: list[Message]) -> None:
@@ -79,8 +96,15 @@ def by_event(conn) -> dict[str, dict]:
 
 def test_a_drain_reaches_the_bound_queue_once_each_in_order_with_its_event_id(node, db_url, conn, exchange):
     bind_queue(node.url, exchange, exchange, "prod.order.*")
-    messages = [Message(topic="order.created", payload={"n": i, "text": "grüße"}, event_id=f"ev-{i}",
-                        tenant_id="acme" if i % 2 else None) for i in range(250)]
+    messages = [
+        Message(
+            topic="order.created",
+            payload={"n": i, "text": "grüße"},
+            event_id=f"ev-{i}",
+            tenant_id="acme" if i % 2 else None,
+        )
+        for i in range(250)
+    ]
     enqueue(conn, messages)
     report = relay_once(db_url, settings(node.url, exchange, topic_prefix="prod.", batch_size=100))
     assert report.sent == 250 and statuses(conn, TABLE) == {"sent": 250}
@@ -113,10 +137,14 @@ def test_the_connection_is_kept_across_batches_and_the_exchange_declared_once(no
 
 
 def test_an_unroutable_message_is_dead_no_subscribers_and_replays_without_force_once_bound(
-        node, db_url, conn, exchange):
+    node, db_url, conn, exchange
+):
     bind_queue(node.url, exchange, exchange, "order.*")
-    enqueue(conn, [Message(topic="order.created", payload={"i": i}, event_id=f"ok-{i}") for i in range(5)]
-            + [Message(topic="invoice.created", payload={"i": 0}, event_id="lost-0")])
+    enqueue(
+        conn,
+        [Message(topic="order.created", payload={"i": i}, event_id=f"ok-{i}") for i in range(5)]
+        + [Message(topic="invoice.created", payload={"i": 0}, event_id="lost-0")],
+    )
     relay_once(db_url, settings(node.url, exchange))
     found = by_event(conn)
     assert (found["lost-0"]["status"], found["lost-0"]["last_error_code"]) == ("dead", m.NO_SUBSCRIBERS)
@@ -128,7 +156,9 @@ def test_an_unroutable_message_is_dead_no_subscribers_and_replays_without_force_
     relay_once(db_url, settings(node.url, exchange))
     assert statuses(conn, TABLE) == {"sent": 6}
     assert sorted(r.message_id or "" for r in drain_queue(node.url, exchange)) == [
-        "lost-0", *(f"ok-{i}" for i in range(5))]
+        "lost-0",
+        *(f"ok-{i}" for i in range(5)),
+    ]
 
 
 def test_a_message_over_the_max_size_is_dead_and_the_rest_of_its_batch_is_sent(node, db_url, conn, exchange):
@@ -136,8 +166,7 @@ def test_a_message_over_the_max_size_is_dead_and_the_rest_of_its_batch_is_sent(n
     the destination reopens it, sends the others again, and refuses the next big one before sending."""
     bind_queue(node.url, exchange, exchange)
     big = {"blob": "x" * (MAX_MESSAGE_SIZE + 100)}
-    enqueue(conn, [Message(topic="t", payload=big if i in (7, 20) else {"i": i}, event_id=f"m-{i}")
-                   for i in range(40)])
+    enqueue(conn, [Message(topic="t", payload=big if i in (7, 20) else {"i": i}, event_id=f"m-{i}") for i in range(40)])
     table = settings(node.url, exchange, batch_size=40)
     destination = build(table)
     try:
@@ -148,8 +177,9 @@ def test_a_message_over_the_max_size_is_dead_and_the_rest_of_its_batch_is_sent(n
             assert f"max_message_size ({MAX_MESSAGE_SIZE} bytes)" in found[big_one]["last_error"]
         assert statuses(conn, TABLE) == {"sent": 38, "dead": 2}
         # the limit is known now: a big message is refused before it goes on the wire, the channel kept
-        enqueue(conn, [Message(topic="t", payload=big, event_id="m-late"),
-                       Message(topic="t", payload={}, event_id="m-ok")])
+        enqueue(
+            conn, [Message(topic="t", payload=big, event_id="m-late"), Message(topic="t", payload={}, event_id="m-ok")]
+        )
         Relay(db_url, table, destination).run(once=True)
         assert by_event(conn)["m-late"]["last_error_code"] == m.BAD_REQUEST
         assert by_event(conn)["m-ok"]["status"] == "sent"
@@ -161,8 +191,7 @@ def test_a_message_over_the_max_size_is_dead_and_the_rest_of_its_batch_is_sent(n
     assert set(got) == {f"m-{i}" for i in range(40) if i not in (7, 20)} | {"m-ok"}
 
 
-def test_a_refusal_that_names_no_size_is_traced_to_its_message_by_publishing_one_at_a_time(
-        node, exchange, monkeypatch):
+def test_a_refusal_that_names_no_size_is_traced_to_its_message_by_publishing_one_at_a_time(node, exchange, monkeypatch):
     """Should the broker's words change (another version, another 406), the culprit is still found: the
     unconfirmed rest goes one publish at a time, and the one whose publish closes the channel is dead."""
     import outbox_pipelines.core.destinations.rabbitmq_outcomes as rabbitmq
@@ -176,7 +205,8 @@ def test_a_refusal_that_names_no_size_is_traced_to_its_message_by_publishing_one
     finally:
         destination.close()
     assert [(o.kind, o.code) for o in outcomes] == [("sent", None)] * 3 + [("dead", m.BAD_REQUEST)] + [
-        ("sent", None)] * 6
+        ("sent", None)
+    ] * 6
     assert "PRECONDITION_FAILED" in (outcomes[3].error or "") and destination.max_body is None
     assert {r.message_id for r in drain_queue(node.url, exchange)} == {f"s-{i}" for i in range(10) if i != 3}
 
@@ -185,12 +215,17 @@ def test_a_routing_key_over_255_bytes_is_dead_before_sending(node, exchange):
     bind_queue(node.url, exchange, exchange)
     destination = RabbitMQDestination(node.url, exchange=exchange, topic_prefix="prefix.", timeout_s=2)
     try:
-        outcomes = destination.deliver([claimed("a"), claimed("long", topic="é" * 130), claimed("b"),
-                                        claimed("é" * 200)])
+        outcomes = destination.deliver(
+            [claimed("a"), claimed("long", topic="é" * 130), claimed("b"), claimed("é" * 200)]
+        )
     finally:
         destination.close()
     assert [(o.kind, o.code) for o in outcomes] == [
-        ("sent", None), ("dead", m.BAD_REQUEST), ("sent", None), ("dead", m.BAD_REQUEST)]
+        ("sent", None),
+        ("dead", m.BAD_REQUEST),
+        ("sent", None),
+        ("dead", m.BAD_REQUEST),
+    ]
     assert "routing key (267 bytes" in (outcomes[1].error or "")
     assert "message_id" in (outcomes[3].error or "")
     assert [r.message_id for r in drain_queue(node.url, exchange)] == ["a", "b"]
@@ -210,13 +245,17 @@ def test_a_full_queue_that_rejects_publishes_is_a_nack_retried_as_broker_5xx(nod
 # -- credentials and an unreachable broker --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("user", "password", "says"), [
-    ("outbox", "wrong-password-3", "refused the login"),
-    ("nobody", "nobody-pw-7", "refused to open the vhost"),
-    ("reader", "reader-pw-8", "ACCESS_REFUSED"),  # may declare, may not write to the exchange
-])
+@pytest.mark.parametrize(
+    ("user", "password", "says"),
+    [
+        ("outbox", "wrong-password-3", "refused the login"),
+        ("nobody", "nobody-pw-7", "refused to open the vhost"),
+        ("reader", "reader-pw-8", "ACCESS_REFUSED"),  # may declare, may not write to the exchange
+    ],
+)
 def test_a_refused_login_or_publish_is_unauthorized_and_opens_the_circuit_with_nothing_dead(
-        node, db_url, conn, exchange, user, password, says):
+    node, db_url, conn, exchange, user, password, says
+):
     bind_queue(node.url, exchange, exchange)
     url = node.url_for(user, password)
     enqueue(conn, [Message(topic="t", payload={"i": i}, event_id=f"a-{i}") for i in range(6)])
@@ -296,7 +335,8 @@ def test_the_relay_command_delivers_a_table_configured_in_outbox_toml(node, cli_
     bind_queue(node.url, exchange, exchange, "crm.#")
     (tmp_path / "outbox.toml").write_text(
         f'[tables.{TABLE}]\ndestination = "rabbitmq"\nurl_env = "CRM_RABBITMQ_URL"\nexchange = "{exchange}"\n'
-        'topic_prefix = "crm."\ntimeout = "3s"\n')
+        'topic_prefix = "crm."\ntimeout = "3s"\n'
+    )
     enqueue(conn, [Message(topic="contact.updated", payload={"i": i}, event_id=f"c-{i}") for i in range(20)])
     env = {**cli_env, "CRM_RABBITMQ_URL": node.url}
     result = run_cli(env, "relay", "--table", TABLE, "--once", cwd=tmp_path)

@@ -29,11 +29,19 @@ def _no_alert_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def cond(severity: str, key: str = "check:outbox_orders:lag", summary: str = "outbox_orders: lag p95 2.0 min.",
-         **extra) -> Condition:
-    return Condition(key=key, severity=severity, summary=summary, kind=extra.pop("kind", "check"),  # type: ignore[arg-type]
-                     link=extra.pop("link", DagsterLinks().table("outbox_orders")),
-                     table=extra.pop("table", "outbox_orders"), check=extra.pop("check", "lag"), **extra)
+def cond(
+    severity: str, key: str = "check:outbox_orders:lag", summary: str = "outbox_orders: lag p95 2.0 min.", **extra
+) -> Condition:
+    return Condition(
+        key=key,
+        severity=severity,
+        summary=summary,
+        kind=extra.pop("kind", "check"),  # type: ignore[arg-type]
+        link=extra.pop("link", DagsterLinks().table("outbox_orders")),
+        table=extra.pop("table", "outbox_orders"),
+        check=extra.pop("check", "lag"),
+        **extra,
+    )
 
 
 def at(seconds: float) -> datetime:
@@ -42,17 +50,21 @@ def at(seconds: float) -> datetime:
 
 # -- the policy (pure) ---------------------------------------------------------
 
-@pytest.mark.parametrize("previous, current, expected", [
-    ("ok", "ok", None),
-    ("ok", "warning", "firing"),
-    ("ok", "error", "firing"),
-    ("warning", "error", "firing"),   # escalation is told again
-    ("error", "warning", None),       # easing is not news...
-    ("warning", "warning", None),
-    ("error", "error", None),
-    ("warning", "ok", "resolved"),
-    ("error", "ok", "resolved"),
-])
+
+@pytest.mark.parametrize(
+    "previous, current, expected",
+    [
+        ("ok", "ok", None),
+        ("ok", "warning", "firing"),
+        ("ok", "error", "firing"),
+        ("warning", "error", "firing"),  # escalation is told again
+        ("error", "warning", None),  # easing is not news...
+        ("warning", "warning", None),
+        ("error", "error", None),
+        ("warning", "ok", "resolved"),
+        ("error", "ok", "resolved"),
+    ],
+)
 def test_decide_transitions_within_the_repeat_interval(previous, current, expected):
     memory = Memory() if previous == "ok" else Memory(previous, at(0), at(0), "s")  # type: ignore[arg-type]
     action, remembered = decide(memory, cond(current), at(60), REPEAT)
@@ -101,21 +113,49 @@ def test_decide_resolved_once_then_a_new_start():
 # -- announce: many conditions, the database remembers --------------------------
 
 SEVERITY_OF = {  # table -> check -> verdict severity
-    "outbox_orders": {"lag": "warn", "dead_letters": "error", "stuck": "ok", "backlog": "ok", "destination": "error",
-                      "relay": "ok", "blocked_keys": "ok"},
+    "outbox_orders": {
+        "lag": "warn",
+        "dead_letters": "error",
+        "stuck": "ok",
+        "backlog": "ok",
+        "destination": "error",
+        "relay": "ok",
+        "blocked_keys": "ok",
+    },
     "outbox_memory": {name: "ok" for name in CHECK_NAMES},
-    "outbox_events": {"lag": "ok", "dead_letters": "warn", "stuck": "warn", "backlog": "ok", "destination": "ok",
-                      "relay": "ok", "blocked_keys": "ok"},
-    "outbox_members": {"lag": "error", "dead_letters": "ok", "stuck": "ok", "backlog": "warn", "destination": "ok",
-                       "relay": "ok", "blocked_keys": "ok"},
+    "outbox_events": {
+        "lag": "ok",
+        "dead_letters": "warn",
+        "stuck": "warn",
+        "backlog": "ok",
+        "destination": "ok",
+        "relay": "ok",
+        "blocked_keys": "ok",
+    },
+    "outbox_members": {
+        "lag": "error",
+        "dead_letters": "ok",
+        "stuck": "ok",
+        "backlog": "warn",
+        "destination": "ok",
+        "relay": "ok",
+        "blocked_keys": "ok",
+    },
 }
 
 
 def conditions(severity_of) -> list[Condition]:
-    return [check_condition(table, CheckVerdict(check, severity_of[table][check],
-                                                f"{table}: {check} is {severity_of[table][check]}.", {"n": 1}),
-                            DagsterLinks())
-            for table in TABLES for check in CHECK_NAMES]
+    return [
+        check_condition(
+            table,
+            CheckVerdict(
+                check, severity_of[table][check], f"{table}: {check} is {severity_of[table][check]}.", {"n": 1}
+            ),
+            DagsterLinks(),
+        )
+        for table in TABLES
+        for check in CHECK_NAMES
+    ]
 
 
 def posted(sink) -> list[dict]:
@@ -137,7 +177,8 @@ def test_announce_posts_each_non_ok_condition_once_and_resolves_once(conn, http_
     assert sent == bodies
     assert sorted(b["alert_key"] for b in bodies) == sorted(non_ok)
     assert {b["alert_key"]: b["severity"] for b in bodies} == {
-        k: {"warn": "warning", "error": "error"}[s] for k, s in non_ok.items()}
+        k: {"warn": "warning", "error": "error"}[s] for k, s in non_ok.items()
+    }
     assert all(b["status"] == "firing" and not b["reminder"] for b in bodies)
     assert alert_state(conn) == {k: {"warn": "warning", "error": "error"}[s] for k, s in non_ok.items()}
 
@@ -146,9 +187,11 @@ def test_announce_posts_each_non_ok_condition_once_and_resolves_once(conn, http_
     assert len(http_sink.received) == 7
 
     # Three recover: exactly those are resolved, with the severity they had.
-    recovered = {**SEVERITY_OF,
-                 "outbox_orders": {**SEVERITY_OF["outbox_orders"], "dead_letters": "ok"},
-                 "outbox_events": {**SEVERITY_OF["outbox_events"], "stuck": "ok", "dead_letters": "ok"}}
+    recovered = {
+        **SEVERITY_OF,
+        "outbox_orders": {**SEVERITY_OF["outbox_orders"], "dead_letters": "ok"},
+        "outbox_events": {**SEVERITY_OF["outbox_events"], "stuck": "ok", "dead_letters": "ok"},
+    }
     sent = announce(conn, conditions(recovered), now=at(600), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert {b["alert_key"]: (b["status"], b["severity"]) for b in sent} == {
         "check:outbox_orders:dead_letters": ("resolved", "error"),
@@ -178,8 +221,14 @@ def test_a_restarted_process_does_not_repeat_what_was_told(db_url, conn, http_si
         "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
         "    print(len(announce(conn, conditions(SEVERITY_OF), now=at(90), repeat_s=1800, webhook_url=sys.argv[2])))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, db_url, http_sink.url], capture_output=True, text=True,
-                          timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", script, db_url, http_sink.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
     assert len(http_sink.received) == 7
@@ -259,10 +308,15 @@ def test_escalation_and_re_escalation_are_posted(conn, http_sink):
     for seconds, severity in ((0, "warning"), (10, "error"), (20, "warning"), (30, "error"), (40, "ok")):
         announce(conn, [cond(severity, key=key)], now=at(seconds), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert [(b["status"], b["severity"]) for b in posted(http_sink)] == [
-        ("firing", "warning"), ("firing", "error"), ("firing", "error"), ("resolved", "error")]
+        ("firing", "warning"),
+        ("firing", "error"),
+        ("firing", "error"),
+        ("resolved", "error"),
+    ]
 
 
 # -- what on-call receives -------------------------------------------------------
+
 
 def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
     monkeypatch.setenv(UI_URL_ENV, "https://dagster.example.com/")
@@ -271,18 +325,25 @@ def test_payload_fields_of_firing_and_resolved(conn, http_sink, monkeypatch):
     assert firing == http_sink.received[0].body
     assert firing["status"] == "firing" and firing["reminder"] is False
     assert (firing["severity"], firing["kind"], firing["table"], firing["check"]) == (
-        "error", "check", "outbox_orders", "dead_letters")
+        "error",
+        "check",
+        "outbox_orders",
+        "dead_letters",
+    )
     assert firing["summary"] == "outbox_orders: dead_letters is error."
     # The Checks tab opened on the check that fires (the UI opens on the first by name otherwise).
-    assert firing["link"] == "https://dagster.example.com/assets/outbox/outbox_orders?view=checks&checkDetail=dead_letters"
+    assert (
+        firing["link"] == "https://dagster.example.com/assets/outbox/outbox_orders?view=checks&checkDetail=dead_letters"
+    )
     assert firing["summary"] in firing["text"] and firing["link"] in firing["text"]
     assert firing["text"].startswith("*FIRING* [error]") and "|Open in Dagster>" in firing["text"]
     assert firing["started_at"] == at(0).isoformat()
     assert firing["figures"] == {"n": 1}
     assert "resolved_at" not in firing
 
-    ok = check_condition("outbox_orders", CheckVerdict("dead_letters", "ok", "outbox_orders: 0 dead messages.", {}),
-                         DagsterLinks())
+    ok = check_condition(
+        "outbox_orders", CheckVerdict("dead_letters", "ok", "outbox_orders: 0 dead messages.", {}), DagsterLinks()
+    )
     [resolved] = announce(conn, [ok], now=at(600), repeat_s=REPEAT, webhook_url=http_sink.url)
     assert (resolved["status"], resolved["severity"]) == ("resolved", "error")
     assert resolved["started_at"] == at(0).isoformat()
@@ -305,9 +366,12 @@ def test_without_a_ui_an_alert_carries_no_link(conn, http_sink):
 
 
 def test_secrets_in_a_summary_never_reach_the_webhook(conn, http_sink, caplog):
-    condition = cond("error", key="check:outbox_orders:destination",
-                     summary="outbox_orders: deliveries to http://user:secretpw@host/x have failed for 45.0s.",
-                     figures={"destination": "http://user:secretpw@host/x", "failures": 3})
+    condition = cond(
+        "error",
+        key="check:outbox_orders:destination",
+        summary="outbox_orders: deliveries to http://user:secretpw@host/x have failed for 45.0s.",
+        figures={"destination": "http://user:secretpw@host/x", "failures": 3},
+    )
     with caplog.at_level(logging.DEBUG):
         announce(conn, [condition], now=at(0), repeat_s=REPEAT, webhook_url=http_sink.url)
     [received] = http_sink.received
@@ -345,13 +409,24 @@ def test_without_a_webhook_alerts_are_logged_and_remembered(conn, caplog):
 
 
 def test_an_event_is_told_once_with_its_own_fields(http_sink):
-    condition = Condition(key="run:r1", severity="error", summary="relay_outbox_orders_job failed: boom.",
-                          kind="run_failure", link=DagsterLinks().run("r1"), table="outbox_orders",
-                          job="relay_outbox_orders_job", run_id="r1")
+    condition = Condition(
+        key="run:r1",
+        severity="error",
+        summary="relay_outbox_orders_job failed: boom.",
+        kind="run_failure",
+        link=DagsterLinks().run("r1"),
+        table="outbox_orders",
+        job="relay_outbox_orders_job",
+        run_id="r1",
+    )
     body = alerts.announce_event(condition, now=at(0), webhook_url=http_sink.url)
     assert posted(http_sink) == [body]
     assert (body["kind"], body["job"], body["run_id"], body["status"]) == (
-        "run_failure", "relay_outbox_orders_job", "r1", "firing")
+        "run_failure",
+        "relay_outbox_orders_job",
+        "r1",
+        "firing",
+    )
     assert "check" not in body
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from outbox_pipelines_tests.processes import free_port, kill_process, wait_until
 
-APP = '''
+APP = """
 import os, sys, time
 import psycopg
 import outbox_pipelines
@@ -33,7 +33,7 @@ with psycopg.connect(os.environ["OUTBOX_DATABASE_URL"]) as conn:  # one business
     outbox.enqueue_many(conn, [Message(topic="member.joined", payload={{"n": n}}) for n in range(25)])
 print("ready", flush=True)
 time.sleep(120)
-'''
+"""
 
 WAYS = {
     # the outbox's own server on a port of its own
@@ -53,8 +53,14 @@ def test_an_application_serves_its_enqueue_counts(cli_env, conn, tmp_path: Path,
     script = tmp_path / "billing_app.py"
     script.write_text(APP.format(expose=WAYS[way]))
     port = free_port()
-    app = subprocess.Popen([sys.executable, str(script), str(port)], env=cli_env, cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    app = subprocess.Popen(
+        [sys.executable, str(script), str(port)],
+        env=cli_env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert app.stdout.readline().strip() == "ready", app.stderr.read() if app.poll() is not None else ""
         text = wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics").text, 10, "the /metrics endpoint")

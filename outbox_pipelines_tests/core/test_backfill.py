@@ -23,18 +23,19 @@ def mark_sent(conn, ids, published_at) -> None:
 
 
 def backfill_audit(conn) -> list[dict]:
-    return conn.execute("SELECT outbox_table, message_id, worker, detail FROM outbox_audit "
-                        "WHERE code = 'outbox_backfill' ORDER BY id").fetchall()
+    return conn.execute(
+        "SELECT outbox_table, message_id, worker, detail FROM outbox_audit WHERE code = 'outbox_backfill' ORDER BY id"
+    ).fetchall()
 
 
 def test_only_rows_sent_inside_the_window_are_delivered_again_and_stay_sent(db_url, conn):
     ids = enqueue_n(conn, EVENTS, 7)
     t0 = db_now(conn)
     start, end = t0 - timedelta(hours=2), t0 - timedelta(hours=1)
-    mark_sent(conn, ids[0:2], start)                          # at the start: inside
-    mark_sent(conn, [ids[2]], end - timedelta(seconds=1))     # just before the end: inside
-    mark_sent(conn, [ids[3]], end)                            # at the end: outside, the window is [start, end)
-    mark_sent(conn, [ids[4]], start - timedelta(seconds=1))   # before the start: outside
+    mark_sent(conn, ids[0:2], start)  # at the start: inside
+    mark_sent(conn, [ids[2]], end - timedelta(seconds=1))  # just before the end: inside
+    mark_sent(conn, [ids[3]], end)  # at the end: outside, the window is [start, end)
+    mark_sent(conn, [ids[4]], start - timedelta(seconds=1))  # before the start: outside
     make_dead(conn, EVENTS, ids[5], code=None, at=start)
     # ids[6] stays pending
     before = {r["id"]: r for r in rows(conn, EVENTS)}
@@ -71,8 +72,9 @@ def test_pages_through_a_large_window_and_reports_progress(db_url, conn):
     destination = ScriptedDestination()
     said: list[str] = []
 
-    report = redeliver_sent(db_url, EVENTS, destination, t0 - timedelta(hours=1), t0, batch_size=10,
-                            progress=said.append)
+    report = redeliver_sent(
+        db_url, EVENTS, destination, t0 - timedelta(hours=1), t0, batch_size=10, progress=said.append
+    )
 
     assert report.found == 25 and [m.id for m in destination.calls] == ids  # each once, in id order
     assert said == [f"{EVENTS}: {n} sent messages re-delivered so far (0 failed)" for n in (10, 20, 25)]
@@ -89,8 +91,9 @@ def test_one_audit_row_says_what_was_redelivered_where_and_by_whom(db_url, conn)
 
     [audit] = backfill_audit(conn)
     assert (audit["outbox_table"], audit["message_id"], audit["worker"]) == (EVENTS, None, "dagster:1234abcd")
-    assert audit["detail"] == (f"re-delivered 2 of 3 sent messages published in [{start.isoformat()}, "
-                               f"{end.isoformat()}) to scripted; 1 failed")
+    assert audit["detail"] == (
+        f"re-delivered 2 of 3 sent messages published in [{start.isoformat()}, {end.isoformat()}) to scripted; 1 failed"
+    )
 
 
 def test_an_empty_window_delivers_nothing_and_still_records_the_backfill(db_url, conn):
@@ -107,5 +110,10 @@ def test_an_empty_window_delivers_nothing_and_still_records_the_backfill(db_url,
 
 def test_an_unknown_table_says_how_to_create_it(db_url):
     with pytest.raises(UnknownTable, match="db create-table hrm_outbox"):
-        redeliver_sent(db_url, "hrm_outbox", ScriptedDestination(), datetime(2026, 1, 1, tzinfo=UTC),
-                       datetime(2026, 1, 2, tzinfo=UTC))
+        redeliver_sent(
+            db_url,
+            "hrm_outbox",
+            ScriptedDestination(),
+            datetime(2026, 1, 1, tzinfo=UTC),
+            datetime(2026, 1, 2, tzinfo=UTC),
+        )

@@ -18,8 +18,11 @@ def load(tmp_path: Path, section: str, environ: dict[str, str] | None = None):
 
 
 def test_a_nats_table_reads_its_url_with_credentials_from_the_environment_and_shows_only_the_origin(tmp_path):
-    settings = load(tmp_path, 'destination = "nats"\nurl_env = "BILLING_NATS"\ntopic_prefix = "billing."',
-                    {"BILLING_NATS": "nats://relay:s3cret-pw@127.0.0.1:4222"})
+    settings = load(
+        tmp_path,
+        'destination = "nats"\nurl_env = "BILLING_NATS"\ntopic_prefix = "billing."',
+        {"BILLING_NATS": "nats://relay:s3cret-pw@127.0.0.1:4222"},
+    )
     broker = settings.table(TABLE).broker
     assert broker is not None
     assert (broker.kind, broker.shown, broker.topic_prefix) == ("nats", "nats://127.0.0.1:4222", "billing.")
@@ -29,56 +32,76 @@ def test_a_nats_table_reads_its_url_with_credentials_from_the_environment_and_sh
 def test_a_rabbitmq_exchange_defaults_to_the_table_name(tmp_path):
     broker = load(tmp_path, 'destination = "rabbitmq"\nurl = "amqp://127.0.0.1:5672/"').table(TABLE).broker
     assert broker is not None and broker.exchange == TABLE
-    broker = load(tmp_path, 'destination = "rabbitmq"\nurl = "amqp://127.0.0.1/"\nexchange = "crm.events"'
-                  ).table(TABLE).broker
+    broker = (
+        load(tmp_path, 'destination = "rabbitmq"\nurl = "amqp://127.0.0.1/"\nexchange = "crm.events"')
+        .table(TABLE)
+        .broker
+    )
     assert broker is not None and broker.exchange == "crm.events"
 
 
 def test_kafka_takes_bootstrap_servers(tmp_path):
-    broker = load(tmp_path, 'destination = "kafka"\nbootstrap_servers = "127.0.0.1:9092, 127.0.0.1:9093"'
-                  ).table(TABLE).broker
+    broker = (
+        load(tmp_path, 'destination = "kafka"\nbootstrap_servers = "127.0.0.1:9092, 127.0.0.1:9093"')
+        .table(TABLE)
+        .broker
+    )
     assert broker is not None
     assert (broker.url, broker.shown) == ("127.0.0.1:9092,127.0.0.1:9093", "kafka://127.0.0.1:9092 (+1)")
 
 
 def test_kafka_sasl_reads_its_password_from_the_environment_only(tmp_path):
-    settings = load(tmp_path, 'destination = "kafka"\nbootstrap_servers = "127.0.0.1:9092"\n'
-                    'sasl_username = "relay"\nsasl_password_env = "KAFKA_PW"', {"KAFKA_PW": "pw-kafka-77"})
+    settings = load(
+        tmp_path,
+        'destination = "kafka"\nbootstrap_servers = "127.0.0.1:9092"\n'
+        'sasl_username = "relay"\nsasl_password_env = "KAFKA_PW"',
+        {"KAFKA_PW": "pw-kafka-77"},
+    )
     broker = settings.table(TABLE).broker
     assert broker is not None
-    assert dict(broker.client_config) == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-                                          "sasl.username": "relay", "sasl.password": "pw-kafka-77"}
+    assert dict(broker.client_config) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "relay",
+        "sasl.password": "pw-kafka-77",
+    }
     assert "pw-kafka-77" not in repr(settings.table(TABLE))
 
 
-@pytest.mark.parametrize(("section", "says"), [
-    ('destination = "nats"', 'has no url: set url = "nats://127.0.0.1:4222"'),
-    ('destination = "nats"\nurl = "http://127.0.0.1:4222"', "needs a nats:// or tls:// URL"),
-    ('destination = "rabbitmq"\nurl = "nats://127.0.0.1"', "needs a amqp:// or amqps:// URL"),
-    ('destination = "kafka"', 'needs bootstrap_servers = "host:9092"'),
-    ('destination = "kafka"\nbootstrap_servers = "kafka://broker:9092"', "must be host:port"),
-    ('destination = "nats"\nurl_env = "NOT_SET_ANYWHERE"', "NOT_SET_ANYWHERE is not set"),
-    ('destination = "nats"\nurl = "nats://127.0.0.1"\nurl_env = "X"', "names both url and url_env"),
-    ('destination = "nats"\nurl = "nats://127.0.0.1"\nexchange = "x"', "exchange applies to destination"),
-    ('destination = "kafka"\nbootstrap_servers = "h:1"\ntoken_env = "T"', "token_env applies to"),
-    ('destination = "nats"\nurl = "nats://127.0.0.1"\ntopic_prefix = "a b"', "topic_prefix must be letters"),
-    ('destination = "http"\nurl = "http://127.0.0.1/"\ntopic_prefix = "a."', "topic_prefix apply to a broker"),
-    ('destination = "kafka"\nbootstrap_servers = "h:1"\nsasl_username = "relay"', "go together"),
-    ('destination = "kafka"\nbootstrap_servers = "h:1"\nsecurity_protocol = "TLS"', "security_protocol must be"),
-    ('destination = "nats"\nurl = "nats://h"\nsasl_username = "u"', 'apply to destination = "kafka" only'),
-    ('destination = "natss"\nurl = "nats://127.0.0.1"', "destination must be one of"),
-])
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ('destination = "nats"', 'has no url: set url = "nats://127.0.0.1:4222"'),
+        ('destination = "nats"\nurl = "http://127.0.0.1:4222"', "needs a nats:// or tls:// URL"),
+        ('destination = "rabbitmq"\nurl = "nats://127.0.0.1"', "needs a amqp:// or amqps:// URL"),
+        ('destination = "kafka"', 'needs bootstrap_servers = "host:9092"'),
+        ('destination = "kafka"\nbootstrap_servers = "kafka://broker:9092"', "must be host:port"),
+        ('destination = "nats"\nurl_env = "NOT_SET_ANYWHERE"', "NOT_SET_ANYWHERE is not set"),
+        ('destination = "nats"\nurl = "nats://127.0.0.1"\nurl_env = "X"', "names both url and url_env"),
+        ('destination = "nats"\nurl = "nats://127.0.0.1"\nexchange = "x"', "exchange applies to destination"),
+        ('destination = "kafka"\nbootstrap_servers = "h:1"\ntoken_env = "T"', "token_env applies to"),
+        ('destination = "nats"\nurl = "nats://127.0.0.1"\ntopic_prefix = "a b"', "topic_prefix must be letters"),
+        ('destination = "http"\nurl = "http://127.0.0.1/"\ntopic_prefix = "a."', "topic_prefix apply to a broker"),
+        ('destination = "kafka"\nbootstrap_servers = "h:1"\nsasl_username = "relay"', "go together"),
+        ('destination = "kafka"\nbootstrap_servers = "h:1"\nsecurity_protocol = "TLS"', "security_protocol must be"),
+        ('destination = "nats"\nurl = "nats://h"\nsasl_username = "u"', 'apply to destination = "kafka" only'),
+        ('destination = "natss"\nurl = "nats://127.0.0.1"', "destination must be one of"),
+    ],
+)
 def test_a_mistake_fails_the_table_at_load_saying_what_to_write(tmp_path, section, says):
     settings = load(tmp_path, section)
     assert TABLE in settings.broken, settings.tables
     assert says in settings.broken[TABLE]
 
 
-@pytest.mark.parametrize(("kind", "section"), [
-    ("nats", 'url = "nats://127.0.0.1:4222"'),
-    ("rabbitmq", 'url = "amqp://127.0.0.1/"'),
-    ("kafka", 'bootstrap_servers = "127.0.0.1:9092"'),
-])
+@pytest.mark.parametrize(
+    ("kind", "section"),
+    [
+        ("nats", 'url = "nats://127.0.0.1:4222"'),
+        ("rabbitmq", 'url = "amqp://127.0.0.1/"'),
+        ("kafka", 'bootstrap_servers = "127.0.0.1:9092"'),
+    ],
+)
 def test_a_broker_whose_extra_is_missing_fails_at_load_with_the_pip_line(tmp_path, monkeypatch, kind, section):
     """Without the client library, the table is refused when the settings load (dg check defs, the code
     location, every command), never at its first delivery."""

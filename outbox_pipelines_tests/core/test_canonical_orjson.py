@@ -42,7 +42,7 @@ def test_every_kind_of_float_is_written_as_json_writes_it():
         floats.append(round(rnd.random() * 10 ** rnd.randint(-8, 20), rnd.randint(0, 6)))
     finite = [f for f in floats if math.isfinite(f)]
     for start in range(0, len(finite), 50):
-        assert_same_text({"x": finite[start:start + 50]})
+        assert_same_text({"x": finite[start : start + 50]})
 
 
 def test_floats_orjson_writes_otherwise_are_left_to_json():
@@ -56,7 +56,7 @@ def test_floats_orjson_writes_otherwise_are_left_to_json():
 def test_every_character_is_written_as_json_writes_it():
     code_points = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     for start in range(0, len(code_points), 4096):
-        text = "".join(map(chr, code_points[start:start + 4096]))
+        text = "".join(map(chr, code_points[start : start + 4096]))
         assert_same_text({"s": text, text[:20]: 1})
 
 
@@ -80,12 +80,15 @@ class Tag(str):
     pass
 
 
-@pytest.mark.parametrize("value", [
-    {"big": 2**63, "bigger": 2**64 - 1, "beyond": 2**64, "negative": -2**63 - 1, "huge": 10**40},
-    {"bool": True, "none": None, "nested": {"list": [1, [2, [3, {}]]], "tuple": (1, 2)}, "empty": []},
-    {"sub": Tag("x"), Tag("key"): Level.HIGH, "ordered": OrderedDict(b=1, a=2)},
-    {"quote": 'say "hi"', "slash": "a\\b/c", "controls": "\n\t\x01\x7f\x85", "line": "\u2028"},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"big": 2**63, "bigger": 2**64 - 1, "beyond": 2**64, "negative": -(2**63) - 1, "huge": 10**40},
+        {"bool": True, "none": None, "nested": {"list": [1, [2, [3, {}]]], "tuple": (1, 2)}, "empty": []},
+        {"sub": Tag("x"), Tag("key"): Level.HIGH, "ordered": OrderedDict(b=1, a=2)},
+        {"quote": 'say "hi"', "slash": "a\\b/c", "controls": "\n\t\x01\x7f\x85", "line": "\u2028"},
+    ],
+)
 def test_values_of_every_type_json_writes_have_the_same_text(value):
     assert_same_text(value)
 
@@ -131,6 +134,5 @@ def test_nul_is_refused_and_its_escape_written_as_text_is_not():
 def test_a_known_digest_is_unchanged():
     payload = {"order_id": "ord-1", "amount": 12.5, "tiny": 1.5e-7, "lines": [{"sku": "é", "qty": 2}], "note": None}
     text, sha = checked_canonical_payload(payload)
-    assert text == ('{"amount":12.5,"lines":[{"qty":2,"sku":"é"}],"note":null,"order_id":"ord-1",'
-                    '"tiny":1.5e-07}')
+    assert text == ('{"amount":12.5,"lines":[{"qty":2,"sku":"é"}],"note":null,"order_id":"ord-1","tiny":1.5e-07}')
     assert sha == "sha256:" + __import__("hashlib").sha256(text.encode()).hexdigest()

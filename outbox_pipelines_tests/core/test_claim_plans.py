@@ -18,8 +18,16 @@ ORDERS = "outbox_orders"
 PLAIN_OUTPUT = re.compile(r"t(_\d+)?\.\w+|NULL::text")
 
 PARAMS: dict[str, Any] = {
-    "table_name": ORDERS, "worker": "plan-check", "limit": 100, "lease_s": 30.0, "paused_topics": [],
-    "max_attempts": 10, "audit_claims": True, "fast_commit": True, "gated": True, "now": None,
+    "table_name": ORDERS,
+    "worker": "plan-check",
+    "limit": 100,
+    "lease_s": 30.0,
+    "paused_topics": [],
+    "max_attempts": 10,
+    "audit_claims": True,
+    "fast_commit": True,
+    "gated": True,
+    "now": None,
     "hold_timeout_ms": 30_000,
 }
 

@@ -7,8 +7,19 @@ import pytest
 
 from outbox_pipelines.core.models import ClaimedMessage
 
-ROW = (7, "evt-7", "acme", "order.created", {"order_id": 7}, "sha256:ab", {"trace_id": "t7"}, 2,
-       datetime(2026, 11, 23, 12, 0, tzinfo=UTC), datetime(2026, 11, 23, 12, 1, tzinfo=UTC), "order-7")
+ROW = (
+    7,
+    "evt-7",
+    "acme",
+    "order.created",
+    {"order_id": 7},
+    "sha256:ab",
+    {"trace_id": "t7"},
+    2,
+    datetime(2026, 11, 23, 12, 0, tzinfo=UTC),
+    datetime(2026, 11, 23, 12, 1, tzinfo=UTC),
+    "order-7",
+)
 
 
 def test_from_row_equals_the_constructor_and_stays_frozen():

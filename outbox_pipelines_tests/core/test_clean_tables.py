@@ -32,8 +32,10 @@ def test_a_retention_too_short_for_any_table_deletes_nothing_and_chooses_no_data
 
 
 def test_every_cleaner_off_skips_every_table_and_the_shared_ones_without_a_database():
-    report = clean_tables(_no_database, [table_settings(EVENTS, cleaner_enabled=False),
-                                         table_settings(MEMORY, cleaner_enabled=False, retention_s=1)])
+    report = clean_tables(
+        _no_database,
+        [table_settings(EVENTS, cleaner_enabled=False), table_settings(MEMORY, cleaner_enabled=False, retention_s=1)],
+    )
     assert [(t.table, t.skipped) for t in report.tables] == [(EVENTS, CLEANER_DISABLED), (MEMORY, CLEANER_DISABLED)]
     assert report.shared is None and report.deleted_sent_by_table == {}
 
@@ -42,10 +44,13 @@ def test_the_report_says_per_table_what_went_with_which_retention_and_the_shared
     _old_sent(conn, EVENTS)
     _old_sent(conn, MEMORY)
     urls = []
-    report = clean_tables(lambda: urls.append(db_url) or db_url,
-                          [table_settings(EVENTS), table_settings(MEMORY, cleaner_enabled=False)])
+    report = clean_tables(
+        lambda: urls.append(db_url) or db_url, [table_settings(EVENTS), table_settings(MEMORY, cleaner_enabled=False)]
+    )
     assert urls == [db_url]  # chosen once
     assert [(t.table, t.deleted_sent, t.retention_s, t.skipped) for t in report.tables] == [
-        (EVENTS, 2, 168 * 3600.0, None), (MEMORY, 0, 168 * 3600.0, CLEANER_DISABLED)]
+        (EVENTS, 2, 168 * 3600.0, None),
+        (MEMORY, 0, 168 * 3600.0, CLEANER_DISABLED),
+    ]
     assert report.shared is not None and report.deleted_sent_total == 2
     assert statuses(conn, EVENTS) == {} and statuses(conn, MEMORY) == {"sent": 2}

@@ -80,6 +80,6 @@ def test_without_a_dagster_project_no_defs_yaml_is_read(tmp_path):
 
 
 def test_a_top_level_typo_names_the_key_and_the_known_ones(tmp_path):
-    (tmp_path / "outbox.toml").write_text('shiped_tables = false\n')
+    (tmp_path / "outbox.toml").write_text("shiped_tables = false\n")
     with pytest.raises(ConfigError, match=r"unknown top-level keys \['shiped_tables'\].*tables, shipped_tables"):
         find_declaration({}, start=tmp_path)

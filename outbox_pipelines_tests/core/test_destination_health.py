@@ -57,7 +57,10 @@ def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, c
     health = read_health(conn, EVENTS)
     assert health.failing and 0 <= health.failing_for_s < 30
     assert (health.destination, health.consecutive_failures, health.error_codes) == (
-        closed_url.rstrip("/"), 3, {m.NETWORK_TIMEOUT: 3})  # named by its origin
+        closed_url.rstrip("/"),
+        3,
+        {m.NETWORK_TIMEOUT: 3},
+    )  # named by its origin
     assert "connection failed" in health.last_error
     started = health_row(conn)["failing_since"]
     assert started is not None
@@ -173,7 +176,8 @@ def test_a_run_of_delivered_batches_writes_the_success_row_at_most_once_per_inte
 
     # A streak opened meanwhile (by another relay) is ended by the next write, within the interval.
     DestinationGuard(EVENTS, "http://broker.example/").observe(
-        conn, [Outcome.retry(m.BROKER_5XX, "HTTP 502")], now=t0 + timedelta(seconds=12))
+        conn, [Outcome.retry(m.BROKER_5XX, "HTTP 502")], now=t0 + timedelta(seconds=12)
+    )
     clock.seconds = 13.0
     guard.observe(conn, [Outcome.sent(ref="r13")], now=t0 + timedelta(seconds=13))
     assert read_health(conn, EVENTS).failing

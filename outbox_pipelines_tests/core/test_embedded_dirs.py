@@ -218,7 +218,8 @@ def test_the_servers_programs_in_a_closed_tree_get_search_only(tree, monkeypatch
     monkeypatch.setattr(commands, "POSTGRES_BIN_PATH", bin_dir)
     embedded_as_root._let_server_run_programs(db.SERVER_USER_AS_ROOT)
     assert {p: oct(_mode(p)) for p in (tree, tree / "venv", bin_dir.parent)} == dict.fromkeys(
-        (tree, tree / "venv", bin_dir.parent), "0o701")
+        (tree, tree / "venv", bin_dir.parent), "0o701"
+    )
     assert _mode(bin_dir) == 0o755  # the package's own bin directory, as the package makes it
     assert _parents_modes(tree.parent) == outside
     said = capsys.readouterr().err

@@ -70,8 +70,9 @@ def other_user() -> Iterator[str]:
     if not IS_ROOT:
         pytest.skip("creating a local user needs root")
     name = f"obxprobe{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
     try:
         yield name
     finally:
@@ -79,8 +80,9 @@ def other_user() -> Iterator[str]:
 
 
 def run_as(user: str, *command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True, timeout=30,
-                          cwd="/", check=False)
+    return subprocess.run(
+        ["runuser", "-u", user, "--", *command], capture_output=True, text=True, timeout=30, cwd="/", check=False
+    )
 
 
 def test_the_test_servers_socket_is_in_its_private_data_directory(pg_server):

@@ -37,12 +37,14 @@ def test_commit_keeps_business_row_and_message_sqlalchemy(db_url, conn):
     with engine.begin() as sa_conn:
         sa_conn.execute(sa.text("INSERT INTO business VALUES (1)"))
         result = Outbox("outbox_events").enqueue(
-            sa_conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e-1"))
+            sa_conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e-1")
+        )
     with pytest.raises(RuntimeError):
         with engine.begin() as sa_conn:
             sa_conn.execute(sa.text("INSERT INTO business VALUES (2)"))
             Outbox("outbox_events").enqueue(
-                sa_conn, Message(topic="org.changed", payload={"org_id": 2}, event_id="e-2"))
+                sa_conn, Message(topic="org.changed", payload={"org_id": 2}, event_id="e-2")
+            )
             raise RuntimeError("business logic failed")
     engine.dispose()
     assert result.duplicate is False
@@ -74,9 +76,7 @@ def test_duplicate_event_id_returns_existing_row(conn):
 def test_enqueue_many_in_order_with_duplicates(conn):
     outbox = Outbox("outbox_events")
     existing = outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="e0"))
-    results = outbox.enqueue_many(
-        conn, [Message(topic="t", payload={"n": n}, event_id=f"e{n % 3}") for n in range(5)]
-    )
+    results = outbox.enqueue_many(conn, [Message(topic="t", payload={"n": n}, event_id=f"e{n % 3}") for n in range(5)])
     assert [r.event_id for r in results] == ["e0", "e1", "e2", "e0", "e1"]
     assert [r.duplicate for r in results] == [True, False, False, True, True]
     assert results[0].id == existing.id
@@ -198,8 +198,10 @@ def test_a_failed_enqueue_does_not_poison_the_business_transaction_silently(db_u
 
 def test_the_enqueue_api_imports_no_http_client():
     """An application that only enqueues does not pay for the relay's HTTP stack (aiohttp, httpx)."""
-    probe = ("import sys; from outbox_pipelines import Message, Outbox; "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))")
+    probe = (
+        "import sys; from outbox_pipelines import Message, Outbox; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'httpx', 'dagster'}))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -228,8 +230,9 @@ def test_a_large_batch_is_written_in_one_copy_and_gets_its_ids_in_order(db_url, 
         results = Outbox("outbox_events").enqueue_many(writer, _batch("big"))
         assert count(conn) == 0  # not visible before the caller commits
         writer.commit()
-    rows = conn.execute("SELECT id, event_id, payload, payload_sha, status, available_at <= now() AS due "
-                        "FROM outbox_events ORDER BY id").fetchall()
+    rows = conn.execute(
+        "SELECT id, event_id, payload, payload_sha, status, available_at <= now() AS due FROM outbox_events ORDER BY id"
+    ).fetchall()
     assert [r["event_id"] for r in rows] == [r.event_id for r in results] == [f"big-{n}" for n in range(len(rows))]
     assert [r["id"] for r in rows] == [r.id for r in results]
     assert all(r["status"] == "pending" and r["due"] for r in rows)
@@ -294,8 +297,10 @@ def test_a_large_batch_with_one_bad_message_writes_nothing(conn):
 
 def test_a_large_batch_of_delayed_messages_keeps_each_available_at(conn):
     later = datetime.now(UTC) + timedelta(hours=1)
-    batch = [Message(topic="t", payload={}, event_id=f"late-{n}", available_at=later if n % 2 else None)
-             for n in range(COPY_MIN_ROWS * 2)]
+    batch = [
+        Message(topic="t", payload={}, event_id=f"late-{n}", available_at=later if n % 2 else None)
+        for n in range(COPY_MIN_ROWS * 2)
+    ]
     Outbox("outbox_events").enqueue_many(conn, batch)
     assert count(conn, where="available_at > now() + interval '59 minutes'") == COPY_MIN_ROWS
 
@@ -346,16 +351,22 @@ def test_a_large_batch_stores_every_message_as_a_single_enqueue_would(db_url, co
         Message(topic="t", payload={"n": 4}, event_id="u-headers", headers={"trace_id": "é", "k": "a\\b"}),
         Message(topic="t", payload={"n": 5}),
     ]
-    batch = [Message(topic="t", payload=_order(n), event_id=f"plain-{n}", headers={"trace_id": f"tr-{n}"})
-             for n in range(100)]
+    batch = [
+        Message(topic="t", payload=_order(n), event_id=f"plain-{n}", headers={"trace_id": f"tr-{n}"})
+        for n in range(100)
+    ]
     for index, message in enumerate(unusual):
         batch.insert(index * 9, message)
     with psycopg.connect(db_url) as writer:
         results = Outbox("outbox_events").enqueue_many(writer, batch)
         writer.commit()
     assert [r.duplicate for r in results] == [False] * len(batch)
-    stored = {row["event_id"]: row for row in conn.execute(
-        "SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers FROM outbox_events")}
+    stored = {
+        row["event_id"]: row
+        for row in conn.execute(
+            "SELECT id, event_id, tenant_id, topic, payload, payload_sha, headers FROM outbox_events"
+        )
+    }
     assert len(stored) == len(batch)
     for message, result in zip(batch, results, strict=True):
         row = stored[result.event_id]
@@ -374,8 +385,13 @@ def test_a_large_batch_stores_every_message_as_a_single_enqueue_would(db_url, co
 def test_headers_none_means_no_headers_in_one_enqueue_and_in_a_batch(conn):
     outbox = Outbox("outbox_events")
     outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="no-headers-0", headers=None))
-    outbox.enqueue_many(conn, [Message(topic="t", payload={"n": n}, event_id=f"no-headers-{n}", headers=None)
-                               for n in range(1, COPY_MIN_ROWS + 1)])
+    outbox.enqueue_many(
+        conn,
+        [
+            Message(topic="t", payload={"n": n}, event_id=f"no-headers-{n}", headers=None)
+            for n in range(1, COPY_MIN_ROWS + 1)
+        ],
+    )
     rows = conn.execute("SELECT headers FROM outbox_events WHERE event_id LIKE 'no-headers-%%'").fetchall()
     assert [r["headers"] for r in rows] == [{}] * (COPY_MIN_ROWS + 1)
     assert Message(topic="t", payload={}).headers == {}

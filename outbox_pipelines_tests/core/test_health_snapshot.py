@@ -18,8 +18,9 @@ EVENTS = "outbox_events"
 
 
 def status_of(conn, *, now=None, count_sent=False, stuck_after_s=600.0, window_s=3600.0):
-    return read_status(OutboxTable(conn, EVENTS), stuck_after_s=stuck_after_s, window_s=window_s, now=now,
-                       count_sent=count_sent)
+    return read_status(
+        OutboxTable(conn, EVENTS), stuck_after_s=stuck_after_s, window_s=window_s, now=now, count_sent=count_sent
+    )
 
 
 def verdict(status, name, limits=None):
@@ -31,8 +32,15 @@ def test_an_empty_table_is_healthy_and_every_check_passes(conn):
     assert status.counts == {"pending": 0, "retrying": 0, "sending": 0, "sent": 0, "dead": 0}
     assert (status.oldest_waiting_age_s, status.lag_p95_s, status.lag_sample, status.stuck) == (None, None, 0, 0)
     verdicts = evaluate_checks(status, CheckThresholds())
-    assert [v.name for v in verdicts] == ["lag", "dead_letters", "stuck", "backlog", "destination", "relay",
-                                          "blocked_keys"]
+    assert [v.name for v in verdicts] == [
+        "lag",
+        "dead_letters",
+        "stuck",
+        "backlog",
+        "destination",
+        "relay",
+        "blocked_keys",
+    ]
     assert all(v.severity == "ok" for v in verdicts), [(v.name, v.description) for v in verdicts]
 
 
@@ -40,9 +48,11 @@ def test_oldest_waiting_counts_a_row_in_retry_backoff(conn):
     """A message retrying in backoff is still waiting (the oldest waiting, the backlog), but not late until its
     backoff ends: from then on it is timed from when it became due, so an outage shows while it lasts."""
     [row_id] = enqueue_n(conn, EVENTS, 1)
-    conn.execute("UPDATE outbox_events SET attempts = 3, created_at = now() - interval '10 minutes', "
-                 "available_at = now() + interval '5 minutes', last_error_code = 'BROKER_5XX' WHERE id = %s",
-                 (row_id,))
+    conn.execute(
+        "UPDATE outbox_events SET attempts = 3, created_at = now() - interval '10 minutes', "
+        "available_at = now() + interval '5 minutes', last_error_code = 'BROKER_5XX' WHERE id = %s",
+        (row_id,),
+    )
     due_at = conn.execute("SELECT available_at FROM outbox_events WHERE id = %s", (row_id,)).fetchone()["available_at"]
     status = status_of(conn)
     assert status.counts["retrying"] == 1 and status.counts["pending"] == 0
@@ -56,7 +66,8 @@ def test_oldest_waiting_counts_a_row_in_retry_backoff(conn):
     assert lag.severity == "ok", lag.description
     assert lag.description == (
         "outbox_events: nothing waiting, lag 0s (1 more not due yet: retrying after a backoff, scheduled, or "
-        "behind an earlier message of their key).")
+        "behind an earlier message of their key)."
+    )
     # Its backoff ended 10 s ago: it waits now, timed from then, not from its creation 15 min earlier.
     due = status_of(conn, now=due_at + timedelta(seconds=10))
     assert due.ready == 1 and due.waiting_now == 1
@@ -118,8 +129,11 @@ def test_lag_reflects_messages_still_waiting(conn):
 def test_lag_mixes_recent_deliveries_with_waiting_messages(conn):
     """90 delivered 1 s after creation plus 10 waiting for 10 min: p50 is fast, p95 shows the stragglers."""
     ids = enqueue_n(conn, EVENTS, 100)
-    conn.execute("UPDATE outbox_events SET status = 'sent', created_at = now() - interval '2 minutes', "
-                 "published_at = now() - interval '119 seconds' WHERE id = ANY(%s)", (ids[:90],))
+    conn.execute(
+        "UPDATE outbox_events SET status = 'sent', created_at = now() - interval '2 minutes', "
+        "published_at = now() - interval '119 seconds' WHERE id = ANY(%s)",
+        (ids[:90],),
+    )
     age_rows(conn, EVENTS, ids[90:], created=timedelta(seconds=600))
     status = status_of(conn)
     assert status.lag_sample == 100
@@ -130,12 +144,17 @@ def test_lag_mixes_recent_deliveries_with_waiting_messages(conn):
 def test_sent_rows_outside_the_window_do_not_count(conn):
     ids = enqueue_n(conn, EVENTS, 30)
     # 20 delivered two hours ago, each after 1000 s: outside the 1 h window.
-    conn.execute("UPDATE outbox_events SET status = 'sent', created_at = now() - interval '7200 seconds' - "
-                 "interval '1000 seconds', published_at = now() - interval '7200 seconds' WHERE id = ANY(%s)",
-                 (ids[:20],))
+    conn.execute(
+        "UPDATE outbox_events SET status = 'sent', created_at = now() - interval '7200 seconds' - "
+        "interval '1000 seconds', published_at = now() - interval '7200 seconds' WHERE id = ANY(%s)",
+        (ids[:20],),
+    )
     # 10 delivered a minute ago, each after 2 s.
-    conn.execute("UPDATE outbox_events SET status = 'sent', created_at = now() - interval '62 seconds', "
-                 "published_at = now() - interval '60 seconds' WHERE id = ANY(%s)", (ids[20:],))
+    conn.execute(
+        "UPDATE outbox_events SET status = 'sent', created_at = now() - interval '62 seconds', "
+        "published_at = now() - interval '60 seconds' WHERE id = ANY(%s)",
+        (ids[20:],),
+    )
     status = status_of(conn)
     assert status.lag_sample == 10
     assert status.lag_p95_s == pytest.approx(2, abs=0.5)
@@ -184,7 +203,7 @@ def test_dead_by_code_and_the_dead_letters_check(conn):
 def test_stuck_rows_past_their_lease_or_the_threshold(conn):
     enqueue_n(conn, EVENTS, 3)
     outbox_table = OutboxTable(conn, EVENTS)
-    outbox_table.claim("gone", 1, 5)   # lease 5 s
+    outbox_table.claim("gone", 1, 5)  # lease 5 s
     outbox_table.claim("slow", 1, 3600)  # lease 1 h
     outbox_table.claim("fine", 1, 3600)
     t0 = db_now(conn)
@@ -234,8 +253,10 @@ def test_the_snapshot_reads_indexes_not_the_whole_table(conn):
         # Not a timing: the rows a step went through, against the 200,000 sent rows kept.
         touched = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * node.get("Actual Loops", 1)
         if node["Node Type"] == "Seq Scan" or touched > 20_000:
-            problems.append(f"{node['Node Type']} on {EVENTS} via {node.get('Index Name', '-')} "
-                            f"(filter {node.get('Filter', '-')}): {touched:,.0f} rows gone through")
+            problems.append(
+                f"{node['Node Type']} on {EVENTS} via {node.get('Index Name', '-')} "
+                f"(filter {node.get('Filter', '-')}): {touched:,.0f} rows gone through"
+            )
     assert not problems, "the snapshot's cost grows with the sent rows kept:\n" + "\n".join(problems)
     # and the answer is still right
     status = status_of(conn)

@@ -60,18 +60,26 @@ def test_control_characters_in_a_batch_write_nothing(conn):
 def test_nested_header_text_is_checked_and_printable_text_is_accepted(conn):
     with pytest.raises(InvalidMessage, match=r"header 'baggage'\[1\]"):
         Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, headers={"baggage": ["ok", "x\r\ny"]}))
-    fine = Message(topic="org.changed/ü ✓", payload={"text": "multi\nline is fine in a payload"}, event_id="ключ-1",
-                   tenant_id="acme corp", headers={"trace_id": "00-abc-01", "n": 3})
+    fine = Message(
+        topic="org.changed/ü ✓",
+        payload={"text": "multi\nline is fine in a payload"},
+        event_id="ключ-1",
+        tenant_id="acme corp",
+        headers={"trace_id": "00-abc-01", "n": 3},
+    )
     Outbox(EVENTS).enqueue(conn, fine)
     assert rows(conn, EVENTS)[0]["payload"] == {"text": "multi\nline is fine in a payload"}
 
 
-@pytest.mark.parametrize("flag, value, field", [
-    ("--topic", "org.changed\r\nX-Evil: 1", "topic"),
-    ("--event-id", "e\n1", "event_id"),
-    ("--tenant", "acme\x07", "tenant_id"),  # (argv cannot carry NUL)
-    ("--trace-id", "tr\r\n", "trace_id"),
-])
+@pytest.mark.parametrize(
+    "flag, value, field",
+    [
+        ("--topic", "org.changed\r\nX-Evil: 1", "topic"),
+        ("--event-id", "e\n1", "event_id"),
+        ("--tenant", "acme\x07", "tenant_id"),  # (argv cannot carry NUL)
+        ("--trace-id", "tr\r\n", "trace_id"),
+    ],
+)
 def test_cli_enqueue_refuses_control_characters(cli_env, conn, flag, value, field):
     args = {"--topic": "org.changed", "--event-id": "cli-ctl-1"}
     args[flag] = value
@@ -85,24 +93,33 @@ def test_cli_enqueue_refuses_control_characters(cli_env, conn, flag, value, fiel
 
 # -- enqueue_many with an event_id repeated in the same call ------------------
 def test_enqueue_many_repeated_event_id_same_payload(conn):
-    results = Outbox(EVENTS).enqueue_many(conn, [
-        Message(topic="t", payload={"n": 1}, event_id="twin"),
-        Message(topic="t", payload={"n": 1}, event_id="twin"),
-    ])
+    results = Outbox(EVENTS).enqueue_many(
+        conn,
+        [
+            Message(topic="t", payload={"n": 1}, event_id="twin"),
+            Message(topic="t", payload={"n": 1}, event_id="twin"),
+        ],
+    )
     assert [(r.duplicate, r.same_payload) for r in results] == [(False, True), (True, True)]
     assert results[0].id == results[1].id
     assert count(conn) == 1
 
 
 def test_enqueue_many_repeated_event_id_different_payload_says_so(conn):
-    results = Outbox(EVENTS).enqueue_many(conn, [
-        Message(topic="t", payload={"n": 1}, event_id="twin"),
-        Message(topic="t", payload={"n": 2}, event_id="other"),
-        Message(topic="t", payload={"n": 999}, event_id="twin"),
-        Message(topic="t", payload={"n": 1}, event_id="twin"),
-    ])
+    results = Outbox(EVENTS).enqueue_many(
+        conn,
+        [
+            Message(topic="t", payload={"n": 1}, event_id="twin"),
+            Message(topic="t", payload={"n": 2}, event_id="other"),
+            Message(topic="t", payload={"n": 999}, event_id="twin"),
+            Message(topic="t", payload={"n": 1}, event_id="twin"),
+        ],
+    )
     assert [(r.event_id, r.duplicate, r.same_payload) for r in results] == [
-        ("twin", False, True), ("other", False, True), ("twin", True, False), ("twin", True, True),
+        ("twin", False, True),
+        ("other", False, True),
+        ("twin", True, False),
+        ("twin", True, True),
     ]
     stored = {r["event_id"]: r["payload"] for r in rows(conn, EVENTS)}
     assert stored == {"twin": {"n": 1}, "other": {"n": 2}}  # the first occurrence is what was written
@@ -110,10 +127,13 @@ def test_enqueue_many_repeated_event_id_different_payload_says_so(conn):
 
 def test_enqueue_many_repeated_event_id_already_stored(conn):
     Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="old"))
-    results = Outbox(EVENTS).enqueue_many(conn, [
-        Message(topic="t", payload={"n": 2}, event_id="old"),
-        Message(topic="t", payload={"n": 1}, event_id="old"),
-    ])
+    results = Outbox(EVENTS).enqueue_many(
+        conn,
+        [
+            Message(topic="t", payload={"n": 2}, event_id="old"),
+            Message(topic="t", payload={"n": 1}, event_id="old"),
+        ],
+    )
     assert [(r.duplicate, r.same_payload) for r in results] == [(True, False), (True, True)]
     assert count(conn) == 1
 
@@ -145,12 +165,15 @@ def test_nesting_up_to_the_cap_is_accepted(conn):
     assert count(conn) == 1
 
 
-@pytest.mark.parametrize("payload, where", [
-    ({1: "one"}, r"key 1 at \$ is a int"),
-    ({"a": {"b": [{2.5: "x"}]}}, r"key 2\.5 at \$\.a\.b\[0\] is a float"),
-    ({"ok": 1, None: 2}, "key None at \\$ is a NoneType"),
-    ({True: 1}, "key True at \\$ is a bool"),
-])
+@pytest.mark.parametrize(
+    "payload, where",
+    [
+        ({1: "one"}, r"key 1 at \$ is a int"),
+        ({"a": {"b": [{2.5: "x"}]}}, r"key 2\.5 at \$\.a\.b\[0\] is a float"),
+        ({"ok": 1, None: 2}, "key None at \\$ is a NoneType"),
+        ({True: 1}, "key True at \\$ is a bool"),
+    ],
+)
 def test_non_string_keys_are_refused_not_stringified(conn, payload, where):
     with pytest.raises(InvalidMessage, match=where):
         Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=payload))
@@ -181,8 +204,12 @@ def test_create_table_refuses_an_existing_business_table(cli_env, conn):
         result = run_cli(cli_env, "db", "create-table", name)
         assert result.returncode == 2, result.stderr
         assert f"already names a {kind}" in result.stderr and "not an outbox table" in result.stderr
-    columns = [r["column_name"] for r in conn.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'invoices' ORDER BY ordinal_position")]
+    columns = [
+        r["column_name"]
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'invoices' ORDER BY ordinal_position"
+        )
+    ]
     assert columns == ["id", "amount"]  # untouched
     assert conn.execute("SELECT count(*) AS n FROM pg_indexes WHERE tablename = 'invoices'").fetchone()["n"] == 1
 
@@ -195,12 +222,17 @@ def test_create_table_still_creates_and_rechecks_outbox_tables(db_url, conn):
 
 def test_reserved_names_are_every_non_outbox_table_of_the_schema(conn):
     """The one list of reserved names matches what the migrations create (a new shared table must join it)."""
-    tables = {r["relname"] for r in conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind IN ('r', 'p', 'v', 'm') AND n.nspname = current_schema() "
-        "AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'outbox_notify_insert')")}
-    assert tables <= reserved_table_names(), \
+    tables = {
+        r["relname"]
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p', 'v', 'm') AND n.nspname = current_schema() "
+            "AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'outbox_notify_insert')"
+        )
+    }
+    assert tables <= reserved_table_names(), (
         f"add {sorted(tables - reserved_table_names())} to RESERVED_TABLE_NAMES or its wing's shared_tables"
+    )
 
 
 # -- clean: a retention shorter than the dedup horizon -------------------------
@@ -251,6 +283,18 @@ def test_event_id_dedup_holds_while_sent_rows_are_kept(cli_env, conn):
     event_id = rows(conn, EVENTS)[0]["event_id"]
     kept = run_cli(cli_env, "clean", "--table", EVENTS)  # the default retention (168h)
     assert kept.returncode == 0, kept.stderr
-    again = run_cli(cli_env, "enqueue", "--table", EVENTS, "--topic", "t", "--payload", "{}", "--event-id", event_id,
-                    "--allow-unknown-topic", "--json")
+    again = run_cli(
+        cli_env,
+        "enqueue",
+        "--table",
+        EVENTS,
+        "--topic",
+        "t",
+        "--payload",
+        "{}",
+        "--event-id",
+        event_id,
+        "--allow-unknown-topic",
+        "--json",
+    )
     assert json.loads(again.stdout)["duplicate"] is True

@@ -41,16 +41,20 @@ def relay_once(db_url, destination=None) -> None:
 
 def make_dead(conn, row_id: int) -> None:
     """Created three days ago, dead for two, after its retries."""
-    conn.execute("UPDATE outbox_events SET status = 'dead', attempts = 6, last_error_code = 'BROKER_5XX', "
-                 "last_error = 'HTTP 503', created_at = now() - interval '3 days', "
-                 "available_at = now() - interval '2 days 1 hour', updated_at = now() - interval '2 days' "
-                 "WHERE id = %s", (row_id,))
+    conn.execute(
+        "UPDATE outbox_events SET status = 'dead', attempts = 6, last_error_code = 'BROKER_5XX', "
+        "last_error = 'HTTP 503', created_at = now() - interval '3 days', "
+        "available_at = now() - interval '2 days 1 hour', updated_at = now() - interval '2 days' "
+        "WHERE id = %s",
+        (row_id,),
+    )
 
 
 def lag_alerts(db_url) -> list[str]:
     """One on-call sweep (no webhook): the statuses it told for the table's lag check."""
-    return [a["status"] for a in sweep(db_url, SETTINGS, webhook_url="").alerts
-            if a["alert_key"] == f"check:{EVENTS}:lag"]
+    return [
+        a["status"] for a in sweep(db_url, SETTINGS, webhook_url="").alerts if a["alert_key"] == f"check:{EVENTS}:lag"
+    ]
 
 
 def shift(conn, ids, seconds: float, *columns: str) -> None:
@@ -145,9 +149,11 @@ def test_an_old_message_in_flight_counts_from_when_it_became_due(conn):
 
 def test_a_retry_in_backoff_is_not_late_until_its_backoff_ends(conn):
     [row_id] = enqueue_n(conn, EVENTS, 1)
-    conn.execute("UPDATE outbox_events SET attempts = 3, created_at = now() - interval '10 minutes', "
-                 "available_at = now() + interval '5 minutes', last_error_code = 'BROKER_5XX' WHERE id = %s",
-                 (row_id,))
+    conn.execute(
+        "UPDATE outbox_events SET attempts = 3, created_at = now() - interval '10 minutes', "
+        "available_at = now() + interval '5 minutes', last_error_code = 'BROKER_5XX' WHERE id = %s",
+        (row_id,),
+    )
     backing_off = lag(conn)
     assert backing_off.severity == "ok" and backing_off.metadata["waiting_now"] == 0
     assert "1 more not due yet" in backing_off.description
@@ -157,8 +163,9 @@ def test_a_retry_in_backoff_is_not_late_until_its_backoff_ends(conn):
 
 
 def test_a_message_scheduled_for_later_is_not_late(conn):
-    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="later",
-                                         available_at=db_now(conn) + timedelta(hours=1)))
+    Outbox(EVENTS).enqueue(
+        conn, Message(topic="t", payload={"n": 1}, event_id="later", available_at=db_now(conn) + timedelta(hours=1))
+    )
     assert lag(conn, later_s=30 * 60).severity == "ok"
     assert lag(conn, later_s=63 * 60).severity == "warn"
 
@@ -168,8 +175,7 @@ def test_messages_held_behind_a_parked_key_are_told_by_blocked_keys_not_lag(db_u
     for name in ("a1", "a2", "a3"):
         outbox.enqueue(conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key="a"))
     reject = ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))
-    Relay(db_url, table_settings(EVENTS, mode="competing", idle_sleep_s=0.01), reject).run(max_seconds=5,
-                                                                                         max_entries=2)
+    Relay(db_url, table_settings(EVENTS, mode="competing", idle_sleep_s=0.01), reject).run(max_seconds=5, max_entries=2)
     assert statuses(conn, EVENTS) == {"dead": 1, "pending": 2}
     verdicts = {v.name: v for v in table_verdicts(conn, SETTINGS, EVENTS, now=db_now(conn) + timedelta(hours=1))}
     assert verdicts["blocked_keys"].severity == "warn"
@@ -197,6 +203,7 @@ def test_the_replay_of_an_old_dead_message_tells_on_call_nothing_about_lag(db_ur
 
 # -- the verdict on its own: a TableStatus as the snapshot would read it --------------------------------------
 
+
 def verdict(**fields) -> CheckVerdict:
     counts = {"pending": 0, "retrying": 0, "sending": 0, "sent": 0, "dead": 0, **fields.pop("counts", {})}
     status = TableStatus(EVENTS, counts=counts, **fields)
@@ -222,13 +229,22 @@ def test_the_oldest_waiting_now_is_graded_against_oldest_pending(oldest_s, sever
 
 
 def test_what_fails_says_how_late_what_waits_now_is_and_what_to_check():
-    late = verdict(counts={"pending": 4, "retrying": 2, "sending": 1}, waiting_now=5, lag_now_p95_s=400.0,
-                   lag_now_s=410.0, oldest_waiting_age_s=3 * 86400.0)
+    late = verdict(
+        counts={"pending": 4, "retrying": 2, "sending": 1},
+        waiting_now=5,
+        lag_now_p95_s=400.0,
+        lag_now_s=410.0,
+        oldest_waiting_age_s=3 * 86400.0,
+    )
     assert late.severity == "error"
     assert late.description == (
         "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60.0s), oldest waiting message due "
         "6.8 min ago (warn at 5.0 min), 5 waiting (2 more not due yet: retrying after a backoff, scheduled, or "
         "behind an earlier message of their key). Check that a relay run is active for the table and what the "
-        "destination check says.")
+        "destination check says."
+    )
     assert (late.metadata["waiting_now"], late.metadata["lag_now_s"], late.metadata["lag_now_p95_s"]) == (
-        5, 410.0, 400.0)
+        5,
+        410.0,
+        400.0,
+    )

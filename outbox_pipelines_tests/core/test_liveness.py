@@ -30,8 +30,9 @@ def silent_server():
 def relay_env(cli_env, tmp_path: Path, silent_server: str) -> dict[str, str]:
     """outbox_events delivered over HTTP to the hung destination, with a 60 s timeout."""
     config = tmp_path / "outbox.toml"
-    config.write_text(f'[tables.{EVENTS}]\ndestination = "http"\nurl = "{silent_server}"\ntimeout = "60s"\n'
-                      'mode = "competing"\n')
+    config.write_text(
+        f'[tables.{EVENTS}]\ndestination = "http"\nurl = "{silent_server}"\ntimeout = "60s"\nmode = "competing"\n'
+    )
     return {**cli_env, "OUTBOX_CONFIG": str(config)}
 
 
@@ -45,8 +46,9 @@ def killed_relay(conn, relay_env):
     enqueue_n(conn, EVENTS, 5)
     proc = start_relay(relay_env, EVENTS)
     try:
-        wait_until(lambda: statuses(conn, EVENTS).get("sending") == 5, 30, "the relay to hold the rows", 0.05,
-                   process=proc)
+        wait_until(
+            lambda: statuses(conn, EVENTS).get("sending") == 5, 30, "the relay to hold the rows", 0.05, process=proc
+        )
         [worker] = workers(conn)
         assert (worker["pid"], worker["table_name"], worker["stopped_at"]) == (proc.pid, EVENTS, None)
         # Alive, even when its heartbeat looks old (a slow beat, a database blip): never declared dead.
@@ -62,7 +64,12 @@ def test_a_killed_relay_is_found_dead_and_its_rows_return_at_once(conn, killed_r
     later = db_now(conn) + timedelta(seconds=30)
     [dead] = liveness.find_dead(conn, now=later)
     assert (dead.worker, dead.table, dead.pid, dead.host, dead.run_id) == (
-        worker["worker"], EVENTS, proc.pid, liveness.HOST, None)
+        worker["worker"],
+        EVENTS,
+        proc.pid,
+        liveness.HOST,
+        None,
+    )
     assert dead.silent_s >= 30
 
     buried = liveness.bury(conn, dead, max_attempts=25)
@@ -128,12 +135,22 @@ def gone_pid() -> int:
     return int(done.stdout)
 
 
-def add_worker(conn, worker: str, *, host: str, pid: int | None, silent_s: float, run_id: str | None = None,
-               job: str | None = None, table: str = EVENTS) -> None:
+def add_worker(
+    conn,
+    worker: str,
+    *,
+    host: str,
+    pid: int | None,
+    silent_s: float,
+    run_id: str | None = None,
+    job: str | None = None,
+    table: str = EVENTS,
+) -> None:
     conn.execute(
         "INSERT INTO outbox_relay_workers (worker, table_name, run_id, job, pid, host, started_at, heartbeat_at) "
         "VALUES (%s, %s, %s, %s, %s, %s, now() - interval '10 minutes', now() - make_interval(secs => %s))",
-        (worker, table, run_id, job, pid, host, silent_s))
+        (worker, table, run_id, job, pid, host, silent_s),
+    )
 
 
 def test_a_relay_on_another_host_is_dead_only_after_a_minute(conn):
@@ -161,10 +178,18 @@ def test_rows_out_of_attempts_go_dead_and_are_not_counted_as_returned(conn):
 
 
 def test_a_dead_relay_of_a_dagster_run_links_to_its_run(db_url, conn, http_sink):
-    add_worker(conn, "run-relay", host=liveness.HOST, pid=gone_pid(), silent_s=45, run_id="0123456789abcdef",
-               job="relay_group_default_job")
-    report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800,
-                   links=DagsterLinks())
+    add_worker(
+        conn,
+        "run-relay",
+        host=liveness.HOST,
+        pid=gone_pid(),
+        silent_s=45,
+        run_id="0123456789abcdef",
+        job="relay_group_default_job",
+    )
+    report = sweep(
+        db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800, links=DagsterLinks()
+    )
     assert [d.run_id for d in report.dead_relays] == ["0123456789abcdef"]
     [body] = [r.body for r in http_sink.received if r.body["kind"] == "relay_died"]
     assert (body["run_id"], body["job"]) == ("0123456789abcdef", "relay_group_default_job")  # as the relay recorded
@@ -180,8 +205,16 @@ def test_the_relays_of_one_dead_group_run_are_told_in_one_alert(db_url, conn, ht
     enqueue_n(conn, "outbox_memory", 3)
     pid = gone_pid()
     for table in (EVENTS, "outbox_memory"):
-        add_worker(conn, f"group-relay:{table}", host=liveness.HOST, pid=pid, silent_s=45, run_id="feedfacecafe0001",
-                   job="relay_group_default_job", table=table)
+        add_worker(
+            conn,
+            f"group-relay:{table}",
+            host=liveness.HOST,
+            pid=pid,
+            silent_s=45,
+            run_id="feedfacecafe0001",
+            job="relay_group_default_job",
+            table=table,
+        )
         OutboxTable(conn, table).claim(f"group-relay:{table}", 10, 600)
     report = sweep(db_url, load_settings(env={}, path=None), webhook_url=http_sink.url, repeat_s=1800)
     assert len(report.dead_relays) == 2

@@ -52,8 +52,12 @@ def test_cleaner_deletes_only_old_sent_rows(db_url, conn):
     make_sent(conn, EVENTS, ids[0], published_at=t0 - timedelta(days=8))
     make_sent(conn, EVENTS, ids[1], published_at=t0 - timedelta(days=6))
     make_dead(conn, EVENTS, ids[3], code=None, at=t0 - timedelta(days=30))
-    set_rows(conn, "UPDATE outbox_events SET status = 'sending', locked_by = 'w', updated_at = %s WHERE id = %s",
-             t0 - timedelta(days=9), ids[4])
+    set_rows(
+        conn,
+        "UPDATE outbox_events SET status = 'sending', locked_by = 'w', updated_at = %s WHERE id = %s",
+        t0 - timedelta(days=9),
+        ids[4],
+    )
     set_rows(conn, "UPDATE outbox_events SET attempts = 2 WHERE id = %s", ids[5])
     report = clean(db_url, table_settings(EVENTS), retention_s=7 * 86400)
     assert report.deleted_sent == 1

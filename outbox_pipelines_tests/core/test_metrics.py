@@ -34,10 +34,17 @@ def test_every_seed_metric_is_exposed_and_counts_what_happened(db_url, conn):
     topic = f"seed.metrics.{uuid.uuid4().hex[:6]}"
     before = scrape(db_url)
     outbox = Outbox(EVENTS)
-    outbox.enqueue_many(conn, [Message(topic=topic, payload={"n": i}, tenant_id="acme", event_id=f"{topic}-{i}")
-                               for i in range(4)])
-    answers = iter([Outcome.sent(ref="a"), Outcome.sent(code=m.CONFLICT_PROCESSED),
-                    Outcome.dead(m.BAD_REQUEST, "HTTP 400"), Outcome.retry(m.BROKER_5XX, "HTTP 503")])
+    outbox.enqueue_many(
+        conn, [Message(topic=topic, payload={"n": i}, tenant_id="acme", event_id=f"{topic}-{i}") for i in range(4)]
+    )
+    answers = iter(
+        [
+            Outcome.sent(ref="a"),
+            Outcome.sent(code=m.CONFLICT_PROCESSED),
+            Outcome.dead(m.BAD_REQUEST, "HTTP 400"),
+            Outcome.retry(m.BROKER_5XX, "HTTP 503"),
+        ]
+    )
     settings = table_settings(EVENTS, mode="competing", idle_sleep_s=0.01, batch_size=10)
     Relay(db_url, settings, ScriptedDestination(lambda msg: next(answers))).run(once=True)
     after = scrape(db_url)
@@ -62,8 +69,13 @@ def test_every_seed_metric_is_exposed_and_counts_what_happened(db_url, conn):
     # seed 000 §8.2: the distribution of attempts of settled messages (sent and dead; the retry is not final)
     assert moved("outbox_retry_count_count", table=EVENTS) == 3
     # gauges read at scrape time (seed 004 §10.2, seed 000 inflight, docs/design.md §4.5 lag, the circuit)
-    for gauge in ("outbox_pending_count", "outbox_locked_count", "outbox_inflight", "outbox_circuit_open",
-                  "outbox_paused_seconds"):
+    for gauge in (
+        "outbox_pending_count",
+        "outbox_locked_count",
+        "outbox_inflight",
+        "outbox_circuit_open",
+        "outbox_paused_seconds",
+    ):
         assert any(s.labels.get("table") == EVENTS for s in after.get(gauge, [])), gauge
     assert total(after, "outbox_pending_count", table=EVENTS) == 1  # the retried one
     assert {s.labels["quantile"] for s in after["outbox_lag_seconds"] if s.labels["table"] == EVENTS} >= {"0.95"}

@@ -86,8 +86,10 @@ def test_ledger_rows_accepted_before_0007_get_the_event_id_of_their_outbox_row(e
     _upgrade_to(empty_db, tmp_path, "0006")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         # What the API stored before: the ledger key in the outbox row's headers, event id "<scope>:<key>".
-        conn.execute("INSERT INTO idempo_ledger (idempotency_key, scope, request_digest) "
-                      "VALUES ('k-open', '', 'd1'), ('k-caller', 'h:abc', 'd2'), ('k-gone', '', 'd3')")
+        conn.execute(
+            "INSERT INTO idempo_ledger (idempotency_key, scope, request_digest) "
+            "VALUES ('k-open', '', 'd1'), ('k-caller', 'h:abc', 'd2'), ('k-gone', '', 'd3')"
+        )
         conn.execute("""INSERT INTO outbox_orders (event_id, topic, payload, payload_sha, headers) VALUES
             ('k-open', 'order.submitted', '{}', 's1', '{"ledger_scope": "", "ledger_key": "k-open"}'),
             ('h:abc:k-caller', 'order.submitted', '{}', 's2', '{"ledger_scope": "h:abc", "ledger_key": "k-caller"}'),
@@ -113,19 +115,49 @@ def test_0007_applies_to_a_database_without_outbox_orders(empty_db, tmp_path):
 def test_create_table_makes_the_canonical_shape(db_url, conn):
     assert schema.create_table(db_url, "hrm_outbox", dedup_index=True) is True
     assert schema.create_table(db_url, "hrm_outbox") is False
-    columns = [r["column_name"] for r in conn.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'hrm_outbox' ORDER BY ordinal_position"
-    )]
+    columns = [
+        r["column_name"]
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'hrm_outbox' ORDER BY ordinal_position"
+        )
+    ]
     assert columns == [
-        "id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "status", "attempts",
-        "available_at", "locked_by", "locked_at", "lease_expires_at", "last_error", "last_error_code",
-        "result_ref", "created_at", "updated_at", "published_at", "ordering_key", "ordering_blocked",
+        "id",
+        "event_id",
+        "tenant_id",
+        "topic",
+        "payload",
+        "payload_sha",
+        "headers",
+        "status",
+        "attempts",
+        "available_at",
+        "locked_by",
+        "locked_at",
+        "lease_expires_at",
+        "last_error",
+        "last_error_code",
+        "result_ref",
+        "created_at",
+        "updated_at",
+        "published_at",
+        "ordering_key",
+        "ordering_blocked",
         "ordering_skipped_at",
     ]
     indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'hrm_outbox'")}
-    assert {"hrm_outbox_ready_by_id", "hrm_outbox_pending_by_available", "hrm_outbox_sent_by_published",
-            "hrm_outbox_sending_by_lease", "hrm_outbox_sent_by_payload", "hrm_outbox_event_id_key",
-            "hrm_outbox_blocked_by_key", "hrm_outbox_by_ordering_key", "hrm_outbox_sending_by_key"} <= indexes
+    assert {
+        "hrm_outbox_ready_by_id",
+        "hrm_outbox_pending_by_available",
+        "hrm_outbox_sent_by_published",
+        "hrm_outbox_sending_by_lease",
+        "hrm_outbox_sent_by_payload",
+        "hrm_outbox_event_id_key",
+        "hrm_outbox_blocked_by_key",
+        "hrm_outbox_by_ordering_key",
+        "hrm_outbox_sending_by_key",
+    } <= indexes
     assert "hrm_outbox_pending_by_id" not in indexes  # replaced by ready_by_id (migration 0010)
     assert "hrm_outbox" in schema.list_tables(db_url)
 

@@ -35,8 +35,10 @@ def test_a_batch_tallied_at_once_exposes_what_message_by_message_does(monkeypatc
 
     from outbox_pipelines.core.oncall import metrics
 
-    batch = [SimpleNamespace(topic=topic, tenant_id=tenant, attempts=attempts)
-             for topic, tenant, attempts in [("a", None, 1), ("b", "t1", 1), ("a", None, 2), ("a", "t1", 1)] * 25]
+    batch = [
+        SimpleNamespace(topic=topic, tenant_id=tenant, attempts=attempts)
+        for topic, tenant, attempts in [("a", None, 1), ("b", "t1", 1), ("a", None, 2), ("a", "t1", 1)] * 25
+    ]
 
     def exposition(tally_batch) -> bytes:
         registry = CollectorRegistry()
@@ -44,8 +46,11 @@ def test_a_batch_tallied_at_once_exposes_what_message_by_message_does(monkeypatc
             original = getattr(metrics, name)
             kind = Histogram if isinstance(original, Histogram) else type(original)
             extra = {"buckets": original._upper_bounds} if kind is Histogram else {}
-            monkeypatch.setattr(metrics, name, kind(original._name, original._documentation, original._labelnames,
-                                                    registry=registry, **extra))
+            monkeypatch.setattr(
+                metrics,
+                name,
+                kind(original._name, original._documentation, original._labelnames, registry=registry, **extra),
+            )
         tally = metrics.BatchTally("outbox_events")
         tally_batch(tally)
         tally.flush()

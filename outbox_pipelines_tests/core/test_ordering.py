@@ -31,8 +31,10 @@ def settings(**overrides):
 def enqueue(conn, *keyed: tuple[str | None, str]) -> list[int]:
     """Enqueue (ordering_key, name) pairs one by one, each in its own transaction; the row ids."""
     outbox = Outbox(EVENTS)
-    return [outbox.enqueue(conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key=key)).id
-            for key, name in keyed]
+    return [
+        outbox.enqueue(conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key=key)).id
+        for key, name in keyed
+    ]
 
 
 def names(messages) -> list[str]:
@@ -52,8 +54,13 @@ def blocked(conn) -> list[str]:
 
 def test_a_key_s_later_messages_wait_and_unkeyed_ones_do_not(conn):
     enqueue(conn, ("a", "a1"), ("a", "a2"), ("b", "b1"), (None, "u1"), ("a", "a3"))
-    many = Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={"name": n}, event_id=n, ordering_key=k)
-                                              for k, n in [("c", "c1"), ("c", "c2"), ("b", "b2"), (None, "u2")]])
+    many = Outbox(EVENTS).enqueue_many(
+        conn,
+        [
+            Message(topic="t", payload={"name": n}, event_id=n, ordering_key=k)
+            for k, n in [("c", "c1"), ("c", "c2"), ("b", "b2"), (None, "u2")]
+        ],
+    )
     assert len(many) == 4
     assert blocked(conn) == ["a2", "a3", "b2", "c2"]
     stored = {r["event_id"]: r["ordering_key"] for r in rows(conn, EVENTS)}
@@ -69,8 +76,7 @@ def test_an_unusable_ordering_key_is_refused_and_nothing_is_written(conn, key):
 
 def test_the_claim_takes_one_head_per_key_before_its_limit(conn):
     # 30 messages of one busy key first, then 3 other keys: the busy key must not fill the batch
-    enqueue(conn, *[("busy", f"busy{i}") for i in range(30)], ("k1", "k1a"), ("k1", "k1b"), ("k2", "k2a"),
-            (None, "u1"))
+    enqueue(conn, *[("busy", f"busy{i}") for i in range(30)], ("k1", "k1a"), ("k1", "k1b"), ("k2", "k2a"), (None, "u1"))
     claimed = OutboxTable(conn, EVENTS).claim("w", 4, 30)
     assert sorted(names(claimed)) == ["busy0", "k1a", "k2a", "u1"]
     # while a key's head is in flight, nothing more of that key is claimed
@@ -100,11 +106,17 @@ def test_a_relay_delivers_each_key_in_order_through_retries(db_url, conn):
 
 def test_a_dead_head_parks_only_its_key_visibly_until_replayed(db_url, conn):
     enqueue(conn, ("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2"))
-    reject = ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400")
-                                 if msg.payload["name"] == "a1" else Outcome.sent(ref="ok"))
+    reject = ScriptedDestination(
+        lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400") if msg.payload["name"] == "a1" else Outcome.sent(ref="ok")
+    )
     Relay(db_url, settings(), reject).run(max_seconds=10, max_entries=3)
     assert {r["event_id"]: r["status"] for r in rows(conn, EVENTS)} == {
-        "a1": "dead", "a2": "pending", "a3": "pending", "b1": "sent", "b2": "sent"}
+        "a1": "dead",
+        "a2": "pending",
+        "a3": "pending",
+        "b1": "sent",
+        "b2": "sent",
+    }
     status = read_status(OutboxTable(conn, EVENTS), stuck_after_s=600, window_s=3600)
     assert (status.blocked_keys, status.blocked_messages) == (1, 2)
     assert status.blocked_oldest[0]["key"] == "a" and status.blocked_since is not None
@@ -122,8 +134,9 @@ def test_a_dead_head_parks_only_its_key_visibly_until_replayed(db_url, conn):
 
 def test_under_the_skip_policy_a_dead_head_is_passed_over_and_stays_replayable(db_url, conn):
     enqueue(conn, ("a", "a1"), ("a", "a2"), ("a", "a3"))
-    reject = ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400")
-                                 if msg.payload["name"] == "a1" else Outcome.sent(ref="ok"))
+    reject = ScriptedDestination(
+        lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400") if msg.payload["name"] == "a1" else Outcome.sent(ref="ok")
+    )
     Relay(db_url, settings(ordering="skip"), reject).run(max_seconds=10, max_entries=3)
     assert names(reject.calls) == ["a1", "a2", "a3"]
     dead = rows(conn, EVENTS, "status = 'dead'")
@@ -134,7 +147,8 @@ def test_under_the_skip_policy_a_dead_head_is_passed_over_and_stays_replayable(d
 def test_an_operator_skips_a_parked_head_from_the_cli(db_url, conn, cli_env):
     [a1, *_] = enqueue(conn, ("a", "a1"), ("a", "a2"))
     Relay(db_url, settings(), ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
-        max_seconds=5, max_entries=1)
+        max_seconds=5, max_entries=1
+    )
     status = run_cli(cli_env, "status", "--table", EVENTS)
     assert "blocked" in status.stdout and f"skip --table {EVENTS} --id {a1}" in status.stdout, status.stdout
     as_json = json.loads(run_cli(cli_env, "status", "--table", EVENTS, "--json").stdout)
@@ -169,8 +183,10 @@ def test_a_settle_that_meets_a_committing_writer_hands_the_key_back_for_later(db
     table = OutboxTable(conn, EVENTS)
     [a1] = table.claim("w", 10, 30)
     with psycopg.connect(db_url) as writer:  # stands in for a writer inside its commit-time check
-        writer.execute("SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), "
-                       "outbox_ordering_stripe('a'))", (EVENTS,))
+        writer.execute(
+            "SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), outbox_ordering_stripe('a'))",
+            (EVENTS,),
+        )
         table.settle("w", [Settlement(a1.id, a1.attempts, "sent", m.AUDIT_SUCCESS, ref="ok")])
         assert table.contended_keys == {"a"} and blocked(conn) == ["a2"]
         assert table.release_contended() == ["a"]  # still held: kept for later
@@ -185,8 +201,10 @@ def test_a_relay_in_the_middle_of_a_drain_tries_once_and_carries_a_held_key_to_i
     [a1] = table.claim("w", 10, 30)
     naps: list[float] = []
     with psycopg.connect(db_url) as holder:
-        holder.execute("SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), "
-                       "outbox_ordering_stripe('a'))", (EVENTS,))
+        holder.execute(
+            "SELECT pg_advisory_xact_lock_shared(outbox_ordering_lock_space(%s), outbox_ordering_stripe('a'))",
+            (EVENTS,),
+        )
         table.settle("w", [Settlement(a1.id, a1.attempts, "sent", m.AUDIT_SUCCESS, ref="ok")])
         assert ordering.release_contended(table, patient=False, sleep=naps.append) == ["a"]
         assert naps == [] and table.contended_keys == {"a"} and blocked(conn) == ["a2"]
@@ -200,11 +218,13 @@ def test_a_transaction_writing_many_waiting_keys_commits_within_the_lock_table(d
     not one per key (which ran out of shared memory at ~20,000 keys)."""
     keys = 30_000
     with conn.transaction():
-        Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"first-{k}", ordering_key=f"k{k}")
-                                           for k in range(keys)])
+        Outbox(EVENTS).enqueue_many(
+            conn, [Message(topic="t", payload={}, event_id=f"first-{k}", ordering_key=f"k{k}") for k in range(keys)]
+        )
     with conn.transaction():
-        Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"next-{k}", ordering_key=f"k{k}")
-                                           for k in range(keys)])
+        Outbox(EVENTS).enqueue_many(
+            conn, [Message(topic="t", payload={}, event_id=f"next-{k}", ordering_key=f"k{k}") for k in range(keys)]
+        )
     waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
     assert waiting == keys
 

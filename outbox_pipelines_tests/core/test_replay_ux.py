@@ -48,8 +48,10 @@ def test_dry_run_lists_the_rows_and_changes_nothing(cli_env, conn):
     header = next(line for line in out.splitlines() if "event_id" in line)
     assert all(col in header for col in ("id", "event_id", "topic", "error code", "died at"))
     for i, row_id in enumerate(ids[:3]):
-        assert any(str(row_id) in line and f"ev-{i}" in line and "org.changed" in line and "BROKER_5XX" in line
-                   for line in out.splitlines())
+        assert any(
+            str(row_id) in line and f"ev-{i}" in line and "org.changed" in line and "BROKER_5XX" in line
+            for line in out.splitlines()
+        )
     assert "ev-3" not in out
     assert "dry run: nothing changed" in out
     assert f"outbox-pipelines replay --table {EVENTS} --error-code BROKER_5XX" in out
@@ -58,14 +60,22 @@ def test_dry_run_lists_the_rows_and_changes_nothing(cli_env, conn):
     assert machine.returncode == 0, machine.stderr
     report = json.loads(machine.stdout)
     assert (report["dry_run"], report["matched"], report["would_replay"], report["replayed"], report["refused"]) == (
-        True, 3, 3, 0, 0)
+        True,
+        3,
+        3,
+        0,
+        0,
+    )
     assert report["filter"] == "error_code=BROKER_5XX"
     assert report["selection"]["error_code"] == "BROKER_5XX"
     assert report["replayed_ids"] == ids[:3]
     assert [r["id"] for r in report["rows"]] == ids[:3]
     first = report["rows"][0]
     assert {k: first[k] for k in ("event_id", "topic", "error_code")} == {
-        "event_id": "ev-0", "topic": "org.changed", "error_code": "BROKER_5XX"}
+        "event_id": "ev-0",
+        "topic": "org.changed",
+        "error_code": "BROKER_5XX",
+    }
     assert first["died_at"].endswith("Z")
 
     assert _snapshot(conn) == before

@@ -60,8 +60,11 @@ def login_as(granted: str) -> Iterator[LoginAs]:
         name = f"t{os.getpid()}_{uuid.uuid4().hex[:8]}_{group.removeprefix('outbox_')}"
         password = secrets.token_hex(16)  # for a server that checks passwords (OUTBOX_TEST_DATABASE_URL)
         with psycopg.connect(granted, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                sql.Identifier(name), sql.Literal(password), sql.Identifier(group)))
+            admin.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                    sql.Identifier(name), sql.Literal(password), sql.Identifier(group)
+                )
+            )
         made.append(name)
         return f"postgresql:///{database}?" + urlencode({**params, "user": name, "password": password})
 
@@ -91,11 +94,13 @@ def _value(conn: DictConnection, query: str, params: tuple[object, ...] = ()) ->
 
 
 def _table_acls(conn: DictConnection) -> dict[str, object]:
-    rows = conn.execute("SELECT relname, relacl::text AS acl, "
-                        "ARRAY(SELECT attname || '=' || attacl::text FROM pg_attribute "
-                        "      WHERE attrelid = c.oid AND attacl IS NOT NULL ORDER BY attnum) AS columns "
-                        "FROM pg_class AS c WHERE relkind = 'r' AND relnamespace = current_schema()::regnamespace "
-                        "ORDER BY relname").fetchall()
+    rows = conn.execute(
+        "SELECT relname, relacl::text AS acl, "
+        "ARRAY(SELECT attname || '=' || attacl::text FROM pg_attribute "
+        "      WHERE attrelid = c.oid AND attacl IS NOT NULL ORDER BY attnum) AS columns "
+        "FROM pg_class AS c WHERE relkind = 'r' AND relnamespace = current_schema()::regnamespace "
+        "ORDER BY relname"
+    ).fetchall()
     return {row["relname"]: (row["acl"], row["columns"]) for row in rows}
 
 
@@ -117,8 +122,9 @@ def test_producer_enqueues_and_tells_a_duplicate_but_cannot_read_change_or_delet
     assert _denied(url, "TRUNCATE outbox_events")
 
 
-def test_producer_enqueues_keyed_messages_and_its_commit_lets_a_free_key_go(login_as: LoginAs,
-                                                                          conn: DictConnection) -> None:
+def test_producer_enqueues_keyed_messages_and_its_commit_lets_a_free_key_go(
+    login_as: LoginAs, conn: DictConnection
+) -> None:
     """The commit-time check (migration 0010) clears the flag of the producer's own new row, which the
     producer itself may not update."""
     url = login_as(roles.PRODUCER)
@@ -138,13 +144,24 @@ def test_producer_enqueues_keyed_messages_and_its_commit_lets_a_free_key_go(logi
 def test_producer_enqueues_through_the_cli(login_as: LoginAs, cli_env: dict[str, str]) -> None:
     env = {**cli_env, "OUTBOX_DATABASE_URL": login_as(roles.PRODUCER)}
     for expected in ("enqueued row", "duplicate: event cli-1"):
-        result = run_cli(env, "enqueue", "--table", "outbox_events", "--topic", "org.changed", "--payload", "{}",
-                         "--event-id", "cli-1")
+        result = run_cli(
+            env,
+            "enqueue",
+            "--table",
+            "outbox_events",
+            "--topic",
+            "org.changed",
+            "--payload",
+            "{}",
+            "--event-id",
+            "cli-1",
+        )
         assert result.returncode == 0 and expected in result.stdout, result.stderr
 
 
 def test_producer_enqueues_and_tells_a_duplicate_on_a_created_table_and_in_bulk(
-        granted: str, login_as: LoginAs) -> None:
+    granted: str, login_as: LoginAs
+) -> None:
     create_table(granted, "hrm_outbox")
     roles.grant_roles(granted)
     url = login_as(roles.PRODUCER)
@@ -153,9 +170,11 @@ def test_producer_enqueues_and_tells_a_duplicate_on_a_created_table_and_in_bulk(
         again = Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="h1"))
         # From COPY_MIN_ROWS on, enqueue_many writes with COPY, which reserves the ids itself.
         bulk = Outbox("outbox_events").enqueue_many(
-            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)])
+            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)]
+        )
         repeated = Outbox("outbox_events").enqueue_many(
-            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)])
+            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)]
+        )
         conn.commit()
     assert not first.duplicate and again.duplicate and again.id == first.id and again.same_payload
     assert not any(r.duplicate for r in bulk) and len({r.id for r in bulk}) == COPY_MIN_ROWS
@@ -166,8 +185,10 @@ def test_producer_cannot_place_or_read_an_order(login_as: LoginAs) -> None:
     url = login_as(roles.PRODUCER)
     with psycopg.connect(url) as conn, pytest.raises(DENIED):
         Outbox(ORDERS_TABLE).enqueue(conn, Message(topic="order.place", payload=order_payload(1)))
-    assert _denied(url, f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha) "
-                        "VALUES ('x', 'order.place', '{}', 's')")
+    assert _denied(
+        url,
+        f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha) VALUES ('x', 'order.place', '{{}}', 's')",
+    )
     # The order wing's event ids are the callers' scoped keys: not the producer's to read.
     assert _denied(url, f"SELECT event_id FROM {ORDERS_TABLE}")
     assert _denied(url, f"SELECT id FROM {ORDERS_TABLE}")
@@ -175,9 +196,17 @@ def test_producer_cannot_place_or_read_an_order(login_as: LoginAs) -> None:
 
 # A producer writes a message, never how its delivery went.
 FORGED_DELIVERY = {
-    "status": "'sent'", "published_at": "now()", "attempts": "3", "locked_by": "'me'", "locked_at": "now()",
-    "lease_expires_at": "now()", "last_error": "'e'", "last_error_code": "'E'", "result_ref": "'ref'",
-    "updated_at": "now()", "created_at": "now()",
+    "status": "'sent'",
+    "published_at": "now()",
+    "attempts": "3",
+    "locked_by": "'me'",
+    "locked_at": "now()",
+    "lease_expires_at": "now()",
+    "last_error": "'e'",
+    "last_error_code": "'E'",
+    "result_ref": "'ref'",
+    "updated_at": "now()",
+    "created_at": "now()",
 }
 
 
@@ -186,8 +215,10 @@ def test_producer_cannot_set_delivery_columns_or_update_a_message(login_as: Logi
     url = login_as(roles.PRODUCER)
     allowed = []
     for column, value in FORGED_DELIVERY.items():
-        statement = (f"INSERT INTO outbox_events (event_id, topic, payload, payload_sha, {column}) "
-                     f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})")
+        statement = (
+            f"INSERT INTO outbox_events (event_id, topic, payload, payload_sha, {column}) "
+            f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})"
+        )
         if not _denied(url, statement):
             allowed.append(column)
     assert allowed == []
@@ -209,15 +240,24 @@ def test_relay_role_runs_a_real_relay_end_to_end(granted: str, login_as: LoginAs
     url = login_as(roles.RELAY)
     # Leases: one message sent, one retried, one dead, and one whose relay died holding its lease.
     ids = enqueue_n(conn, "outbox_events", 4)
-    conn.execute("UPDATE outbox_events SET status = 'sending', attempts = 1, locked_by = 'gone', "
-                 "locked_at = now() - interval '1 hour', lease_expires_at = now() - interval '1 minute' "
-                 "WHERE id = %s", (ids[3],))
-    outcomes = {ids[0]: Outcome.sent(ref="r0"), ids[1]: Outcome.retry("BROKER_5XX", "later", delay_s=3600),
-                ids[2]: Outcome.dead("BAD_REQUEST", "no"), ids[3]: Outcome.sent(ref="r3")}
+    conn.execute(
+        "UPDATE outbox_events SET status = 'sending', attempts = 1, locked_by = 'gone', "
+        "locked_at = now() - interval '1 hour', lease_expires_at = now() - interval '1 minute' "
+        "WHERE id = %s",
+        (ids[3],),
+    )
+    outcomes = {
+        ids[0]: Outcome.sent(ref="r0"),
+        ids[1]: Outcome.retry("BROKER_5XX", "later", delay_s=3600),
+        ids[2]: Outcome.dead("BAD_REQUEST", "no"),
+        ids[3]: Outcome.sent(ref="r3"),
+    }
     report = Relay(url, table_settings("outbox_events"), ScriptedDestination(lambda m: outcomes[m.id])).run(once=True)
     assert (report.sent, report.retried, report.dead) == (2, 1, 1)
-    found = {r["id"]: r for r in conn.execute("SELECT id, status, result_ref, last_error_code, locked_by "
-                                              "FROM outbox_events").fetchall()}
+    found = {
+        r["id"]: r
+        for r in conn.execute("SELECT id, status, result_ref, last_error_code, locked_by FROM outbox_events").fetchall()
+    }
     assert [found[i]["status"] for i in ids] == ["sent", "pending", "dead", "sent"]
     assert found[ids[3]]["result_ref"] == "r3" and found[ids[2]]["last_error_code"] == "BAD_REQUEST"
     assert all(r["locked_by"] is None for r in found.values())
@@ -228,8 +268,12 @@ def test_relay_role_runs_a_real_relay_end_to_end(granted: str, login_as: LoginAs
     create_table(granted, "hrm_outbox")
     roles.grant_roles(granted)
     held = enqueue_n(conn, "hrm_outbox", 3)
-    report = Relay(url, table_settings("hrm_outbox", claim="transaction"), ScriptedDestination(
-        lambda m: Outcome.retry("BROKER_5XX", "later", delay_s=3600) if m.id == held[0] else Outcome.sent())
+    report = Relay(
+        url,
+        table_settings("hrm_outbox", claim="transaction"),
+        ScriptedDestination(
+            lambda m: Outcome.retry("BROKER_5XX", "later", delay_s=3600) if m.id == held[0] else Outcome.sent()
+        ),
     ).run(once=True)
     assert (report.sent, report.retried) == (2, 1) and statuses(conn, "hrm_outbox") == {"sent": 2, "pending": 1}
     enqueue_n(conn, "outbox_memory", 2, payload=lambda i: {"same": True})
@@ -239,8 +283,10 @@ def test_relay_role_runs_a_real_relay_end_to_end(granted: str, login_as: LoginAs
         assert accept_order(conn, "", order_payload(i)).kind == "accepted"
     report = Relay(url, table_settings(ORDERS_TABLE), _OrdersOneRejected()).run(once=True)
     assert (report.sent, report.dead) == (2, 1)
-    ledger = {r["idempotency_key"]: r["status"]
-              for r in conn.execute("SELECT idempotency_key, status FROM idempo_ledger").fetchall()}
+    ledger = {
+        r["idempotency_key"]: r["status"]
+        for r in conn.execute("SELECT idempotency_key, status FROM idempo_ledger").fetchall()
+    }
     assert ledger == {"key-0": "succeeded", "key-1": "failed", "key-2": "succeeded"}
 
 
@@ -257,20 +303,27 @@ def test_relay_role_cannot_rewrite_a_message_or_a_ledger_request(login_as: Login
         url = login_as(role)
         for table in ("outbox_events", ORDERS_TABLE):
             for column in MESSAGE_COLUMNS:
-                assert _denied(url, f"UPDATE {table} SET {column} = {column} WHERE id = %s", (row_id,)), \
-                    (role, table, column)
+                assert _denied(url, f"UPDATE {table} SET {column} = {column} WHERE id = %s", (row_id,)), (
+                    role,
+                    table,
+                    column,
+                )
         assert _denied(url, "UPDATE outbox_events SET payload = '{\"n\": 666}'")
         for column in LEDGER_REQUEST_COLUMNS:
             assert _denied(url, f"UPDATE idempo_ledger SET {column} = {column}"), (role, column)
         # Its outcome columns stay writable: what the order broker's settle writes.
-        assert not _denied(url, "UPDATE idempo_ledger SET status = status, response = response, "
-                                "result = result, result_digest = result_digest, http_status = http_status, "
-                                "reason = reason, updated_at = updated_at")
+        assert not _denied(
+            url,
+            "UPDATE idempo_ledger SET status = status, response = response, "
+            "result = result, result_digest = result_digest, http_status = http_status, "
+            "reason = reason, updated_at = updated_at",
+        )
     assert _value(conn, "SELECT payload->>'n' FROM outbox_events") == "0"
 
 
 def test_relay_delivers_with_its_heartbeat_and_audit_but_cannot_enqueue_or_clean(
-        login_as: LoginAs, conn: DictConnection) -> None:
+    login_as: LoginAs, conn: DictConnection
+) -> None:
     enqueue_n(conn, "outbox_events", 5)
     url = login_as(roles.RELAY)
     report = Relay(url, table_settings("outbox_events", batch_size=2), PaperBroker()).run(once=True)
@@ -286,7 +339,8 @@ def test_relay_delivers_with_its_heartbeat_and_audit_but_cannot_enqueue_or_clean
 
 
 def test_reader_reads_status_through_the_cli_but_cannot_write(
-        login_as: LoginAs, conn: DictConnection, cli_env: dict[str, str]) -> None:
+    login_as: LoginAs, conn: DictConnection, cli_env: dict[str, str]
+) -> None:
     enqueue_n(conn, "outbox_events", 3)
     url = login_as(roles.READER)
     result = run_cli({**cli_env, "OUTBOX_DATABASE_URL": url}, "status", "--table", "outbox_events", "--json")
@@ -306,8 +360,10 @@ def test_maintainer_cleans_replays_and_runs_the_oncall_sweep(login_as: LoginAs, 
     ids = enqueue_n(conn, "outbox_events", 4)
     make_sent(conn, "outbox_events", ids[:2], age=timedelta(days=30))
     make_dead(conn, "outbox_events", ids[2:], code="BROKER_5XX")
-    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) "
-                 "VALUES ('old', 'd', now() - interval '1 hour')")
+    conn.execute(
+        "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) "
+        "VALUES ('old', 'd', now() - interval '1 hour')"
+    )
     url = login_as(roles.MAINTAINER)
     assert clean(url, table_settings("outbox_events"), retention_s=timedelta(days=7).total_seconds()).deleted_sent == 2
     shared = clean_shared(url, audit_retention_s=3600.0)
@@ -329,8 +385,9 @@ def test_order_api_accepts_an_order_but_cannot_delete(login_as: LoginAs, conn: D
         assert accept_order(api, "", order_payload(1)).kind == "accepted"
         api.commit()
         assert accept_order(api, "", order_payload(1)).kind == "replay"
-        api.execute("INSERT INTO outbox_api_secret (secret) VALUES (%s) ON CONFLICT (id) DO NOTHING",
-                    (secrets.token_hex(32),))
+        api.execute(
+            "INSERT INTO outbox_api_secret (secret) VALUES (%s) ON CONFLICT (id) DO NOTHING", (secrets.token_hex(32),)
+        )
         assert api.execute("SELECT secret FROM outbox_api_secret WHERE id").fetchone() is not None
         api.commit()
     assert _value(conn, f"SELECT count(*) FROM {ORDERS_TABLE}") == 1
@@ -340,8 +397,11 @@ def test_order_api_accepts_an_order_but_cannot_delete(login_as: LoginAs, conn: D
     assert _denied(url, "UPDATE idempo_ledger SET status = 'succeeded'")
     assert _denied(url, INSERT_EVENT)
     for column, value in FORGED_DELIVERY.items():  # an order's delivery is the relay's to write
-        assert _denied(url, f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha, {column}) "
-                            f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})"), column
+        assert _denied(
+            url,
+            f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha, {column}) "
+            f"VALUES ('forged-{column}', 't', '{{}}', 's', {value})",
+        ), column
 
 
 def test_order_api_role_starts_on_a_migrated_database(login_as: LoginAs) -> None:
@@ -349,8 +409,9 @@ def test_order_api_role_starts_on_a_migrated_database(login_as: LoginAs) -> None
     assert migrate.upgrade(login_as(ORDER_API)) == []
 
 
-def test_grant_is_idempotent_and_a_rerun_reaches_a_new_table(granted: str, conn: DictConnection,
-                                                             login_as: LoginAs) -> None:
+def test_grant_is_idempotent_and_a_rerun_reaches_a_new_table(
+    granted: str, conn: DictConnection, login_as: LoginAs
+) -> None:
     before = _table_acls(conn)
     plan, _ = roles.grant_roles(granted)
     assert plan.missing_roles == [] and _table_acls(conn) == before
@@ -370,22 +431,27 @@ def test_grant_converges_an_extra_right_away(granted: str, conn: DictConnection)
 
 
 def test_cli_db_grant_dry_run_prints_the_sql_and_changes_nothing(
-        db_url: str, conn: DictConnection, cli_env: dict[str, str]) -> None:
+    db_url: str, conn: DictConnection, cli_env: dict[str, str]
+) -> None:
     before = _table_acls(conn)
     result = run_cli(cli_env, "db", "grant", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert ('GRANT INSERT ("id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
-            '"available_at", "ordering_key", "ordering_blocked") ON TABLE "outbox_events" TO "outbox_producer";') \
-        in result.stdout
-    assert ('GRANT SELECT ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status") '
-            'ON TABLE "outbox_events" TO "outbox_producer";') \
-        in result.stdout
+    assert (
+        'GRANT INSERT ("id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
+        '"available_at", "ordering_key", "ordering_blocked") ON TABLE "outbox_events" TO "outbox_producer";'
+    ) in result.stdout
+    assert (
+        'GRANT SELECT ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status") '
+        'ON TABLE "outbox_events" TO "outbox_producer";'
+    ) in result.stdout
     assert 'GRANT USAGE ON SEQUENCE "public"."outbox_events_id_seq" TO "outbox_producer";' in result.stdout
     assert 'ON TABLE "outbox_orders" TO "outbox_producer"' not in result.stdout
-    assert ('GRANT UPDATE ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at", '
-            '"last_error", "last_error_code", "result_ref", "published_at", "updated_at", "ordering_blocked", '
-            '"ordering_skipped_at") '
-            'ON TABLE "outbox_events" TO "outbox_relay";') in result.stdout
+    assert (
+        'GRANT UPDATE ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at", '
+        '"last_error", "last_error_code", "result_ref", "published_at", "updated_at", "ordering_blocked", '
+        '"ordering_skipped_at") '
+        'ON TABLE "outbox_events" TO "outbox_relay";'
+    ) in result.stdout
     assert "dry run: nothing changed" in result.stdout
     assert _table_acls(conn) == before
     result = run_cli(cli_env, "db", "grant")
@@ -395,7 +461,8 @@ def test_cli_db_grant_dry_run_prints_the_sql_and_changes_nothing(
 
 
 def test_cli_db_grant_refuses_a_role_that_does_not_own_the_tables(
-        login_as: LoginAs, conn: DictConnection, cli_env: dict[str, str]) -> None:
+    login_as: LoginAs, conn: DictConnection, cli_env: dict[str, str]
+) -> None:
     before = _table_acls(conn)
     result = run_cli({**cli_env, "OUTBOX_DATABASE_URL": login_as(roles.MAINTAINER)}, "db", "grant")
     assert result.returncode == 1
@@ -433,30 +500,42 @@ def test_the_maintainer_holds_every_right_of_the_relay() -> None:
 
 def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted: str, conn: DictConnection) -> None:
     plan = roles.plan_grants(conn)
-    columns = conn.execute("SELECT c.relname AS table_name, a.attname AS column_name "
-                           "FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid "
-                           "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' "
-                           "AND a.attnum > 0 AND NOT a.attisdropped").fetchall()
+    columns = conn.execute(
+        "SELECT c.relname AS table_name, a.attname AS column_name "
+        "FROM pg_class AS c JOIN pg_attribute AS a ON a.attrelid = c.oid "
+        "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' "
+        "AND a.attnum > 0 AND NOT a.attisdropped"
+    ).fetchall()
     for spec in roles.all_roles():
         declared = _declared(spec, plan.outbox_tables)
         wanted = {(t, p, c) for t, p, c in declared if c != "*"} | {
-            (row["table_name"], p, row["column_name"]) for row in columns for t, p, c in declared
-            if c == "*" and t == row["table_name"] and p != "DELETE"}
+            (row["table_name"], p, row["column_name"])
+            for row in columns
+            for t, p, c in declared
+            if c == "*" and t == row["table_name"] and p != "DELETE"
+        }
         held = set()
         for row in columns:
             for privilege in ("SELECT", "INSERT", "UPDATE"):
-                if _value(conn, "SELECT has_column_privilege(%s, quote_ident(%s), %s, %s)",
-                          (spec.name, row["table_name"], row["column_name"], privilege)):
+                if _value(
+                    conn,
+                    "SELECT has_column_privilege(%s, quote_ident(%s), %s, %s)",
+                    (spec.name, row["table_name"], row["column_name"], privilege),
+                ):
                     held.add((row["table_name"], privilege, row["column_name"]))
         assert held == wanted, spec.name
         deletes = {t for t, p, _ in declared if p == "DELETE"}
         for table in {row["table_name"] for row in columns}:
-            assert _value(conn, "SELECT has_table_privilege(%s, quote_ident(%s), 'DELETE')",
-                          (spec.name, table)) is (table in deletes), (spec.name, table)
+            assert _value(conn, "SELECT has_table_privilege(%s, quote_ident(%s), 'DELETE')", (spec.name, table)) is (
+                table in deletes
+            ), (spec.name, table)
         usage = {t for g in spec.grants if g.id_sequence for t in g.tables_among(plan.outbox_tables)}
         for table in plan.outbox_tables:
-            assert _value(conn, "SELECT has_sequence_privilege(%s, pg_get_serial_sequence(quote_ident(%s), 'id'), "
-                                "'USAGE')", (spec.name, table)) is (table in usage), (spec.name, table)
+            assert _value(
+                conn,
+                "SELECT has_sequence_privilege(%s, pg_get_serial_sequence(quote_ident(%s), 'id'), 'USAGE')",
+                (spec.name, table),
+            ) is (table in usage), (spec.name, table)
 
 
 def test_the_printed_rights_say_which_columns() -> None:
@@ -468,14 +547,19 @@ def test_the_printed_rights_say_which_columns() -> None:
         "USAGE on the id sequence of every outbox table except outbox_orders",
     ]
     relay = roles.rights(by_name[roles.RELAY])
-    assert relay[0] == ("SELECT, DELETE, UPDATE (status, attempts, available_at, locked_by, locked_at, "
-                        "lease_expires_at, last_error, last_error_code, result_ref, published_at, updated_at, "
-                        "ordering_blocked, ordering_skipped_at) "
-                        "on every outbox table")
-    assert "SELECT, UPDATE (status, result, result_digest, response, http_status, reason, updated_at) " \
-           "on idempo_ledger" in relay
+    assert relay[0] == (
+        "SELECT, DELETE, UPDATE (status, attempts, available_at, locked_by, locked_at, "
+        "lease_expires_at, last_error, last_error_code, result_ref, published_at, updated_at, "
+        "ordering_blocked, ordering_skipped_at) "
+        "on every outbox table"
+    )
+    assert (
+        "SELECT, UPDATE (status, result, result_digest, response, http_status, reason, updated_at) "
+        "on idempo_ledger" in relay
+    )
     assert roles.rights(by_name[ORDER_API])[0] == (
-        "SELECT, INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at) on outbox_orders")
+        "SELECT, INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at) on outbox_orders"
+    )
 
 
 def test_a_grant_refuses_rights_it_cannot_mean() -> None:

@@ -41,8 +41,11 @@ def secret_url(db_url: str) -> Iterator[str]:
     role = f"obx_secret_{os.getpid()}_{next(_roles)}"
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(DB_PASSWORD)))
-        for grant in ("GRANT ALL ON SCHEMA public TO {}", "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
-                      "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}"):
+        for grant in (
+            "GRANT ALL ON SCHEMA public TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
+            "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}",
+        ):
             conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
     url = f"postgresql://{role}:{DB_PASSWORD}@/{info['dbname']}?host={info['host']}"
     with psycopg.connect(url) as check:  # the URL really works
@@ -56,7 +59,11 @@ def secret_url(db_url: str) -> Iterator[str]:
 @pytest.fixture
 def env(cli_env, secret_url, http_sink) -> dict[str, str]:
     base = http_sink.url.split("://", 1)[1]
-    return {**cli_env, "OUTBOX_DATABASE_URL": secret_url, "OUTBOX_BROKER_URL": f"http://brokeruser:{BROKER_PASSWORD}@{base}"}
+    return {
+        **cli_env,
+        "OUTBOX_DATABASE_URL": secret_url,
+        "OUTBOX_BROKER_URL": f"http://brokeruser:{BROKER_PASSWORD}@{base}",
+    }
 
 
 @pytest.mark.slow
@@ -66,10 +73,31 @@ def test_status_enqueue_replay_relay_never_print_a_password(env, conn, http_sink
     # letter and a failing destination (named by its URL) to show
     http_sink.script = lambda key, attempt, body: (400, {}, b'{"error": "bad"}') if key == "e0" else (503, {}, b"down")
     results = {
-        "enqueue": run_cli(env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
-                           "--payload", '{"org_id": 1}', "--event-id", "s-1"),
-        "enqueue --json": run_cli(env, "enqueue", "--table", "outbox_events", "--topic", "org.changed",
-                                  "--payload", '{"org_id": 1}', "--event-id", "s-1", "--json"),
+        "enqueue": run_cli(
+            env,
+            "enqueue",
+            "--table",
+            "outbox_events",
+            "--topic",
+            "org.changed",
+            "--payload",
+            '{"org_id": 1}',
+            "--event-id",
+            "s-1",
+        ),
+        "enqueue --json": run_cli(
+            env,
+            "enqueue",
+            "--table",
+            "outbox_events",
+            "--topic",
+            "org.changed",
+            "--payload",
+            '{"org_id": 1}',
+            "--event-id",
+            "s-1",
+            "--json",
+        ),
         "relay orders": run_cli(env, "relay", "--table", "outbox_orders", "--once"),
         "relay orders --json": run_cli(env, "relay", "--table", "outbox_orders", "--once", "--json"),
         "relay events -v": run_cli(env, "-v", "relay", "--table", "outbox_events", "--once"),
@@ -103,11 +131,16 @@ def test_db_url_is_masked_unless_show_password(env, secret_url):
 def test_a_failing_connection_does_not_echo_the_password(env, secret_url):
     dbname = psycopg.conninfo.conninfo_to_dict(secret_url)["dbname"]
     host = psycopg.conninfo.conninfo_to_dict(secret_url)["host"]
-    for url in (f"postgresql://someone:{DB_PASSWORD}@127.0.0.1:{free_port()}/{dbname}?connect_timeout=3",
-                f"postgresql://no_such_role_here:{DB_PASSWORD}@/{dbname}?host={host}",
-                f"host={host} dbname=no_such_db user=postgres password={DB_PASSWORD}"):
-        for command in (["status"], ["db", "upgrade"], ["enqueue", "--table", "outbox_events", "--topic",
-                                                        "org.changed", "--payload", "{}"]):
+    for url in (
+        f"postgresql://someone:{DB_PASSWORD}@127.0.0.1:{free_port()}/{dbname}?connect_timeout=3",
+        f"postgresql://no_such_role_here:{DB_PASSWORD}@/{dbname}?host={host}",
+        f"host={host} dbname=no_such_db user=postgres password={DB_PASSWORD}",
+    ):
+        for command in (
+            ["status"],
+            ["db", "upgrade"],
+            ["enqueue", "--table", "outbox_events", "--topic", "org.changed", "--payload", "{}"],
+        ):
             result = run_cli({**env, "OUTBOX_DATABASE_URL": url}, *command)
             assert result.returncode == 1, f"{command} {url}: {result.stderr}"
             assert "cannot connect to PostgreSQL at" in result.stderr and "***" in result.stderr
@@ -122,10 +155,18 @@ MALFORMED = [
     f"host=h password={DB_PASSWORD} bogus=1",
 ]
 COMMANDS = [
-    ["status"], ["status", "--json"], ["db", "url"], ["db", "upgrade"], ["db", "create-table", "hrm_outbox"],
+    ["status"],
+    ["status", "--json"],
+    ["db", "url"],
+    ["db", "upgrade"],
+    ["db", "create-table", "hrm_outbox"],
     ["enqueue", "--table", "outbox_events", "--topic", "org.changed", "--payload", "{}"],
-    ["relay", "--table", "outbox_events", "--once"], ["replay", "--table", "outbox_events", "--all", "--dry-run"],
-    ["requeue-stuck"], ["clean"], ["demo", "--quiet"], ["order-api", "--port", "0"],
+    ["relay", "--table", "outbox_events", "--once"],
+    ["replay", "--table", "outbox_events", "--all", "--dry-run"],
+    ["requeue-stuck"],
+    ["clean"],
+    ["demo", "--quiet"],
+    ["order-api", "--port", "0"],
 ]
 
 
@@ -157,22 +198,28 @@ def test_the_dagster_resource_fails_with_a_masked_config_error(monkeypatch):
         pytest.fail("a malformed URL was accepted")
     assert "u:***@[::1" in info.message
     assert DB_PASSWORD not in info.to_string() and DB_PASSWORD not in json.dumps(info._asdict(), default=str)
-    for build in (lambda: db.sqlalchemy_url(MALFORMED[0]), lambda: db.connect(MALFORMED[1]),
-                  lambda: db.url_with_database(MALFORMED[2], "x")):
+    for build in (
+        lambda: db.sqlalchemy_url(MALFORMED[0]),
+        lambda: db.connect(MALFORMED[1]),
+        lambda: db.url_with_database(MALFORMED[2], "x"),
+    ):
         with pytest.raises(InvalidDatabaseUrl) as caught:
             build()
         assert DB_PASSWORD not in str(caught.value) and caught.value.__context__ is None
 
 
-@pytest.mark.parametrize("url, masked", [
-    ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
-    ("postgresql://u:p@ss@h/db", "postgresql://u:***@h/db"),
-    ("postgresql://u@h/db", "postgresql://u@h/db"),
-    ("postgresql://postgres:@/outbox?host=/tmp/x", "postgresql://postgres:@/outbox?host=/tmp/x"),
-    ("postgresql:///db?host=/s&password=pw&user=u", "postgresql:///db?host=/s&password=***&user=u"),
-    ("host=h password='p w' user=u", "host=h password=*** user=u"),
-    ("postgresql://u:pw@[::1", "postgresql://u:***@[::1"),
-])
+@pytest.mark.parametrize(
+    "url, masked",
+    [
+        ("postgresql://u:pw@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:p@ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgresql://postgres:@/outbox?host=/tmp/x", "postgresql://postgres:@/outbox?host=/tmp/x"),
+        ("postgresql:///db?host=/s&password=pw&user=u", "postgresql:///db?host=/s&password=***&user=u"),
+        ("host=h password='p w' user=u", "host=h password=*** user=u"),
+        ("postgresql://u:pw@[::1", "postgresql://u:***@[::1"),
+    ],
+)
 def test_mask_password(url, masked):
     assert db.mask_password(url) == masked
 
@@ -182,8 +229,11 @@ def test_mask_password(url, masked):
 def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, password):
     """Issue 22: with a raw "?" in the password the URL was printed in clear (libpq reads the rest as a query),
     and with "/" or "#" libpq's complaint quoted a piece of it ("the port 'S3cret'")."""
-    pieces = [p for p in password.replace("?", " ").replace("/", " ").replace("#", " ").replace("@", " ").split()
-              if len(p) >= 3]
+    pieces = [
+        p
+        for p in password.replace("?", " ").replace("/", " ").replace("#", " ").replace("@", " ").split()
+        if len(p) >= 3
+    ]
     url = f"postgresql://someone:{password}@127.0.0.1:{free_port()}/outbox?connect_timeout=3"
     for command in (["status"], ["db", "url"], ["db", "upgrade"]):
         result = run_cli({**cli_env, "OUTBOX_DATABASE_URL": url}, *command)
@@ -195,13 +245,16 @@ def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, 
     assert db.mask_password(url).startswith("postgresql://someone:***@127.0.0.1:")
 
 
-@pytest.mark.parametrize("url, masked", [
-    ("postgresql://u:pa?ss@h:5432/db", "postgresql://u:***@h:5432/db"),
-    ("postgresql://u:pa/ss@h/db", "postgresql://u:***@h/db"),
-    ("postgresql://u:pa#ss@h/db", "postgresql://u:***@h/db"),
-    ("postgresql://u:pa?ss@/db?host=/tmp/x", "postgresql://u:***@/db?host=/tmp/x"),
-    ("postgresql://u:pw@h1:5432,h2:5433/db", "postgresql://u:***@h1:5432,h2:5433/db"),
-    ("postgresql://u@h/db?application_name=a@b", "postgresql://u@h/db?application_name=a@b"),
-])
+@pytest.mark.parametrize(
+    "url, masked",
+    [
+        ("postgresql://u:pa?ss@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u:pa/ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:pa#ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:pa?ss@/db?host=/tmp/x", "postgresql://u:***@/db?host=/tmp/x"),
+        ("postgresql://u:pw@h1:5432,h2:5433/db", "postgresql://u:***@h1:5432,h2:5433/db"),
+        ("postgresql://u@h/db?application_name=a@b", "postgresql://u@h/db?application_name=a@b"),
+    ],
+)
 def test_mask_password_of_unencoded_passwords(url, masked):
     assert db.mask_password(url) == masked

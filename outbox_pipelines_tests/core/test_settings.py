@@ -21,16 +21,29 @@ def test_defaults_without_file_or_environment():
     env = settings.env
     assert (env.batch_size, env.handler_threads, env.idle_sleep_s, env.stuck_threshold_s) == (100, 4, 0.2, 600.0)
     assert (env.lock_ttl_s, env.cleaner_retention_s, env.relay_enabled, env.cleaner_enabled) == (
-        60.0, 604800.0, True, True)
+        60.0,
+        604800.0,
+        True,
+        True,
+    )
 
 
 def test_seed_environment_variables():
-    settings = load_settings(env={
-        "OUTBOX_BROKER_URL": "http://127.0.0.1:9/orders", "OUTBOX_BATCH_SIZE": "32", "OUTBOX_PARALLELISM": "2",
-        "OUTBOX_RETRY_MAX": "5", "OUTBOX_IDLE_SLEEP_MS": "50", "OUTBOX_STUCK_THRESHOLD_MIN": "3",
-        "OUTBOX_RELAY_LOCK_TTL": "90s", "OUTBOX_RELAY_MAX_ATTEMPTS": "12", "OUTBOX_CLEANER_RETENTION": "24h",
-        "OUTBOX_RELAY_ENABLED": "false",
-    }, path=None)
+    settings = load_settings(
+        env={
+            "OUTBOX_BROKER_URL": "http://127.0.0.1:9/orders",
+            "OUTBOX_BATCH_SIZE": "32",
+            "OUTBOX_PARALLELISM": "2",
+            "OUTBOX_RETRY_MAX": "5",
+            "OUTBOX_IDLE_SLEEP_MS": "50",
+            "OUTBOX_STUCK_THRESHOLD_MIN": "3",
+            "OUTBOX_RELAY_LOCK_TTL": "90s",
+            "OUTBOX_RELAY_MAX_ATTEMPTS": "12",
+            "OUTBOX_CLEANER_RETENTION": "24h",
+            "OUTBOX_RELAY_ENABLED": "false",
+        },
+        path=None,
+    )
     orders = settings.table("outbox_orders")
     assert (orders.destination, orders.url) == ("orders", "http://127.0.0.1:9/orders")
     assert (orders.batch_size, orders.handler_threads, orders.retry.max_attempts) == (32, 2, 5)
@@ -67,16 +80,22 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
         ("[tables.x]\nmode = 'competing'\n", "names no destination: set destination"),
         ("[tables.x]\ndestination = 'http'\n", r'\[tables.x\] destination = "http" has no url'),
         ("[tables.x]\ndestination = 'http'\nurl = ''\n", "url must be an http"),
-        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\nalready_processed = 'yes'\n",
-         "already_processed must be a list"),
+        (
+            "[tables.x]\ndestination = 'http'\nurl = 'http://h'\nalready_processed = 'yes'\n",
+            "already_processed must be a list",
+        ),
         ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\nalready_processed = ['=x']\n", "is not field=value"),
-        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\ntoken_env = 'NO_SUCH_TOKEN_VAR'\n",
-         "NO_SUCH_TOKEN_VAR is not set"),
+        (
+            "[tables.x]\ndestination = 'http'\nurl = 'http://h'\ntoken_env = 'NO_SUCH_TOKEN_VAR'\n",
+            "NO_SUCH_TOKEN_VAR is not set",
+        ),
         ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\ntoken_env = 'not a name'\n", "must name an environment"),
         ("[tables.x]\ndestination = 'paper'\ntoken_env = 'OUTBOX_BROKER_TOKEN'\n", "token_env applies to a table"),
         ("[tables.x\n", "not valid TOML"),
-        ("[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n",
-         "idempotency window"),
+        (
+            "[tables.x]\ndestination = 'http'\nurl = 'http://h'\npreset = 'memory'\nmax_attempts = 60\n",
+            "idempotency window",
+        ),
     ],
 )
 def test_config_errors_say_what_to_fix(tmp_path, text, message):
@@ -111,8 +130,9 @@ def test_config_found_through_environment(tmp_path):
         load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "missing.toml")})
 
 
-@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("60s", 60), ("10m", 600), ("168h", 604800),
-                                           ("7d", 604800), ("2.5", 2.5)])
+@pytest.mark.parametrize(
+    "text, seconds", [("500ms", 0.5), ("60s", 60), ("10m", 600), ("168h", 604800), ("7d", 604800), ("2.5", 2.5)]
+)
 def test_durations(text, seconds):
     assert parse_duration(text, "x") == seconds
 
@@ -165,8 +185,11 @@ def test_the_broker_token_goes_only_to_the_brokers_origin_unless_a_table_names_i
         '[tables.own_token]\ndestination = "http"\nurl = "https://billing.example.com/in"\n'
         'token_env = "BILLING_TOKEN"\n'
     )
-    env = {"OUTBOX_BROKER_URL": "http://broker.internal:8700/orders", "OUTBOX_BROKER_TOKEN": "brk-token-1",
-           "BILLING_TOKEN": "billing-token-2"}
+    env = {
+        "OUTBOX_BROKER_URL": "http://broker.internal:8700/orders",
+        "OUTBOX_BROKER_TOKEN": "brk-token-1",
+        "BILLING_TOKEN": "billing-token-2",
+    }
     settings = load_settings(env=env, path=path)
     assert settings.table("outbox_orders").token == "brk-token-1"
     assert settings.table("same_origin").token == "brk-token-1"
@@ -181,8 +204,9 @@ def test_a_tables_already_processed_rules_reach_its_destination(tmp_path):
     from outbox_pipelines.core.destinations.http_outcomes import classify_response
 
     path = tmp_path / "outbox.toml"
-    path.write_text('[tables.hooks]\ndestination = "http"\nurl = "http://127.0.0.1:9/h"\n'
-                    'already_processed = ["result=DUPLICATE"]\n')
+    path.write_text(
+        '[tables.hooks]\ndestination = "http"\nurl = "http://127.0.0.1:9/h"\nalready_processed = ["result=DUPLICATE"]\n'
+    )
     hooks = load_settings(env={}, path=path).table("hooks")
     said = b'{"result": "duplicate"}'
     assert classify_response(409, {}, said, already_processed=hooks.already_processed).kind == "sent"

@@ -14,23 +14,26 @@ EVENTS = "outbox_events"
 
 
 def enqueue_for(conn, tenant: str, n: int) -> None:
-    Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={"n": i}, tenant_id=tenant,
-                                               event_id=f"{tenant}-{i}") for i in range(n)])
+    Outbox(EVENTS).enqueue_many(
+        conn, [Message(topic="t", payload={"n": i}, tenant_id=tenant, event_id=f"{tenant}-{i}") for i in range(n)]
+    )
 
 
 def test_every_audit_row_of_a_message_carries_its_tenant(db_url, conn):
     enqueue_for(conn, "acme", 2)
     answers = iter([Outcome.sent(ref="r1"), Outcome.retry("BROKER_5XX", "HTTP 503")])
     Relay(db_url, table_settings(EVENTS, mode="competing"), ScriptedDestination(lambda m: next(answers))).run(once=True)
-    audit = conn.execute("SELECT code, tenant_id FROM outbox_audit WHERE outbox_table = %s AND message_id IS NOT NULL",
-                         (EVENTS,)).fetchall()
+    audit = conn.execute(
+        "SELECT code, tenant_id FROM outbox_audit WHERE outbox_table = %s AND message_id IS NOT NULL", (EVENTS,)
+    ).fetchall()
     assert {a["code"] for a in audit} >= {"outbox_claim", "outbox_flush_success", "outbox_flush_retry"}
     assert {a["tenant_id"] for a in audit} == {"acme"}
 
 
 def test_a_tenant_index_serves_per_tenant_questions(conn):
-    index = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname LIKE %s",
-                         (EVENTS, "%by_tenant")).fetchone()
+    index = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname LIKE %s", (EVENTS, "%by_tenant")
+    ).fetchone()
     assert "(tenant_id, published_at, id)" in index["indexdef"]
 
 

@@ -43,8 +43,10 @@ def evaluate_run_failure_alert(instance, resources: dict, result, times: int = 2
 
     for _ in range(times):
         with dg.build_run_status_sensor_context(
-            sensor_name="outbox_run_failure_alert", dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(result.run_id), dagster_event=result.get_run_failure_event(),
+            sensor_name="outbox_run_failure_alert",
+            dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(result.run_id),
+            dagster_event=result.get_run_failure_event(),
             resources={"outbox_db": resources["outbox_db"]},
         ) as context:
             run_failure_alert(context.for_run_failure())

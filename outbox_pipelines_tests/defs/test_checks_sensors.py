@@ -87,8 +87,9 @@ def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance
 
     job = build_definitions().resolve_job_def("relay_group_default_job")
     run = instance.create_run_for_job(job, tags=dict(job.tags))
-    instance.handle_run_event(run.run_id, dg.DagsterEvent(
-        event_type_value="PIPELINE_START", job_name=job.name, message="started"))
+    instance.handle_run_event(
+        run.run_id, dg.DagsterEvent(event_type_value="PIPELINE_START", job_name=job.name, message="started")
+    )
     resources = {"outbox_db": outbox_resources(url=db_url)["outbox_db"]}
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         result = backlog_sensor_def().evaluate_tick(context)
@@ -96,8 +97,9 @@ def test_backlog_sensor_skips_while_a_relay_run_is_active(db_url, conn, instance
 
 
 def oncall_tick(instance, db_url, cursor=None):
-    with dg.build_sensor_context(instance=instance, resources={"outbox_db": outbox_resources(url=db_url)["outbox_db"]},
-                                 cursor=cursor) as context:
+    with dg.build_sensor_context(
+        instance=instance, resources={"outbox_db": outbox_resources(url=db_url)["outbox_db"]}, cursor=cursor
+    ) as context:
         return oncall_sensor(context)
 
 
@@ -112,7 +114,11 @@ def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, i
     assert len(evaluations) == 4 * len(CHECK_NAMES)  # every table, every check
     [alert] = [r.body for r in http_sink.received]
     assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == (
-        "firing", "warning", "outbox_orders", "dead_letters")
+        "firing",
+        "warning",
+        "outbox_orders",
+        "dead_letters",
+    )
     assert "--error-code UNAUTHORIZED --dry-run" in alert["summary"]
     # the next tick: nothing new to say, and unchanged evaluations are not recorded again within a minute
     again = oncall_tick(instance, db_url, cursor=result.cursor)
@@ -126,8 +132,11 @@ def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http
     failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
     assert not failed.success
     with dg.build_run_status_sensor_context(
-        sensor_name="outbox_run_failure_alert", dagster_instance=instance, dagster_run=failed.dagster_run,
-        dagster_event=failed.get_run_failure_event(), resources={"outbox_db": resources["outbox_db"]},
+        sensor_name="outbox_run_failure_alert",
+        dagster_instance=instance,
+        dagster_run=failed.dagster_run,
+        dagster_event=failed.get_run_failure_event(),
+        resources={"outbox_db": resources["outbox_db"]},
     ) as context:
         run_failure_alert(context.for_run_failure())
     [alert] = [r.body for r in http_sink.received]
@@ -155,8 +164,11 @@ def test_a_run_interrupted_by_a_stop_is_marked_canceled_and_not_alerted(instance
     failed = interrupted_job.execute_in_process(instance=instance, raise_on_error=False)
     assert instance.get_run_by_id(failed.run_id).status == dg.DagsterRunStatus.FAILURE
     with dg.build_run_status_sensor_context(
-        sensor_name="outbox_run_failure_alert", dagster_instance=instance, dagster_run=failed.dagster_run,
-        dagster_event=failed.get_run_failure_event(), resources={"outbox_db": resources["outbox_db"]},
+        sensor_name="outbox_run_failure_alert",
+        dagster_instance=instance,
+        dagster_run=failed.dagster_run,
+        dagster_event=failed.get_run_failure_event(),
+        resources={"outbox_db": resources["outbox_db"]},
     ) as context:
         run_failure_alert(context.for_run_failure())
     run = instance.get_run_by_id(failed.run_id)
@@ -173,8 +185,9 @@ def test_alerts_only_log_without_a_webhook(monkeypatch, caplog):
     assert "something" in caplog.text
 
 
-def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, conn, instance, resources, http_sink,
-                                                                        monkeypatch):
+def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(
+    db_url, conn, instance, resources, http_sink, monkeypatch
+):
     """Dagster may mark a SIGKILLed relay run failed before its heartbeat goes silent: one alert, rows back now."""
     import subprocess
 
@@ -186,12 +199,18 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(db_url, 
     gone.wait()
     [row_id] = enqueue_n(conn, "outbox_orders", 1)
     make_stuck(conn, "outbox_orders", worker="dagster:dead", lease_left=timedelta(minutes=1))
-    conn.execute("INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host) VALUES (%s, %s, %s, %s, %s)",
-                 ("dagster:dead", "outbox_orders", failed.run_id, gone.pid, liveness.HOST))
+    conn.execute(
+        "INSERT INTO outbox_relay_workers (worker, table_name, run_id, pid, host) VALUES (%s, %s, %s, %s, %s)",
+        ("dagster:dead", "outbox_orders", failed.run_id, gone.pid, liveness.HOST),
+    )
     instance.add_run_tags(failed.run_id, {"outbox/table": "outbox_orders"})
     evaluate_run_failure_alert(instance, resources, failed)  # twice (two sensors, a retried tick): one alert
     [alert] = [r.body for r in http_sink.received]
     assert (alert["kind"], alert["table"], alert["figures"]["held"], alert["figures"]["returned"]) == (
-        "relay_died", "outbox_orders", 1, 1)
+        "relay_died",
+        "outbox_orders",
+        1,
+        1,
+    )
     assert conn.execute("SELECT status FROM outbox_orders WHERE id = %s", (row_id,)).fetchone()["status"] == "pending"
     assert instance.get_run_by_id(failed.run_id).tags["outbox/failure"] == "relay_died"

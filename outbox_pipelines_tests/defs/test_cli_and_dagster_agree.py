@@ -42,11 +42,15 @@ def _seed(url: str) -> None:
         make_sent(conn, EVENTS, event_ids=["ev-2"])
         enqueue_n(conn, MEMORY, 2, prefix="mem-")
         make_sent(conn, MEMORY, age=timedelta(days=30))
-        conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
-                     "('old', 'sha256:a', now() - interval '1 minute'), "
-                     "('fresh', 'sha256:b', now() + interval '1 day')")
-        conn.execute("INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
-                     f"VALUES ('{EVENTS}', 'outbox_claim', 'w', now() - interval '40 days')")
+        conn.execute(
+            "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+            "('old', 'sha256:a', now() - interval '1 minute'), "
+            "('fresh', 'sha256:b', now() + interval '1 day')"
+        )
+        conn.execute(
+            "INSERT INTO outbox_audit (outbox_table, code, worker, created_at) "
+            f"VALUES ('{EVENTS}', 'outbox_claim', 'w', now() - interval '40 days')"
+        )
 
 
 def _kept(url: str) -> dict[str, object]:
@@ -58,7 +62,8 @@ def _kept(url: str) -> dict[str, object]:
         }
         left["ledger"] = sorted(r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger"))
         left["old_audit"] = conn.execute(
-            "SELECT count(*) AS n FROM outbox_audit WHERE created_at < now() - interval '30 days'").fetchone()["n"]
+            "SELECT count(*) AS n FROM outbox_audit WHERE created_at < now() - interval '30 days'"
+        ).fetchone()["n"]
         return left
 
 
@@ -80,26 +85,43 @@ def _user_logs(instance, result) -> list[str]:
 
 
 def test_clean_deletes_the_same_rows_and_skips_the_same_table_from_the_cli_and_dagster(
-        two_databases, cli_env, instance, tmp_path):
+    two_databases, cli_env, instance, tmp_path
+):
     cli_url, dagster_url = two_databases
     config = tmp_path / "outbox.toml"
     config.write_text(CLEANER_OFF_FOR_MEMORY)
     for url in two_databases:
         _seed(url)
 
-    cli = run_cli(_cli_env(cli_env, cli_url, str(config)), "clean", "--table", EVENTS, "--table", MEMORY,
-                  "--audit-retention", "30d")
+    cli = run_cli(
+        _cli_env(cli_env, cli_url, str(config)),
+        "clean",
+        "--table",
+        EVENTS,
+        "--table",
+        MEMORY,
+        "--audit-retention",
+        "30d",
+    )
     assert cli.returncode == 0, cli.stderr
-    dagster = run_job("clean_job", outbox_resources(url=dagster_url, config_path=str(config)), instance,
-                      {"ops": {"clean_op": {"config": {"tables": [EVENTS, MEMORY], "audit_retention": "30d"}}}})
+    dagster = run_job(
+        "clean_job",
+        outbox_resources(url=dagster_url, config_path=str(config)),
+        instance,
+        {"ops": {"clean_op": {"config": {"tables": [EVENTS, MEMORY], "audit_retention": "30d"}}}},
+    )
     assert dagster.success
 
-    assert _kept(cli_url) == _kept(dagster_url) == {
-        EVENTS: [("ev-2", "sent"), ("ev-3", "pending")],  # the old sent rows went; a fresh one and a pending stay
-        MEMORY: [("mem-0", "sent"), ("mem-1", "sent")],   # its cleaner is off: skipped by both
-        "ledger": ["fresh"],
-        "old_audit": 0,
-    }
+    assert (
+        _kept(cli_url)
+        == _kept(dagster_url)
+        == {
+            EVENTS: [("ev-2", "sent"), ("ev-3", "pending")],  # the old sent rows went; a fresh one and a pending stay
+            MEMORY: [("mem-0", "sent"), ("mem-1", "sent")],  # its cleaner is off: skipped by both
+            "ledger": ["fresh"],
+            "old_audit": 0,
+        }
+    )
     skipped = f"{MEMORY}: {CLEANER_DISABLED}"
     assert skipped in cli.stdout and any(skipped in line for line in _user_logs(instance, dagster))
     meta = op_metadata(dagster, "clean_op")
@@ -110,7 +132,8 @@ def test_clean_deletes_the_same_rows_and_skips_the_same_table_from_the_cli_and_d
 
 
 def test_clean_refuses_a_too_short_retention_in_the_same_words_from_the_cli_and_dagster(
-        two_databases, cli_env, instance, tmp_path):
+    two_databases, cli_env, instance, tmp_path
+):
     cli_url, dagster_url = two_databases
     config = tmp_path / "outbox.toml"
     config.write_text("")
@@ -118,11 +141,16 @@ def test_clean_refuses_a_too_short_retention_in_the_same_words_from_the_cli_and_
         _seed(url)
     before = _kept(cli_url)
 
-    cli = run_cli(_cli_env(cli_env, cli_url, str(config)), "clean", "--table", MEMORY, "--table", EVENTS,
-                  "--retention", "30m")
+    cli = run_cli(
+        _cli_env(cli_env, cli_url, str(config)), "clean", "--table", MEMORY, "--table", EVENTS, "--retention", "30m"
+    )
     assert cli.returncode == 2, cli.stderr
-    dagster = run_job("clean_job", outbox_resources(url=dagster_url, config_path=str(config)), instance,
-                      {"ops": {"clean_op": {"config": {"tables": [MEMORY, EVENTS], "retention": "30m"}}}})
+    dagster = run_job(
+        "clean_job",
+        outbox_resources(url=dagster_url, config_path=str(config)),
+        instance,
+        {"ops": {"clean_op": {"config": {"tables": [MEMORY, EVENTS], "retention": "30m"}}}},
+    )
     message, field = _dagster_refusal(dagster)
 
     # The first table over the limit names the refusal; nothing was deleted from any table, nor the shared ones.
@@ -134,7 +162,8 @@ def test_clean_refuses_a_too_short_retention_in_the_same_words_from_the_cli_and_
 
 
 def test_a_disabled_cleaner_is_skipped_without_a_retention_check_and_force_cleans_it_from_either(
-        two_databases, cli_env, instance, tmp_path):
+    two_databases, cli_env, instance, tmp_path
+):
     """A retention too short for a table whose cleaner is off refuses nothing (the table loses nothing); force
     cleans that table too (and then accepts the short retention) from either front end."""
     cli_url, dagster_url = two_databases
@@ -145,11 +174,24 @@ def test_a_disabled_cleaner_is_skipped_without_a_retention_check_and_force_clean
         _seed(url)
 
     def both(*cli_extra: str, **dagster_extra: object) -> None:
-        cli = run_cli(_cli_env(cli_env, cli_url, str(config)), "clean", "--table", EVENTS, "--table", MEMORY,
-                      "--retention", "2h", *cli_extra)  # 2h: past outbox_events' horizon, short of outbox_memory's
+        cli = run_cli(
+            _cli_env(cli_env, cli_url, str(config)),
+            "clean",
+            "--table",
+            EVENTS,
+            "--table",
+            MEMORY,
+            "--retention",
+            "2h",
+            *cli_extra,
+        )  # 2h: past outbox_events' horizon, short of outbox_memory's
         assert cli.returncode == 0, cli.stderr
-        dagster = run_job("clean_job", resources, instance, {"ops": {"clean_op": {"config": {
-            "tables": [EVENTS, MEMORY], "retention": "2h", **dagster_extra}}}})
+        dagster = run_job(
+            "clean_job",
+            resources,
+            instance,
+            {"ops": {"clean_op": {"config": {"tables": [EVENTS, MEMORY], "retention": "2h", **dagster_extra}}}},
+        )
         assert dagster.success
 
     both()
@@ -161,13 +203,18 @@ def test_a_disabled_cleaner_is_skipped_without_a_retention_check_and_force_clean
 
 
 def test_a_replay_without_a_filter_is_refused_in_the_same_words_by_the_cli_and_dagster(
-        conn, cli_env, instance, resources):
+    conn, cli_env, instance, resources
+):
     enqueue_n(conn, EVENTS, 2)
     make_dead(conn, EVENTS, code="BROKER_5XX")
 
     cli = run_cli(cli_env, "replay", "--table", EVENTS)
-    dagster = run_job("replay_dead_job", resources, instance,
-                      {"ops": {"replay_dead_op": {"config": {"table": EVENTS, "dry_run": False}}}})
+    dagster = run_job(
+        "replay_dead_job",
+        resources,
+        instance,
+        {"ops": {"replay_dead_op": {"config": {"table": EVENTS, "dry_run": False}}}},
+    )
 
     assert cli.returncode == 2
     message, field = _dagster_refusal(dagster)

@@ -27,12 +27,24 @@ def test_definitions_load_and_validate(tmp_path):
     from outbox_pipelines.definitions import defs
 
     names = {job.name for job in defs.jobs}
-    assert {"relay_group_default_job", "relay_job",
-            "requeue_stuck_job", "clean_job", "replay_dead_job", "skip_dead_job", "backfill_job", "outbox_checks_job",
-            "prune_run_history_job"} <= names
+    assert {
+        "relay_group_default_job",
+        "relay_job",
+        "requeue_stuck_job",
+        "clean_job",
+        "replay_dead_job",
+        "skip_dead_job",
+        "backfill_job",
+        "outbox_checks_job",
+        "prune_run_history_job",
+    } <= names
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=REPO, capture_output=True, text=True, timeout=180, env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr
     assert "All code locations passed validation" in result.stderr + result.stdout
@@ -41,8 +53,12 @@ def test_definitions_load_and_validate(tmp_path):
 def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink, tmp_path):
     enqueue_n(conn, "outbox_orders", 20, prefix="o-")
     resources = orders_sent_to(tmp_path, db_url, http_sink.url)
-    result = run_job("relay_job", resources, instance,
-                     {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
+    result = run_job(
+        "relay_job",
+        resources,
+        instance,
+        {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}},
+    )
     assert result.success
     meta = op_metadata(result, "relay_table")
     assert (meta["sent"], meta["retried"], meta["dead"], meta["conflicts"]) == (20, 0, 0, 0)
@@ -65,8 +81,12 @@ def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_ur
 def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance, tmp_path):
     enqueue_n(conn, "outbox_orders", 5)
     resources = orders_sent_to(tmp_path, db_url, "http://127.0.0.1:9/orders")
-    result = run_job("relay_job", resources, instance,
-                     {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 0.5}}}})
+    result = run_job(
+        "relay_job",
+        resources,
+        instance,
+        {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 0.5}}}},
+    )
     assert result.success
     meta = op_metadata(result, "relay_table")
     assert (meta["sent"], meta["retried"]) == (0, 5)
@@ -86,11 +106,14 @@ def test_requeue_and_clean_jobs_report_what_they_changed(db_url, conn, instance,
 
 
 def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_is_off(
-        db_url, conn, instance, tmp_path):
+    db_url, conn, instance, tmp_path
+):
     config = tmp_path / "outbox.toml"
     config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
-    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
-                 "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '1 day')")
+    conn.execute(
+        "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+        "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '1 day')"
+    )
     resources = outbox_resources(url=db_url, config_path=str(config))
     result = run_job("clean_job", resources, instance)
     assert result.success
@@ -101,8 +124,10 @@ def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_clea
 
 def test_clean_job_with_the_cleaner_switched_off_everywhere_deletes_nothing(db_url, conn, instance, monkeypatch):
     monkeypatch.setenv("OUTBOX_CLEANER_ENABLED", "false")
-    conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
-                 "('old', 'sha256:a', now() - interval '1 minute')")
+    conn.execute(
+        "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
+        "('old', 'sha256:a', now() - interval '1 minute')"
+    )
     resources = outbox_resources(url=db_url)
     result = run_job("clean_job", resources, instance)
     assert result.success
@@ -129,8 +154,9 @@ def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, reso
 
 def test_skip_job_passes_over_a_parked_head_after_a_dry_run(db_url, conn, instance, resources):
     outbox = Outbox("outbox_events")
-    first, second = (outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42")).id
-                     for n in (1, 2))
+    first, second = (
+        outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42")).id for n in (1, 2)
+    )
     make_dead(conn, "outbox_events", first, code="BAD_REQUEST")
     config = {"ops": {"skip_dead_op": {"config": {"table": "outbox_events", "ordering_key": "org-42"}}}}
     dry = op_metadata(run_job("skip_dead_job", resources, instance, config), "skip_dead_op")
@@ -140,8 +166,9 @@ def test_skip_job_passes_over_a_parked_head_after_a_dry_run(db_url, conn, instan
     assert done["skipped"] == 1
     assert [r["id"] for r in conn.execute("SELECT id FROM outbox_events WHERE ordering_blocked")] == []
     assert second in [m.id for m in OutboxTable(conn, "outbox_events").claim("w", 10, 30)]
-    nothing = run_job("skip_dead_job", resources, instance, {"ops": {"skip_dead_op": {"config": {
-        "table": "outbox_events"}}}})
+    nothing = run_job(
+        "skip_dead_job", resources, instance, {"ops": {"skip_dead_op": {"config": {"table": "outbox_events"}}}}
+    )
     assert not nothing.success
 
 
@@ -165,14 +192,16 @@ def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instan
 def test_prune_run_history_job_deletes_old_runs(db_url, instance, resources):
     run_job("clean_job", resources, instance)
     assert len(instance.get_runs()) == 1
-    result = run_job("prune_run_history_job", resources, instance,
-                     {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}})
+    result = run_job(
+        "prune_run_history_job", resources, instance, {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}}
+    )
     assert result.success and op_metadata(result, "prune_run_history_op")["deleted_runs"] == 1
     assert [r.job_name for r in instance.get_runs()] == ["prune_run_history_job"]
 
 
-def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_url, conn, instance, http_sink,
-                                                                              monkeypatch, tmp_path):
+def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(
+    db_url, conn, instance, http_sink, monkeypatch, tmp_path
+):
     """Broker credentials in the URL: sent as Basic auth, shown nowhere a person reads."""
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     enqueue_n(conn, "outbox_orders", 3)
@@ -181,8 +210,12 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(db_
     texts = []
     for url in (secret_url, down_url):
         resources = orders_sent_to(tmp_path, db_url, url)
-        result = run_job("relay_job", resources, instance,
-                         {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}})
+        result = run_job(
+            "relay_job",
+            resources,
+            instance,
+            {"ops": {"relay_table": {"config": {"table": "outbox_orders", "max_seconds": 1.0}}}},
+        )
         assert result.success
         for record in instance.all_logs(result.run_id):
             texts.append(record.message or "")
@@ -224,13 +257,15 @@ def test_a_second_stop_while_the_relay_settles_does_not_cut_the_wait_short():
     assert settled.is_set() and interrupts == 2
 
 
-@pytest.mark.parametrize("resource_config", [
-    {"outbox_destinations": {"config": {"url_overrides": {"outbox_memory": "{sink}"}}}},
-    {"outbox_db": {"config": {"url": "postgresql://attacker@127.0.0.1:9/stolen"}}},
-    {"outbox_db": {"config": {"config_path": "/tmp/attacker-outbox.toml"}}},
-])
-def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn, instance, http_sink,
-                                                                    resource_config):
+@pytest.mark.parametrize(
+    "resource_config",
+    [
+        {"outbox_destinations": {"config": {"url_overrides": {"outbox_memory": "{sink}"}}}},
+        {"outbox_db": {"config": {"url": "postgresql://attacker@127.0.0.1:9/stolen"}}},
+        {"outbox_db": {"config": {"config_path": "/tmp/attacker-outbox.toml"}}},
+    ],
+)
+def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn, instance, http_sink, resource_config):
     """Issue 22: the launchpad (the UI has no login) sent a paper table's messages, with the broker's bearer
     token, to a URL of the launcher's choosing, and marked them sent. Where messages go, and with which
     credential, is the deployment's: the resources take no run config at all."""
@@ -240,8 +275,13 @@ def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn
     config = json.loads(json.dumps(resource_config).replace("{sink}", http_sink.url))
     job = build_definitions(outbox_resources(url=db_url)).resolve_job_def("relay_job")
     with pytest.raises(dg.DagsterInvalidConfigError, match="unexpected config entry"):
-        job.execute_in_process(instance=instance, run_config={
-            "resources": config, "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}})
+        job.execute_in_process(
+            instance=instance,
+            run_config={
+                "resources": config,
+                "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}},
+            },
+        )
     assert http_sink.received == []
     assert statuses(conn, "outbox_memory") == {"pending": 3}
 
@@ -252,15 +292,22 @@ def test_a_launch_cannot_choose_where_messages_go_or_which_database(db_url, conn
 def test_a_group_run_relays_every_table_of_its_group_and_observes_each(db_url, conn, instance, resources):
     enqueue_n(conn, "outbox_events", 4, topic="org.changed", payload=lambda i: {"org_id": i})
     enqueue_n(conn, "outbox_memory", 3)
-    result = run_job("relay_group_default_job", resources, instance,
-                     {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}})
+    result = run_job(
+        "relay_group_default_job",
+        resources,
+        instance,
+        {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}},
+    )
     assert result.success
     assert statuses(conn, "outbox_events") == {"sent": 4} and statuses(conn, "outbox_memory") == {"sent": 3}
     meta = op_metadata(result, "relay_group")
     assert meta["tables"]["outbox_events"]["sent"] == 4 and meta["tables"]["outbox_memory"]["sent"] == 3
     assert meta["outcome"] == "delivered"
-    observed = {e.asset_key.to_user_string(): e.event_specific_data.asset_observation.metadata
-                for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"}
+    observed = {
+        e.asset_key.to_user_string(): e.event_specific_data.asset_observation.metadata
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    }
     assert observed["outbox/outbox_events"]["sent"].value == 4 and observed["outbox/outbox_memory"]["sent"].value == 3
     assert "outbox/outbox_orders" not in observed  # a table that did nothing is not observed
     run = instance.get_run_by_id(result.run_id)
@@ -271,13 +318,18 @@ def test_a_group_run_relays_every_table_of_its_group_and_observes_each(db_url, c
 def test_a_broken_section_leaves_its_table_out_and_the_rest_relays(db_url, conn, instance, tmp_path):
     """Issue 23 (and 25): one table's mistake in outbox.toml is that table's, not the code location's."""
     config = tmp_path / "outbox.toml"
-    config.write_text('[tables.outbox_members]\nhandlers = "no_such_module:registry"\n\n'
-                      '[tables.outbox_memory]\nmode = "compting"\n')
+    config.write_text(
+        '[tables.outbox_members]\nhandlers = "no_such_module:registry"\n\n[tables.outbox_memory]\nmode = "compting"\n'
+    )
     resources = outbox_resources(url=db_url, config_path=str(config))
     enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})
     enqueue_n(conn, "outbox_memory", 2)
-    result = run_job("relay_group_default_job", resources, instance,
-                     {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}})
+    result = run_job(
+        "relay_group_default_job",
+        resources,
+        instance,
+        {"ops": {"relay_group": {"config": {"group": "default", "once": True}}}},
+    )
     assert result.success
     assert statuses(conn, "outbox_events") == {"sent": 2}
     assert statuses(conn, "outbox_memory") == {"pending": 2}  # left out: its section is invalid
@@ -286,8 +338,11 @@ def test_a_broken_section_leaves_its_table_out_and_the_rest_relays(db_url, conn,
     assert "cannot import no_such_module" in meta["left_out"]["outbox_members"]
     assert meta["problems"] == "-"  # nothing else went wrong
     checks = run_job("outbox_checks_job", resources, instance)
-    relay_checks = {e.event_specific_data.asset_key.to_user_string(): e.event_specific_data for e in checks.all_events
-                    if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "relay"}
+    relay_checks = {
+        e.event_specific_data.asset_key.to_user_string(): e.event_specific_data
+        for e in checks.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "relay"
+    }
     memory = relay_checks["outbox/outbox_memory"]
     assert not memory.passed and memory.severity == dg.AssetCheckSeverity.ERROR
     assert "mode must be one of competing, single-active, got 'compting'" in memory.description

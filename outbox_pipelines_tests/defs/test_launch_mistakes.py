@@ -72,36 +72,46 @@ def dead_orders(conn):
 # -- replay_dead_job -----------------------------------------------------------------------------------------
 
 
-def test_replay_without_a_filter_is_refused_naming_the_filters_and_all(conn, instance, resources, dead_orders,
-                                                                       http_sink, monkeypatch):
+def test_replay_without_a_filter_is_refused_naming_the_filters_and_all(
+    conn, instance, resources, dead_orders, http_sink, monkeypatch
+):
     result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", dry_run=False))
     message, field = _refusal(result)
     assert field == "filter"
     assert message == (
         "replay needs a filter: set ids, topic, tenant_id, error_code, since or until (--id, --topic, --tenant, "
         "--error-code, --since, --until), or set all: true (--all) to replay every dead row of the table. "
-        "Nothing was touched.")
+        "Nothing was touched."
+    )
     assert statuses(conn, ORDERS) == {"dead": 2}
     _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "filter", instance, result)
 
 
 @pytest.mark.parametrize("field", ["since", "until"])
-def test_replay_since_yesterday_is_refused_before_the_database_without_pydantic(instance, http_sink, monkeypatch,
-                                                                                 field):
+def test_replay_since_yesterday_is_refused_before_the_database_without_pydantic(
+    instance, http_sink, monkeypatch, field
+):
     resources = outbox_resources(url=UNREACHABLE)  # refused on the config: the database is never needed
     result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", **{field: "yesterday"}))
     message, named = _refusal(result)
     assert named == field
-    assert message == (f'{field}="yesterday" is not a time: use ISO 8601 like 2026-11-21T10:00:00Z, a date like '
-                       "2026-11-21, or a time ago like 30m, 2h, 7d")
+    assert message == (
+        f'{field}="yesterday" is not a time: use ISO 8601 like 2026-11-21T10:00:00Z, a date like '
+        "2026-11-21, or a time ago like 30m, 2h, 7d"
+    )
     assert "cannot connect" not in message
     _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), field, instance, result)
 
 
-def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(conn, instance, resources,
-                                                                           dead_orders, http_sink, monkeypatch):
-    result = run_job("replay_dead_job", resources, instance,
-                     _op_config("replay_dead_op", table="outbox_order", all=True, dry_run=False))
+def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(
+    conn, instance, resources, dead_orders, http_sink, monkeypatch
+):
+    result = run_job(
+        "replay_dead_job",
+        resources,
+        instance,
+        _op_config("replay_dead_op", table="outbox_order", all=True, dry_run=False),
+    )
     message, field = _refusal(result)
     assert field == "table"
     assert message.startswith("table: no settings for table 'outbox_order'; known tables: ")
@@ -111,8 +121,9 @@ def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(con
 
 
 def test_replay_with_an_unknown_error_code_is_refused_naming_error_code(conn, instance, resources, dead_orders):
-    result = run_job("replay_dead_job", resources, instance,
-                     _op_config("replay_dead_op", error_code="BROKER_500", dry_run=False))
+    result = run_job(
+        "replay_dead_job", resources, instance, _op_config("replay_dead_op", error_code="BROKER_500", dry_run=False)
+    )
     message, field = _refusal(result)
     assert field == "error_code"
     assert message.startswith("error_code: error code 'BROKER_500' is unknown: known codes are BAD_REQUEST, ")
@@ -125,8 +136,9 @@ def test_a_replay_config_built_in_code_refuses_with_the_same_sentence():
     assert isinstance(refused.value, ValueError)  # as pydantic's error was, for callers that catch it
     assert refused.value.field == "ids"
     assert str(refused.value) == (
-        f"ids={2**64} does not fit a row id (bigint, at most {2**63 - 1}); since=\"yesterday\" is not a time: "
-        "use ISO 8601 like 2026-11-21T10:00:00Z, a date like 2026-11-21, or a time ago like 30m, 2h, 7d")
+        f'ids={2**64} does not fit a row id (bigint, at most {2**63 - 1}); since="yesterday" is not a time: '
+        "use ISO 8601 like 2026-11-21T10:00:00Z, a date like 2026-11-21, or a time ago like 30m, 2h, 7d"
+    )
 
 
 # -- backfill_job --------------------------------------------------------------------------------------------
@@ -140,7 +152,9 @@ def test_backfill_without_a_partition_is_refused_naming_the_partition(instance, 
     assert re.fullmatch(
         r"partition: backfill_job re-delivers one day's sent messages and no day was chosen; pick a day from "
         r"2026-01-01 to \d{4}-\d\d-\d\d written YYYY-MM-DD, e\.g\. \d{4}-\d\d-\d\d, in the launchpad's partition "
-        r"selector or as the tag dagster/partition", message), message
+        r"selector or as the tag dagster/partition",
+        message,
+    ), message
     _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "partition", instance, result)
 
 
@@ -156,13 +170,17 @@ def test_backfill_with_a_bad_partition_key_is_refused_with_the_days_it_takes(ins
     _assert_a_note(_alert(instance, resources, result, http_sink, monkeypatch), "partition", instance, result)
 
 
-@pytest.mark.parametrize(("values", "field", "expected"), [
-    ({"batch_size": 0}, "batch_size", "batch_size: Input should be greater than or equal to 1 (got 0)"),
-    ({"table": "outbox_ordrs"}, "table", "table: no settings for table 'outbox_ordrs'; known tables: "),
-])
+@pytest.mark.parametrize(
+    ("values", "field", "expected"),
+    [
+        ({"batch_size": 0}, "batch_size", "batch_size: Input should be greater than or equal to 1 (got 0)"),
+        ({"table": "outbox_ordrs"}, "table", "table: no settings for table 'outbox_ordrs'; known tables: "),
+    ],
+)
 def test_backfill_config_mistakes_are_refused_naming_the_field(db_url, instance, resources, values, field, expected):
-    result = run_job("backfill_job", resources, instance, _op_config("backfill_op", **values),
-                     partition_key="2026-11-01")
+    result = run_job(
+        "backfill_job", resources, instance, _op_config("backfill_op", **values), partition_key="2026-11-01"
+    )
     message, named = _refusal(result)
     assert named == field and message.startswith(expected), message
 
@@ -171,8 +189,9 @@ def test_backfill_config_mistakes_are_refused_naming_the_field(db_url, instance,
 
 
 def test_skip_with_a_table_typo_is_refused_naming_the_table(instance, resources, http_sink, monkeypatch):
-    result = run_job("skip_dead_job", resources, instance,
-                     _op_config("skip_dead_op", table="outbox_evnets", ids=[1], dry_run=False))
+    result = run_job(
+        "skip_dead_job", resources, instance, _op_config("skip_dead_op", table="outbox_evnets", ids=[1], dry_run=False)
+    )
     message, field = _refusal(result)
     assert field == "table"
     assert message.startswith("table: no settings for table 'outbox_evnets'; known tables: ")
@@ -185,14 +204,17 @@ def test_skip_naming_no_message_is_refused_naming_ids(instance):
     result = run_job("skip_dead_job", resources, instance, _op_config("skip_dead_op", table="outbox_events"))
     message, field = _refusal(result)
     assert field == "ids"
-    assert message.startswith("ids: a skip names the dead messages to pass over: their ids (--id, repeatable; ids "
-                              "in skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched")
+    assert message.startswith(
+        "ids: a skip names the dead messages to pass over: their ids (--id, repeatable; ids "
+        "in skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched"
+    )
 
 
 def test_skip_with_an_id_that_is_not_one_is_refused_by_its_config(instance):
     resources = outbox_resources(url=UNREACHABLE)
-    result = run_job("skip_dead_job", resources, instance,
-                     _op_config("skip_dead_op", table="outbox_events", ids=[2**64]))
+    result = run_job(
+        "skip_dead_job", resources, instance, _op_config("skip_dead_op", table="outbox_events", ids=[2**64])
+    )
     message, field = _refusal(result)
     assert (field, message) == ("ids", f"ids={2**64} does not fit a row id (bigint, at most {2**63 - 1})")
 
@@ -209,8 +231,9 @@ def test_a_relay_job_table_typo_is_a_refused_launch_too(conn, instance, resource
     assert statuses(conn, ORDERS) == {"pending": 1}
 
 
-def test_a_pydantic_refusal_of_a_config_that_is_not_a_launch_config_is_told_plainly(instance, resources, http_sink,
-                                                                                    monkeypatch):
+def test_a_pydantic_refusal_of_a_config_that_is_not_a_launch_config_is_told_plainly(
+    instance, resources, http_sink, monkeypatch
+):
     """A config class written without LaunchConfig: the run shows pydantic's error, but on-call never does."""
     from pydantic import Field
 
@@ -225,8 +248,9 @@ def test_a_pydantic_refusal_of_a_config_that_is_not_a_launch_config_is_told_plai
     def plain_job() -> None:
         limited()
 
-    result = plain_job.execute_in_process(instance=instance, raise_on_error=False,
-                                          run_config=_op_config("limited", limit=0))
+    result = plain_job.execute_in_process(
+        instance=instance, raise_on_error=False, run_config=_op_config("limited", limit=0)
+    )
     assert not result.success
     alert = _alert(instance, resources, result, http_sink, monkeypatch)
     _assert_a_note(alert, "limit", instance, result)
@@ -234,13 +258,17 @@ def test_a_pydantic_refusal_of_a_config_that_is_not_a_launch_config_is_told_plai
 
 
 def test_refused_config_text_reads_a_pydantic_dump():
-    dump = ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for ReplayConfig\nsince\n"
-            '  Value error, since="yesterday" is not a time: use ISO 8601 [type=value_error, input_value=\'yesterday\','
-            " input_type=str]\n    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
-            "batch_size\n  Input should be greater than or equal to 1 [type=greater_than_equal, input_value=0, "
-            "input_type=int]\n")
-    assert refused_config_text(dump) == ("since", 'since="yesterday" is not a time: use ISO 8601; '
-                                                  "batch_size: Input should be greater than or equal to 1")
+    dump = (
+        "pydantic_core._pydantic_core.ValidationError: 2 validation errors for ReplayConfig\nsince\n"
+        "  Value error, since=\"yesterday\" is not a time: use ISO 8601 [type=value_error, input_value='yesterday',"
+        " input_type=str]\n    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+        "batch_size\n  Input should be greater than or equal to 1 [type=greater_than_equal, input_value=0, "
+        "input_type=int]\n"
+    )
+    assert refused_config_text(dump) == (
+        "since",
+        'since="yesterday" is not a time: use ISO 8601; batch_size: Input should be greater than or equal to 1',
+    )
     assert refused_config_text("RuntimeError: boom") is None
 
 
@@ -277,21 +305,30 @@ def test_a_backfill_launch_cannot_choose_where_messages_go(db_url, instance, res
     """Where messages go is the deployment's (the table's destination), never a launchpad's: the field is
     not in the job's config, so Dagster refuses the launch before any run exists."""
     with pytest.raises(dg.DagsterInvalidConfigError, match="destination_url"):
-        run_job("backfill_job", resources, instance, _op_config("backfill_op", destination_url="https://elsewhere"),
-                partition_key="2026-11-01")
+        run_job(
+            "backfill_job",
+            resources,
+            instance,
+            _op_config("backfill_op", destination_url="https://elsewhere"),
+            partition_key="2026-11-01",
+        )
 
 
 # -- clean_job and the relay group jobs ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("values", "field", "expected"), [
-    ({"retention": "a week"}, "retention", "retention: cannot read duration 'a week'"),
-    ({"audit_retention": "forever"}, "audit_retention", "audit_retention: cannot read duration 'forever'"),
-    ({"retention": "1s", "tables": ["outbox_orders"]}, "retention", "retention: outbox_orders: a retention of "),
-    ({"tables": ["outbox_ordrs"]}, "tables", "tables: no settings for table 'outbox_ordrs'"),
-])
-def test_clean_launch_mistakes_are_refused_naming_the_field_and_delete_nothing(db_url, conn, instance, resources,
-                                                                              values, field, expected):
+@pytest.mark.parametrize(
+    ("values", "field", "expected"),
+    [
+        ({"retention": "a week"}, "retention", "retention: cannot read duration 'a week'"),
+        ({"audit_retention": "forever"}, "audit_retention", "audit_retention: cannot read duration 'forever'"),
+        ({"retention": "1s", "tables": ["outbox_orders"]}, "retention", "retention: outbox_orders: a retention of "),
+        ({"tables": ["outbox_ordrs"]}, "tables", "tables: no settings for table 'outbox_ordrs'"),
+    ],
+)
+def test_clean_launch_mistakes_are_refused_naming_the_field_and_delete_nothing(
+    db_url, conn, instance, resources, values, field, expected
+):
     enqueue_n(conn, "outbox_orders", 2, prefix="kept-")
     make_sent(conn, ORDERS, age=timedelta(days=3))
     result = run_job("clean_job", resources, instance, _op_config("clean_op", **values))

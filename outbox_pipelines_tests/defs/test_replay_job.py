@@ -25,7 +25,8 @@ def _failure(result) -> str:
 
 def _snapshot(conn):
     return conn.execute(
-        f"SELECT id, status, attempts, last_error_code, updated_at FROM {ORDERS} ORDER BY id").fetchall()
+        f"SELECT id, status, attempts, last_error_code, updated_at FROM {ORDERS} ORDER BY id"
+    ).fetchall()
 
 
 @pytest.fixture
@@ -40,8 +41,12 @@ def test_every_config_field_has_a_description_in_the_launchpad(resources):
     from outbox_pipelines.definitions import build_definitions
 
     job = build_definitions(resources).resolve_job_def("replay_dead_job")
-    op_config = (job.run_config_schema.config_type.fields["ops"].config_type
-                 .fields["replay_dead_op"].config_type.fields["config"].config_type)
+    op_config = (
+        job.run_config_schema.config_type.fields["ops"]
+        .config_type.fields["replay_dead_op"]
+        .config_type.fields["config"]
+        .config_type
+    )
     assert set(op_config.fields) == set(ReplayConfig.model_fields)
     for name, field in op_config.fields.items():
         assert field.description and len(field.description) > 20, name

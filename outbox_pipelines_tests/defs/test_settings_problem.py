@@ -31,8 +31,12 @@ def test_the_code_location_loads_without_tables_and_validation_fails_with_the_fi
 
 def test_a_run_that_needs_the_settings_fails_as_a_failure_not_a_refused_launch(broken_toml, db_url, instance):
     resources = outbox_resources(url=db_url, config_path=str(broken_toml))
-    result = run_job("relay_job", resources, instance,
-                     {"ops": {"relay_table": {"config": {"table": "billing_outbox", "once": True}}}})
+    result = run_job(
+        "relay_job",
+        resources,
+        instance,
+        {"ops": {"relay_table": {"config": {"table": "billing_outbox", "once": True}}}},
+    )
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "unknown top-level keys ['table']" in failure.event_specific_data.error.message

@@ -35,7 +35,7 @@ mutation($params: ExecutionParams!) {
   }
 }
 """
-RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }'
+RUN = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"
 TERMINATE = """
 mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonError { message } } }
 """
@@ -51,9 +51,20 @@ def webserver(db_url, tmp_path):
     )
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "OUTBOX_DATABASE_URL": db_url}
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-webserver"), "-m", "outbox_pipelines.definitions",
-         "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            str(Path(sys.executable).parent / "dagster-webserver"),
+            "-m",
+            "outbox_pipelines.definitions",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -83,18 +94,26 @@ def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
     assert {"relay_group_default_job", "relay_job", "replay_dead_job", "backfill_job", "outbox_checks_job"} <= jobs
     assert "relay_group_default_every_30_minutes" in {s["name"] for s in repo["schedules"]}
     assert {"relay_group_default_on_backlog", "outbox_run_failure_alert", "outbox_oncall"} <= {
-        s["name"] for s in repo["sensors"]}
-    checks = {tuple(n["assetKey"]["path"]): {c["name"]: c["canExecuteIndividually"]
-                                             for c in n["assetChecksOrError"]["checks"]}
-              for n in data["assetNodes"]}
+        s["name"] for s in repo["sensors"]
+    }
+    checks = {
+        tuple(n["assetKey"]["path"]): {
+            c["name"]: c["canExecuteIndividually"] for c in n["assetChecksOrError"]["checks"]
+        }
+        for n in data["assetNodes"]
+    }
     # every check can be executed from the asset's Checks tab (no materialization needed)
     assert checks[("outbox", "outbox_events")] == dict.fromkeys(
-        ["lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys"], "CAN_EXECUTE")
+        ["lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys"], "CAN_EXECUTE"
+    )
 
     enqueue_n(conn, "outbox_events", 5, topic="org.changed", payload=lambda i: {"org_id": i})
     params = {
-        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                     "jobName": "relay_job"},
+        "selector": {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "jobName": "relay_job",
+        },
         "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},
     }
     launched = graphql(webserver, LAUNCH, params=params)["launchRun"]
@@ -127,8 +146,11 @@ def test_terminate_in_the_ui_cancels_a_relay_run_after_it_settles(webserver, con
     repo = graphql(webserver, REPOSITORY)["repositoriesOrError"]["nodes"][0]
     enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
     params = {
-        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                     "jobName": "relay_job"},
+        "selector": {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "jobName": "relay_job",
+        },
         "runConfigData": {"ops": {"relay_table": {"config": {"table": "outbox_events", "max_seconds": 600}}}},
     }
     run_id = graphql(webserver, LAUNCH, params=params)["launchRun"]["run"]["runId"]
@@ -157,10 +179,15 @@ def test_a_launch_from_the_ui_cannot_redirect_messages_or_the_database(webserver
     enqueue_n(conn, "outbox_memory", 3)
     for resources in ATTEMPTED_OVERRIDES:
         params = {
-            "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                         "jobName": "relay_job"},
-            "runConfigData": {"resources": json.loads(json.dumps(resources).replace("{sink}", http_sink.url)),
-                              "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}},
+            "selector": {
+                "repositoryLocationName": repo["location"]["name"],
+                "repositoryName": repo["name"],
+                "jobName": "relay_job",
+            },
+            "runConfigData": {
+                "resources": json.loads(json.dumps(resources).replace("{sink}", http_sink.url)),
+                "ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}},
+            },
         }
         launched = graphql(webserver, LAUNCH, params=params)["launchRun"]
         assert launched["__typename"] == "RunConfigValidationInvalid", (resources, launched)
@@ -174,19 +201,28 @@ def test_terminate_in_the_ui_cancels_a_group_run_with_every_tables_batch_settled
     enqueue_n(conn, "outbox_events", 3, topic="org.changed", payload=lambda i: {"org_id": i})
     enqueue_n(conn, "outbox_memory", 4)
     params = {
-        "selector": {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                     "jobName": "relay_group_default_job"},
+        "selector": {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "jobName": "relay_group_default_job",
+        },
         "runConfigData": {"ops": {"relay_group": {"config": {"group": "default", "max_seconds": 600}}}},
     }
     run_id = graphql(webserver, LAUNCH, params=params)["launchRun"]["run"]["runId"]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (statuses(conn, "outbox_events"), statuses(conn, "outbox_memory")) != (
-            {"sent": 3}, {"sent": 4}):
+        {"sent": 3},
+        {"sent": 4},
+    ):
         time.sleep(0.3)
     assert (statuses(conn, "outbox_events"), statuses(conn, "outbox_memory")) == ({"sent": 3}, {"sent": 4})
     assert graphql(webserver, TERMINATE, id=run_id)["terminateRun"]["__typename"] == "TerminateRunSuccess"
     assert wait_status(webserver, run_id, ("SUCCESS", "FAILURE", "CANCELED")) == "CANCELED"
     tags = {t["key"]: t["value"] for t in graphql(webserver, RUN, id=run_id)["runOrError"]["tags"]}
     assert tags["outbox/outcome"] == "cancelled" and tags["outbox/group"] == "default"
-    assert conn.execute("SELECT count(*) AS n FROM outbox_relay_workers WHERE run_id = %s AND stopped_at IS NULL",
-                        (run_id,)).fetchone()["n"] == 0  # every table's relay said goodbye
+    assert (
+        conn.execute(
+            "SELECT count(*) AS n FROM outbox_relay_workers WHERE run_id = %s AND stopped_at IS NULL", (run_id,)
+        ).fetchone()["n"]
+        == 0
+    )  # every table's relay said goodbye

@@ -73,7 +73,7 @@ def _proc_stat(pid: int) -> tuple[int, int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     if fields[0] == "Z":
         return None
     return int(fields[1]), int(fields[3]), int(fields[19])
@@ -192,8 +192,9 @@ class BrokerSimProcess:
         with self.log.open("a") as out:
             out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
             out.flush()
-            self.proc = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         while not port_open(self.port):
             if self.proc.poll() is not None:
@@ -239,8 +240,15 @@ class DevProcess:
         with self.log.open("a") as out:
             out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
             out.flush()
-            self.proc = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=ignore_sigint)
+            self.proc = subprocess.Popen(
+                command,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=ignore_sigint,
+            )
         self._note_leader(self.proc.pid)
 
     def _note_leader(self, pid: int) -> None:
@@ -290,7 +298,8 @@ class DevProcess:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"outbox-pipelines dev did not answer {self.url}/server_info within {timeout_s:.0f} s")
+                    f"outbox-pipelines dev did not answer {self.url}/server_info within {timeout_s:.0f} s"
+                )
             time.sleep(0.5)
 
     def leftovers(self) -> list[int]:
@@ -330,8 +339,9 @@ class DevProcess:
         return left
 
     def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = httpx.post(self.url + "/graphql", json={"query": query, "variables": variables or {}},
-                              timeout=30.0, trust_env=False)
+        response = httpx.post(
+            self.url + "/graphql", json={"query": query, "variables": variables or {}}, timeout=30.0, trust_env=False
+        )
         response.raise_for_status()
         answer = response.json()
         if answer.get("errors"):
@@ -375,8 +385,9 @@ class DrillStack(QueriesDatabase):
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_"))}
         base_env["PYTHONPATH"] = str(REPO)
         base_env["PYTHONUNBUFFERED"] = "1"
-        self.broker = BrokerSimProcess(free_port(), self.broker_log, base_env, self.tmp,
-                                       base_args=["--bad-key", self.poison_key])
+        self.broker = BrokerSimProcess(
+            free_port(), self.broker_log, base_env, self.tmp, base_args=["--bad-key", self.poison_key]
+        )
         dev_port = free_port()
         self.ui_url = f"http://127.0.0.1:{dev_port}"
         self.dagster_home = self.tmp / "dagster_home"
@@ -449,7 +460,7 @@ class DrillStack(QueriesDatabase):
         outbox = Outbox(TABLE)
         with self.connect(autocommit=False) as conn:
             for i in range(0, len(messages), batch):
-                outbox.enqueue_many(conn, messages[i:i + batch])
+                outbox.enqueue_many(conn, messages[i : i + batch])
                 if not one_transaction:
                     conn.commit()
             conn.commit()
@@ -459,12 +470,16 @@ class DrillStack(QueriesDatabase):
         pattern = f"drill-{self.token}-{prefix}-%"
 
         def sent() -> bool:
-            return self.scalar(f"SELECT count(*) FROM {TABLE} WHERE event_id LIKE %s AND status = 'sent'",
-                               (pattern,)) >= n
+            return (
+                self.scalar(f"SELECT count(*) FROM {TABLE} WHERE event_id LIKE %s AND status = 'sent'", (pattern,)) >= n
+            )
 
-        wait_until(sent, timeout_s, f"all {n} '{prefix}' orders sent",
-                   on_timeout=lambda: f"statuses of '{prefix}': "
-                   f"{self.statuses('event_id LIKE %s', (pattern,))}")
+        wait_until(
+            sent,
+            timeout_s,
+            f"all {n} '{prefix}' orders sent",
+            on_timeout=lambda: f"statuses of '{prefix}': {self.statuses('event_id LIKE %s', (pattern,))}",
+        )
 
     # results
     def record(self, drill: str, seconds: float) -> None:

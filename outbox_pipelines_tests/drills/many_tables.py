@@ -49,11 +49,20 @@ class ManyTablesStack(QueriesDatabase):
         self.ui_url = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_"))}
         self.dev_log = self.tmp / "dev.log"
-        self.dev = DevProcess(port, self.dev_log, {
-            **env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OUTBOX_DATABASE_URL": self.db_url,
-            "OUTBOX_ALERT_WEBHOOK_URL": self.receiver.url, "OUTBOX_UI_URL": self.ui_url,
-            "DAGSTER_HOME": str(self.tmp / "dagster_home"),
-        }, self.project)
+        self.dev = DevProcess(
+            port,
+            self.dev_log,
+            {
+                **env,
+                "PYTHONPATH": str(REPO),
+                "PYTHONUNBUFFERED": "1",
+                "OUTBOX_DATABASE_URL": self.db_url,
+                "OUTBOX_ALERT_WEBHOOK_URL": self.receiver.url,
+                "OUTBOX_UI_URL": self.ui_url,
+                "DAGSTER_HOME": str(self.tmp / "dagster_home"),
+            },
+            self.project,
+        )
         self.write_project()
 
     @property
@@ -62,8 +71,10 @@ class ManyTablesStack(QueriesDatabase):
 
     def write_project(self) -> None:
         (self.project / "pyproject.toml").write_text('[project]\nname = "platform_service"\nversion = "1.0.0"\n')
-        sections = [f'[tables.{name}]\ndestination = "http"\nurl = "{self.sink.url}{name}"\nmode = "competing"\n'
-                    for name in self.tables]
+        sections = [
+            f'[tables.{name}]\ndestination = "http"\nurl = "{self.sink.url}{name}"\nmode = "competing"\n'
+            for name in self.tables
+        ]
         sections += [
             f'[tables.{BROKEN_IMPORT}]\ndestination = "handlers"\nhandlers = "payroll.handlers:registry"\n',
             f'[tables.{BROKEN_SECTION}]\ndestination = "http"\nurl = "{self.sink.url}x"\nmode = "compting"\n',
@@ -81,9 +92,13 @@ class ManyTablesStack(QueriesDatabase):
         """``per_table`` messages into every table, the broken ones too, in one transaction; its commit time."""
         with self.connect(autocommit=False) as conn:
             for name in [*self.tables, BROKEN_IMPORT, BROKEN_SECTION, DOWN]:
-                Outbox(name).enqueue_many(conn, [
-                    Message(topic="module.changed", payload={"n": i}, event_id=f"{prefix}-{name}-{i}")
-                    for i in range(per_table)])
+                Outbox(name).enqueue_many(
+                    conn,
+                    [
+                        Message(topic="module.changed", payload={"n": i}, event_id=f"{prefix}-{name}-{i}")
+                        for i in range(per_table)
+                    ],
+                )
             conn.commit()
         return time.monotonic()
 
@@ -130,7 +145,7 @@ mutation($params: ExecutionParams!) {
     ... on RunConfigValidationInvalid { errors { message } }
   }
 }"""
-RUN = 'query($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName startTime tags { key value } } } }'
+RUN = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName startTime tags { key value } } } }"
 RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) {
   ... on Runs { results { runId status jobName tags { key value } } } } }"""
 TERMINATE = "mutation($id: String!) { terminateRun(runId: $id) { __typename } }"

@@ -66,8 +66,11 @@ def asset_key(table_name: str) -> dict[str, list[str]]:
 def run_checks_job(stack: DrillStack) -> str:
     """Launch the checks job through the webserver, as the UI's Launchpad does; its run id once it succeeded."""
     [repo] = stack.dev.graphql(REPOSITORY)["repositoriesOrError"]["nodes"]
-    selector = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                "jobName": CHECKS_JOB}
+    selector = {
+        "repositoryLocationName": repo["location"]["name"],
+        "repositoryName": repo["name"],
+        "jobName": CHECKS_JOB,
+    }
     launched = stack.dev.graphql(LAUNCH, {"params": {"selector": selector, "runConfigData": {}}})["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     run_id = launched["run"]["runId"]
@@ -90,8 +93,11 @@ def table_health(stack: DrillStack, tables: list[str]) -> dict[str, dict[str, An
         checks = node["assetChecksOrError"]
         assert checks["__typename"] == "AssetChecks", checks
         table_name = node["assetKey"]["path"][-1]
-        found[table_name] = {**node, "checks": {c["name"]: c for c in checks["checks"]},
-                             "assetHealth": health.get(table_name)}
+        found[table_name] = {
+            **node,
+            "checks": {c["name"]: c for c in checks["checks"]},
+            "assetHealth": health.get(table_name),
+        }
     assert sorted(found) == sorted(tables), f"asset nodes {sorted(found)}, expected {sorted(tables)}"
     return found
 
@@ -120,9 +126,12 @@ def catalog_status(node: dict[str, Any]) -> str:
     assert not node["isObservable"], "an observable asset reads 'Observed <time>' in the Catalog, checks ignored"
     checks_failed = any(
         (ex := c["executionForLatestMaterialization"]) is not None
-        and ((ex["status"] == "FAILED" and (ex["evaluation"] or {}).get("severity") == "ERROR")
-             or ex["status"] == "EXECUTION_FAILED")
-        for c in node["checks"].values())
+        and (
+            (ex["status"] == "FAILED" and (ex["evaluation"] or {}).get("severity") == "ERROR")
+            or ex["status"] == "EXECUTION_FAILED"
+        )
+        for c in node["checks"].values()
+    )
     if checks_failed:
         return "red: checks failed"
     if not node["assetMaterializations"] and not node["isMaterializable"]:
@@ -146,13 +155,17 @@ def add_dead_letters(stack: DrillStack, table_name: str, n: int, token: str) -> 
             "last_error_code) "
             "SELECT %s || g, 'drill.catalog', '{}'::jsonb, md5(%s || g), 'dead', 5, 'drill: put in by SQL', "
             "'BAD_REQUEST' FROM generate_series(1, %s) AS g",
-            (f"drill-{token}-dead-", token, n))
+            (f"drill-{token}-dead-", token, n),
+        )
 
 
 @pytest.mark.timeout(600)
 def test_failing_tables_show_at_a_glance_and_a_healthy_one_passes(stack: DrillStack) -> None:
-    every = [n["assetKey"]["path"][-1] for n in stack.dev.graphql("{ assetNodes { assetKey { path } } }")["assetNodes"]
-             if n["assetKey"]["path"][0] == "outbox"]
+    every = [
+        n["assetKey"]["path"][-1]
+        for n in stack.dev.graphql("{ assetNodes { assetKey { path } } }")["assetNodes"]
+        if n["assetKey"]["path"][0] == "outbox"
+    ]
     others = sorted(t for t in every if t != TABLE)
     assert TABLE in every and len(others) >= 2, f"the drill needs {TABLE} and two more tables, found {every}"
     healthy, warned, failed = TABLE, others[0], others[1]
@@ -173,12 +186,18 @@ def test_failing_tables_show_at_a_glance_and_a_healthy_one_passes(stack: DrillSt
 
     def graded() -> dict[str, dict[str, Any]] | None:
         now = table_health(stack, tables)
-        ok = (check_icon(now[warned]["checks"]["dead_letters"]) == "WARN"
-              and check_icon(now[failed]["checks"]["dead_letters"]) == "ERROR")
+        ok = (
+            check_icon(now[warned]["checks"]["dead_letters"]) == "WARN"
+            and check_icon(now[failed]["checks"]["dead_letters"]) == "ERROR"
+        )
         return now if ok else None
 
-    now = wait_until(graded, 60, f"dead_letters graded WARN on {warned} and ERROR on {failed} after run {run_id[:8]}",
-                     on_timeout=lambda: f"{table_health(stack, tables)}")
+    now = wait_until(
+        graded,
+        60,
+        f"dead_letters graded WARN on {warned} and ERROR on {failed} after run {run_id[:8]}",
+        on_timeout=lambda: f"{table_health(stack, tables)}",
+    )
 
     # The Lineage view: ✓ 7/7 for the healthy table, ⚠ 6/7 and ✗ 6/7 for the others.
     assert lineage_checks_row(now[healthy]) == ("OK", 7, 7), now[healthy]["checks"]
@@ -188,8 +207,9 @@ def test_failing_tables_show_at_a_glance_and_a_healthy_one_passes(stack: DrillSt
     # The Catalog's Status: the tables are external assets, never materialized; red only on an ERROR check.
     for table_name in tables:
         node = now[table_name]
-        assert (node["isObservable"], node["isMaterializable"], node["assetMaterializations"]) == (False, False, []), \
+        assert (node["isObservable"], node["isMaterializable"], node["assetMaterializations"]) == (False, False, []), (
             f"{table_name}: {node}"
+        )
     assert catalog_status(now[failed]) == "red: checks failed"
     assert catalog_status(now[warned]) == "–", "a WARN check does not colour the Catalog's Status"
     assert catalog_status(now[healthy]) == "–"
@@ -198,4 +218,5 @@ def test_failing_tables_show_at_a_glance_and_a_healthy_one_passes(stack: DrillSt
     served = {t: now[t]["assetHealth"] for t in tables}
     assert served == dict.fromkeys(tables), (
         f"the webserver now serves assetHealth: {served}. Assert it here instead (failing tables DEGRADED / "
-        "WARNING); a healthy table reads UNKNOWN overall while its asset is neither materialized nor observed.")
+        "WARNING); a healthy table reads UNKNOWN overall while its asset is neither materialized nor observed."
+    )

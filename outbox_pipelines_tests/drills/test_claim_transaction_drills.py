@@ -69,8 +69,9 @@ def keys(messages: list[Message]) -> set[str]:
 
 
 def statuses_of(conn: DictConnection, prefix: str) -> dict[str, int]:
-    found = conn.execute(f"SELECT status, count(*) AS n FROM {TABLE} WHERE event_id LIKE %s GROUP BY status",
-                         (prefix + "%",)).fetchall()
+    found = conn.execute(
+        f"SELECT status, count(*) AS n FROM {TABLE} WHERE event_id LIKE %s GROUP BY status", (prefix + "%",)
+    ).fetchall()
     return {r["status"]: r["n"] for r in found}
 
 
@@ -82,7 +83,8 @@ def rows_of(conn: DictConnection, prefix: str) -> dict[str, dict[str, Any]]:
 def audit_of(conn: DictConnection, prefix: str) -> list[dict[str, Any]]:
     return conn.execute(
         "SELECT event_id, message_id, code, error_code, from_status, to_status, attempts, worker "
-        "FROM outbox_audit WHERE outbox_table = %s AND event_id LIKE %s ORDER BY id", (TABLE, prefix + "%"),
+        "FROM outbox_audit WHERE outbox_table = %s AND event_id LIKE %s ORDER BY id",
+        (TABLE, prefix + "%"),
     ).fetchall()
 
 
@@ -93,16 +95,23 @@ def retries_by_event(audit: list[dict[str, Any]], error_code: str) -> Counter[st
 def wait_all_sent(conn: DictConnection, prefix: str, n: int, timeout_s: float, extra: Any = None) -> float:
     """Seconds until the ``n`` rows of ``prefix`` are all sent."""
     started = time.monotonic()
-    wait_until(lambda: statuses_of(conn, prefix) == {"sent": n}, timeout_s, f"all {n} '{prefix}' rows sent",
-               interval_s=0.1,
-               on_timeout=lambda: f"statuses: {statuses_of(conn, prefix)}" + (f"\n{extra()}" if extra else ""))
+    wait_until(
+        lambda: statuses_of(conn, prefix) == {"sent": n},
+        timeout_s,
+        f"all {n} '{prefix}' rows sent",
+        interval_s=0.1,
+        on_timeout=lambda: f"statuses: {statuses_of(conn, prefix)}" + (f"\n{extra()}" if extra else ""),
+    )
     return time.monotonic() - started
 
 
 def unlocked_pending(conn: DictConnection, prefix: str) -> int:
     """Pending rows of ``prefix`` that a claim could take now (no transaction holds them)."""
-    row = conn.execute(f"SELECT count(*) AS n FROM (SELECT id FROM {TABLE} WHERE event_id LIKE %s "
-                       "AND status = 'pending' FOR UPDATE SKIP LOCKED) AS free", (prefix + "%",)).fetchone()
+    row = conn.execute(
+        f"SELECT count(*) AS n FROM (SELECT id FROM {TABLE} WHERE event_id LIKE %s "
+        "AND status = 'pending' FOR UPDATE SKIP LOCKED) AS free",
+        (prefix + "%",),
+    ).fetchone()
     assert row is not None
     return int(row["n"])
 
@@ -122,8 +131,19 @@ class Relays:
 
     def start(self, env: dict[str, str], worker: str, *args: str) -> subprocess.Popen[str]:
         with (self.tmp / f"{worker}.out").open("wb") as out, (self.tmp / f"{worker}.err").open("wb") as err:
-            proc = start_relay(env, TABLE, "--json", "--worker-id", worker, "--batch-size", str(BATCH), *args,
-                               stdout=out, stderr=err, cwd=self.tmp)
+            proc = start_relay(
+                env,
+                TABLE,
+                "--json",
+                "--worker-id",
+                worker,
+                "--batch-size",
+                str(BATCH),
+                *args,
+                stdout=out,
+                stderr=err,
+                cwd=self.tmp,
+            )
         self.procs[worker] = proc
         return proc
 
@@ -156,8 +176,9 @@ class Relays:
         return [w for w, p in self.procs.items() if p.poll() is None]
 
     def logs(self) -> str:
-        return "\n".join(f"--- {w} (exit {p.poll()}) ---\n{tail(self.tmp / f'{w}.err', 15)}"
-                         for w, p in self.procs.items())
+        return "\n".join(
+            f"--- {w} (exit {p.poll()}) ---\n{tail(self.tmp / f'{w}.err', 15)}" for w, p in self.procs.items()
+        )
 
     def close(self) -> None:
         for worker in self.alive():
@@ -176,14 +197,16 @@ def relays(tmp_path: Path) -> Iterator[Relays]:
 
 
 def live_workers(conn: DictConnection, workers: list[str]) -> int:
-    row = conn.execute("SELECT count(*) AS n FROM outbox_relay_workers WHERE worker = ANY(%s) "
-                       "AND stopped_at IS NULL", (workers,)).fetchone()
+    row = conn.execute(
+        "SELECT count(*) AS n FROM outbox_relay_workers WHERE worker = ANY(%s) AND stopped_at IS NULL", (workers,)
+    ).fetchone()
     assert row is not None
     return int(row["n"])
 
 
 def wait_registered(conn: DictConnection, harness: Relays, workers: list[str]) -> None:
     """Until every relay has registered (it is past start-up and about to claim)."""
+
     def ready() -> bool:
         dead = [w for w in workers if harness.procs[w].poll() is not None]
         assert not dead, f"relays exited during start-up: {dead}\n{harness.logs()}"
@@ -212,6 +235,7 @@ def broker_faults(broker_url: str, **faults: Any) -> dict[str, Any]:
 def tx_stack(pg_server: Any) -> Iterator[DrillStack]:
     """The drill stack (dev + broker-sim + webhook) with outbox_orders set to claim = "transaction",
     audit = "failures" through OUTBOX_CONFIG, as a user would."""
+
     def configure(stack: DrillStack) -> None:
         stack.dev_env["OUTBOX_CONFIG"] = str(write_config(stack.tmp / "outbox.toml"))  # dev runs with this dict
 
@@ -227,24 +251,32 @@ def test_dagster_relay_run_with_transaction_claim_and_failure_audit(tx_stack: Dr
     flaky = orders(prefix + "flaky-", 3)  # 503 twice, then accepted: two attempts spent, audited
     throttled = orders(prefix + "slow-", 1)  # 429 Retry-After 1 s once: no attempt spent, audited
     poison = orders(prefix + "poison-", 1)  # 400: dead at once, audited
-    faults = broker_faults(stack.broker.url, flaky_keys={k: 2 for k in keys(flaky)},
-                           rate_limited_keys={k: 1.0 for k in keys(throttled)},
-                           bad_keys=[stack.poison_key, *keys(poison)])
+    faults = broker_faults(
+        stack.broker.url,
+        flaky_keys={k: 2 for k in keys(flaky)},
+        rate_limited_keys={k: 1.0 for k in keys(throttled)},
+        bad_keys=[stack.poison_key, *keys(poison)],
+    )
     assert faults["flaky_keys"] and faults["rate_limited_keys"]
     everything = [*plain, *flaky, *throttled, *poison]
     with stack.connect() as conn:
         enqueue(conn, everything)
         t0 = time.monotonic()
         # The backlog sensor launches the table's relay run; delivered = everything settled.
-        wait_until(lambda: statuses_of(conn, prefix) == {"sent": 44, "dead": 1}, 240,
-                   "the Dagster relay run to deliver every order and dead-letter the poison one", interval_s=0.2,
-                   on_timeout=lambda: f"statuses: {statuses_of(conn, prefix)}")
+        wait_until(
+            lambda: statuses_of(conn, prefix) == {"sent": 44, "dead": 1},
+            240,
+            "the Dagster relay run to deliver every order and dead-letter the poison one",
+            interval_s=0.2,
+            on_timeout=lambda: f"statuses: {statuses_of(conn, prefix)}",
+        )
         # Printed, not stack.record()ed: bench/drills.py tabulates fault-to-alert seconds only.
         print(f"Dagster relay run: 45 orders settled {time.monotonic() - t0:.1f}s after the enqueue")
         table_rows = rows_of(conn, prefix)
         audit = audit_of(conn, prefix)
-        workers = conn.execute("SELECT worker, run_id, stopped_at FROM outbox_relay_workers "
-                               "WHERE table_name = %s", (TABLE,)).fetchall()
+        workers = conn.execute(
+            "SELECT worker, run_id, stopped_at FROM outbox_relay_workers WHERE table_name = %s", (TABLE,)
+        ).fetchall()
 
     # The broker executed every order once; nothing was delivered twice (no relay died).
     stats = broker_get(stack.broker.url, "/_stats")
@@ -260,8 +292,9 @@ def test_dagster_relay_run_with_transaction_claim_and_failure_audit(tx_stack: Dr
     assert {attempts[k] for k in keys(flaky)} == {3}
     assert {attempts[k] for k in keys(throttled)} == {1}
     assert {attempts[k] for k in keys(poison)} == {1}
-    assert all(r["published_at"] is not None and r["locked_by"] is None
-               for k, r in table_rows.items() if k not in keys(poison))
+    assert all(
+        r["published_at"] is not None and r["locked_by"] is None for k, r in table_rows.items() if k not in keys(poison)
+    )
     assert table_rows[next(iter(keys(poison)))]["last_error_code"] == "BAD_REQUEST"
 
     # audit = "failures": no claim and no delivery in the trail; every failure is there.
@@ -269,7 +302,8 @@ def test_dagster_relay_run_with_transaction_claim_and_failure_audit(tx_stack: Dr
     assert retries_by_event(audit, "BROKER_5XX") == {k: 2 for k in keys(flaky)}
     assert retries_by_event(audit, "RATE_LIMITED") == {k: 1 for k in keys(throttled)}
     assert [(a["event_id"], a["error_code"]) for a in audit if a["code"] == "outbox_flush_dead"] == [
-        (next(iter(keys(poison))), "BAD_REQUEST")]
+        (next(iter(keys(poison))), "BAD_REQUEST")
+    ]
     assert {a["event_id"] for a in audit} == keys([*flaky, *throttled, *poison])  # plain deliveries: nothing
     # claim = "transaction": the rows were never 'sending' (no holder written), and the relay was Dagster's.
     assert {a["from_status"] for a in audit} == {"pending"}, audit
@@ -292,11 +326,16 @@ def bouncer(db_url: str) -> Iterator[PgBouncer]:
 
 @pytest.mark.timeout(240)
 def test_transaction_relays_behind_pgbouncer_deliver_each_event_and_a_killed_one_frees_its_rows_at_once(
-        bouncer: PgBouncer, cli_env: dict[str, str], conn: DictConnection, http_sink: Any, relays: Relays,
-        tmp_path: Path) -> None:
+    bouncer: PgBouncer, cli_env: dict[str, str], conn: DictConnection, http_sink: Any, relays: Relays, tmp_path: Path
+) -> None:
     config = write_config(tmp_path / "outbox.toml", lease='"60s"')
-    env = {**cli_env, "OUTBOX_DATABASE_URL": bouncer.url, "OUTBOX_CONFIG": str(config),
-           "OUTBOX_BROKER_URL": http_sink.url, "OUTBOX_IDLE_SLEEP_MS": "100"}
+    env = {
+        **cli_env,
+        "OUTBOX_DATABASE_URL": bouncer.url,
+        "OUTBOX_CONFIG": str(config),
+        "OUTBOX_BROKER_URL": http_sink.url,
+        "OUTBOX_IDLE_SLEEP_MS": "100",
+    }
 
     # Three competing relays, idle and polling (LISTEN cannot pass the pooler), then 300 orders at once.
     workers = [f"pgb-{i}" for i in range(3)]
@@ -308,8 +347,10 @@ def test_transaction_relays_behind_pgbouncer_deliver_each_event_and_a_killed_one
     enqueue(conn, drain)
     drained_s = wait_all_sent(conn, "drain-", 300, 90, extra=relays.logs)
     reports = {w: relays.stop(w) for w in workers}
-    print(f"drained 300 behind PgBouncer with 3 relays in {drained_s:.1f}s: "
-          f"{ {w: r['sent'] for w, r in reports.items()} }")
+    print(
+        f"drained 300 behind PgBouncer with 3 relays in {drained_s:.1f}s: "
+        f"{ {w: r['sent'] for w, r in reports.items()} }"
+    )
     assert sum(r["sent"] for r in reports.values()) == 300
     assert sum(r["claimed"] for r in reports.values()) == 300  # no row claimed twice
     assert sum(1 for r in reports.values() if r["sent"]) >= 2, reports  # they competed
@@ -325,15 +366,21 @@ def test_transaction_relays_behind_pgbouncer_deliver_each_event_and_a_killed_one
     enqueue(conn, kill)
     http_sink.delay_s = 5.0  # the victim's batch stays in flight
     relays.start(env, "pgb-victim")
-    wait_until(lambda: len([k for k in http_sink.keys() if k.startswith("kill-")]) >= BATCH, 60,
-               "the victim's first batch to reach the sink", interval_s=0.05, on_timeout=relays.logs)
+    wait_until(
+        lambda: len([k for k in http_sink.keys() if k.startswith("kill-")]) >= BATCH,
+        60,
+        "the victim's first batch to reach the sink",
+        interval_s=0.05,
+        on_timeout=relays.logs,
+    )
     in_flight = {k for k in http_sink.keys() if k.startswith("kill-")}
     assert len(in_flight) == BATCH
     assert unlocked_pending(conn, "kill-") == 40 - BATCH  # the batch is held by the victim's open transaction
     relays.kill("pgb-victim")
     killed_at = time.monotonic()
-    wait_until(lambda: unlocked_pending(conn, "kill-") == 40, 10, "the killed relay's rows to be claimable",
-               interval_s=0.05)
+    wait_until(
+        lambda: unlocked_pending(conn, "kill-") == 40, 10, "the killed relay's rows to be claimable", interval_s=0.05
+    )
     freed_s = time.monotonic() - killed_at
     print(f"rows of the killed relay claimable {freed_s * 1000:.0f} ms after SIGKILL (lease 60s)")
     assert freed_s < 5.0
@@ -376,8 +423,8 @@ MAX_ATTEMPTS = 3
 
 @pytest.mark.timeout(240)
 def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
-        broker: BrokerSimProcess, cli_env: dict[str, str], conn: DictConnection, relays: Relays,
-        tmp_path: Path) -> None:
+    broker: BrokerSimProcess, cli_env: dict[str, str], conn: DictConnection, relays: Relays, tmp_path: Path
+) -> None:
     # Three attempts at most: a message throttled or probed more often than that would be dead if it counted.
     config = write_config(tmp_path / "outbox.toml", max_attempts=str(MAX_ATTEMPTS), probe_interval='"1s"')
     env = {**cli_env, "OUTBOX_CONFIG": str(config), "OUTBOX_BROKER_URL": broker.url}
@@ -394,24 +441,33 @@ def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
     broker_faults(broker.url, every_nth_429=1, retry_after_s=1.0)
     storm = orders("storm-", 20)
     enqueue(conn, storm)
-    wait_until(lambda: max(retries_by_event(audit_of(conn, "storm-"), "RATE_LIMITED").values(), default=0)
-               > MAX_ATTEMPTS, 60, f"one order throttled more than {MAX_ATTEMPTS} times", interval_s=0.2,
-               on_timeout=diagnostics)
+    wait_until(
+        lambda: max(retries_by_event(audit_of(conn, "storm-"), "RATE_LIMITED").values(), default=0) > MAX_ATTEMPTS,
+        60,
+        f"one order throttled more than {MAX_ATTEMPTS} times",
+        interval_s=0.2,
+        on_timeout=diagnostics,
+    )
     assert statuses_of(conn, "storm-") == {"pending": 20}  # throttled, none dead, none sent
     # The pause is the table's, in the database, for both relays (each claim checks it first).
-    health = conn.execute("SELECT paused_until, pause_reason, circuit_opened_at FROM outbox_destination_health "
-                          "WHERE table_name = %s", (TABLE,)).fetchone()
+    health = conn.execute(
+        "SELECT paused_until, pause_reason, circuit_opened_at FROM outbox_destination_health WHERE table_name = %s",
+        (TABLE,),
+    ).fetchone()
     assert health is not None and health["paused_until"] is not None and "429" in health["pause_reason"], health
     assert health["circuit_opened_at"] is None, health  # throttling is not an outage
     broker_faults(broker.url, every_nth_429=0)
     storm_s = wait_all_sent(conn, "storm-", 20, 60, extra=diagnostics)
     storm_audit = audit_of(conn, "storm-")
     throttles = retries_by_event(storm_audit, "RATE_LIMITED")
-    print(f"429 storm: {sum(throttles.values())} throttled deliveries, at most {max(throttles.values())} for one "
-          f"order; all 20 sent {storm_s:.1f}s after it ended")
+    print(
+        f"429 storm: {sum(throttles.values())} throttled deliveries, at most {max(throttles.values())} for one "
+        f"order; all 20 sent {storm_s:.1f}s after it ended"
+    )
     assert {r["attempts"] for r in rows_of(conn, "storm-").values()} == {1}  # throttling spent no attempt
     assert {(a["code"], a["error_code"], a["from_status"]) for a in storm_audit} == {
-        ("outbox_flush_retry", "RATE_LIMITED", "pending")}  # no claims, no deliveries, only the retries
+        ("outbox_flush_retry", "RATE_LIMITED", "pending")
+    }  # no claims, no deliveries, only the retries
     stats = broker_get(broker.url, "/_stats")
     # Executed once each (a 429 executes nothing), none delivered twice.
     assert set(broker_get(broker.url, "/_executed")["keys"]) == keys(storm) and stats["repeats"] == 0, stats
@@ -422,13 +478,19 @@ def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
     enqueue(conn, outage)
 
     def circuit_open_and_probed() -> bool:
-        health = conn.execute("SELECT circuit_opened_at FROM outbox_destination_health WHERE table_name = %s",
-                              (TABLE,)).fetchone()
+        health = conn.execute(
+            "SELECT circuit_opened_at FROM outbox_destination_health WHERE table_name = %s", (TABLE,)
+        ).fetchone()
         probes = retries_by_event(audit_of(conn, "outage-"), "NETWORK_TIMEOUT")
         return bool(health and health["circuit_opened_at"]) and max(probes.values(), default=0) > MAX_ATTEMPTS
 
-    wait_until(circuit_open_and_probed, 60, f"the circuit to open and one order to fail more than {MAX_ATTEMPTS} "
-               "times", interval_s=0.2, on_timeout=diagnostics)
+    wait_until(
+        circuit_open_and_probed,
+        60,
+        f"the circuit to open and one order to fail more than {MAX_ATTEMPTS} times",
+        interval_s=0.2,
+        on_timeout=diagnostics,
+    )
     assert statuses_of(conn, "outage-") == {"pending": 30}  # nothing dead-lettered by the outage
     broker.start()
     back_s = wait_all_sent(conn, "outage-", 30, 30, extra=diagnostics)
@@ -436,7 +498,8 @@ def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
     assert back_s < 10.0  # the circuit's probe (every 1 s) finds it, and the waiting orders are due at once
     outage_audit = audit_of(conn, "outage-")
     assert {(a["code"], a["error_code"], a["from_status"]) for a in outage_audit} == {
-        ("outbox_flush_retry", "NETWORK_TIMEOUT", "pending")}
+        ("outbox_flush_retry", "NETWORK_TIMEOUT", "pending")
+    }
     # Failures of a destination that is down spend no attempt (the batches that opened the circuit included).
     assert {r["attempts"] for r in rows_of(conn, "outage-").values()} == {1}
 

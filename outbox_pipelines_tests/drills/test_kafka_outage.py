@@ -48,17 +48,36 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
         config = tmp_path / "outbox.toml"
         config.write_text(
             f'[tables.{TABLE}]\ndestination = "kafka"\nbootstrap_servers = "{cluster.bootstrap}"\n'
-            'topic_prefix = "drill."\ntimeout = "2s"\nprobe_interval = "5s"\nbatch_size = 25\n')
+            'topic_prefix = "drill."\ntimeout = "2s"\nprobe_interval = "5s"\nbatch_size = 25\n'
+        )
         env = {**cli_env, "OUTBOX_CONFIG": str(config)}
         created = run_cli(env, "db", "create-table", TABLE, cwd=tmp_path)
         assert created.returncode == 0, created.stderr
-        Outbox(TABLE).enqueue_many(conn, [
-            Message(topic="order.changed", payload={"n": i}, event_id=f"drill-{i}",
-                    ordering_key=f"order-{i % KEYS}" if i % 5 == 0 else None) for i in range(MESSAGES)])
+        Outbox(TABLE).enqueue_many(
+            conn,
+            [
+                Message(
+                    topic="order.changed",
+                    payload={"n": i},
+                    event_id=f"drill-{i}",
+                    ordering_key=f"order-{i % KEYS}" if i % 5 == 0 else None,
+                )
+                for i in range(MESSAGES)
+            ],
+        )
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = start_relay(env, TABLE, "--max-seconds", "170", quiet=False, cwd=tmp_path, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+            relay = start_relay(
+                env,
+                TABLE,
+                "--max-seconds",
+                "170",
+                quiet=False,
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
         def relay_log() -> str:
             return "\n".join(log_path.read_text().splitlines()[-40:])
@@ -68,19 +87,28 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
 
         try:
             started = time.monotonic()
-            wait_until(lambda: sent() >= 2_000, 60, "2,000 messages sent before the outage", 0.05,
-                       on_timeout=relay_log)
+            wait_until(lambda: sent() >= 2_000, 60, "2,000 messages sent before the outage", 0.05, on_timeout=relay_log)
             cluster.brokers_down()
             down_at = time.monotonic()
             sent_at_stop = sent()
             assert sent_at_stop < MESSAGES - 1_000, f"the drain was nearly over ({sent_at_stop} sent) at the stop"
-            wait_until(lambda: _health(conn).get("circuit_opened_at") is not None, 30,
-                       "the outage to open the table's circuit", 0.2, on_timeout=relay_log)
+            wait_until(
+                lambda: _health(conn).get("circuit_opened_at") is not None,
+                30,
+                "the outage to open the table's circuit",
+                0.2,
+                on_timeout=relay_log,
+            )
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage itself lasts 60 s
             cluster.brokers_up()
             up_at = time.monotonic()
-            wait_until(lambda: sent() == MESSAGES, 90, "every message sent after the brokers came back", 0.2,
-                       on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}")
+            wait_until(
+                lambda: sent() == MESSAGES,
+                90,
+                "every message sent after the brokers came back",
+                0.2,
+                on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}",
+            )
             drained_at = time.monotonic()
         finally:
             stop_process(relay)
@@ -101,10 +129,12 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
             if event not in seen:
                 first_seen.setdefault(r.key, []).append(int(event.split("-")[1]))
         seen.add(r.headers["idempotency-key"])
-    print(f"\nkafka outage drill: {MESSAGES} messages, {counts.get('sent', 0)} sent, {counts.get('dead', 0)} dead, "
-          f"{len(distinct)} distinct event_ids consumed of {len(ids)} records, lost {lost}, duplicates "
-          f"{duplicates}; stopped at {sent_at_stop} sent, {up_at - down_at:.1f} s down, drained "
-          f"{drained_at - up_at:.1f} s after the brokers came back, {drained_at - started:.1f} s in all")
+    print(
+        f"\nkafka outage drill: {MESSAGES} messages, {counts.get('sent', 0)} sent, {counts.get('dead', 0)} dead, "
+        f"{len(distinct)} distinct event_ids consumed of {len(ids)} records, lost {lost}, duplicates "
+        f"{duplicates}; stopped at {sent_at_stop} sent, {up_at - down_at:.1f} s down, drained "
+        f"{drained_at - up_at:.1f} s after the brokers came back, {drained_at - started:.1f} s in all"
+    )
     assert counts == {"sent": MESSAGES}, counts
     assert lost == 0 and len(distinct) == MESSAGES
     assert all(len(found) == 1 for found in partitions.values()), partitions

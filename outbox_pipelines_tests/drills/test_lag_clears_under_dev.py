@@ -50,10 +50,12 @@ query($key: AssetKeyInput!) {
 @pytest.fixture(scope="module")
 def drill_stack(pg_server: Any) -> Iterator[DrillStack]:
     """The drill stack, its outbox_orders warning on lag at LAG_WARN_S (an outbox.toml of the deployment)."""
+
     def configure(stack: DrillStack) -> None:
         config = stack.tmp / "outbox.toml"
-        config.write_text(f'[tables.outbox_orders]\nlag_p95_warn = "{LAG_WARN_S:.0f}s"\n'
-                          f'oldest_pending_warn = "{LAG_WARN_S:.0f}s"\n')
+        config.write_text(
+            f'[tables.outbox_orders]\nlag_p95_warn = "{LAG_WARN_S:.0f}s"\noldest_pending_warn = "{LAG_WARN_S:.0f}s"\n'
+        )
         stack.dev_env["OUTBOX_CONFIG"] = str(config)
 
     with running_stack(pg_server, configure) as stack:
@@ -67,8 +69,12 @@ def lag_check(stack: DrillStack) -> dict[str, Any]:
     executions = stack.dev.graphql(LAG_CHECK, {"key": {"path": ["outbox", TABLE]}})["assetCheckExecutions"]
     [evaluation] = [e["evaluation"] for e in executions if e["runId"] == run_id]
     figures = {m["label"]: m.get("floatValue", m.get("intValue")) for m in evaluation["metadataEntries"]}
-    return {"passed": evaluation["success"], "severity": evaluation["severity"],
-            "description": evaluation["description"], "figures": figures}
+    return {
+        "passed": evaluation["success"],
+        "severity": evaluation["severity"],
+        "description": evaluation["description"],
+        "figures": figures,
+    }
 
 
 def lag_alerts(stack: DrillStack, since: float, status: str = "firing") -> list[Any]:
@@ -83,17 +89,26 @@ def test_replaying_an_old_dead_order_does_not_fail_the_lag_check(stack: DrillSta
     [message] = stack.orders("old-dead", 1)
     with stack.connect(autocommit=False) as conn:
         [row] = Outbox(TABLE).enqueue_many(conn, [message])
-        conn.execute(f"UPDATE {TABLE} SET status = 'dead', attempts = 6, last_error_code = 'BROKER_5XX', "
-                     "last_error = 'HTTP 503 from the broker', created_at = now() - interval '3 days', "
-                     "available_at = now() - interval '2 days 1 hour', updated_at = now() - interval '2 days' "
-                     "WHERE id = %s", (row.id,))
+        conn.execute(
+            f"UPDATE {TABLE} SET status = 'dead', attempts = 6, last_error_code = 'BROKER_5XX', "
+            "last_error = 'HTTP 503 from the broker', created_at = now() - interval '3 days', "
+            "available_at = now() - interval '2 days 1 hour', updated_at = now() - interval '2 days' "
+            "WHERE id = %s",
+            (row.id,),
+        )
         conn.commit()
     before = lag_check(stack)
     assert before["passed"], before
 
     t0 = time.monotonic()
-    replay = subprocess.run([CLI, "replay", "--table", TABLE, "--id", str(row.id), "--json"], env=stack.dev_env,
-                            cwd=stack.tmp, capture_output=True, text=True, timeout=60)
+    replay = subprocess.run(
+        [CLI, "replay", "--table", TABLE, "--id", str(row.id), "--json"],
+        env=stack.dev_env,
+        cwd=stack.tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert replay.returncode == 0, replay.stderr
     assert json.loads(replay.stdout)["replayed"] == 1, replay.stdout
     stack.wait_sent("old-dead", 1, timeout_s=120)
@@ -123,8 +138,10 @@ def test_after_a_receiver_outage_the_lag_check_passes_once_nothing_waits(stack: 
         stack.broker.start()
     stack.wait_sent("outage", 4, timeout_s=300)
     t_drained = time.monotonic()
-    waited = stack.scalar(f"SELECT extract(epoch FROM max(published_at - created_at)) FROM {TABLE} "
-                          "WHERE event_id LIKE %s", (f"drill-{stack.token}-outage-%",))
+    waited = stack.scalar(
+        f"SELECT extract(epoch FROM max(published_at - created_at)) FROM {TABLE} WHERE event_id LIKE %s",
+        (f"drill-{stack.token}-outage-%",),
+    )
     assert waited >= LAG_WARN_S, f"the outage orders waited only {waited:.0f} s: no outage to recover from"
 
     lag = lag_check(stack)
@@ -139,7 +156,12 @@ def test_after_a_receiver_outage_the_lag_check_passes_once_nothing_waits(stack: 
     for fired in lag_alerts(stack, t0):
         check_shape(stack, fired)
         key = fired.body["alert_key"]
-        stack.receiver.wait_for(lambda a, key=key: a.get("alert_key") == key and a.get("status") == "resolved",
-                                since=fired.at, timeout_s=60, what=f"'resolved' for {key} after the drain")
+        stack.receiver.wait_for(
+            lambda a, key=key: a.get("alert_key") == key and a.get("status") == "resolved",
+            since=fired.at,
+            timeout_s=60,
+            what=f"'resolved' for {key} after the drain",
+        )
     assert not [a for a in lag_alerts(stack, t_drained) if not a.get("reminder")], stack.alert_lines(
-        lag_alerts(stack, t_drained))
+        lag_alerts(stack, t_drained)
+    )

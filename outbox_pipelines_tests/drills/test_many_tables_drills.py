@@ -52,9 +52,15 @@ def drain(stack: ManyTablesStack, prefix: str) -> float:
     def drained() -> bool:
         return all(stack.sent_in(name, prefix) == PER_TABLE for name in stack.tables)
 
-    wait_until(drained, 120, f"all {len(stack.tables)} tables drained", interval_s=0.25,
-               on_timeout=lambda: "sent per table: " + str({n: stack.sent_in(n, prefix) for n in stack.tables})
-               + "\n" + stack.diagnostics())
+    wait_until(
+        drained,
+        120,
+        f"all {len(stack.tables)} tables drained",
+        interval_s=0.25,
+        on_timeout=lambda: (
+            "sent per table: " + str({n: stack.sent_in(n, prefix) for n in stack.tables}) + "\n" + stack.diagnostics()
+        ),
+    )
     return time.monotonic() - committed
 
 
@@ -65,8 +71,10 @@ def test_every_table_drains_within_a_minute_each_message_once(many: ManyTablesSt
     assert len(keys) == TABLES * PER_TABLE and set(keys.values()) == {1}, "each message delivered once"
     assert seconds <= 60, f"drained in {seconds:.1f} s"
     rss, processes = many.rss_bytes()
-    print(f"\n{TABLES} tables drained {PER_TABLE} each in {seconds:.1f} s; {processes} processes under dev, "
-          f"{rss / GIB:.2f} GiB resident")
+    print(
+        f"\n{TABLES} tables drained {PER_TABLE} each in {seconds:.1f} s; {processes} processes under dev, "
+        f"{rss / GIB:.2f} GiB resident"
+    )
     assert rss <= 1.5 * GIB, f"{rss / GIB:.2f} GiB under dev"
     runs = many.graphql(RUNS, {"filter": {"tags": [{"key": "outbox/kind", "value": "relay"}]}})
     relay_runs = runs["runsOrError"]["results"]
@@ -76,23 +84,32 @@ def test_every_table_drains_within_a_minute_each_message_once(many: ManyTablesSt
 @pytest.mark.timeout(300)
 def test_each_mistake_is_told_once_by_its_table_and_no_run_fails(many: ManyTablesStack) -> None:
     def relay_alert(table: str):
-        return lambda a: a.get("kind") == "check" and a.get("check") == "relay" and a.get("table") == table \
+        return lambda a: (
+            a.get("kind") == "check"
+            and a.get("check") == "relay"
+            and a.get("table") == table
             and a.get("status") == "firing"
+        )
 
     since = 0.0
-    imports = many.receiver.wait_for(relay_alert(BROKEN_IMPORT), since=since, timeout_s=120,
-                                     what=f"relay alert for {BROKEN_IMPORT}")
+    imports = many.receiver.wait_for(
+        relay_alert(BROKEN_IMPORT), since=since, timeout_s=120, what=f"relay alert for {BROKEN_IMPORT}"
+    )
     assert "cannot import payroll" in imports.body["summary"], imports.body
-    section = many.receiver.wait_for(relay_alert(BROKEN_SECTION), since=since, timeout_s=60,
-                                     what=f"relay alert for {BROKEN_SECTION}")
+    section = many.receiver.wait_for(
+        relay_alert(BROKEN_SECTION), since=since, timeout_s=60, what=f"relay alert for {BROKEN_SECTION}"
+    )
     assert "mode must be one of competing, single-active, got 'compting'" in section.body["summary"]
-    down = many.receiver.wait_for(lambda a: a.get("check") == "destination" and a.get("table") == DOWN,
-                                  since=since, timeout_s=120, what=f"destination alert for {DOWN}")
+    down = many.receiver.wait_for(
+        lambda a: a.get("check") == "destination" and a.get("table") == DOWN,
+        since=since,
+        timeout_s=120,
+        what=f"destination alert for {DOWN}",
+    )
     assert down.body["status"] == "firing"
     time.sleep(20)  # a further on-call sweep or two: nothing said twice, no failed run
     alerts = many.receiver.alerts
-    firing = [(a.get("table"), a.get("check")) for a in alerts if a.get("status") == "firing"
-              and not a.get("reminder")]
+    firing = [(a.get("table"), a.get("check")) for a in alerts if a.get("status") == "firing" and not a.get("reminder")]
     assert firing.count((BROKEN_IMPORT, "relay")) == 1 and firing.count((BROKEN_SECTION, "relay")) == 1
     assert not [a for a in alerts if a.get("kind") in ("run_failure", "relay_died")], "a mistake paged as a failure"
     failed = many.graphql(RUNS, {"filter": {"statuses": ["FAILURE"]}})["runsOrError"]["results"]
@@ -106,15 +123,19 @@ def test_maintenance_starts_within_a_minute_while_relay_runs_fill_their_slots(ma
     selector = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
 
     def launch(job: str, run_config: dict | None = None) -> str:
-        launched = many.graphql(LAUNCH, {"params": {"selector": {**selector, "jobName": job},
-                                                    "runConfigData": run_config or {}}})["launchRun"]
+        launched = many.graphql(
+            LAUNCH, {"params": {"selector": {**selector, "jobName": job}, "runConfigData": run_config or {}}}
+        )["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         return launched["run"]["runId"]
 
     # Ten one-table relay runs on top of the group's: more than the 8 slots relay runs may take.
-    relays = [launch("relay_job", {"ops": {"relay_table": {"config": {"table": name, "max_seconds": 240}}}})
-              for name in many.tables[:10]]
+    relays = [
+        launch("relay_job", {"ops": {"relay_table": {"config": {"table": name, "max_seconds": 240}}}})
+        for name in many.tables[:10]
+    ]
     try:
+
         def relay_slots_full() -> bool:
             statuses = [many.graphql(RUN, {"id": run_id})["runOrError"]["status"] for run_id in relays]
             return statuses.count("QUEUED") >= 2
@@ -128,8 +149,10 @@ def test_maintenance_starts_within_a_minute_while_relay_runs_fill_their_slots(ma
                 return many.graphql(RUN, {"id": run_id})["runOrError"]["status"] in ("STARTED", "SUCCESS")
 
             wait_until(started, 60, f"{job} to start while relay runs are queued", interval_s=0.5)
-            print(f"\n{job} started {time.monotonic() - submitted:.1f} s after it was submitted, "
-                  "with relay runs still queued")
+            print(
+                f"\n{job} started {time.monotonic() - submitted:.1f} s after it was submitted, "
+                "with relay runs still queued"
+            )
     finally:
         for run_id in relays:
             many.graphql(TERMINATE, {"id": run_id})

@@ -80,21 +80,37 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
         # Defaults everywhere that matters: the generic retry preset (1 s doubling to 60 s, 25 attempts),
         # the circuit (10 failures, a probe every 10 s), batch 100, 32 in flight, timeout 5 s.
         (project / "outbox.toml").write_text(
-            f'[tables.{TABLE}]\ndestination = "nats"\nurl = "{server.url}"\ntopic_prefix = "drill."\n')
+            f'[tables.{TABLE}]\ndestination = "nats"\nurl = "{server.url}"\ntopic_prefix = "drill."\n'
+        )
         created = run_cli(cli_env, "db", "create-table", TABLE, cwd=project)
         assert created.returncode == 0, created.stderr
-        Outbox(TABLE).enqueue_many(conn, [Message(topic="order.created", payload={"n": i}, event_id=f"drill-{i}")
-                                          for i in range(MESSAGES)])
+        Outbox(TABLE).enqueue_many(
+            conn, [Message(topic="order.created", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)]
+        )
         consumer = LiveConsumer(server, "DRILL", "reader").start()
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = start_relay(cli_env, TABLE, "--max-seconds", "170", quiet=False, cwd=project, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+            relay = start_relay(
+                cli_env,
+                TABLE,
+                "--max-seconds",
+                "170",
+                quiet=False,
+                cwd=project,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         relay_log = lambda: log_path.read_text()[-4000:]  # noqa: E731
         started = time.monotonic()
 
-        wait_until(lambda: len(consumer.event_ids()) >= MESSAGES // 3, 60, "the consumer to read a third",
-                   interval_s=0.005, on_timeout=relay_log)
+        wait_until(
+            lambda: len(consumer.event_ids()) >= MESSAGES // 3,
+            60,
+            "the consumer to read a third",
+            interval_s=0.005,
+            on_timeout=relay_log,
+        )
         read_at_signal = len(consumer.event_ids())
         server.stop(signal.SIGTERM)  # returns once the process has exited
         stopped_at = time.monotonic()
@@ -105,30 +121,49 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
         server.start()  # same port, same store directory
         restarted_at = time.monotonic()
 
-        wait_until(lambda: statuses(conn, TABLE).get("sent", 0) == MESSAGES, 90, "the table to report all sent",
-                   on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}")
+        wait_until(
+            lambda: statuses(conn, TABLE).get("sent", 0) == MESSAGES,
+            90,
+            "the table to report all sent",
+            on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}",
+        )
         drained_at = time.monotonic()
         wait_until(lambda: sum(consumer.event_ids().values()) >= MESSAGES, 30, "the consumer to read them all")
         status = run_cli(cli_env, "status", "--table", TABLE, cwd=project)
 
         ids = consumer.event_ids()
         in_stream = server.stream_messages("DRILL")
-        attempts = conn.execute(f"SELECT max(attempts) AS most, count(*) FILTER (WHERE attempts > 1) AS retried "
-                                f"FROM {TABLE}").fetchone()
-        codes = {r["error_code"]: r["n"] for r in conn.execute(
-            "SELECT error_code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s AND error_code IS NOT NULL "
-            "GROUP BY error_code", (TABLE,)).fetchall()}
+        attempts = conn.execute(
+            f"SELECT max(attempts) AS most, count(*) FILTER (WHERE attempts > 1) AS retried FROM {TABLE}"
+        ).fetchone()
+        codes = {
+            r["error_code"]: r["n"]
+            for r in conn.execute(
+                "SELECT error_code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s AND error_code IS NOT NULL "
+                "GROUP BY error_code",
+                (TABLE,),
+            ).fetchall()
+        }
         figures = {
-            "messages": MESSAGES, "outage_s": OUTAGE_S,
-            "read_at_sigterm": read_at_signal, "read_when_stopped": read_at_stop, "sent_when_stopped": sent_at_stop,
-            "table_during_outage": during, "table_after": statuses(conn, TABLE),
-            "consumed_distinct": len(ids), "lost": sum(1 for i in range(MESSAGES) if f"drill-{i}" not in ids),
+            "messages": MESSAGES,
+            "outage_s": OUTAGE_S,
+            "read_at_sigterm": read_at_signal,
+            "read_when_stopped": read_at_stop,
+            "sent_when_stopped": sent_at_stop,
+            "table_during_outage": during,
+            "table_after": statuses(conn, TABLE),
+            "consumed_distinct": len(ids),
+            "lost": sum(1 for i in range(MESSAGES) if f"drill-{i}" not in ids),
             "dead": statuses(conn, TABLE).get("dead", 0),
-            "duplicates_in_stream": sum(n - 1 for n in ids.values()), "stream_messages": in_stream,
+            "duplicates_in_stream": sum(n - 1 for n in ids.values()),
+            "stream_messages": in_stream,
             "consumer_deliveries": consumer.deliveries,
-            "rows_retried": attempts["retried"], "max_attempts": attempts["most"], "failure_codes": codes,
+            "rows_retried": attempts["retried"],
+            "max_attempts": attempts["most"],
+            "failure_codes": codes,
             "drain_after_restart_s": round(drained_at - restarted_at, 1),
-            "total_s": round(drained_at - started, 1), "stopped_after_s": round(stopped_at - started, 1),
+            "total_s": round(drained_at - started, 1),
+            "stopped_after_s": round(stopped_at - started, 1),
         }
         print("\nNATS outage drill:", json.dumps(figures))
         record_property("nats_outage_drill", figures)

@@ -46,8 +46,12 @@ pytestmark = pytest.mark.drill
 
 
 def is_check(alert: Alert, check: str, status: str = "firing", table_name: str = TABLE) -> bool:
-    return (alert.get("kind") == "check" and alert.get("check") == check and alert.get("status") == status
-            and alert.get("table") == table_name)
+    return (
+        alert.get("kind") == "check"
+        and alert.get("check") == check
+        and alert.get("status") == status
+        and alert.get("table") == table_name
+    )
 
 
 def assert_alert_shape(alert: Alert) -> None:
@@ -139,8 +143,12 @@ def test_poison_order_raises_dead_letter_alert(stack: DrillStack) -> None:
     poison = dataclasses.replace(stack.orders("poison", 1)[0], event_id=stack.poison_key)
     t0 = stack.enqueue([poison, *stack.orders("beside-poison", 3)])
 
-    alert = stack.receiver.wait_for(lambda a: is_check(a, "dead_letters"), since=t0, timeout_s=120,
-                                    what="check 'dead_letters' firing for outbox_orders")
+    alert = stack.receiver.wait_for(
+        lambda a: is_check(a, "dead_letters"),
+        since=t0,
+        timeout_s=120,
+        what="check 'dead_letters' firing for outbox_orders",
+    )
     seconds = alert.at - t0
     stack.record("poison_order.dead_letters", seconds)
     check_shape(stack, alert)
@@ -158,8 +166,12 @@ def test_broker_outage_alerts_then_resolves(stack: DrillStack) -> None:
     stack.broker.stop()
     try:
         stack.enqueue(stack.orders("outage", n))
-        alert = stack.receiver.wait_for(lambda a: is_check(a, "destination"), since=t0, timeout_s=120,
-                                        what="check 'destination' firing for outbox_orders during the outage")
+        alert = stack.receiver.wait_for(
+            lambda a: is_check(a, "destination"),
+            since=t0,
+            timeout_s=120,
+            what="check 'destination' firing for outbox_orders during the outage",
+        )
         seconds = alert.at - t0
         stack.record("broker_down.destination", seconds)
         assert not stack.broker.running and seconds <= 120
@@ -172,14 +184,21 @@ def test_broker_outage_alerts_then_resolves(stack: DrillStack) -> None:
     t1 = time.monotonic()
 
     key = alert.body["alert_key"]
-    resolved = stack.receiver.wait_for(lambda a: a.get("alert_key") == key and a.get("status") == "resolved",
-                                       since=t1, timeout_s=300, what=f"'resolved' for {key} after the broker came back")
+    resolved = stack.receiver.wait_for(
+        lambda a: a.get("alert_key") == key and a.get("status") == "resolved",
+        since=t1,
+        timeout_s=300,
+        what=f"'resolved' for {key} after the broker came back",
+    )
     stack.record("broker_down.resolved_after_restore", resolved.at - t1)
     check_shape(stack, resolved)
     stack.wait_sent("outage", n, timeout_s=300)
     assert stack.statuses().get("dead", 0) == dead_before, "the outage killed messages"
-    firing_during = [a for a in stack.receiver.alerts_since(t0)
-                     if a.get("alert_key") == key and a.get("status") == "firing" and not a.get("reminder")]
+    firing_during = [
+        a
+        for a in stack.receiver.alerts_since(t0)
+        if a.get("alert_key") == key and a.get("status") == "firing" and not a.get("reminder")
+    ]
     assert len(firing_during) == 1, f"destination alert fired {len(firing_during)} times for one outage"
 
 
@@ -200,20 +219,30 @@ def test_killed_relay_run_alerts_and_releases_rows(stack: DrillStack) -> None:
                           FROM outbox_relay_workers w
                          WHERE w.table_name = %s AND w.run_id IS NOT NULL AND w.stopped_at IS NULL
                            AND w.heartbeat_at > now() - interval '15 seconds'
-                         ORDER BY held DESC, w.heartbeat_at DESC LIMIT 1""", (TABLE,))
+                         ORDER BY held DESC, w.heartbeat_at DESC LIMIT 1""",
+                    (TABLE,),
+                )
                 if rows and rows[0]["held"] > 0:
                     found.update(rows[0])
                     return True
                 return False
 
-            wait_until(holding_worker, 120, "a live Dagster relay run of outbox_orders in outbox_relay_workers "
-                       "(run_id set, not stopped, fresh heartbeat) holding rows in 'sending'")
+            wait_until(
+                holding_worker,
+                120,
+                "a live Dagster relay run of outbox_orders in outbox_relay_workers "
+                "(run_id set, not stopped, fresh heartbeat) holding rows in 'sending'",
+            )
             worker, run_id, pid = found["worker"], found["run_id"], found["pid"]
             t0 = time.monotonic()
             os.kill(pid, signal.SIGKILL)
 
-            alert = stack.receiver.wait_for(lambda a: a.get("kind") == "relay_died" and a.get("table") == TABLE,
-                                            since=t0, timeout_s=60, what="kind 'relay_died' for outbox_orders")
+            alert = stack.receiver.wait_for(
+                lambda a: a.get("kind") == "relay_died" and a.get("table") == TABLE,
+                since=t0,
+                timeout_s=60,
+                what="kind 'relay_died' for outbox_orders",
+            )
             seconds = alert.at - t0
             stack.record("relay_sigkill.relay_died", seconds)
             check_shape(stack, alert)
@@ -221,9 +250,14 @@ def test_killed_relay_run_alerts_and_releases_rows(stack: DrillStack) -> None:
             figures = alert.body["figures"]
             assert "held" in figures and "ran_s" in figures, f"relay_died figures: {figures}"
 
-            wait_until(lambda: stack.scalar(f"SELECT count(*) FROM {TABLE} WHERE status = 'sending' AND locked_by = %s",
-                                            (worker,)) == 0,
-                       30, f"no rows of {TABLE} left in 'sending' held by the killed worker {worker}")
+            wait_until(
+                lambda: (
+                    stack.scalar(f"SELECT count(*) FROM {TABLE} WHERE status = 'sending' AND locked_by = %s", (worker,))
+                    == 0
+                ),
+                30,
+                f"no rows of {TABLE} left in 'sending' held by the killed worker {worker}",
+            )
 
             def run_failed() -> bool:
                 return stack.dev.graphql(RUN_QUERY, {"runId": run_id})["runOrError"].get("status") == "FAILURE"
@@ -250,8 +284,11 @@ def test_burst_of_30k_orders_alerts_backlog_then_drains(stack: DrillStack) -> No
         enqueue_s = t0 - t_start
 
         alert = stack.receiver.wait_for(
-            lambda a: is_check(a, "backlog"), since=t_start, timeout_s=120,
-            what=f"check 'backlog' firing for outbox_orders (enqueue took {enqueue_s:.1f} s)")
+            lambda a: is_check(a, "backlog"),
+            since=t_start,
+            timeout_s=120,
+            what=f"check 'backlog' firing for outbox_orders (enqueue took {enqueue_s:.1f} s)",
+        )
         stack.record("burst_30k.backlog", alert.at - t0)
         check_shape(stack, alert)
 
@@ -259,8 +296,12 @@ def test_burst_of_30k_orders_alerts_backlog_then_drains(stack: DrillStack) -> No
         t_drained = time.monotonic()
         stack.record("burst_30k.drained", t_drained - t0)
         key = alert.body["alert_key"]
-        resolved = stack.receiver.wait_for(lambda a: a.get("alert_key") == key and a.get("status") == "resolved",
-                                           since=alert.at, timeout_s=120, what=f"'resolved' for {key} after the drain")
+        resolved = stack.receiver.wait_for(
+            lambda a: a.get("alert_key") == key and a.get("status") == "resolved",
+            since=alert.at,
+            timeout_s=120,
+            what=f"'resolved' for {key} after the drain",
+        )
         check_shape(stack, resolved)
     finally:
         stack.broker.restart()
@@ -334,7 +375,8 @@ def test_zz_no_duplicate_alerts_and_all_in_contract(drill_stack: DrillStack) -> 
         else:
             seen[text] = alert
     assert not duplicates, "the same firing alert was sent twice without reminder: true:\n" + "\n\n".join(
-        drill_stack.alert_lines([a, b]) for a, b in duplicates)
+        drill_stack.alert_lines([a, b]) for a, b in duplicates
+    )
     bad = []
     for alert in alerts:
         try:

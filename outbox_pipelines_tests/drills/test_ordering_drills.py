@@ -30,10 +30,11 @@ def adopter(tmp_path: Path, sink_url: str, mode: str, **extra: str) -> Path:
     project = tmp_path / "org_service"
     project.mkdir()
     (project / "pyproject.toml").write_text('[project]\nname = "org_service"\nversion = "0.1.0"\n')
-    more = "".join(f'{key} = {value}\n' for key, value in extra.items())
+    more = "".join(f"{key} = {value}\n" for key, value in extra.items())
     (project / "outbox.toml").write_text(
         f'[tables.{TABLE}]\ndestination = "http"\nurl = "{sink_url}"\nmode = "{mode}"\n'
-        f'base = "0.1s"\nmax_backoff = "0.5s"\njitter = 0\n{more}')
+        f'base = "0.1s"\nmax_backoff = "0.5s"\njitter = 0\n{more}'
+    )
     return project
 
 
@@ -68,14 +69,28 @@ def out_of_order(received: list[Received], versions: int) -> dict[str, str]:
 
 def test_a_single_active_relay_delivers_a_key_in_order_through_a_503(cli_env, conn, tmp_path):
     """The issue's measurement: v2 fails once; before, the receiver got v1, v3, v4, v2 (503), v5, v2."""
-    sink = HttpSink(script=lambda key, attempt, body: (503, {}, b"busy") if key == "org-42-v2" and attempt == 1
-                    else None).start()
+    sink = HttpSink(
+        script=lambda key, attempt, body: (503, {}, b"busy") if key == "org-42-v2" and attempt == 1 else None
+    ).start()
     try:
         project = adopter(tmp_path, sink.url, "single-active")
         assert run_cli(cli_env, "db", "create-table", TABLE, cwd=project).returncode == 0
         for v in range(1, 6):
-            result = run_cli(cli_env, "enqueue", "--table", TABLE, "--topic", "org.changed", "--payload",
-                             f'{{"v": {v}}}', "--event-id", f"org-42-v{v}", "--ordering-key", "org-42", cwd=project)
+            result = run_cli(
+                cli_env,
+                "enqueue",
+                "--table",
+                TABLE,
+                "--topic",
+                "org.changed",
+                "--payload",
+                f'{{"v": {v}}}',
+                "--event-id",
+                f"org-42-v{v}",
+                "--ordering-key",
+                "org-42",
+                cwd=project,
+            )
             assert result.returncode == 0, result.stderr
         relay = project_relay(cli_env, project)
         try:
@@ -83,8 +98,13 @@ def test_a_single_active_relay_delivers_a_key_in_order_through_a_503(cli_env, co
         finally:
             stop_processes([relay])
         assert [(r.key, r.status) for r in sink.received] == [
-            ("org-42-v1", 200), ("org-42-v2", 503), ("org-42-v2", 200), ("org-42-v3", 200), ("org-42-v4", 200),
-            ("org-42-v5", 200)]
+            ("org-42-v1", 200),
+            ("org-42-v2", 503),
+            ("org-42-v2", 200),
+            ("org-42-v3", 200),
+            ("org-42-v4", 200),
+            ("org-42-v5", 200),
+        ]
     finally:
         sink.stop()
 
@@ -110,8 +130,13 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
         # written as an application would: a few versions of many aggregates per transaction
         for v in range(1, versions + 1):
             with conn.transaction():
-                outbox.enqueue_many(conn, [Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}",
-                                                   ordering_key=f"org{k}") for k in range(keys)])
+                outbox.enqueue_many(
+                    conn,
+                    [
+                        Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}", ordering_key=f"org{k}")
+                        for k in range(keys)
+                    ],
+                )
         procs = [project_relay(cli_env, project) for _ in range(4)]
         # kill one relay mid-flight (its rows come back when their lease expires), then start another
         wait_until(lambda: len(sink.received) >= 300, 60, "the relays to be under way")
@@ -120,8 +145,12 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
         wait_until(lambda: len(sink.received) >= 700, 60, "more deliveries")
         kill_process(procs[1])
         procs.append(project_relay(cli_env, project))
-        wait_until(lambda: statuses(conn, TABLE) == {"sent": keys * versions}, 120,
-                   "every message to be sent", on_timeout=lambda: str(statuses(conn, TABLE)))
+        wait_until(
+            lambda: statuses(conn, TABLE) == {"sent": keys * versions},
+            120,
+            "every message to be sent",
+            on_timeout=lambda: str(statuses(conn, TABLE)),
+        )
     finally:
         stop_processes(procs)
         sink.stop()
@@ -143,13 +172,22 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
     n = 100_000
 
     def settings(table: str):
-        return table_settings(table, mode="competing", idle_sleep_s=0.01, destination="paper", batch_size=1000,
-                              dedup=False, on_success="mark_sent")
+        return table_settings(
+            table,
+            mode="competing",
+            idle_sleep_s=0.01,
+            destination="paper",
+            batch_size=1000,
+            dedup=False,
+            on_success="mark_sent",
+        )
 
     def drain(table: str) -> float:
         with conn.transaction():
-            Outbox(table).enqueue_many(conn, [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}",
-                                                      ordering_key=f"k{i}") for i in range(n)])
+            Outbox(table).enqueue_many(
+                conn,
+                [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}", ordering_key=f"k{i}") for i in range(n)],
+            )
         conn.execute(f"VACUUM ANALYZE {table}")
         started = time.monotonic()
         report = Relay(db_url, settings(table), ScriptedDestination()).run(max_seconds=300, max_entries=n)
@@ -158,17 +196,21 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
 
     beside, alone = "outbox_events", "outbox_memory"
     with conn.transaction():  # the blocked key: its head died, four more wait behind it
-        Outbox(beside).enqueue_many(conn, [Message(topic="t", payload={}, event_id=f"stuck-{v}",
-                                                   ordering_key="stuck") for v in range(5)])
+        Outbox(beside).enqueue_many(
+            conn, [Message(topic="t", payload={}, event_id=f"stuck-{v}", ordering_key="stuck") for v in range(5)]
+        )
     Relay(db_url, settings(beside), ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
-        max_entries=1)
+        max_entries=1
+    )
     blocked_rate = drain(beside)
     alone_rate = drain(alone)
     assert statuses(conn, beside) == {"sent": n, "dead": 1, "pending": 4}
     assert statuses(conn, alone) == {"sent": n}
     waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
     assert waiting == 4
-    print(f"\n100,000 keys beside a blocked key: {blocked_rate:,.0f} msg/s; with none blocked {alone_rate:,.0f} "
-          f"msg/s ({blocked_rate / alone_rate:.2f}x)")
+    print(
+        f"\n100,000 keys beside a blocked key: {blocked_rate:,.0f} msg/s; with none blocked {alone_rate:,.0f} "
+        f"msg/s ({blocked_rate / alone_rate:.2f}x)"
+    )
     # bench/run.py --scenario ordering measures the ratio properly (medians of interleaved rounds)
     assert blocked_rate >= 0.7 * alone_rate

@@ -46,41 +46,73 @@ def test_keys_stay_in_order_under_dev_and_a_parked_key_is_alerted_then_skipped(s
     started = time.monotonic()
     with stack.connect(autocommit=False) as conn:
         for v in range(1, VERSIONS + 1):  # version by version, as the aggregates change
-            Outbox(table).enqueue_many(conn, [
-                Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}", ordering_key=f"org{k}")
-                for k in range(KEYS)])
+            Outbox(table).enqueue_many(
+                conn,
+                [
+                    Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}", ordering_key=f"org{k}")
+                    for k in range(KEYS)
+                ],
+            )
             conn.commit()
 
     def settled() -> bool:
         return stack.scalar(f"SELECT count(*) FROM {table} WHERE status = 'sent'") == KEYS * VERSIONS - 4
-    wait_until(settled, 180, "every key but the parked one delivered", interval_s=0.5,
-               on_timeout=lambda: stack.diagnostics())
+
+    wait_until(
+        settled, 180, "every key but the parked one delivered", interval_s=0.5, on_timeout=lambda: stack.diagnostics()
+    )
     assert stack.scalar(f"SELECT count(*) FROM {table} WHERE ordering_blocked") == 3  # org7 v3..v5 wait
 
     parked = stack.receiver.wait_for(
         lambda a: a.get("kind") == "check" and a.get("check") == "blocked_keys" and a.get("status") == "firing",
-        since=started, timeout_s=120, what="the blocked_keys alert")
+        since=started,
+        timeout_s=120,
+        what="the blocked_keys alert",
+    )
     dead_id = stack.scalar(f"SELECT id FROM {table} WHERE event_id = %s", (POISON,))
     assert f"org7 (id {dead_id})" in parked.body["summary"], parked.body
 
     [repo] = stack.graphql(REPOSITORY)["repositoriesOrError"]["nodes"]
-    selector = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                "jobName": "skip_dead_job"}
+    selector = {
+        "repositoryLocationName": repo["location"]["name"],
+        "repositoryName": repo["name"],
+        "jobName": "skip_dead_job",
+    }
 
     def skip(dry_run: bool) -> str:
-        config = {"ops": {"skip_dead_op": {"config": {"table": table, "ordering_key": "org7", "dry_run": dry_run,
-                                                      "reason": "invalid org, fixed upstream"}}}}
+        config = {
+            "ops": {
+                "skip_dead_op": {
+                    "config": {
+                        "table": table,
+                        "ordering_key": "org7",
+                        "dry_run": dry_run,
+                        "reason": "invalid org, fixed upstream",
+                    }
+                }
+            }
+        }
         launched = stack.graphql(LAUNCH, {"params": {"selector": selector, "runConfigData": config}})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         run_id = launched["run"]["runId"]
-        return wait_until(lambda: (s := stack.graphql(RUN, {"id": run_id})["runOrError"]["status"]) in
-                          ("SUCCESS", "FAILURE", "CANCELED") and s, 120, "the skip run to end")
+        return wait_until(
+            lambda: (
+                (s := stack.graphql(RUN, {"id": run_id})["runOrError"]["status"]) in ("SUCCESS", "FAILURE", "CANCELED")
+                and s
+            ),
+            120,
+            "the skip run to end",
+        )
 
     assert skip(dry_run=True) == "SUCCESS"
     assert stack.scalar(f"SELECT count(*) FROM {table} WHERE ordering_blocked") == 3  # a dry run changes nothing
     assert skip(dry_run=False) == "SUCCESS"
-    wait_until(lambda: stack.scalar(f"SELECT count(*) FROM {table} WHERE status = 'sent'") == KEYS * VERSIONS - 1,
-               120, "the rest of org7 delivered", interval_s=0.5)
+    wait_until(
+        lambda: stack.scalar(f"SELECT count(*) FROM {table} WHERE status = 'sent'") == KEYS * VERSIONS - 1,
+        120,
+        "the rest of org7 delivered",
+        interval_s=0.5,
+    )
 
     received = [r for r in stack.sink.received if r.key.startswith("org")]
     assert {r.status for r in received} >= {200, 400, 429, 503}
@@ -93,6 +125,7 @@ def test_keys_stay_in_order_under_dev_and_a_parked_key_is_alerted_then_skipped(s
     # dev's terminal: the outbox's lines and Dagster's runs, not its ticks that found nothing to do.
     terminal = stack.dev_log.read_text()
     assert "Dagster UI: http://" in terminal
-    assert not re.search(r"Sensor \S+ skipped: |No run requests returned for |Checking for new runs for sensor",
-                         terminal), "sensor tick noise in dev's terminal"
+    assert not re.search(
+        r"Sensor \S+ skipped: |No run requests returned for |Checking for new runs for sensor", terminal
+    ), "sensor tick noise in dev's terminal"
     assert "Found a dagster instance configuration value" not in terminal

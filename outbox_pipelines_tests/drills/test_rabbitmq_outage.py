@@ -56,17 +56,28 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
         config = tmp_path / "outbox.toml"
         config.write_text(
             f'[tables.{TABLE}]\ndestination = "rabbitmq"\nurl_env = "DRILL_RABBITMQ_URL"\nexchange = "{EXCHANGE}"\n'
-            'topic_prefix = "drill."\ntimeout = "2s"\nprobe_interval = "5s"\nbatch_size = 25\n')
+            'topic_prefix = "drill."\ntimeout = "2s"\nprobe_interval = "5s"\nbatch_size = 25\n'
+        )
         env = {**cli_env, "OUTBOX_CONFIG": str(config), "DRILL_RABBITMQ_URL": node.url}
         created = run_cli(env, "db", "create-table", TABLE, cwd=tmp_path)
         assert created.returncode == 0, created.stderr
-        Outbox(TABLE).enqueue_many(conn, [Message(topic="order.changed", payload={"n": i}, event_id=f"drill-{i}")
-                                          for i in range(MESSAGES)])
+        Outbox(TABLE).enqueue_many(
+            conn, [Message(topic="order.changed", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)]
+        )
         consumer = Consumer(node.url, QUEUE)
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:
-            relay = start_relay(env, TABLE, "--max-seconds", "170", quiet=False, cwd=tmp_path, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+            relay = start_relay(
+                env,
+                TABLE,
+                "--max-seconds",
+                "170",
+                quiet=False,
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
         def relay_log() -> str:
             return "\n".join(log_path.read_text().splitlines()[-40:]) + "\n" + node.log(10)
@@ -76,24 +87,43 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
 
         try:
             started = time.monotonic()
-            wait_until(lambda: consumed() >= MESSAGES // 3, 60, "a third of the messages consumed before the outage",
-                       0.02, on_timeout=relay_log)
+            wait_until(
+                lambda: consumed() >= MESSAGES // 3,
+                60,
+                "a third of the messages consumed before the outage",
+                0.02,
+                on_timeout=relay_log,
+            )
             node.stop(kill=True)
             down_at = time.monotonic()
             sent_at_stop, consumed_at_stop = statuses(conn, TABLE).get("sent", 0), consumed()
             assert sent_at_stop < MESSAGES - 1_000, f"the drain was nearly over ({sent_at_stop} sent) at the stop"
-            wait_until(lambda: _health(conn).get("circuit_opened_at") is not None, 30,
-                       "the outage to open the table's circuit", 0.2, on_timeout=relay_log)
+            wait_until(
+                lambda: _health(conn).get("circuit_opened_at") is not None,
+                30,
+                "the outage to open the table's circuit",
+                0.2,
+                on_timeout=relay_log,
+            )
             dead_during = statuses(conn, TABLE).get("dead", 0)
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage itself lasts 60 s
             node.start()
             up_at = time.monotonic()
-            wait_until(lambda: statuses(conn, TABLE).get("sent", 0) == MESSAGES, 90,
-                       "every message sent after the node came back", 0.2,
-                       on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}")
+            wait_until(
+                lambda: statuses(conn, TABLE).get("sent", 0) == MESSAGES,
+                90,
+                "every message sent after the node came back",
+                0.2,
+                on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}",
+            )
             drained_at = time.monotonic()
-            wait_until(lambda: consumed() == MESSAGES, 60, "the consumer to read every message", 0.2,
-                       on_timeout=lambda: f"consumed {consumed()}\n{relay_log()}")
+            wait_until(
+                lambda: consumed() == MESSAGES,
+                60,
+                "the consumer to read every message",
+                0.2,
+                on_timeout=lambda: f"consumed {consumed()}\n{relay_log()}",
+            )
         finally:
             consumer.stop()
             stop_process(relay)
@@ -110,14 +140,26 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
                 published_twice += 1  # a second publish: its first confirm was lost in the outage
         seen.add(read.message_id or "")
     lost = MESSAGES - len(seen & {f"drill-{i}" for i in range(MESSAGES)})
-    figures = {"drill": "rabbitmq_outage", "messages": MESSAGES, "sent": counts.get("sent", 0),
-               "dead": counts.get("dead", 0), "dead_during_outage": dead_during, "reads": len(reads),
-               "distinct_consumed": len(seen), "lost": lost, "duplicates": len(reads) - len(seen),
-               "published_twice": published_twice, "redelivered": redelivered,
-               "sent_at_stop": sent_at_stop, "consumed_at_stop": consumed_at_stop,
-               "down_s": round(up_at - down_at, 1), "drained_after_restart_s": round(drained_at - up_at, 1),
-               "total_s": round(drained_at - started, 1), "boot_s": [round(s, 1) for s in node.boot_seconds],
-               "consumer_reconnects": consumer.reconnects}
+    figures = {
+        "drill": "rabbitmq_outage",
+        "messages": MESSAGES,
+        "sent": counts.get("sent", 0),
+        "dead": counts.get("dead", 0),
+        "dead_during_outage": dead_during,
+        "reads": len(reads),
+        "distinct_consumed": len(seen),
+        "lost": lost,
+        "duplicates": len(reads) - len(seen),
+        "published_twice": published_twice,
+        "redelivered": redelivered,
+        "sent_at_stop": sent_at_stop,
+        "consumed_at_stop": consumed_at_stop,
+        "down_s": round(up_at - down_at, 1),
+        "drained_after_restart_s": round(drained_at - up_at, 1),
+        "total_s": round(drained_at - started, 1),
+        "boot_s": [round(s, 1) for s in node.boot_seconds],
+        "consumer_reconnects": consumer.reconnects,
+    }
     print(f"\nrabbitmq outage drill: {json.dumps(figures)}")
     if os.environ.get(RESULTS_ENV):
         with open(os.environ[RESULTS_ENV], "a") as out:

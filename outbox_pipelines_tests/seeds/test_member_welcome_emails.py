@@ -54,8 +54,9 @@ def test_welcome_email_is_sent_recorded_and_the_row_deleted(db_url, conn, mail_d
 def test_a_redelivered_event_sends_no_second_email(db_url, conn, mail_dir):
     member_created(conn, 2)
     relay(db_url)
-    Outbox(TABLE).enqueue(conn, Message(topic=members.TOPIC, payload={"member_id": 2, "email": "m2@example.test"},
-                                        event_id="member-2"))  # the same event again (deleted row, so inserted anew)
+    Outbox(TABLE).enqueue(
+        conn, Message(topic=members.TOPIC, payload={"member_id": 2, "email": "m2@example.test"}, event_id="member-2")
+    )  # the same event again (deleted row, so inserted anew)
     relay(db_url)
     assert conn.execute("SELECT count(*) AS n FROM automated_email_recipients").fetchone()["n"] == 1
     assert len(list(mail_dir.iterdir())) == 1

@@ -44,7 +44,7 @@ def test_memory_writes_are_deduplicated_by_target_and_payload(db_url, conn, http
     http_sink.script = memory_store
     first = remember(conn, "m-1", "the deploy key rotates monthly")
     relay_to(db_url, http_sink)
-    twin = remember(conn, "m-2", "the deploy key rotates monthly")                 # same space, same payload
+    twin = remember(conn, "m-2", "the deploy key rotates monthly")  # same space, same payload
     elsewhere = remember(conn, "m-3", "the deploy key rotates monthly", "team:beta")  # another target
     report = relay_to(db_url, http_sink)
     assert (report.sent, report.dedup_hits) == (2, 1)
@@ -92,7 +92,8 @@ def test_the_lease_protocol_functions_answer_false_to_a_non_holder(db_url, conn)
     assert abs((by_id[b.id]["available_at"] - retry_at).total_seconds()) < 1
     assert (by_id[c.id]["status"], by_id[d.id]["status"]) == ("dead", "sending")
     conflicts = conn.execute(
-        "SELECT worker, detail FROM outbox_audit WHERE code = 'outbox_flush_conflict' ORDER BY id").fetchall()
+        "SELECT worker, detail FROM outbox_audit WHERE code = 'outbox_flush_conflict' ORDER BY id"
+    ).fetchall()
     assert [c_["worker"] for c_ in conflicts] == ["worker-b", "worker-b", "worker-a", "worker-z"]
     assert check_dedup(conn, TABLE, "team:alpha", a.payload_sha)["result_ref"] == "mem-a"
     assert check_dedup(conn, TABLE, "team:alpha", "sha256:none") is None

@@ -27,8 +27,14 @@ def org_outbox(db_url):
 
 
 def settings(**overrides) -> TableSettings:
-    base = dict(name=TABLE, destination="handlers", mode="single-active", idle_sleep_s=0.02, poll_interval_s=0.05,
-                retry=RetryPolicy(base_s=60, max_s=60, max_attempts=3, jitter=0))
+    base = dict(
+        name=TABLE,
+        destination="handlers",
+        mode="single-active",
+        idle_sleep_s=0.02,
+        poll_interval_s=0.05,
+        retry=RetryPolicy(base_s=60, max_s=60, max_attempts=3, jitter=0),
+    )
     return TableSettings(**{**base, **overrides})
 
 
@@ -38,8 +44,9 @@ def test_enqueue_in_the_business_transaction_and_duplicate_event_ids(db_url, con
     outbox = Outbox(TABLE)
     with engine.begin() as tx:
         tx.execute(sa.text("INSERT INTO orgs VALUES (1, 'acme')"))
-        first = outbox.enqueue(tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v1",
-                                           tenant_id="t1"))
+        first = outbox.enqueue(
+            tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v1", tenant_id="t1")
+        )
     with pytest.raises(sa.exc.IntegrityError):
         with engine.begin() as tx:
             outbox.enqueue(tx, Message(topic="org.changed", payload={"org_id": 1}, event_id="org-1-v2"))

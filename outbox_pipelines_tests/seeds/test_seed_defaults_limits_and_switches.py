@@ -64,7 +64,9 @@ def test_an_order_failing_with_5xx_every_time_is_dead_exactly_at_attempt_8_by_de
     assert row["last_error"].startswith("gave up after 8 of 8 attempts")
     assert len(destination.calls) == 8
     assert audit_codes(conn, ORDERS, row_id) == ["outbox_claim", "outbox_flush_retry"] * 7 + [
-        "outbox_claim", "outbox_flush_dead"]
+        "outbox_claim",
+        "outbox_flush_dead",
+    ]
     make_due(conn, ORDERS)
     assert Relay(db_url, settings, destination).run(once=True).claimed == 0
 
@@ -98,8 +100,12 @@ def test_an_order_delivered_to_the_broker_is_observed_in_order_broker_latency_ms
 def marked_messages(marker: str, tenant: str) -> list[Message]:
     """One message per fate (sent, retried then dead, dead at once), each payload carrying its own marker."""
     return [
-        Message(topic=topic, event_id=f"ev-{topic}", tenant_id=tenant,
-                payload={"email": f"{marker}-{topic}@example.com", "name": f"{marker}-{topic}-name"})
+        Message(
+            topic=topic,
+            event_id=f"ev-{topic}",
+            tenant_id=tenant,
+            payload={"email": f"{marker}-{topic}@example.com", "name": f"{marker}-{topic}-name"},
+        )
         for topic in ("ok", "flaky", "poison")
     ]
 
@@ -123,8 +129,13 @@ def run_marked_table(db_url: str, conn: psycopg.Connection, table: str, marker: 
     """Relay the marked messages of ``table`` to their end: sent, dead at once, and dead after one retry."""
     create_table(db_url, table)
     Outbox(table).enqueue_many(conn, marked_messages(marker, tenant))
-    settings = TableSettings(name=table, destination="handlers", mode="competing", idle_sleep_s=0.01,
-                             retry=RetryPolicy(base_s=1, max_s=1, max_attempts=2, jitter=0))
+    settings = TableSettings(
+        name=table,
+        destination="handlers",
+        mode="competing",
+        idle_sleep_s=0.01,
+        retry=RetryPolicy(base_s=1, max_s=1, max_attempts=2, jitter=0),
+    )
     destination = HandlerDestination(marked_registry())
     first = Relay(db_url, settings, destination).run(once=True)
     assert (first.sent, first.retried, first.dead) == (1, 1, 1)
@@ -142,8 +153,9 @@ def logged_texts(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.parametrize("label_mode", ["plain", "hash"])
-def test_relay_logs_never_hold_the_payload_and_name_the_tenant_masked_on_request(db_url, conn, caplog, monkeypatch,
-                                                                                 label_mode):
+def test_relay_logs_never_hold_the_payload_and_name_the_tenant_masked_on_request(
+    db_url, conn, caplog, monkeypatch, label_mode
+):
     monkeypatch.setenv("OUTBOX_TENANT_LABEL", label_mode)
     marker, tenant = f"PII{uuid.uuid4().hex}", f"acme-{uuid.uuid4().hex[:8]}"
     table = f"gaps_logs_{label_mode}"
@@ -176,8 +188,10 @@ def test_a_handler_error_stores_its_own_text_in_last_error_never_the_payload(db_
     assert flaky["last_error"].endswith("RuntimeError: downstream busy")
     assert poison["last_error"].endswith("BAD_PAYLOAD: cannot use this message")
     stored = [r["last_error"] or "" for r in found.values()]
-    details = [r["detail"] or "" for r in conn.execute(
-        "SELECT detail FROM outbox_audit WHERE outbox_table = 'gaps_last_error'").fetchall()]
+    details = [
+        r["detail"] or ""
+        for r in conn.execute("SELECT detail FROM outbox_audit WHERE outbox_table = 'gaps_last_error'").fetchall()
+    ]
     assert not [text for text in stored + details if marker in text], "a payload was stored as an error"
 
 
@@ -191,8 +205,15 @@ def test_an_http_500_echoing_the_request_stores_200_characters_of_the_answer_not
     http_sink.script = lambda key, attempt, body: (500, {}, b"echo " + json.dumps(body, separators=(",", ":")).encode())
     # jsonb keeps "pad" (shorter key) before "secret": the marker is past the first 200 characters of the echo.
     [row_id] = enqueue_n(conn, EVENTS, 1, payload=lambda i: {"pad": "p" * 300, "secret": marker})
-    settings = table_settings(EVENTS, destination="http", url=http_sink.url, mode="competing", idle_sleep_s=0.01,
-                              retry=RetryPolicy(base_s=1, max_s=1, max_attempts=2, jitter=0), circuit_threshold=1000)
+    settings = table_settings(
+        EVENTS,
+        destination="http",
+        url=http_sink.url,
+        mode="competing",
+        idle_sleep_s=0.01,
+        retry=RetryPolicy(base_s=1, max_s=1, max_attempts=2, jitter=0),
+        circuit_threshold=1000,
+    )
     destination = HttpDestination(http_sink.url)
     try:
         for _ in range(2):
@@ -214,8 +235,9 @@ def test_an_http_500_echoing_the_request_stores_200_characters_of_the_answer_not
 # -- seed 003 §8: outbox_flush_db_timeout ----------------------------------------------------------------
 def test_a_settle_that_hits_the_statement_timeout_is_audited_as_outbox_flush_db_timeout(db_url, conn, monkeypatch):
     # The relay's sessions run with statement_timeout=30 s (RELAY_SESSION_OPTIONS); 100 ms here.
-    monkeypatch.setattr(relay_session, "RELAY_SESSION_OPTIONS",
-                        "-c statement_timeout=100 -c plan_cache_mode=force_custom_plan")
+    monkeypatch.setattr(
+        relay_session, "RELAY_SESSION_OPTIONS", "-c statement_timeout=100 -c plan_cache_mode=force_custom_plan"
+    )
     [row_id] = enqueue_n(conn, EVENTS, 1)
     locker = psycopg.connect(db_url)  # not autocommit: the lock lasts until rollback
     released = threading.Event()
@@ -276,8 +298,12 @@ def test_the_database_refuses_a_negative_attempt_count(conn):
 
 # -- seed 004 §10.1 / §10.3: the relay and cleaner switches --------------------------------------------------
 def test_relay_enabled_false_makes_the_relay_do_nothing_and_keeps_the_rows_pending(cli_env, conn):
-    ids = [r.id for r in Outbox(EVENTS).enqueue_many(conn, [
-        Message(topic="org.changed", payload={"org_id": i}, event_id=f"off-{i}") for i in range(3)])]
+    ids = [
+        r.id
+        for r in Outbox(EVENTS).enqueue_many(
+            conn, [Message(topic="org.changed", payload={"org_id": i}, event_id=f"off-{i}") for i in range(3)]
+        )
+    ]
     disabled = run_cli({**cli_env, "OUTBOX_RELAY_ENABLED": "false"}, "relay", "--table", EVENTS, "--once")
     assert disabled.returncode == 0, disabled.stderr
     assert f"relay is disabled for {EVENTS}" in disabled.stderr
@@ -329,7 +355,7 @@ def test_a_table_declared_without_a_mode_is_single_active(tmp_path):
     path = tmp_path / "outbox.toml"
     path.write_text(
         '[tables.hrm_outbox]\ndestination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n\n'
-        '[tables.outbox_orders]\nmax_attempts = 5\n'
+        "[tables.outbox_orders]\nmax_attempts = 5\n"
     )
     settings = load_settings(env={}, path=path)
     assert settings.table("hrm_outbox").mode == "single-active"

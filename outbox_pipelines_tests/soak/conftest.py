@@ -89,8 +89,9 @@ class Process:
         with self.log.open("a") as out:
             out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(self.command[1:])}\n")
             out.flush()
-            self.proc = subprocess.Popen(self.command, env=self.env, cwd=self.cwd, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return self
 
     def kill(self) -> None:
@@ -110,8 +111,9 @@ class Broker(Process):
     def __init__(self, tmp: Path, env: dict[str, str], args: list[str] | None = None, port: int | None = None) -> None:
         self.port = port or free_port()
         self.args = list(args or [])
-        super().__init__("broker-sim", [CLI, "broker-sim", "--port", str(self.port), *self.args], env, tmp,
-                         tmp / "broker-sim.log")
+        super().__init__(
+            "broker-sim", [CLI, "broker-sim", "--port", str(self.port), *self.args], env, tmp, tmp / "broker-sim.log"
+        )
         self.url = f"http://127.0.0.1:{self.port}/orders"
         self.base = f"http://127.0.0.1:{self.port}"
 
@@ -152,8 +154,9 @@ class Broker(Process):
 
 class Relay(Process):
     def __init__(self, slot: int, generation: int, tmp: Path, env: dict[str, str]) -> None:
-        super().__init__(f"relay-{slot}.{generation}", [CLI, "relay", "--table", TABLE], env, tmp,
-                         tmp / f"relay-{slot}.log")
+        super().__init__(
+            f"relay-{slot}.{generation}", [CLI, "relay", "--table", TABLE], env, tmp, tmp / f"relay-{slot}.log"
+        )
 
 
 # -- the database ---------------------------------------------------------------------------------------
@@ -186,8 +189,9 @@ class SoakDatabase(QueriesDatabase):
 
     def start(self) -> None:
         """Start it again with the package's options (socket only, same socket directory, same log)."""
-        self.pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.pgdata / "log"), "start"],
-                    timeout=120)
+        self.pg_ctl(
+            ["-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.pgdata / "log"), "start"], timeout=120
+        )
 
     def close(self) -> None:
         db.stop_embedded(self.root)
@@ -224,8 +228,9 @@ class SoakStack:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"outbox-soak-{name}-"))
         self.db = SoakDatabase(self.tmp / "pg")
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_"))}
-        self.base_env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
-                             OUTBOX_EMBEDDED_DIR=str(self.tmp / "never-used"))  # never the repo's .outbox
+        self.base_env.update(
+            PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OUTBOX_EMBEDDED_DIR=str(self.tmp / "never-used")
+        )  # never the repo's .outbox
         self.broker: Broker | None = None
         self.relays: dict[int, Relay] = {}
         self.generations: dict[int, int] = {}
@@ -239,8 +244,12 @@ class SoakStack:
 
     def configure_relays(self, **env: str) -> None:
         assert self.broker is not None
-        self.relay_env = {**self.base_env, "OUTBOX_DATABASE_URL": self.db.url, "OUTBOX_BROKER_URL": self.broker.url,
-                          **env}
+        self.relay_env = {
+            **self.base_env,
+            "OUTBOX_DATABASE_URL": self.db.url,
+            "OUTBOX_BROKER_URL": self.broker.url,
+            **env,
+        }
 
     def start_relay(self, slot: int) -> Relay:
         generation = self.generations.get(slot, 0) + 1
@@ -254,8 +263,9 @@ class SoakStack:
         parts = []
         for slot in sorted(self.relays):
             relay = self.relays[slot]
-            parts.append(f"--- {relay.log.name} (pid {relay.pid}, running={relay.running}) ---\n"
-                         f"{tail(relay.log, lines)}")
+            parts.append(
+                f"--- {relay.log.name} (pid {relay.pid}, running={relay.running}) ---\n{tail(relay.log, lines)}"
+            )
         return "\n".join(parts)
 
     def diagnostics(self) -> str:
@@ -313,5 +323,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = outcome.get_result()
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
-
-

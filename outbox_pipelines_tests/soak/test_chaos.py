@@ -23,8 +23,20 @@ from outbox_pipelines_tests.soak.conftest import (
 RELAYS = 8
 KILL_EVERY_S = 7.0
 LEASE_S = 15  # OUTBOX_RELAY_LOCK_TTL: a killed relay's rows are re-taken by a claim after this
-FAULTS = ["--every-nth-5xx", "8", "--every-nth-429", "13", "--retry-after", "1",
-          "--every-nth-drop", "23", "--every-nth-timeout", "29", "--hang", "3"]
+FAULTS = [
+    "--every-nth-5xx",
+    "8",
+    "--every-nth-429",
+    "13",
+    "--retry-after",
+    "1",
+    "--every-nth-drop",
+    "23",
+    "--every-nth-timeout",
+    "29",
+    "--hang",
+    "3",
+]
 
 
 def fault_share() -> float:
@@ -51,8 +63,10 @@ def test_soak_chaos_8_relays_sigkill_every_7s_broker_25pct_faults(soak_stack):
     progress: list[tuple[float, dict[str, int]]] = []
     with stack.db.connect() as conn:
         while True:
-            found = {r["status"]: r["n"] for r in conn.execute(
-                f"SELECT status, count(*) AS n FROM {TABLE} GROUP BY status").fetchall()}
+            found = {
+                r["status"]: r["n"]
+                for r in conn.execute(f"SELECT status, count(*) AS n FROM {TABLE} GROUP BY status").fetchall()
+            }
             if set(found) <= {"sent", "dead"}:
                 break
             now = time.monotonic()
@@ -79,12 +93,23 @@ def test_soak_chaos_8_relays_sigkill_every_7s_broker_25pct_faults(soak_stack):
     found = stack.db.statuses()
     stats = broker.stats()
     executed = broker.executed_keys()
-    attempts = Counter({r["attempts"]: r["n"] for r in stack.db.query(
-        f"SELECT attempts, count(*) AS n FROM {TABLE} GROUP BY attempts")})
-    audit = {r["code"]: r["n"] for r in stack.db.query(
-        "SELECT code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s GROUP BY code", (TABLE,))}
-    retaken = stack.db.scalar("SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' "
-                              "AND from_status = 'sending'", (TABLE,))
+    attempts = Counter(
+        {
+            r["attempts"]: r["n"]
+            for r in stack.db.query(f"SELECT attempts, count(*) AS n FROM {TABLE} GROUP BY attempts")
+        }
+    )
+    audit = {
+        r["code"]: r["n"]
+        for r in stack.db.query(
+            "SELECT code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s GROUP BY code", (TABLE,)
+        )
+    }
+    retaken = stack.db.scalar(
+        "SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' "
+        "AND from_status = 'sending'",
+        (TABLE,),
+    )
     lost_at_broker = sorted(set(keys) - executed)
     figures = {
         "test": "chaos_8_relays_sigkill_every_7s",
@@ -118,11 +143,13 @@ def test_soak_chaos_8_relays_sigkill_every_7s_broker_25pct_faults(soak_stack):
 
     assert figures["lost"] == 0 and not lost_at_broker, f"lost: {figures['lost']}, not executed: {lost_at_broker[:20]}"
     assert figures["dead"] == 0, stack.db.query(
-        f"SELECT id, event_id, attempts, last_error_code, last_error FROM {TABLE} WHERE status = 'dead' LIMIT 20")
+        f"SELECT id, event_id, attempts, last_error_code, last_error FROM {TABLE} WHERE status = 'dead' LIMIT 20"
+    )
     assert figures["executed_twice"] == 0
     assert figures["left_in_sending"] == 0
     assert figures["max_attempts"] <= ORDERS_MAX_ATTEMPTS
     assert stats["requests"] <= 2 * n, f"{stats['requests']} requests for {n} orders"
     assert not exited_by_themselves, exited_by_themselves
     assert set(exit_codes.values()) == {0}, (
-        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}")
+        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}"
+    )

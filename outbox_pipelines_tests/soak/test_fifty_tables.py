@@ -30,12 +30,18 @@ def test_fifty_tables_drain_within_a_minute_each_with_one_group_run(pg_server) -
         for burst in range(3):
             prefix = f"b{burst}"
             committed = stack.enqueue_everywhere(PER_TABLE, prefix)
-            wait_until(lambda prefix=prefix: all(stack.sent_in(t, prefix) == PER_TABLE for t in stack.tables), 180,
-                       f"burst {burst} drained", interval_s=0.25, on_timeout=stack.diagnostics)
+            wait_until(
+                lambda prefix=prefix: all(stack.sent_in(t, prefix) == PER_TABLE for t in stack.tables),
+                180,
+                f"burst {burst} drained",
+                interval_s=0.25,
+                on_timeout=stack.diagnostics,
+            )
             seconds = time.monotonic() - committed
             rss, processes = stack.rss_bytes()
-            figures["bursts"].append({"drain_s": round(seconds, 1), "rss_gib": round(rss / GIB, 2),
-                                      "processes": processes})
+            figures["bursts"].append(
+                {"drain_s": round(seconds, 1), "rss_gib": round(rss / GIB, 2), "processes": processes}
+            )
             assert seconds <= 60, f"burst {burst} drained in {seconds:.1f} s"
             assert rss <= 1.5 * GIB, f"{rss / GIB:.2f} GiB under dev"
             time.sleep(60)

@@ -42,18 +42,25 @@ RESUME_LIMIT_S = 15.0
 def sample_table(stack: SoakStack) -> dict[str, Any]:
     row = stack.db.query(
         f"SELECT count(*) FILTER (WHERE status = 'dead') AS dead, coalesce(max(attempts), 0) AS max_attempts, "
-        f"count(*) FILTER (WHERE status = 'sent') AS sent FROM {TABLE}")[0]
+        f"count(*) FILTER (WHERE status = 'sent') AS sent FROM {TABLE}"
+    )[0]
     health = stack.db.query(
         "SELECT circuit_opened_at, paused_until, consecutive_failures FROM outbox_destination_health "
-        "WHERE table_name = %s", (TABLE,))
-    return {**row, **(health[0] if health else {"circuit_opened_at": None, "paused_until": None,
-                                                 "consecutive_failures": 0})}
+        "WHERE table_name = %s",
+        (TABLE,),
+    )
+    return {
+        **row,
+        **(health[0] if health else {"circuit_opened_at": None, "paused_until": None, "consecutive_failures": 0}),
+    }
 
 
 def claims_between(stack: SoakStack, since_wall: float, until_wall: float) -> int:
     return stack.db.scalar(
         "SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_claim' "
-        "AND created_at >= to_timestamp(%s) AND created_at < to_timestamp(%s)", (TABLE, since_wall, until_wall))
+        "AND created_at >= to_timestamp(%s) AND created_at < to_timestamp(%s)",
+        (TABLE, since_wall, until_wall),
+    )
 
 
 def claim_batches_between(stack: SoakStack, since_wall: float, until_wall: float) -> int:
@@ -61,7 +68,8 @@ def claim_batches_between(stack: SoakStack, since_wall: float, until_wall: float
     return stack.db.scalar(
         "SELECT count(DISTINCT (worker, created_at)) FROM outbox_audit WHERE outbox_table = %s "
         "AND code = 'outbox_claim' AND created_at >= to_timestamp(%s) AND created_at < to_timestamp(%s)",
-        (TABLE, since_wall, until_wall))
+        (TABLE, since_wall, until_wall),
+    )
 
 
 def finish(stack: SoakStack, figures: dict[str, Any], keys: list[str]) -> dict[str, int | None]:
@@ -106,8 +114,12 @@ def broker_outage(stack: SoakStack, n: int, outage_s: float) -> dict[str, Any]:
     back, back_wall = time.monotonic(), time.time()
     claims = claims_between(stack, fault_started_wall, back_wall)
     probe_batches = claim_batches_between(stack, fault_started_wall, back_wall)
-    wait_until(lambda: set(stack.db.statuses()) <= {"sent", "dead"}, 300, "every order sent after the outage",
-               on_timeout=stack.diagnostics)
+    wait_until(
+        lambda: set(stack.db.statuses()) <= {"sent", "dead"},
+        300,
+        "every order sent after the outage",
+        on_timeout=stack.diagnostics,
+    )
     drained = time.monotonic()
     stats = broker.stats()
     first_201 = stats["first_executed_at"]
@@ -144,18 +156,23 @@ def broker_outage(stack: SoakStack, n: int, outage_s: float) -> dict[str, Any]:
     if not figures["circuit_closed_after"]:
         problems.append("the circuit was still open after everything was sent")
     if max(max_attempts_during, figures["max_attempts"]) >= ORDERS_MAX_ATTEMPTS:
-        problems.append(f"attempts burnt during the outage: max attempts {max_attempts_during} "
-                        f"(end {figures['max_attempts']}), the orders max is {ORDERS_MAX_ATTEMPTS}")
+        problems.append(
+            f"attempts burnt during the outage: max attempts {max_attempts_during} "
+            f"(end {figures['max_attempts']}), the orders max is {ORDERS_MAX_ATTEMPTS}"
+        )
     # One probe message every probe_interval while the circuit is open: what the relays had claimed
     # before it opened (a batch on the wire and one prefetched, per relay), then one row per probe.
     probes_allowed = int(outage_s / PROBE_INTERVAL_S) + 2
     if probe_batches > RELAYS * 2 + probes_allowed or claims > RELAYS * 2 * BATCH + probes_allowed:
-        problems.append(f"the open circuit did not pace the probes: {claims} rows claimed in {probe_batches} "
-                        f"claims during a {outage_s:.0f} s outage (allowed: {RELAYS * 2} batches + "
-                        f"{probes_allowed} probes)")
+        problems.append(
+            f"the open circuit did not pace the probes: {claims} rows claimed in {probe_batches} "
+            f"claims during a {outage_s:.0f} s outage (allowed: {RELAYS * 2} batches + "
+            f"{probes_allowed} probes)"
+        )
     if figures["recovery_s"] is None or figures["recovery_s"] > RESUME_LIMIT_S:
-        problems.append(f"delivery resumed {figures['recovery_s']} s after the broker came back "
-                        f"(limit {RESUME_LIMIT_S:.0f} s)")
+        problems.append(
+            f"delivery resumed {figures['recovery_s']} s after the broker came back (limit {RESUME_LIMIT_S:.0f} s)"
+        )
     if set(exit_codes.values()) != {0}:
         problems.append(f"relays did not stop cleanly on SIGTERM: {exit_codes}")
     return figures
@@ -184,8 +201,12 @@ def storm_429(stack: SoakStack, n: int, storm_s: float) -> dict[str, Any]:
     ended, ended_wall = time.monotonic(), time.time()
     claims = claims_between(stack, storm_started_wall, ended_wall)
     claim_batches = claim_batches_between(stack, storm_started_wall, ended_wall)
-    wait_until(lambda: set(stack.db.statuses()) <= {"sent", "dead"}, 300, "every order sent after the storm",
-               on_timeout=stack.diagnostics)
+    wait_until(
+        lambda: set(stack.db.statuses()) <= {"sent", "dead"},
+        300,
+        "every order sent after the storm",
+        on_timeout=stack.diagnostics,
+    )
     drained = time.monotonic()
     after = broker.stats()
     storm_requests = during["requests"] - before["requests"]
@@ -224,15 +245,19 @@ def storm_429(stack: SoakStack, n: int, storm_s: float) -> dict[str, Any]:
         problems.append(f"left in sending: {figures['left_in_sending']}")
     # Throttling spends no attempt: every row ends on the attempt that delivered it (a second one at most).
     if max(max_attempts_during, figures["max_attempts"]) > 2:
-        problems.append(f"throttling spent attempts: max attempts {max_attempts_during} during the storm, "
-                        f"{figures['max_attempts']} at the end")
+        problems.append(
+            f"throttling spent attempts: max attempts {max_attempts_during} during the storm, "
+            f"{figures['max_attempts']} at the end"
+        )
     # The table-wide pause, and one message first when it runs out: about one request per relay per
     # Retry-After reaches the broker (without them, a batch per relay, or every row, each Retry-After).
     ceiling = RELAYS * 2 / RETRY_AFTER_S * 1.5
     if figures["storm_requests_per_s"] > ceiling:
-        problems.append(f"{figures['storm_requests_per_s']} requests/s during the storm: more than "
-                        f"{ceiling:.0f}/s (1.5 x two requests per relay per Retry-After): "
-                        "the pause does not hold the table")
+        problems.append(
+            f"{figures['storm_requests_per_s']} requests/s during the storm: more than "
+            f"{ceiling:.0f}/s (1.5 x two requests per relay per Retry-After): "
+            "the pause does not hold the table"
+        )
     if figures["recovery_s"] is None or figures["recovery_s"] > RETRY_AFTER_S + RESUME_LIMIT_S:
         problems.append(f"delivery resumed {figures['recovery_s']} s after the storm")
     if set(exit_codes.values()) != {0}:
@@ -268,10 +293,12 @@ def test_soak_10min_broker_outage_and_10min_429_storm_side_by_side(soak_stack):
     n = int(scaled(3_000, 500))
     fault_s = scaled(600, 30)
     outage, storm = soak_stack("outage"), soak_stack("storm")
-    results = run_side_by_side({
-        "outage": lambda: broker_outage(outage, n, fault_s),
-        "storm": lambda: storm_429(storm, n, fault_s),
-    })
+    results = run_side_by_side(
+        {
+            "outage": lambda: broker_outage(outage, n, fault_s),
+            "storm": lambda: storm_429(storm, n, fault_s),
+        }
+    )
     for figures in results.values():
         record(figures)
     problems = [f"{name}: {p}" for name, figures in results.items() for p in figures["problems"]]

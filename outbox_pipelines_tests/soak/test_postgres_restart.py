@@ -66,21 +66,27 @@ def test_soak_hard_postgres_restart_mid_drain(soak_stack):
     # The rows held when the database went away, as the restarted database has them.
     held = {r["id"] for r in stack.db.query(f"SELECT id FROM {TABLE} WHERE status = 'sending'")}
     sent_at_restart = stack.db.scalar(f"SELECT count(*) FROM {TABLE} WHERE status = 'sent'")
-    first_settle = wait_until(lambda: (count_sent(stack.db) or 0) > sent_at_restart and time.monotonic(),
-                              120, "the first delivery settled after the restart", interval_s=0.1,
-                              on_timeout=stack.diagnostics)
+    first_settle = wait_until(
+        lambda: (count_sent(stack.db) or 0) > sent_at_restart and time.monotonic(),
+        120,
+        "the first delivery settled after the restart",
+        interval_s=0.1,
+        on_timeout=stack.diagnostics,
+    )
     held_back_at: float | None = None
     while time.monotonic() < restarted + LEASE_S + 30:
-        still_held = stack.db.scalar(f"SELECT count(*) FROM {TABLE} WHERE status = 'sending' AND id = ANY(%s)",
-                                     (sorted(held),))
+        still_held = stack.db.scalar(
+            f"SELECT count(*) FROM {TABLE} WHERE status = 'sending' AND id = ANY(%s)", (sorted(held),)
+        )
         if still_held == 0 and held_back_at is None:
             held_back_at = time.monotonic()
         found = stack.db.statuses()
         if held_back_at is not None and set(found) == {"sent"}:
             break
         time.sleep(0.2)
-    wait_until(lambda: set(stack.db.statuses()) <= {"sent", "dead"}, 300, "every order settled",
-               on_timeout=stack.diagnostics)
+    wait_until(
+        lambda: set(stack.db.statuses()) <= {"sent", "dead"}, 300, "every order settled", on_timeout=stack.diagnostics
+    )
     drained = time.monotonic()
     # Past the lease + 30 s after the restart: nothing may still be in sending.
     time.sleep(max(restarted + LEASE_S + 30 - time.monotonic(), 0))
@@ -91,8 +97,12 @@ def test_soak_hard_postgres_restart_mid_drain(soak_stack):
     executed = broker.executed_keys()
     reconnects = stack.log_lines("database error, reconnecting")
     gave_back = stack.log_lines("rows held when the database failed")
-    audit = {r["code"]: r["n"] for r in stack.db.query(
-        "SELECT code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s GROUP BY code", (TABLE,))}
+    audit = {
+        r["code"]: r["n"]
+        for r in stack.db.query(
+            "SELECT code, count(*) AS n FROM outbox_audit WHERE outbox_table = %s GROUP BY code", (TABLE,)
+        )
+    }
     bound = BATCH * RELAYS * IN_FLIGHT_BATCHES
     figures = {
         "test": "postgres_hard_restart_mid_drain",
@@ -123,8 +133,9 @@ def test_soak_hard_postgres_restart_mid_drain(soak_stack):
     }
     record(figures)
 
-    assert all(alive_while_down.values()) and all(alive_after.values()), \
+    assert all(alive_while_down.values()) and all(alive_after.values()), (
         f"a relay exited instead of reconnecting: {alive_while_down} {alive_after}\n{stack.relay_logs()}"
+    )
     assert figures["lost"] == 0 and figures["lost_at_broker"] == 0
     assert figures["dead"] == 0
     assert figures["executed_twice"] == 0
@@ -134,4 +145,5 @@ def test_soak_hard_postgres_restart_mid_drain(soak_stack):
     assert stats["requests"] == n + stats["repeats"], f"{stats['requests']} requests for {n} orders (no faults)"
     assert reconnects >= RELAYS, stack.relay_logs()
     assert set(exit_codes.values()) == {0}, (
-        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}")
+        f"relays did not stop cleanly on SIGTERM: {exit_codes}\n{stack.relay_logs()}"
+    )

@@ -15,6 +15,8 @@ def write_receipt(message: ClaimedMessage) -> str:
     if not isinstance(invoice_id, int):
         raise PermanentError("invoice.created needs an integer invoice_id", code="BAD_PAYLOAD")
     with psycopg.connect(database_url()) as conn:
-        conn.execute("INSERT INTO receipts (event_id, invoice_id) VALUES (%s, %s) ON CONFLICT (event_id) DO NOTHING",
-                     (message.event_id, invoice_id))
+        conn.execute(
+            "INSERT INTO receipts (event_id, invoice_id) VALUES (%s, %s) ON CONFLICT (event_id) DO NOTHING",
+            (message.event_id, invoice_id),
+        )
     return f"receipt:{invoice_id}"

@@ -1,6 +1,6 @@
 """The business transaction: an invoice row and its two outbox messages, committed together.
 
-    python -m billing_service.invoices --customer acme --amount-cent 1250
+python -m billing_service.invoices --customer acme --amount-cent 1250
 """
 
 import argparse
@@ -28,15 +28,22 @@ def create_schema(conn: psycopg.Connection) -> None:
 def create_invoice(conn: psycopg.Connection, customer: str, amount_cent: int) -> int:
     """One transaction: the invoice and its messages are committed together, or none of them is."""
     with conn.transaction():
-        row = conn.execute("INSERT INTO invoices (customer, amount_cent) VALUES (%s, %s) RETURNING id",
-                           (customer, amount_cent)).fetchone()
+        row = conn.execute(
+            "INSERT INTO invoices (customer, amount_cent) VALUES (%s, %s) RETURNING id", (customer, amount_cent)
+        ).fetchone()
         assert row is not None
         invoice_id = int(row[0])
         payload = {"invoice_id": invoice_id, "customer": customer, "amount_cent": amount_cent}
-        WEBHOOK.enqueue(conn, Message(topic="invoice.created", payload=payload, event_id=f"invoice-{invoice_id}",
-                                      ordering_key=f"customer-{customer}"))
-        RECEIPTS.enqueue(conn, Message(topic="invoice.created", payload=payload,
-                                       event_id=f"receipt-{invoice_id}"))
+        WEBHOOK.enqueue(
+            conn,
+            Message(
+                topic="invoice.created",
+                payload=payload,
+                event_id=f"invoice-{invoice_id}",
+                ordering_key=f"customer-{customer}",
+            ),
+        )
+        RECEIPTS.enqueue(conn, Message(topic="invoice.created", payload=payload, event_id=f"receipt-{invoice_id}"))
     return invoice_id
 
 

@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 
 # Imported on first use: a relay of in-process handlers need not load httpx (a relay process starts faster).
 _HOMES = {
-    "HandlerDestination": "handlers", "HandlerRegistry": "handlers",
-    "HttpDestination": "http", "HttpRequest": "http", "PaperBroker": "paper",
+    "HandlerDestination": "handlers",
+    "HandlerRegistry": "handlers",
+    "HttpDestination": "http",
+    "HttpRequest": "http",
+    "PaperBroker": "paper",
 }
 
 
@@ -25,5 +28,6 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
 
 __all__ = ["Destination", "HandlerDestination", "HandlerRegistry", "HttpDestination", "HttpRequest", "PaperBroker"]

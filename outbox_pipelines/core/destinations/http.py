@@ -65,8 +65,17 @@ from outbox_pipelines.core.redaction import (
 )
 
 # The transports' table and the body cap are http_transport's; imported from here as they always were.
-__all__ = ["DEFAULT_TRANSPORT", "MAX_BODY_BYTES", "TRANSPORTS", "Attempt", "HttpDestination", "HttpRequest",
-           "RequestBuilder", "ResultHook", "default_request"]
+__all__ = [
+    "DEFAULT_TRANSPORT",
+    "MAX_BODY_BYTES",
+    "TRANSPORTS",
+    "Attempt",
+    "HttpDestination",
+    "HttpRequest",
+    "RequestBuilder",
+    "ResultHook",
+    "default_request",
+]
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,10 @@ class HttpDestination(Destination):
                 "set too; a request can carry one credential: drop the user-info from the URL or unset the token"
             )
         if token and not _TOKEN.fullmatch(token):
-            raise ConfigError("the bearer token (OUTBOX_BROKER_TOKEN) holds spaces, control or non-ASCII characters; "
-                              "it cannot travel in an Authorization header")
+            raise ConfigError(
+                "the bearer token (OUTBOX_BROKER_TOKEN) holds spaces, control or non-ASCII characters; "
+                "it cannot travel in an Authorization header"
+            )
         # The name shows in logs, Dagster run logs and alerts: the origin only, never a credential or a path.
         origin = url_origin(url)
         self.name = redact_text(name.replace(raw_url, origin).replace(shown, origin)) if name else origin
@@ -184,8 +195,9 @@ class HttpDestination(Destination):
 
     def _answered(self, message: ClaimedMessage, status: int, headers: Any, body: bytes, truncated: bool) -> Outcome:
         """The outcome of an answer (``body`` read up to MAX_BODY_BYTES; ``truncated``: there was more)."""
-        outcome = classify_response(status, headers, body, already_processed=self.already_processed,
-                                    truncated=truncated)
+        outcome = classify_response(
+            status, headers, body, already_processed=self.already_processed, truncated=truncated
+        )
         return self._result(message, outcome, body, Attempt(status=status))
 
     def _failed(self, message: ClaimedMessage, exc: BaseException, timeout: float) -> Outcome:

@@ -35,15 +35,26 @@ CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
 
 # The table, in the docs' order (after the answers'). Each branch of exception_outcome answers with one of these.
 NO_ANSWER_IN_TIME = OutcomeRow("no answer within the table's `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-CONNECTION_FAILED = OutcomeRow("connection refused or reset (connecting, sending or reading)", "retry",
-                               m.NETWORK_TIMEOUT, " (circuit)")
-CLIENT_REFUSED = OutcomeRow("a request that cannot be built, or that the HTTP client refuses to send (a control "
-                            "character in a header, an invalid URL)", "dead", m.BAD_REQUEST, " at once, nothing sent")
-UNUSABLE_ANSWER = OutcomeRow("garbage: an answer that is not HTTP (a bad status line), or a server that closed the "
-                             "connection before answering or mid-answer", "retry", m.UNKNOWN,
-                             " (circuit), bounded by max attempts")
-OTHER_ERROR = OutcomeRow("any other error of the HTTP client", "retry", m.UNKNOWN,
-                         " (circuit), bounded by max attempts")
+CONNECTION_FAILED = OutcomeRow(
+    "connection refused or reset (connecting, sending or reading)", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+)
+CLIENT_REFUSED = OutcomeRow(
+    "a request that cannot be built, or that the HTTP client refuses to send (a control "
+    "character in a header, an invalid URL)",
+    "dead",
+    m.BAD_REQUEST,
+    " at once, nothing sent",
+)
+UNUSABLE_ANSWER = OutcomeRow(
+    "garbage: an answer that is not HTTP (a bad status line), or a server that closed the "
+    "connection before answering or mid-answer",
+    "retry",
+    m.UNKNOWN,
+    " (circuit), bounded by max attempts",
+)
+OTHER_ERROR = OutcomeRow(
+    "any other error of the HTTP client", "retry", m.UNKNOWN, " (circuit), bounded by max attempts"
+)
 ROWS = (NO_ANSWER_IN_TIME, CONNECTION_FAILED, CLIENT_REFUSED, UNUSABLE_ANSWER, OTHER_ERROR)
 
 

@@ -25,8 +25,12 @@ from outbox_pipelines.core.models import Outcome
 # body, as plain text, equal to it); compared without case, with spaces, hyphens and underscores alike and a
 # trailing full stop ignored. Strict on purpose: a word found somewhere in the body ("duplicate rejected:
 # different order", "not already processed") is a rejection, never a delivery.
-DEFAULT_ALREADY_PROCESSED = ("status=already_processed", "code=already_processed", "error=already_processed",
-                             "already processed")
+DEFAULT_ALREADY_PROCESSED = (
+    "status=already_processed",
+    "code=already_processed",
+    "error=already_processed",
+    "already processed",
+)
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 REF_KEYS = ("broker_order_id", "memory_id", "order_id", "id")
 
@@ -44,28 +48,65 @@ def _evidence(rules: Sequence[str]) -> str:
 
 
 # The table, in the docs' order. Each branch of classify_response answers with one of these rows.
-SENT = OutcomeRow("2xx", "sent", then=" (reference from the body's " + " / ".join(f"`{key}`" for key in REF_KEYS)
-                  + ", else the body's sha256 digest)")
-NOT_THE_JSON_IT_DECLARES = OutcomeRow("2xx declaring JSON with a body that is not JSON", "retry", m.UNKNOWN,
-                                      " (circuit)")
+SENT = OutcomeRow(
+    "2xx",
+    "sent",
+    then=" (reference from the body's "
+    + " / ".join(f"`{key}`" for key in REF_KEYS)
+    + ", else the body's sha256 digest)",
+)
+NOT_THE_JSON_IT_DECLARES = OutcomeRow(
+    "2xx declaring JSON with a body that is not JSON", "retry", m.UNKNOWN, " (circuit)"
+)
 ALREADY_PROCESSED = OutcomeRow(
-    '409 whose body says "already processed" explicitly: ' + _evidence(DEFAULT_ALREADY_PROCESSED)
+    '409 whose body says "already processed" explicitly: '
+    + _evidence(DEFAULT_ALREADY_PROCESSED)
     + " (a table's `already_processed` names its destination's own evidence instead)",
-    "sent", m.CONFLICT_PROCESSED)
-CONFLICT = OutcomeRow('409 otherwise (a duplicate rejection, "duplicate rejected: different order", anything unclear)',
-                      "dead", m.BAD_REQUEST, " at once")
+    "sent",
+    m.CONFLICT_PROCESSED,
+)
+CONFLICT = OutcomeRow(
+    '409 otherwise (a duplicate rejection, "duplicate rejected: different order", anything unclear)',
+    "dead",
+    m.BAD_REQUEST,
+    " at once",
+)
 REQUEST_TIMEOUT = OutcomeRow("408", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-TOO_MANY_REQUESTS = OutcomeRow("429", "retry", m.RATE_LIMITED, " not before `Retry-After` (seconds or HTTP date, "
-                               "capped by `max_retry_after`), no attempt spent; every relay of the table pauses")
-SERVER_ERROR = OutcomeRow("5xx", "retry", m.BROKER_5XX,
-                          " (circuit); with `Retry-After` not before it, no attempt spent")
+TOO_MANY_REQUESTS = OutcomeRow(
+    "429",
+    "retry",
+    m.RATE_LIMITED,
+    " not before `Retry-After` (seconds or HTTP date, "
+    "capped by `max_retry_after`), no attempt spent; every relay of the table pauses",
+)
+SERVER_ERROR = OutcomeRow(
+    "5xx", "retry", m.BROKER_5XX, " (circuit); with `Retry-After` not before it, no attempt spent"
+)
 UNAUTHORIZED = OutcomeRow("401, 403", "dead", m.UNAUTHORIZED, " at once (circuit)")
-CLIENT_ERROR = OutcomeRow("any other 4xx (400, 404, 405, 410, 413, 422 …)", "dead", m.BAD_REQUEST,
-                          " at once (a poison pill never blocks the rest)")
-UNEXPECTED_STATUS = OutcomeRow("an unexpected status (1xx, 3xx: redirects are not followed, so the credential goes "
-                               "nowhere else; > 599)", "retry", m.UNKNOWN, " (circuit), bounded by max attempts")
-ROWS = (SENT, NOT_THE_JSON_IT_DECLARES, ALREADY_PROCESSED, CONFLICT, REQUEST_TIMEOUT, TOO_MANY_REQUESTS, SERVER_ERROR,
-        UNAUTHORIZED, CLIENT_ERROR, UNEXPECTED_STATUS)
+CLIENT_ERROR = OutcomeRow(
+    "any other 4xx (400, 404, 405, 410, 413, 422 …)",
+    "dead",
+    m.BAD_REQUEST,
+    " at once (a poison pill never blocks the rest)",
+)
+UNEXPECTED_STATUS = OutcomeRow(
+    "an unexpected status (1xx, 3xx: redirects are not followed, so the credential goes nowhere else; > 599)",
+    "retry",
+    m.UNKNOWN,
+    " (circuit), bounded by max attempts",
+)
+ROWS = (
+    SENT,
+    NOT_THE_JSON_IT_DECLARES,
+    ALREADY_PROCESSED,
+    CONFLICT,
+    REQUEST_TIMEOUT,
+    TOO_MANY_REQUESTS,
+    SERVER_ERROR,
+    UNAUTHORIZED,
+    CLIENT_ERROR,
+    UNEXPECTED_STATUS,
+)
 
 
 def _http_date_epoch(value: str) -> float:
@@ -77,8 +118,9 @@ def _http_date_epoch(value: str) -> float:
     return when.timestamp()
 
 
-def parse_retry_after(value: str | None, *, now_epoch: float | None = None,
-                      date_header: str | None = None) -> float | None:
+def parse_retry_after(
+    value: str | None, *, now_epoch: float | None = None, date_header: str | None = None
+) -> float | None:
     """Seconds to wait from a Retry-After value: delta-seconds or an HTTP date.
 
     A date is measured against the response's own Date header when there is
@@ -135,8 +177,10 @@ class AlreadyProcessed:
                 phrases.append(_normal(rule))
                 continue
             if not _FIELD.fullmatch(name.strip()) or not value.strip():
-                raise ValueError(f"{where}: {rule!r} is not field=value (a JSON field, dotted for nesting, "
-                                 "and the value that means already processed)")
+                raise ValueError(
+                    f"{where}: {rule!r} is not field=value (a JSON field, dotted for nesting, "
+                    "and the value that means already processed)"
+                )
             fields.append((tuple(name.strip().split(".")), _normal(value)))
         return cls(tuple(fields), tuple(phrases))
 
@@ -148,8 +192,9 @@ class AlreadyProcessed:
             return _normal(text) in self.phrases
         if isinstance(parsed, str):
             return _normal(parsed) in self.phrases
-        return any(isinstance(found := _field(parsed, path), str) and _normal(found) == value
-                   for path, value in self.fields)
+        return any(
+            isinstance(found := _field(parsed, path), str) and _normal(found) == value for path, value in self.fields
+        )
 
 
 def _field(document: Any, path: tuple[str, ...]) -> Any:
@@ -197,7 +242,8 @@ def classify_response(
                 json.loads(body)
             except ValueError:
                 return NOT_THE_JSON_IT_DECLARES.outcome(
-                    f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}")
+                    f"HTTP {status} with a body that is not the JSON it declares: {snippet!r}"
+                )
         return SENT.outcome(ref=_reference(body) if body else None)
     if status == 409:
         if already_processed.says_so(body):
@@ -211,8 +257,9 @@ def classify_response(
         return REQUEST_TIMEOUT.outcome(f"HTTP 408 request timeout: {snippet!r}")
     if status in (401, 403):
         # No body snippet: an answer to a refused credential may echo it.
-        return UNAUTHORIZED.outcome(f"HTTP {status}: check the destination's credentials "
-                                    "(OUTBOX_BROKER_TOKEN, or user:password in its URL)")
+        return UNAUTHORIZED.outcome(
+            f"HTTP {status}: check the destination's credentials (OUTBOX_BROKER_TOKEN, or user:password in its URL)"
+        )
     if 400 <= status < 500:
         # Seed 000 §5: every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
         return CLIENT_ERROR.outcome(f"HTTP {status}: {snippet!r}")

@@ -115,8 +115,9 @@ class HttpClient:
         """POST ``body`` on the event loop; raises what the client raises when there is no answer."""
         if self.transport == "aiohttp-native":
             try:
-                async with self._client.post(url, data=body, headers=headers, allow_redirects=False,
-                                             timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                async with self._client.post(
+                    url, data=body, headers=headers, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as response:
                     content, truncated = await _read_capped(response.content.iter_chunked(64 * 1024))
                     return response.status, response.headers, content, truncated
             except TimeoutError:

@@ -69,8 +69,11 @@ def record_headers(message: ClaimedMessage) -> list[tuple[str, str | bytes | Non
     """The record's headers: the idempotency key first, then what the HTTP destination sends (the outbox
     topic, the attempt, a well-formed traceparent, the trace and tenant ids)."""
     headers: list[tuple[str, str | bytes | None]] = [
-        ("idempotency-key", message.event_id), ("outbox-topic", message.topic),
-        ("outbox-attempt", str(message.attempts)), _CONTENT_TYPE]
+        ("idempotency-key", message.event_id),
+        ("outbox-topic", message.topic),
+        ("outbox-attempt", str(message.attempts)),
+        _CONTENT_TYPE,
+    ]
     extra = message.headers
     if extra and isinstance(extra, dict):
         traceparent = valid_traceparent(extra.get("traceparent"))
@@ -104,6 +107,7 @@ class _Batch:
                 return
             self.reports[index] = (err, msg)
             self.pending -= 1
+
         return report
 
 
@@ -111,8 +115,15 @@ class KafkaDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles the next batch meanwhile.
     pipelined = True
 
-    def __init__(self, bootstrap_servers: str, *, name: str | None = None, timeout_s: float = 5.0,
-                 topic_prefix: str = "", config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        name: str | None = None,
+        timeout_s: float = 5.0,
+        topic_prefix: str = "",
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         config = dict(config or {})
         self.name = name or f"kafka://{bootstrap_servers.split(',')[0]}"
         self.topic_prefix = topic_prefix
@@ -139,8 +150,12 @@ class KafkaDestination(Destination):
         """A report for a record whose batch was answered already (retry): delivered late is a duplicate."""
         if err is None:
             self.late_deliveries += 1
-            log.warning("%s: a record answered 'retry' (no report in time) was delivered after all; its next "
-                        "attempt will deliver it again (%d such duplicates so far)", self.name, self.late_deliveries)
+            log.warning(
+                "%s: a record answered 'retry' (no report in time) was delivered after all; its next "
+                "attempt will deliver it again (%d such duplicates so far)",
+                self.name,
+                self.late_deliveries,
+            )
 
     # -- delivering ---------------------------------------------------------
     def deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
@@ -172,8 +187,9 @@ class KafkaDestination(Destination):
             self._topics[topic] = topic_problem(topic)
         return self._topics[topic]
 
-    def _produce(self, producer: Producer, batch: _Batch, index: int, message: ClaimedMessage,
-                 deadline: float) -> Outcome | None:
+    def _produce(
+        self, producer: Producer, batch: _Batch, index: int, message: ClaimedMessage, deadline: float
+    ) -> Outcome | None:
         """Hand one record to the producer; an Outcome when it cannot be (None: its report will come)."""
         if self._keeper.broken is not None:
             return Outcome.retry(m.UNKNOWN, f"not sent: the Kafka producer failed: {self._keeper.broken}")
@@ -187,15 +203,23 @@ class KafkaDestination(Destination):
             return Outcome.dead(m.BAD_REQUEST, f"the payload cannot be written as JSON: {exc}")
         while True:
             try:
-                producer.produce(topic, value, message.ordering_key or message.event_id,
-                                 on_delivery=batch.reporter(index), headers=record_headers(message))
+                producer.produce(
+                    topic,
+                    value,
+                    message.ordering_key or message.event_id,
+                    on_delivery=batch.reporter(index),
+                    headers=record_headers(message),
+                )
                 batch.pending += 1
                 return None
             except BufferError:
                 # The local queue is full: serve reports (which frees it) and try again, until the deadline.
                 if time.monotonic() >= deadline:
-                    return Outcome.retry(m.NETWORK_TIMEOUT, "not sent: the producer's local queue stayed full "
-                                                            f"for {self.timeout_s:g} s (the cluster is slow or away)")
+                    return Outcome.retry(
+                        m.NETWORK_TIMEOUT,
+                        "not sent: the producer's local queue stayed full "
+                        f"for {self.timeout_s:g} s (the cluster is slow or away)",
+                    )
                 self._keeper.serve(producer, _QUEUE_FULL_POLL_S)
             except KafkaException as exc:
                 return self._error_outcome(exc.args[0], refused_at_produce=True)
@@ -214,17 +238,24 @@ class KafkaDestination(Destination):
             keeper.serve(producer, left if len(producer) <= batch.pending else min(left, 0.1), flush=True)
         if batch.pending > 0 and keeper.broken is None:
             self.abandoned += batch.pending
-            log.warning("%s: %d record(s) unreported %.1f s after they were produced: answered retry; if they "
-                        "are delivered after all, their next attempt is a duplicate", self.name, batch.pending,
-                        self.timeout_s + REPORT_GRACE_S)
+            log.warning(
+                "%s: %d record(s) unreported %.1f s after they were produced: answered retry; if they "
+                "are delivered after all, their next attempt is a duplicate",
+                self.name,
+                batch.pending,
+                self.timeout_s + REPORT_GRACE_S,
+            )
 
     # -- outcomes -----------------------------------------------------------
     def _outcome_of(self, report: tuple[KafkaError | None, Message] | None, started: float) -> Outcome:
         if report is None:
             if self._keeper.broken is not None:
                 return Outcome.retry(m.UNKNOWN, f"no delivery report: the Kafka producer failed: {self._keeper.broken}")
-            return Outcome.retry(m.NETWORK_TIMEOUT, f"no delivery report within {time.monotonic() - started:.1f} s"
-                                 + client_hint(self._keeper.client_error, self._text))
+            return Outcome.retry(
+                m.NETWORK_TIMEOUT,
+                f"no delivery report within {time.monotonic() - started:.1f} s"
+                + client_hint(self._keeper.client_error, self._text),
+            )
         err, msg = report
         if err is None:
             return sent(f"{msg.topic()}/{msg.partition()}@{msg.offset()}")
@@ -234,8 +265,13 @@ class KafkaDestination(Destination):
         keeper = self._keeper
         if keeper.broken is None and breaks_producer(err):
             keeper.broken = self._text(f"{err.name()}: {err.str()}")  # recreated before the next batch
-        return error_outcome(err, self._text, refused_at_produce=refused_at_produce, broken=keeper.broken,
-                             client_error=keeper.client_error)
+        return error_outcome(
+            err,
+            self._text,
+            refused_at_produce=refused_at_produce,
+            broken=keeper.broken,
+            client_error=keeper.client_error,
+        )
 
     def _text(self, text: str) -> str:
         return redact_text(self.scrub(text) or "")
@@ -248,5 +284,10 @@ def build(table: "TableSettings") -> KafkaDestination:
     """The destination of a ``destination = "kafka"`` table (wiring.build_broker_destination calls this)."""
     broker = table.broker
     assert broker is not None and broker.kind == "kafka"
-    return KafkaDestination(broker.url, name=broker.shown, timeout_s=table.timeout_s,
-                            topic_prefix=broker.topic_prefix, config=broker.client_config)
+    return KafkaDestination(
+        broker.url,
+        name=broker.shown,
+        timeout_s=table.timeout_s,
+        topic_prefix=broker.topic_prefix,
+        config=broker.client_config,
+    )

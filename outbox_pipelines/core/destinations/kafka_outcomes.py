@@ -39,33 +39,86 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _E = KafkaError
 _TOO_LARGE = frozenset({_E.MSG_SIZE_TOO_LARGE})
 _INVALID_TOPIC_EXCEPTION = 17  # not among confluent-kafka's KafkaError constants
-_BAD_MESSAGE = frozenset({_E.INVALID_RECORD, _E.UNSUPPORTED_FOR_MESSAGE_FORMAT, _E.POLICY_VIOLATION,
-                          _INVALID_TOPIC_EXCEPTION, _E._INVALID_ARG, _E._BAD_MSG, _E._INVALID_TYPE})
+_BAD_MESSAGE = frozenset(
+    {
+        _E.INVALID_RECORD,
+        _E.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+        _E.POLICY_VIOLATION,
+        _INVALID_TOPIC_EXCEPTION,
+        _E._INVALID_ARG,
+        _E._BAD_MSG,
+        _E._INVALID_TYPE,
+    }
+)
 _NO_TOPIC = frozenset({_E.UNKNOWN_TOPIC_OR_PART, _E._UNKNOWN_TOPIC, _E._UNKNOWN_PARTITION, _E.UNKNOWN_TOPIC_ID})
-_REFUSED = frozenset({_E.TOPIC_AUTHORIZATION_FAILED, _E.CLUSTER_AUTHORIZATION_FAILED, _E._AUTHENTICATION,
-                      _E.SASL_AUTHENTICATION_FAILED, _E._SSL})
-_UNREACHABLE = frozenset({_E._MSG_TIMED_OUT, _E._TIMED_OUT, _E._TRANSPORT, _E._ALL_BROKERS_DOWN, _E._RESOLVE,
-                          _E.NETWORK_EXCEPTION, _E._QUEUE_FULL, _E._PURGE_QUEUE, _E._PURGE_INFLIGHT})
-_PRODUCER_BROKEN = frozenset({_E._FATAL, _E._FENCED, _E.OUT_OF_ORDER_SEQUENCE_NUMBER, _E.INVALID_PRODUCER_EPOCH,
-                              _E.PRODUCER_FENCED, _E.UNKNOWN_PRODUCER_ID, _E._INCONSISTENT})
+_REFUSED = frozenset(
+    {
+        _E.TOPIC_AUTHORIZATION_FAILED,
+        _E.CLUSTER_AUTHORIZATION_FAILED,
+        _E._AUTHENTICATION,
+        _E.SASL_AUTHENTICATION_FAILED,
+        _E._SSL,
+    }
+)
+_UNREACHABLE = frozenset(
+    {
+        _E._MSG_TIMED_OUT,
+        _E._TIMED_OUT,
+        _E._TRANSPORT,
+        _E._ALL_BROKERS_DOWN,
+        _E._RESOLVE,
+        _E.NETWORK_EXCEPTION,
+        _E._QUEUE_FULL,
+        _E._PURGE_QUEUE,
+        _E._PURGE_INFLIGHT,
+    }
+)
+_PRODUCER_BROKEN = frozenset(
+    {
+        _E._FATAL,
+        _E._FENCED,
+        _E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        _E.INVALID_PRODUCER_EPOCH,
+        _E.PRODUCER_FENCED,
+        _E.UNKNOWN_PRODUCER_ID,
+        _E._INCONSISTENT,
+    }
+)
 # The message's own refusals: they hold whatever else went wrong in the batch.
 _THE_MESSAGES = _TOO_LARGE | _BAD_MESSAGE | _NO_TOPIC
 
 # The table, in the docs' order. Every outcome here is one of these rows'.
 DELIVERED = OutcomeRow("delivered", "sent", then=", ref `topic/partition@offset`")
-BAD_RECORD = OutcomeRow("`MSG_SIZE_TOO_LARGE` (the broker's or the producer's limit), `INVALID_RECORD`, "
-                        "`POLICY_VIOLATION`, a topic name Kafka cannot hold (refused before producing)",
-                        "dead", m.BAD_REQUEST)
-NO_TOPIC = OutcomeRow("`UNKNOWN_TOPIC_OR_PART` (the cluster does not create topics)", "dead", m.NO_SUBSCRIBERS,
-                      " (replay once the topic exists); not the circuit, which would hold the table's other topics")
-REFUSED = OutcomeRow("topic or cluster authorization failed, SASL or SSL refused", "retry", m.UNAUTHORIZED,
-                     " (circuit)")
-UNREACHABLE = OutcomeRow("timed out, brokers unreachable, transport errors, local queue full", "retry",
-                         m.NETWORK_TIMEOUT, " (circuit)")
-BROKER_FAILED = OutcomeRow("other retriable broker errors (not enough replicas, leader moving, storage error)", "retry",
-                           m.BROKER_5XX, " (circuit)")
-PRODUCER_FAILED = OutcomeRow("a fatal idempotent-producer error (the producer is recreated before the next batch)",
-                             "retry", m.UNKNOWN, " (circuit)")
+BAD_RECORD = OutcomeRow(
+    "`MSG_SIZE_TOO_LARGE` (the broker's or the producer's limit), `INVALID_RECORD`, "
+    "`POLICY_VIOLATION`, a topic name Kafka cannot hold (refused before producing)",
+    "dead",
+    m.BAD_REQUEST,
+)
+NO_TOPIC = OutcomeRow(
+    "`UNKNOWN_TOPIC_OR_PART` (the cluster does not create topics)",
+    "dead",
+    m.NO_SUBSCRIBERS,
+    " (replay once the topic exists); not the circuit, which would hold the table's other topics",
+)
+REFUSED = OutcomeRow(
+    "topic or cluster authorization failed, SASL or SSL refused", "retry", m.UNAUTHORIZED, " (circuit)"
+)
+UNREACHABLE = OutcomeRow(
+    "timed out, brokers unreachable, transport errors, local queue full", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+)
+BROKER_FAILED = OutcomeRow(
+    "other retriable broker errors (not enough replicas, leader moving, storage error)",
+    "retry",
+    m.BROKER_5XX,
+    " (circuit)",
+)
+PRODUCER_FAILED = OutcomeRow(
+    "a fatal idempotent-producer error (the producer is recreated before the next batch)",
+    "retry",
+    m.UNKNOWN,
+    " (circuit)",
+)
 UNFORESEEN = OutcomeRow("anything unforeseen", "retry", m.UNKNOWN, " (circuit)")
 ROWS = (DELIVERED, BAD_RECORD, NO_TOPIC, REFUSED, UNREACHABLE, BROKER_FAILED, PRODUCER_FAILED, UNFORESEEN)
 # sent()'s fields, read once: it builds an Outcome per record.
@@ -101,8 +154,14 @@ def client_hint(client_error: KafkaError | None, text: Callable[[str], str]) -> 
     return f" (the client reported: {text(client_error.str())})" if client_error is not None else ""
 
 
-def error_outcome(err: KafkaError, text: Callable[[str], str], *, refused_at_produce: bool, broken: str | None,
-                  client_error: KafkaError | None) -> Outcome:
+def error_outcome(
+    err: KafkaError,
+    text: Callable[[str], str],
+    *,
+    refused_at_produce: bool,
+    broken: str | None,
+    client_error: KafkaError | None,
+) -> Outcome:
     """The outcome of a record librdkafka refused or reported failed (``broken``: why the producer failed,
     if it did; ``client_error``: what the client last reported on its own; ``text`` scrubs a text)."""
     code = err.code()
@@ -114,16 +173,19 @@ def error_outcome(err: KafkaError, text: Callable[[str], str], *, refused_at_pro
     if code in _BAD_MESSAGE:
         return BAD_RECORD.outcome(f"Kafka refused the record: {what}")
     if code in _NO_TOPIC:
-        return NO_TOPIC.outcome(f"the topic does not exist and the cluster does not create it ({what}); create it, "
-                                "then replay")
+        return NO_TOPIC.outcome(
+            f"the topic does not exist and the cluster does not create it ({what}); create it, then replay"
+        )
     if broken is not None:
         # After a fatal error librdkafka fails what it still held (purged, timed out): all of it is the
         # producer's failure, not the cluster's.
-        return PRODUCER_FAILED.outcome(f"the idempotent Kafka producer failed ({broken}); it is "
-                                       f"recreated for the next batch (this record: {what})")
+        return PRODUCER_FAILED.outcome(
+            f"the idempotent Kafka producer failed ({broken}); it is recreated for the next batch (this record: {what})"
+        )
     if code in _REFUSED or (code in _UNREACHABLE and client_error is not None and client_error.code() in _REFUSED):
-        return REFUSED.outcome(f"Kafka refused the producer's credentials or ACLs: {what}"
-                               + client_hint(client_error, text))
+        return REFUSED.outcome(
+            f"Kafka refused the producer's credentials or ACLs: {what}" + client_hint(client_error, text)
+        )
     if code in _UNREACHABLE:
         return UNREACHABLE.outcome(f"not delivered: {what}" + client_hint(client_error, text))
     if err.retriable():

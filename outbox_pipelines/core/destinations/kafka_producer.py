@@ -22,8 +22,16 @@ from outbox_pipelines.core.redaction import Scrubber
 log = logging.getLogger("outbox_pipelines.kafka")
 
 # Settings that carry the destination's guarantees: ``config`` may not change them.
-_GUARANTEED = ("enable.idempotence", "acks", "message.timeout.ms", "delivery.timeout.ms", "bootstrap.servers",
-               "on_delivery", "error_cb", "logger")
+_GUARANTEED = (
+    "enable.idempotence",
+    "acks",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "bootstrap.servers",
+    "on_delivery",
+    "error_cb",
+    "logger",
+)
 _SECRET_SETTINGS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.keystore.password")
 # The same client complaint (a broker refusing connections during an outage) is logged once this often.
 LOG_EVERY_S = 30.0
@@ -33,8 +41,11 @@ def config_scrubber(bootstrap_servers: str, config: Mapping[str, Any]) -> Scrubb
     """A Scrubber of the secrets ``config`` holds (a SASL password, a key's password ...)."""
     secrets = [str(config[key]) for key in _SECRET_SETTINGS if config.get(key)]
     user = config.get("sasl.username")
-    return Scrubber(f"kafka://{bootstrap_servers}", token=secrets[0] if secrets else None,
-                    credentials=(str(user), secrets[0]) if user and secrets else None)
+    return Scrubber(
+        f"kafka://{bootstrap_servers}",
+        token=secrets[0] if secrets else None,
+        credentials=(str(user), secrets[0]) if user and secrets else None,
+    )
 
 
 class _ClientLog:
@@ -67,8 +78,15 @@ class _ClientLog:
 class ProducerKeeper:
     """The destination's producer, ready for each batch: created (again, after a fatal error) when needed."""
 
-    def __init__(self, bootstrap_servers: str, config: Mapping[str, Any], *, name: str, timeout_s: float,
-                 text: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        config: Mapping[str, Any],
+        *,
+        name: str,
+        timeout_s: float,
+        text: Callable[[str], str],
+    ) -> None:
         clashes = sorted(set(config) & set(_GUARANTEED))
         if clashes:
             raise ValueError(f"the Kafka destination sets {', '.join(clashes)} itself (its delivery guarantees)")
@@ -127,8 +145,9 @@ class ProducerKeeper:
         except Exception as exc:  # noqa: BLE001 - confluent-kafka raises the fatal error from poll/flush
             cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc
             error = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
-            self.broken = self._text(error.str() if isinstance(error, KafkaError) else f"{type(cause).__name__}: "
-                                     f"{cause}")
+            self.broken = self._text(
+                error.str() if isinstance(error, KafkaError) else f"{type(cause).__name__}: {cause}"
+            )
             log.error("%s: the Kafka producer failed: %s", self.name, self.broken)
 
     def close(self, timeout_s: float) -> None:

@@ -87,8 +87,16 @@ class Connector:
     """The one connection of a destination, opened when a batch needs it and dropped when it fails.
     Used on the destination's event loop only."""
 
-    def __init__(self, server: str, *, credentials: tuple[str, str] | None, token: str | None, client_name: str,
-                 timeout_s: float, outcomes: NatsOutcomes) -> None:
+    def __init__(
+        self,
+        server: str,
+        *,
+        credentials: tuple[str, str] | None,
+        token: str | None,
+        client_name: str,
+        timeout_s: float,
+        outcomes: NatsOutcomes,
+    ) -> None:
         self._server, self._credentials, self._token = server, credentials, token
         self.client_name = client_name
         self.timeout_s = timeout_s
@@ -127,11 +135,16 @@ class Connector:
 
     def _options(self, error_cb: Any, closed_cb: Any) -> dict[str, Any]:
         options: dict[str, Any] = {
-            "servers": [self._server], "name": self.client_name, "error_cb": error_cb, "closed_cb": closed_cb,
-            "allow_reconnect": False, "connect_timeout": self.timeout_s,
+            "servers": [self._server],
+            "name": self.client_name,
+            "error_cb": error_cb,
+            "closed_cb": closed_cb,
+            "allow_reconnect": False,
+            "connect_timeout": self.timeout_s,
             # With allow_reconnect=False nats-py still tries a refused server again inside connect();
             # one more try, soon: the table's retry policy and circuit do the waiting, not this call.
-            "max_reconnect_attempts": 1, "reconnect_time_wait": 0.05,
+            "max_reconnect_attempts": 1,
+            "reconnect_time_wait": 0.05,
             # No pending buffer: nothing is buffered while not connected (a publish then fails at once),
             # and no publish waits on a "forced flush", which nats-py 2.16 leaves waiting forever when
             # the connection closes meanwhile. The buffer stays bounded anyway: at most max_in_flight
@@ -165,13 +178,15 @@ class Connector:
         if kind == "publish":
             conn.fail(self.outcomes.denied(f"NATS {name} denied these credentials publishing to {subject!r}"), subject)
             return
-        conn.denied = (f"NATS {name} denied these credentials subscribing to {subject!r}, where the PubAcks "
-                       "come back: allow them to subscribe to _INBOX.>")
+        conn.denied = (
+            f"NATS {name} denied these credentials subscribing to {subject!r}, where the PubAcks "
+            "come back: allow them to subscribe to _INBOX.>"
+        )
         conn.fail(self.outcomes.denied(conn.denied))
 
     def _on_reply(self, conn: Connection, msg: Msg) -> None:
         """A reply on the inbox ends its message's wait with the outcome it says."""
-        future = conn.waiting.pop(msg.subject[len(conn.inbox):], None)
+        future = conn.waiting.pop(msg.subject[len(conn.inbox) :], None)
         if future is None or future.done():
             return  # a late ack for a message already answered (timed out, connection failed)
         future.set_result(self.outcomes.reply(msg))

@@ -80,8 +80,17 @@ class NatsJetStreamDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
 
-    def __init__(self, url: str, *, name: str | None = None, token: str | None = None, topic_prefix: str = "",
-                 timeout_s: float = 5.0, max_in_flight: int = 32, client_name: str = "outbox-pipelines") -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        token: str | None = None,
+        topic_prefix: str = "",
+        timeout_s: float = 5.0,
+        max_in_flight: int = 32,
+        client_name: str = "outbox-pipelines",
+    ) -> None:
         shown = redact_url(url)
         if not url.startswith(("nats://", "tls://")):
             raise ConfigError(f"a NATS URL starts with nats:// or tls://, got {shown!r}")
@@ -90,8 +99,10 @@ class NatsJetStreamDestination(Destination):
         except ValueError as exc:
             raise ConfigError(f"NATS URL {shown!r} is not a valid URL: {redact_text(str(exc))}") from None
         if credentials is not None and token:
-            raise ConfigError(f"NATS {url_origin(server)}: the URL carries user:password and a token (token_env) is "
-                              "set too; a connection authenticates one way: keep one")
+            raise ConfigError(
+                f"NATS {url_origin(server)}: the URL carries user:password and a token (token_env) is "
+                "set too; a connection authenticates one way: keep one"
+            )
         self.name = redact_text(name) if name else url_origin(server)
         self.scrub = Scrubber(url, token=token, credentials=credentials)
         self.topic_prefix = topic_prefix
@@ -100,8 +111,14 @@ class NatsJetStreamDestination(Destination):
         self.client_name = client_name
         self._wire = Wire(topic_prefix)
         self._outcomes = NatsOutcomes(self.name, self.scrub, timeout_s)
-        self._connector = Connector(server, credentials=credentials, token=token, client_name=client_name,
-                                    timeout_s=timeout_s, outcomes=self._outcomes)
+        self._connector = Connector(
+            server,
+            credentials=credentials,
+            token=token,
+            client_name=client_name,
+            timeout_s=timeout_s,
+            outcomes=self._outcomes,
+        )
         self._loop = LoopThread("outbox-nats")
         self._loop.loop.set_exception_handler(self._loop_exception)
 
@@ -115,7 +132,8 @@ class NatsJetStreamDestination(Destination):
         outcomes = self._loop.run_within(self._deliver(messages), backstop)
         if outcomes is None:
             return [Outcome.retry(m.NETWORK_TIMEOUT, f"no answer from NATS {self.name} in {backstop:g} s")] * len(
-                messages)
+                messages
+            )
         return outcomes
 
     async def _deliver(self, messages: Sequence[ClaimedMessage]) -> list[Outcome]:
@@ -140,8 +158,9 @@ class NatsJetStreamDestination(Destination):
             self._connector.drop(conn)  # acks stopped coming on a connection that looks open: do not trust it
         return [o if o is not None else Outcome.retry(m.UNKNOWN, "no outcome") for o in outcomes]
 
-    async def _publish(self, conn: Connection, batch: Batch, prepared: list[Prepared | Outcome],
-                       outcomes: list[Outcome | None]) -> None:
+    async def _publish(
+        self, conn: Connection, batch: Batch, prepared: list[Prepared | Outcome], outcomes: list[Outcome | None]
+    ) -> None:
         """Publish each message, at most ``max_in_flight`` awaiting their acks; stop sending (retry the
         rest, unsent) once the connection fails or an ack is overdue."""
         loop = asyncio.get_running_loop()
@@ -155,16 +174,22 @@ class NatsJetStreamDestination(Destination):
                 outcomes[index] = item
                 continue
             if stopped is None and (batch.stalled or conn.denied is not None):
-                stopped = self._outcomes.denied(conn.denied) if conn.denied else replace(
-                    no_ack, error=f"not sent: {no_ack.error} for a message before it")
+                stopped = (
+                    self._outcomes.denied(conn.denied)
+                    if conn.denied
+                    else replace(no_ack, error=f"not sent: {no_ack.error} for a message before it")
+                )
             if stopped is not None:
                 outcomes[index] = stopped
                 continue
             subject, payload, headers = item
             size = too_large(payload, headers, max_payload)
             if size is not None:
-                outcomes[index] = Outcome.dead(m.BAD_REQUEST, f"not published: {size:,} bytes with headers, more "
-                                               f"than the server's max_payload ({max_payload:,} bytes)")
+                outcomes[index] = Outcome.dead(
+                    m.BAD_REQUEST,
+                    f"not published: {size:,} bytes with headers, more "
+                    f"than the server's max_payload ({max_payload:,} bytes)",
+                )
                 continue
             if window.full:
                 await window.room()  # the ack watchdog ends the oldest wait by its deadline at the latest
@@ -248,7 +273,11 @@ def build(table: "TableSettings") -> NatsJetStreamDestination:
     broker = table.broker
     assert broker is not None and broker.kind == "nats"
     return NatsJetStreamDestination(
-        broker.url, name=broker.shown or None, token=broker.token, topic_prefix=broker.topic_prefix,
-        timeout_s=table.timeout_s, max_in_flight=table.requests_in_flight,
+        broker.url,
+        name=broker.shown or None,
+        token=broker.token,
+        topic_prefix=broker.topic_prefix,
+        timeout_s=table.timeout_s,
+        max_in_flight=table.requests_in_flight,
         client_name=f"outbox-pipelines {table.name}",
     )

@@ -37,24 +37,43 @@ MESSAGE_ERROR_CODES = frozenset({10054})
 _PERMISSION = re.compile(r"permissions violation for (publish|subscription) to \"(.*)\"", re.IGNORECASE)
 
 # The table, in the docs' order. Every outcome here (and NO_RESPONDERS) is one of these rows'.
-PUBACK = OutcomeRow("PubAck (also with `duplicate: true`: the stream already holds it, once)", "sent",
-                    then=", ref `stream:seq`")
-NO_STREAM = OutcomeRow("no responders, and JetStream confirms no stream takes the subject", "dead", m.NO_SUBSCRIBERS,
-                       " (replay once a stream takes it)")
-NOT_ANSWERING = OutcomeRow("no responders while a stream does take the subject, or JetStream's API silent (a server "
-                           "shutting down)", "retry", m.BROKER_5XX, " (circuit)")
+PUBACK = OutcomeRow(
+    "PubAck (also with `duplicate: true`: the stream already holds it, once)", "sent", then=", ref `stream:seq`"
+)
+NO_STREAM = OutcomeRow(
+    "no responders, and JetStream confirms no stream takes the subject",
+    "dead",
+    m.NO_SUBSCRIBERS,
+    " (replay once a stream takes it)",
+)
+NOT_ANSWERING = OutcomeRow(
+    "no responders while a stream does take the subject, or JetStream's API silent (a server shutting down)",
+    "retry",
+    m.BROKER_5XX,
+    " (circuit)",
+)
 MESSAGE_REFUSED = OutcomeRow(
     "payload and headers over the server's `max_payload`; a subject that is empty, has an empty token, whitespace, "
     f"`*`, `>`, a `$` prefix or is over {MAX_SUBJECT_BYTES:,} bytes (refused before sending); a stream's "
-    "`max_msg_size` exceeded", "dead", m.BAD_REQUEST)
-DENIED = OutcomeRow("authorization violation at connect, a denied publish or reply subscription", "retry",
-                    m.UNAUTHORIZED, " (circuit)")
-CONNECTION_LOST = OutcomeRow("connection refused, closed or lost; no PubAck within `timeout`", "retry",
-                             m.NETWORK_TIMEOUT, " (circuit)")
-JETSTREAM_ERROR = OutcomeRow("any other JetStream error (stream full with `discard: new`, store failure, JetStream "
-                             "off)", "retry", m.BROKER_5XX, " (circuit)")
-NOT_JETSTREAMS = OutcomeRow("a reply that is not JetStream's; any other error of the client", "retry", m.UNKNOWN,
-                            " (circuit)")
+    "`max_msg_size` exceeded",
+    "dead",
+    m.BAD_REQUEST,
+)
+DENIED = OutcomeRow(
+    "authorization violation at connect, a denied publish or reply subscription", "retry", m.UNAUTHORIZED, " (circuit)"
+)
+CONNECTION_LOST = OutcomeRow(
+    "connection refused, closed or lost; no PubAck within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+)
+JETSTREAM_ERROR = OutcomeRow(
+    "any other JetStream error (stream full with `discard: new`, store failure, JetStream off)",
+    "retry",
+    m.BROKER_5XX,
+    " (circuit)",
+)
+NOT_JETSTREAMS = OutcomeRow(
+    "a reply that is not JetStream's; any other error of the client", "retry", m.UNKNOWN, " (circuit)"
+)
 ROWS = (PUBACK, NO_STREAM, NOT_ANSWERING, MESSAGE_REFUSED, DENIED, CONNECTION_LOST, JETSTREAM_ERROR, NOT_JETSTREAMS)
 
 # A reply's result when nothing listens on the subject (status 503): resolved against JetStream's API.
@@ -97,12 +116,17 @@ class NatsOutcomes:
                 return PUBACK.outcome(ref=f"{answer['stream']}:{answer['seq']}")
             return self.api_error(error)
         except (ValueError, TypeError, KeyError, AttributeError):
-            return NOT_JETSTREAMS.outcome(self.scrub(
-                f"NATS {self.name} answered the publish with something that is not a PubAck: {msg.data[:200]!r}"))
+            return NOT_JETSTREAMS.outcome(
+                self.scrub(
+                    f"NATS {self.name} answered the publish with something that is not a PubAck: {msg.data[:200]!r}"
+                )
+            )
 
     def api_error(self, error: dict[str, Any]) -> Outcome:
-        what = self.scrub(f"JetStream on NATS {self.name} refused the message: {error.get('description')} "
-                          f"(code {error.get('code')}, err_code {error.get('err_code')})")
+        what = self.scrub(
+            f"JetStream on NATS {self.name} refused the message: {error.get('description')} "
+            f"(code {error.get('code')}, err_code {error.get('err_code')})"
+        )
         if error.get("err_code") in MESSAGE_ERROR_CODES:
             return MESSAGE_REFUSED.outcome(what)
         # Stream full (discard: new), store failure, JetStream unavailable ...: the broker's state, not the
@@ -116,9 +140,19 @@ class NatsOutcomes:
             outcome = MESSAGE_REFUSED.outcome(f"the NATS client refused to publish the message: {text}")
         elif isinstance(exc, nats.js.errors.APIError):
             outcome = self.api_error({"description": exc.description, "code": exc.code, "err_code": exc.err_code})
-        elif isinstance(exc, (nats.errors.ConnectionClosedError, nats.errors.OutboundBufferLimitError,
-                              nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
-                              nats.errors.StaleConnectionError, asyncio.TimeoutError, TimeoutError, OSError)):
+        elif isinstance(
+            exc,
+            (
+                nats.errors.ConnectionClosedError,
+                nats.errors.OutboundBufferLimitError,
+                nats.errors.ConnectionDrainingError,
+                nats.errors.ConnectionReconnectingError,
+                nats.errors.StaleConnectionError,
+                asyncio.TimeoutError,
+                TimeoutError,
+                OSError,
+            ),
+        ):
             outcome = CONNECTION_LOST.outcome(f"connection to NATS {self.name} lost: {text}")
         else:
             outcome = NOT_JETSTREAMS.outcome(f"NATS {self.name}: {text}")
@@ -129,8 +163,11 @@ class NatsOutcomes:
         # "no servers available" says less than the error that used the last try up (refused, reset ...).
         cause = errors[-1] if isinstance(exc, nats.errors.NoServersError) and errors else exc
         text = f"{type(cause).__name__}: {cause}".strip()
-        if isinstance(cause, nats.errors.AuthorizationError) or "authoriz" in text.lower() \
-                or "authentication" in text.lower():
+        if (
+            isinstance(cause, nats.errors.AuthorizationError)
+            or "authoriz" in text.lower()
+            or "authentication" in text.lower()
+        ):
             return DENIED.outcome(self.scrub(f"NATS {where} refused the credentials: {text}"))
         if isinstance(cause, (asyncio.TimeoutError, TimeoutError)):
             text = f"no answer within {self.timeout_s:g} s"
@@ -142,12 +179,18 @@ class NatsOutcomes:
         try:
             stream = await nc.jsm(timeout=self.timeout_s).find_stream_name_by_subject(subject)
         except nats.js.errors.NotFoundError:
-            return NO_STREAM.outcome(f"no JetStream stream on NATS {self.name} takes subject {subject!r}: add the "
-                                     "subject to a stream, then replay the message")
+            return NO_STREAM.outcome(
+                f"no JetStream stream on NATS {self.name} takes subject {subject!r}: add the "
+                "subject to a stream, then replay the message"
+            )
         except nats.js.errors.ServiceUnavailableError:
-            return NOT_ANSWERING.outcome(f"JetStream on NATS {self.name} is not answering (no responders to a "
-                                         "publish or to its API: shutting down, or not enabled for this account)")
+            return NOT_ANSWERING.outcome(
+                f"JetStream on NATS {self.name} is not answering (no responders to a "
+                "publish or to its API: shutting down, or not enabled for this account)"
+            )
         except Exception as exc:  # noqa: BLE001 - the check itself failed (connection lost ...)
             return self.exception(exc)
-        return NOT_ANSWERING.outcome(f"stream {stream!r} on NATS {self.name} takes subject {subject!r} but did not "
-                                     "answer the publish (restarting, or no leader)")
+        return NOT_ANSWERING.outcome(
+            f"stream {stream!r} on NATS {self.name} takes subject {subject!r} but did not "
+            "answer the publish (restarting, or no leader)"
+        )

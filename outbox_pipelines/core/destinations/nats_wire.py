@@ -105,6 +105,10 @@ class Wire:
         event_id = message.event_id
         # What a consumer needs, no more: nats-py encodes each header in Python (about 2.5 µs apiece, as much
         # as the rest of a publish), so no Content-Type (the payload is always JSON) and no attempt number.
-        headers = {"Nats-Msg-Id": event_id, "Idempotency-Key": event_id, "X-Outbox-Topic": message.topic,
-                   **context_headers(message)}
+        headers = {
+            "Nats-Msg-Id": event_id,
+            "Idempotency-Key": event_id,
+            "X-Outbox-Topic": message.topic,
+            **context_headers(message),
+        }
         return subject, payload, headers

@@ -39,7 +39,6 @@ into each queue; a retried message lands after those published since. A table's 
 by the relay (one message of a key in flight at a time), not here.
 """
 
-
 import asyncio
 import json
 from collections.abc import Iterator, Sequence
@@ -82,8 +81,16 @@ class RabbitMQDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
 
-    def __init__(self, url: str, *, exchange: str, name: str | None = None, topic_prefix: str = "",
-                 timeout_s: float = 5.0, max_in_flight: int = 32) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        exchange: str,
+        name: str | None = None,
+        topic_prefix: str = "",
+        timeout_s: float = 5.0,
+        max_in_flight: int = 32,
+    ) -> None:
         self.url = url
         self.name = name or url_origin(url)
         self.scrub = Scrubber(url, credentials=split_credentials(url)[1])
@@ -135,11 +142,17 @@ class RabbitMQDestination(Destination):
         """The message as it goes on the wire, or dead BAD_REQUEST when the broker cannot take it."""
         routing_key = self.topic_prefix + message.topic
         if len(routing_key.encode()) > MAX_SHORT_STRING:
-            return Outcome.dead(m.BAD_REQUEST, f"the routing key ({len(routing_key.encode())} bytes: topic_prefix + "
-                                f"topic {routing_key[:64]!r}...) is longer than AMQP's {MAX_SHORT_STRING} bytes")
+            return Outcome.dead(
+                m.BAD_REQUEST,
+                f"the routing key ({len(routing_key.encode())} bytes: topic_prefix + "
+                f"topic {routing_key[:64]!r}...) is longer than AMQP's {MAX_SHORT_STRING} bytes",
+            )
         if len(message.event_id.encode()) > MAX_SHORT_STRING:
-            return Outcome.dead(m.BAD_REQUEST, f"the event_id ({len(message.event_id.encode())} bytes in UTF-8) is "
-                                f"longer than AMQP's {MAX_SHORT_STRING}-byte message_id")
+            return Outcome.dead(
+                m.BAD_REQUEST,
+                f"the event_id ({len(message.event_id.encode())} bytes in UTF-8) is "
+                f"longer than AMQP's {MAX_SHORT_STRING}-byte message_id",
+            )
         try:
             body = json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError) as exc:
@@ -148,8 +161,9 @@ class RabbitMQDestination(Destination):
             return answers.too_large(len(body), self.max_body)
         # What the spec asks for and nothing more: every header and property costs encoding time per message.
         headers: dict[str, Any] = {"Idempotency-Key": message.event_id, **context_headers(message)}
-        properties = spec.Basic.Properties(content_type="application/json", delivery_mode=2,
-                                           message_id=message.event_id, headers=headers)
+        properties = spec.Basic.Properties(
+            content_type="application/json", delivery_mode=2, message_id=message.event_id, headers=headers
+        )
         return _Publish(index, body, routing_key, properties)
 
     async def _publish(self, publishes: list[_Publish]) -> None:
@@ -165,8 +179,10 @@ class RabbitMQDestination(Destination):
                     return
                 refusal = next((p.error for p in pending if isinstance(p.error, answers.MESSAGE_REFUSED)), None)
                 if refusal is None:
-                    raise Ended(answers.exception_outcome(ended, self.timeout_s),
-                                drop_connection=not isinstance(ended, aiormq.exceptions.ChannelClosed))
+                    raise Ended(
+                        answers.exception_outcome(ended, self.timeout_s),
+                        drop_connection=not isinstance(ended, aiormq.exceptions.ChannelClosed),
+                    )
                 # Publishes queued behind the refused one reach the broker after it closed the channel, and it
                 # closes the connection for them (504 CHANNEL_ERROR), maybe only after a new channel opened on it:
                 # the rest goes on a new connection.
@@ -204,8 +220,7 @@ class RabbitMQDestination(Destination):
                 found = True
         return found
 
-    async def _round(self, channel: aiormq.Channel, pending: list[_Publish],
-                     lanes: int) -> BaseException | None:
+    async def _round(self, channel: aiormq.Channel, pending: list[_Publish], lanes: int) -> BaseException | None:
         """Publish ``pending`` in order with up to ``lanes`` confirms awaited at once; the failure that ended
         the channel or connection (publishing stops at the first), or None when every publish was answered.
 
@@ -222,8 +237,14 @@ class RabbitMQDestination(Destination):
                     return
                 try:
                     # wait=False: no wait for the socket write to drain; the confirm is what is awaited.
-                    await channel.basic_publish(publish.body, exchange=self.exchange, routing_key=publish.routing_key,
-                                                properties=publish.properties, mandatory=True, wait=False)
+                    await channel.basic_publish(
+                        publish.body,
+                        exchange=self.exchange,
+                        routing_key=publish.routing_key,
+                        properties=publish.properties,
+                        mandatory=True,
+                        wait=False,
+                    )
                     publish.outcome = answers.SENT
                 except aiormq.exceptions.PublishError as exc:  # a subclass of DeliveryError: first
                     publish.outcome = answers.returned(exc)
@@ -257,6 +278,11 @@ def build(table: "TableSettings") -> RabbitMQDestination:
     """The destination of a ``destination = "rabbitmq"`` table (wiring.build_broker_destination)."""
     broker = table.broker
     assert broker is not None and broker.kind == "rabbitmq"
-    return RabbitMQDestination(broker.url, exchange=broker.exchange or table.name, name=broker.shown,
-                               topic_prefix=broker.topic_prefix, timeout_s=table.timeout_s,
-                               max_in_flight=table.requests_in_flight)
+    return RabbitMQDestination(
+        broker.url,
+        exchange=broker.exchange or table.name,
+        name=broker.shown,
+        topic_prefix=broker.topic_prefix,
+        timeout_s=table.timeout_s,
+        max_in_flight=table.requests_in_flight,
+    )

@@ -50,7 +50,8 @@ class ChannelKeeper:
                 if self._connection_lost():
                     await self.drop()
                     self._connection = await aiormq.connect(
-                        self.url, client_properties={"connection_name": f"outbox-pipelines {self.exchange}"})
+                        self.url, client_properties={"connection_name": f"outbox-pipelines {self.exchange}"}
+                    )
                 assert self._connection is not None
                 channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
                 assert isinstance(channel, aiormq.Channel)  # the concrete class: its basic_publish takes wait=

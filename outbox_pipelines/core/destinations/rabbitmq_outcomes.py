@@ -34,25 +34,49 @@ MESSAGE_REFUSED = aiormq.exceptions.ChannelPreconditionFailed
 
 # The table, in the docs' order. Every outcome here is one of these rows'.
 ACK = OutcomeRow("`basic.ack`", "sent")
-RETURN = OutcomeRow("`basic.return` (mandatory: no queue bound for the routing key)", "dead", m.NO_SUBSCRIBERS,
-                    " (replay once a queue is bound)")
-NACK = OutcomeRow("`basic.nack` (an internal error, a full queue with `x-overflow: reject-publish`)", "retry",
-                  m.BROKER_5XX, " (circuit)")
+RETURN = OutcomeRow(
+    "`basic.return` (mandatory: no queue bound for the routing key)",
+    "dead",
+    m.NO_SUBSCRIBERS,
+    " (replay once a queue is bound)",
+)
+NACK = OutcomeRow(
+    "`basic.nack` (an internal error, a full queue with `x-overflow: reject-publish`)",
+    "retry",
+    m.BROKER_5XX,
+    " (circuit)",
+)
 BAD_MESSAGE = OutcomeRow(
     "a body over the broker's `max_message_size` (406, the channel is reopened and the rest of the batch goes on), "
     "any other 406 on publish; a routing key or message id over 255 bytes (refused before sending)",
-    "dead", m.BAD_REQUEST)
-DENIED = OutcomeRow("login refused (`ACCESS_REFUSED`), no access to the vhost or the exchange (403)", "retry",
-                    m.UNAUTHORIZED, " (circuit)")
-UNREACHABLE = OutcomeRow("connection refused, lost or closed; a server that does not speak AMQP; no connection or "
-                         "confirm within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-OTHER = OutcomeRow("anything else (an exchange of that name with another type; the exchange deleted: 404)", "retry",
-                   m.UNKNOWN, " (circuit)")
+    "dead",
+    m.BAD_REQUEST,
+)
+DENIED = OutcomeRow(
+    "login refused (`ACCESS_REFUSED`), no access to the vhost or the exchange (403)",
+    "retry",
+    m.UNAUTHORIZED,
+    " (circuit)",
+)
+UNREACHABLE = OutcomeRow(
+    "connection refused, lost or closed; a server that does not speak AMQP; no connection or confirm within `timeout`",
+    "retry",
+    m.NETWORK_TIMEOUT,
+    " (circuit)",
+)
+OTHER = OutcomeRow(
+    "anything else (an exchange of that name with another type; the exchange deleted: 404)",
+    "retry",
+    m.UNKNOWN,
+    " (circuit)",
+)
 ROWS = (ACK, RETURN, NACK, BAD_MESSAGE, DENIED, UNREACHABLE, OTHER)
 
 SENT = ACK.outcome()
-NACKED = NACK.outcome("the broker refused the message (basic.nack): an internal error, or a queue that "
-                      "rejects publishes when full (x-overflow: reject-publish)")
+NACKED = NACK.outcome(
+    "the broker refused the message (basic.nack): an internal error, or a queue that "
+    "rejects publishes when full (x-overflow: reject-publish)"
+)
 
 
 def max_message_size(refusal: BaseException) -> int | None:
@@ -63,8 +87,10 @@ def max_message_size(refusal: BaseException) -> int | None:
 
 
 def too_large(size: int, max_body: int | None) -> Outcome:
-    return BAD_MESSAGE.outcome(f"the message body ({size} bytes) is larger than the broker's "
-                               f"max_message_size ({max_body} bytes): the broker refuses it")
+    return BAD_MESSAGE.outcome(
+        f"the message body ({size} bytes) is larger than the broker's "
+        f"max_message_size ({max_body} bytes): the broker refuses it"
+    )
 
 
 def refused(refusal: BaseException) -> Outcome:
@@ -84,8 +110,10 @@ def returned(exc: aiormq.exceptions.PublishError) -> Outcome:
     frame = exc.frame
     code, text = getattr(frame, "reply_code", None), getattr(frame, "reply_text", "")
     exchange, key = getattr(frame, "exchange", ""), getattr(frame, "routing_key", "")
-    return RETURN.outcome(f"no queue is bound to exchange {exchange!r} for routing key {key!r} "
-                          f"(the broker returned it: {code} {text}); bind the consumers' queue, then replay")
+    return RETURN.outcome(
+        f"no queue is bound to exchange {exchange!r} for routing key {key!r} "
+        f"(the broker returned it: {code} {text}); bind the consumers' queue, then replay"
+    )
 
 
 def exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
@@ -95,8 +123,16 @@ def exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
         return UNREACHABLE.outcome(f"no confirm from the broker within {timeout_s:g} s")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return DENIED.outcome(f"the broker refused the publish: {text}")
-    if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
-                        ConnectionError, OSError, asyncio.CancelledError)):
+    if isinstance(
+        exc,
+        (
+            aiormq.exceptions.AMQPConnectionError,
+            aiormq.exceptions.ChannelInvalidStateError,
+            ConnectionError,
+            OSError,
+            asyncio.CancelledError,
+        ),
+    ):
         return UNREACHABLE.outcome(f"the connection to the broker was lost: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelClosed):
         return OTHER.outcome(f"the broker closed the channel: {text}")
@@ -111,18 +147,22 @@ def connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Outc
     if isinstance(exc, (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError)):
         return DENIED.outcome(f"the broker refused the login: {text}")
     if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
-            isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)):
+        isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)
+    ):
         # aiormq reports the broker's Connection.Close in answer to Connection.Open (530 NOT_ALLOWED) as an
         # unexpected frame: the user may not open the URL's vhost, or it does not exist.
-        return DENIED.outcome(f"the broker refused to open the vhost (the user has no access to it, or it does not "
-                              f"exist): {text}")
+        return DENIED.outcome(
+            f"the broker refused to open the vhost (the user has no access to it, or it does not exist): {text}"
+        )
     if isinstance(exc, (aiormq.exceptions.ProtocolSyntaxError, aiormq.exceptions.IncompatibleProtocolError)):
         return UNREACHABLE.outcome(f"the server does not answer as an AMQP 0-9-1 broker: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return DENIED.outcome(f"the broker refused to declare exchange {exchange!r}: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
-        return OTHER.outcome(f"exchange {exchange!r} exists with another type or durability than a durable topic "
-                             f"exchange: {text}; delete it or set the table's exchange")
+        return OTHER.outcome(
+            f"exchange {exchange!r} exists with another type or durability than a durable topic "
+            f"exchange: {text}; delete it or set the table's exchange"
+        )
     if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)):
         return UNREACHABLE.outcome(f"could not connect to the broker: {text}")
     return exception_outcome(exc, timeout_s)

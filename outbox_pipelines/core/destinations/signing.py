@@ -22,12 +22,14 @@ def signing_keys(secret: str) -> tuple[bytes, ...]:
     without the secret."""
     keys = []
     for part in secret.split():
-        encoded = part[len(PREFIX):] if part.startswith(PREFIX) else part
+        encoded = part[len(PREFIX) :] if part.startswith(PREFIX) else part
         try:
             key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
         except (binascii.Error, ValueError):
-            raise ValueError("a webhook signing secret is whsec_ followed by base64 (as Standard Webhooks "
-                             "libraries generate it); this one is not base64") from None
+            raise ValueError(
+                "a webhook signing secret is whsec_ followed by base64 (as Standard Webhooks "
+                "libraries generate it); this one is not base64"
+            ) from None
         if len(key) < 16:
             raise ValueError(f"a webhook signing secret must hold at least 16 bytes of key; this one holds {len(key)}")
         keys.append(key)
@@ -47,5 +49,6 @@ class WebhookSigner:
         timestamp = str(int(self._clock()))
         signed = message_id.encode() + b"." + timestamp.encode() + b"." + body
         signatures = " ".join(
-            "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in self._keys)
+            "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in self._keys
+        )
         return {"webhook-id": message_id, "webhook-timestamp": timestamp, "webhook-signature": signatures}

@@ -31,8 +31,9 @@ def build_wing_destination(table: TableSettings, settings: Settings) -> Destinat
         raise ConfigError(f"destination {table.destination!r}: {spec} is not a destination factory")
     destination = factory(table, settings)
     if not isinstance(destination, Destination):
-        raise ConfigError(f"destination {table.destination!r}: {spec} returned a {type(destination).__name__}, "
-                          "not a Destination")
+        raise ConfigError(
+            f"destination {table.destination!r}: {spec} returned a {type(destination).__name__}, not a Destination"
+        )
     return destination
 
 
@@ -80,5 +81,6 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         return HandlerDestination(load_registry(table.handlers), name=table.handlers, threads=table.handler_threads)
     if table.destination == "paper":
         return PaperBroker()
-    raise ConfigError(f"[tables.{table.name}] destination = {table.destination!r} is not a destination this "
-                      "version knows")
+    raise ConfigError(
+        f"[tables.{table.name}] destination = {table.destination!r} is not a destination this version knows"
+    )

@@ -125,8 +125,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def payload(action: Action, condition: Condition, severity: Severity, started_at: datetime | None,
-            now: datetime) -> dict[str, Any]:
+def payload(
+    action: Action, condition: Condition, severity: Severity, started_at: datetime | None, now: datetime
+) -> dict[str, Any]:
     """The JSON on-call receives (``severity``: of the alert, also when it resolves). No internal tags, no secrets."""
     lasted = f" after {_duration((now - started_at).total_seconds())}" if started_at and action != "firing" else ""
     summary = redact_text(condition.summary)
@@ -182,18 +183,29 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
 
 
 def _read(shared: SharedTables, keys: Sequence[str]) -> dict[str, Memory]:
-    return {row["alert_key"]: Memory(row["severity"], row["started_at"], row["notified_at"], row["summary"])
-            for row in shared.read_alert_states(keys)}
+    return {
+        row["alert_key"]: Memory(row["severity"], row["started_at"], row["notified_at"], row["summary"])
+        for row in shared.read_alert_states(keys)
+    }
 
 
 def _remember(shared: SharedTables, key: str, memory: Memory) -> None:
-    shared.write_alert_state(key=key, severity=memory.severity, started_at=memory.started_at,
-                             notified_at=memory.notified_at, summary=redact_text(memory.summary or "")[:2000])
+    shared.write_alert_state(
+        key=key,
+        severity=memory.severity,
+        started_at=memory.started_at,
+        notified_at=memory.notified_at,
+        summary=redact_text(memory.summary or "")[:2000],
+    )
 
 
 def announce(
-    conn: psycopg.Connection, conditions: Iterable[Condition], *, now: datetime | None = None,
-    repeat_s: float | None = None, webhook_url: str | None = None,
+    conn: psycopg.Connection,
+    conditions: Iterable[Condition],
+    *,
+    now: datetime | None = None,
+    repeat_s: float | None = None,
+    webhook_url: str | None = None,
 ) -> list[dict[str, Any]]:
     """Apply the policy to the current conditions, post what must be told, remember it; return the payloads.
 

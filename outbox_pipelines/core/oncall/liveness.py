@@ -28,10 +28,18 @@ REMOTE_SILENT_AFTER_S = 60.0
 HOST = socket.gethostname()
 
 
-def register(conn: psycopg.Connection, worker: str, table_name: str, run_id: str | None, *,
-             job: str | None = None, now: datetime | None = None) -> None:
-    SharedTables(conn).register_relay(worker=worker, table_name=table_name, run_id=run_id, pid=os.getpid(),
-                                      host=HOST, job=job, now=now)
+def register(
+    conn: psycopg.Connection,
+    worker: str,
+    table_name: str,
+    run_id: str | None,
+    *,
+    job: str | None = None,
+    now: datetime | None = None,
+) -> None:
+    SharedTables(conn).register_relay(
+        worker=worker, table_name=table_name, run_id=run_id, pid=os.getpid(), host=HOST, job=job, now=now
+    )
 
 
 def heartbeat(conn: psycopg.Connection, worker: str, *, now: datetime | None = None) -> bool:
@@ -60,9 +68,11 @@ class DeadRelay:
 
     def describe(self) -> str:
         where = f"pid {self.pid} on {self.host}" if self.pid else self.worker
-        return (f"relay {self.worker} of {self.table} ({where}) stopped heartbeating {self.silent_s:.0f}s ago "
-                f"after running {self.ran_s:.0f}s; it held {self.held} message{'s' if self.held != 1 else ''}, "
-                f"{self.returned} returned to pending")
+        return (
+            f"relay {self.worker} of {self.table} ({where}) stopped heartbeating {self.silent_s:.0f}s ago "
+            f"after running {self.ran_s:.0f}s; it held {self.held} message{'s' if self.held != 1 else ''}, "
+            f"{self.returned} returned to pending"
+        )
 
 
 def _process_gone(pid: int | None) -> bool:
@@ -77,8 +87,13 @@ def _process_gone(pid: int | None) -> bool:
     return False
 
 
-def find_dead(conn: psycopg.Connection, *, now: datetime | None = None, silent_after_s: float = SILENT_AFTER_S,
-              remote_silent_after_s: float = REMOTE_SILENT_AFTER_S) -> list[DeadRelay]:
+def find_dead(
+    conn: psycopg.Connection,
+    *,
+    now: datetime | None = None,
+    silent_after_s: float = SILENT_AFTER_S,
+    remote_silent_after_s: float = REMOTE_SILENT_AFTER_S,
+) -> list[DeadRelay]:
     """Relays that stopped heartbeating and whose process is gone (or, on another host, silent long enough)."""
     dead = []
     for row in SharedTables(conn).silent_relays(silent_after_s=silent_after_s, now=now):
@@ -87,8 +102,19 @@ def find_dead(conn: psycopg.Connection, *, now: datetime | None = None, silent_a
             continue  # alive but slow to beat (a database blip): not dead
         if not local and row["silent_s"] < remote_silent_after_s:
             continue
-        dead.append(DeadRelay(row["worker"], row["table_name"], row["run_id"], row["job"], row["pid"], row["host"],
-                              row["started_at"], row["ran_s"] or 0.0, row["silent_s"]))
+        dead.append(
+            DeadRelay(
+                row["worker"],
+                row["table_name"],
+                row["run_id"],
+                row["job"],
+                row["pid"],
+                row["host"],
+                row["started_at"],
+                row["ran_s"] or 0.0,
+                row["silent_s"],
+            )
+        )
     return dead
 
 
@@ -105,8 +131,9 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
     try:
         held = outbox_table.held_by(relay.worker)
         while True:
-            rows = outbox_table.requeue_stuck("liveness", stuck_after_s=10 * 365 * 86400.0,
-                                              max_attempts=max_attempts, dead_holder=relay.worker)
+            rows = outbox_table.requeue_stuck(
+                "liveness", stuck_after_s=10 * 365 * 86400.0, max_attempts=max_attempts, dead_holder=relay.worker
+            )
             # Only this relay's rows that went back to pending (others' expired leases ride along).
             returned += sum(1 for r in rows if r["status"] == "pending" and r["previous_holder"] == relay.worker)
             if len(rows) < 1000:
@@ -117,8 +144,9 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
     return replace(relay, held=held, returned=returned)
 
 
-def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str,
-                              max_attempts_of: dict[str, int]) -> list[DeadRelay]:
+def bury_relays_of_failed_run(
+    conn: psycopg.Connection, run_id: str, max_attempts_of: dict[str, int]
+) -> list[DeadRelay]:
     """A run its orchestrator declared failed: its relays that never said goodbye died with it.
 
     Buried at once (their rows return now, not after their lease), unless a relay's process is
@@ -129,8 +157,17 @@ def bury_relays_of_failed_run(conn: psycopg.Connection, run_id: str,
         if row["stopped_at"] is not None or (row["host"] == HOST and not _process_gone(row["pid"])):
             continue
         now = row["heartbeat_at"]
-        relay = DeadRelay(row["worker"], row["table_name"], run_id, row["job"], row["pid"], row["host"],
-                          row["started_at"], (now - row["started_at"]).total_seconds(), 0.0)
+        relay = DeadRelay(
+            row["worker"],
+            row["table_name"],
+            run_id,
+            row["job"],
+            row["pid"],
+            row["host"],
+            row["started_at"],
+            (now - row["started_at"]).total_seconds(),
+            0.0,
+        )
         done = bury(conn, relay, max_attempts_of.get(relay.table, 1_000_000))
         if done is not None:
             buried.append(done)

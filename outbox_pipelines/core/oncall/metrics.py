@@ -71,18 +71,32 @@ def tenant_label(table_name: str, tenant: str | None) -> str:
 
 
 ENQUEUED = Counter("outbox_enqueue_total", "Messages enqueued", ["table", "topic"], registry=REGISTRY)
-DEQUEUED = Counter("outbox_dequeue_total", "Claims: messages claimed (result=success), claims that found nothing "
-                   "ready (result=empty)", ["table", "result"], registry=REGISTRY)
+DEQUEUED = Counter(
+    "outbox_dequeue_total",
+    "Claims: messages claimed (result=success), claims that found nothing ready (result=empty)",
+    ["table", "result"],
+    registry=REGISTRY,
+)
 DISPATCHED = Counter(
-    "outbox_dispatch_total", "Messages settled, by result: success, conflict_processed (409 already processed), "
-    "dedup, retry, dead, conflict (lease lost)", ["table", "topic", "tenant", "result"], registry=REGISTRY)
+    "outbox_dispatch_total",
+    "Messages settled, by result: success, conflict_processed (409 already processed), "
+    "dedup, retry, dead, conflict (lease lost)",
+    ["table", "topic", "tenant", "result"],
+    registry=REGISTRY,
+)
 DEAD = Counter("outbox_dead_total", "Messages that went to dead", ["table", "topic"], registry=REGISTRY)
 DISPATCH_LATENCY = Histogram(
-    "outbox_dispatch_latency_seconds", "Claim to settled of one message, by result", ["table", "topic", "result"],
-    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    "outbox_dispatch_latency_seconds",
+    "Claim to settled of one message, by result",
+    ["table", "topic", "result"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RETRY_COUNT = Histogram(
-    "outbox_retry_count", "Attempts a message had used when it was settled", ["table"], registry=REGISTRY,
+    "outbox_retry_count",
+    "Attempts a message had used when it was settled",
+    ["table"],
+    registry=REGISTRY,
     buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
 )
 # outbox_enqueue_total's child per (table, topic) as the application names them: a one-row enqueue
@@ -201,14 +215,22 @@ class OutboxStateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         pending = GaugeMetricFamily("outbox_pending_count", "Messages waiting (pending or retrying)", labels=["table"])
         locked = GaugeMetricFamily("outbox_locked_count", "Messages held by a relay (sending)", labels=["table"])
-        inflight = GaugeMetricFamily("outbox_inflight", "Messages in sending (seed 000's name for locked)",
-                                     labels=["table"])
-        lag = GaugeMetricFamily("outbox_lag_seconds", "created → delivered over the last hour, waiting messages "
-                                "counted with their age so far", labels=["table", "quantile"])
-        circuit = GaugeMetricFamily("outbox_circuit_open", "1 while the table's circuit breaker is open",
-                                    labels=["table"])
-        paused = GaugeMetricFamily("outbox_paused_seconds", "how much longer the destination asked the table to "
-                                   "hold off (429)", labels=["table"])
+        inflight = GaugeMetricFamily(
+            "outbox_inflight", "Messages in sending (seed 000's name for locked)", labels=["table"]
+        )
+        lag = GaugeMetricFamily(
+            "outbox_lag_seconds",
+            "created → delivered over the last hour, waiting messages counted with their age so far",
+            labels=["table", "quantile"],
+        )
+        circuit = GaugeMetricFamily(
+            "outbox_circuit_open", "1 while the table's circuit breaker is open", labels=["table"]
+        )
+        paused = GaugeMetricFamily(
+            "outbox_paused_seconds",
+            "how much longer the destination asked the table to hold off (429)",
+            labels=["table"],
+        )
         try:
             with connect(self.url) as conn:
                 for table_name in self.table_names:

@@ -43,9 +43,14 @@ class SweepReport:
 
 def check_condition(table_name: str, verdict: CheckVerdict, links: Links = NO_LINKS) -> Condition:
     return Condition(
-        key=f"check:{table_name}:{verdict.name}", severity=SEVERITY[verdict.severity],
-        summary=verdict.description, kind="check", link=links.table(table_name, check=verdict.name),
-        link_label=links.label, table=table_name, check=verdict.name,
+        key=f"check:{table_name}:{verdict.name}",
+        severity=SEVERITY[verdict.severity],
+        summary=verdict.description,
+        kind="check",
+        link=links.table(table_name, check=verdict.name),
+        link_label=links.label,
+        table=table_name,
+        check=verdict.name,
         figures={k: v for k, v in verdict.metadata.items() if v is not None},
     )
 
@@ -54,11 +59,17 @@ def settings_condition(settings: Settings, links: Links = NO_LINKS) -> Condition
     """The declaration as a whole: an error while it cannot be read at all (no table is known, so none is
     relayed or checked), ok once it can (which resolves the alert)."""
     return Condition(
-        key="settings", severity="error" if settings.problem else "ok",
-        summary=(f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
-                 "Fix the file, then reload the code location." if settings.problem
-                 else "the outbox's table settings are read again"),
-        kind="settings", link=links.settings(), link_label=links.label,
+        key="settings",
+        severity="error" if settings.problem else "ok",
+        summary=(
+            f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
+            "Fix the file, then reload the code location."
+            if settings.problem
+            else "the outbox's table settings are read again"
+        ),
+        kind="settings",
+        link=links.settings(),
+        link_label=links.label,
     )
 
 
@@ -68,24 +79,39 @@ def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LIN
     first = max(relays, key=lambda relay: relay.held)
     run_id = first.run_id
     who = f"relay run {run_id[:8]}" if run_id else f"relay {first.worker}"
-    why = (f"no heartbeat for {first.silent_s:.0f} s and its process is gone" if first.silent_s
-           else "its process is gone")
+    why = (
+        f"no heartbeat for {first.silent_s:.0f} s and its process is gone" if first.silent_s else "its process is gone"
+    )
     held, returned = sum(r.held for r in relays), sum(r.returned for r in relays)
     tables = sorted({relay.table for relay in relays})
     shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
     where = tables[0] if len(tables) == 1 else f"{len(tables)} tables ({shown})"
-    summary = (f"{where}: {who} died ({why}) after running {max(r.ran_s for r in relays) / 60:.1f} min; it held "
-               f"{held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next relay. If it "
-               "happens again, read the run's logs and check the host's memory (OOM killer).")
+    summary = (
+        f"{where}: {who} died ({why}) after running {max(r.ran_s for r in relays) / 60:.1f} min; it held "
+        f"{held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next relay. If it "
+        "happens again, read the run's logs and check the host's memory (OOM killer)."
+    )
     return Condition(
-        key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}", severity="error", summary=summary,
-        kind="relay_died", link=links.run(run_id) if run_id else links.table(first.table), link_label=links.label,
+        key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}",
+        severity="error",
+        summary=summary,
+        kind="relay_died",
+        link=links.run(run_id) if run_id else links.table(first.table),
+        link_label=links.label,
         table=first.table,
-        job=first.job if run_id else None, run_id=run_id,
-        figures={"held": held, "returned": returned, "ran_s": round(max(r.ran_s for r in relays), 1),
-                 "silent_s": round(first.silent_s, 1), "tables": tables, "worker": first.worker,
-                 "workers": [r.worker for r in relays],
-                 "pid": first.pid, "host": first.host},
+        job=first.job if run_id else None,
+        run_id=run_id,
+        figures={
+            "held": held,
+            "returned": returned,
+            "ran_s": round(max(r.ran_s for r in relays), 1),
+            "silent_s": round(first.silent_s, 1),
+            "tables": tables,
+            "worker": first.worker,
+            "workers": [r.worker for r in relays],
+            "pid": first.pid,
+            "host": first.host,
+        },
     )
 
 
@@ -97,18 +123,30 @@ def _by_process(relays: list[liveness.DeadRelay]) -> list[list[liveness.DeadRela
     return list(groups.values())
 
 
-def sweep(url: str, settings: Settings, *, now: datetime | None = None, webhook_url: str | None = None,
-          repeat_s: float | None = None, links: Links = NO_LINKS) -> SweepReport:
+def sweep(
+    url: str,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    webhook_url: str | None = None,
+    repeat_s: float | None = None,
+    links: Links = NO_LINKS,
+) -> SweepReport:
     """Bury dead relays, evaluate every table's checks, announce what changed."""
     report = SweepReport()
     with connect(url) as conn:
         report.now = now or SharedTables(conn).database_now()
         max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}
-        buried = [dead for relay in liveness.find_dead(conn, now=now)
-                  if (dead := liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))) is not None]
+        buried = [
+            dead
+            for relay in liveness.find_dead(conn, now=now)
+            if (dead := liveness.bury(conn, relay, max_attempts.get(relay.table, 1_000_000))) is not None
+        ]
         report.dead_relays += buried  # one not buried here was told by whoever buried it
-        report.alerts += [announce_event(relay_died_condition(relays, links), now=report.now, webhook_url=webhook_url)
-                          for relays in _by_process(buried)]
+        report.alerts += [
+            announce_event(relay_died_condition(relays, links), now=report.now, webhook_url=webhook_url)
+            for relays in _by_process(buried)
+        ]
         conditions = [settings_condition(settings, links)]
         for name in sorted({*settings.tables, *settings.broken}):
             try:
@@ -127,18 +165,24 @@ def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | 
     default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
     table, problem = settings.tables.get(name), settings.broken.get(name)
     try:
-        status = read_status(OutboxTable(conn, name), now=now,
-                             stuck_after_s=(table or TableSettings(name)).stuck_threshold_s)
+        status = read_status(
+            OutboxTable(conn, name), now=now, stuck_after_s=(table or TableSettings(name)).stuck_threshold_s
+        )
     except (UnknownTable, InvalidTableName):
         if problem is None:
             raise
         status = TableStatus(name)
-    return evaluate_checks(status, table.checks if table else CheckThresholds(),
-                           delivers_nowhere=table.delivers_nowhere if table else None, settings_problem=problem)
+    return evaluate_checks(
+        status,
+        table.checks if table else CheckThresholds(),
+        delivers_nowhere=table.delivers_nowhere if table else None,
+        settings_problem=problem,
+    )
 
 
-def relays_died_with_run(url: str, settings: Settings, run_id: str, *, webhook_url: str | None = None,
-                         links: Links = NO_LINKS) -> list[dict[str, Any]]:
+def relays_died_with_run(
+    url: str, settings: Settings, run_id: str, *, webhook_url: str | None = None, links: Links = NO_LINKS
+) -> list[dict[str, Any]]:
     """A failed run whose relay never said goodbye (SIGKILL, OOM): return its rows now and tell on-call
     that the relay died (one alert, instead of a bare run failure). Empty if the run held no relay."""
     max_attempts = {name: table.retry.max_attempts for name, table in settings.tables.items()}

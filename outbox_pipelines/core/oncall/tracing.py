@@ -78,8 +78,10 @@ def configure_from_env(service_name: str, env: Mapping[str, str] | None = None, 
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
-        log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not "
-                    "installed: no spans are exported")
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not "
+            "installed: no spans are exported"
+        )
         return None
     attributes = {"service.name": env.get("OTEL_SERVICE_NAME") or service_name}
     provider = TracerProvider(resource=Resource.create(attributes))  # merges OTEL_RESOURCE_ATTRIBUTES

@@ -156,8 +156,9 @@ def clean(
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, table.name)
         while True:
-            deleted = outbox_table.clean_sent(MAINTENANCE_WORKER, retention_s=retention, limit=batch_size,
-                                              tenant_id=tenant_id, now=now)
+            deleted = outbox_table.clean_sent(
+                MAINTENANCE_WORKER, retention_s=retention, limit=batch_size, tenant_id=tenant_id, now=now
+            )
             report.deleted_sent += deleted
             report.batches += 1
             if progress and deleted:
@@ -227,11 +228,16 @@ def clean_tables(
     - ``database_url`` is called once the run is allowed and has something to delete, so a refused run
       (or one with every cleaner off) never chooses a database, nor starts the embedded one.
     """
-    report = CleanRunReport([
-        TableCleanOutcome(table.name, _retention_of(table, retention_s),
-                          skipped=None if _is_cleaned(table, force=force) else CLEANER_DISABLED)
-        for table in tables
-    ])
+    report = CleanRunReport(
+        [
+            TableCleanOutcome(
+                table.name,
+                _retention_of(table, retention_s),
+                skipped=None if _is_cleaned(table, force=force) else CLEANER_DISABLED,
+            )
+            for table in tables
+        ]
+    )
     to_clean = [(table, outcome) for table, outcome in zip(tables, report.tables, strict=True) if not outcome.skipped]
     for table, outcome in to_clean:
         check_retention(table, outcome.retention_s, force=force)
@@ -239,8 +245,9 @@ def clean_tables(
         return report
     url = database_url()
     for table, outcome in to_clean:
-        outcome.deleted_sent = clean(url, table, retention_s=outcome.retention_s, force=force,
-                                     tenant_id=tenant_id, now=now, progress=progress).deleted_sent
+        outcome.deleted_sent = clean(
+            url, table, retention_s=outcome.retention_s, force=force, tenant_id=tenant_id, now=now, progress=progress
+        ).deleted_sent
     report.shared = clean_shared(url, audit_retention_s=audit_retention_s, now=now)
     return report
 
@@ -269,7 +276,8 @@ def clean_shared(
         if audit_retention_s is not None:
             report.deleted_audit = _until_short(
                 lambda: shared.delete_old_audit_rows(retention_s=audit_retention_s, limit=batch_size, now=now),
-                batch_size)
+                batch_size,
+            )
     return report
 
 

@@ -134,8 +134,10 @@ class ReplayFilter:
             if value is not None:
                 parts.append(f"{label}={value}")
         given = as_given or self
-        for label, bound, original in (("died at or after", self.since, given.since),
-                                       ("died before", self.until, given.until)):
+        for label, bound, original in (
+            ("died at or after", self.since, given.since),
+            ("died before", self.until, given.until),
+        ):
             if isinstance(bound, timedelta):
                 parts.append(f"{label} {_ago_text(bound)}")
             elif bound is not None:
@@ -147,9 +149,14 @@ class ReplayFilter:
         def when(value: datetime | timedelta | None) -> str | None:
             return _ago_text(value) if isinstance(value, timedelta) else iso(value)
 
-        return {"ids": list(self.ids) if self.ids is not None else None, "topic": self.topic,
-                "tenant_id": self.tenant_id, "error_code": self.error_code,
-                "since": when(self.since), "until": when(self.until)}
+        return {
+            "ids": list(self.ids) if self.ids is not None else None,
+            "topic": self.topic,
+            "tenant_id": self.tenant_id,
+            "error_code": self.error_code,
+            "since": when(self.since),
+            "until": when(self.until),
+        }
 
 
 @dataclass(frozen=True)
@@ -164,8 +171,14 @@ class ReplayRow:
     died_at: datetime | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "event_id": self.event_id, "topic": self.topic, "tenant_id": self.tenant_id,
-                "error_code": self.error_code, "died_at": iso(self.died_at)}
+        return {
+            "id": self.id,
+            "event_id": self.event_id,
+            "topic": self.topic,
+            "tenant_id": self.tenant_id,
+            "error_code": self.error_code,
+            "died_at": iso(self.died_at),
+        }
 
 
 ROW_COLUMNS = ("id", "event_id", "topic", "error code", "died at")
@@ -197,8 +210,13 @@ def text_table(rows: list[ReplayRow], total: int, indent: str = "  ") -> str:
         return indent + "(none)"
     cells = [ROW_COLUMNS] + [_cells(row) for row in rows]
     widths = [min(max(len(c[i]) for c in cells), 40) for i in range(len(ROW_COLUMNS))]
-    lines = [indent + "  ".join(c[i].rjust(widths[i]) if i == 0 else c[i].ljust(widths[i])
-                                for i in range(len(ROW_COLUMNS))).rstrip() for c in cells]
+    lines = [
+        indent
+        + "  ".join(
+            c[i].rjust(widths[i]) if i == 0 else c[i].ljust(widths[i]) for i in range(len(ROW_COLUMNS))
+        ).rstrip()
+        for c in cells
+    ]
     if total > len(rows):
         lines.append(f"{indent}… and {total - len(rows)} more (first {len(rows)} of {total} listed)")
     return "\n".join(lines)
@@ -232,8 +250,10 @@ class ReplayReport:
         moved = self.would_replay if self.dry_run else self.replayed
         text = f"{self.table}: {self.matched} dead rows matched, {verb} {moved}"
         if self.refused:
-            text += (f", refused {self.refused} {'/'.join(m.REPLAY_NEEDS_FORCE)} rows "
-                     "(use --force / force: true to replay them)")
+            text += (
+                f", refused {self.refused} {'/'.join(m.REPLAY_NEEDS_FORCE)} rows "
+                "(use --force / force: true to replay them)"
+            )
         return text
 
     def rows_markdown(self) -> str:
@@ -244,12 +264,20 @@ class ReplayReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "table": self.table, "dry_run": self.dry_run, "filter": self.filter, "selection": self.selection.as_dict(),
-            "matched": self.matched, "would_replay": self.would_replay, "replayed": self.replayed,
-            "refused": self.refused, "by_error_code": self.by_error_code,
-            "rows": [r.as_dict() for r in self.rows], "rows_listed": len(self.rows),
+            "table": self.table,
+            "dry_run": self.dry_run,
+            "filter": self.filter,
+            "selection": self.selection.as_dict(),
+            "matched": self.matched,
+            "would_replay": self.would_replay,
+            "replayed": self.replayed,
+            "refused": self.refused,
+            "by_error_code": self.by_error_code,
+            "rows": [r.as_dict() for r in self.rows],
+            "rows_listed": len(self.rows),
             "refused_rows": [r.as_dict() for r in self.refused_rows],
-            "replayed_ids": self.replayed_ids, "refused_ids": self.refused_ids,
+            "replayed_ids": self.replayed_ids,
+            "refused_ids": self.refused_ids,
         }
 
 
@@ -265,7 +293,8 @@ def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str
     in_table = ", ".join(sorted(dead_codes)) or "none (the table has no dead rows)"
     raise ReplayRefused(
         f"error code {wanted!r} is unknown: known codes are {', '.join(KNOWN_ERROR_CODES)}; "
-        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)", "error_code"
+        f"dead rows of {table_name} have: {in_table} (codes match case-insensitively)",
+        "error_code",
     )
 
 

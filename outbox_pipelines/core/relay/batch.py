@@ -34,16 +34,24 @@ def held(batch: list[ClaimedMessage]) -> list[tuple[int, int]]:
     return [(msg.id, msg.attempts) for msg in batch]
 
 
-def _settled_pairs(batch: list[ClaimedMessage], settlements: list[Settlement],
-                   settled: set[int]) -> list[tuple[ClaimedMessage, Settlement]]:
+def _settled_pairs(
+    batch: list[ClaimedMessage], settlements: list[Settlement], settled: set[int]
+) -> list[tuple[ClaimedMessage, Settlement]]:
     """Each settled message with how it ended (a row whose lease was lost is not this relay's to report)."""
     # One settlement per message, planned from the batch itself.
     return [(msg, s) for msg, s in zip(batch, settlements, strict=True) if s.id in settled]
 
 
 class BatchRunner:
-    def __init__(self, table: TableSettings, destination: Destination, worker: str, guard: DestinationGuard,
-                 pause: Pause, uniform: UniformSource) -> None:
+    def __init__(
+        self,
+        table: TableSettings,
+        destination: Destination,
+        worker: str,
+        guard: DestinationGuard,
+        pause: Pause,
+        uniform: UniformSource,
+    ) -> None:
         self.table, self.destination, self.worker = table, destination, worker
         self.guard, self.pause, self.uniform = guard, pause, uniform
         self._after_settle_overridden = type(destination).after_settle is not Destination.after_settle
@@ -69,8 +77,9 @@ class BatchRunner:
         """No database work here: this may run on the pipeline thread."""
         return deliver_planned(self.destination, self.table.name, batch, plan)
 
-    def run(self, outbox_table: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage],
-            report: RelayReport) -> None:
+    def run(
+        self, outbox_table: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport
+    ) -> None:
         """One batch, start to end, on this thread: plan, deliver, settle."""
         if self.table.claim == "transaction":
             # The batch's rows are locked by the open transaction, not leased: nothing to renew.
@@ -85,8 +94,9 @@ class BatchRunner:
             keeper.release()
         self.finish(outbox_table, batch, outcomes, report)
 
-    def finish(self, outbox_table: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome],
-               report: RelayReport) -> None:
+    def finish(
+        self, outbox_table: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome], report: RelayReport
+    ) -> None:
         """Record what the destination did, settle the batch, count what happened."""
         was_open = self.guard.circuit_open
         self.guard.observe(outbox_table.conn, outcomes)  # first: a batch that opens the circuit spends no attempts
@@ -118,19 +128,22 @@ class BatchRunner:
 
     def _delivered_plainly(self, outcomes: list[Outcome]) -> bool:
         """Whether ``settle_delivered`` can settle the batch: rows marked sent, and no after_settle to tell."""
-        return (self.table.on_success == "mark_sent" and not self._after_settle_overridden
-                and plainly_sent(outcomes))
+        return self.table.on_success == "mark_sent" and not self._after_settle_overridden and plainly_sent(outcomes)
 
     def _plan(self, batch: list[ClaimedMessage], outcomes: list[Outcome]) -> list[Settlement]:
-        return [plan_settlement(msg, out, self.table, self.uniform, circuit_open=self.guard.circuit_open)
-                for msg, out in zip(batch, outcomes, strict=True)]
+        return [
+            plan_settlement(msg, out, self.table, self.uniform, circuit_open=self.guard.circuit_open)
+            for msg, out in zip(batch, outcomes, strict=True)
+        ]
 
     def _settle_span(self, batch: list[ClaimedMessage]) -> AbstractContextManager[object]:
         return tracing.tracer().start_as_current_span(
-            "outbox.settle", attributes={"outbox.table": self.table.name, "outbox.batch": len(batch)})
+            "outbox.settle", attributes={"outbox.table": self.table.name, "outbox.batch": len(batch)}
+        )
 
-    def _settle(self, outbox_table: OutboxTable, batch: list[ClaimedMessage], settlements: list[Settlement],
-                report: RelayReport) -> set[int]:
+    def _settle(
+        self, outbox_table: OutboxTable, batch: list[ClaimedMessage], settlements: list[Settlement], report: RelayReport
+    ) -> set[int]:
         # A transaction costs round trips on every batch: only a destination whose after_settle writes
         # (the order ledger) shares one with the settle.
         shared = self.destination.writes_on_settle and self.table.claim == "lease"
@@ -144,8 +157,9 @@ class BatchRunner:
         settled = settle_batch(outbox_table, self.worker, settlements, self.table)
         return settled if settled is not None else self._settle_refused(outbox_table, settlements, report)
 
-    def _settle_refused(self, outbox_table: OutboxTable, settlements: list[Settlement],
-                        report: RelayReport) -> set[int]:
+    def _settle_refused(
+        self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport
+    ) -> set[int]:
         """The database refused the batch's statement: row by row, so one row cannot hold the rest back."""
         report.db_errors += 1
         return settle_row_by_row(outbox_table, self.worker, settlements, self.table)

@@ -14,8 +14,9 @@ class Budget:
     stop: StopRequest  # requested by a SIGTERM or Dagster's termination (relay/stop.py)
 
     @classmethod
-    def starting_now(cls, stop: StopRequest, *, max_seconds: float | None = None,
-                     max_entries: int | None = None, once: bool = False) -> "Budget":
+    def starting_now(
+        cls, stop: StopRequest, *, max_seconds: float | None = None, max_entries: int | None = None, once: bool = False
+    ) -> "Budget":
         deadline = time.monotonic() + max_seconds if max_seconds is not None else None
         return cls(deadline, max_entries, once, stop)
 

@@ -56,8 +56,9 @@ def count_settled_batch(
     return counts
 
 
-def count_delivered_batch(table_name: str, batch: Sequence[ClaimedMessage], claimed_mono: float | None,
-                          lag: LagSample) -> BatchCounts:
+def count_delivered_batch(
+    table_name: str, batch: Sequence[ClaimedMessage], claimed_mono: float | None, lag: LagSample
+) -> BatchCounts:
     """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit) and
     settled: the same counts, metrics and lag, without looking at each outcome."""
     in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
@@ -76,11 +77,19 @@ def _waited_s(message: ClaimedMessage) -> float:
     return max((message.claimed_at - message.created_at).total_seconds(), 0.0)
 
 
-def _count_retry(table_name: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome,
-                 counts: BatchCounts) -> str:
+def _count_retry(
+    table_name: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome, counts: BatchCounts
+) -> str:
     counts.retried += 1
-    log.info("%s: message %s (event %s%s) retries in %.1fs: %s", table_name, message.id,
-             message.event_id, _tenant_part(table_name, message), settlement.delay_s, settlement.error_code)
+    log.info(
+        "%s: message %s (event %s%s) retries in %.1fs: %s",
+        table_name,
+        message.id,
+        message.event_id,
+        _tenant_part(table_name, message),
+        settlement.delay_s,
+        settlement.error_code,
+    )
     if outcome.code == m.RATE_LIMITED:
         counts.rate_limited += 1
         counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
@@ -91,12 +100,19 @@ def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement
     counts.dead += 1
     code = settlement.error_code or m.UNKNOWN
     counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
-    log.warning("%s: message %s (event %s%s) is dead after %d attempts: %s", table_name,
-                message.id, message.event_id, _tenant_part(table_name, message), message.attempts, code)
+    log.warning(
+        "%s: message %s (event %s%s) is dead after %d attempts: %s",
+        table_name,
+        message.id,
+        message.event_id,
+        _tenant_part(table_name, message),
+        message.attempts,
+        code,
+    )
     return "dead"
 
 
 def _tenant_part(table_name: str, message: ClaimedMessage) -> str:
-    """", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
+    """ ", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
     tenant = metrics.tenant_label(table_name, message.tenant_id)
     return f", tenant {tenant}" if tenant else ""

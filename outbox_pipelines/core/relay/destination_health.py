@@ -70,8 +70,15 @@ class DestinationGuard:
     - the failure streak the ``destination`` check grades.
     """
 
-    def __init__(self, table_name: str, destination: str, *, threshold: int = 10, probe_interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        table_name: str,
+        destination: str,
+        *,
+        threshold: int = 10,
+        probe_interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.table_name = table_name
         self.destination = display_name(destination)
         self.threshold, self.probe_interval_s = threshold, probe_interval_s
@@ -90,8 +97,12 @@ class DestinationGuard:
             return OPEN
         db_now = row["now"]
         if row["paused_until"] is not None and row["paused_until"] > db_now:
-            return Gate((row["paused_until"] - db_now).total_seconds(), 0, row["circuit_opened_at"] is not None,
-                        f"paused by the destination ({row['pause_reason'] or '429'})")
+            return Gate(
+                (row["paused_until"] - db_now).total_seconds(),
+                0,
+                row["circuit_opened_at"] is not None,
+                f"paused by the destination ({row['pause_reason'] or '429'})",
+            )
         self.circuit_open = row["circuit_opened_at"] is not None
         if not self.circuit_open:
             if row["pause_reason"] is not None:
@@ -111,8 +122,11 @@ class DestinationGuard:
 
     def pause(self, conn: psycopg.Connection, delay_s: float, reason: str, *, now: datetime | None = None) -> None:
         """The destination asked to slow down: hold every relay of the table for ``delay_s``."""
-        self._quietly(lambda: SharedTables(conn).pause_destination(
-            self.table_name, destination=self.destination, delay_s=delay_s, reason=reason[:200], now=now))
+        self._quietly(
+            lambda: SharedTables(conn).pause_destination(
+                self.table_name, destination=self.destination, delay_s=delay_s, reason=reason[:200], now=now
+            )
+        )
 
     def observe(self, conn: psycopg.Connection, outcomes: Sequence[Outcome], *, now: datetime | None = None) -> None:
         """Record a delivered batch: a destination failure, or a success that ends a streak."""
@@ -125,15 +139,22 @@ class DestinationGuard:
     def _success_write_due(self) -> bool:
         """A success is written when it ends something (a streak, an open circuit, a throttle) and
         otherwise at most every SUCCESS_EVERY_S: a steady run of deliveries is not a write per batch."""
-        return (self._streak_open is not False or self.circuit_open or self._throttle_probe
-                or self._clock() - self._last_success_write >= SUCCESS_EVERY_S)
+        return (
+            self._streak_open is not False
+            or self.circuit_open
+            or self._throttle_probe
+            or self._clock() - self._last_success_write >= SUCCESS_EVERY_S
+        )
 
     def _observe_success(self, conn: psycopg.Connection, now: datetime | None) -> None:
         was_open = self.circuit_open
         if self._success_write_due():
             self._throttle_probe = False
-            written = self._quietly(lambda: SharedTables(conn).record_destination_success(
-                self.table_name, destination=self.destination, now=now))
+            written = self._quietly(
+                lambda: SharedTables(conn).record_destination_success(
+                    self.table_name, destination=self.destination, now=now
+                )
+            )
             if written:
                 self._streak_open = False
                 self._last_success_write = self._clock()
@@ -141,26 +162,43 @@ class DestinationGuard:
         if was_open:
             self._retry_now(conn, now)
 
-    def _observe_failures(self, conn: psycopg.Connection, outcomes: Sequence[Outcome], failures: Counter[str],
-                          now: datetime | None) -> None:
+    def _observe_failures(
+        self, conn: psycopg.Connection, outcomes: Sequence[Outcome], failures: Counter[str], now: datetime | None
+    ) -> None:
         last = next((o.error for o in outcomes if o.code in DESTINATION_FAILURES and o.error), None)
-        opened = self._quietly(lambda: SharedTables(conn).record_destination_failures(
-            self.table_name, destination=self.destination, failures=sum(failures.values()), codes=dict(failures),
-            error=cap_error(redact_text(last) if last else None), threshold=self.threshold,
-            probe_interval_s=self.probe_interval_s, now=now))
+        opened = self._quietly(
+            lambda: SharedTables(conn).record_destination_failures(
+                self.table_name,
+                destination=self.destination,
+                failures=sum(failures.values()),
+                codes=dict(failures),
+                error=cap_error(redact_text(last) if last else None),
+                threshold=self.threshold,
+                probe_interval_s=self.probe_interval_s,
+                now=now,
+            )
+        )
         self._streak_open = True
         if opened is not None:
             if opened and not self.circuit_open:
-                log.warning("%s: the circuit opened after %d destination failures in a row (%s); one probe "
-                            "message every %.0fs until one succeeds, no attempts spent meanwhile",
-                            self.table_name, self.threshold, ", ".join(failures), self.probe_interval_s)
+                log.warning(
+                    "%s: the circuit opened after %d destination failures in a row (%s); one probe "
+                    "message every %.0fs until one succeeds, no attempts spent meanwhile",
+                    self.table_name,
+                    self.threshold,
+                    ", ".join(failures),
+                    self.probe_interval_s,
+                )
             self.circuit_open = opened
 
     def _retry_now(self, conn: psycopg.Connection, now: datetime | None) -> None:
         outbox_table = OutboxTable(conn, self.table_name)
         pulled = outbox_table.retry_destination_failures_now(sorted(DESTINATION_FAILURES), now=now)
-        log.warning("%s: the circuit closed: the destination answers again; %d messages waiting out a backoff "
-                    "are due now", self.table_name, pulled)
+        log.warning(
+            "%s: the circuit closed: the destination answers again; %d messages waiting out a backoff are due now",
+            self.table_name,
+            pulled,
+        )
 
     def _quietly(self, write: Callable[[], Written]) -> Written | None:
         """Bookkeeping never stops deliveries: a refused write is logged (a lost connection is not ours to hide)."""
@@ -206,7 +244,15 @@ def read_health(conn: psycopg.Connection, table_name: str, now: datetime | None 
     if row is None:
         return DestinationHealth(table_name)
     return DestinationHealth(
-        table_name, row["destination"], row["failing_for_s"], row["consecutive_failures"],
-        {k: int(v) for k, v in (row["error_codes"] or {}).items()}, row["last_error"], row["last_success_at"],
-        row["paused_for_s"], row["circuit_opened_at"], row["relay_problem"], row["relay_problem_since"],
+        table_name,
+        row["destination"],
+        row["failing_for_s"],
+        row["consecutive_failures"],
+        {k: int(v) for k, v in (row["error_codes"] or {}).items()},
+        row["last_error"],
+        row["last_success_at"],
+        row["paused_for_s"],
+        row["circuit_opened_at"],
+        row["relay_problem"],
+        row["relay_problem_since"],
     )

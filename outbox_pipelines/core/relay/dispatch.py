@@ -28,8 +28,9 @@ class DispatchPlan:
     followers: dict[int, int] = field(default_factory=dict)
 
 
-def plan_dispatch(outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup: bool,
-                  max_attempts: int) -> DispatchPlan:
+def plan_dispatch(
+    outbox_table: OutboxTable, batch: list[ClaimedMessage], dedup: bool, max_attempts: int
+) -> DispatchPlan:
     """Which messages go to the destination; those past ``max_attempts`` die here, dedup hits (seed 003) are
     answered from the table."""
     plan = DispatchPlan(outcomes=[None] * len(batch), to_send=list(range(len(batch))))
@@ -58,13 +59,16 @@ def _past_the_limit(plan: DispatchPlan, batch: list[ClaimedMessage], max_attempt
     for index, msg in enumerate(batch):
         if msg.attempts > max_attempts:
             plan.outcomes[index] = Outcome.dead(
-                m.MAX_ATTEMPTS, f"not delivered: attempt {msg.attempts} is past max_attempts = {max_attempts} "
-                "(lowered since this message last failed); replay it to deliver it again")
+                m.MAX_ATTEMPTS,
+                f"not delivered: attempt {msg.attempts} is past max_attempts = {max_attempts} "
+                "(lowered since this message last failed); replay it to deliver it again",
+            )
     plan.to_send = [index for index in plan.to_send if plan.outcomes[index] is None]
 
 
-def deliver_planned(destination: Destination, table_name: str, batch: list[ClaimedMessage],
-                    plan: DispatchPlan) -> list[Outcome]:
+def deliver_planned(
+    destination: Destination, table_name: str, batch: list[ClaimedMessage], plan: DispatchPlan
+) -> list[Outcome]:
     """Call the destination (no database work here: this may run on the pipeline thread)."""
     if not plan.to_send:
         return []

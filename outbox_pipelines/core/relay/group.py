@@ -70,12 +70,25 @@ Progress = Callable[["GroupRelay"], None]
 
 
 class GroupRelay:
-    def __init__(self, url: str, settings: Settings, table_names: Sequence[str], *, group: str = "default",
-                 worker_prefix: str, run_id: str | None = None, job: str | None = None,
-                 direct_url: str | None = None,
-                 places: int = PLACES, linger_s: float = LINGER_S, slice_s: float = SLICE_S,
-                 poll_s: float = POLL_S, progress: Progress | None = None, progress_every_s: float = 30.0,
-                 destinations: Callable[[TableSettings, Settings], Destination] = build_destination) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: Settings,
+        table_names: Sequence[str],
+        *,
+        group: str = "default",
+        worker_prefix: str,
+        run_id: str | None = None,
+        job: str | None = None,
+        direct_url: str | None = None,
+        places: int = PLACES,
+        linger_s: float = LINGER_S,
+        slice_s: float = SLICE_S,
+        poll_s: float = POLL_S,
+        progress: Progress | None = None,
+        progress_every_s: float = 30.0,
+        destinations: Callable[[TableSettings, Settings], Destination] = build_destination,
+    ) -> None:
         self.url, self.settings, self.group = url, settings, group
         self.worker_prefix, self.run_id, self.job, self.direct_url = worker_prefix, run_id, job, direct_url
         self.linger_s, self.slice_s, self.poll_s = linger_s, slice_s, poll_s
@@ -124,11 +137,18 @@ class GroupRelay:
         # The relays and destinations just built live as long as the run: out of the collector's sight, as the
         # process's start-up objects are (table_relay.freeze_startup_objects; a full pass walks them all).
         gc.freeze()
-        watcher = None if once else Watcher(self.direct_url or self.url, self.group, self.workers, poll_s=self.poll_s,
-                                            stop=self._stop).start()
-        threads = [threading.Thread(target=self._work, args=(worker, once), daemon=True,
-                                    name=f"outbox-group-{worker.name}")
-                   for worker in self.workers.values() if not worker.left_out]
+        watcher = (
+            None
+            if once
+            else Watcher(
+                self.direct_url or self.url, self.group, self.workers, poll_s=self.poll_s, stop=self._stop
+            ).start()
+        )
+        threads = [
+            threading.Thread(target=self._work, args=(worker, once), daemon=True, name=f"outbox-group-{worker.name}")
+            for worker in self.workers.values()
+            if not worker.left_out
+        ]
         for thread in threads:
             thread.start()
         stopped_because = self._wait(threads, once, started)
@@ -171,8 +191,12 @@ class GroupRelay:
             for worker in self.workers.values():
                 if worker.name not in existing:
                     worker.left_out = True
-                    self._problem(worker, f"{worker.name} does not exist in the database: create it with "
-                                          f"'outbox-pipelines db create-table {worker.name}'", shared)
+                    self._problem(
+                        worker,
+                        f"{worker.name} does not exist in the database: create it with "
+                        f"'outbox-pipelines db create-table {worker.name}'",
+                        shared,
+                    )
                     continue
                 try:
                     worker.destination = self._build(worker.settings, self.settings)
@@ -180,9 +204,17 @@ class GroupRelay:
                     worker.left_out = True
                     self._problem(worker, f"{worker.name}: its destination cannot be built: {exc}", shared)
                     continue
-                worker.relay = Relay(self.url, worker.settings, worker.destination, run_id=self.run_id, job=self.job,
-                                     worker_id=f"{self.worker_prefix}:{worker.name}", direct_url=self.direct_url,
-                                     progress=self._live(worker), progress_every_s=5.0)
+                worker.relay = Relay(
+                    self.url,
+                    worker.settings,
+                    worker.destination,
+                    run_id=self.run_id,
+                    job=self.job,
+                    worker_id=f"{self.worker_prefix}:{worker.name}",
+                    direct_url=self.direct_url,
+                    progress=self._live(worker),
+                    progress_every_s=5.0,
+                )
                 if shared.clear_relay_problem(worker.name):
                     log.warning("relay %s: its problem is over; relaying", worker.name)
                 worker.wake.set()  # every table is looked at once as the run starts
@@ -218,15 +250,21 @@ class GroupRelay:
         assert relay is not None  # _prepare built it; a table left out has no thread
         worker.active, worker.activations = True, worker.activations + 1
         try:
-            part = relay.run(max_seconds=max(self._time_left(), 0.0) if self._deadline else None, once=once,
-                             release=None if once else self._release)
+            part = relay.run(
+                max_seconds=max(self._time_left(), 0.0) if self._deadline else None,
+                once=once,
+                release=None if once else self._release,
+            )
         except Exception as exc:  # noqa: BLE001 - one table's relay must not take its group down
             worker.failures += 1
             wait = RETRY_BACKOFF_S[min(worker.failures, len(RETRY_BACKOFF_S)) - 1]
             worker.not_before = time.monotonic() + wait
             worker.wake.set()
-            self._problem(worker, f"{worker.name}: its relay failed ({type(exc).__name__}: {exc}); it is tried "
-                                  "again with a growing backoff (up to a minute), the group's other tables go on")
+            self._problem(
+                worker,
+                f"{worker.name}: its relay failed ({type(exc).__name__}: {exc}); it is tried "
+                "again with a growing backoff (up to a minute), the group's other tables go on",
+            )
             return
         finally:
             worker.active = False
@@ -281,23 +319,51 @@ class GroupRelay:
             log.warning("relay group %s: could not clear the problem of %s: %s", self.group, worker.name, exc)
         log.warning("relay %s: relaying again", worker.name)
 
-def run_group_relay(url: str, settings: Settings, group: str, *, max_seconds: float | None = None,
-                    once: bool = False, worker_prefix: str, run_id: str | None = None, job: str | None = None,
-                    direct_url: str | None = None, progress: Progress | None = None,
-                    group_started: Callable[[GroupRelay], None] | None = None,
-                    install_signal_handlers: bool = False, places: int = PLACES, linger_s: float = LINGER_S,
-                    slice_s: float = SLICE_S, poll_s: float = POLL_S) -> GroupReport:
+
+def run_group_relay(
+    url: str,
+    settings: Settings,
+    group: str,
+    *,
+    max_seconds: float | None = None,
+    once: bool = False,
+    worker_prefix: str,
+    run_id: str | None = None,
+    job: str | None = None,
+    direct_url: str | None = None,
+    progress: Progress | None = None,
+    group_started: Callable[[GroupRelay], None] | None = None,
+    install_signal_handlers: bool = False,
+    places: int = PLACES,
+    linger_s: float = LINGER_S,
+    slice_s: float = SLICE_S,
+    poll_s: float = POLL_S,
+) -> GroupReport:
     """Relay every table of ``group`` that relays (``relay_enabled``): what the CLI and the Dagster op call."""
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     names = [name for name in settings.groups().get(group, []) if settings.tables[name].relay_enabled]
     if not names:
         known = ", ".join(sorted(settings.groups())) or "none"
-        raise ConfigError(f"relay group {group!r} has no table to relay; groups: {known} "
-                          "(a table joins one with group = \"NAME\" in outbox.toml; the default group is 'default')")
-    relay = GroupRelay(url, settings, names, group=group, worker_prefix=worker_prefix, run_id=run_id, job=job,
-                       direct_url=direct_url or pooler.direct_database_url(), progress=progress, places=places,
-                       linger_s=linger_s, slice_s=slice_s, poll_s=poll_s)
+        raise ConfigError(
+            f"relay group {group!r} has no table to relay; groups: {known} "
+            "(a table joins one with group = \"NAME\" in outbox.toml; the default group is 'default')"
+        )
+    relay = GroupRelay(
+        url,
+        settings,
+        names,
+        group=group,
+        worker_prefix=worker_prefix,
+        run_id=run_id,
+        job=job,
+        direct_url=direct_url or pooler.direct_database_url(),
+        progress=progress,
+        places=places,
+        linger_s=linger_s,
+        slice_s=slice_s,
+        poll_s=poll_s,
+    )
     if install_signal_handlers:
         import signal
 

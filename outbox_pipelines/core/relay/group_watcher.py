@@ -22,8 +22,9 @@ log = logging.getLogger("outbox_pipelines.relay")
 
 
 class Watcher:
-    def __init__(self, url: str, group: str, workers: dict[str, TableWorker], *, poll_s: float,
-                 stop: StopRequest) -> None:
+    def __init__(
+        self, url: str, group: str, workers: dict[str, TableWorker], *, poll_s: float, stop: StopRequest
+    ) -> None:
         self.url, self.group, self.workers, self.poll_s, self.stop = url, group, workers, poll_s, stop
         self._listening: set[str] = set()
 
@@ -73,9 +74,11 @@ class Watcher:
         conn.close()
 
     def _wake_the_due(self, conn: psycopg.Connection) -> None:
-        quiet = {name: tuple(worker.settings.paused_topics) + tuple(worker.destination.paused_topics)
-                 for name, worker in self.workers.items()
-                 if not (worker.left_out or worker.active or worker.wake.is_set()) and worker.destination is not None}
+        quiet = {
+            name: tuple(worker.settings.paused_topics) + tuple(worker.destination.paused_topics)
+            for name, worker in self.workers.items()
+            if not (worker.left_out or worker.active or worker.wake.is_set()) and worker.destination is not None
+        }
         for name in ready_tables(conn, quiet):
             self.workers[name].wake.set()
 

@@ -23,8 +23,9 @@ from outbox_pipelines.core.models import ClaimedMessage, cap_error
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement, SharedTables
 
 
-def claim_outbox(conn: psycopg.Connection, table_name: str, worker_id: str, limit: int = 10,
-                 lease_seconds: float = 60) -> list[ClaimedMessage]:
+def claim_outbox(
+    conn: psycopg.Connection, table_name: str, worker_id: str, limit: int = 10, lease_seconds: float = 60
+) -> list[ClaimedMessage]:
     return OutboxTable(conn, table_name).claim(worker_id, limit, lease_seconds)
 
 
@@ -32,30 +33,70 @@ def _settle(conn: psycopg.Connection, table_name: str, worker_id: str, settlemen
     return settlement.id in OutboxTable(conn, table_name).settle(worker_id, [settlement])
 
 
-def ack_sent(conn: psycopg.Connection, table_name: str, item: ClaimedMessage, worker_id: str,
-             memory_id: str | None = None, *, dedup: bool = False) -> bool:
+def ack_sent(
+    conn: psycopg.Connection,
+    table_name: str,
+    item: ClaimedMessage,
+    worker_id: str,
+    memory_id: str | None = None,
+    *,
+    dedup: bool = False,
+) -> bool:
     audit = m.AUDIT_DEDUP_HIT if dedup else m.AUDIT_SUCCESS
-    return _settle(conn, table_name, worker_id, Settlement(item.id, item.attempts, "sent", audit,
-                                                           error_code=m.DEDUP_HIT if dedup else None, ref=memory_id))
+    return _settle(
+        conn,
+        table_name,
+        worker_id,
+        Settlement(item.id, item.attempts, "sent", audit, error_code=m.DEDUP_HIT if dedup else None, ref=memory_id),
+    )
 
 
-def fail_retry(conn: psycopg.Connection, table_name: str, item: ClaimedMessage, worker_id: str, error: str,
-               next_attempt_at: datetime, error_code: str = m.UNKNOWN) -> bool:
+def fail_retry(
+    conn: psycopg.Connection,
+    table_name: str,
+    item: ClaimedMessage,
+    worker_id: str,
+    error: str,
+    next_attempt_at: datetime,
+    error_code: str = m.UNKNOWN,
+) -> bool:
     """Back to pending until ``next_attempt_at`` (computed by the caller, as the seed says)."""
     delay = SharedTables(conn).seconds_until(next_attempt_at)
-    return _settle(conn, table_name, worker_id, Settlement(item.id, item.attempts, "pending", m.AUDIT_RETRY,
-                                                           delay_s=delay, error_code=error_code,
-                                                           error=cap_error(error)))
+    return _settle(
+        conn,
+        table_name,
+        worker_id,
+        Settlement(
+            item.id,
+            item.attempts,
+            "pending",
+            m.AUDIT_RETRY,
+            delay_s=delay,
+            error_code=error_code,
+            error=cap_error(error),
+        ),
+    )
 
 
-def mark_dead_by_worker(conn: psycopg.Connection, table_name: str, item: ClaimedMessage, worker_id: str, error: str,
-                        error_code: str = m.UNKNOWN) -> bool:
-    return _settle(conn, table_name, worker_id, Settlement(item.id, item.attempts, "dead", m.AUDIT_DEAD,
-                                                           error_code=error_code, error=cap_error(error)))
+def mark_dead_by_worker(
+    conn: psycopg.Connection,
+    table_name: str,
+    item: ClaimedMessage,
+    worker_id: str,
+    error: str,
+    error_code: str = m.UNKNOWN,
+) -> bool:
+    return _settle(
+        conn,
+        table_name,
+        worker_id,
+        Settlement(item.id, item.attempts, "dead", m.AUDIT_DEAD, error_code=error_code, error=cap_error(error)),
+    )
 
 
-def renew_lease(conn: psycopg.Connection, table_name: str, item: ClaimedMessage, worker_id: str,
-                lease_seconds: float = 60) -> bool:
+def renew_lease(
+    conn: psycopg.Connection, table_name: str, item: ClaimedMessage, worker_id: str, lease_seconds: float = 60
+) -> bool:
     return item.id in OutboxTable(conn, table_name).renew(worker_id, [(item.id, item.attempts)], lease_seconds)
 
 

@@ -22,8 +22,9 @@ class LeaseKeeper:
     the relay was declared dead meanwhile (``declared_dead``: the relay must stop claiming).
     """
 
-    def __init__(self, url: str, table_name: str, worker: str, lease_s: float,
-                 heartbeat_s: float = liveness.HEARTBEAT_EVERY_S) -> None:
+    def __init__(
+        self, url: str, table_name: str, worker: str, lease_s: float, heartbeat_s: float = liveness.HEARTBEAT_EVERY_S
+    ) -> None:
         self.url, self.table_name, self.worker, self.lease_s = url, table_name, worker, lease_s
         self.interval = max(lease_s / 3.0, 0.05)
         self.heartbeat_s = heartbeat_s
@@ -90,8 +91,11 @@ class LeaseKeeper:
     def _beat(self) -> None:
         if not liveness.heartbeat(self._connection(), self.worker):
             if not self.declared_dead:
-                log.error("relay %s: this relay (%s) was declared dead by the liveness sweep; stopping",
-                          self.table_name, self.worker)
+                log.error(
+                    "relay %s: this relay (%s) was declared dead by the liveness sweep; stopping",
+                    self.table_name,
+                    self.worker,
+                )
             self.declared_dead = True
         self._last_beat = time.monotonic()
 

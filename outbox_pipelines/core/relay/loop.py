@@ -71,8 +71,10 @@ class Relay:
         if not isinstance(destination, Destination):
             # The relay uses the base class's defaults (pipelined, paused_topics, after_settle): a
             # duck-typed object would fail at its first claim instead of here.
-            raise TypeError(f"{type(destination).__name__} is not a Destination: subclass "
-                            "outbox_pipelines.Destination and override deliver (and what else it needs)")
+            raise TypeError(
+                f"{type(destination).__name__} is not a Destination: subclass "
+                "outbox_pipelines.Destination and override deliver (and what else it needs)"
+            )
         self.url = url
         # the relay's session, when a transaction pooler sits at url (core/storage/pooler.py)
         self.direct_url = direct_url
@@ -81,8 +83,9 @@ class Relay:
         self.worker = worker_id or default_worker_id()
         self.run_id = run_id
         self.job = job  # the orchestrator's job this relay runs in (named by an alert if the relay dies)
-        self.guard = DestinationGuard(table.name, destination.name, threshold=table.circuit_threshold,
-                                      probe_interval_s=table.probe_interval_s)
+        self.guard = DestinationGuard(
+            table.name, destination.name, threshold=table.circuit_threshold, probe_interval_s=table.probe_interval_s
+        )
         self.uniform = uniform
         self.progress = progress
         self.progress_every_s = progress_every_s
@@ -105,8 +108,14 @@ class Relay:
         signal.signal(signal.SIGINT, self.request_stop)
 
     # -- the loop ------------------------------------------------------------
-    def run(self, *, max_seconds: float | None = None, max_entries: int | None = None,
-            once: bool = False, release: Release | None = None) -> RelayReport:
+    def run(
+        self,
+        *,
+        max_seconds: float | None = None,
+        max_entries: int | None = None,
+        once: bool = False,
+        release: Release | None = None,
+    ) -> RelayReport:
         """Relay under the budget; ``release`` may end the invocation between batches (see ``Release``)."""
         budget = Budget.starting_now(self._stop, max_seconds=max_seconds, max_entries=max_entries, once=once)
         run = self._start(budget)
@@ -132,10 +141,17 @@ class Relay:
         liveness.register(conn, self.worker, self.table.name, self.run_id, job=self.job)
         keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
         return Invocation(
-            budget, RelayReport(self.table.name, self.worker), session, OutboxTable(conn, self.table.name), keeper,
-            single_active=self.table.mode == "single-active", started=started,
-            next_progress=started + self.progress_every_s, next_requeue=started,
-            requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s), last_work=started,
+            budget,
+            RelayReport(self.table.name, self.worker),
+            session,
+            OutboxTable(conn, self.table.name),
+            keeper,
+            single_active=self.table.mode == "single-active",
+            started=started,
+            next_progress=started + self.progress_every_s,
+            next_requeue=started,
+            requeue_every=max(min(self.table.lease_s / 2.0, 30.0), self.table.poll_interval_s),
+            last_work=started,
         )
 
     def _hold_the_lock(self, run: Invocation) -> bool:
@@ -222,14 +238,20 @@ class Relay:
         empty claim and a gate read. A pipelined relay's last claim already came back empty; a one-shot
         run drains until a claim does; a session that cannot LISTEN polls. A batch cut short by the entry
         budget used the budget up: the invocation ends instead."""
-        return (run.session.listening and not run.budget.once and not self.destination.pipelined
-                and len(batch) < self.table.batch_size and run.budget.used_up(run.report.claimed) is None)
+        return (
+            run.session.listening
+            and not run.budget.once
+            and not self.destination.pipelined
+            and len(batch) < self.table.batch_size
+            and run.budget.used_up(run.report.claimed) is None
+        )
 
     def _idle(self, run: Invocation) -> bool:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""
         if run.budget.once:
-            run.report.stopped_because = (f"{self.pause.reason}; the rest waits as pending" if self.pause.active
-                                          else "nothing ready")
+            run.report.stopped_because = (
+                f"{self.pause.reason}; the rest waits as pending" if self.pause.active else "nothing ready"
+            )
             return False
         if take_wakeups(run.session):
             return True  # a NOTIFY came while the relay was busy: claim now, no next-due read, no wait
@@ -295,14 +317,25 @@ class Relay:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
             if self.table.claim == "transaction":
-                claimed = run.outbox_table.claim_held(limit, self.table.lease_s, paused_topics=self._paused_topics(),
-                                                      gated=gated, reuse_plan=self._claims_are_small)
+                claimed = run.outbox_table.claim_held(
+                    limit,
+                    self.table.lease_s,
+                    paused_topics=self._paused_topics(),
+                    gated=gated,
+                    reuse_plan=self._claims_are_small,
+                )
             else:
-                claimed = run.outbox_table.claim(self.worker, limit, self.table.lease_s,
-                                                 paused_topics=self._paused_topics(),
-                                                 max_attempts=self.table.retry.max_attempts,
-                                                 audit_claims=self.table.audit == "all", fast_commit=True,
-                                                 gated=gated, reuse_plan=self._claims_are_small)
+                claimed = run.outbox_table.claim(
+                    self.worker,
+                    limit,
+                    self.table.lease_s,
+                    paused_topics=self._paused_topics(),
+                    max_attempts=self.table.retry.max_attempts,
+                    audit_claims=self.table.audit == "all",
+                    fast_commit=True,
+                    gated=gated,
+                    reuse_plan=self._claims_are_small,
+                )
             span.set_attribute("outbox.claimed", len(claimed))
         return claimed
 
@@ -314,9 +347,12 @@ class Relay:
         now = time.monotonic()
         if now < run.next_requeue:
             return
-        rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=self.table.stuck_threshold_s,
-                                              max_attempts=self.table.retry.max_attempts,
-                                              pass_over_dead=self.table.ordering == "skip")
+        rows = run.outbox_table.requeue_stuck(
+            self.worker,
+            stuck_after_s=self.table.stuck_threshold_s,
+            max_attempts=self.table.retry.max_attempts,
+            pass_over_dead=self.table.ordering == "skip",
+        )
         run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
         ordering.sweep(run.outbox_table, self.table, run.ordering_sweep, worker=self.worker)
         run.next_requeue = now + run.requeue_every

@@ -31,8 +31,9 @@ SWEEP_PAGE = 500
 SKIP_POLICY_REASON = "the table's ordering policy is skip"
 
 
-def release_contended(outbox_table: OutboxTable, *, patient: bool = True,
-                      sleep: Callable[[float], None] = time.sleep) -> list[str]:
+def release_contended(
+    outbox_table: OutboxTable, *, patient: bool = True, sleep: Callable[[float], None] = time.sleep
+) -> list[str]:
     """Release the keys the settles left contended; the keys still held after a few tries stay for the
     next call (and the sweep). Run outside a transaction: a writer's commit waits for ours.
 
@@ -58,15 +59,20 @@ class SweepCursor:
     released: int = 0
 
 
-def sweep(outbox_table: OutboxTable, table: TableSettings, cursor: SweepCursor, *, worker: str,
-          page: int = SWEEP_PAGE) -> int:
+def sweep(
+    outbox_table: OutboxTable, table: TableSettings, cursor: SweepCursor, *, worker: str, page: int = SWEEP_PAGE
+) -> int:
     """One page of the backstop: keys whose head waits with nothing before it are released, and under
     ``ordering = "skip"`` parked dead heads are passed over. How many keys it let go."""
     freed = 0
     if table.ordering == "skip":
-        freed += sum(1 for row in outbox_table.skip_dead_heads(worker, ids=None, ordering_key=None,
-                                                               reason=SKIP_POLICY_REASON, dry_run=False,
-                                                               limit=page) if row["skipped"])
+        freed += sum(
+            1
+            for row in outbox_table.skip_dead_heads(
+                worker, ids=None, ordering_key=None, reason=SKIP_POLICY_REASON, dry_run=False, limit=page
+            )
+            if row["skipped"]
+        )
     row = outbox_table.unblock_sweep(after_key=cursor.after_key, limit=page)
     cursor.after_key = row["last_key"] or ""
     freed += len(row["released"])
@@ -99,31 +105,53 @@ class SkipReport:
     def summary(self) -> str:
         """One sentence for the CLI and the Dagster run."""
         if not self.matched:
-            return (f"{self.table}: no parked dead message matches (a skip applies to a dead message with an "
-                    "ordering key that it still blocks; 'outbox-pipelines status' lists them). Nothing changed.")
+            return (
+                f"{self.table}: no parked dead message matches (a skip applies to a dead message with an "
+                "ordering key that it still blocks; 'outbox-pipelines status' lists them). Nothing changed."
+            )
         keys = f"{len(self.keys)} key{'' if len(self.keys) == 1 else 's'}"
         if self.dry_run:
-            return (f"dry run: nothing changed. {len(self.matched)} dead message(s) would be passed over and the "
-                    f"rest of {keys} would go on without them; run again without the dry run to do it.")
-        return (f"{self.table}: {self.skipped} dead message{'' if self.skipped == 1 else 's'} passed over (still "
-                f"dead, audited as outbox_skip, replayable); the later messages of {keys} go on in order.")
+            return (
+                f"dry run: nothing changed. {len(self.matched)} dead message(s) would be passed over and the "
+                f"rest of {keys} would go on without them; run again without the dry run to do it."
+            )
+        return (
+            f"{self.table}: {self.skipped} dead message{'' if self.skipped == 1 else 's'} passed over (still "
+            f"dead, audited as outbox_skip, replayable); the later messages of {keys} go on in order."
+        )
 
 
-def skip_dead_heads(url: str, table: TableSettings, *, ids: Sequence[int] | None = None,
-                    ordering_key: str | None = None, dry_run: bool = False, worker: str = "operator",
-                    reason: str = "skipped by an operator", limit: int = 1000) -> SkipReport:
+def skip_dead_heads(
+    url: str,
+    table: TableSettings,
+    *,
+    ids: Sequence[int] | None = None,
+    ordering_key: str | None = None,
+    dry_run: bool = False,
+    worker: str = "operator",
+    reason: str = "skipped by an operator",
+    limit: int = 1000,
+) -> SkipReport:
     """Pass over parked dead messages, named by id or by key: they stay dead (replayable, audited as
     outbox_skip), and the later messages of their keys go on in order. ``dry_run`` shows them only."""
     if not ids and ordering_key is None:
-        raise ConfigError(f"a skip names the dead messages to pass over: their ids (--id, repeatable; ids in "
-                          f"skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched; "
-                          f"'outbox-pipelines status --table {table.name}' names the blocked keys and their dead "
-                          f"messages.")
+        raise ConfigError(
+            f"a skip names the dead messages to pass over: their ids (--id, repeatable; ids in "
+            f"skip_dead_job) or their ordering key (--key; ordering_key). Nothing was touched; "
+            f"'outbox-pipelines status --table {table.name}' names the blocked keys and their dead "
+            f"messages."
+        )
     report = SkipReport(table.name, dry_run)
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, table.name)
-        rows = outbox_table.skip_dead_heads(worker, ids=list(ids) if ids else None, ordering_key=ordering_key,
-                                            reason=reason, dry_run=dry_run, limit=limit)
+        rows = outbox_table.skip_dead_heads(
+            worker,
+            ids=list(ids) if ids else None,
+            ordering_key=ordering_key,
+            reason=reason,
+            dry_run=dry_run,
+            limit=limit,
+        )
         release_contended(outbox_table)
     report.matched = [(row["id"], row["ordering_key"], row["last_error_code"]) for row in rows]
     report.skipped = sum(1 for row in rows if row["skipped"])

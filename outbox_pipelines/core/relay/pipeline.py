@@ -29,8 +29,14 @@ class Pipeline:
         self._thread: ThreadPoolExecutor | None = None
         self._in_flight: Future[list[Outcome]] | None = None
 
-    def run(self, outbox_table: OutboxTable, keeper: LeaseKeeper, first: list[ClaimedMessage], report: RelayReport,
-            claim_next: Callable[[], list[ClaimedMessage]]) -> None:
+    def run(
+        self,
+        outbox_table: OutboxTable,
+        keeper: LeaseKeeper,
+        first: list[ClaimedMessage],
+        report: RelayReport,
+        claim_next: Callable[[], list[ClaimedMessage]],
+    ) -> None:
         """Relay ``first`` and the batches ``claim_next`` gives, until it gives none (no ready rows, a budget,
         a stop or a 429 pause); every batch in flight is settled before this returns."""
         if self._thread is None:
@@ -50,8 +56,15 @@ class Pipeline:
             self._thread.shutdown(wait=True)
             self._thread = None
 
-    def _loop(self, outbox_table: OutboxTable, keeper: LeaseKeeper, current: list[ClaimedMessage], plan: DispatchPlan,
-              report: RelayReport, claim_next: Callable[[], list[ClaimedMessage]]) -> None:
+    def _loop(
+        self,
+        outbox_table: OutboxTable,
+        keeper: LeaseKeeper,
+        current: list[ClaimedMessage],
+        plan: DispatchPlan,
+        report: RelayReport,
+        claim_next: Callable[[], list[ClaimedMessage]],
+    ) -> None:
         assert self._thread is not None and self._in_flight is not None
         while True:
             upcoming = claim_next()

@@ -28,8 +28,7 @@ _ALL_HELD_S = 10 * 365 * 86400.0
 
 
 class Recovery:
-    def __init__(self, url: str, direct_url: str | None, table: TableSettings, worker: str,
-                 stop: StopRequest) -> None:
+    def __init__(self, url: str, direct_url: str | None, table: TableSettings, worker: str, stop: StopRequest) -> None:
         self.url, self.direct_url, self.table, self.worker, self.stop = url, direct_url, table, worker, stop
 
     def reconnect(self, run: Invocation) -> RelaySession | None:
@@ -61,8 +60,13 @@ class Recovery:
         code = m.AUDIT_DB_TIMEOUT if isinstance(exc, psycopg.errors.QueryCanceled) else m.AUDIT_DB_ERROR
         try:
             # With no batch yet (the claim itself failed): one row about the table, no message id.
-            outbox_table.audit_messages([msg.id for msg in batch], code=code, error_code=type(exc).__name__,
-                                        worker=self.worker, detail=cap_error(str(exc)))
+            outbox_table.audit_messages(
+                [msg.id for msg in batch],
+                code=code,
+                error_code=type(exc).__name__,
+                worker=self.worker,
+                detail=cap_error(str(exc)),
+            )
         except psycopg.Error:
             log.warning("relay %s: could not audit %s", self.table.name, code)
 
@@ -71,10 +75,13 @@ class Recovery:
         answer was lost) go back to pending now, so none strands until its lease expires. Their attempt
         stays counted: they may have been delivered, and will be again (the idempotency key makes it once)."""
         try:
-            rows = run.outbox_table.requeue_stuck(self.worker, stuck_after_s=_ALL_HELD_S,
-                                                  max_attempts=self.table.retry.max_attempts,
-                                                  dead_holder=self.worker,
-                                                  pass_over_dead=self.table.ordering == "skip")
+            rows = run.outbox_table.requeue_stuck(
+                self.worker,
+                stuck_after_s=_ALL_HELD_S,
+                max_attempts=self.table.retry.max_attempts,
+                dead_holder=self.worker,
+                pass_over_dead=self.table.ordering == "skip",
+            )
         except psycopg.Error as exc:
             log.warning("relay %s: could not give back the rows it held: %s", self.table.name, exc)
             return

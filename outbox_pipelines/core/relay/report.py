@@ -59,8 +59,12 @@ class LagSample:
         def at(q: float) -> float | None:
             return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else None
 
-        return {"lag_p50_s": at(0.50), "lag_p95_s": at(0.95), "lag_p99_s": at(0.99),
-                "lag_max_s": ordered[-1] if ordered else None}
+        return {
+            "lag_p50_s": at(0.50),
+            "lag_p95_s": at(0.95),
+            "lag_p99_s": at(0.99),
+            "lag_max_s": ordered[-1] if ordered else None,
+        }
 
 
 def by_code(counts: dict[str, int]) -> str:
@@ -131,8 +135,10 @@ class RelayReport:
 
     def progress_line(self) -> str:
         """The running counts, as the CLI's progress and the Dagster run log show them."""
-        return (f"sent {self.sent}, retried {self.retried}, dead {self.dead}, conflicts {self.conflicts} "
-                f"({self.throughput:.0f} msg/s)")
+        return (
+            f"sent {self.sent}, retried {self.retried}, dead {self.dead}, conflicts {self.conflicts} "
+            f"({self.throughput:.0f} msg/s)"
+        )
 
     def add_batch(self, counts: BatchCounts) -> None:
         self.batches += 1
@@ -150,12 +156,25 @@ class RelayReport:
     def merge(self, other: "RelayReport") -> None:
         """Add another invocation of the same table's relay (a relay group's activations): counts, seconds and
         lag add up; the circuit and the stop reason are the latest's."""
-        for name in ("claimed", "sent", "retried", "dead", "conflicts", "dedup_hits", "requeued", "batches",
-                     "db_errors", "rate_limited", "probes"):
+        for name in (
+            "claimed",
+            "sent",
+            "retried",
+            "dead",
+            "conflicts",
+            "dedup_hits",
+            "requeued",
+            "batches",
+            "db_errors",
+            "rate_limited",
+            "probes",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.seconds += other.seconds
-        for mine, theirs in ((self.dead_by_code, other.dead_by_code),
-                             (self.destination_failures, other.destination_failures)):
+        for mine, theirs in (
+            (self.dead_by_code, other.dead_by_code),
+            (self.destination_failures, other.destination_failures),
+        ):
             for code, n in theirs.items():
                 mine[code] = mine.get(code, 0) + n
         self.lag.add_each(other.lag.values, float)

@@ -62,11 +62,16 @@ def open_relay_session(url: str, table: TableSettings, direct_url: str | None = 
                 f"table {table.name} is single-active: its relay holds a session lock, which cannot pass the "
                 f"connection pooler at {redact(url)}. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct "
                 "connection to PostgreSQL (or a session-mode pool) for the relay's session, "
-                f'or make the table competing (mode = "competing").')
-        pooler.say_once(f"listen {redact(url)}", (
-            f"relay {table.name}: a connection pooler sits between the relay and PostgreSQL at {redact(url)}, "
-            f"and LISTEN/NOTIFY cannot pass a transaction pooler: polling every {table.idle_sleep_s:g}s instead "
-            f"of waking on enqueue. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct connection to wake at once."))
+                f'or make the table competing (mode = "competing").'
+            )
+        pooler.say_once(
+            f"listen {redact(url)}",
+            (
+                f"relay {table.name}: a connection pooler sits between the relay and PostgreSQL at {redact(url)}, "
+                f"and LISTEN/NOTIFY cannot pass a transaction pooler: polling every {table.idle_sleep_s:g}s instead "
+                f"of waking on enqueue. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct connection to wake at once."
+            ),
+        )
         return RelaySession(conn, listening=False)
     # LISTEN takes the channel as an identifier, which no query parameter can bind: composed, quoted, here.
     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table.name))))

@@ -47,17 +47,33 @@ def plan_settlement(
     if outcome.kind == "dead":
         return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=error)
     if outcome.code == m.RATE_LIMITED or outcome.delay_s is not None:
-        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
-                          delay_s=throttle_delay(outcome, message, table, uniform), refund=True)
+        return Settlement(
+            message.id,
+            message.attempts,
+            "pending",
+            m.AUDIT_RETRY,
+            error_code=code,
+            error=error,
+            delay_s=throttle_delay(outcome, message, table, uniform),
+            refund=True,
+        )
     if circuit_open and outcome.code in DESTINATION_FAILURES:
         # The circuit paces the retries (one probe at a time): due again at once, attempt given back.
-        return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
-                          refund=True)
+        return Settlement(
+            message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error, refund=True
+        )
     if message.attempts >= table.retry.max_attempts:
         error = f"gave up after {message.attempts} of {table.retry.max_attempts} attempts: {outcome.error or code}"
         return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(error))
-    return Settlement(message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error,
-                      delay_s=table.retry.delay_s(message.attempts, uniform))
+    return Settlement(
+        message.id,
+        message.attempts,
+        "pending",
+        m.AUDIT_RETRY,
+        error_code=code,
+        error=error,
+        delay_s=table.retry.delay_s(message.attempts, uniform),
+    )
 
 
 def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettings, uniform: UniformSource) -> float:
@@ -66,32 +82,53 @@ def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettin
         return table.retry.delay_s(message.attempts, uniform)
     asked = max(outcome.delay_s, 0.0)
     if asked > table.max_retry_after_s:
-        log.warning("%s: the destination asked to retry after %.0fs; capped at max_retry_after %.0fs",
-                    table.name, asked, table.max_retry_after_s)
+        log.warning(
+            "%s: the destination asked to retry after %.0fs; capped at max_retry_after %.0fs",
+            table.name,
+            asked,
+            table.max_retry_after_s,
+        )
         return table.max_retry_after_s
     return asked
 
 
-def settle_batch(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
-                 table: TableSettings) -> set[int] | None:
+def settle_batch(
+    outbox_table: OutboxTable, worker: str, settlements: list[Settlement], table: TableSettings
+) -> set[int] | None:
     """Settle the batch in one statement: the ids settled, or None when the database refused it for a
     data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
     statement timeout is not a data reason: it propagates."""
-    return _unless_refused(outbox_table, table,
-                           lambda: outbox_table.settle(worker, settlements, **settle_options(table)))
+    return _unless_refused(
+        outbox_table, table, lambda: outbox_table.settle(worker, settlements, **settle_options(table))
+    )
 
 
-def settle_delivered(outbox_table: OutboxTable, worker: str, batch: Sequence[ClaimedMessage],
-                     outcomes: Sequence[Outcome], table: TableSettings) -> set[int] | None:
+def settle_delivered(
+    outbox_table: OutboxTable,
+    worker: str,
+    batch: Sequence[ClaimedMessage],
+    outcomes: Sequence[Outcome],
+    table: TableSettings,
+) -> set[int] | None:
     """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
     would be plainly sent): no settlement is planned per message."""
     fast_commit = commits_without_flush(outbox_table.conn, table, delivered=len(batch))
     # A destination's references (a broker's stream:seq or offset) go with them, kept as result_ref and in
     # the audit as for any settle.
     refs = [outcome.ref for outcome in outcomes] if any(outcome.ref for outcome in outcomes) else None
-    return _unless_refused(outbox_table, table, lambda: outbox_table.settle_sent(
-        worker, [msg.id for msg in batch], [msg.attempts for msg in batch], audit_code=m.AUDIT_SUCCESS,
-        refs=refs, fast_commit=fast_commit, **settle_options(table)))
+    return _unless_refused(
+        outbox_table,
+        table,
+        lambda: outbox_table.settle_sent(
+            worker,
+            [msg.id for msg in batch],
+            [msg.attempts for msg in batch],
+            audit_code=m.AUDIT_SUCCESS,
+            refs=refs,
+            fast_commit=fast_commit,
+            **settle_options(table),
+        ),
+    )
 
 
 def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int) -> bool:
@@ -105,16 +142,14 @@ def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, del
     one flush is shared by the whole batch, and a crash then re-sends only what was in flight.
     Only on the relay's own autocommit session: inside a transaction it would make all of it so.
     """
-    return (table.claim == "lease" and delivered < table.batch_size and conn.autocommit
-            and not _in_transaction(conn))
+    return table.claim == "lease" and delivered < table.batch_size and conn.autocommit and not _in_transaction(conn)
 
 
 def _in_transaction(conn: psycopg.Connection) -> bool:
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
-def _unless_refused(outbox_table: OutboxTable, table: TableSettings,
-                    settle: Callable[[], set[int]]) -> set[int] | None:
+def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Callable[[], set[int]]) -> set[int] | None:
     conn = outbox_table.conn
     try:
         if not _in_transaction(conn):
@@ -143,12 +178,16 @@ class SettleOptions(TypedDict):
 def settle_options(table: TableSettings) -> SettleOptions:
     """How ``OutboxTable.settle`` writes this table's outcomes: held rows, whether deliveries are audited,
     and whether a keyed message that dies lets the rest of its key go."""
-    return {"held": table.claim == "transaction", "audit_successes": table.audit == "all",
-            "pass_over_dead": table.ordering == "skip"}
+    return {
+        "held": table.claim == "transaction",
+        "audit_successes": table.audit == "all",
+        "pass_over_dead": table.ordering == "skip",
+    }
 
 
-def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[Settlement],
-                      table: TableSettings) -> set[int]:
+def settle_row_by_row(
+    outbox_table: OutboxTable, worker: str, settlements: list[Settlement], table: TableSettings
+) -> set[int]:
     """Each row in a transaction (a savepoint inside one) of its own; a refused row ends as DB_ERROR, never stuck."""
     settled: set[int] = set()
     options = settle_options(table)
@@ -160,8 +199,9 @@ def settle_row_by_row(outbox_table: OutboxTable, worker: str, settlements: list[
             raise
         except psycopg.Error as exc:
             # The unrecordable row is audited whatever the audit setting: it is a failure.
-            settled |= outbox_table.settle(worker, [_unrecordable(settlement, exc)], held=options["held"],
-                                           pass_over_dead=options["pass_over_dead"])
+            settled |= outbox_table.settle(
+                worker, [_unrecordable(settlement, exc)], held=options["held"], pass_over_dead=options["pass_over_dead"]
+            )
     return settled
 
 
@@ -170,7 +210,10 @@ def _unrecordable(settlement: Settlement, exc: psycopg.Error) -> Settlement:
     002 says; dead would make a replay run the handler again. Anything else: dead, visible."""
     delivered = settlement.status in ("sent", "deleted")
     return Settlement(
-        settlement.id, settlement.attempts, "sent" if delivered else "dead", m.AUDIT_DB_ERROR,
+        settlement.id,
+        settlement.attempts,
+        "sent" if delivered else "dead",
+        m.AUDIT_DB_ERROR,
         error_code="DB_ERROR",
         error=cap_error(f"could not record the outcome ({settlement.status}, {settlement.error_code}): {exc}"),
     )

@@ -19,18 +19,24 @@ class SendSpans:
         self.messages = []
         for message in messages:
             span = tracer.start_span(
-                f"outbox.send {message.topic}", context=tracing.context_of(message.headers),
+                f"outbox.send {message.topic}",
+                context=tracing.context_of(message.headers),
                 kind=trace.SpanKind.PRODUCER,
-                attributes={"messaging.system": "outbox", "messaging.destination.name": table_name,
-                            "outbox.table": table_name, "outbox.topic": message.topic,
-                            "outbox.event_id": message.event_id,
-                            "outbox.attempt": message.attempts,
-                            "outbox.tenant": metrics.tenant_label(table_name, message.tenant_id)},
+                attributes={
+                    "messaging.system": "outbox",
+                    "messaging.destination.name": table_name,
+                    "outbox.table": table_name,
+                    "outbox.topic": message.topic,
+                    "outbox.event_id": message.event_id,
+                    "outbox.attempt": message.attempts,
+                    "outbox.tenant": metrics.tenant_label(table_name, message.tenant_id),
+                },
             )
             self.spans.append(span)
             parent = tracing.traceparent(span)
-            self.messages.append(replace(message, headers={**message.headers, tracing.TRACEPARENT: parent})
-                                 if parent else message)
+            self.messages.append(
+                replace(message, headers={**message.headers, tracing.TRACEPARENT: parent}) if parent else message
+            )
 
     def end(self, outcomes: Sequence[Outcome]) -> None:
         # Ends only the spans of the outcomes there are (a destination that breaks its contract may answer fewer).

@@ -38,8 +38,16 @@ def run_table_relay(
     table = settings.table(table_name)
     owned = destination is None
     destination = destination or build_destination(table, settings)
-    relay = Relay(url, table, destination, worker_id=worker_id, progress=progress, run_id=run_id, job=job,
-                  direct_url=pooler.direct_database_url())
+    relay = Relay(
+        url,
+        table,
+        destination,
+        worker_id=worker_id,
+        progress=progress,
+        run_id=run_id,
+        job=job,
+        direct_url=pooler.direct_database_url(),
+    )
     if install_signal_handlers:
         relay.install_signal_handlers()
     if relay_started is not None:

@@ -26,10 +26,14 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "options" in kwargs and _POOLER_REFUSES_OPTIONS in reason:
-            pooler.say_once(f"options {redact(url)}", (
-                f"the connection pooler at {redact(url)} refuses session settings at connect "
-                f"({kwargs['options']}); connecting without them. Set them on the database role instead "
-                "(ALTER ROLE ... SET statement_timeout = '30s'), or in the pooler (PgBouncer's query_timeout)."))
+            pooler.say_once(
+                f"options {redact(url)}",
+                (
+                    f"the connection pooler at {redact(url)} refuses session settings at connect "
+                    f"({kwargs['options']}); connecting without them. Set them on the database role instead "
+                    "(ALTER ROLE ... SET statement_timeout = '30s'), or in the pooler (PgBouncer's query_timeout)."
+                ),
+            )
             return connect(url, autocommit=autocommit, **{k: v for k, v in kwargs.items() if k != "options"})
         error = DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact(url)}: {scrub(reason, url)}. "

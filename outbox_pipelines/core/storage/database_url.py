@@ -20,7 +20,7 @@ def psycopg_url(url: str) -> str:
     """A libpq URL: drop SQLAlchemy's driver suffix if present."""
     for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
+            return "postgresql://" + url[len(prefix) :]
     return url
 
 
@@ -30,8 +30,10 @@ _PASSWORD_PARAM = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<value>'(?:[
 
 # What follows the ``@`` of user-info: a host list as libpq takes it (names, IPv6 in brackets, ports), or nothing
 # (a Unix socket in the query), up to the path, the query or the end.
-_HOSTS_AFTER_AT = re.compile(r"@(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)?(?::\d*)?"
-                             r"(?:,(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)(?::\d*)?)*(?=[/?#]|$)")
+_HOSTS_AFTER_AT = re.compile(
+    r"@(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)?(?::\d*)?"
+    r"(?:,(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)(?::\d*)?)*(?=[/?#]|$)"
+)
 
 
 def _userinfo_span(url: str) -> tuple[int, int] | None:
@@ -63,7 +65,7 @@ def mask_password(url: str) -> str:
     """The URL (or key=value conninfo) with any password shown as ``***``; parsable or not."""
     span = _userinfo_span(url)
     if span is not None:
-        url = url[: span[0]] + "***" + url[span[1]:]
+        url = url[: span[0]] + "***" + url[span[1] :]
     return _PASSWORD_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), url)
 
 
@@ -77,7 +79,7 @@ def _secrets_of(url: str) -> set[str]:
     found: set[str] = set()
     span = _userinfo_span(url)
     if span is not None:
-        found.add(url[span[0]:span[1]])
+        found.add(url[span[0] : span[1]])
     for match in _PASSWORD_PARAM.finditer(url):
         found.add(match.group("value").strip("'"))
     try:
@@ -112,7 +114,7 @@ def _mask_fragments(text: str, secrets: list[str], shortest: int = 4) -> str:
         length = 0
         for secret in secrets:
             n = shortest
-            while i + n <= len(text) and text[i:i + n] in secret:
+            while i + n <= len(text) and text[i : i + n] in secret:
                 n += 1
             length = max(length, n - 1 if n - 1 >= shortest else 0)
         if length:
@@ -163,4 +165,4 @@ def sqlalchemy_url(url: str) -> str:
     info = parse_url(url)  # a malformed URL fails here, masked, not inside SQLAlchemy with the password shown
     if not url.startswith(("postgresql://", "postgres://")):
         url = url_with_database(url, str(info.get("dbname") or "postgres"))
-    return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return "postgresql+psycopg://" + url[len("postgresql://") :]

@@ -56,13 +56,40 @@ from outbox_pipelines.core.storage.project_dir import (
 )
 
 __all__ = [
-    "DATABASE_URL_ENV", "EMBEDDED_DATABASE", "EMBEDDED_DIR_ENV", "EMBEDDED_SERVER_OPTIONS", "PRIVATE_DIR_MODE",
-    "PRIVATE_FILE_MODE", "PROJECT_MARKERS", "RELOCATED_DATA_BASE", "SERVER_USER_AS_ROOT", "SOCKET_DIR_PREFIX",
-    "SOCKET_NAME", "SOCKET_PATH_MAX", "ResolvedDatabase", "connect", "create_database_if_missing",
-    "driver_connection", "embedded_dir", "embedded_socket_dir", "make_private_dirs", "mask_password", "parse_url",
-    "private_embedded_dir", "private_socket_dir", "project_root", "psycopg_url", "redact",
-    "refuse_a_server_outside_any_project", "resolve_database", "scrub", "sqlalchemy_url", "start_embedded",
-    "stop_embedded", "url_with_database", "write_private_file",
+    "DATABASE_URL_ENV",
+    "EMBEDDED_DATABASE",
+    "EMBEDDED_DIR_ENV",
+    "EMBEDDED_SERVER_OPTIONS",
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
+    "PROJECT_MARKERS",
+    "RELOCATED_DATA_BASE",
+    "SERVER_USER_AS_ROOT",
+    "SOCKET_DIR_PREFIX",
+    "SOCKET_NAME",
+    "SOCKET_PATH_MAX",
+    "ResolvedDatabase",
+    "connect",
+    "create_database_if_missing",
+    "driver_connection",
+    "embedded_dir",
+    "embedded_socket_dir",
+    "make_private_dirs",
+    "mask_password",
+    "parse_url",
+    "private_embedded_dir",
+    "private_socket_dir",
+    "project_root",
+    "psycopg_url",
+    "redact",
+    "refuse_a_server_outside_any_project",
+    "resolve_database",
+    "scrub",
+    "sqlalchemy_url",
+    "start_embedded",
+    "stop_embedded",
+    "url_with_database",
+    "write_private_file",
 ]
 
 
@@ -82,7 +109,8 @@ def resolve_database(announce: bool = True) -> ResolvedDatabase:
     refuse_a_server_outside_any_project(root)
     url = start_embedded(root)
     resolved = ResolvedDatabase(
-        url, True, f"using the embedded PostgreSQL under {root}: {redact(url)} (OUTBOX_DATABASE_URL is unset)")
+        url, True, f"using the embedded PostgreSQL under {root}: {redact(url)} (OUTBOX_DATABASE_URL is unset)"
+    )
     if announce:
         print(resolved.description, file=sys.stderr)
     return resolved

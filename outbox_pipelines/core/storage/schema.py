@@ -6,11 +6,19 @@ from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import Row, SharedTables
 
 # Columns that make an existing table one of ours (created by an older version, say).
-OUTBOX_COLUMNS = frozenset({"id", "event_id", "topic", "payload", "payload_sha", "headers", "status", "attempts",
-                            "available_at"})
+OUTBOX_COLUMNS = frozenset(
+    {"id", "event_id", "topic", "payload", "payload_sha", "headers", "status", "attempts", "available_at"}
+)
 # pg_class.relkind as a person calls it.
-RELATION_KINDS = {"r": "table", "v": "view", "m": "materialized view", "S": "sequence", "p": "partitioned table",
-                  "f": "foreign table", "i": "index"}
+RELATION_KINDS = {
+    "r": "table",
+    "v": "view",
+    "m": "materialized view",
+    "S": "sequence",
+    "p": "partitioned table",
+    "f": "foreign table",
+    "i": "index",
+}
 
 
 def create_table(url: str, table_name: str, *, dedup_index: bool = False) -> bool:

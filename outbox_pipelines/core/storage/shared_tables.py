@@ -37,10 +37,29 @@ class SharedTables:
         return float(self._run("database_seconds_until", {"at": at, "now": now})[0]["seconds"])
 
     # -- relay liveness (outbox_relay_workers) -------------------------------
-    def register_relay(self, *, worker: str, table_name: str, run_id: str | None, pid: int, host: str,
-                       job: str | None = None, now: datetime | None = None) -> None:
-        self._run("outbox_relay_workers_register", {"worker": worker, "table_name": table_name, "run_id": run_id,
-                                                     "job": job, "pid": pid, "host": host, "now": now})
+    def register_relay(
+        self,
+        *,
+        worker: str,
+        table_name: str,
+        run_id: str | None,
+        pid: int,
+        host: str,
+        job: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        self._run(
+            "outbox_relay_workers_register",
+            {
+                "worker": worker,
+                "table_name": table_name,
+                "run_id": run_id,
+                "job": job,
+                "pid": pid,
+                "host": host,
+                "now": now,
+            },
+        )
 
     def heartbeat_relay(self, worker: str, *, now: datetime | None = None) -> bool:
         """False if the relay is recorded as stopped (declared dead meanwhile)."""
@@ -63,29 +82,59 @@ class SharedTables:
         rows = self._run("outbox_destination_gate", {"table_name": table_name, "now": now})
         return rows[0] if rows else None
 
-    def take_destination_probe(self, table_name: str, *, probe_interval_s: float,
-                               now: datetime | None = None) -> bool:
+    def take_destination_probe(self, table_name: str, *, probe_interval_s: float, now: datetime | None = None) -> bool:
         """True if this relay may send the open circuit's next probe (the next one is then due later)."""
-        return self._count("outbox_destination_take_probe",
-                           {"table_name": table_name, "probe_interval_s": probe_interval_s, "now": now}) > 0
+        return (
+            self._count(
+                "outbox_destination_take_probe",
+                {"table_name": table_name, "probe_interval_s": probe_interval_s, "now": now},
+            )
+            > 0
+        )
 
-    def pause_destination(self, table_name: str, *, destination: str, delay_s: float, reason: str,
-                          now: datetime | None = None) -> None:
-        self._run("outbox_destination_pause", {"table_name": table_name, "destination": destination,
-                                               "delay_s": delay_s, "reason": reason, "now": now})
+    def pause_destination(
+        self, table_name: str, *, destination: str, delay_s: float, reason: str, now: datetime | None = None
+    ) -> None:
+        self._run(
+            "outbox_destination_pause",
+            {"table_name": table_name, "destination": destination, "delay_s": delay_s, "reason": reason, "now": now},
+        )
 
     def record_destination_success(self, table_name: str, *, destination: str, now: datetime | None = None) -> bool:
         """End the failure streak and close the circuit; True once written (the row is upserted)."""
-        return self._count("outbox_destination_health_success",
-                           {"table_name": table_name, "destination": destination, "now": now}) > 0
+        return (
+            self._count(
+                "outbox_destination_health_success", {"table_name": table_name, "destination": destination, "now": now}
+            )
+            > 0
+        )
 
-    def record_destination_failures(self, table_name: str, *, destination: str, failures: int,
-                                    codes: dict[str, int], error: str | None, threshold: int,
-                                    probe_interval_s: float, now: datetime | None = None) -> bool:
+    def record_destination_failures(
+        self,
+        table_name: str,
+        *,
+        destination: str,
+        failures: int,
+        codes: dict[str, int],
+        error: str | None,
+        threshold: int,
+        probe_interval_s: float,
+        now: datetime | None = None,
+    ) -> bool:
         """Extend the failure streak by ``failures``; True if the circuit is open now."""
-        rows = self._run("outbox_destination_health_failure", {
-            "table_name": table_name, "destination": destination, "failures": failures, "codes": Jsonb(codes),
-            "error": error, "threshold": threshold, "probe_interval_s": probe_interval_s, "now": now})
+        rows = self._run(
+            "outbox_destination_health_failure",
+            {
+                "table_name": table_name,
+                "destination": destination,
+                "failures": failures,
+                "codes": Jsonb(codes),
+                "error": error,
+                "threshold": threshold,
+                "probe_interval_s": probe_interval_s,
+                "now": now,
+            },
+        )
         return bool(rows[0]["circuit_open"])
 
     def record_relay_problem(self, table_name: str, problem: str, *, now: datetime | None = None) -> None:
@@ -103,10 +152,27 @@ class SharedTables:
     def read_alert_states(self, keys: Sequence[str]) -> list[Row]:
         return self._run("outbox_alert_state_read", {"keys": list(keys)})
 
-    def write_alert_state(self, *, key: str, severity: str, started_at: datetime | None,
-                          notified_at: datetime | None, summary: str, now: datetime | None = None) -> None:
-        self._run("outbox_alert_state_write", {"alert_key": key, "severity": severity, "started_at": started_at,
-                                               "notified_at": notified_at, "summary": summary, "now": now})
+    def write_alert_state(
+        self,
+        *,
+        key: str,
+        severity: str,
+        started_at: datetime | None,
+        notified_at: datetime | None,
+        summary: str,
+        now: datetime | None = None,
+    ) -> None:
+        self._run(
+            "outbox_alert_state_write",
+            {
+                "alert_key": key,
+                "severity": severity,
+                "started_at": started_at,
+                "notified_at": notified_at,
+                "summary": summary,
+                "now": now,
+            },
+        )
 
     # -- retention of the shared tables --------------------------------------
     def delete_old_audit_rows(self, *, retention_s: float, limit: int, now: datetime | None = None) -> int:

@@ -29,15 +29,17 @@ def unknown_table(table_name: str) -> UnknownTable:
     )
 
 
-def _execute(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
-             prepare: bool | None = None) -> psycopg.Cursor[Row]:
+def _execute(
+    conn: psycopg.Connection, statement: Statement, params: dict[str, Any], prepare: bool | None = None
+) -> psycopg.Cursor[Row]:
     cur = conn.cursor(row_factory=dict_row)
     cur.execute(statement, params, prepare=prepare)
     return cur
 
 
-def _fetch(conn: psycopg.Connection, statement: Statement, params: dict[str, Any],
-           prepare: bool | None = None) -> list[Row]:
+def _fetch(
+    conn: psycopg.Connection, statement: Statement, params: dict[str, Any], prepare: bool | None = None
+) -> list[Row]:
     with _execute(conn, statement, params, prepare) as cur:
         return cur.fetchall() if cur.description else []
 
@@ -68,8 +70,12 @@ class TableStatements:
 
     def _run(self, query: str, params: dict[str, Any], *, reuse_plan: bool = False) -> list[Row]:
         try:
-            return _fetch(self.conn, table_query(query, self.table_name), {"table_name": self.table_name, **params},
-                          _prepare(reuse_plan))
+            return _fetch(
+                self.conn,
+                table_query(query, self.table_name),
+                {"table_name": self.table_name, **params},
+                _prepare(reuse_plan),
+            )
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
 

@@ -26,8 +26,16 @@ from outbox_pipelines.core.storage.table_maintenance import MaintenanceStatement
 from outbox_pipelines.core.storage.table_reads import StatusReads, ready_tables
 
 __all__ = [
-    "PLAN_REUSE_MAX_ROWS", "NewRow", "OutboxTable", "Row", "Settlement", "SharedTables", "Statement",
-    "bigint_array", "ready_tables", "unknown_table",
+    "PLAN_REUSE_MAX_ROWS",
+    "NewRow",
+    "OutboxTable",
+    "Row",
+    "Settlement",
+    "SharedTables",
+    "Statement",
+    "bigint_array",
+    "ready_tables",
+    "unknown_table",
 ]
 
 

@@ -46,8 +46,21 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
     per row, where psycopg's jsonb loader would make two, and two conversions of text more."""
     row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at, ordering_key = values
     payload, headers = loads_jsonb_text(body)
-    return ClaimedMessage.from_row((row_id, event_id, tenant_id, topic, payload, payload_sha, headers, attempts,
-                                    created_at, claimed_at, ordering_key))
+    return ClaimedMessage.from_row(
+        (
+            row_id,
+            event_id,
+            tenant_id,
+            topic,
+            payload,
+            payload_sha,
+            headers,
+            attempts,
+            created_at,
+            claimed_at,
+            ordering_key,
+        )
+    )
 
 
 # Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
@@ -92,46 +105,97 @@ class ClaimStatements(TableStatements):
         """
         return self._claimed(
             "outbox_claim",
-            {"worker": worker, "limit": limit, "lease_s": lease_s, "paused_topics": list(paused_topics),
-             "max_attempts": max_attempts, "audit_claims": audit_claims, "fast_commit": fast_commit,
-             "gated": gated, "now": now},
+            {
+                "worker": worker,
+                "limit": limit,
+                "lease_s": lease_s,
+                "paused_topics": list(paused_topics),
+                "max_attempts": max_attempts,
+                "audit_claims": audit_claims,
+                "fast_commit": fast_commit,
+                "gated": gated,
+                "now": now,
+            },
             reuse_plan,
         )
 
-    def claim_held(self, limit: int, hold_s: float, *, paused_topics: Sequence[str] = (), gated: bool = False,
-                   reuse_plan: bool = False, now: datetime | None = None) -> list[ClaimedMessage]:
+    def claim_held(
+        self,
+        limit: int,
+        hold_s: float,
+        *,
+        paused_topics: Sequence[str] = (),
+        gated: bool = False,
+        reuse_plan: bool = False,
+        now: datetime | None = None,
+    ) -> list[ClaimedMessage]:
         """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
         in the same transaction ends them. The server ends a transaction left idle for ``hold_s``.
         ``gated``, ``reuse_plan``: as for ``claim``."""
-        return self._claimed("outbox_claim_held", {"limit": limit, "paused_topics": list(paused_topics),
-                                                   "hold_timeout_ms": max(int(hold_s * 1000), 1), "gated": gated,
-                                                   "now": now}, reuse_plan)
+        return self._claimed(
+            "outbox_claim_held",
+            {
+                "limit": limit,
+                "paused_topics": list(paused_topics),
+                "hold_timeout_ms": max(int(hold_s * 1000), 1),
+                "gated": gated,
+                "now": now,
+            },
+            reuse_plan,
+        )
 
-    def settle_sent(self, worker: str, ids: Sequence[int], attempts: Sequence[int], *, audit_code: str,
-                    refs: Sequence[str | None] | None = None, held: bool = False, audit_successes: bool = True,
-                    fast_commit: bool = False, pass_over_dead: bool = False,
-                    now: datetime | None = None) -> set[int]:
+    def settle_sent(
+        self,
+        worker: str,
+        ids: Sequence[int],
+        attempts: Sequence[int],
+        *,
+        audit_code: str,
+        refs: Sequence[str | None] | None = None,
+        held: bool = False,
+        audit_successes: bool = True,
+        fast_commit: bool = False,
+        pass_over_dead: bool = False,
+        now: datetime | None = None,
+    ) -> set[int]:
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
         nothing else to record. Returns the ids settled; the others lost their lease (audited).
 
         ``fast_commit`` (leased rows, autocommit connection): as for ``claim``, the settle commits without
         waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
         """
-        params = {"worker": worker, "now": now, "audit_successes": audit_successes, "audit_code": audit_code,
-                  "ids": bigint_array(ids), "refs": list(refs) if refs is not None else None}
+        params = {
+            "worker": worker,
+            "now": now,
+            "audit_successes": audit_successes,
+            "audit_code": audit_code,
+            "ids": bigint_array(ids),
+            "refs": list(refs) if refs is not None else None,
+        }
         # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
         reuse_plan = len(ids) <= PLAN_REUSE_MAX_ROWS
         if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
             rows = self._run("outbox_settle_held_sent", params, reuse_plan=reuse_plan)
         else:
-            rows = self._run("outbox_settle_sent", {**params, "attempts": bigint_array(attempts),
-                                                    "fast_commit": fast_commit}, reuse_plan=reuse_plan)
+            rows = self._run(
+                "outbox_settle_sent",
+                {**params, "attempts": bigint_array(attempts), "fast_commit": fast_commit},
+                reuse_plan=reuse_plan,
+            )
         self._note_contended(rows[0]["contended"])
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
 
-    def settle(self, worker: str, settlements: Sequence[Settlement], *, held: bool = False,
-               audit_successes: bool = True, pass_over_dead: bool = False, now: datetime | None = None) -> set[int]:
+    def settle(
+        self,
+        worker: str,
+        settlements: Sequence[Settlement],
+        *,
+        held: bool = False,
+        audit_successes: bool = True,
+        pass_over_dead: bool = False,
+        now: datetime | None = None,
+    ) -> set[int]:
         """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited).
 
         ``held``: the rows were claimed with ``claim_held`` in this transaction (their attempt is
@@ -143,12 +207,25 @@ class ClaimStatements(TableStatements):
         if not settlements:
             return set()
         audit_code = settlements[0].audit_code
-        if all(s.status == "sent" and s.error is None and s.error_code is None and not s.refund
-               and s.audit_code == audit_code for s in settlements):
+        if all(
+            s.status == "sent"
+            and s.error is None
+            and s.error_code is None
+            and not s.refund
+            and s.audit_code == audit_code
+            for s in settlements
+        ):
             refs = [s.ref for s in settlements]
-            return self.settle_sent(worker, [s.id for s in settlements], [s.attempts for s in settlements],
-                                    audit_code=audit_code, refs=refs if any(refs) else None, held=held,
-                                    audit_successes=audit_successes, now=now)
+            return self.settle_sent(
+                worker,
+                [s.id for s in settlements],
+                [s.attempts for s in settlements],
+                audit_code=audit_code,
+                refs=refs if any(refs) else None,
+                held=held,
+                audit_successes=audit_successes,
+                now=now,
+            )
         kept = [s for s in settlements if s.status != "deleted"]
         gone = [s for s in settlements if s.status == "deleted"]
         rows = self._run(
@@ -211,22 +288,29 @@ class ClaimStatements(TableStatements):
         )
         return {row["id"] for row in rows}
 
-    def release_unsent(self, worker: str, held: Sequence[tuple[int, int]], reason: str, *,
-                       now: datetime | None = None) -> set[int]:
+    def release_unsent(
+        self, worker: str, held: Sequence[tuple[int, int]], reason: str, *, now: datetime | None = None
+    ) -> set[int]:
         """Give claimed-but-unsent rows back (attempt not counted); return the ids released."""
         if not held:
             return set()
-        rows = self._run("outbox_release_unsent", {"worker": worker, "reason": reason, "now": now,
-                                                   "ids": [h[0] for h in held], "attempts": [h[1] for h in held]})
+        rows = self._run(
+            "outbox_release_unsent",
+            {
+                "worker": worker,
+                "reason": reason,
+                "now": now,
+                "ids": [h[0] for h in held],
+                "attempts": [h[1] for h in held],
+            },
+        )
         return {row["id"] for row in rows}
 
     def dedup_lookup(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Row]:
         """Sent rows with the same (topic, payload_sha), keyed by that pair."""
         if not keys:
             return {}
-        rows = self._run(
-            "outbox_dedup_lookup", {"topics": [k[0] for k in keys], "payload_shas": [k[1] for k in keys]}
-        )
+        rows = self._run("outbox_dedup_lookup", {"topics": [k[0] for k in keys], "payload_shas": [k[1] for k in keys]})
         return {(row["topic"], row["payload_sha"]): row for row in rows}
 
     def next_due_in_s(self, *, paused_topics: Sequence[str] = (), now: datetime | None = None) -> float | None:
@@ -236,5 +320,4 @@ class ClaimStatements(TableStatements):
 
     def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:
         """Make messages waiting out a backoff for these error codes due now; how many."""
-        return int(self._run("outbox_retry_destination_failures_now",
-                             {"codes": list(codes), "now": now})[0]["pulled"])
+        return int(self._run("outbox_retry_destination_failures_now", {"codes": list(codes), "now": now})[0]["pulled"])

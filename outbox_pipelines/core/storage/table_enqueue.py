@@ -40,8 +40,15 @@ def _copy_line(row_id: int, row: NewRow) -> str:
     JSON text holds no control character (it escapes them with a backslash), so the common row, with
     no backslash anywhere, printable identifiers and no tenant, needs no escaping at all."""
     event_id, tenant_id, topic, payload, payload_sha, headers, _, _ = row
-    if (tenant_id is None and "\\" not in payload and "\\" not in headers and "\\" not in event_id
-            and "\\" not in topic and event_id.isprintable() and topic.isprintable()):
+    if (
+        tenant_id is None
+        and "\\" not in payload
+        and "\\" not in headers
+        and "\\" not in event_id
+        and "\\" not in topic
+        and event_id.isprintable()
+        and topic.isprintable()
+    ):
         return f"{row_id}\t{event_id}\t\\N\t{topic}\t{payload}\t{payload_sha}\t{headers}\n"
     fields = [str(row_id), event_id, tenant_id, topic, payload, payload_sha, headers]
     return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
@@ -50,14 +57,32 @@ def _copy_line(row_id: int, row: NewRow) -> str:
 class EnqueueStatements(TableStatements):
     """Enqueue into one outbox table."""
 
-    def insert(self, *, event_id: str, tenant_id: str | None, topic: str, payload: str, payload_sha: str,
-               headers: str, available_at: datetime | None, ordering_key: str | None = None,
-               now: datetime | None = None) -> int | None:
+    def insert(
+        self,
+        *,
+        event_id: str,
+        tenant_id: str | None,
+        topic: str,
+        payload: str,
+        payload_sha: str,
+        headers: str,
+        available_at: datetime | None,
+        ordering_key: str | None = None,
+        now: datetime | None = None,
+    ) -> int | None:
         """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
         # A plain cursor, not _run's dict rows: this runs inside the application's own transaction,
         # once per message, where the client's few microseconds are what an enqueue adds to it.
-        params = {"event_id": event_id, "tenant_id": tenant_id, "topic": topic, "payload": payload,
-                  "payload_sha": payload_sha, "headers": headers, "available_at": available_at, "now": now}
+        params = {
+            "event_id": event_id,
+            "tenant_id": tenant_id,
+            "topic": topic,
+            "payload": payload,
+            "payload_sha": payload_sha,
+            "headers": headers,
+            "available_at": available_at,
+            "now": now,
+        }
         query = "outbox_insert"
         if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
             query, params["ordering_key"] = "outbox_insert_keyed", ordering_key
@@ -69,15 +94,30 @@ class EnqueueStatements(TableStatements):
             raise unknown_table(self.table_name) from None
         return int(row[0]) if row else None
 
-    def insert_many(self, *, event_ids: Sequence[str], tenant_ids: Sequence[str | None], topics: Sequence[str],
-                    payloads: Sequence[str], payload_shas: Sequence[str], headers: Sequence[str],
-                    available_ats: Sequence[datetime | None], ordering_keys: Sequence[str | None] = (),
-                    now: datetime | None = None) -> dict[str, int]:
+    def insert_many(
+        self,
+        *,
+        event_ids: Sequence[str],
+        tenant_ids: Sequence[str | None],
+        topics: Sequence[str],
+        payloads: Sequence[str],
+        payload_shas: Sequence[str],
+        headers: Sequence[str],
+        available_ats: Sequence[datetime | None],
+        ordering_keys: Sequence[str | None] = (),
+        now: datetime | None = None,
+    ) -> dict[str, int]:
         """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
         params: dict[str, Any] = {
-            "event_ids": list(event_ids), "tenant_ids": list(tenant_ids), "topics": list(topics),
-            "payloads": list(payloads), "payload_shas": list(payload_shas), "headers": list(headers),
-            "available_ats": list(available_ats), "now": now}
+            "event_ids": list(event_ids),
+            "tenant_ids": list(tenant_ids),
+            "topics": list(topics),
+            "payloads": list(payloads),
+            "payload_shas": list(payload_shas),
+            "headers": list(headers),
+            "available_ats": list(available_ats),
+            "now": now,
+        }
         keyed = any(key is not None for key in ordering_keys)
         if keyed:
             params["ordering_keys"] = list(ordering_keys)
@@ -103,8 +143,9 @@ class EnqueueStatements(TableStatements):
         try:
             # Client-side binding: the savepoint and the id reservation cross as one message.
             with psycopg.ClientCursor(self.conn, row_factory=tuple_row) as opening:
-                opening.execute(table_query("outbox_copy_open", self.table_name),
-                                {"table_name": self.table_name, "count": count})
+                opening.execute(
+                    table_query("outbox_copy_open", self.table_name), {"table_name": self.table_name, "count": count}
+                )
                 opening.nextset()
                 ids_text = opening.fetchone()[0]  # type: ignore[index]
             ids = [int(row_id) for row_id in ids_text[1:-1].split(",")]

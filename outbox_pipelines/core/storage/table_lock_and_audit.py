@@ -34,11 +34,14 @@ class LockAndAuditStatements(TableStatements):
         rows = self._run_shared("outbox_relay_unlock", {})
         return bool(rows and rows[0]["unlocked"])
 
-    def audit_messages(self, ids: Sequence[int], *, code: str, error_code: str | None, worker: str,
-                       detail: str | None) -> None:
+    def audit_messages(
+        self, ids: Sequence[int], *, code: str, error_code: str | None, worker: str, detail: str | None
+    ) -> None:
         """One audit row per message id; with no ids, one row about the table (message_id NULL)."""
-        self._run_shared("outbox_audit_insert", {"ids": list(ids) or [None], "code": code,
-                                                 "error_code": error_code, "worker": worker, "detail": detail})
+        self._run_shared(
+            "outbox_audit_insert",
+            {"ids": list(ids) or [None], "code": code, "error_code": error_code, "worker": worker, "detail": detail},
+        )
 
     def audit_note(self, *, code: str, worker: str, detail: str) -> None:
         """An audit row about the table as a whole (a backfill, say)."""

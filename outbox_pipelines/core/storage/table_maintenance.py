@@ -41,12 +41,30 @@ class MaintenanceStatements(TableStatements):
             self._note_contended(rows[0]["contended"])
         return rows
 
-    def skip_dead_heads(self, worker: str, *, ids: Sequence[int] | None, ordering_key: str | None, reason: str,
-                        dry_run: bool, limit: int, now: datetime | None = None) -> list[Row]:
+    def skip_dead_heads(
+        self,
+        worker: str,
+        *,
+        ids: Sequence[int] | None,
+        ordering_key: str | None,
+        reason: str,
+        dry_run: bool,
+        limit: int,
+        now: datetime | None = None,
+    ) -> list[Row]:
         """Pass over parked dead messages (by id, or every one of a key): their keys' later messages go on."""
-        rows = self._run("outbox_skip_dead_heads", {
-            "worker": worker, "ids": list(ids) if ids is not None else None, "ordering_key": ordering_key,
-            "reason": reason, "dry_run": dry_run, "limit": limit, "now": now})
+        rows = self._run(
+            "outbox_skip_dead_heads",
+            {
+                "worker": worker,
+                "ids": list(ids) if ids is not None else None,
+                "ordering_key": ordering_key,
+                "reason": reason,
+                "dry_run": dry_run,
+                "limit": limit,
+                "now": now,
+            },
+        )
         if rows:
             self._note_contended(rows[0]["contended"])
         return rows
@@ -57,10 +75,13 @@ class MaintenanceStatements(TableStatements):
         self._note_contended(row["contended"])
         return row
 
-    def clean_sent(self, worker: str, *, retention_s: float, limit: int, tenant_id: str | None = None,
-                   now: datetime | None = None) -> int:
-        rows = self._run("outbox_clean_sent", {"worker": worker, "retention_s": retention_s, "limit": limit,
-                                               "tenant_id": tenant_id, "now": now})
+    def clean_sent(
+        self, worker: str, *, retention_s: float, limit: int, tenant_id: str | None = None, now: datetime | None = None
+    ) -> int:
+        rows = self._run(
+            "outbox_clean_sent",
+            {"worker": worker, "retention_s": retention_s, "limit": limit, "tenant_id": tenant_id, "now": now},
+        )
         return int(rows[0]["deleted"]) if rows else 0
 
     def replay_dead(
@@ -81,13 +102,25 @@ class MaintenanceStatements(TableStatements):
     ) -> list[Row]:
         """One page (ids above ``after_id``) of dead rows matching the filters (None = any), replayed
         unless ``dry_run``; BAD_REQUEST rows are refused unless ``force``."""
-        return self._run("outbox_replay_dead", {
-            "worker": worker, "after_id": after_id, "ids": list(ids) if ids is not None else None, "topic": topic,
-            "tenant_id": tenant_id, "error_code": error_code, "since": since, "until": until, "force": force,
-            "dry_run": dry_run, "limit": limit, "now": now})
+        return self._run(
+            "outbox_replay_dead",
+            {
+                "worker": worker,
+                "after_id": after_id,
+                "ids": list(ids) if ids is not None else None,
+                "topic": topic,
+                "tenant_id": tenant_id,
+                "error_code": error_code,
+                "since": since,
+                "until": until,
+                "force": force,
+                "dry_run": dry_run,
+                "limit": limit,
+                "now": now,
+            },
+        )
 
     def sent_in_window(self, *, start: datetime, end: datetime, after_id: int, limit: int) -> list[ClaimedMessage]:
         """One page (ids above ``after_id``) of the rows sent in [start, end), as messages to deliver again."""
-        rows = self._run("outbox_sent_in_window", {"start": start, "end": end, "after_id": after_id,
-                                                   "limit": limit})
+        rows = self._run("outbox_sent_in_window", {"start": start, "end": end, "after_id": after_id, "limit": limit})
         return [ClaimedMessage(**row) for row in rows]

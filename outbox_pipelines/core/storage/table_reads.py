@@ -29,19 +29,24 @@ def ready_tables(conn: psycopg.Connection, paused_by_table: Mapping[str, Sequenc
 def _ready_probe(table_name: str, paused: tuple[str, ...]) -> str:
     """One table's part of ready_tables, rendered once (a group polls its quiet tables every second)."""
     probe = sql.SQL(named_queries()["outbox_ready_probe"]).format(
-        table=table_identifier(validate_table_name(table_name)), name=sql.Literal(table_name),
-        paused=sql.Literal(list(paused)))
+        table=table_identifier(validate_table_name(table_name)),
+        name=sql.Literal(table_name),
+        paused=sql.Literal(list(paused)),
+    )
     return probe.as_string(None)
 
 
 class StatusReads(TableStatements):
     """Health and status figures of one outbox table."""
 
-    def health_snapshot(self, *, stuck_after_s: float, window_s: float, sample: int,
-                        now: datetime | None = None) -> Row:
+    def health_snapshot(
+        self, *, stuck_after_s: float, window_s: float, sample: int, now: datetime | None = None
+    ) -> Row:
         """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept."""
-        return self._run("outbox_health_snapshot", {"stuck_after_s": stuck_after_s, "window_s": window_s,
-                                                    "sample": sample, "now": now})[0]
+        return self._run(
+            "outbox_health_snapshot",
+            {"stuck_after_s": stuck_after_s, "window_s": window_s, "sample": sample, "now": now},
+        )[0]
 
     def sent_count(self) -> int:
         """The exact number of sent rows kept (a full scan of them)."""

@@ -49,9 +49,22 @@ from outbox_pipelines.orders.api.routes_order import (
 )
 
 __all__ = [
-    "ACCEPTANCE_STATUS", "CLIENT_CLOSED", "CONFLICT_STATUS", "DIFFERENT_BODY", "KEY_REUSED",
-    "ORDER_DATABASE_REJECTIONS", "ORDER_ROUTES", "TRACE_ID_PATTERN", "ApiSettings", "OrderApi", "Rejection",
-    "RequestFacts", "conflict", "create_app", "log", "log_request",
+    "ACCEPTANCE_STATUS",
+    "CLIENT_CLOSED",
+    "CONFLICT_STATUS",
+    "DIFFERENT_BODY",
+    "KEY_REUSED",
+    "ORDER_DATABASE_REJECTIONS",
+    "ORDER_ROUTES",
+    "TRACE_ID_PATTERN",
+    "ApiSettings",
+    "OrderApi",
+    "Rejection",
+    "RequestFacts",
+    "conflict",
+    "create_app",
+    "log",
+    "log_request",
 ]
 
 
@@ -59,15 +72,21 @@ def create_app(settings: ApiSettings, *, tracer_provider: "trace.TracerProvider 
     """The Order API; spans go to ``tracer_provider`` (default: the global one, a no-op unless configured)."""
     api = OrderApi(settings, tracer_provider)
     routes = [
-        Route("/do/order", endpoint(api.tracer, partial(routes_order.submit, api), "/do/order", "do.order"),
-              methods=["POST"]),
-        Route("/do/order/{key}", endpoint(api.tracer, partial(routes_order.status, api), "/do/order/{key}"),
-              methods=["GET"]),
+        Route(
+            "/do/order",
+            endpoint(api.tracer, partial(routes_order.submit, api), "/do/order", "do.order"),
+            methods=["POST"],
+        ),
+        Route(
+            "/do/order/{key}",
+            endpoint(api.tracer, partial(routes_order.status, api), "/do/order/{key}"),
+            methods=["GET"],
+        ),
         Route("/healthz", endpoint(api.tracer, partial(routes_ops.health, api), "/healthz"), methods=["GET"]),
-        Route("/metrics", endpoint(api.tracer, partial(routes_ops.metrics_endpoint, api), "/metrics"),
-              methods=["GET"]),
-        Route("/openapi.json", endpoint(api.tracer, partial(routes_ops.openapi, api), "/openapi.json"),
-              methods=["GET"]),
+        Route("/metrics", endpoint(api.tracer, partial(routes_ops.metrics_endpoint, api), "/metrics"), methods=["GET"]),
+        Route(
+            "/openapi.json", endpoint(api.tracer, partial(routes_ops.openapi, api), "/openapi.json"), methods=["GET"]
+        ),
     ]
 
     @contextlib.asynccontextmanager

@@ -49,8 +49,10 @@ def validate_secret(secret: str | None) -> str | None:
     if secret is None or secret == "":
         return None
     if len(secret) < MIN_SECRET_CHARS:
-        raise ConfigError(f"OUTBOX_API_SCOPE_SECRET must be at least {MIN_SECRET_CHARS} characters "
-                          "(e.g. the output of: python -c 'import secrets; print(secrets.token_hex(32))')")
+        raise ConfigError(
+            f"OUTBOX_API_SCOPE_SECRET must be at least {MIN_SECRET_CHARS} characters "
+            "(e.g. the output of: python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
     return secret
 
 
@@ -101,8 +103,9 @@ class Tokens:
         if index is None or not self._legacy_rows_may_exist(conn):
             return scope
         legacy = legacy_scope(self.tokens[index])
-        found = conn.execute("SELECT 1 FROM idempo_ledger WHERE scope = %s AND idempotency_key = %s",
-                             (legacy, key)).fetchone()
+        found = conn.execute(
+            "SELECT 1 FROM idempo_ledger WHERE scope = %s AND idempotency_key = %s", (legacy, key)
+        ).fetchone()
         return legacy if found else scope
 
     def _legacy_rows_may_exist(self, conn: psycopg.Connection) -> bool:
@@ -112,8 +115,10 @@ class Tokens:
         now = time.monotonic()
         if now - self._legacy_checked < LEGACY_RECHECK_S:
             return self._legacy_possible
-        row = conn.execute("SELECT EXISTS (SELECT 1 FROM idempo_ledger WHERE scope >= %s AND scope < %s)",
-                           (LEGACY_PREFIX, LEGACY_PREFIX[:-1] + chr(ord(LEGACY_PREFIX[-1]) + 1))).fetchone()
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM idempo_ledger WHERE scope >= %s AND scope < %s)",
+            (LEGACY_PREFIX, LEGACY_PREFIX[:-1] + chr(ord(LEGACY_PREFIX[-1]) + 1)),
+        ).fetchone()
         assert row is not None
         self._legacy_possible = bool(row[0])
         self._legacy_checked = now
@@ -124,8 +129,9 @@ def read_or_create_secret(conn: psycopg.Connection) -> str:
     """The database's scope secret, created by the first API that asks (every instance agrees).
 
     Run it in a transaction of its own and keep the secret only once that committed."""
-    conn.execute("INSERT INTO outbox_api_secret (secret) VALUES (%s) ON CONFLICT (id) DO NOTHING",
-                 (secrets.token_hex(32),))
+    conn.execute(
+        "INSERT INTO outbox_api_secret (secret) VALUES (%s) ON CONFLICT (id) DO NOTHING", (secrets.token_hex(32),)
+    )
     row = conn.execute("SELECT secret FROM outbox_api_secret WHERE id").fetchone()
     assert row is not None
     return str(row[0])
@@ -144,5 +150,7 @@ def check_exposure(host: str, has_tokens: bool, allow_anonymous: bool) -> str | 
             "or pass --allow-anonymous to serve it open on purpose"
         )
     where = "on loopback only" if is_loopback(host) else f"on {host} (--allow-anonymous)"
-    return (f"the Order API is open {where}: no OUTBOX_API_TOKEN, so any caller can place orders "
-            "and read /metrics; set OUTBOX_API_TOKEN to require a bearer token")
+    return (
+        f"the Order API is open {where}: no OUTBOX_API_TOKEN, so any caller can place orders "
+        "and read /metrics; set OUTBOX_API_TOKEN to require a bearer token"
+    )

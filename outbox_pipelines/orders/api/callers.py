@@ -40,14 +40,21 @@ class Callers:
         address = self.client_address(request)
         wait = self.auth_failures.blocked(address)
         if wait:
-            raise Rejection(429, "RATE_LIMITED", f"too many failed authentications from this address (over "
-                            f"{self.settings.auth_failures_per_minute} per minute); retry after Retry-After seconds",
-                            headers={"Retry-After": str(wait)}, reason="auth_failures", retry_after=wait)
+            raise Rejection(
+                429,
+                "RATE_LIMITED",
+                f"too many failed authentications from this address (over "
+                f"{self.settings.auth_failures_per_minute} per minute); retry after Retry-After seconds",
+                headers={"Retry-After": str(wait)},
+                reason="auth_failures",
+                retry_after=wait,
+            )
         index = self.tokens.match(request.headers.get("authorization", ""))
         if index is None:
             self.auth_failures.failed(address)
-            raise Rejection(401, "UNAUTHORIZED", "send Authorization: Bearer <token>",
-                            headers={"WWW-Authenticate": "Bearer"})
+            raise Rejection(
+                401, "UNAUTHORIZED", "send Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"}
+            )
         return index
 
     def client_address(self, request: Request) -> str:
@@ -71,5 +78,10 @@ class Callers:
     def rate_limit(self, client: str) -> None:
         wait = self.limiter.allow(client)
         if wait:
-            raise Rejection(429, "RATE_LIMITED", f"over {self.settings.rate_per_minute} requests per minute",
-                            headers={"Retry-After": str(wait)}, retry_after=wait)
+            raise Rejection(
+                429,
+                "RATE_LIMITED",
+                f"over {self.settings.rate_per_minute} requests per minute",
+                headers={"Retry-After": str(wait)},
+                retry_after=wait,
+            )

@@ -45,8 +45,9 @@ class ApiSettings:
         if self.auth_failures_per_minute < 1:
             raise ConfigError("OUTBOX_API_AUTH_FAILURES_PER_MINUTE must be at least 1")
         if self.metrics_require_token and not self.tokens:
-            raise ConfigError("OUTBOX_API_METRICS_REQUIRE_TOKEN=true needs OUTBOX_API_TOKEN "
-                              "(the tokens /metrics accepts)")
+            raise ConfigError(
+                "OUTBOX_API_METRICS_REQUIRE_TOKEN=true needs OUTBOX_API_TOKEN (the tokens /metrics accepts)"
+            )
         if not self.db_timeout_s > 0 or not self.pool_timeout_s > 0:
             raise ConfigError("OUTBOX_API_DB_TIMEOUT and OUTBOX_API_POOL_TIMEOUT must be over 0 (e.g. 2s, 500ms)")
         if self.pool_size < 1 or self.pool_max_overflow < 0:

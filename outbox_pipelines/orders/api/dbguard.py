@@ -126,16 +126,21 @@ class GuardedEngine:
     request's budget (SQLAlchemy's pool_timeout is one number for every checkout), and each
     transaction gets what is left of the budget as its statement and lock timeouts."""
 
-    def __init__(self, url: str, *, pool_size: int, max_overflow: int, pool_timeout_s: float,
-                 timeout_s: float) -> None:
+    def __init__(self, url: str, *, pool_size: int, max_overflow: int, pool_timeout_s: float, timeout_s: float) -> None:
         self.timeout_s, self.pool_timeout_s = timeout_s, pool_timeout_s
         connect_args: dict[str, Any] = {}
         connect = connect_timeout_s(url, timeout_s)
         if connect is not None:
             connect_args["connect_timeout"] = connect
-        self.engine = sa.create_engine(db.sqlalchemy_url(url), pool_size=pool_size, max_overflow=max_overflow,
-                                       pool_timeout=pool_timeout_s, pool_pre_ping=True, connect_args=connect_args,
-                                       hide_parameters=True)  # orders never reach a log, whatever its level
+        self.engine = sa.create_engine(
+            db.sqlalchemy_url(url),
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout_s,
+            pool_pre_ping=True,
+            connect_args=connect_args,
+            hide_parameters=True,
+        )  # orders never reach a log, whatever its level
         self._gate = threading.BoundedSemaphore(pool_size + max_overflow)
 
     def budget(self) -> Budget:
@@ -157,9 +162,11 @@ class GuardedEngine:
                     raise DatabaseTrouble("DATABASE_BUSY", "pool_timeout")
                 # A wait for a lock reports itself as such: the statement timeout is the backstop, a
                 # little later, for a statement that is slow without waiting for anyone.
-                pg.execute("SELECT set_config('lock_timeout', %(lock)s, true), "
-                           "set_config('statement_timeout', %(stmt)s, true)",
-                           {"lock": str(left_ms), "stmt": str(left_ms + STATEMENT_GRACE_MS)})
+                pg.execute(
+                    "SELECT set_config('lock_timeout', %(lock)s, true), "
+                    "set_config('statement_timeout', %(stmt)s, true)",
+                    {"lock": str(left_ms), "stmt": str(left_ms + STATEMENT_GRACE_MS)},
+                )
                 yield pg
         except DatabaseTrouble:
             raise
@@ -197,9 +204,15 @@ class HealthProbe:
         connect = connect_timeout_s(url, 1)
         if connect is not None:
             connect_args["connect_timeout"] = connect
-        self.engine = sa.create_engine(db.sqlalchemy_url(url), pool_size=1, max_overflow=0,
-                                       pool_timeout=HEALTH_POOL_TIMEOUT_S, pool_pre_ping=False,
-                                       connect_args=connect_args, hide_parameters=True)
+        self.engine = sa.create_engine(
+            db.sqlalchemy_url(url),
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=HEALTH_POOL_TIMEOUT_S,
+            pool_pre_ping=False,
+            connect_args=connect_args,
+            hide_parameters=True,
+        )
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="order-api-healthz")
         self._lock = threading.Lock()
         self._inflight: concurrent.futures.Future[Health] | None = None

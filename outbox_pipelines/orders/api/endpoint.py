@@ -45,9 +45,13 @@ def _server_span(tracer: trace.Tracer, span_name: str | None, request: Request) 
     """The request's server span (continuing the caller's trace), or no span for a route without one."""
     if not span_name:
         return contextlib.nullcontext(None)
-    return tracer.start_as_current_span(span_name, context=tracing.incoming_context(request.headers),
-                                        kind=trace.SpanKind.SERVER, record_exception=False,
-                                        set_status_on_exception=False)
+    return tracer.start_as_current_span(
+        span_name,
+        context=tracing.incoming_context(request.headers),
+        kind=trace.SpanKind.SERVER,
+        record_exception=False,
+        set_status_on_exception=False,
+    )
 
 
 async def _answer(handler: Handler, request: Request) -> tuple[Response, str, Rejection | None, Any]:
@@ -67,8 +71,9 @@ async def _answer(handler: Handler, request: Request) -> tuple[Response, str, Re
         return response, "INTERNAL_ERROR", None, exc_info
 
 
-def _describe_span(span: trace.Span, method: str, route: str, status: int, reason_code: str,
-                   facts: RequestFacts) -> None:
+def _describe_span(
+    span: trace.Span, method: str, route: str, status: int, reason_code: str, facts: RequestFacts
+) -> None:
     span.set_attribute("http.request.method", method)
     span.set_attribute("http.route", route)
     span.set_attribute("http.response.status_code", status)
@@ -100,8 +105,16 @@ def endpoint(tracer: trace.Tracer, handler: Handler, route: str, span_name: str 
             response.headers["X-Trace-Id"] = facts.trace_id
             order_metrics.ORDER_REQUESTS.labels(str(status)).inc()
         if order_route or status >= 400:  # healthz, metrics and openapi: only their failures
-            log_request(request.method, route, status, reason_code, facts, (time.perf_counter() - started) * 1000,
-                        reason=rejection.reason if rejection is not None else "", exc_info=exc_info)
+            log_request(
+                request.method,
+                route,
+                status,
+                reason_code,
+                facts,
+                (time.perf_counter() - started) * 1000,
+                reason=rejection.reason if rejection is not None else "",
+                exc_info=exc_info,
+            )
         return response
 
     return wrapped

@@ -14,8 +14,9 @@ class RateLimiter:
     Retry-After). The number of clients tracked is bounded (least recent first out).
     """
 
-    def __init__(self, per_minute: int, *, max_clients: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_minute: int, *, max_clients: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.capacity = float(per_minute)
         self.rate = per_minute / 60.0
         self.max_clients = max_clients
@@ -50,8 +51,9 @@ class FailureLimiter:
     failure (the block ends on time whatever the client keeps sending).
     """
 
-    def __init__(self, per_minute: int, *, max_clients: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_minute: int, *, max_clients: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = float(per_minute)
         self.rate = per_minute / 60.0
         self.max_clients = max_clients

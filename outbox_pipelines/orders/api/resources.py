@@ -22,9 +22,13 @@ class OrderApi:
         self.settings = settings
         self.tokens = Tokens(settings.tokens, settings.scope_secret)
         self.tracer = tracing.tracer(tracer_provider)
-        self.db = GuardedEngine(settings.database_url, pool_size=settings.pool_size,
-                                max_overflow=settings.pool_max_overflow, pool_timeout_s=settings.pool_timeout_s,
-                                timeout_s=settings.db_timeout_s)
+        self.db = GuardedEngine(
+            settings.database_url,
+            pool_size=settings.pool_size,
+            max_overflow=settings.pool_max_overflow,
+            pool_timeout_s=settings.pool_timeout_s,
+            timeout_s=settings.db_timeout_s,
+        )
         self.engine = self.db.engine
         self.health_probe = HealthProbe(settings.database_url)
         self.callers = Callers(settings, self.tokens)

@@ -16,20 +16,34 @@ from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.orders.api.dbguard import DatabaseTrouble
 
 ORDER_DATABASE_REJECTIONS = Counter(
-    "order_database_rejections_total", "Order API requests answered 503 because of the database, by reason",
-    ["code", "reason"], registry=metrics.REGISTRY,
+    "order_database_rejections_total",
+    "Order API requests answered 503 because of the database, by reason",
+    ["code", "reason"],
+    registry=metrics.REGISTRY,
 )
 
 
-def error_response(status: int, code: str, message: str, headers: Mapping[str, str] | None = None,
-                   extra: Mapping[str, Any] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> JSONResponse:
     """The one shape of an error body, whoever answers it."""
     return JSONResponse({"error": code, "message": message, **(extra or {})}, status, headers=headers)
 
 
 class Rejection(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
-                 reason: str = "", **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        reason: str = "",
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers, self.extra = status, code, message, headers or {}, extra
         self.reason = reason  # for the log line only, never in the body
@@ -43,9 +57,12 @@ def database_rejection(trouble: DatabaseTrouble, what: str, wait: int) -> Reject
     same key is safe; ``what`` says what to retry."""
     ORDER_DATABASE_REJECTIONS.labels(trouble.code, trouble.reason).inc()
     if trouble.busy:
-        message = (f"the outbox database is busy ({trouble.reason.replace('_', ' ')}): nothing was stored; "
-                   f"{what} after Retry-After seconds")
+        message = (
+            f"the outbox database is busy ({trouble.reason.replace('_', ' ')}): nothing was stored; "
+            f"{what} after Retry-After seconds"
+        )
     else:
         message = f"the outbox database cannot be reached; {what} after Retry-After seconds"
-    return Rejection(503, trouble.code, message, headers={"Retry-After": str(wait)}, reason=trouble.reason,
-                     retry_after=wait)
+    return Rejection(
+        503, trouble.code, message, headers={"Retry-After": str(wait)}, reason=trouble.reason, retry_after=wait
+    )

@@ -22,11 +22,20 @@ async def health(api: OrderApi, request: Request) -> Response:
     probe = await api.health_probe.check()
     if probe.ok:
         return JSONResponse({"status": "ok"})
-    message = ("the outbox database did not answer within 1 s" if probe.database == "timeout"
-               else "the outbox database cannot be reached")
+    message = (
+        "the outbox database did not answer within 1 s"
+        if probe.database == "timeout"
+        else "the outbox database cannot be reached"
+    )
     wait = api.settings.retry_after_s
-    degraded = Rejection(503, "DATABASE_UNAVAILABLE", message, headers={"Retry-After": str(wait)},
-                         reason=f"healthz_{probe.database}", retry_after=wait)
+    degraded = Rejection(
+        503,
+        "DATABASE_UNAVAILABLE",
+        message,
+        headers={"Retry-After": str(wait)},
+        reason=f"healthz_{probe.database}",
+        retry_after=wait,
+    )
     degraded.extra.update(status="degraded", database=probe.database)
     raise degraded
 
@@ -39,5 +48,6 @@ async def metrics_endpoint(api: OrderApi, request: Request) -> Response:
 
 
 async def openapi(api: OrderApi, request: Request) -> Response:
-    return JSONResponse(document(api.settings.rate_per_minute, api.settings.max_body_bytes,
-                                 api.settings.auth_failures_per_minute))
+    return JSONResponse(
+        document(api.settings.rate_per_minute, api.settings.max_body_bytes, api.settings.auth_failures_per_minute)
+    )

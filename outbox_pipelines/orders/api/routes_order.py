@@ -40,21 +40,27 @@ async def submit(api: OrderApi, request: Request) -> Response:
     body = await read_json(request, api.settings.max_body_bytes)
     body_key = body.get("idempotency_key") if isinstance(body, dict) else None
     if not header_key:
-        raise Rejection(422, "IDEMPOTENCY_MISMATCH",
-                        "the Idempotency-Key header is required and must equal body.idempotency_key")
+        raise Rejection(
+            422, "IDEMPOTENCY_MISMATCH", "the Idempotency-Key header is required and must equal body.idempotency_key"
+        )
     if header_key != body_key:
         raise Rejection(422, "IDEMPOTENCY_MISMATCH", "the Idempotency-Key header must equal body.idempotency_key")
     violations = validate_order(body)
     if violations:
-        raise Rejection(422, "VALIDATION_ERROR", f"{len(violations)} problem(s) with the order",
-                        violations=[v.as_dict() for v in violations])
+        raise Rejection(
+            422,
+            "VALIDATION_ERROR",
+            f"{len(violations)} problem(s) with the order",
+            violations=[v.as_dict() for v in violations],
+        )
     budget = api.db.budget()  # counted from here: waiting for a worker thread takes from it too
     acceptance = await run_in_threadpool(_accept, api, caller, body, facts.trace_id, facts.traceparent, budget)
     return JSONResponse(acceptance.response, ACCEPTANCE_STATUS[acceptance.kind])
 
 
-def _accept(api: OrderApi, caller: int | None, body: dict[str, Any], trace_id: str, traceparent: str | None,
-            budget: Budget) -> Acceptance:
+def _accept(
+    api: OrderApi, caller: int | None, body: dict[str, Any], trace_id: str, traceparent: str | None, budget: Budget
+) -> Acceptance:
     """The ledger's acceptance of the order; a conflict is raised as its 409."""
     key = body["idempotency_key"]
     try:
@@ -65,8 +71,7 @@ def _accept(api: OrderApi, caller: int | None, body: dict[str, Any], trace_id: s
     except KeyReused:  # the transaction rolled back: nothing stored
         raise conflict(key, KEY_REUSED) from None
     except DatabaseTrouble as trouble:  # the transaction rolled back (or never began)
-        raise api.database_rejection(
-            trouble, "retry with the same key (the same Idempotency-Key and body)") from None
+        raise api.database_rejection(trouble, "retry with the same key (the same Idempotency-Key and body)") from None
     if acceptance.kind == "conflict":
         raise conflict(key, DIFFERENT_BODY)
     return acceptance
@@ -83,18 +88,20 @@ async def status(api: OrderApi, request: Request) -> Response:
     entry = await run_in_threadpool(_entry, api, caller, key, api.db.budget())
     if entry is None:
         raise Rejection(404, "NOT_FOUND", "no order with this key")
-    return JSONResponse({
-        "idempotency_key": entry["idempotency_key"],
-        "status": entry["status"],
-        "http_status": entry["http_status"],
-        "request_digest": entry["request_digest"],
-        "accepted_at": entry["created_at"].isoformat(),
-        "updated_at": entry["updated_at"].isoformat(),
-        "expires_at": entry["expires_at"].isoformat(),
-        "result": entry["result"],
-        "result_digest": entry["result_digest"],
-        "reason": entry["reason"],
-    })
+    return JSONResponse(
+        {
+            "idempotency_key": entry["idempotency_key"],
+            "status": entry["status"],
+            "http_status": entry["http_status"],
+            "request_digest": entry["request_digest"],
+            "accepted_at": entry["created_at"].isoformat(),
+            "updated_at": entry["updated_at"].isoformat(),
+            "expires_at": entry["expires_at"].isoformat(),
+            "result": entry["result"],
+            "result_digest": entry["result_digest"],
+            "reason": entry["reason"],
+        }
+    )
 
 
 def _entry(api: OrderApi, caller: int | None, key: str, budget: Budget) -> dict[str, Any] | None:

@@ -28,8 +28,9 @@ def prepare(database_url: str, host: str, *, allow_anonymous: bool = False) -> A
     return settings
 
 
-def serve(database_url: str, host: str, port: int, *, allow_anonymous: bool = False,
-          say: Callable[[str], None] = print) -> int:
+def serve(
+    database_url: str, host: str, port: int, *, allow_anonymous: bool = False, say: Callable[[str], None] = print
+) -> int:
     settings = prepare(database_url, host, allow_anonymous=allow_anonymous)
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)  # the request lines; the root handler (if any) prints them
@@ -39,8 +40,10 @@ def serve(database_url: str, host: str, port: int, *, allow_anonymous: bool = Fa
     app = create_app(settings)
     auth = f"bearer tokens: {len(settings.tokens)}" if settings.tokens else "open, no token"
     metrics_auth = "token required" if settings.metrics_protected else "open"
-    say(f"Order API on http://{host}:{port}/do/order ({auth}; {settings.rate_per_minute}/min per client; "
-        f"/metrics {metrics_auth}; tracing {'OTLP export' if provider else 'off'}); OpenAPI at /openapi.json")
+    say(
+        f"Order API on http://{host}:{port}/do/order ({auth}; {settings.rate_per_minute}/min per client; "
+        f"/metrics {metrics_auth}; tracing {'OTLP export' if provider else 'off'}); OpenAPI at /openapi.json"
+    )
     try:
         # proxy_headers=False: uvicorn would otherwise take the client address from X-Forwarded-For
         # (it trusts 127.0.0.1), letting any local caller dodge the rate limits; the app decides

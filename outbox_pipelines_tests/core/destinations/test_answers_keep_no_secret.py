@@ -47,8 +47,12 @@ class Echo:
         headers = dict(request.headers)
         self.requests.append(headers)
         # What a misconfigured gateway does: the credential it refused first, then every header and the URL.
-        body = {"error": f"rejected Authorization: {headers.get('Authorization')}", "url": str(request.url),
-                "your_headers": headers, "raw": "\n".join(f"{k}: {v}" for k, v in headers.items())}
+        body = {
+            "error": f"rejected Authorization: {headers.get('Authorization')}",
+            "url": str(request.url),
+            "your_headers": headers,
+            "raw": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+        }
         return web.Response(status=self.status, text=json.dumps(body), content_type="application/json")
 
 
@@ -97,8 +101,10 @@ def test_a_refused_connection_names_the_origin_only(transport):
 
 
 def test_a_destination_is_named_by_its_origin():
-    assert url_origin(f"https://u:p@hooks.example.com:8443{SECRET_PATH}?{SECRET_QUERY}") == \
-        "https://hooks.example.com:8443"
+    assert (
+        url_origin(f"https://u:p@hooks.example.com:8443{SECRET_PATH}?{SECRET_QUERY}")
+        == "https://hooks.example.com:8443"
+    )
     assert url_origin("http://[::1]:99/x") == "http://[::1]:99"
     assert url_origin("not a url") == "<unparsable URL>"
 

@@ -110,8 +110,9 @@ def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     assert PASSWORD not in message and "brokeruser" not in message and "brk-token" not in message
 
     config = tmp_path / "outbox.toml"
-    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n'
-                      'token_env = "OUTBOX_BROKER_TOKEN"\n')
+    config.write_text(
+        f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\ntoken_env = "OUTBOX_BROKER_TOKEN"\n'
+    )
     with pytest.raises(ConfigError, match=r"\[tables.outbox_hooks\] url") as refused:
         load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config).check()
     assert PASSWORD not in str(refused.value)
@@ -133,7 +134,9 @@ def test_user_info_alone_is_loaded():
     assert settings.table("outbox_orders").url.startswith("http://brokeruser:")
 
 
-@pytest.mark.parametrize("bad", ["http://u:p@127.0.0.1:99999/orders", "ftp://u:p@broker/orders", "http://u:p@[::1/orders"])
+@pytest.mark.parametrize(
+    "bad", ["http://u:p@127.0.0.1:99999/orders", "ftp://u:p@broker/orders", "http://u:p@[::1/orders"]
+)
 def test_an_unusable_broker_url_is_refused_at_start_up_without_its_password(bad):
     with pytest.raises(ConfigError, match="OUTBOX_BROKER_URL") as refused:
         load_settings(env={"OUTBOX_BROKER_URL": bad}, path=None).check()
@@ -185,8 +188,9 @@ def test_a_relay_to_a_broker_with_user_info_shows_no_credential_anywhere(db_url,
     with conn.transaction():
         accept_order(conn, "", order_payload(1, "k-sent"))
         accept_order(conn, "", order_payload(2, "k-retry"))
-    Outbox("outbox_orders").enqueue(conn, Message(topic="order.submitted", payload={"not": "an order"},
-                                                  event_id="k-bad"))
+    Outbox("outbox_orders").enqueue(
+        conn, Message(topic="order.submitted", payload={"not": "an order"}, event_id="k-bad")
+    )
     caplog.set_level(logging.DEBUG)
     report = run_table_relay(db_url, settings, "outbox_orders", once=True)
     assert (report.sent, report.retried, report.dead) == (1, 1, 1), report

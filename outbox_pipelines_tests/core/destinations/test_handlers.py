@@ -112,31 +112,44 @@ def test_handlers_receive_the_message(conn, db_url):
     registry = HandlerRegistry()
     registry.on("org.changed")(received.append)
     Outbox(EVENTS).enqueue(
-        conn, Message(topic="org.changed", payload={"org_id": 7}, event_id="org-7", tenant_id="acme",
-                      headers={"trace_id": "t1"})
+        conn,
+        Message(
+            topic="org.changed", payload={"org_id": 7}, event_id="org-7", tenant_id="acme", headers={"trace_id": "t1"}
+        ),
     )
     run_relay(db_url, registry)
     [message] = received
     assert (message.event_id, message.topic, message.payload, message.tenant_id) == (
-        "org-7", "org.changed", {"org_id": 7}, "acme")
+        "org-7",
+        "org.changed",
+        {"org_id": 7},
+        "acme",
+    )
     assert (message.attempts, message.trace_id) == (1, "t1")
-
 
 
 @pytest.mark.parametrize("claim", ["lease", "transaction"])
 def test_a_handler_gets_numbers_exactly_as_they_were_enqueued(conn, db_url, claim):
     """The relay decodes jsonb with orjson, which would round integers beyond 64 bits: those come through json."""
-    payload = {"big": 123456789012345678901234567890, "negative": -9223372036854775809, "money": 19.99,
-               "small": 42, "text": "überweisung", "nested": [{"id": 18446744073709551616}]}
+    payload = {
+        "big": 123456789012345678901234567890,
+        "negative": -9223372036854775809,
+        "money": 19.99,
+        "small": 42,
+        "text": "überweisung",
+        "nested": [{"id": 18446744073709551616}],
+    }
     received: list[ClaimedMessage] = []
     registry = HandlerRegistry()
     registry.on("ledger.posted")(received.append)
-    Outbox(EVENTS).enqueue(conn, Message(topic="ledger.posted", payload=payload, event_id="l-1",
-                                         headers={"trace_id": "t9", "seq": 10**20}))
+    Outbox(EVENTS).enqueue(
+        conn, Message(topic="ledger.posted", payload=payload, event_id="l-1", headers={"trace_id": "t9", "seq": 10**20})
+    )
     run_relay(db_url, registry, claim=claim)
     [message] = received
     assert message.payload == payload
     assert isinstance(message.payload["big"], int) and message.headers["seq"] == 10**20
+
 
 def test_a_failing_handler_retries_the_message_and_names_every_failing_handler(conn, db_url):
     calls, registry = Calls(), HandlerRegistry()
@@ -214,7 +227,12 @@ def test_a_topic_without_handlers_retries_then_dies_never_dropped(conn, db_url):
     error = row(conn, key)["last_error"]
     assert "gave up after 3 of 3 attempts" in error and "member.renamed" in error
     assert [code for code, _, _ in audit(conn, key)] == [
-        "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_dead",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_dead",
     ]
 
 
@@ -391,8 +409,17 @@ def test_a_batch_of_one_runs_on_the_relays_thread():
     destination = HandlerDestination(registry, threads=4)
 
     def message(n: int) -> ClaimedMessage:
-        return ClaimedMessage(id=n, event_id=f"e{n}", tenant_id=None, topic="t", payload={}, payload_sha="",
-                              headers={}, attempts=1, created_at=datetime.now(UTC))
+        return ClaimedMessage(
+            id=n,
+            event_id=f"e{n}",
+            tenant_id=None,
+            topic="t",
+            payload={},
+            payload_sha="",
+            headers={},
+            attempts=1,
+            created_at=datetime.now(UTC),
+        )
 
     try:
         assert [o.kind for o in destination.deliver([message(1)])] == ["sent"]
@@ -424,8 +451,20 @@ def test_a_batch_runs_on_exactly_parallelism_threads_at_once_the_relays_own_amon
     registry = HandlerRegistry()
     registry.register("t", handler)
     destination = HandlerDestination(registry, threads=threads)
-    batch = [ClaimedMessage(id=n, event_id=f"e{n}", tenant_id=None, topic="t", payload={}, payload_sha="",
-                            headers={}, attempts=1, created_at=datetime.now(UTC)) for n in range(12)]
+    batch = [
+        ClaimedMessage(
+            id=n,
+            event_id=f"e{n}",
+            tenant_id=None,
+            topic="t",
+            payload={},
+            payload_sha="",
+            headers={},
+            attempts=1,
+            created_at=datetime.now(UTC),
+        )
+        for n in range(12)
+    ]
     try:
         outcomes = destination.deliver(batch)
     finally:

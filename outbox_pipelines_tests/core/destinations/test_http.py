@@ -79,8 +79,11 @@ class RawServer:
                 # Read the whole request first: closing with unread bytes would send a reset
                 # (a network error) instead of the answer under test.
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
-                length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                          if line.startswith(b"content-length:")]
+                length = [
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                ]
                 await asyncio.wait_for(reader.readexactly(length[0] if length else 0), 2)
                 writer.write(self.reply)
                 await writer.drain()
@@ -272,7 +275,7 @@ def test_a_garbage_answer_is_an_unknown_retry_never_an_exception(raw_server, tra
     "reply",
     [
         pytest.param(b"", id="closes-without-answer"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"a\":", id="truncated-body"),
+        pytest.param(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"a":', id="truncated-body"),
     ],
 )
 def test_a_broken_answer_is_the_same_retry_on_every_transport(raw_server, reply):
@@ -373,7 +376,10 @@ def test_relay_retries_a_5xx_then_sends(conn, db_url, http_sink):
     assert row["published_at"] is not None
     assert http_sink.keys() == [key, key]
     assert audit_codes(conn, key) == [
-        "outbox_claim", "outbox_flush_retry", "outbox_claim", "outbox_flush_success",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_success",
     ]
 
 
@@ -385,7 +391,12 @@ def test_a_400_poison_pill_is_dead_after_one_attempt_and_never_blocks_the_rest(c
     assert (report.sent, report.dead, report.dead_by_code) == (4, 1, {"BAD_REQUEST": 1})
     found = rows(conn)
     assert {k: found[k]["status"] for k in keys} == {
-        "o-1": "sent", "o-2": "sent", "poison": "dead", "o-3": "sent", "o-4": "sent"}
+        "o-1": "sent",
+        "o-2": "sent",
+        "poison": "dead",
+        "o-3": "sent",
+        "o-4": "sent",
+    }
     assert (found["poison"]["attempts"], found["poison"]["last_error_code"]) == (1, "BAD_REQUEST")
     assert "qty invalid" in found["poison"]["last_error"]
     assert audit_codes(conn, "poison") == ["outbox_claim", "outbox_flush_dead"]
@@ -469,9 +480,12 @@ def test_garbage_answers_retry_then_go_dead_with_the_reason(conn, db_url, http_s
     assert "not the JSON it declares" in row["last_error"]
     assert http_sink.keys() == [key] * 3
     assert audit_codes(conn, key) == [
-        "outbox_claim", "outbox_flush_retry",
-        "outbox_claim", "outbox_flush_retry",
-        "outbox_claim", "outbox_flush_dead",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_retry",
+        "outbox_claim",
+        "outbox_flush_dead",
     ]
 
 
@@ -505,11 +519,14 @@ def test_audit_rows_record_every_transition(conn, db_url, http_sink):
     for t in transitions:
         assert t["worker"] == "test-relay"
         by_event.setdefault(t["event_id"], []).append(
-            (t["from_status"], t["to_status"], t["attempts"], t["code"], t["error_code"]))
+            (t["from_status"], t["to_status"], t["attempts"], t["code"], t["error_code"])
+        )
     assert by_event == {
         "ok": [("pending", "sending", 1, "outbox_claim", None), ("sending", "sent", 1, "outbox_flush_success", None)],
-        "bad": [("pending", "sending", 1, "outbox_claim", None),
-                ("sending", "dead", 1, "outbox_flush_dead", "BAD_REQUEST")],
+        "bad": [
+            ("pending", "sending", 1, "outbox_claim", None),
+            ("sending", "dead", 1, "outbox_flush_dead", "BAD_REQUEST"),
+        ],
         "flaky": [
             ("pending", "sending", 1, "outbox_claim", None),
             ("sending", "pending", 1, "outbox_flush_retry", "BROKER_5XX"),

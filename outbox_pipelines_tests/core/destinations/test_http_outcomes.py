@@ -120,14 +120,18 @@ def test_409_without_already_processed_is_dead_bad_request(body):
 def test_a_table_names_its_destinations_own_evidence():
     """``already_processed`` in outbox.toml: the destination's documented field or phrase, nothing else."""
     rules = AlreadyProcessed.parse(["result.state=DUPLICATE_OF_EXECUTED", "Request Already Processed"])
-    assert classify(409, b'{"result": {"state": "duplicate_of_executed"}, "id": "X"}', JSON,
-                    already_processed=rules).kind == "sent"
+    assert (
+        classify(409, b'{"result": {"state": "duplicate_of_executed"}, "id": "X"}', JSON, already_processed=rules).kind
+        == "sent"
+    )
     assert classify(409, b"request already processed", {}, already_processed=rules).kind == "sent"
     # the defaults are replaced, not added to
     assert classify(409, b'{"status": "already_processed"}', JSON, already_processed=rules).kind == "dead"
     # no rules: every 409 is a rejection
-    assert classify(409, b'{"status": "already_processed"}', JSON,
-                    already_processed=AlreadyProcessed.parse([])).kind == "dead"
+    assert (
+        classify(409, b'{"status": "already_processed"}', JSON, already_processed=AlreadyProcessed.parse([])).kind
+        == "dead"
+    )
 
 
 @pytest.mark.parametrize("rule", ["=x", "status=", "a..b=x", "  ", 3])
@@ -244,12 +248,23 @@ def test_unexpected_statuses_are_retried_as_unknown(status):
 
 # Seed 000 §5 / §7, row by row: (status, kind, code).
 SEED_000_TABLE = [
-    (200, "sent", None), (201, "sent", None), (202, "sent", None),
-    (400, "dead", "BAD_REQUEST"), (401, "dead", "UNAUTHORIZED"), (403, "dead", "UNAUTHORIZED"),
-    (404, "dead", "BAD_REQUEST"), (405, "dead", "BAD_REQUEST"), (408, "retry", "NETWORK_TIMEOUT"),
-    (409, "dead", "BAD_REQUEST"), (410, "dead", "BAD_REQUEST"), (413, "dead", "BAD_REQUEST"),
-    (422, "dead", "BAD_REQUEST"), (429, "retry", "RATE_LIMITED"),
-    (500, "retry", "BROKER_5XX"), (502, "retry", "BROKER_5XX"), (503, "retry", "BROKER_5XX"),
+    (200, "sent", None),
+    (201, "sent", None),
+    (202, "sent", None),
+    (400, "dead", "BAD_REQUEST"),
+    (401, "dead", "UNAUTHORIZED"),
+    (403, "dead", "UNAUTHORIZED"),
+    (404, "dead", "BAD_REQUEST"),
+    (405, "dead", "BAD_REQUEST"),
+    (408, "retry", "NETWORK_TIMEOUT"),
+    (409, "dead", "BAD_REQUEST"),
+    (410, "dead", "BAD_REQUEST"),
+    (413, "dead", "BAD_REQUEST"),
+    (422, "dead", "BAD_REQUEST"),
+    (429, "retry", "RATE_LIMITED"),
+    (500, "retry", "BROKER_5XX"),
+    (502, "retry", "BROKER_5XX"),
+    (503, "retry", "BROKER_5XX"),
     (504, "retry", "BROKER_5XX"),
     (302, "retry", "UNKNOWN"),
 ]
@@ -262,7 +277,9 @@ def test_the_seed_000_table_row_by_row(status, kind, code):
 
 def test_409_already_processed_is_the_only_409_that_counts_as_sent():
     assert as_tuple(classify(409, b'{"status": "already_processed", "broker_order_id": "B-1"}', JSON)) == (
-        "sent", "CONFLICT_PROCESSED")
+        "sent",
+        "CONFLICT_PROCESSED",
+    )
     assert as_tuple(classify(409, b'{"error": "order rejected: key in use"}', JSON)) == ("dead", "BAD_REQUEST")
 
 

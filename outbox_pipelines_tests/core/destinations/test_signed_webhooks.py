@@ -78,7 +78,8 @@ def project(tmp_path: Path, url: str) -> Path:
     """An adopter's project: its outbox.toml names the variable holding the secret, never the secret."""
     (tmp_path / "outbox.toml").write_text(
         f'[tables.{TABLE}]\ndestination = "http"\nurl = "{url}"\nsigning_secret_env = "BILLING_HOOK_SECRET"\n'
-        'max_attempts = 3\n')
+        "max_attempts = 3\n"
+    )
     return tmp_path
 
 
@@ -114,8 +115,9 @@ def test_a_receiver_verifies_every_delivery_with_the_standard_library(db_url, cl
     assert receiver.secret.removeprefix("whsec_") not in output
 
 
-def test_a_receiver_with_another_secret_refuses_and_the_message_dies_as_bad_request(db_url, cli_env, tmp_path,
-                                                                                     receiver):
+def test_a_receiver_with_another_secret_refuses_and_the_message_dies_as_bad_request(
+    db_url, cli_env, tmp_path, receiver
+):
     """The signature is real: signed with another secret, the receiver refuses it (400: dead BAD_REQUEST)."""
     root = project(tmp_path, receiver.url)
     env = {**cli_env, "BILLING_HOOK_SECRET": new_secret()}
@@ -192,16 +194,28 @@ def settings_of(section: str, environ: dict[str, str]):
         path.unlink()
 
 
-@pytest.mark.parametrize(("section", "environ", "says"), [
-    ('destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"', {},
-     "HOOK is not set"),
-    ('destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"', {"HOOK": "whsec_%%%"},
-     "not base64"),
-    ('destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"', {"HOOK": "whsec_c2hvcnQ="},
-     "at least 16 bytes"),
-    ('destination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\nsigning_secret_env = "HOOK"',
-     {"HOOK": new_secret()}, "applies to destination = \"http\""),
-])
+@pytest.mark.parametrize(
+    ("section", "environ", "says"),
+    [
+        ('destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"', {}, "HOOK is not set"),
+        (
+            'destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"',
+            {"HOOK": "whsec_%%%"},
+            "not base64",
+        ),
+        (
+            'destination = "http"\nurl = "http://127.0.0.1:9/"\nsigning_secret_env = "HOOK"',
+            {"HOOK": "whsec_c2hvcnQ="},
+            "at least 16 bytes",
+        ),
+        (
+            'destination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n'
+            'signing_secret_env = "HOOK"',
+            {"HOOK": new_secret()},
+            'applies to destination = "http"',
+        ),
+    ],
+)
 def test_a_signing_mistake_fails_the_table_at_load_saying_what_to_do(section, environ, says):
     settings = settings_of(section, environ)
     assert TABLE in settings.broken
@@ -213,8 +227,10 @@ def test_a_signing_mistake_fails_the_table_at_load_saying_what_to_do(section, en
 def test_the_secret_is_in_no_repr_and_no_status(db_url, cli_env, tmp_path, receiver):
     root = project(tmp_path, receiver.url)
     env = {**cli_env, "BILLING_HOOK_SECRET": receiver.secret}
-    settings = settings_of(f'destination = "http"\nurl = "{receiver.url}"\nsigning_secret_env = "BILLING_HOOK_SECRET"',
-                           {"BILLING_HOOK_SECRET": receiver.secret})
+    settings = settings_of(
+        f'destination = "http"\nurl = "{receiver.url}"\nsigning_secret_env = "BILLING_HOOK_SECRET"',
+        {"BILLING_HOOK_SECRET": receiver.secret},
+    )
     assert receiver.secret not in repr(settings.table(TABLE))
     assert run_cli(env, "db", "create-table", TABLE, cwd=root).returncode == 0
     status = run_cli(env, "status", "--table", TABLE, "--json", cwd=root)

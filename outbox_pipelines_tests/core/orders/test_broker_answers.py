@@ -36,8 +36,9 @@ def transport(request) -> str:
 def enqueue(conn, *keys: str, payload: dict | None = None) -> None:
     outbox = Outbox(ORDERS)
     for key in keys:
-        outbox.enqueue(conn, Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1},
-                                     event_id=key))
+        outbox.enqueue(
+            conn, Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1}, event_id=key)
+        )
 
 
 def relay_once(db_url: str, destination, url: str):
@@ -57,13 +58,23 @@ def the_row(conn, key: str) -> dict:
 def settle_audit(conn, key: str) -> list[dict]:
     return conn.execute(
         "SELECT code, to_status, error_code, detail FROM outbox_audit "
-        "WHERE outbox_table = %s AND event_id = %s AND code <> 'outbox_claim' ORDER BY id", (ORDERS, key),
+        "WHERE outbox_table = %s AND event_id = %s AND code <> 'outbox_claim' ORDER BY id",
+        (ORDERS, key),
     ).fetchall()
 
 
 def claimed(key: str, **fields) -> ClaimedMessage:
-    values = dict(id=1, event_id=key, tenant_id=None, topic="order.created", payload={"qty": 1},
-                  payload_sha="sha256:" + "0" * 64, headers={}, attempts=1, created_at=datetime.now(UTC))
+    values = dict(
+        id=1,
+        event_id=key,
+        tenant_id=None,
+        topic="order.created",
+        payload={"qty": 1},
+        payload_sha="sha256:" + "0" * 64,
+        headers={},
+        attempts=1,
+        created_at=datetime.now(UTC),
+    )
     values.update(fields)
     return ClaimedMessage(**values)
 
@@ -174,26 +185,32 @@ def test_a_header_a_transport_cannot_encode_is_never_retried(http_sink, transpor
         assert "refused to send" in outcome.error and http_sink.received == []
 
 
-@pytest.mark.parametrize("exc", [
-    httpx.LocalProtocolError("Illegal header value b'a\\r\\nb'"),
-    httpx.InvalidURL("Invalid non-printable ASCII character in URL"),
-    httpx.UnsupportedProtocol("Request URL is missing an 'http://' or 'https://' protocol."),
-    ValueError("Forbidden control character detected in headers. Potential header injection attack."),
-    UnicodeEncodeError("ascii", "café", 3, 4, "ordinal not in range(128)"),
-    ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("port must be 0-65535")]),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.LocalProtocolError("Illegal header value b'a\\r\\nb'"),
+        httpx.InvalidURL("Invalid non-printable ASCII character in URL"),
+        httpx.UnsupportedProtocol("Request URL is missing an 'http://' or 'https://' protocol."),
+        ValueError("Forbidden control character detected in headers. Potential header injection attack."),
+        UnicodeEncodeError("ascii", "café", 3, 4, "ordinal not in range(128)"),
+        ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("port must be 0-65535")]),
+    ],
+)
 def test_client_side_refusals_are_dead_bad_request(exc):
     outcome, failure = _exception_outcome(exc, 2.0)
     assert (outcome.kind, outcome.code, failure) == ("dead", "BAD_REQUEST", "refused")
     assert "refused to send" in outcome.error
 
 
-@pytest.mark.parametrize(("exc", "code", "failure"), [
-    (httpx.ReadTimeout("slow"), "NETWORK_TIMEOUT", "timeout"),
-    (httpx.ConnectError("refused"), "NETWORK_TIMEOUT", "connection"),
-    (httpx.RemoteProtocolError("Server disconnected"), "UNKNOWN", "protocol"),
-    (RuntimeError("something else"), "UNKNOWN", "error"),
-])
+@pytest.mark.parametrize(
+    ("exc", "code", "failure"),
+    [
+        (httpx.ReadTimeout("slow"), "NETWORK_TIMEOUT", "timeout"),
+        (httpx.ConnectError("refused"), "NETWORK_TIMEOUT", "connection"),
+        (httpx.RemoteProtocolError("Server disconnected"), "UNKNOWN", "protocol"),
+        (RuntimeError("something else"), "UNKNOWN", "error"),
+    ],
+)
 def test_network_failures_stay_retries(exc, code, failure):
     outcome, seen = _exception_outcome(exc, 2.0)
     assert (outcome.kind, outcome.code, seen) == ("retry", code, failure)

@@ -70,7 +70,11 @@ def assert_failed(conn, key: str, code: str, http_status: int, reason_code: str)
     assert found["reason"].startswith(f"{code}: {reason_code}: "), found["reason"]
     response = found["response"]
     assert (response["status"], response["error"], response["http_status"], response["reason_code"]) == (
-        "failed", code, http_status, reason_code)
+        "failed",
+        code,
+        http_status,
+        reason_code,
+    )
     assert response["reason"] == found["reason"] and response["idempotency_key"] == key
     assert found["result"] is None and found["result_digest"] is None
     return found
@@ -91,8 +95,9 @@ SCRIPTED = {
 
 
 def test_each_failure_is_stored_with_the_seed_001_code_and_status(conn, db_url, http_sink):
-    http_sink.script = lambda key, attempt, body: (SCRIPTED[key][0], {"Content-Type": "application/json"},
-                                                   SCRIPTED[key][1]) if key in SCRIPTED else None
+    http_sink.script = lambda key, attempt, body: (
+        (SCRIPTED[key][0], {"Content-Type": "application/json"}, SCRIPTED[key][1]) if key in SCRIPTED else None
+    )
     accept(conn, *SCRIPTED, "k-ok")
     relay_until_settled(conn, db_url, settings_for(http_sink.url))
 
@@ -152,15 +157,18 @@ def test_get_and_replay_tell_an_outage_from_a_rejection(conn, db_url, http_sink)
         with api.client() as client:
             rejected = client.get("/do/order/k-rejected").json()
             outage = client.get("/do/order/k-outage").json()
-            replay = client.post("/do/order", json=order_payload(2, "k-outage"),
-                                 headers={"Idempotency-Key": "k-outage"})
+            replay = client.post(
+                "/do/order", json=order_payload(2, "k-outage"), headers={"Idempotency-Key": "k-outage"}
+            )
     finally:
         servers.stop_all()
     assert (rejected["status"], rejected["http_status"]) == ("failed", 400)
     assert rejected["reason"].startswith("BROKER_REJECTED: BAD_REQUEST: HTTP 400")
     assert (outage["status"], outage["http_status"]) == ("failed", 503)
-    assert outage["reason"] == ("BROKER_DOWN: BROKER_5XX: HTTP 503, the broker failed or answered what could not be "
-                                "used; gave up after 2 attempts")
+    assert outage["reason"] == (
+        "BROKER_DOWN: BROKER_5XX: HTTP 503, the broker failed or answered what could not be "
+        "used; gave up after 2 attempts"
+    )
     assert replay.status_code == 200
     answer = replay.json()
     assert (answer["status"], answer["error"], answer["http_status"]) == ("failed", BROKER_DOWN, 503)
@@ -180,34 +188,46 @@ def test_a_broker_answer_after_a_failure_still_succeeds_with_200(conn, db_url):
 
 # -- the map itself, row by row (also when the last attempt was made by another process) ----------------
 
-@pytest.mark.parametrize(("args", "expected"), [
-    # What the last attempt saw on the wire.
-    ((m.BAD_REQUEST, "HTTP 400: 'x'", 400, None), (BROKER_REJECTED, 400)),
-    ((m.BAD_REQUEST, "HTTP 409 without 'already processed'", 409, None), (BROKER_REJECTED, 409)),
-    ((m.BAD_REQUEST, "HTTP 413: ''", 413, None), (BROKER_REJECTED, 413)),
-    ((m.UNAUTHORIZED, "HTTP 403: check", 403, None), (BROKER_REJECTED, 403)),
-    ((m.BAD_REQUEST, "the HTTP client refused to send the request: ...", None, "refused"), (BROKER_REJECTED, 400)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 2.5 s", None, "timeout"),
-     (BROKER_TIMEOUT, 504)),
-    ((m.NETWORK_TIMEOUT, "gave up ...: HTTP 408 request timeout", 408, None), (BROKER_TIMEOUT, 408)),
-    ((m.BROKER_5XX, "gave up ...: HTTP 504: ''", 504, None), (BROKER_TIMEOUT, 504)),
-    ((m.NETWORK_TIMEOUT, "gave up ...: connection failed: ConnectError", None, "connection"), (BROKER_DOWN, 503)),
-    ((m.BROKER_5XX, "gave up ...: HTTP 500: 'boom'", 500, None), (BROKER_DOWN, 500)),
-    ((m.BROKER_5XX, "gave up ...: HTTP 503: ''", 503, None), (BROKER_DOWN, 503)),
-    ((m.UNKNOWN, "gave up ...: HTTP 200 with a body that is not the JSON it declares", 200, None), (BROKER_DOWN, 502)),
-    ((m.UNKNOWN, "gave up ...: unusable answer: RemoteProtocolError", None, "protocol"), (BROKER_DOWN, 502)),
-    # No attempt seen by this process: the outbox code and the error text decide.
-    ((m.BAD_REQUEST, "HTTP 404: 'no route'", None, None), (BROKER_REJECTED, 404)),
-    ((m.BAD_REQUEST, "cannot build the request: KeyError: 'instrument'", None, None), (BROKER_REJECTED, 400)),
-    ((m.UNAUTHORIZED, "HTTP 401: check the destination's credentials", None, None), (BROKER_REJECTED, 401)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 5 s (ReadTimeout)", None, None),
-     (BROKER_TIMEOUT, 504)),
-    ((m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: connection failed: ConnectError", None, None),
-     (BROKER_DOWN, 503)),
-    ((m.BROKER_5XX, "gave up after 8 of 8 attempts: HTTP 502: 'bad gateway'", None, None), (BROKER_DOWN, 502)),
-    ((m.UNKNOWN, "gave up after 8 of 8 attempts: unusable answer", None, None), (BROKER_DOWN, 502)),
-    (("DB_ERROR", "the settle failed", None, None), (INTERNAL_ERROR, 500)),
-])
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # What the last attempt saw on the wire.
+        ((m.BAD_REQUEST, "HTTP 400: 'x'", 400, None), (BROKER_REJECTED, 400)),
+        ((m.BAD_REQUEST, "HTTP 409 without 'already processed'", 409, None), (BROKER_REJECTED, 409)),
+        ((m.BAD_REQUEST, "HTTP 413: ''", 413, None), (BROKER_REJECTED, 413)),
+        ((m.UNAUTHORIZED, "HTTP 403: check", 403, None), (BROKER_REJECTED, 403)),
+        ((m.BAD_REQUEST, "the HTTP client refused to send the request: ...", None, "refused"), (BROKER_REJECTED, 400)),
+        (
+            (m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 2.5 s", None, "timeout"),
+            (BROKER_TIMEOUT, 504),
+        ),
+        ((m.NETWORK_TIMEOUT, "gave up ...: HTTP 408 request timeout", 408, None), (BROKER_TIMEOUT, 408)),
+        ((m.BROKER_5XX, "gave up ...: HTTP 504: ''", 504, None), (BROKER_TIMEOUT, 504)),
+        ((m.NETWORK_TIMEOUT, "gave up ...: connection failed: ConnectError", None, "connection"), (BROKER_DOWN, 503)),
+        ((m.BROKER_5XX, "gave up ...: HTTP 500: 'boom'", 500, None), (BROKER_DOWN, 500)),
+        ((m.BROKER_5XX, "gave up ...: HTTP 503: ''", 503, None), (BROKER_DOWN, 503)),
+        (
+            (m.UNKNOWN, "gave up ...: HTTP 200 with a body that is not the JSON it declares", 200, None),
+            (BROKER_DOWN, 502),
+        ),
+        ((m.UNKNOWN, "gave up ...: unusable answer: RemoteProtocolError", None, "protocol"), (BROKER_DOWN, 502)),
+        # No attempt seen by this process: the outbox code and the error text decide.
+        ((m.BAD_REQUEST, "HTTP 404: 'no route'", None, None), (BROKER_REJECTED, 404)),
+        ((m.BAD_REQUEST, "cannot build the request: KeyError: 'instrument'", None, None), (BROKER_REJECTED, 400)),
+        ((m.UNAUTHORIZED, "HTTP 401: check the destination's credentials", None, None), (BROKER_REJECTED, 401)),
+        (
+            (m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: no answer within 5 s (ReadTimeout)", None, None),
+            (BROKER_TIMEOUT, 504),
+        ),
+        (
+            (m.NETWORK_TIMEOUT, "gave up after 8 of 8 attempts: connection failed: ConnectError", None, None),
+            (BROKER_DOWN, 503),
+        ),
+        ((m.BROKER_5XX, "gave up after 8 of 8 attempts: HTTP 502: 'bad gateway'", None, None), (BROKER_DOWN, 502)),
+        ((m.UNKNOWN, "gave up after 8 of 8 attempts: unusable answer", None, None), (BROKER_DOWN, 502)),
+        (("DB_ERROR", "the settle failed", None, None), (INTERNAL_ERROR, 500)),
+    ],
+)
 def test_the_error_map_row_by_row(args, expected):
     assert failure_code(*args) == expected
-

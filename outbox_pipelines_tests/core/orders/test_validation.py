@@ -11,10 +11,15 @@ def fields(body):
     return {v.field for v in validate_order(body)}
 
 
-@pytest.mark.parametrize("field, value", [
-    ("price", 10 ** 400), ("price", -(10 ** 400)),
-    ("risk_constraints", {"max_dd": 10 ** 400}), ("risk_constraints", {"max_spread": 10 ** 400}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("price", 10**400),
+        ("price", -(10**400)),
+        ("risk_constraints", {"max_dd": 10**400}),
+        ("risk_constraints", {"max_spread": 10**400}),
+    ],
+)
 def test_integers_beyond_float_range_are_violations_not_crashes(field, value):
     body = {**order_payload(1), field: value}
     assert fields(body) & {field, f"{field}.max_dd", f"{field}.max_spread"}

@@ -19,27 +19,42 @@ ORDERS = "outbox_orders"
 
 
 def audit_rows(conn, message_id):
-    return conn.execute("SELECT code, from_status, to_status, attempts, worker FROM outbox_audit "
-                        "WHERE outbox_table = %s AND message_id = %s ORDER BY id", (EVENTS, message_id)).fetchall()
+    return conn.execute(
+        "SELECT code, from_status, to_status, attempts, worker FROM outbox_audit "
+        "WHERE outbox_table = %s AND message_id = %s ORDER BY id",
+        (EVENTS, message_id),
+    ).fetchall()
 
 
 def test_a_transaction_claim_settles_sent_retry_and_dead_as_a_lease_does(db_url, conn):
     ok, flaky, poison = enqueue_n(conn, EVENTS, 3)
     settings = events_settings(claim="transaction", retry=RetryPolicy(base_s=60, max_s=60, max_attempts=2, jitter=0))
-    outcomes = {ok: Outcome.sent(ref="r-1"), flaky: Outcome.retry(m.BROKER_5XX, "HTTP 503"),
-                poison: Outcome.dead(m.BAD_REQUEST, "HTTP 400")}
+    outcomes = {
+        ok: Outcome.sent(ref="r-1"),
+        flaky: Outcome.retry(m.BROKER_5XX, "HTTP 503"),
+        poison: Outcome.dead(m.BAD_REQUEST, "HTTP 400"),
+    }
     destination = ScriptedDestination(lambda msg: outcomes[msg.id])
     report = Relay(db_url, settings, destination, worker_id="relay-a").run(once=True)
     assert (report.sent, report.retried, report.dead) == (1, 1, 1)
     by_id = {r["id"]: r for r in rows(conn, EVENTS)}
     assert (by_id[ok]["status"], by_id[ok]["attempts"], by_id[ok]["result_ref"]) == ("sent", 1, "r-1")
     assert (by_id[flaky]["status"], by_id[flaky]["attempts"], by_id[flaky]["last_error_code"]) == (
-        "pending", 1, m.BROKER_5XX)
+        "pending",
+        1,
+        m.BROKER_5XX,
+    )
     assert (by_id[poison]["status"], by_id[poison]["attempts"]) == ("dead", 1)
     # The rows were never 'sending': the audit tells pending -> outcome, by this worker, at attempt 1.
     assert audit_rows(conn, ok) == [
-        {"code": "outbox_flush_success", "from_status": "pending", "to_status": "sent", "attempts": 1,
-         "worker": "relay-a"}]
+        {
+            "code": "outbox_flush_success",
+            "from_status": "pending",
+            "to_status": "sent",
+            "attempts": 1,
+            "worker": "relay-a",
+        }
+    ]
     assert [r["code"] for r in audit_rows(conn, flaky)] == ["outbox_flush_retry"]
     # The second attempt is the last one: dead, with the attempts counted.
     make_due(conn, EVENTS, flaky)
@@ -51,7 +66,8 @@ def test_a_transaction_claim_settles_sent_retry_and_dead_as_a_lease_does(db_url,
 def test_a_transaction_claim_deletes_on_success_and_gives_back_a_throttled_attempt(db_url, conn):
     sent, throttled = enqueue_n(conn, EVENTS, 2)
     destination = ScriptedDestination(
-        lambda msg: Outcome.sent() if msg.id == sent else Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30))
+        lambda msg: Outcome.sent() if msg.id == sent else Outcome.retry(m.RATE_LIMITED, "HTTP 429", delay_s=30)
+    )
     Relay(db_url, events_settings(claim="transaction", on_success="delete"), destination).run(once=True)
     left = rows(conn, EVENTS)
     assert [(r["id"], r["status"], r["attempts"]) for r in left] == [(throttled, "pending", 0)]
@@ -61,7 +77,8 @@ def test_a_transaction_claim_deletes_on_success_and_gives_back_a_throttled_attem
 def test_audit_failures_keeps_retries_and_deaths_but_not_claims_or_deliveries(db_url, conn):
     ok, flaky = enqueue_n(conn, EVENTS, 2)
     destination = ScriptedDestination(
-        lambda msg: Outcome.sent() if msg.id == ok else Outcome.retry(m.BROKER_5XX, "HTTP 503"))
+        lambda msg: Outcome.sent() if msg.id == ok else Outcome.retry(m.BROKER_5XX, "HTTP 503")
+    )
     for claim in ("lease", "transaction"):
         conn.execute("UPDATE outbox_events SET status = 'pending', available_at = now(), attempts = 0")
         conn.execute("TRUNCATE outbox_audit")
@@ -127,10 +144,18 @@ def test_a_transaction_relay_that_hangs_past_its_lease_is_cut_off_by_the_server(
     try:
         wait_until(lambda: len(http_sink.received) >= 5, 30, "the first delivery", 0.05)
         # While the relay still waits for its answers, the rows are free again for anyone.
-        wait_until(lambda: conn.execute(
-            "SELECT count(*) AS n FROM outbox_orders WHERE status = 'pending' "
-            "AND id NOT IN (SELECT id FROM outbox_orders FOR UPDATE SKIP LOCKED)").fetchone()["n"] == 0,
-            3.5, "the server to end the hung transaction", 0.05)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) AS n FROM outbox_orders WHERE status = 'pending' "
+                    "AND id NOT IN (SELECT id FROM outbox_orders FOR UPDATE SKIP LOCKED)"
+                ).fetchone()["n"]
+                == 0
+            ),
+            3.5,
+            "the server to end the hung transaction",
+            0.05,
+        )
         http_sink.delay_s = 0.0
         wait_until(lambda: statuses(conn, ORDERS) == {"sent": 5}, 60, "the relay to reconnect and deliver", 0.05)
     finally:
@@ -169,8 +194,9 @@ def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url
     with connect(db_url) as relay_conn:  # autocommit, as the relay's session
         table = OutboxTable(relay_conn, EVENTS)
         claimed = table.claim("w", 2, 60)
-        settled = table.settle_sent("w", [c.id for c in claimed], [c.attempts for c in claimed],
-                                    audit_code=m.AUDIT_SUCCESS, fast_commit=True)
+        settled = table.settle_sent(
+            "w", [c.id for c in claimed], [c.attempts for c in claimed], audit_code=m.AUDIT_SUCCESS, fast_commit=True
+        )
         assert settled == {c.id for c in claimed}
         assert relay_conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
     assert statuses(conn, EVENTS) == {"sent": 2}
@@ -179,7 +205,8 @@ def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url
 
 @pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
 def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_its_flush(
-        db_url, conn, monkeypatch, claim_mode):
+    db_url, conn, monkeypatch, claim_mode
+):
     from outbox_pipelines.core.storage.table import OutboxTable
 
     settles: list[tuple[int, bool]] = []
@@ -196,16 +223,20 @@ def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_
     assert report.sent == 5 and statuses(conn, EVENTS) == {"sent": 5}
     # Full batches drain a backlog and share one flush; the last one emptied the queue. Held rows
     # commit in the relay's own transaction, which the claim opened: always flushed.
-    assert settles == ([(2, False), (2, False), (1, True)] if claim_mode == "lease" else
-                       [(2, False), (2, False), (1, False)])
+    assert settles == (
+        [(2, False), (2, False), (1, True)] if claim_mode == "lease" else [(2, False), (2, False), (1, False)]
+    )
 
 
 # -- the claim reads the destination's gate itself -------------------------------------------------
-@pytest.mark.parametrize("state", [
-    "paused_until = now() + interval '1 minute', pause_reason = '429'",
-    "paused_until = now() - interval '1 second', pause_reason = '429'",  # over, but a probe goes first
-    "circuit_opened_at = now(), next_probe_at = now() + interval '10 seconds'",
-])
+@pytest.mark.parametrize(
+    "state",
+    [
+        "paused_until = now() + interval '1 minute', pause_reason = '429'",
+        "paused_until = now() - interval '1 second', pause_reason = '429'",  # over, but a probe goes first
+        "circuit_opened_at = now(), next_probe_at = now() + interval '10 seconds'",
+    ],
+)
 @pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
 def test_a_gated_claim_takes_nothing_unless_the_destination_is_plainly_open(conn, state, claim_mode):
     from outbox_pipelines.core.storage.table import OutboxTable
@@ -224,8 +255,11 @@ def test_a_gated_claim_takes_nothing_unless_the_destination_is_plainly_open(conn
     assert claim(gated=True) == []
     assert statuses(conn, EVENTS) == {"pending": 3}
     assert len(claim(gated=False)) == 3  # what a probe does, past the gate
-    conn.execute("UPDATE outbox_destination_health SET paused_until = NULL, pause_reason = NULL, "
-                 "circuit_opened_at = NULL WHERE table_name = %s", (EVENTS,))
+    conn.execute(
+        "UPDATE outbox_destination_health SET paused_until = NULL, pause_reason = NULL, "
+        "circuit_opened_at = NULL WHERE table_name = %s",
+        (EVENTS,),
+    )
     enqueue_n(conn, EVENTS, 2, prefix="later-")
     # Open again: the gated claim takes what is pending (under a lease, the 3 are being sent).
     assert len(claim(gated=True)) == (2 if claim_mode == "lease" else 5)

@@ -61,8 +61,11 @@ def test_a_pipelined_relay_goes_on_at_once_when_its_probe_succeeds(db_url, conn)
     """While the probe is on the wire the relay claims ahead, finds the circuit open and waits for the next
     probe; the probe's success ends that wait, so the rest drains now, not a probe interval later."""
     enqueue_n(conn, EVENTS, 9)
-    conn.execute("INSERT INTO outbox_destination_health (table_name, destination, circuit_opened_at, failing_since, "
-                 "next_probe_at) VALUES (%s, 'd', now(), now(), now())", (EVENTS,))
+    conn.execute(
+        "INSERT INTO outbox_destination_health (table_name, destination, circuit_opened_at, failing_since, "
+        "next_probe_at) VALUES (%s, 'd', now(), now(), now())",
+        (EVENTS,),
+    )
 
     class Slow(BatchSizes):
         pipelined = True
@@ -85,9 +88,14 @@ def test_per_message_failures_still_follow_the_retry_policy(db_url, conn):
     enqueue_n(conn, EVENTS, 4)
     outcomes = iter([Outcome.dead(m.BAD_REQUEST, "HTTP 400"), Outcome.retry(m.HANDLER_ERROR, "boom")] * 2)
     Relay(db_url, settings(batch_size=4, circuit_threshold=1), ScriptedDestination(lambda msg: next(outcomes))).run(
-        max_entries=4)
+        max_entries=4
+    )
     assert sorted((r["status"], r["attempts"]) for r in rows(conn, EVENTS)) == [
-        ("dead", 1), ("dead", 1), ("pending", 1), ("pending", 1)]
+        ("dead", 1),
+        ("dead", 1),
+        ("pending", 1),
+        ("pending", 1),
+    ]
     assert health(conn).get("circuit_opened_at") is None
 
 
@@ -109,8 +117,10 @@ def test_the_claim_re_takes_an_expired_lease_and_fences_its_old_holder(conn):
     assert (again.id, again.attempts) == (row_id, 2)
     assert outbox_table.settle("gone", [Settlement(first.id, first.attempts, "sent", m.AUDIT_SUCCESS)]) == set()
     assert outbox_table.settle("alive", [Settlement(again.id, again.attempts, "sent", m.AUDIT_SUCCESS)]) == {row_id}
-    detail = conn.execute("SELECT detail FROM outbox_audit WHERE message_id = %s AND code = 'outbox_claim' "
-                          "ORDER BY id DESC LIMIT 1", (row_id,)).fetchone()["detail"]
+    detail = conn.execute(
+        "SELECT detail FROM outbox_audit WHERE message_id = %s AND code = 'outbox_claim' ORDER BY id DESC LIMIT 1",
+        (row_id,),
+    ).fetchone()["detail"]
     assert detail == "re-taken: the lease of gone expired"
 
 
@@ -137,14 +147,16 @@ def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeyp
     monkeypatch.setattr(relay_session, "connect", flaky)
     with real_connect(db_url) as own:
         liveness.register(own, "keeper-test", EVENTS, None)
-        own.execute("UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' "
-                    "WHERE worker = 'keeper-test'")
+        own.execute(
+            "UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' WHERE worker = 'keeper-test'"
+        )
     keeper = LeaseKeeper(db_url, EVENTS, "keeper-test", lease_s=0.3, heartbeat_s=0.05)
     try:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            beat = conn.execute("SELECT now() - heartbeat_at AS ago FROM outbox_relay_workers "
-                                "WHERE worker = 'keeper-test'").fetchone()["ago"]
+            beat = conn.execute(
+                "SELECT now() - heartbeat_at AS ago FROM outbox_relay_workers WHERE worker = 'keeper-test'"
+            ).fetchone()["ago"]
             if beat < timedelta(seconds=5):
                 break
             time.sleep(0.05)
@@ -162,8 +174,10 @@ def test_a_batch_that_could_not_be_settled_is_given_back_not_stranded(db_url, co
     def kill_then_answer(msg):
         if not killed.is_set():
             killed.set()
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
         return Outcome.sent()
 
     relay = Relay(db_url, settings(batch_size=4, lease_s=600), ScriptedDestination(kill_then_answer))
@@ -193,8 +207,11 @@ def test_after_a_throttle_one_message_goes_first_then_full_batches(db_url, conn)
     """A pause that ran out is probed with one message (every relay of the table would otherwise send a
     full batch into a destination that may still be throttling); the first success lifts it for all."""
     enqueue_n(conn, EVENTS, 5)
-    conn.execute("INSERT INTO outbox_destination_health (table_name, paused_until, pause_reason) "
-                 "VALUES (%s, now() - interval '1 second', '429 Retry-After')", (EVENTS,))
+    conn.execute(
+        "INSERT INTO outbox_destination_health (table_name, paused_until, pause_reason) "
+        "VALUES (%s, now() - interval '1 second', '429 Retry-After')",
+        (EVENTS,),
+    )
     destination = BatchSizes()
     Relay(db_url, settings(batch_size=5), destination).run(once=True)
     assert destination.calls == [1, 4]

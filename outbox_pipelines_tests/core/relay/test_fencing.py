@@ -56,7 +56,11 @@ def test_a_stale_attempt_cannot_settle_after_the_row_was_reclaimed(conn):
     assert outbox_table.settle("w", [stale]) == set()
     assert outbox_table.settle("w", [Settlement(second.id, 2, "sent", m.AUDIT_SUCCESS)]) == {second.id}
     assert audit_codes(conn, EVENTS) == [
-        "outbox_claim", "outbox_requeue", "outbox_claim", "outbox_flush_conflict", "outbox_flush_success"
+        "outbox_claim",
+        "outbox_requeue",
+        "outbox_claim",
+        "outbox_flush_conflict",
+        "outbox_flush_success",
     ]
 
 

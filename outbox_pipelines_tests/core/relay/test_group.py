@@ -25,8 +25,13 @@ TABLES = [f"mod{n:02d}_outbox" for n in range(8)]
 
 def group_settings(tmp_path: Path, tables: list[str], extra: str = "") -> Settings:
     config = tmp_path / "outbox.toml"
-    config.write_text("".join(f'[tables.{name}]\ndestination = "paper"\nmode = "competing"\n'
-                              f'base = "10ms"\nmax_backoff = "10ms"\n\n' for name in tables) + extra)
+    config.write_text(
+        "".join(
+            f'[tables.{name}]\ndestination = "paper"\nmode = "competing"\nbase = "10ms"\nmax_backoff = "10ms"\n\n'
+            for name in tables
+        )
+        + extra
+    )
     return load_settings(env={}, path=config)
 
 
@@ -74,16 +79,18 @@ def group_running(db_url: str, settings: Settings, names: list[str], **knobs) ->
 
 
 def relay_connections(conn) -> int:
-    return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' "
-                        "OR application_name LIKE 'outbox%%'").fetchone()["n"]
+    return conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' OR application_name LIKE 'outbox%%'"
+    ).fetchone()["n"]
 
 
 def test_once_drains_every_table_each_message_once(db_url, conn, tables, tmp_path):
     for name in tables:
         enqueue(conn, name, 30)
     counting = Counting()
-    group = GroupRelay(db_url, group_settings(tmp_path, tables), tables, worker_prefix="t", places=3,
-                       destinations=counting.build)
+    group = GroupRelay(
+        db_url, group_settings(tmp_path, tables), tables, worker_prefix="t", places=3, destinations=counting.build
+    )
     report = group.run(once=True)
     assert {name: statuses(conn, name) for name in tables} == {name: {"sent": 30} for name in tables}
     assert len(counting.handled) == 8 * 30 and set(counting.handled.values()) == {1}
@@ -96,8 +103,13 @@ def test_a_running_group_wakes_a_quiet_table_on_enqueue_and_lets_go_when_idle(db
     counting = Counting()
     with group_running(db_url, settings, tables, destinations=counting.build, linger_s=0.5) as group:
         # every table is looked at once at the start, then goes quiet: no relay holds a connection
-        wait_until(lambda: not any(w.active for w in group.workers.values()) and all(
-            w.activations for w in group.workers.values()), 20, "every table to go quiet")
+        wait_until(
+            lambda: (
+                not any(w.active for w in group.workers.values()) and all(w.activations for w in group.workers.values())
+            ),
+            20,
+            "every table to go quiet",
+        )
         enqueue(conn, "mod03_outbox", 5, prefix="late")
         wait_until(lambda: statuses(conn, "mod03_outbox") == {"sent": 5}, 10, "the enqueue to be relayed")
         assert group.workers["mod03_outbox"].activations >= 2
@@ -118,8 +130,10 @@ def test_places_bound_the_active_tables_and_every_table_gets_its_turn(db_url, co
         return HandlerDestination(registry)
 
     peak = []
-    with group_running(db_url, group_settings(tmp_path, tables), tables, destinations=slow, places=2,
-                       slice_s=0.3) as group:
+    with group_running(
+        db_url, group_settings(tmp_path, tables), tables, destinations=slow, places=2, slice_s=0.3
+    ) as group:
+
         def all_sent() -> bool:
             peak.append(sum(w.active for w in group.workers.values()))
             return all(statuses(conn, name) == {"sent": 400} for name in tables)
@@ -129,11 +143,14 @@ def test_places_bound_the_active_tables_and_every_table_gets_its_turn(db_url, co
     assert max(peak) <= 2
 
 
-def test_a_table_that_cannot_be_built_or_does_not_exist_is_told_once_and_the_others_relay(db_url, conn, tables,
-                                                                                          tmp_path):
+def test_a_table_that_cannot_be_built_or_does_not_exist_is_told_once_and_the_others_relay(
+    db_url, conn, tables, tmp_path
+):
     # Imports, but names no HandlerRegistry: the destination cannot be built when the relay starts.
-    extra = ('[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "string:ascii_letters"\n\n'
-             '[tables.unimportable_outbox]\ndestination = "handlers"\nhandlers = "no_such_module:r"\n')
+    extra = (
+        '[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "string:ascii_letters"\n\n'
+        '[tables.unimportable_outbox]\ndestination = "handlers"\nhandlers = "no_such_module:r"\n'
+    )
     settings = group_settings(tmp_path, [*tables, "missing_outbox"], extra)
     for name in ("broken_outbox", "unimportable_outbox"):
         create_table(db_url, name)
@@ -205,8 +222,11 @@ def test_a_standby_takes_over_a_single_active_table_at_once_when_its_holder_stop
     holder = Relay(db_url, settings.table("mod00_outbox"), counting.build(settings.table("mod00_outbox"), settings))
     holding = threading.Thread(target=holder.run, kwargs={"max_seconds": 60})
     holding.start()
-    wait_until(lambda: conn.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'").fetchone()["n"],
-               10, "the first relay to hold the lock")
+    wait_until(
+        lambda: conn.execute("SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'").fetchone()["n"],
+        10,
+        "the first relay to hold the lock",
+    )
     with group_running(db_url, settings, ["mod00_outbox"], destinations=counting.build, linger_s=2.0) as group:
         wait_until(lambda: group.workers["mod00_outbox"].active, 10, "the group's relay to stand by")
         time.sleep(3)  # longer than linger_s: standing by is not idleness
@@ -214,7 +234,8 @@ def test_a_standby_takes_over_a_single_active_table_at_once_when_its_holder_stop
         holding.join(10)
         enqueue(conn, "mod00_outbox", 1, prefix="after-handoff")
         committed = time.monotonic()
-        wait_until(lambda: statuses(conn, "mod00_outbox") == {"sent": 1}, 5, "the message after the hand-off",
-                   interval_s=0.01)
+        wait_until(
+            lambda: statuses(conn, "mod00_outbox") == {"sent": 1}, 5, "the message after the hand-off", interval_s=0.01
+        )
         assert time.monotonic() - committed < 0.5
         assert group.workers["mod00_outbox"].activations == 1  # the standby took over; no new activation

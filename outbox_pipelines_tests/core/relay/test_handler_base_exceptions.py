@@ -52,10 +52,16 @@ def slow(message):
 def team_project(tmp_path: Path, cli_env: dict, parallelism: int) -> dict:
     (tmp_path / "team_handlers.py").write_text(HANDLERS)
     config = tmp_path / "outbox.toml"
-    config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "team_handlers:registry"\n'
-                      f'parallelism = {parallelism}\nbatch_size = 10\nmode = "competing"\n')
-    return {**cli_env, "OUTBOX_CONFIG": str(config), "HANDLED_LOG": str(tmp_path / "handled.log"),
-            "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}"}
+    config.write_text(
+        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "team_handlers:registry"\n'
+        f'parallelism = {parallelism}\nbatch_size = 10\nmode = "competing"\n'
+    )
+    return {
+        **cli_env,
+        "OUTBOX_CONFIG": str(config),
+        "HANDLED_LOG": str(tmp_path / "handled.log"),
+        "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
+    }
 
 
 def enqueue(conn, topics: list[str]) -> None:
@@ -66,8 +72,9 @@ def enqueue(conn, topics: list[str]) -> None:
 
 @pytest.mark.parametrize("parallelism", [1, 4])
 @pytest.mark.parametrize("bad_topic, raised", [("exits", "SystemExit: 3"), ("aborts", "LibraryAbort: unwound")])
-def test_a_handler_base_exception_fails_its_message_and_the_batch_is_settled(cli_env, conn, tmp_path, parallelism,
-                                                                               bad_topic, raised):
+def test_a_handler_base_exception_fails_its_message_and_the_batch_is_settled(
+    cli_env, conn, tmp_path, parallelism, bad_topic, raised
+):
     env = team_project(tmp_path, cli_env, parallelism)
     enqueue(conn, ["ok", "ok", bad_topic, "ok", "ok", "ok"])
     result = run_cli(env, "relay", "--table", "outbox_events", "--once", "--json")
@@ -103,8 +110,9 @@ def test_sigint_still_stops_the_relay_cleanly_while_a_handler_runs(cli_env, conn
     enqueue(conn, ["slow", "ok"])
     proc = start_relay(env, "outbox_events")
     log = tmp_path / "handled.log"
-    wait_until(lambda: log.exists() and "slow-started" in log.read_text(), 30, "the slow handler to start", 0.02,
-               process=proc)
+    wait_until(
+        lambda: log.exists() and "slow-started" in log.read_text(), 30, "the slow handler to start", 0.02, process=proc
+    )
     code, out, err = stop_and_read(proc, signal.SIGINT)
     assert code == 0, err
     assert "stop requested" in out

@@ -18,7 +18,7 @@ def _fill(sample: LagSample, values: list[float], chunks: list[int]) -> int:
     at, i = 0, 0
     while at < len(values):
         size = chunks[i % len(chunks)]
-        sample.add_each(values[at:at + size], value_of)
+        sample.add_each(values[at : at + size], value_of)
         at, i = at + size, i + 1
     return computed
 

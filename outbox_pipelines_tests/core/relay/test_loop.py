@@ -173,7 +173,8 @@ def test_a_batch_that_empties_the_queue_is_followed_by_a_wait_not_by_an_empty_cl
     claims = counting_claims(monkeypatch)
     enqueue_n(conn, EVENTS, 2)
     report = Relay(db_url, events_settings(idle_sleep_s=30.0), ScriptedDestination(lambda msg: Outcome.sent())).run(
-        max_seconds=0.5)
+        max_seconds=0.5
+    )
     assert (report.sent, report.stopped_because) == (2, "time budget used")
     assert claims == [2], "2 of 100 asked for: the queue was empty, nothing woke the relay, nothing to claim"
 
@@ -199,7 +200,7 @@ def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, con
     assert statuses(conn, EVENTS) == {"sent": 2}
     # Its NOTIFY was waiting when the first batch was settled: the relay claimed at once, without
     # asking when the next row is due.
-    assert reads[reads.index("claim 1"):][:2] == ["claim 1", "claim 1"], reads
+    assert reads[reads.index("claim 1") :][:2] == ["claim 1", "claim 1"], reads
 
 
 def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url, conn, monkeypatch):
@@ -238,11 +239,13 @@ def test_rate_limit_slows_the_whole_table(db_url, conn):
     waiting = rows(conn, EVENTS, "last_error_code = 'RATE_LIMITED'")
     assert [(r["status"], r["attempts"]) for r in waiting] == [("pending", 0)]
     delay = conn.execute(
-        "SELECT available_at - now() AS d FROM outbox_events WHERE last_error_code = 'RATE_LIMITED'").fetchone()["d"]
+        "SELECT available_at - now() AS d FROM outbox_events WHERE last_error_code = 'RATE_LIMITED'"
+    ).fetchone()["d"]
     assert timedelta(seconds=28) < delay <= timedelta(seconds=30)
     # the pause is the table's, in the database, for every relay of it
-    paused = conn.execute("SELECT paused_until - now() AS d FROM outbox_destination_health WHERE table_name = %s",
-                          (EVENTS,)).fetchone()["d"]
+    paused = conn.execute(
+        "SELECT paused_until - now() AS d FROM outbox_destination_health WHERE table_name = %s", (EVENTS,)
+    ).fetchone()["d"]
     assert timedelta(seconds=28) < paused <= timedelta(seconds=30)
     other = Relay(db_url, events_settings(batch_size=1), ScriptedDestination(lambda msg: Outcome.sent())).run(once=True)
     assert other.claimed == 0 and "paused" in other.stopped_because
@@ -259,8 +262,9 @@ def test_lease_is_renewed_during_a_long_dispatch(db_url, conn):
         while time.monotonic() < deadline:
             time.sleep(0.1)
             with psycopg.connect(db_url) as probe:
-                expiry = probe.execute("SELECT lease_expires_at FROM outbox_events WHERE id = %s",
-                                       (row_id,)).fetchone()[0]
+                expiry = probe.execute(
+                    "SELECT lease_expires_at FROM outbox_events WHERE id = %s", (row_id,)
+                ).fetchone()[0]
                 first = first or expiry
                 observed["last"] = expiry
                 observed["first"] = first
@@ -281,8 +285,9 @@ def test_a_plainly_delivered_batch_with_leases_taken_over_settles_the_rest_and_c
     def take_over_then_deliver(msg):
         if msg.id == ids[0]:
             with psycopg.connect(db_url, autocommit=True) as other:
-                other.execute("UPDATE outbox_events SET locked_by = 'other', attempts = attempts + 1 "
-                              "WHERE id = ANY(%s)", (taken,))
+                other.execute(
+                    "UPDATE outbox_events SET locked_by = 'other', attempts = attempts + 1 WHERE id = ANY(%s)", (taken,)
+                )
         return Outcome.sent()  # no reference, no code: the plain batch
 
     report = Relay(db_url, events_settings(batch_size=6), ScriptedDestination(take_over_then_deliver)).run(once=True)
@@ -293,6 +298,7 @@ def test_a_plainly_delivered_batch_with_leases_taken_over_settles_the_rest_and_c
     for row_id in taken:
         assert audit_codes(conn, EVENTS, row_id)[-1] == "outbox_flush_conflict"
     assert audit_codes(conn, EVENTS, ids[1])[-1] == "outbox_flush_success"
+
 
 def test_a_destination_that_raises_loses_nothing(db_url, conn):
     class Exploding(Destination):

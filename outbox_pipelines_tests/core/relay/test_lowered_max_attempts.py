@@ -16,13 +16,14 @@ HOOKS = "outbox_events"  # shipped as a handlers table; the team's outbox.toml t
 
 
 def settings(path: Path, url: str, max_attempts: int, paused: str = "") -> None:
-    path.write_text(f'[tables.{HOOKS}]\ndestination = "http"\nurl = "{url}"\nmode = "competing"\n'
-                    f'max_attempts = {max_attempts}\nbase = "1ms"\nmax_backoff = "1ms"\njitter = 0.0\n'
-                    f'paused_topics = [{paused}]\n')
+    path.write_text(
+        f'[tables.{HOOKS}]\ndestination = "http"\nurl = "{url}"\nmode = "competing"\n'
+        f'max_attempts = {max_attempts}\nbase = "1ms"\nmax_backoff = "1ms"\njitter = 0.0\n'
+        f"paused_topics = [{paused}]\n"
+    )
 
 
-def test_rows_at_or_past_a_lowered_limit_die_at_their_next_claim_without_a_delivery(cli_env, conn, http_sink,
-                                                                                      tmp_path):
+def test_rows_at_or_past_a_lowered_limit_die_at_their_next_claim_without_a_delivery(cli_env, conn, http_sink, tmp_path):
     config = tmp_path / "outbox.toml"
     env = {**cli_env, "OUTBOX_CONFIG": str(config)}
     failing = {"k-worn": 3, "k-once": 1}  # how many times the receiver answers each key 503
@@ -42,7 +43,9 @@ def test_rows_at_or_past_a_lowered_limit_die_at_their_next_claim_without_a_deliv
     relay_one()
     by_key = {r["event_id"]: r for r in rows(conn, HOOKS)}
     assert {k: (r["status"], r["attempts"]) for k, r in by_key.items()} == {
-        "k-worn": ("pending", 3), "k-once": ("pending", 1)}
+        "k-worn": ("pending", 3),
+        "k-once": ("pending", 1),
+    }
     requests_before = dict(http_sink.counts)
 
     settings(config, http_sink.url, max_attempts=2)  # the team lowers the limit; the receiver is healthy now
@@ -56,6 +59,7 @@ def test_rows_at_or_past_a_lowered_limit_die_at_their_next_claim_without_a_deliv
     assert http_sink.counts["k-worn"] == requests_before["k-worn"]  # not delivered again
     assert by_key["k-once"]["status"] == "sent"  # under the new limit: its last attempt is delivered
     assert http_sink.counts["k-once"] == requests_before["k-once"] + 1
-    audit = conn.execute("SELECT code, error_code, to_status FROM outbox_audit WHERE event_id = 'k-worn' "
-                         "ORDER BY id DESC LIMIT 1").fetchone()
+    audit = conn.execute(
+        "SELECT code, error_code, to_status FROM outbox_audit WHERE event_id = 'k-worn' ORDER BY id DESC LIMIT 1"
+    ).fetchone()
     assert audit == {"code": "outbox_flush_dead", "error_code": "MAX_ATTEMPTS", "to_status": "dead"}

@@ -83,7 +83,7 @@ def test_sigterm_finishes_the_batch_in_flight_and_releases_nothing_held(cli_env,
     assert set(http_sink.counts.values()) == {1}
 
 
-SLOW_HANDLERS = '''
+SLOW_HANDLERS = """
 import os, threading, time
 from outbox_pipelines.core.destinations.handlers import HandlerRegistry
 
@@ -98,7 +98,7 @@ def _note(message):
 
 
 registry.register("t", _note)
-'''
+"""
 
 
 def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(cli_env, conn, tmp_path):
@@ -106,11 +106,17 @@ def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(c
     # arrives while it is inside a handler: the batch must still finish, be settled, and not rerun.
     (tmp_path / "slow_handlers.py").write_text(SLOW_HANDLERS)
     config = tmp_path / "outbox.toml"
-    config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "slow_handlers:registry"\n'
-                      'parallelism = 4\nbatch_size = 8\n')
+    config.write_text(
+        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "slow_handlers:registry"\n'
+        "parallelism = 4\nbatch_size = 8\n"
+    )
     log = tmp_path / "handled.log"
-    env = {**cli_env, "OUTBOX_CONFIG": str(config), "SLOW_HANDLERS_LOG": str(log),
-           "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}"}
+    env = {
+        **cli_env,
+        "OUTBOX_CONFIG": str(config),
+        "SLOW_HANDLERS_LOG": str(log),
+        "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
+    }
     enqueue_n(conn, "outbox_events", 40, prefix="slow-")
     proc = start_relay(env, "outbox_events")
 
@@ -130,27 +136,40 @@ def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(c
     assert "MainThread" in lanes and len(lanes) == 4
 
 
-QUICK_HANDLERS = '''
+QUICK_HANDLERS = """
 import time
 from outbox_pipelines.core.destinations.handlers import HandlerRegistry
 
 registry = HandlerRegistry()
 registry.register("t", lambda message: time.sleep(0.04))  # 40 ms of work: the next commits land meanwhile
 registry.register("paused", lambda message: None)
-'''
+"""
 
 
 def start_events_relay(cli_env: dict, conn, tmp_path, config_lines: str, **env: str) -> subprocess.Popen:
     """``outbox-pipelines relay --table outbox_events`` with in-process handlers, once it has registered."""
     (tmp_path / "quick_handlers.py").write_text(QUICK_HANDLERS)
     config = tmp_path / "outbox.toml"
-    config.write_text('[tables.outbox_events]\ndestination = "handlers"\nhandlers = "quick_handlers:registry"\n'
-                      + config_lines)
-    proc = start_relay({**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
-                        **env}, "outbox_events")
-    wait_until(lambda: proc.poll() is not None or conn.execute(
-        "SELECT count(*) AS n FROM outbox_relay_workers WHERE table_name = 'outbox_events' AND stopped_at IS NULL"
-    ).fetchone()["n"] == 1, 30, "the relay to register", 0.05)
+    config.write_text(
+        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "quick_handlers:registry"\n' + config_lines
+    )
+    proc = start_relay(
+        {**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}", **env},
+        "outbox_events",
+    )
+    wait_until(
+        lambda: (
+            proc.poll() is not None
+            or conn.execute(
+                "SELECT count(*) AS n FROM outbox_relay_workers "
+                "WHERE table_name = 'outbox_events' AND stopped_at IS NULL"
+            ).fetchone()["n"]
+            == 1
+        ),
+        30,
+        "the relay to register",
+        0.05,
+    )
     assert proc.poll() is None, proc.communicate()
     return proc
 
@@ -178,8 +197,10 @@ def test_a_switched_off_topic_with_waiting_rows_leaves_a_running_relay_idle(cli_
     proc = start_events_relay(cli_env, conn, tmp_path, 'paused_topics = ["paused"]\n')
 
     def scans() -> int:
-        return conn.execute("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS n FROM pg_stat_user_tables "
-                            "WHERE relname = 'outbox_events'").fetchone()["n"]
+        return conn.execute(
+            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS n FROM pg_stat_user_tables "
+            "WHERE relname = 'outbox_events'"
+        ).fetchone()["n"]
 
     try:
         time.sleep(1.5)  # past the relay's start, and one flush of its statistics

@@ -17,8 +17,11 @@ def kept_plans(conn) -> dict[str, int]:
     rows = conn.execute("SELECT statement, generic_plans + custom_plans AS runs FROM pg_prepared_statements").fetchall()
     found: dict[str, int] = {}
     for row in rows:
-        for name, marker in (("claim", "'outbox_claim'"), ("settle", "SET status = 'sent'"),
-                             ("next due", "AS next_due_in_s")):
+        for name, marker in (
+            ("claim", "'outbox_claim'"),
+            ("settle", "SET status = 'sent'"),
+            ("next due", "AS next_due_in_s"),
+        ):
             if marker in row["statement"]:
                 found[name] = found.get(name, 0) + row["runs"]
     return found

@@ -15,8 +15,12 @@ def test_plan_settlement_caps_retry_after_and_uses_injected_jitter():
     settings = events_settings(retry=RetryPolicy(base_s=4, max_s=100, max_attempts=5, jitter=0.5))
     capped = plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), settings)
     assert (capped.delay_s, capped.refund, capped.status) == (300.0, True, "pending")  # max_retry_after, no attempt
-    assert plan_settlement(msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9),
-                           replace(settings, max_retry_after_s=60.0)).delay_s == 60.0
+    assert (
+        plan_settlement(
+            msg, Outcome.retry(m.RATE_LIMITED, delay_s=10**9), replace(settings, max_retry_after_s=60.0)
+        ).delay_s
+        == 60.0
+    )
     assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: hi).delay_s == 12.0
     assert plan_settlement(msg, Outcome.retry(m.BROKER_5XX), settings, uniform=lambda lo, hi: lo).delay_s == 4.0
     dedup = plan_settlement(msg, Outcome.sent(ref="r", code=m.DEDUP_HIT), replace(settings, on_success="delete"))

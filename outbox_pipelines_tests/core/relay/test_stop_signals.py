@@ -125,7 +125,8 @@ def test_a_cli_relay_exits_whenever_sigterm_comes(databases, pg_server, http_sin
     config = tmp_path / "outbox.toml"
     config.write_text(
         f'[tables.{BUSY}]\ndestination = "http"\nurl = "{http_sink.url}"\nmode = "competing"\nbatch_size = 5\n\n'
-        f'[tables.{QUIET}]\ndestination = "http"\nurl = "{http_sink.url}"\nmode = "competing"\n')
+        f'[tables.{QUIET}]\ndestination = "http"\nurl = "{http_sink.url}"\nmode = "competing"\n'
+    )
     for url, tables in ((main_url, (BUSY, QUIET)), (doomed_url, (QUIET,)), (group_url, (BUSY, QUIET))):
         for table in tables:
             create_table(url, table)
