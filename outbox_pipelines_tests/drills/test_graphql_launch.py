@@ -19,6 +19,7 @@ import pytest
 
 from outbox_pipelines import Outbox
 from outbox_pipelines_tests.drills.conftest import REPO, TABLE, DrillStack
+from outbox_pipelines_tests.rows import make_dead
 
 pytestmark = [
     pytest.mark.drill,
@@ -75,10 +76,8 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     with stack.connect(autocommit=False) as conn:  # dead in the transaction that enqueues them: never pending
         dead = [r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-dead", DEAD))]
         [other] = [r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-unauthorized", 1))]
-        conn.execute(f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BROKER_5XX' WHERE id = ANY(%s)",
-                     (dead,))
-        conn.execute(f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'UNAUTHORIZED' WHERE id = %s",
-                     (other,))
+        make_dead(conn, TABLE, dead, code="BROKER_5XX")
+        make_dead(conn, TABLE, other, code="UNAUTHORIZED")
         conn.commit()
     assert by_status(stack, [*dead, other]) == {"dead": DEAD + 1}
 
