@@ -193,7 +193,7 @@ def _demo_faults(run: str) -> Faults:
 
 def _relay_group_once(definitions: "dg.Definitions", instance: "dg.DagsterInstance", quiet: bool) -> None:
     """One run of the relay group's job (once: each table drains what is ready), each table's counts printed."""
-    from outbox_pipelines.defs.relay import relay_group_job_name
+    from outbox_pipelines.defs.relay_group import relay_group_job_name
 
     job = definitions.resolve_job_def(relay_group_job_name(DEFAULT_GROUP))
     result = job.execute_in_process(

@@ -23,7 +23,7 @@ from dagster._core.workspace.config_schema import process_workspace_config
 
 from outbox_pipelines.cli import build_parser
 from outbox_pipelines.core.settings import load_settings
-from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
+from outbox_pipelines.defs.relay_group import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines_tests.test_docs import PACKAGE_PATH, PATH_REFERENCE
 

@@ -52,14 +52,8 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage.db import DATABASE_URL_ENV
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
-from outbox_pipelines.defs.relay import (
-    DEFAULT_RUN_MINUTES,
-    GROUP_TAG,
-    OVERLAP_S,
-    RUN_MINUTES_ENV,
-    hosted_tag,
-    relay_group_job_name,
-)
+from outbox_pipelines.defs.relay import DEFAULT_RUN_MINUTES, OVERLAP_S, RUN_MINUTES_ENV
+from outbox_pipelines.defs.relay_group import GROUP_TAG, hosted_tag, relay_group_job_name
 from outbox_pipelines.defs.resources import TABLE_TAG
 from outbox_pipelines.testing import TemplateDatabases
 from outbox_pipelines_tests.conftest import REPO

@@ -29,7 +29,7 @@ from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text, table_asset_key
 from outbox_pipelines.defs.links import DagsterLinks
-from outbox_pipelines.defs.relay import GROUP_TAG, KIND_TAG, RELAY_KIND
+from outbox_pipelines.defs.relay_group import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
 

@@ -23,7 +23,7 @@ from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
-from outbox_pipelines.defs.relay import relay_group_job_name, relay_jobs
+from outbox_pipelines.defs.relay_group import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines.defs.schedules import backlog_sensor, maintenance_schedules, relay_schedules

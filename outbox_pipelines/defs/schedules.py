@@ -2,7 +2,8 @@
 
 import dagster as dg
 
-from outbox_pipelines.defs.relay import GROUP_TAG, OVERLAP_S, relay_group_job_name, run_minutes
+from outbox_pipelines.defs.relay import OVERLAP_S, run_minutes
+from outbox_pipelines.defs.relay_group import GROUP_TAG, relay_group_job_name
 from outbox_pipelines.defs.resources import OutboxDb
 
 ACTIVE = [

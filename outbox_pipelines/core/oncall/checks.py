@@ -1,0 +1,321 @@
+"""The checks: a table's state graded against its thresholds (ok / warn / error), each verdict a sentence that
+says what, how bad and what to do, with its figures. What the asset checks show and the alerts tell."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
+from outbox_pipelines.core.oncall.table_status import TableStatus
+from outbox_pipelines.core.relay.destination_health import DestinationHealth
+from outbox_pipelines.core.settings import CheckThresholds
+
+Severity = Literal["ok", "warn", "error"]
+CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys")
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    name: str
+    severity: Severity
+    # One sentence a person can act on: what, how bad, what to do.
+    description: str
+    metadata: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return self.severity == "ok"
+
+
+def _grade(value: float | None, warn: float, error: float) -> Severity:
+    if value is None:
+        return "ok"
+    if value >= error:
+        return "error"
+    if value >= warn:
+        return "warn"
+    return "ok"
+
+
+def _worst(*severities: Severity) -> Severity:
+    return "error" if "error" in severities else "warn" if "warn" in severities else "ok"
+
+
+def _codes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{code}={n:,}" for code, n in counts.items())
+
+
+def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    """How late the messages waiting now are, each from when it became due: the p95 against lag_p95_*, the
+    oldest against oldest_pending_*. Nothing waiting passes with 0, whatever came before: the last hour's
+    deliveries (a short outage, a replayed message created days ago) are in the metadata, not the grade.
+    Not due yet (a retry in backoff, a message scheduled for later) is not late; a message held behind a
+    parked key is the blocked_keys check's."""
+    grade = _worst(
+        _grade(status.lag_now_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
+        _grade(status.lag_now_s, limits.oldest_pending_warn_s, limits.oldest_pending_error_s),
+    )
+    later = status.waiting - status.waiting_now
+    aside = (
+        f" ({later:,} more not due yet: retrying after a backoff, scheduled, or behind an earlier message of their key)"
+        if later > 0
+        else ""
+    )
+    if status.waiting_now:
+        numbers = (
+            f"lag p95 {_fmt(status.lag_now_p95_s)} (warn at {_fmt(limits.lag_p95_warn_s)}), oldest waiting "
+            f"message due {_fmt(status.lag_now_s)} ago (warn at {_fmt(limits.oldest_pending_warn_s)}), "
+            f"{status.waiting_now:,} waiting{aside}"
+        )
+    else:
+        numbers = f"nothing waiting, lag 0s{aside}"
+    text = (
+        f"{status.table}: messages wait too long: {numbers}. Check that a relay run is active for the table "
+        "and what the destination check says."
+        if grade != "ok"
+        else f"{status.table}: {numbers}."
+    )
+    return CheckVerdict(
+        "lag",
+        grade,
+        text,
+        {
+            "lag_now_s": status.lag_now_s,
+            "lag_now_p95_s": status.lag_now_p95_s,
+            "waiting_now": status.waiting_now,
+            # created → delivered over the window (the metrics' figures): shown, not graded
+            "lag_p50_s": status.lag_p50_s,
+            "lag_p95_s": status.lag_p95_s,
+            "lag_p99_s": status.lag_p99_s,
+            "lag_sample": status.lag_sample,
+            "oldest_waiting_age_s": status.oldest_waiting_age_s,
+            "waiting": status.waiting,
+            "ready": status.ready,
+            "lag_p95_warn_s": limits.lag_p95_warn_s,
+            "lag_p95_error_s": limits.lag_p95_error_s,
+            "oldest_waiting_warn_s": limits.oldest_pending_warn_s,
+            "oldest_waiting_error_s": limits.oldest_pending_error_s,
+        },
+    )
+
+
+def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    dead = status.counts.get("dead", 0)
+    grade = _grade(dead, limits.dead_warn, limits.dead_error)
+    text = f"{status.table}: {dead:,} dead message{'' if dead == 1 else 's'}"
+    if dead:
+        top = next(iter(status.dead_by_code))
+        text += (
+            f" ({_codes(status.dead_by_code)}). See what died with 'outbox-pipelines replay --table "
+            f"{status.table} --error-code {top} --dry-run' (or replay_dead_job, a dry run first), fix the cause, "
+            "then replay."
+        )
+        refused = [code for code in REPLAY_NEEDS_FORCE if status.dead_by_code.get(code)]
+        if refused:
+            text += (
+                f" {', '.join(refused)} rows were refused by the destination itself: replay refuses them "
+                "unless forced (--force / force: true), once the message or the destination is fixed."
+            )
+    else:
+        text += "."
+    return CheckVerdict(
+        "dead_letters",
+        grade,
+        text,
+        {
+            "dead": dead,
+            "dead_warn": limits.dead_warn,
+            "dead_error": limits.dead_error,
+            **{f"dead_{code}": n for code, n in status.dead_by_code.items()},
+        },
+    )
+
+
+def _stuck(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    grade = _grade(status.stuck, limits.stuck_warn, limits.stuck_error)
+    text = (
+        f"{status.table}: {status.stuck:,} message{'' if status.stuck == 1 else 's'} held in sending past their "
+        "lease or the stuck threshold"
+    )
+    text += (
+        f"; their relay is probably gone. requeue_stuck_job (or 'outbox-pipelines requeue-stuck --table "
+        f"{status.table}') returns them to pending."
+        if status.stuck
+        else "."
+    )
+    return CheckVerdict(
+        "stuck",
+        grade,
+        text,
+        {
+            "stuck": status.stuck,
+            "sending": status.counts.get("sending", 0),
+            "stuck_warn": limits.stuck_warn,
+            "stuck_error": limits.stuck_error,
+        },
+    )
+
+
+def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    grade = _grade(status.backlog, limits.backlog_warn, limits.backlog_error)
+    text = (
+        f"{status.table}: {status.backlog:,} message{'' if status.backlog == 1 else 's'} waiting "
+        f"({status.ready:,} ready now; warn at {limits.backlog_warn:,})"
+    )
+    text += (
+        ". Relay runs drain it; if it keeps growing, check the destination and add relay processes."
+        if grade != "ok"
+        else "."
+    )
+    return CheckVerdict(
+        "backlog",
+        grade,
+        text,
+        {
+            "backlog": status.backlog,
+            "pending": status.counts.get("pending", 0),
+            "retrying": status.counts.get("retrying", 0),
+            "ready": status.ready,
+            "backlog_warn": limits.backlog_warn,
+            "backlog_error": limits.backlog_error,
+        },
+    )
+
+
+def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere: str | None = None) -> CheckVerdict:
+    health = status.destination or DestinationHealth(status.table)
+    grade = _grade(health.failing_for_s, limits.destination_failing_warn_s, limits.destination_failing_error_s)
+    name = health.destination or "its destination"
+    if health.failing:
+        text = (
+            f"{status.table}: deliveries to {name} have failed for {_fmt(health.failing_for_s)} "
+            f"({_codes(health.error_codes) or 'no code'}); {status.waiting:,} messages wait and retry by "
+            "themselves. Check the destination; nothing is lost and nothing needs replaying."
+        )
+    elif delivers_nowhere:
+        text = f"{delivers_nowhere}."
+    else:
+        text = f"{status.table}: {name} is accepting deliveries."
+    if health.circuit_opened_at is not None:
+        text += (
+            " The circuit is open: one probe message at a time, no attempts spent; delivery resumes by itself "
+            "on the first success."
+        )
+    if health.paused:
+        text += f" The destination asked to slow down: paused for {_fmt(health.paused_for_s)} more."
+    return CheckVerdict(
+        "destination",
+        grade,
+        text,
+        {
+            "destination": health.destination,
+            "failing_for_s": health.failing_for_s,
+            "consecutive_failures": health.consecutive_failures,
+            "error_codes": dict(health.error_codes) or None,
+            "circuit": health.circuit,
+            "paused_for_s": health.paused_for_s if health.paused else None,
+            "last_error": health.last_error,
+            "waiting": status.waiting,
+            "last_success_at": health.last_success_at.isoformat() if health.last_success_at else None,
+            "failing_warn_s": limits.destination_failing_warn_s,
+            "failing_error_s": limits.destination_failing_error_s,
+            "delivers_nowhere": delivers_nowhere is not None,
+        },
+    )
+
+
+def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str | None = None) -> CheckVerdict:
+    """Whether the table can be relayed at all: its settings can be used, its relay group can build and run it."""
+    health = status.destination
+    recorded = health.relay_problem if health is not None else None
+    if settings_problem:
+        text = (
+            f"{status.table} cannot be relayed: {settings_problem}. Its {status.waiting:,} waiting messages are "
+            "kept. Fix the table's section, then reload the code location; the other tables relay meanwhile."
+        )
+    elif recorded:
+        text = (
+            f"{status.table} cannot be relayed: {recorded}. Its {status.waiting:,} waiting messages are kept; "
+            "the relay group tries it again by itself and the other tables relay meanwhile. Fix the cause "
+            "(the group run's logs have it) and reload the code location if it is in code or settings."
+        )
+    else:
+        text = f"{status.table}: its relay group can relay it."
+    since = health.relay_problem_since if health is not None and recorded else None
+    return CheckVerdict(
+        "relay",
+        "error" if settings_problem or recorded else "ok",
+        text,
+        {
+            "problem": settings_problem or recorded,
+            "problem_since": since.isoformat() if since else None,
+            "waiting": status.waiting,
+        },
+    )
+
+
+def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
+    keys = status.blocked_keys
+    grade = _grade(keys, limits.blocked_keys_warn, limits.blocked_keys_error) if keys else "ok"
+    if not keys:
+        text = f"{status.table}: no ordering key is blocked."
+    else:
+        which = ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest)
+        more = f" and {keys - len(status.blocked_oldest):,} more" if keys > len(status.blocked_oldest) else ""
+        text = (
+            f"{status.table}: {keys:,} ordering key{'' if keys == 1 else 's'} blocked since "
+            f"{status.blocked_since:%Y-%m-%d %H:%M:%S} UTC by a dead message, {status.blocked_messages:,} later "
+            f"message{'' if status.blocked_messages == 1 else 's'} waiting behind: {which}{more}. Fix the cause, "
+            f"then replay the dead message ('outbox-pipelines replay --table {status.table} --id ID', or "
+            f"replay_dead_job) and the key goes on in order; or pass over it ('outbox-pipelines skip --table "
+            f"{status.table} --id ID', or skip_dead_job) and the rest of the key goes without it."
+        )
+    return CheckVerdict(
+        "blocked_keys",
+        grade,
+        text,
+        {
+            "blocked_keys": keys,
+            "blocked_messages": status.blocked_messages,
+            "blocked_since": status.blocked_since.isoformat() if status.blocked_since else None,
+            "blocked_oldest": ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest) or None,
+            "blocked_keys_warn": limits.blocked_keys_warn,
+            "blocked_keys_error": limits.blocked_keys_error,
+        },
+    )
+
+
+CHECKS: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
+    "lag": _lag,
+    "dead_letters": _dead_letters,
+    "stuck": _stuck,
+    "backlog": _backlog,
+    "destination": _destination,
+    "relay": _relay,
+    "blocked_keys": _blocked_keys,
+}
+
+
+def evaluate_checks(
+    status: TableStatus,
+    limits: CheckThresholds,
+    *,
+    delivers_nowhere: str | None = None,
+    settings_problem: str | None = None,
+) -> list[CheckVerdict]:
+    """The health checks of a table (CHECK_NAMES), graded against its thresholds, with their numbers.
+    ``delivers_nowhere`` (TableSettings') makes the destination check say that messages go nowhere;
+    ``settings_problem`` (Settings.broken) fails the relay check."""
+    checks: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {
+        **CHECKS,
+        "destination": partial(_destination, delivers_nowhere=delivers_nowhere),
+        "relay": partial(_relay, settings_problem=settings_problem),
+    }
+    return [checks[name](status, limits) for name in CHECK_NAMES]
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f} min"

@@ -1,0 +1,112 @@
+"""A table's state as the checks and ``status`` read it: rows in each state, how late, how many dead and why,
+the destination's health; at a bounded cost whatever the table holds."""
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
+from outbox_pipelines.core.storage.table import OutboxTable
+
+LAG_WINDOW_S = 3600.0
+# Lag percentiles come from at most this many of the newest deliveries and of the oldest
+# waiting messages: the checks cost the same with 1,000 or 10,000,000 sent rows kept.
+LAG_SAMPLE = 5000
+
+
+@dataclass
+class TableStatus:
+    table: str
+    counts: dict[str, int] = field(default_factory=dict)
+    ready: int = 0
+    # Age of the oldest message not yet delivered (pending, retrying in backoff, or in flight).
+    oldest_waiting_age_s: float | None = None
+    next_due_in_s: float | None = None
+    stuck: int = 0
+    lag_window_s: float = LAG_WINDOW_S
+    lag_sample: int = 0
+    # created → delivered over the window's deliveries, and created → now for messages still waiting
+    # (the metrics' and `status`'s delivery lag; the lag check grades lag_now below).
+    lag_p50_s: float | None = None
+    lag_p95_s: float | None = None
+    lag_p99_s: float | None = None
+    # What waits now: messages due and not delivered (pending and due, not held behind an earlier message
+    # of their key; or in flight), each timed from when it became due (a retry at its backoff's end, a
+    # replay at the replay). lag_now_s: the oldest of them; lag_now_p95_s: the p95 over at most
+    # LAG_SAMPLE of the oldest. Both 0 when nothing waits.
+    waiting_now: int = 0
+    lag_now_s: float = 0.0
+    lag_now_p95_s: float = 0.0
+    dead_by_code: dict[str, int] = field(default_factory=dict)
+    destination: DestinationHealth | None = None
+    # Ordering keys whose head is dead and parked: their later messages (blocked_messages) wait for an
+    # operator (replay the head, or skip it). blocked_since: when the first of them died; blocked_oldest:
+    # the first few, oldest first ({"key", "id", "died_at"}).
+    blocked_keys: int = 0
+    blocked_messages: int = 0
+    blocked_since: datetime | None = None
+    blocked_oldest: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def backlog(self) -> int:
+        return self.counts.get("pending", 0) + self.counts.get("retrying", 0)
+
+    @property
+    def waiting(self) -> int:
+        """Not yet delivered: backlog plus in flight."""
+        return self.backlog + self.counts.get("sending", 0)
+
+    @property
+    def oldest_pending_age_s(self) -> float | None:
+        return self.oldest_waiting_age_s
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["backlog"] = self.backlog
+        data["waiting"] = self.waiting
+        data["oldest_pending_age_s"] = self.oldest_waiting_age_s
+        data["blocked_since"] = self.blocked_since.isoformat() if self.blocked_since else None
+        return data
+
+
+def read_status(
+    outbox_table: OutboxTable,
+    *,
+    stuck_after_s: float = 600.0,
+    window_s: float = LAG_WINDOW_S,
+    now: datetime | None = None,
+    count_sent: bool = False,
+) -> TableStatus:
+    """A table's health at a bounded cost; ``count_sent`` adds the exact sent count (a full scan)."""
+    snap = outbox_table.health_snapshot(stuck_after_s=stuck_after_s, window_s=window_s, sample=LAG_SAMPLE, now=now)
+    status = TableStatus(outbox_table.table_name, lag_window_s=window_s)
+    status.counts = {
+        "pending": int(snap["pending"]),
+        "retrying": int(snap["retrying"]),
+        "sending": int(snap["sending"]),
+        "sent": 0,
+        "dead": int(snap["dead"]),
+    }
+    if count_sent:
+        status.counts["sent"] = outbox_table.sent_count()
+    status.ready = int(snap["ready"])
+    status.oldest_waiting_age_s = snap["oldest_waiting_age_s"]
+    status.next_due_in_s = snap["next_due_in_s"]
+    status.stuck = int(snap["stuck"])
+    status.lag_sample = int(snap["lag_sample"])
+    status.lag_p50_s, status.lag_p95_s, status.lag_p99_s = snap["lag_p50"], snap["lag_p95"], snap["lag_p99"]
+    status.waiting_now = int(snap["waiting_now"])
+    status.lag_now_s, status.lag_now_p95_s = float(snap["lag_now_s"]), float(snap["lag_now_p95_s"])
+    dead_by_code = (snap["dead_by_code"] or {}).items()
+    status.dead_by_code = {code: int(n) for code, n in sorted(dead_by_code, key=lambda kv: -int(kv[1]))}
+    status.blocked_keys, status.blocked_messages = int(snap["blocked_keys"]), int(snap["blocked_messages"])
+    status.blocked_since = snap["blocked_since"]
+    status.blocked_oldest = list(snap["blocked_oldest"] or [])
+    status.destination = read_health(outbox_table.conn, outbox_table.table_name, now=now)
+    return status
+
+
+def ready_count(conn: psycopg.Connection, table_name: str, paused_topics: tuple[str, ...] = ()) -> int:
+    return OutboxTable(conn, table_name).ready_count(paused_topics)

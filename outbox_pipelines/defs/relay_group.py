@@ -1,0 +1,210 @@
+"""Relay groups: one run relays every table of its group (docs/design.md \"Relay groups\"); the jobs and tags."""
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.relay import by_code
+from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
+from outbox_pipelines.core.relay.group_tables import GroupReport
+from outbox_pipelines.core.settings import DEFAULT_GROUP
+from outbox_pipelines.defs.common import RefusedLaunch, metadata_values, table_asset_key
+from outbox_pipelines.defs.relay import OUTCOME_TAG, _relay_in_thread, default_run_seconds, relay_graph
+from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
+
+# -- relay groups: one run relays every table of its group (docs/design.md "Relay groups") ---------------------
+GROUP_TAG = "outbox/group"
+# Every relay run (a group's or one table's) carries it: dagster.yaml caps relay runs with it so that maintenance,
+# checks and replays always find a slot.
+KIND_TAG, RELAY_KIND = "outbox/kind", "relay"
+# A group run carries one of these per table it hosts ("outbox/table.billing_outbox": "hosted"): the Runs page
+# filters the runs that relayed a table by it.
+HOSTED = "hosted"
+OBSERVE_EVERY_S = 300.0  # each table's asset observation, while a group run relays it
+PROGRESS_EVERY_S = 30.0
+
+
+def hosted_tag(table_name: str) -> str:
+    return f"{TABLE_TAG}.{table_name}"
+
+
+class GroupRunConfig(dg.Config):
+    group: str = Field(default=DEFAULT_GROUP, description="The relay group (outbox.toml's group key) to relay.")
+    max_seconds: float = Field(
+        default=default_run_seconds(), description="Relay this long; every table's batch in flight is settled first."
+    )
+    once: bool = Field(default=False, description="Drain what each table has ready now, then end the run.")
+
+
+class _Observer:
+    """Each table's asset observation: what it did since the last one (every OBSERVE_EVERY_S, and at the end)."""
+
+    def __init__(self, context: dg.OpExecutionContext, group: str) -> None:
+        self.context, self.group = context, group
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.last = time.monotonic()
+
+    def observe(self, report: GroupReport, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last < OBSERVE_EVERY_S:
+            return
+        window, self.last = now - self.last, now
+        for table_name, table_report in report.tables.items():
+            totals = table_report.as_dict()
+            before = self.seen.get(table_name, {})
+            delta = {
+                k: totals[k] - before.get(k, 0)
+                for k in ("claimed", "sent", "retried", "dead", "conflicts", "dedup_hits", "rate_limited")
+            }
+            problem = report.problems.get(table_name)
+            if not any(delta.values()) and not problem:
+                continue
+            self.seen[table_name] = totals
+            values = {
+                "group": self.group,
+                "window_s": round(window, 1),
+                **delta,
+                "outcome": table_report.outcome,
+                "destination_failures": by_code(table_report.destination_failures) or None,
+                "dead_by_code": by_code(table_report.dead_by_code) or None,
+                "circuit": table_report.circuit,
+                "problem": problem,
+                **table_report.lag.percentiles(),
+            }
+            self.context.log_event(
+                dg.AssetObservation(asset_key=table_asset_key(table_name), metadata=metadata_values(values))
+            )
+
+
+def _group_progress(context: dg.OpExecutionContext, observer: _Observer) -> Callable[[GroupRelay], None]:
+    def progress(group: GroupRelay) -> None:
+        report = group.report()
+        active = [name for name, worker in group.workers.items() if worker.active]
+        context.log.info(
+            f"group {report.group}: {len(active)} of {len(group.workers)} tables active, sent "
+            f"{report.sent} so far"
+            + (f"; cannot relay: {', '.join(sorted(report.problems))}" if report.problems else "")
+        )
+        observer.observe(report)
+
+    return progress
+
+
+def _stopped_group(report: GroupReport) -> list[str]:
+    return [
+        f"{name}: stopped cleanly; sent {r.sent}, retried {r.retried}, dead {r.dead}; nothing left in sending"
+        for name, r in report.tables.items()
+        if r.claimed
+    ]
+
+
+@dg.op(
+    description="Relay every table of a relay group, each on a worker of its own, until the run's time budget.",
+    out=dg.Out(dg.Nothing),
+)
+def relay_group(
+    context: dg.OpExecutionContext, config: GroupRunConfig, outbox_db: OutboxDb
+) -> Iterator[dg.Output[None]]:
+    settings = outbox_db.settings()
+    if config.group not in settings.groups():  # a launch naming a group that has no table: the launcher's typo
+        raise RefusedLaunch(
+            "group",
+            f"group: no relay group {config.group!r}; groups: "
+            f"{', '.join(sorted(settings.groups())) or 'none'} (a table joins one with "
+            "group = \"NAME\" in its section; the default group is 'default')",
+        )
+    observer = _Observer(context, config.group)
+    context.log.info(
+        f"relaying group {config.group} for up to {config.max_seconds:.0f}s: "
+        f"{', '.join(settings.groups().get(config.group, [])) or 'no table'}"
+    )
+    for name in sorted(settings.broken):
+        context.log.warning(f"left out: {settings.broken[name]}")
+    try:
+        report = _relay_in_thread(
+            context,
+            lambda started: run_group_relay(
+                outbox_db.database_url(),
+                settings,
+                config.group,
+                max_seconds=config.max_seconds,
+                once=config.once,
+                worker_prefix=f"dagster:{context.run_id[:8]}:{os.getpid()}",
+                run_id=context.run_id,
+                job=context.job_name,
+                group_started=started,
+                progress=_group_progress(context, observer),
+            ),
+            _stopped_group,
+        )
+    except ConfigError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    observer.observe(report, final=True)
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
+    for name, problem in sorted(report.problems.items()):
+        context.log.warning(f"cannot relay {name}: {problem}")
+    summary = {
+        name: {"sent": r.sent, "retried": r.retried, "dead": r.dead, "dedup_hits": r.dedup_hits, "outcome": r.outcome}
+        for name, r in report.tables.items()
+        if r.claimed
+    }
+    context.log.info(
+        f"group {config.group}: {report.outcome}; sent {report.sent} over {len(summary)} tables in "
+        f"{report.seconds:.1f}s; stopped: {report.stopped_because}"
+    )
+    yield dg.Output(
+        None,
+        metadata=metadata_values(
+            {
+                "group": config.group,
+                "outcome": report.outcome,
+                "sent": report.sent,
+                "tables_relayed": len(summary),
+                "tables": summary or None,
+                "problems": report.problems or None,
+                "left_out": dict(settings.broken) or None,
+                "duration_s": report.seconds,
+                "stopped_because": report.stopped_because,
+            }
+        ),
+    )
+
+
+@dg.graph(description="Relay every table of a relay group.")
+def relay_group_graph() -> None:
+    relay_group()
+
+
+def relay_group_job_name(group: str) -> str:
+    return f"relay_group_{group}_job"
+
+
+def relay_jobs(groups: dict[str, list[str]]) -> list[dg.JobDefinition]:
+    """A job per relay group (its run config fixed to the group, tagged with it and with each table it hosts),
+    plus ``relay_job`` for one table at a time (the launchpad's config names it)."""
+    seconds = default_run_seconds()
+    jobs = [
+        relay_group_graph.to_job(
+            name=relay_group_job_name(group),
+            description=f"Relay the tables of group {group} ({len(tables)}: {', '.join(tables)}) for up to "
+            f"{seconds / 60:.0f} min, each on a worker of its own.",
+            config={"ops": {"relay_group": {"config": {"group": group, "max_seconds": seconds}}}},
+            tags={GROUP_TAG: group, KIND_TAG: RELAY_KIND, **{hosted_tag(table): HOSTED for table in tables}},
+            executor_def=dg.in_process_executor,
+        )
+        for group, tables in sorted(groups.items())
+    ]
+    jobs.append(
+        relay_graph.to_job(
+            name="relay_job",
+            description="Relay one table: set ops.relay_table.config.table in the launchpad.",
+            tags={KIND_TAG: RELAY_KIND},
+            executor_def=dg.in_process_executor,
+        )
+    )
+    return jobs
