@@ -72,6 +72,30 @@ def start_relay(
     return start_cli(env, "relay", "--table", table, *(["--quiet"] if quiet else []), *args, **popen)
 
 
+def start_logged(
+    command: Sequence[str], log: Path, *, env: dict[str, str], cwd: Path | str | None = None, **popen: Any
+) -> "subprocess.Popen[bytes]":
+    """``command`` in a session of its own (so it and its children can be stopped as a group), its output
+    appended to ``log`` after a ``--- HH:MM:SS start: ARGS`` line: one log across restarts tells them apart."""
+    with log.open("a") as out:
+        out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
+        out.flush()
+        return subprocess.Popen(
+            list(command), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **popen
+        )
+
+
+def wait_port_closed(port: int, timeout_s: float = 10, interval_s: float = 0.05) -> bool:
+    """After a server's stop: wait until nothing accepts on ``port`` (its listener is gone), at most
+    ``timeout_s``; whether it closed. A restart on the same port then finds it free."""
+    deadline = time.monotonic() + timeout_s
+    while port_open(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
 def wait_until(
     condition: Callable[[], Any],
     timeout_s: float,

@@ -48,7 +48,15 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
-from outbox_pipelines_tests.processes import free_port, port_open, stop_process, tail, wait_until
+from outbox_pipelines_tests.processes import (
+    free_port,
+    port_open,
+    start_logged,
+    stop_process,
+    tail,
+    wait_port_closed,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -189,12 +197,7 @@ class BrokerSimProcess:
         assert not self.running, "broker-sim is already running"
         self.args = list(extra_args or [])
         command = [CLI, "broker-sim", "--port", str(self.port), *self.base_args, *self.args]
-        with self.log.open("a") as out:
-            out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
-            out.flush()
-            self.proc = subprocess.Popen(
-                command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = start_logged(command, self.log, env=self.env, cwd=self.cwd)
         deadline = time.monotonic() + timeout_s
         while not port_open(self.port):
             if self.proc.poll() is not None:
@@ -208,9 +211,7 @@ class BrokerSimProcess:
         if proc is None or proc.poll() is not None:
             return
         stop_process(proc, grace_s=timeout_s)
-        deadline = time.monotonic() + 10
-        while port_open(self.port) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_port_closed(self.port, interval_s=0.1)
 
     def restart(self, extra_args: list[str] | None = None) -> None:
         self.stop()
@@ -237,18 +238,7 @@ class DevProcess:
         assert not self.running, "dev is already running"
         command = [CLI, "dev", "--port", str(self.port)]
         ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-        with self.log.open("a") as out:
-            out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(command[1:])}\n")
-            out.flush()
-            self.proc = subprocess.Popen(
-                command,
-                env=self.env,
-                cwd=self.cwd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=ignore_sigint,
-            )
+        self.proc = start_logged(command, self.log, env=self.env, cwd=self.cwd, preexec_fn=ignore_sigint)
         self._note_leader(self.proc.pid)
 
     def _note_leader(self, pid: int) -> None:

@@ -66,8 +66,9 @@ def by_status(stack: DrillStack, ids: list[int]) -> dict[str, int]:
 def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: DrillStack) -> None:
     started = datetime.now(UTC)
     blocks = doc_blocks()
-    assert len(blocks) == 4, f"{SECTION!r} should have 4 python blocks (helpers, replay, backfill, refused): " \
-                             f"found {len(blocks)}"
+    assert len(blocks) == 4, (
+        f"{SECTION!r} should have 4 python blocks (helpers, replay, backfill, refused): found {len(blocks)}"
+    )
     helpers, replay, backfill, refused = blocks
 
     stack.enqueue(stack.orders("graphql-warm", WARM))
@@ -99,15 +100,20 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     # the dry run left them dead (else the real run would have matched none); the relay sends them now
     stack.wait_sent("graphql-dead", DEAD, timeout_s=120)
     assert by_status(stack, [other]) == {"dead": 1}, "a row the filter does not name stayed dead"
-    audited = stack.scalar("SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_replay' "
-                           "AND message_id = ANY(%s)", (TABLE, dead))
+    audited = stack.scalar(
+        "SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_replay' AND message_id = ANY(%s)",
+        (TABLE, dead),
+    )
     assert audited == DEAD
 
     # the backfill of the day they were sent: every message sent that day, re-delivered
-    day = stack.scalar(f"SELECT min(published_at AT TIME ZONE 'UTC')::date::text FROM {TABLE} WHERE id = ANY(%s)",
-                       (dead,))
-    sent_that_day = stack.scalar(f"SELECT count(*) FROM {TABLE} WHERE status = 'sent' "
-                                 "AND (published_at AT TIME ZONE 'UTC')::date = %s::date", (day,))
+    day = stack.scalar(
+        f"SELECT min(published_at AT TIME ZONE 'UTC')::date::text FROM {TABLE} WHERE id = ANY(%s)", (dead,)
+    )
+    sent_that_day = stack.scalar(
+        f"SELECT count(*) FROM {TABLE} WHERE status = 'sent' AND (published_at AT TIME ZONE 'UTC')::date = %s::date",
+        (day,),
+    )
     assert sent_that_day >= WARM + DEAD
     namespace["DAY"] = day  # the block reads DAY from the helpers' block: give it the day the rows were sent
     exec(backfill, namespace)  # noqa: S102
@@ -116,8 +122,14 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     assert result["day"] == day and result["found"] == sent_that_day, result
     assert result["delivered"] == sent_that_day and result["failed"] == 0, result
     assert run_tags(stack, namespace["backfill_id"]).get("dagster/partition") == day
-    assert stack.scalar("SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_backfill' "
-                        "AND created_at >= %s", (TABLE, started)) == 1
+    assert (
+        stack.scalar(
+            "SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_backfill' "
+            "AND created_at >= %s",
+            (TABLE, started),
+        )
+        == 1
+    )
 
     # refused launches: each ends FAILURE naming what was missing, or starts no run; nothing moves
     before = stack.statuses()
@@ -128,6 +140,9 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     assert namespace["kind"] == "RunConfigValidationInvalid", namespace["errors"]
     assert any("idz" in error["message"] for error in namespace["errors"]), namespace["errors"]
     assert stack.statuses() == before, "a refused launch changed rows"
-    runs = [r for r in stack.dev.graphql(RUNS)["runsOrError"]["results"]
-            if r["jobName"] in ("replay_dead_job", "backfill_job")]
+    runs = [
+        r
+        for r in stack.dev.graphql(RUNS)["runsOrError"]["results"]
+        if r["jobName"] in ("replay_dead_job", "backfill_job")
+    ]
     assert sorted(r["status"] for r in runs) == ["FAILURE"] * 2 + ["SUCCESS"] * 3, runs

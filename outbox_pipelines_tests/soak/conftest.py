@@ -31,7 +31,15 @@ import pytest
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.storage import db, migrate
 from outbox_pipelines_tests.helpers import QueriesDatabase, order_payload
-from outbox_pipelines_tests.processes import free_port, kill_process, port_open, stop_process, tail
+from outbox_pipelines_tests.processes import (
+    free_port,
+    kill_process,
+    port_open,
+    start_logged,
+    stop_process,
+    tail,
+    wait_port_closed,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -86,12 +94,7 @@ class Process:
 
     def start(self) -> "Process":
         assert not self.running, f"{self.name} is already running"
-        with self.log.open("a") as out:
-            out.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(self.command[1:])}\n")
-            out.flush()
-            self.proc = subprocess.Popen(
-                self.command, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = start_logged(self.command, self.log, env=self.env, cwd=self.cwd)
         return self
 
     def kill(self) -> None:
@@ -131,9 +134,7 @@ class Broker(Process):
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         code = super().stop(grace_s)
-        deadline = time.monotonic() + 10
-        while port_open(self.port) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_port_closed(self.port)
         return code
 
     def _client(self) -> httpx.Client:
