@@ -129,7 +129,7 @@ def wait_http(url: str, name: str, proc: subprocess.Popen[bytes], timeout_s: flo
 
 def isolated_environment(tmp: Path, started: Started) -> str:
     """Embedded PostgreSQL, migrations and a Dagster home, all under tmp, in os.environ; returns the outbox URL."""
-    from outbox_pipelines.core import db, migrate
+    from outbox_pipelines.core.storage import db, migrate
     from outbox_pipelines.dagster_home import prepare_dagster_home
 
     for name in [n for n in os.environ if n.startswith(ISOLATED_ENV_PREFIX) or n == "DAGSTER_HOME"]:
@@ -149,14 +149,22 @@ def isolated_environment(tmp: Path, started: Started) -> str:
 
 def start_webserver(tmp: Path, started: Started) -> str:
     port = free_port()
-    command = [str(Path(sys.executable).parent / "dagster-webserver"), "-m", "outbox_pipelines.definitions",
-               "-h", HOST, "-p", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "dagster-webserver"),
+        "-m",
+        "outbox_pipelines.definitions",
+        "-h",
+        HOST,
+        "-p",
+        str(port),
+    ]
     # The UI loads the same outbox_pipelines as this script (the checkout it sits in, even if another is installed).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     # start_new_session: the webserver and its code server form one group we can stop together.
     with (tmp / "webserver.log").open("wb") as log:
-        proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     started.groups.append(("dagster-webserver", proc))
     base = f"http://{HOST}:{port}"
     try:
@@ -171,8 +179,12 @@ def start_webserver(tmp: Path, started: Started) -> str:
 def dismiss_community_popup(base: str) -> None:
     """The UI opens a "Join the Dagster community" dialog on loopback origins until the instance
     records it as seen; record that (in the throw-away Dagster home) so it covers no screenshot."""
-    request = urllib.request.Request(base + "/graphql", data=json.dumps({"query": "mutation { setNuxSeen }"}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        base + "/graphql",
+        data=json.dumps({"query": "mutation { setNuxSeen }"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
 
@@ -181,17 +193,34 @@ def start_chromium(tmp: Path, started: Started) -> str:
     """Headless Chromium with a DevTools port of its own choosing; returns the page's websocket URL."""
     profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp))
     command = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", "--force-device-scale-factor=1",
-        f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
         # Port 0: Chromium picks a free one and writes it to <profile>/DevToolsActivePort.
-        "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank",
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0",
+        "about:blank",
     ]
     with (tmp / "chromium.log").open("wb") as log:
         # TMPDIR: Chromium leaves its singleton socket dir (org.chromium.Chromium.*) there; keep it in tmp.
-        proc = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(tmp)}, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, "TMPDIR": str(tmp)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     started.groups.append(("chromium", proc))
     active = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
@@ -211,7 +240,7 @@ def stop_everything(started: Started) -> None:
         stop_group(proc)
         print(f"stopped {name} (process group {proc.pid})")
     if started.embedded_root is not None:
-        from outbox_pipelines.core import db
+        from outbox_pipelines.core.storage import db
 
         if db.stop_embedded(started.embedded_root):
             print("stopped the embedded PostgreSQL")
@@ -246,8 +275,10 @@ def interesting_relay_run() -> str:
         raise DemoBroken(f"the demo recorded no {ORDERS_RELAY_JOB} run")
     if not ((best[2].get("tables") or {}).get("outbox_orders") or {}).get("sent"):
         dead_by_code = best[2].get("problems") or "-"
-        raise DemoBroken(f"no {ORDERS_RELAY_JOB} run of the demo delivered an order (dead by code: {dead_by_code}); "
-                         "fix the demo before regenerating the screenshots")
+        raise DemoBroken(
+            f"no {ORDERS_RELAY_JOB} run of the demo delivered an order (dead by code: {dead_by_code}); "
+            "fix the demo before regenerating the screenshots"
+        )
     return best[1]
 
 
@@ -275,8 +306,9 @@ class Page:
                 return dict(message.get("result", {}))
 
     async def set_height(self, height: int) -> None:
-        await self.call("Emulation.setDeviceMetricsOverride", width=WINDOW[0], height=height,
-                        deviceScaleFactor=1, mobile=False)
+        await self.call(
+            "Emulation.setDeviceMetricsOverride", width=WINDOW[0], height=height, deviceScaleFactor=1, mobile=False
+        )
 
     async def evaluate(self, expression: str) -> Any:
         result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
@@ -335,8 +367,10 @@ def shrink(png: Path) -> None:
     if shutil.which("optipng"):
         subprocess.run(["optipng", "-quiet", "-o2", str(png)], check=False)
     if png.stat().st_size > MAX_PNG_BYTES:
-        print(f"warning: {png.name} is {png.stat().st_size // 1024} KB (budget {MAX_PNG_BYTES // 1000} KB)",
-              file=sys.stderr)
+        print(
+            f"warning: {png.name} is {png.stat().st_size // 1024} KB (budget {MAX_PNG_BYTES // 1000} KB)",
+            file=sys.stderr,
+        )
 
 
 # How many pixels the page's content overflows its scroll containers (the UI scrolls inside
@@ -377,26 +411,49 @@ CURSOR_IN_REPLAY_CONFIG = """(() => {
 
 def shots_for(run_id: str) -> list[Shot]:
     return [
-        Shot("runs.png", "/runs", expect=(ORDERS_RELAY_JOB, "outbox_checks_job", "outbox/trigger: demo", "Success"),
-             what="the Runs list: the demo's relay runs (tagged outbox/table, outbox/trigger) and the checks run"),
-        Shot("relay-run.png", f"/runs/{run_id}", expect=("relay_table", "ASSET_OBSERVATION", "RUN_SUCCESS"),
-             action=OPEN_OBSERVATION, expect_after=("Done", "throughput_per_s", "lag_p95_s", "stopped_because"),
-             what="an outbox_orders relay run with its ASSET_OBSERVATION opened: sent, retried, dead, conflicts, "
-                  "throughput, lag p50/p95/p99, backlog after"),
-        Shot("asset-checks.png", f"/assets/{ORDERS_ASSET}?view=checks&checkDetail=dead_letters",
-             expect=("Checks (5)", "backlog", "destination", "stuck", "BAD_REQUEST", "Metadata"),
-             what="the outbox/outbox_orders checks: dead_letters at WARN (an alert-worthy check) with the "
-                  "replay command to run in its description, the other checks passed; Execute runs them"),
-        Shot("replay-launchpad.png", "/locations/outbox_pipelines.definitions/jobs/replay_dead_job/playground",
-             expect=("replay_dead_op", "dry_run"), action=CURSOR_IN_REPLAY_CONFIG,
-             expect_after=("Filter:", "time of death"),
-             what="the replay_dead_job launchpad: every config field described (filters, time of death, "
-                  "dry run first, all, force)"),
-        Shot("automation.png", "/automation",
-             expect=("relay_group_default_every_30_minutes", "relay_group_default_on_backlog", "outbox_oncall",
-                     "outbox_run_failure_alert"),
-             fit_height=True,
-             what="schedules and sensors: 30-minute relay runs, backlog sensors, the on-call sensor, maintenance"),
+        Shot(
+            "runs.png",
+            "/runs",
+            expect=(ORDERS_RELAY_JOB, "outbox_checks_job", "outbox/trigger: demo", "Success"),
+            what="the Runs list: the demo's relay runs (tagged outbox/table, outbox/trigger) and the checks run",
+        ),
+        Shot(
+            "relay-run.png",
+            f"/runs/{run_id}",
+            expect=("relay_table", "ASSET_OBSERVATION", "RUN_SUCCESS"),
+            action=OPEN_OBSERVATION,
+            expect_after=("Done", "throughput_per_s", "lag_p95_s", "stopped_because"),
+            what="an outbox_orders relay run with its ASSET_OBSERVATION opened: sent, retried, dead, conflicts, "
+            "throughput, lag p50/p95/p99, backlog after",
+        ),
+        Shot(
+            "asset-checks.png",
+            f"/assets/{ORDERS_ASSET}?view=checks&checkDetail=dead_letters",
+            expect=("Checks (5)", "backlog", "destination", "stuck", "BAD_REQUEST", "Metadata"),
+            what="the outbox/outbox_orders checks: dead_letters at WARN (an alert-worthy check) with the "
+            "replay command to run in its description, the other checks passed; Execute runs them",
+        ),
+        Shot(
+            "replay-launchpad.png",
+            "/locations/outbox_pipelines.definitions/jobs/replay_dead_job/playground",
+            expect=("replay_dead_op", "dry_run"),
+            action=CURSOR_IN_REPLAY_CONFIG,
+            expect_after=("Filter:", "time of death"),
+            what="the replay_dead_job launchpad: every config field described (filters, time of death, "
+            "dry run first, all, force)",
+        ),
+        Shot(
+            "automation.png",
+            "/automation",
+            expect=(
+                "relay_group_default_every_30_minutes",
+                "relay_group_default_on_backlog",
+                "outbox_oncall",
+                "outbox_run_failure_alert",
+            ),
+            fit_height=True,
+            what="schedules and sensors: 30-minute relay runs, backlog sensors, the on-call sensor, maintenance",
+        ),
     ]
 
 
@@ -406,12 +463,18 @@ def shots_for(run_id: str) -> list[Shot]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Regenerate the Dagster UI screenshots of the README: runs the demo on a throw-away embedded "
-                    "PostgreSQL and Dagster home in a temp dir, serves the UI on loopback, captures it with headless "
-                    "Chromium. Never touches ./.outbox/.")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots",
-                        help="directory for the PNG files (default: docs/screenshots)")
-    parser.add_argument("--timeout", type=float, default=90.0,
-                        help="seconds to wait for each page to show its data (default: 90)")
+        "PostgreSQL and Dagster home in a temp dir, serves the UI on loopback, captures it with headless "
+        "Chromium. Never touches ./.outbox/."
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "docs" / "screenshots",
+        help="directory for the PNG files (default: docs/screenshots)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for each page to show its data (default: 90)"
+    )
     return parser.parse_args(argv)
 
 
