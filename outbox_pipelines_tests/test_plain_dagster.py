@@ -123,6 +123,7 @@ def test_dg_checks_and_lists_every_definition(user_env):
     assert len(defs["assets"]) == len(tables)
 
 
+@pytest.mark.slow
 def test_nothing_set_uses_the_projects_embedded_server(fresh_project):
     validate = run([str(BIN / "dagster"), "definitions", "validate"], plain_env(), fresh_project)
     assert validate.returncode == 0, validate.stdout + validate.stderr
