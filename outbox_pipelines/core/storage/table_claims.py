@@ -282,8 +282,7 @@ class ClaimStatements(TableStatements):
                 "worker": worker,
                 "lease_s": lease_s,
                 "now": now,
-                "ids": [h[0] for h in held],
-                "attempts": [h[1] for h in held],
+                **_held_params(held),
             },
         )
         return {row["id"] for row in rows}
@@ -300,8 +299,7 @@ class ClaimStatements(TableStatements):
                 "worker": worker,
                 "reason": reason,
                 "now": now,
-                "ids": [h[0] for h in held],
-                "attempts": [h[1] for h in held],
+                **_held_params(held),
             },
         )
         return {row["id"] for row in rows}
@@ -321,3 +319,8 @@ class ClaimStatements(TableStatements):
     def retry_destination_failures_now(self, codes: Sequence[str], *, now: datetime | None = None) -> int:
         """Make messages waiting out a backoff for these error codes due now; how many."""
         return int(self._run("outbox_retry_destination_failures_now", {"codes": list(codes), "now": now})[0]["pulled"])
+
+
+def _held_params(held: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    """(id, attempts) pairs a worker holds, as the fenced statements take them: two parallel arrays."""
+    return {"ids": [row_id for row_id, _ in held], "attempts": [attempts for _, attempts in held]}
