@@ -98,6 +98,29 @@ class Stoppable(Protocol):
     def request_stop(self) -> None: ...
 
 
+class _StopRelay:
+    """The relays a run started, and whether a stop was asked for.
+
+    The interrupt can land before the relay thread has built its relay (building a destination
+    connects to a broker; under load that takes seconds). A stop asked for then must still reach
+    the relay when it registers: missed, the relay ran its whole budget and `dev` waited a minute.
+    """
+
+    def __init__(self) -> None:
+        self._relays: list[Stoppable] = []
+        self._requested = False
+
+    def register(self, relay: Stoppable) -> None:
+        self._relays.append(relay)  # append before reading the flag; request() sets it before reading the list
+        if self._requested:
+            relay.request_stop()
+
+    def request(self) -> None:
+        self._requested = True
+        for relay in list(self._relays):
+            relay.request_stop()
+
+
 def _relay_in_thread(
     context: dg.OpExecutionContext, start: Callable[[Callable[[Stoppable], None]], T], stopped: Callable[[T], list[str]]
 ) -> T:
@@ -109,14 +132,14 @@ def _relay_in_thread(
     relay settles its batches, and then lets the interrupt end the run as CANCELED.
     ``stopped`` says, line by line, what the relay did before it stopped.
     """
-    relays: list[Stoppable] = []
+    relays = _StopRelay()
     results: list[T] = []
     errors: list[BaseException] = []
     done = threading.Event()
 
     def target() -> None:
         try:
-            results.append(start(relays.append))
+            results.append(start(relays.register))
         except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
             errors.append(exc)
         finally:
@@ -131,8 +154,7 @@ def _relay_in_thread(
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Ask first: a second interrupt may land in the log call below (a database write), and
         # must find the stop already requested.
-        for relay in relays:
-            relay.request_stop()
+        relays.request()
         _wait_through_interrupts(done)
         context.log.info("termination requested: finished and settled the batch in flight")
         for result in results:
