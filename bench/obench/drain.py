@@ -67,12 +67,15 @@ def drain_once(url: str, kind: str, workers: int, rows: list[Any], overrides: di
     reset_table(url, TABLE)
     with psycopg.connect(url, autocommit=True) as conn:
         copy_rows(conn, TABLE, rows)
-    settle_server(url, TABLE)
     if kind == "simple":
         jobs = [(peers.simple_drain_worker, (url, TABLE, overrides["batch_size"], i)) for i in range(workers)]
+        with peers.simple_loop_index(url, TABLE):
+            settle_server(url, TABLE)
+            results = run_processes(jobs, timeout_s=900)
     else:
+        settle_server(url, TABLE)
         jobs = [(ours_worker, (url, TABLE, overrides, i)) for i in range(workers)]
-    results = run_processes(jobs, timeout_s=900)
+        results = run_processes(jobs, timeout_s=900)
     started = min(r[0] for r in results)
     finished = max(r[1] for r in results)
     sent = sum(r[2] for r in results)

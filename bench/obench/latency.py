@@ -215,10 +215,12 @@ def measure(url: str, kind: str, sizes: Sizes) -> dict[str, Any]:
     consumer = CONSUMERS[kind]
     expected = int(sizes.latency_rate * sizes.latency_seconds)
     deadline_s = PRODUCER_HEAD_START_S + sizes.latency_seconds * DEADLINE_FACTOR + DEADLINE_SLACK_S
-    results = run_processes(
-        [(consumer, (url, expected, deadline_s)), (producer, (url, sizes.latency_rate, sizes.latency_seconds))],
-        timeout_s=deadline_s + 60,
-    )
+    jobs = [(consumer, (url, expected, deadline_s)), (producer, (url, sizes.latency_rate, sizes.latency_seconds))]
+    if kind == "simple":
+        with peers.simple_loop_index(url, TABLE):
+            results = run_processes(jobs, timeout_s=deadline_s + 60)
+    else:
+        results = run_processes(jobs, timeout_s=deadline_s + 60)
     committed = next(r[1] for r in results if r[0] == "producer")
     delivered, info = next((r[1], r[2]) for r in results if r[0] == "consumer")
     return {**latency_summary(committed, delivered, sizes.latency_rate), "table": count_by_status(url, TABLE), **info}

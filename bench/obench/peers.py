@@ -53,7 +53,8 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -76,6 +77,24 @@ SIMPLE_CLAIM = (
     "WHERE status = 'pending' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 SIMPLE_SETTLE = "UPDATE {} SET status = 'sent', published_at = now(), updated_at = now() WHERE id = ANY(%s)"
+# The index a person writing that loop creates for its claim. Our table's own pending index also says
+# NOT ordering_blocked (migration 0010), which SIMPLE_CLAIM's WHERE does not imply: without this index the
+# simple loop walks the primary key past every row it already sent (10,761 msg/s instead of about 40,000).
+SIMPLE_INDEX = "CREATE INDEX IF NOT EXISTS simple_loop_pending ON {} (id) WHERE status = 'pending'"
+SIMPLE_INDEX_DROP = "DROP INDEX IF EXISTS simple_loop_pending"
+
+
+@contextmanager
+def simple_loop_index(url: str, table_name: str) -> Iterator[None]:
+    """The simple loop's own index while it runs; dropped after, so ours never maintains it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL(SIMPLE_INDEX).format(sql.Identifier(table_name)))
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table_name)))
+    try:
+        yield
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(SIMPLE_INDEX_DROP)
 
 
 def _noop_handler(row: tuple[Any, ...]) -> None:

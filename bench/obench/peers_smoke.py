@@ -39,10 +39,11 @@ def check_simple_loop(url: str) -> float:
     reset_table(url, TABLE)
     with psycopg.connect(url, autocommit=True) as conn:
         copy_rows(conn, TABLE, make_rows(MESSAGES, "order.created", "peer"))
-    settle_server(url, TABLE)
-    results = run_processes(
-        [(peers.simple_drain_worker, (url, TABLE, BATCH, i)) for i in range(WORKERS)], timeout_s=300
-    )
+    with peers.simple_loop_index(url, TABLE):
+        settle_server(url, TABLE)
+        results = run_processes(
+            [(peers.simple_drain_worker, (url, TABLE, BATCH, i)) for i in range(WORKERS)], timeout_s=300
+        )
     sent: int = sum(r[2] for r in results)
     elapsed: float = max(r[1] for r in results) - min(r[0] for r in results)
     counts = count_by_status(url, TABLE)

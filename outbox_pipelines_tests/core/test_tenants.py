@@ -2,6 +2,8 @@
 
 from datetime import timedelta
 
+import pytest
+
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.operations.maintenance import clean
@@ -19,14 +21,22 @@ def enqueue_for(conn, tenant: str, n: int) -> None:
     )
 
 
-def test_every_audit_row_of_a_message_carries_its_tenant(db_url, conn):
+@pytest.mark.parametrize(
+    ("claim", "codes"),
+    [
+        ("auto", {"outbox_flush_success", "outbox_flush_retry"}),
+        ("lease", {"outbox_claim", "outbox_flush_success", "outbox_flush_retry"}),
+    ],
+)
+def test_every_audit_row_of_a_message_carries_its_tenant(db_url, conn, claim, codes):
     enqueue_for(conn, "acme", 2)
     answers = iter([Outcome.sent(ref="r1"), Outcome.retry("BROKER_5XX", "HTTP 503")])
-    Relay(db_url, table_settings(EVENTS, mode="competing"), ScriptedDestination(lambda m: next(answers))).run(once=True)
+    settings = table_settings(EVENTS, mode="competing", claim=claim)
+    Relay(db_url, settings, ScriptedDestination(lambda m: next(answers))).run(once=True)
     audit = conn.execute(
         "SELECT code, tenant_id FROM outbox_audit WHERE outbox_table = %s AND message_id IS NOT NULL", (EVENTS,)
     ).fetchall()
-    assert {a["code"] for a in audit} >= {"outbox_claim", "outbox_flush_success", "outbox_flush_retry"}
+    assert {a["code"] for a in audit} >= codes
     assert {a["tenant_id"] for a in audit} == {"acme"}
 
 

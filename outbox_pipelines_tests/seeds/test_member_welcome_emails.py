@@ -44,7 +44,7 @@ def test_welcome_email_is_sent_recorded_and_the_row_deleted(db_url, conn, mail_d
     report = relay(db_url)
     assert report.sent == 1
     assert rows(conn, TABLE) == []  # success policy: delete
-    assert audit_codes(conn, TABLE, row_id) == ["outbox_claim", "outbox_flush_success"]
+    assert audit_codes(conn, TABLE, row_id) == ["outbox_flush_success"]  # one row per attempt (claim = "auto")
     [record] = conn.execute("SELECT member_id, email, email_type, event_id FROM automated_email_recipients").fetchall()
     assert record == {"member_id": "1", "email": "m1@example.test", "email_type": "welcome", "event_id": "member-1"}
     [mail] = list(mail_dir.iterdir())

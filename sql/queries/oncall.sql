@@ -20,6 +20,19 @@ WHERE worker = %(worker)s AND stopped_at IS NULL
 UPDATE outbox_relay_workers SET stopped_at = coalesce(%(now)s::timestamptz, now()), stop_reason = %(reason)s
 WHERE worker = %(worker)s AND stopped_at IS NULL
 
+-- name: outbox_relay_workers_note_held
+-- claim = "auto": the batch a relay is about to dispatch while it holds it in its transaction (migration
+-- 0011). Committed without waiting for the WAL flush: what a database crash loses, it loses with the relay's
+-- transaction, whose rows went back as they were.
+WITH mode AS (SELECT set_config('synchronous_commit', 'off', true) AS commit_mode)
+UPDATE outbox_relay_workers
+SET held_ids = %(ids)s::bigint[], held_attempts = %(attempts)s::int[]
+FROM mode
+WHERE worker = %(worker)s AND mode.commit_mode IS NOT NULL
+
+-- name: outbox_relay_workers_held
+SELECT held_ids, held_attempts FROM outbox_relay_workers WHERE worker = %(worker)s AND held_ids IS NOT NULL
+
 -- name: outbox_relay_workers_silent
 -- Relays that stopped heartbeating without saying goodbye: presumed dead.
 SELECT worker, table_name, run_id, job, pid, host, started_at, heartbeat_at,

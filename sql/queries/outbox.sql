@@ -143,10 +143,11 @@ WITH clock AS (
               t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder, t.ordering_key
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
-                              attempts, code, worker, trace_id, detail)
+                              attempts, code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, c.id, c.event_id, c.tenant_id, c.was, 'sending', c.attempts, 'outbox_claim',
            %(worker)s, c.headers->>'trace_id',
-           CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END
+           CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END,
+           c.claimed_at
     FROM claimed AS c
     -- audit = "failures" keeps only re-takes: a claim that ends well is told by its row.
     WHERE %(audit_claims)s OR c.was = 'sending'
@@ -200,6 +201,37 @@ SELECT id, event_id, tenant_id, topic,
        payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at, ordering_key
 FROM held
 ORDER BY id
+
+-- name: outbox_lease_held
+-- claim = "auto": a held batch (outbox_claim_held) still in dispatch after the table's `hold` is
+-- leased as outbox_claim would have leased it: its rows, locked by this transaction and still
+-- pending, become sending under this worker with their attempt counted, and the caller commits the
+-- transaction, so a slow destination holds no transaction open and a relay that dies from here on
+-- has its attempt counted. Audited as a claim (the time it was claimed, and when it was leased).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), leased AS (
+    UPDATE {table} AS t
+    SET status = 'sending',
+        attempts = t.attempts + 1,
+        locked_by = %(worker)s,
+        locked_at = %(claimed_at)s::timestamptz,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
+        updated_at = clock.now
+    FROM clock
+    WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.status = 'pending'
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
+                              attempts, code, worker, trace_id, detail, claimed_at)
+    SELECT %(table_name)s, l.id, l.event_id, l.tenant_id, 'pending', 'sending', l.attempts, 'outbox_claim',
+           %(worker)s, l.headers->>'trace_id', 'leased: its dispatch took longer than hold',
+           %(claimed_at)s::timestamptz
+    FROM leased AS l
+    WHERE %(audit_claims)s
+)
+SELECT id, attempts FROM leased ORDER BY id
 
 -- name: outbox_settle
 -- One statement settles a whole batch: sent / retry / dead rows are updated,
@@ -269,12 +301,13 @@ WITH clock AS (
     -- Seed 000 §8.1: detail holds the error text of a retry or a death (capped at 2000
     -- characters), and the destination's reference of a delivery ("ref=<broker order id>").
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
-                              attempts, code, error_code, worker, trace_id, detail)
+                              attempts, code, error_code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, s.id, s.event_id, s.tenant_id,
            CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END, s.status, s.attempts, s.audit_code,
            s.error_code, %(worker)s, s.headers->>'trace_id',
            CASE WHEN s.status IN ('sent', 'deleted') THEN 'ref=' || left(i.ref, 1996)
-                ELSE left(i.error, 2000) END
+                ELSE left(i.error, 2000) END,
+           %(claimed_at)s::timestamptz
     FROM settled AS s
     LEFT JOIN input AS i ON i.id = s.id
     -- audit = "failures": a delivery leaves no audit row (the sent row keeps when it went).
@@ -282,7 +315,7 @@ WITH clock AS (
     UNION ALL
     SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, i.status, i.attempts,
            'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
     FROM all_input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM settled)
@@ -334,15 +367,15 @@ WITH clock AS (
     RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key, i.ref
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
-                              attempts, code, worker, trace_id, detail)
+                              attempts, code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'sending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996)
+           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996), %(claimed_at)s::timestamptz
     FROM updated AS u
     WHERE %(audit_successes)s
     UNION ALL
     SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, 'sent', i.attempts,
            'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
     FROM input AS i
     LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM updated)
@@ -383,15 +416,15 @@ WITH clock AS (
     SELECT i.id FROM unnest(%(ids)s::bigint[]) AS i(id) WHERE i.id NOT IN (SELECT id FROM updated)
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
-                              attempts, code, worker, trace_id, detail)
+                              attempts, code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'pending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996)
+           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996), %(claimed_at)s::timestamptz
     FROM updated AS u
     WHERE %(audit_successes)s
     UNION ALL
     SELECT %(table_name)s, l.id, cur.event_id, cur.tenant_id, cur.status, 'sent', cur.attempts,
            'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
     FROM lost AS l
     LEFT JOIN {table} AS cur ON cur.id = l.id
 ), release AS (
@@ -494,6 +527,49 @@ WITH clock AS (
           FROM moved AS m WHERE m.status = 'dead' AND m.ordering_key IS NOT NULL AND %(pass_over_dead)s) AS r
 )
 SELECT m.id, m.status, m.previous_holder, r.contended FROM moved AS m LEFT JOIN wake ON true LEFT JOIN release AS r ON true
+
+-- name: outbox_count_died_holding
+-- claim = "auto": a relay that died while it held a batch in its transaction left those rows pending, their
+-- attempt not counted (its transaction rolled back). It had noted their ids and attempts on its worker row:
+-- the attempt is counted now, dead when it was the last, so a message that kills its relay still reaches
+-- dead. A row another relay holds now, or that moved on since (settled, claimed again), is left alone.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), noted AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS n(id, attempts)
+), still AS (
+    SELECT t.id
+    FROM {table} AS t
+    JOIN noted AS n ON n.id = t.id
+    WHERE t.id = ANY(%(ids)s::bigint[])
+      AND t.status = 'pending'
+      AND t.attempts = n.attempts
+    FOR UPDATE OF t SKIP LOCKED
+), counted AS (
+    UPDATE {table} AS t
+    SET attempts = t.attempts + 1,
+        status = CASE WHEN t.attempts + 1 >= %(max_attempts)s THEN 'dead' ELSE 'pending' END,
+        last_error_code = CASE WHEN t.attempts + 1 >= %(max_attempts)s THEN 'LEASE_EXPIRED'
+                               ELSE t.last_error_code END,
+        last_error = format('its relay %%s died while delivering it (attempt %%s of %%s)',
+                            %(dead_holder)s::text, t.attempts + 1, %(max_attempts)s),
+        ordering_skipped_at = CASE WHEN t.attempts + 1 >= %(max_attempts)s AND %(pass_over_dead)s
+                                        AND t.ordering_key IS NOT NULL
+                                   THEN clock.now ELSE t.ordering_skipped_at END,
+        updated_at = clock.now
+    FROM still, clock
+    WHERE t.id = still.id
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts, t.status
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
+                              attempts, code, error_code, worker, trace_id, detail)
+    SELECT %(table_name)s, c.id, c.event_id, c.tenant_id, 'pending', c.status, c.attempts,
+           CASE WHEN c.status = 'dead' THEN 'outbox_flush_dead' ELSE 'outbox_requeue' END,
+           CASE WHEN c.status = 'dead' THEN 'LEASE_EXPIRED' END,
+           %(worker)s, c.headers->>'trace_id', format('its relay %%s died holding it', %(dead_holder)s::text)
+    FROM counted AS c
+)
+SELECT id, status FROM counted
 
 -- name: outbox_clean_sent
 WITH clock AS (

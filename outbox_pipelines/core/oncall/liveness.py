@@ -138,6 +138,14 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
             returned += sum(1 for r in rows if r["status"] == "pending" and r["previous_holder"] == relay.worker)
             if len(rows) < 1000:
                 break
+        # claim = "auto": the batch it held unwritten in its transaction, if it died with one.
+        noted = SharedTables(conn).held_batch(relay.worker)
+        if noted is not None:
+            rows = outbox_table.count_died_holding(
+                "liveness", relay.worker, noted["held_ids"], noted["held_attempts"], max_attempts=max_attempts
+            )
+            held += len(rows)
+            returned += sum(1 for r in rows if r["status"] == "pending")
     except UnknownTable:
         pass  # the table is gone: nothing to return
     log.warning("relay %s of %s presumed dead; %d held rows returned", relay.worker, relay.table, returned)

@@ -84,7 +84,7 @@ class BatchRunner:
         if self.table.claim == "transaction":
             # The batch's rows are locked by the open transaction, not leased: nothing to renew.
             plan = self.plan(outbox_table, batch)
-            self.finish(outbox_table, batch, combine_outcomes(plan, self.deliver(batch, plan)), report)
+            self.finish(outbox_table, batch, combine_outcomes(plan, self.deliver(batch, plan)), report, held=True)
             return
         keeper.hold(held(batch))
         try:
@@ -92,10 +92,16 @@ class BatchRunner:
             outcomes = combine_outcomes(plan, self.deliver(batch, plan))
         finally:
             keeper.release()
-        self.finish(outbox_table, batch, outcomes, report)
+        self.finish(outbox_table, batch, outcomes, report, held=False)
 
     def finish(
-        self, outbox_table: OutboxTable, batch: list[ClaimedMessage], outcomes: list[Outcome], report: RelayReport
+        self,
+        outbox_table: OutboxTable,
+        batch: list[ClaimedMessage],
+        outcomes: list[Outcome],
+        report: RelayReport,
+        *,
+        held: bool,
     ) -> None:
         """Record what the destination did, settle the batch, count what happened."""
         was_open = self.guard.circuit_open
@@ -108,17 +114,17 @@ class BatchRunner:
         if self._delivered_plainly(outcomes):
             # The common batch, delivered whole: settled and counted without a plan per message.
             with self._settle_span(batch):
-                settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table)
+                settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table, held=held)
             if settled is not None and len(settled) == len(batch):
                 report.add_batch(count_delivered_batch(self.table.name, batch, claimed_mono, report.lag))
                 return
             settlements = self._plan(batch, outcomes)
             if settled is None:
-                settled = self._settle_refused(outbox_table, settlements, report)
+                settled = self._settle_refused(outbox_table, settlements, report, held)
         else:
             settlements = self._plan(batch, outcomes)
             with self._settle_span(batch):
-                settled = self._settle(outbox_table, batch, settlements, report)
+                settled = self._settle(outbox_table, batch, settlements, report, held)
         counts = count_settled_batch(self.table.name, batch, settlements, outcomes, settled, claimed_mono, report.lag)
         report.add_batch(counts)
         if counts.slow_down_s > 0:
@@ -142,24 +148,28 @@ class BatchRunner:
         )
 
     def _settle(
-        self, outbox_table: OutboxTable, batch: list[ClaimedMessage], settlements: list[Settlement], report: RelayReport
+        self,
+        outbox_table: OutboxTable,
+        batch: list[ClaimedMessage],
+        settlements: list[Settlement],
+        report: RelayReport,
+        held: bool,
     ) -> set[int]:
         # A transaction costs round trips on every batch: only a destination whose after_settle writes
-        # (the order ledger) shares one with the settle.
-        shared = self.destination.writes_on_settle and self.table.claim == "lease"
+        # (the order ledger) shares one with the settle. A held batch is in the relay's transaction already.
+        shared = self.destination.writes_on_settle and not held
         scope = outbox_table.conn.transaction() if shared else nullcontext()
         with scope:
-            settled = self._write(outbox_table, settlements, report)
+            claimed_at = batch[0].claimed_at if batch else None
+            settled = settle_batch(outbox_table, self.worker, settlements, self.table, held=held, claimed_at=claimed_at)
+            if settled is None:
+                settled = self._settle_refused(outbox_table, settlements, report, held)
             self.destination.after_settle(outbox_table.conn, _settled_pairs(batch, settlements, settled))
         return settled
 
-    def _write(self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport) -> set[int]:
-        settled = settle_batch(outbox_table, self.worker, settlements, self.table)
-        return settled if settled is not None else self._settle_refused(outbox_table, settlements, report)
-
     def _settle_refused(
-        self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport
+        self, outbox_table: OutboxTable, settlements: list[Settlement], report: RelayReport, held: bool
     ) -> set[int]:
         """The database refused the batch's statement: row by row, so one row cannot hold the rest back."""
         report.db_errors += 1
-        return settle_row_by_row(outbox_table, self.worker, settlements, self.table)
+        return settle_row_by_row(outbox_table, self.worker, settlements, self.table, held=held)

@@ -3,13 +3,13 @@
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 
 from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.relay.session import open_session
-from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, bigint_array
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -32,11 +32,16 @@ class LeaseKeeper:
         self.renewals = 0
         self.declared_dead = False
         self._held: list[tuple[int, int]] = []
+        # claim = "auto": what to do at ``_deadline`` (lease a held batch: relay/hold.py), unless cancelled first.
+        self._deadline: float | None = None
+        self._at_deadline: Callable[[], None] | None = None
         self._last = 0.0
         self._last_beat = time.monotonic()
         self._cond = threading.Condition()
         self._closed = False
         self._conn: psycopg.Connection | None = None
+        # The connection is this thread's, and the relay's thread notes its held batches on it too.
+        self._conn_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"outbox-lease-{table_name}", daemon=True)
         self._thread.start()
 
@@ -45,6 +50,29 @@ class LeaseKeeper:
             self._held = list(held)
             self._last = time.monotonic()
             self._cond.notify()
+
+    def note_held(self, held: Sequence[tuple[int, int]]) -> None:
+        """claim = "auto": note the batch the relay holds unwritten, with each row's attempts at the claim, on
+        this keeper's connection (the relay's transaction commits only at the settle), so burying the relay
+        if it dies mid-batch counts that attempt (liveness.bury). A failure is logged: the database is then
+        unreachable, and the relay's own next statement fails and recovers."""
+        try:
+            with self._conn_lock:
+                SharedTables(self._connection()).note_held_batch(
+                    self.worker, bigint_array(h[0] for h in held), bigint_array(h[1] for h in held)
+                )
+        except psycopg.Error as exc:
+            log.warning("relay %s: could not note the batch it holds: %s", self.table_name, exc)
+
+    def at(self, seconds: float, action: Callable[[], None]) -> None:
+        """Run ``action`` on this thread in ``seconds``, unless ``cancel_at`` comes first."""
+        with self._cond:
+            self._deadline, self._at_deadline = time.monotonic() + seconds, action
+            self._cond.notify()
+
+    def cancel_at(self) -> None:
+        with self._cond:
+            self._deadline = self._at_deadline = None
 
     def release(self) -> None:
         """Stop renewing: the batch is settled, or abandoned (its leases then expire and come back)."""
@@ -69,24 +97,40 @@ class LeaseKeeper:
             with self._cond:
                 if self._closed:
                     return
-                self._cond.wait(timeout=min(self.interval, self.heartbeat_s))
+                wait_s = min(self.interval, self.heartbeat_s)
+                if self._deadline is not None:
+                    wait_s = min(wait_s, max(self._deadline - time.monotonic(), 0.0))
+                if wait_s > 0:
+                    self._cond.wait(timeout=wait_s)
                 if self._closed:
                     return
+                action = self._action_due()
                 held = list(self._held)
                 due = bool(held) and time.monotonic() - self._last >= self.interval
+            if action is not None:
+                action()  # outside the lock: it may hold() the batch it leased
+                continue
             beat = time.monotonic() - self._last_beat >= self.heartbeat_s
             if not (due or beat):
                 continue
-            try:
-                if beat:
-                    self._beat()
-                if due:
-                    self._renew(held)
-            except Exception as exc:  # noqa: BLE001 - any failure: drop the connection, try again next turn
-                log.warning("relay %s: lease keeper could not reach the database: %s", self.table_name, exc)
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
+            with self._conn_lock:
+                try:
+                    if beat:
+                        self._beat()
+                    if due:
+                        self._renew(held)
+                except Exception as exc:  # noqa: BLE001 - any failure: drop the connection, try again next turn
+                    log.warning("relay %s: lease keeper could not reach the database: %s", self.table_name, exc)
+                    if self._conn is not None:
+                        self._conn.close()
+                    self._conn = None
+
+    def _action_due(self) -> Callable[[], None] | None:
+        """The deadline's action once it is due (taken: it runs once). Called under the lock."""
+        if self._deadline is None or time.monotonic() < self._deadline:
+            return None
+        action, self._deadline, self._at_deadline = self._at_deadline, None, None
+        return action
 
     def _beat(self) -> None:
         if not liveness.heartbeat(self._connection(), self.worker):

@@ -32,6 +32,7 @@ from outbox_pipelines.core.relay import ordering, single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
 from outbox_pipelines.core.relay.destination_health import DestinationGuard
+from outbox_pipelines.core.relay.hold import relay_held_first
 from outbox_pipelines.core.relay.invocation import Invocation, Release
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.pause import Pause
@@ -192,6 +193,8 @@ class Relay:
                     batch = self._claim_next(run)
                     if batch:
                         self.batches.run(run.outbox_table, run.keeper, batch, run.report)
+            elif self._holds_first:
+                self._relay_held_first(run, batch)  # fills batch as soon as it is claimed
             else:
                 batch = self._claim_next(run)
                 if batch:
@@ -272,6 +275,16 @@ class Relay:
         else:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
+    @property
+    def _holds_first(self) -> bool:
+        """claim = "auto": each batch is held in a transaction, and leased if its dispatch takes longer than
+        ``hold``. A pipelined destination keeps two batches in flight, which one transaction cannot hold: it
+        is leased from the claim on."""
+        return self.table.claim == "auto" and not self.destination.pipelined
+
+    def _relay_held_first(self, run: Invocation, batch: list[ClaimedMessage]) -> None:
+        relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
+
     def _end(self, run: Invocation) -> None:
         if run.outbox_table.contended_keys and not run.session.conn.closed:
             with contextlib.suppress(psycopg.Error):  # what stays held is the sweep's (ordering.py)
@@ -316,7 +329,7 @@ class Relay:
     def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
-            if self.table.claim == "transaction":
+            if self.table.claim == "transaction" or self._holds_first:
                 claimed = run.outbox_table.claim_held(
                     limit,
                     self.table.lease_s,

@@ -75,13 +75,13 @@ class Pipeline:
                 # Delivered whole: the next batch goes on the wire now, and this one is settled meanwhile.
                 next_plan = self.batches.plan(outbox_table, upcoming)
                 self._in_flight = self._thread.submit(self.batches.deliver, upcoming, next_plan)
-                self.batches.finish(outbox_table, current, outcomes, report)
+                self.batches.finish(outbox_table, current, outcomes, report, held=False)
                 keeper.hold(held(upcoming))
                 current, plan = upcoming, next_plan
                 continue
             # Anything else is settled before the next batch goes on the wire: a failure that opens the
             # circuit or a 429 holds back the batch claimed ahead.
-            self.batches.finish(outbox_table, current, outcomes, report)
+            self.batches.finish(outbox_table, current, outcomes, report, held=False)
             if upcoming and self._must_wait():
                 self._release_unsent(outbox_table, upcoming, report)
                 upcoming = []

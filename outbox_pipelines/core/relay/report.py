@@ -100,6 +100,8 @@ class RelayReport:
     dedup_hits: int = 0
     requeued: int = 0
     batches: int = 0
+    # claim = "auto": batches whose dispatch outlasted `hold`, so their leases were written.
+    leased_after_hold: int = 0
     db_errors: int = 0
     rate_limited: int = 0
     seconds: float = 0.0
@@ -165,6 +167,7 @@ class RelayReport:
             "dedup_hits",
             "requeued",
             "batches",
+            "leased_after_hold",
             "db_errors",
             "rate_limited",
             "probes",

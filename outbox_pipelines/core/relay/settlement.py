@@ -8,6 +8,7 @@ unrecordable row cannot hold the others back.
 import logging
 import random
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TypedDict
 
 import psycopg
@@ -93,13 +94,21 @@ def throttle_delay(outcome: Outcome, message: ClaimedMessage, table: TableSettin
 
 
 def settle_batch(
-    outbox_table: OutboxTable, worker: str, settlements: list[Settlement], table: TableSettings
+    outbox_table: OutboxTable,
+    worker: str,
+    settlements: list[Settlement],
+    table: TableSettings,
+    *,
+    held: bool,
+    claimed_at: datetime | None = None,
 ) -> set[int] | None:
     """Settle the batch in one statement: the ids settled, or None when the database refused it for a
     data reason (then ``settle_row_by_row`` isolates the row that caused it). A lost connection or a
     statement timeout is not a data reason: it propagates."""
     return _unless_refused(
-        outbox_table, table, lambda: outbox_table.settle(worker, settlements, **settle_options(table))
+        outbox_table,
+        table,
+        lambda: outbox_table.settle(worker, settlements, claimed_at=claimed_at, **settle_options(table, held)),
     )
 
 
@@ -109,10 +118,12 @@ def settle_delivered(
     batch: Sequence[ClaimedMessage],
     outcomes: Sequence[Outcome],
     table: TableSettings,
+    *,
+    held: bool,
 ) -> set[int] | None:
     """``settle_batch`` for a batch delivered whole with nothing else to record (every settlement
     would be plainly sent): no settlement is planned per message."""
-    fast_commit = commits_without_flush(outbox_table.conn, table, delivered=len(batch))
+    fast_commit = commits_without_flush(outbox_table.conn, table, delivered=len(batch), held=held)
     # A destination's references (a broker's stream:seq or offset) go with them, kept as result_ref and in
     # the audit as for any settle.
     refs = [outcome.ref for outcome in outcomes] if any(outcome.ref for outcome in outcomes) else None
@@ -126,12 +137,13 @@ def settle_delivered(
             audit_code=m.AUDIT_SUCCESS,
             refs=refs,
             fast_commit=fast_commit,
-            **settle_options(table),
+            claimed_at=batch[0].claimed_at if batch else None,
+            **settle_options(table, held),
         ),
     )
 
 
-def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int) -> bool:
+def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int, held: bool) -> bool:
     """Whether a leased batch of ``delivered`` messages, delivered whole, settles without waiting for its
     WAL flush.
 
@@ -142,7 +154,7 @@ def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, del
     one flush is shared by the whole batch, and a crash then re-sends only what was in flight.
     Only on the relay's own autocommit session: inside a transaction it would make all of it so.
     """
-    return table.claim == "lease" and delivered < table.batch_size and conn.autocommit and not _in_transaction(conn)
+    return not held and delivered < table.batch_size and conn.autocommit and not _in_transaction(conn)
 
 
 def _in_transaction(conn: psycopg.Connection) -> bool:
@@ -175,22 +187,23 @@ class SettleOptions(TypedDict):
     pass_over_dead: bool
 
 
-def settle_options(table: TableSettings) -> SettleOptions:
-    """How ``OutboxTable.settle`` writes this table's outcomes: held rows, whether deliveries are audited,
-    and whether a keyed message that dies lets the rest of its key go."""
+def settle_options(table: TableSettings, held: bool) -> SettleOptions:
+    """How ``OutboxTable.settle`` writes this table's outcomes: held rows (``held``: the batch is locked by the
+    relay's open transaction, not leased), whether deliveries are audited, and whether a keyed message that
+    dies lets the rest of its key go."""
     return {
-        "held": table.claim == "transaction",
+        "held": held,
         "audit_successes": table.audit == "all",
         "pass_over_dead": table.ordering == "skip",
     }
 
 
 def settle_row_by_row(
-    outbox_table: OutboxTable, worker: str, settlements: list[Settlement], table: TableSettings
+    outbox_table: OutboxTable, worker: str, settlements: list[Settlement], table: TableSettings, *, held: bool
 ) -> set[int]:
     """Each row in a transaction (a savepoint inside one) of its own; a refused row ends as DB_ERROR, never stuck."""
     settled: set[int] = set()
-    options = settle_options(table)
+    options = settle_options(table, held)
     for settlement in settlements:
         try:
             with outbox_table.conn.transaction():

@@ -124,7 +124,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         mode=one_of(section.get("mode", "single-active"), MODES, f"{where} mode"),
         on_success=one_of(section.get("on_success", "mark_sent"), SUCCESS_POLICIES, f"{where} on_success"),
         ordering=one_of(section.get("ordering", "park"), ORDERING_POLICIES, f"{where} ordering"),
-        claim=one_of(section.get("claim", "lease"), CLAIM_MODES, f"{where} claim"),
+        claim=one_of(section.get("claim", "auto"), CLAIM_MODES, f"{where} claim"),
         group=_group(section.get("group", DEFAULT_GROUP), where),
         audit=one_of(section.get("audit", "all"), AUDIT_MODES, f"{where} audit"),
         dedup=bool(section.get("dedup", False)),
@@ -132,6 +132,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         handler_threads=int(section.get("parallelism", env.handler_threads)),
         requests_in_flight=int(section.get("concurrency", 32)),
         lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),
+        hold_s=positive(parse_duration(section.get("hold", "1s"), f"{where} hold"), f"{where} hold"),
         stuck_threshold_s=parse_duration(
             section.get("stuck_threshold", env.stuck_threshold_s), f"{where} stuck_threshold"
         ),

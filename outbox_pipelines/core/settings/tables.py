@@ -93,7 +93,7 @@ class TableSettings:
     mode: str = "single-active"
     on_success: str = "mark_sent"
     ordering: str = "park"
-    claim: str = "lease"
+    claim: str = "auto"
     audit: str = "all"
     # The relay group: one Dagster run relays every table of its group, each on a worker of its own.
     group: str = DEFAULT_GROUP
@@ -104,6 +104,8 @@ class TableSettings:
     # Requests in flight at once for an HTTP destination (the ``concurrency`` key).
     requests_in_flight: int = 32
     lease_s: float = 60.0
+    # claim = "auto": a batch still in dispatch after this long has its lease written (docs/design.md §3.3).
+    hold_s: float = 1.0
     stuck_threshold_s: float = 600.0
     retention_s: float = 168 * 3600.0
     paused_topics: tuple[str, ...] = ()

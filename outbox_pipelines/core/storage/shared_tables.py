@@ -69,6 +69,15 @@ class SharedTables:
         """False if its stop was already recorded."""
         return self._count("outbox_relay_workers_stop", {"worker": worker, "reason": reason, "now": now}) > 0
 
+    def note_held_batch(self, worker: str, ids: str, attempts: str) -> None:
+        """claim = "auto": the batch this relay holds in its transaction (``bigint_array`` literals)."""
+        self._count("outbox_relay_workers_note_held", {"worker": worker, "ids": ids, "attempts": attempts})
+
+    def held_batch(self, worker: str) -> Row | None:
+        """The batch a relay last noted it held (``held_ids``, ``held_attempts``), if any."""
+        rows = self._run("outbox_relay_workers_held", {"worker": worker})
+        return rows[0] if rows else None
+
     def silent_relays(self, *, silent_after_s: float, now: datetime | None = None) -> list[Row]:
         """Relays not stopped whose last heartbeat is older than ``silent_after_s``."""
         return self._run("outbox_relay_workers_silent", {"silent_after_s": silent_after_s, "now": now})

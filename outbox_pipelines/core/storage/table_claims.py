@@ -144,6 +144,57 @@ class ClaimStatements(TableStatements):
             reuse_plan,
         )
 
+    def lease_held(
+        self,
+        worker: str,
+        ids: Sequence[int],
+        lease_s: float,
+        *,
+        claimed_at: datetime | None,
+        audit_claims: bool = True,
+        now: datetime | None = None,
+    ) -> dict[int, int]:
+        """claim = "auto": lease rows held by this transaction (``claim_held``) as ``claim`` would have, their
+        attempt counted; the caller commits. Returns each leased id's attempt (its fencing token)."""
+        rows = self._run(
+            "outbox_lease_held",
+            {
+                "worker": worker,
+                "ids": bigint_array(ids),
+                "lease_s": lease_s,
+                "claimed_at": claimed_at,
+                "audit_claims": audit_claims,
+                "now": now,
+            },
+        )
+        return {row["id"]: row["attempts"] for row in rows}
+
+    def count_died_holding(
+        self,
+        worker: str,
+        dead_holder: str,
+        ids: Sequence[int],
+        attempts: Sequence[int],
+        *,
+        max_attempts: int,
+        pass_over_dead: bool = False,
+        now: datetime | None = None,
+    ) -> list[Row]:
+        """Count the attempt of rows a dead relay held unwritten (claim = "auto"): dead when it was the last.
+        ``attempts``: each row's attempts when it was claimed. Returns (id, status) of the rows counted."""
+        return self._run(
+            "outbox_count_died_holding",
+            {
+                "worker": worker,
+                "dead_holder": dead_holder,
+                "ids": bigint_array(ids),
+                "attempts": bigint_array(attempts),
+                "max_attempts": max_attempts,
+                "pass_over_dead": pass_over_dead,
+                "now": now,
+            },
+        )
+
     def settle_sent(
         self,
         worker: str,
@@ -156,6 +207,7 @@ class ClaimStatements(TableStatements):
         audit_successes: bool = True,
         fast_commit: bool = False,
         pass_over_dead: bool = False,
+        claimed_at: datetime | None = None,
         now: datetime | None = None,
     ) -> set[int]:
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
@@ -169,6 +221,7 @@ class ClaimStatements(TableStatements):
             "now": now,
             "audit_successes": audit_successes,
             "audit_code": audit_code,
+            "claimed_at": claimed_at,
             "ids": bigint_array(ids),
             "refs": list(refs) if refs is not None else None,
         }
@@ -194,9 +247,11 @@ class ClaimStatements(TableStatements):
         held: bool = False,
         audit_successes: bool = True,
         pass_over_dead: bool = False,
+        claimed_at: datetime | None = None,
         now: datetime | None = None,
     ) -> set[int]:
         """Apply the outcomes; return the ids settled. Missing ids lost their lease (audited).
+        ``claimed_at``: when the batch was claimed, kept on its audit rows.
 
         ``held``: the rows were claimed with ``claim_held`` in this transaction (their attempt is
         counted now). ``audit_successes`` False: deliveries leave no audit row (audit = "failures").
@@ -224,6 +279,7 @@ class ClaimStatements(TableStatements):
                 refs=refs if any(refs) else None,
                 held=held,
                 audit_successes=audit_successes,
+                claimed_at=claimed_at,
                 now=now,
             )
         kept = [s for s in settlements if s.status != "deleted"]
@@ -233,6 +289,7 @@ class ClaimStatements(TableStatements):
             {
                 "worker": worker,
                 "now": now,
+                "claimed_at": claimed_at,
                 "held": held,
                 "audit_successes": audit_successes,
                 "pass_over_dead": pass_over_dead,

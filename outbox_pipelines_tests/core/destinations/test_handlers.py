@@ -81,7 +81,8 @@ class Calls:
         return sum(1 for n, _ in self.seen if n == name)
 
 
-CLAIM = ("outbox_claim", "sending", None)
+# claim = "auto" (the default): a batch delivered within `hold` is written once, at its settle; its one audit
+# row per attempt says when it was claimed and by whom (claimed_at, worker).
 
 
 # -- handlers -----------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def test_every_handler_of_the_topic_runs(conn, db_url, threads):
     for key in keys:
         assert state(conn, key) == ("sent", 1, None)
         assert row(conn, key)["result_ref"] == "mail-1,crm-1"
-        assert audit(conn, key) == [CLAIM, ("outbox_flush_success", "sent", None)]
+        assert audit(conn, key) == [("outbox_flush_success", "sent", None)]
 
 
 def test_handlers_receive_the_message(conn, db_url):
@@ -171,7 +172,7 @@ def test_a_failing_handler_retries_the_message_and_names_every_failing_handler(c
     assert "update_crm: ValueError: crm said 502" in error
     assert "record_ok" not in error
     assert row(conn, failing)["due_in_s"] == pytest.approx(60, abs=5)  # the table's backoff, database time
-    assert audit(conn, failing) == [CLAIM, ("outbox_flush_retry", "pending", "HANDLER_ERROR")]
+    assert audit(conn, failing) == [("outbox_flush_retry", "pending", "HANDLER_ERROR")]
 
 
 def test_a_handler_that_recovers_sends_the_message_on_a_later_attempt(conn, db_url):
@@ -204,7 +205,7 @@ def test_permanent_error_is_dead_at_once_with_its_code(conn, db_url):
     assert report.dead_by_code == {"BAD_PAYLOAD": 1}
     assert state(conn, key) == ("dead", 1, "BAD_PAYLOAD")
     assert "org.changed needs org_id" in row(conn, key)["last_error"]
-    assert audit(conn, key) == [CLAIM, ("outbox_flush_dead", "dead", "BAD_PAYLOAD")]
+    assert audit(conn, key) == [("outbox_flush_dead", "dead", "BAD_PAYLOAD")]
     make_due(conn, EVENTS)
     run_relay(db_url, registry)
     assert calls.count("parse_org") == 1  # dead is final
@@ -227,11 +228,8 @@ def test_a_topic_without_handlers_retries_then_dies_never_dropped(conn, db_url):
     error = row(conn, key)["last_error"]
     assert "gave up after 3 of 3 attempts" in error and "member.renamed" in error
     assert [code for code, _, _ in audit(conn, key)] == [
-        "outbox_claim",
         "outbox_flush_retry",
-        "outbox_claim",
         "outbox_flush_retry",
-        "outbox_claim",
         "outbox_flush_dead",
     ]
 
@@ -269,7 +267,7 @@ def test_delete_on_success_removes_the_row_and_keeps_the_audit(conn, db_url):
 
     assert (report.sent, report.retried) == (1, 1)
     assert row(conn, done) is None
-    assert audit(conn, done) == [CLAIM, ("outbox_flush_success", "deleted", None)]
+    assert audit(conn, done) == [("outbox_flush_success", "deleted", None)]
     # A failure keeps the row, as with any policy.
     assert state(conn, failing) == ("pending", 1, "HANDLER_ERROR")
     assert "ZeroDivisionError" in row(conn, failing)["last_error"]
@@ -349,7 +347,7 @@ def test_dedup_acks_an_already_sent_payload_without_delivering_it(conn, db_url):
     assert calls == Counter({"w-1": 1})  # the duplicate never reached the handler
     assert state(conn, again, MEMORY) == ("sent", 1, "DEDUP_HIT")
     assert row(conn, again, MEMORY)["result_ref"] == "mem-w-1"
-    assert audit(conn, again, MEMORY) == [CLAIM, ("outbox_flush_dedup_hit", "sent", "DEDUP_HIT")]
+    assert audit(conn, again, MEMORY) == [("outbox_flush_dedup_hit", "sent", "DEDUP_HIT")]
     assert state(conn, other_topic, MEMORY) == ("sent", 1, None)  # another topic is another target
 
 

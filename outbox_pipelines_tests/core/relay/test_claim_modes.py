@@ -89,10 +89,30 @@ def test_audit_failures_keeps_retries_and_deaths_but_not_claims_or_deliveries(db
         assert sent_row["status"] == "sent" and sent_row["published_at"] is not None  # when it went is on the row
 
 
-def test_the_default_audit_keeps_every_claim_and_delivery(db_url, conn):
+def test_the_default_audit_answers_when_claimed_by_whom_and_how_it_ended_in_one_row_per_attempt(db_url, conn):
+    """claim = "auto" (the default) writes a batch delivered within `hold` once: its one audit row per
+    attempt carries when it was claimed, by which worker, the outcome and when it was settled."""
     [row_id] = enqueue_n(conn, EVENTS, 1)
-    Relay(db_url, events_settings(), ScriptedDestination()).run(once=True)
+    Relay(db_url, events_settings(), ScriptedDestination(), worker_id="w-1").run(once=True)
+    assert audit_codes(conn, EVENTS, row_id) == ["outbox_flush_success"]
+    [audit] = conn.execute("SELECT * FROM outbox_audit WHERE message_id = %s", (row_id,)).fetchall()
+    [row] = rows(conn, EVENTS, f"id = {row_id}")
+    assert (audit["worker"], audit["from_status"], audit["to_status"], audit["attempts"]) == (
+        "w-1",
+        "pending",
+        "sent",
+        1,
+    )
+    assert audit["claimed_at"] is not None and audit["claimed_at"] <= audit["created_at"]
+    assert row["published_at"] >= audit["claimed_at"]
+
+
+def test_the_lease_claim_audits_the_claim_and_the_delivery(db_url, conn):
+    [row_id] = enqueue_n(conn, EVENTS, 1)
+    Relay(db_url, events_settings(claim="lease"), ScriptedDestination()).run(once=True)
     assert audit_codes(conn, EVENTS, row_id) == ["outbox_claim", "outbox_flush_success"]
+    claimed = conn.execute("SELECT claimed_at FROM outbox_audit WHERE message_id = %s", (row_id,)).fetchall()
+    assert len({r["claimed_at"] for r in claimed}) == 1 and claimed[0]["claimed_at"] is not None
 
 
 def test_claim_and_audit_settings_are_checked(tmp_path):
@@ -100,9 +120,9 @@ def test_claim_and_audit_settings_are_checked(tmp_path):
     config.write_text('[tables.outbox_orders]\nclaim = "transaction"\naudit = "failures"\n')
     orders = load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
     assert (orders.claim, orders.audit) == ("transaction", "failures")
-    assert load_settings(env={}).table(ORDERS).claim == "lease"
+    assert load_settings(env={}).table(ORDERS).claim == "auto"
     config.write_text('[tables.outbox_orders]\nclaim = "locked"\n')
-    with pytest.raises(ConfigError, match="claim must be one of lease, transaction, got 'locked'"):
+    with pytest.raises(ConfigError, match="claim must be one of auto, lease, transaction, got 'locked'"):
         load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
 
 

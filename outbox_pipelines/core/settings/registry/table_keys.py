@@ -134,8 +134,12 @@ TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
              "`competing`: any number", choices=("competing", "single-active")),
     TableKey("ordering", "relay", "choice", '"park"', "a dead message with an ordering key: the key's later "
              "messages wait until it is replayed or skipped (`park`), or go on (`skip`)", choices=("park", "skip")),
-    TableKey("claim", "relay", "choice", '"lease"', "how a relay holds a batch: a committed lease, or one open "
-             "transaction from claim to settle", choices=("lease", "transaction")),
+    TableKey("claim", "relay", "choice", '"auto"', "how a relay holds a batch: in a transaction while its "
+             "dispatch is quick, its lease written once it takes longer than `hold` (`auto`); always a committed "
+             "lease (`lease`); or one open transaction from claim to settle (`transaction`)",
+             choices=("auto", "lease", "transaction")),
+    TableKey("hold", "relay", "duration", '"1s"', "`claim = \"auto\"`: a batch still in dispatch after this long "
+             "has its lease written and its transaction committed"),
     TableKey("audit", "relay", "choice", '"all"', "the audit trail keeps every transition, or leaves out claims "
              "and deliveries (`failures`)", choices=("all", "failures")),
     TableKey("on_success", "relay", "choice", '"mark_sent"', "a delivered row is kept as sent (cleaned later) "

@@ -1,0 +1,126 @@
+"""claim = "auto": a batch held in the relay's transaction, leased once its dispatch outlasts ``hold``.
+
+The batch is claimed as ``claim = "transaction"`` claims it (rows locked, nothing written) and dispatched on
+the relay's own thread, as any batch is. Delivered within ``hold`` (the common case), it is settled in that
+transaction: each row is written once, as the simplest loop writes it. Still in dispatch at ``hold``, the
+lease keeper's thread leases it (``OutboxTable.lease_held``: sending, holder, attempt counted) on the relay's
+connection and commits: a slow destination keeps no transaction open on the application's database, and a
+relay that dies from then on has its attempt counted, as under ``lease``. The dispatch goes on meanwhile;
+the batch then settles as a leased one.
+
+The relay's connection is used by one thread at a time: the keeper leases only while the relay's thread is
+in the destination (after the batch was planned, before it is settled), and the one who moves the batch
+out of ``held`` first, under the lock, decides how it ends.
+"""
+
+import contextlib
+import threading
+from collections.abc import Callable
+from enum import Enum
+
+import psycopg
+
+from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.relay.batch import BatchRunner, held
+from outbox_pipelines.core.relay.dispatch import combine_outcomes
+from outbox_pipelines.core.relay.invocation import Invocation
+from outbox_pipelines.core.settings import TableSettings
+
+
+class HoldState(Enum):
+    HELD = "held"  # locked by the relay's open transaction
+    LEASED = "leased"  # leased and committed by the keeper: settle as a leased batch
+    SETTLING = "settling"  # the relay settles it in its transaction: the keeper must not touch it
+    FAILED = "failed"  # the lease could not be written (the connection failed): the relay raises it
+
+
+class HeldBatch:
+    def __init__(self, lease: Callable[[], None]) -> None:
+        self._lease = lease
+        self._lock = threading.Lock()
+        self.state = HoldState.HELD
+        self.error: BaseException | None = None
+
+    def lease_now(self) -> None:
+        """On the keeper's thread, at ``hold``: lease the batch and commit, unless its relay settles it already."""
+        with self._lock:
+            if self.state is not HoldState.HELD:
+                return
+            try:
+                self._lease()
+            except BaseException as exc:  # noqa: BLE001 - handed to the relay's thread, which settles or recovers
+                self.error = exc
+                self.state = HoldState.FAILED
+            else:
+                self.state = HoldState.LEASED
+
+    def settle_held(self) -> bool:
+        """On the relay's thread, once delivered: True if the batch is still held (the relay settles it in its
+        transaction; the keeper will leave it alone), False if it was leased. Raises what leasing it raised."""
+        with self._lock:
+            if self.state is HoldState.HELD:
+                self.state = HoldState.SETTLING
+                return True
+            if self.error is not None:
+                raise self.error
+            return False
+
+
+def hold_seconds(table: TableSettings) -> float:
+    """How long a batch stays held before its lease is written: ``hold``, but never past a third of the
+    lease, so the server (which ends a held transaction idle for ``lease``) never cuts it first."""
+    return min(table.hold_s, table.lease_s / 3.0)
+
+
+def relay_held_first(
+    run: Invocation,
+    table: TableSettings,
+    batches: BatchRunner,
+    worker: str,
+    claim_next: Callable[[], list[ClaimedMessage]],
+    claimed: list[ClaimedMessage],
+) -> None:
+    """One batch under claim = "auto": claimed in a transaction of the relay's session (``claim_next`` claims
+    held rows in this mode), noted on the relay's worker row, dispatched on this thread, then settled in that
+    transaction, or, once the keeper leased it at ``hold``, as a leased batch. ``claimed`` receives the batch as
+    soon as it is claimed, so a database error's recovery knows which batch it abandoned."""
+    conn = run.conn
+    conn.execute("BEGIN")  # committed by the settle, or by the keeper when it leases the batch
+    try:
+        batch = claim_next()
+        claimed.extend(batch)
+        if not batch:
+            conn.rollback()
+            return
+        plan = batches.plan(run.outbox_table, batch)
+        run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
+
+        def lease() -> None:  # on the keeper's thread, at `hold`
+            run.outbox_table.lease_held(
+                worker,
+                [msg.id for msg in batch],
+                table.lease_s,
+                claimed_at=batch[0].claimed_at,
+                audit_claims=table.audit == "all",
+            )
+            conn.commit()
+            run.report.leased_after_hold += 1
+            run.keeper.hold(held(batch))
+
+        hold = HeldBatch(lease)
+        run.keeper.at(hold_seconds(table), hold.lease_now)
+        try:
+            outcomes = combine_outcomes(plan, batches.deliver(batch, plan))
+        finally:
+            run.keeper.cancel_at()
+        if hold.settle_held():
+            batches.finish(run.outbox_table, batch, outcomes, run.report, held=True)
+            conn.commit()
+        else:
+            run.keeper.release()
+            batches.finish(run.outbox_table, batch, outcomes, run.report, held=False)
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()  # a held batch goes back as it was; a leased one is given back by the caller
+        raise
