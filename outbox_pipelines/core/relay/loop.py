@@ -193,7 +193,7 @@ class Relay:
                     batch = self._claim_next(run)
                     if batch:
                         self.batches.run(run.outbox_table, run.keeper, batch, run.report)
-            elif self._holds_first:
+            elif self._holds_first(run):
                 self._relay_held_first(run, batch)  # fills batch as soon as it is claimed
             else:
                 batch = self._claim_next(run)
@@ -275,12 +275,13 @@ class Relay:
         else:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
-    @property
-    def _holds_first(self) -> bool:
+    def _holds_first(self, run: Invocation) -> bool:
         """claim = "auto": each batch is held in a transaction, and leased if its dispatch takes longer than
-        ``hold``. A pipelined destination keeps two batches in flight, which one transaction cannot hold: it
-        is leased from the claim on."""
-        return self.table.claim == "auto" and not self.destination.pipelined
+        ``hold`` (relay/hold.py). Leased from the claim on instead: a pipelined destination, which keeps two
+        batches in flight where one transaction holds one; and a relay session through a transaction pooler,
+        where a held transaction would pin the pool's server connection through the dispatch, and the
+        keeper's connection, which notes the held batch, could wait for that very connection."""
+        return self.table.claim == "auto" and not self.destination.pipelined and run.session.listening
 
     def _relay_held_first(self, run: Invocation, batch: list[ClaimedMessage]) -> None:
         relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
@@ -329,7 +330,7 @@ class Relay:
     def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
-            if self.table.claim == "transaction" or self._holds_first:
+            if self.table.claim == "transaction" or self._holds_first(run):
                 claimed = run.outbox_table.claim_held(
                     limit,
                     self.table.lease_s,
