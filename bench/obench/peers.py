@@ -351,7 +351,9 @@ async def _stop_pgqueuer(pgq: Any, runner: "asyncio.Task[None]") -> None:
     await runner
 
 
-async def _pgqueuer_drain(url: str, expected_total: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
+async def _pgqueuer_drain(
+    url: str, expected_total: int, index: int, barrier: Barrier, batch_size: int | None
+) -> tuple[float, float, int]:
     from pgqueuer import PgQueuer, PsycopgDriver
     from pgqueuer.models import Job
 
@@ -371,7 +373,8 @@ async def _pgqueuer_drain(url: str, expected_total: int, index: int, barrier: Ba
         ) as conn:
             pgq = PgQueuer(PsycopgDriver(conn))
             pgq.entrypoint(PGQ_ENTRYPOINT)(noop)  # defaults: concurrency_limit=0, on_failure='delete'
-            runner = asyncio.create_task(pgq.run())  # every run() argument at its default (see the module doc)
+            # Every run() argument at its default (see the module doc), but batch_size when one is given.
+            runner = asyncio.create_task(pgq.run() if batch_size is None else pgq.run(batch_size=batch_size))
             deadline = started + PGQ_DRAIN_DEADLINE_S
             try:
                 while True:
@@ -392,7 +395,9 @@ async def _pgqueuer_drain(url: str, expected_total: int, index: int, barrier: Ba
     return started, finished, done
 
 
-def pgqueuer_drain_worker(url: str, expected_total: int, index: int, barrier: Barrier) -> tuple[float, float, int]:
+def pgqueuer_drain_worker(
+    url: str, expected_total: int, index: int, batch_size: int | None, barrier: Barrier
+) -> tuple[float, float, int]:
     """One pgqueuer worker process (PgQueuer, defaults) draining the queue; (started, finished, jobs it ran).
 
     The worker stops when the queue table is empty: pgqueuer deletes a job from
@@ -403,15 +408,17 @@ def pgqueuer_drain_worker(url: str, expected_total: int, index: int, barrier: Ba
     ``expected_total`` (all workers together) only labels a stuck run; the caller
     checks the totals (sum of the counts, pgqueuer_counts()).
     """
-    return asyncio.run(_pgqueuer_drain(url, expected_total, index, barrier))
+    return asyncio.run(_pgqueuer_drain(url, expected_total, index, barrier, batch_size))
 
 
-def pgqueuer_drain_once(url: str, workers: int, count: int) -> float:
-    """Load ``count`` jobs, drain them with ``workers`` processes; return jobs per second (checked)."""
+def pgqueuer_drain_once(url: str, workers: int, count: int, batch_size: int | None = None) -> float:
+    """Load ``count`` jobs, drain them with ``workers`` processes; return jobs per second (checked).
+    ``batch_size``: pgqueuer's run(batch_size=...) (None: its default, 10)."""
     pgqueuer_reset(url)
     pgqueuer_load(url, count)
     pgqueuer_settle(url)
-    results = run_processes([(pgqueuer_drain_worker, (url, count, i)) for i in range(workers)], timeout_s=1200)
+    jobs = [(pgqueuer_drain_worker, (url, count, i, batch_size)) for i in range(workers)]
+    results = run_processes(jobs, timeout_s=1200)
     started: float = min(r[0] for r in results)
     finished: float = max(r[1] for r in results)
     done: int = sum(r[2] for r in results)
