@@ -13,6 +13,8 @@ application. The medians per transaction are kept in the details.
 """
 
 import gc
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -43,7 +45,7 @@ TOPIC = "order.created"
 WARM_UP = 20
 BUSINESS_DDL = "CREATE TABLE IF NOT EXISTS orders_biz (id bigserial PRIMARY KEY, body jsonb NOT NULL)"
 BUSINESS_INSERT = "INSERT INTO orders_biz (body) VALUES (%s)"
-VARIANTS = ("psycopg-ours", "psycopg-plain", "sqlalchemy-ours", "sqlalchemy-plain")
+VARIANTS = ("psycopg-ours", "psycopg-plain", "psycopg-plain-json", "sqlalchemy-ours", "sqlalchemy-plain")
 # Per transaction: the business body, our Message, and the plain INSERT's parameters.
 Item = tuple[dict[str, Any], Message, tuple[str, str, str, str, str]]
 
@@ -86,6 +88,17 @@ def transactions(pg: psycopg.Connection, engine: Any) -> dict[str, Callable[[Ite
             cur.execute(plain_sql, params)
         pg.commit()
 
+    def psycopg_plain_json(item: Item) -> None:
+        # What an application writing the outbox row by hand does: json.dumps the payload and headers and
+        # hash the payload (payload_sha is NOT NULL) inside its transaction, then the plain INSERT.
+        body, message, (event_id, topic, _, _, _) = item
+        payload = json.dumps(message.payload)
+        params = (event_id, topic, payload, hashlib.sha256(payload.encode()).hexdigest(), json.dumps(message.headers))
+        with pg.cursor() as cur:
+            cur.execute(BUSINESS_INSERT, (Jsonb(body),))
+            cur.execute(plain_sql, params)
+        pg.commit()
+
     def sqlalchemy_ours(item: Item) -> None:
         _, message, params = item
         with engine.begin() as conn:
@@ -110,6 +123,7 @@ def transactions(pg: psycopg.Connection, engine: Any) -> dict[str, Callable[[Ite
     return {
         "psycopg-ours": psycopg_ours,
         "psycopg-plain": psycopg_plain,
+        "psycopg-plain-json": psycopg_plain_json,
         "sqlalchemy-ours": sqlalchemy_ours,
         "sqlalchemy-plain": sqlalchemy_plain,
     }
@@ -168,11 +182,22 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
     result.figures.append(
         Figure(
             "enqueue",
+            f"enqueue, psycopg connection ({n:,} one-row txns), vs the plain INSERT as an application writes it",
+            "ms/txn",
+            mean_ms["psycopg-ours"],
+            mean_ms["psycopg-plain-json"],
+            "same txn, plain INSERT of the outbox row, json.dumps and sha256 of the payload inside the txn",
+            Target("≤ 1.11× time (≥ 0.9× throughput)", ratio_max=1.0 / 0.9),
+        )
+    )
+    result.figures.append(
+        Figure(
+            "enqueue",
             f"enqueue, psycopg connection ({n:,} one-row txns)",
             "ms/txn",
             mean_ms["psycopg-ours"],
             mean_ms["psycopg-plain"],
-            "same txn, plain INSERT of the outbox row",
+            "same txn, plain INSERT of the outbox row, payload text and digest computed before the clock",
             Target("≤ 1.15× ceiling", ratio_max=1.15),
         )
     )
