@@ -332,7 +332,7 @@ def test_relay_delivers_with_its_heartbeat_and_audit_but_cannot_enqueue_or_clean
     assert _value(conn, "SELECT stopped_at IS NOT NULL FROM outbox_relay_workers") is True
     assert _value(conn, "SELECT count(*) FROM outbox_audit WHERE code = 'outbox_flush_success'") == 5
     # claim = "auto": it noted each batch it held on its worker row
-    assert _value(conn, "SELECT cardinality(held_ids) FROM outbox_relay_workers") == 1
+    assert _value(conn, "SELECT cardinality(held_from) FROM outbox_relay_workers") == 1
     assert _denied(url, INSERT_EVENT)
     assert _denied(url, "DELETE FROM outbox_audit")
     assert _denied(url, "DELETE FROM idempo_ledger")

@@ -26,12 +26,12 @@ WHERE worker = %(worker)s AND stopped_at IS NULL
 -- transaction, whose rows went back as they were.
 WITH mode AS (SELECT set_config('synchronous_commit', 'off', true) AS commit_mode)
 UPDATE outbox_relay_workers
-SET held_ids = %(ids)s::bigint[], held_attempts = %(attempts)s::int[]
+SET held_from = %(held_from)s::bigint[], held_to = %(held_to)s::bigint[], held_attempts = %(attempts)s::int[]
 FROM mode
 WHERE worker = %(worker)s AND mode.commit_mode IS NOT NULL
 
 -- name: outbox_relay_workers_held
-SELECT held_ids, held_attempts FROM outbox_relay_workers WHERE worker = %(worker)s AND held_ids IS NOT NULL
+SELECT held_from, held_to, held_attempts FROM outbox_relay_workers WHERE worker = %(worker)s AND held_from IS NOT NULL
 
 -- name: outbox_relay_workers_silent
 -- Relays that stopped heartbeating without saying goodbye: presumed dead.

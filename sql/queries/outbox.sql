@@ -536,13 +536,14 @@ SELECT m.id, m.status, m.previous_holder, r.contended FROM moved AS m LEFT JOIN 
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), noted AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS n(id, attempts)
+    -- runs of consecutive ids at one attempt count (outbox_relay_workers_note_held)
+    SELECT * FROM unnest(%(held_from)s::bigint[], %(held_to)s::bigint[], %(attempts)s::int[])
+             AS n(first_id, last_id, attempts)
 ), still AS (
     SELECT t.id
-    FROM {table} AS t
-    JOIN noted AS n ON n.id = t.id
-    WHERE t.id = ANY(%(ids)s::bigint[])
-      AND t.status = 'pending'
+    FROM noted AS n
+    JOIN {table} AS t ON t.id BETWEEN n.first_id AND n.last_id
+    WHERE t.status = 'pending'
       AND t.attempts = n.attempts
     FOR UPDATE OF t SKIP LOCKED
 ), counted AS (

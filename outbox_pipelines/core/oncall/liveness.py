@@ -142,7 +142,12 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
         noted = SharedTables(conn).held_batch(relay.worker)
         if noted is not None:
             rows = outbox_table.count_died_holding(
-                "liveness", relay.worker, noted["held_ids"], noted["held_attempts"], max_attempts=max_attempts
+                "liveness",
+                relay.worker,
+                noted["held_from"],
+                noted["held_to"],
+                noted["held_attempts"],
+                max_attempts=max_attempts,
             )
             held += len(rows)
             returned += sum(1 for r in rows if r["status"] == "pending")

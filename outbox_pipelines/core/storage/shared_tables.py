@@ -69,12 +69,16 @@ class SharedTables:
         """False if its stop was already recorded."""
         return self._count("outbox_relay_workers_stop", {"worker": worker, "reason": reason, "now": now}) > 0
 
-    def note_held_batch(self, worker: str, ids: str, attempts: str) -> None:
-        """claim = "auto": the batch this relay holds in its transaction (``bigint_array`` literals)."""
-        self._count("outbox_relay_workers_note_held", {"worker": worker, "ids": ids, "attempts": attempts})
+    def note_held_batch(self, worker: str, held_from: str, held_to: str, attempts: str) -> None:
+        """claim = "auto": the batch this relay holds in its transaction, as runs of consecutive ids at one
+        attempt count (``bigint_array`` literals of the runs' first ids, last ids and attempts)."""
+        self._count(
+            "outbox_relay_workers_note_held",
+            {"worker": worker, "held_from": held_from, "held_to": held_to, "attempts": attempts},
+        )
 
     def held_batch(self, worker: str) -> Row | None:
-        """The batch a relay last noted it held (``held_ids``, ``held_attempts``), if any."""
+        """The batch a relay last noted it held (``held_from``, ``held_to``, ``held_attempts``), if any."""
         rows = self._run("outbox_relay_workers_held", {"worker": worker})
         return rows[0] if rows else None
 

@@ -173,7 +173,8 @@ class ClaimStatements(TableStatements):
         self,
         worker: str,
         dead_holder: str,
-        ids: Sequence[int],
+        held_from: Sequence[int],
+        held_to: Sequence[int],
         attempts: Sequence[int],
         *,
         max_attempts: int,
@@ -181,13 +182,15 @@ class ClaimStatements(TableStatements):
         now: datetime | None = None,
     ) -> list[Row]:
         """Count the attempt of rows a dead relay held unwritten (claim = "auto"): dead when it was the last.
-        ``attempts``: each row's attempts when it was claimed. Returns (id, status) of the rows counted."""
+        The rows are runs of consecutive ids (``held_from[i]..held_to[i]``), each at ``attempts[i]``, the rows'
+        attempts when they were claimed. Returns (id, status) of the rows counted."""
         return self._run(
             "outbox_count_died_holding",
             {
                 "worker": worker,
                 "dead_holder": dead_holder,
-                "ids": bigint_array(ids),
+                "held_from": bigint_array(held_from),
+                "held_to": bigint_array(held_to),
                 "attempts": bigint_array(attempts),
                 "max_attempts": max_attempts,
                 "pass_over_dead": pass_over_dead,

@@ -11,6 +11,7 @@ import pytest
 from outbox_pipelines import Outcome
 from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay.lease_keeper import runs_of
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import start_relay
@@ -110,3 +111,29 @@ def test_a_message_that_kills_its_relay_reaches_dead_under_the_default_claim(cli
     proc = start_relay(env, EVENTS, "--once")
     assert proc.wait(timeout=60) == 0
     assert statuses(conn, EVENTS) == {"dead": 1}
+
+
+def test_a_held_batch_is_noted_as_runs_of_consecutive_ids_at_one_attempt_count():
+    held = [(10, 0), (11, 0), (12, 0), (15, 0), (16, 2), (17, 2), (30, 0)]
+    assert runs_of(held) == ([10, 15, 16, 30], [12, 15, 17, 30], [0, 0, 2, 0])
+    assert runs_of([]) == ([], [], [])
+
+
+def test_a_dead_relays_noted_runs_count_only_its_rows_still_pending_at_that_attempt(conn):
+    from outbox_pipelines.core.storage.table import OutboxTable
+
+    ids = enqueue_n(conn, EVENTS, 6)
+    # Rows 3 and 4 (between the runs) are another relay's; row 5 moved on since (sent).
+    conn.execute(f"UPDATE {EVENTS} SET status = 'sent', attempts = 1 WHERE id = %s", (ids[4],))
+    starts, ends, attempts = runs_of([(ids[0], 0), (ids[1], 0), (ids[4], 0), (ids[5], 0)])
+    counted = OutboxTable(conn, EVENTS).count_died_holding("liveness", "ghost", starts, ends, attempts, max_attempts=5)
+    assert sorted(r["id"] for r in counted) == [ids[0], ids[1], ids[5]]
+    by_id = {r["id"]: (r["status"], r["attempts"]) for r in rows(conn, EVENTS)}
+    assert [by_id[i] for i in ids] == [
+        ("pending", 1),
+        ("pending", 1),
+        ("pending", 0),
+        ("pending", 0),
+        ("sent", 1),
+        ("pending", 1),
+    ]
