@@ -321,8 +321,10 @@ def _drain_and_enqueue_details(details: dict[str, Any]) -> list[str]:
         lines.append(
             "- **drain**: each drain starts from freshly loaded rows after VACUUM ANALYZE. Variants take turns "
             "in a rotating order each round. The simple loop does no lease, attempt count, audit or per-message "
-            "outcome; claim=transaction holds the batch's row locks in one transaction as it does, "
-            "claim=lease (the default) writes the claim so a relay that dies mid-batch has its attempt counted."
+            "outcome (it runs with its own partial index on pending ids); claim=transaction holds the batch's row "
+            "locks in one transaction as it does; claim=lease writes the claim so a relay that dies mid-batch has "
+            "its attempt counted; claim=auto (the default) holds the batch as transaction does while it is "
+            "delivered within `hold`, and notes it on the relay's worker row."
         )
     if "enqueue" in details:
         p50 = details["enqueue"]["p50_ms_per_txn"]
