@@ -109,6 +109,7 @@ def main() -> None:
             "simple loop": lambda: _drain_simple(url),
             "lease, audit all (the default before)": lambda: _drain_ours(url, {"claim": "lease", "audit": "all"}),
             "auto, audit all (the default now)": lambda: _drain_ours(url, {}),
+            "transaction, audit all": lambda: _drain_ours(url, {"claim": "transaction", "audit": "all"}),
         }
         results: dict[str, list[tuple[float, Timer]]] = defaultdict(list)
         for round_index in range(ROUNDS):
