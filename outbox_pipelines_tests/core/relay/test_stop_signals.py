@@ -91,7 +91,9 @@ class CliRelay:
             return None if took <= seconds else f"{self.name} took {took:.1f}s to exit after SIGTERM"
         stacks = python_stacks(self.process.pid)
         self.kill_if_alive()
-        return f"{self.name} ignored SIGTERM for {seconds:.0f}s:\n{stacks}\n{''.join(self.lines)[-2000:]}"
+        why = f"{self.name} ignored SIGTERM for {seconds:.0f}s:\n{stacks}\n{''.join(self.lines)[-2000:]}"
+        print(why, file=sys.stderr, flush=True)  # whole: the assertion's diff shortens it to one line
+        return why
 
     def report(self) -> dict:
         assert self.process.stdout is not None
