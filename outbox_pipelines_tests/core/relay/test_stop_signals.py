@@ -90,6 +90,7 @@ class CliRelay:
             took = self.exited_at - self.signalled_at
             return None if took <= seconds else f"{self.name} took {took:.1f}s to exit after SIGTERM"
         stacks = python_stacks(self.process.pid)
+        stacks += "\n" + _signal_state(self.process.pid)
         self.kill_if_alive()
         why = f"{self.name} ignored SIGTERM for {seconds:.0f}s:\n{stacks}\n{''.join(self.lines)[-2000:]}"
         print(why, file=sys.stderr, flush=True)  # whole: the assertion's diff shortens it to one line
@@ -105,6 +106,16 @@ class CliRelay:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def _signal_state(pid: int) -> str:
+    """The process's pending, blocked, ignored and caught signal masks (/proc): a SIGTERM (bit 15) pending
+    and blocked, or ignored, says the signal never reached Python's handler."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"(no /proc status: {exc})"
+    return " ".join(line for line in lines if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
 
 
 @pytest.fixture
