@@ -65,6 +65,20 @@ def start_cli(
     return subprocess.Popen([*CLI, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True, **popen)
 
 
+def handlers_project_env(
+    cli_env: dict[str, str], project: Path, module: str, code: str, table_lines: str = "", **env: str
+) -> dict[str, str]:
+    """A project of its own whose ``outbox_events`` goes to in-process handlers: ``MODULE.py`` (``code``, holding a
+    HandlerRegistry named ``registry``), an ``outbox.toml`` naming it (plus ``table_lines``), and the environment a
+    CLI relay started for it needs (the project on PYTHONPATH, and ``env``)."""
+    (project / f"{module}.py").write_text(code)
+    config = project / "outbox.toml"
+    config.write_text(
+        f'[tables.outbox_events]\ndestination = "handlers"\nhandlers = "{module}:registry"\n{table_lines}'
+    )
+    return {**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{project}:{cli_env['PYTHONPATH']}", **env}
+
+
 def start_relay(
     env: dict[str, str], table: str, *args: str, quiet: bool = True, **popen: Any
 ) -> "subprocess.Popen[str]":

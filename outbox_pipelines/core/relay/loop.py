@@ -194,7 +194,8 @@ class Relay:
                     if batch:
                         self.batches.run(run.outbox_table, run.keeper, batch, run.report)
             elif self._holds_first(run):
-                self._relay_held_first(run, batch)  # fills batch as soon as it is claimed
+                # relay/hold.py; it fills batch as soon as it is claimed
+                relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
             else:
                 batch = self._claim_next(run)
                 if batch:
@@ -282,9 +283,6 @@ class Relay:
         where a held transaction would pin the pool's server connection through the dispatch, and the
         keeper's connection, which notes the held batch, could wait for that very connection."""
         return self.table.claim == "auto" and not self.destination.pipelined and run.session.listening
-
-    def _relay_held_first(self, run: Invocation, batch: list[ClaimedMessage]) -> None:
-        relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
 
     def _end(self, run: Invocation) -> None:
         if run.outbox_table.contended_keys and not run.session.conn.closed:

@@ -14,7 +14,7 @@ from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.relay.lease_keeper import runs_of
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses
-from outbox_pipelines_tests.processes import start_relay
+from outbox_pipelines_tests.processes import handlers_project_env, start_relay
 
 POISON_HANDLERS = """
 import os
@@ -76,19 +76,15 @@ def test_a_quick_batch_stays_held_and_nobody_sees_it_in_flight(db_url, conn):
 
 @pytest.mark.slow
 def test_a_message_that_kills_its_relay_reaches_dead_under_the_default_claim(cli_env, conn, tmp_path):
-    (tmp_path / "poison_handlers.py").write_text(POISON_HANDLERS)
-    config = tmp_path / "outbox.toml"
-    config.write_text(
-        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "poison_handlers:registry"\n'
-        "max_attempts = 3\nparallelism = 1\n"
-    )
     handled = tmp_path / "handled.log"
-    env = {
-        **cli_env,
-        "OUTBOX_CONFIG": str(config),
-        "POISON_LOG": str(handled),
-        "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
-    }
+    env = handlers_project_env(
+        cli_env,
+        tmp_path,
+        "poison_handlers",
+        POISON_HANDLERS,
+        "max_attempts = 3\nparallelism = 1\n",
+        POISON_LOG=str(handled),
+    )
     conn.execute(
         "INSERT INTO outbox_events (event_id, topic, payload, payload_sha) "
         "VALUES ('poison-1', 't', '{\"poison\": true}', 'sha256:poison')"

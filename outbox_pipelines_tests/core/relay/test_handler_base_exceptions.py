@@ -15,7 +15,7 @@ from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import rows, statuses
-from outbox_pipelines_tests.processes import start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.processes import handlers_project_env, start_relay, stop_and_read, wait_until
 
 HANDLERS = '''
 import os, sys, threading
@@ -50,18 +50,14 @@ def slow(message):
 
 
 def team_project(tmp_path: Path, cli_env: dict, parallelism: int) -> dict:
-    (tmp_path / "team_handlers.py").write_text(HANDLERS)
-    config = tmp_path / "outbox.toml"
-    config.write_text(
-        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "team_handlers:registry"\n'
-        f'parallelism = {parallelism}\nbatch_size = 10\nmode = "competing"\n'
+    return handlers_project_env(
+        cli_env,
+        tmp_path,
+        "team_handlers",
+        HANDLERS,
+        f'parallelism = {parallelism}\nbatch_size = 10\nmode = "competing"\n',
+        HANDLED_LOG=str(tmp_path / "handled.log"),
     )
-    return {
-        **cli_env,
-        "OUTBOX_CONFIG": str(config),
-        "HANDLED_LOG": str(tmp_path / "handled.log"),
-        "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
-    }
 
 
 def enqueue(conn, topics: list[str]) -> None:

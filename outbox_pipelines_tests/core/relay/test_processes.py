@@ -11,7 +11,7 @@ from outbox_pipelines.core.operations.maintenance import requeue_stuck
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
-from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.processes import handlers_project_env, kill_process, start_relay, stop_and_read, wait_until
 
 ORDERS = "outbox_orders"
 
@@ -104,19 +104,15 @@ registry.register("t", _note)
 def test_sigterm_while_the_relays_own_thread_runs_a_handler_finishes_the_batch(cli_env, conn, tmp_path):
     # With parallelism 4 the relay's main thread is one of the handler lanes, so the stop request
     # arrives while it is inside a handler: the batch must still finish, be settled, and not rerun.
-    (tmp_path / "slow_handlers.py").write_text(SLOW_HANDLERS)
-    config = tmp_path / "outbox.toml"
-    config.write_text(
-        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "slow_handlers:registry"\n'
-        "parallelism = 4\nbatch_size = 8\n"
-    )
     log = tmp_path / "handled.log"
-    env = {
-        **cli_env,
-        "OUTBOX_CONFIG": str(config),
-        "SLOW_HANDLERS_LOG": str(log),
-        "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}",
-    }
+    env = handlers_project_env(
+        cli_env,
+        tmp_path,
+        "slow_handlers",
+        SLOW_HANDLERS,
+        "parallelism = 4\nbatch_size = 8\n",
+        SLOW_HANDLERS_LOG=str(log),
+    )
     enqueue_n(conn, "outbox_events", 40, prefix="slow-")
     proc = start_relay(env, "outbox_events")
 
@@ -148,14 +144,8 @@ registry.register("paused", lambda message: None)
 
 def start_events_relay(cli_env: dict, conn, tmp_path, config_lines: str, **env: str) -> subprocess.Popen:
     """``outbox-pipelines relay --table outbox_events`` with in-process handlers, once it has registered."""
-    (tmp_path / "quick_handlers.py").write_text(QUICK_HANDLERS)
-    config = tmp_path / "outbox.toml"
-    config.write_text(
-        '[tables.outbox_events]\ndestination = "handlers"\nhandlers = "quick_handlers:registry"\n' + config_lines
-    )
     proc = start_relay(
-        {**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{tmp_path}:{cli_env['PYTHONPATH']}", **env},
-        "outbox_events",
+        handlers_project_env(cli_env, tmp_path, "quick_handlers", QUICK_HANDLERS, config_lines, **env), "outbox_events"
     )
     wait_until(
         lambda: (
