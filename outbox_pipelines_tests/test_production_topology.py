@@ -16,16 +16,18 @@ Before the daemon starts, every schedule and sensor of the code location is stop
 webserver's GraphQL, except one: ``relay_outbox_events_every_1_minutes``, started with the
 ``startSchedule`` mutation. Nothing else launches runs, so each test knows which run did what.
 
-- ``test_a_relay_run_launched_through_graphql_succeeds``: orders enqueued with the public API
-  (``Outbox.enqueue_many``), ``relay_job`` (for outbox_orders) launched through the webserver's GraphQL;
-  the queued run is dequeued by the daemon and executed by the code server. The run succeeds, its
-  relay is the one that sent the messages, and the sink received each one.
 - ``test_the_daemon_launches_a_scheduled_relay_run``: the daemon's scheduler launches a run of
   ``relay_group_default_job`` at the next minute; it succeeds and relays the events enqueued before.
   A relay run relays for its cadence plus a minute of overlap (``defs/relay.py``), so this run
   lasts two minutes: the module takes about three to four.
+- ``test_a_relay_run_launched_through_graphql_succeeds``: once that scheduled run has ended (its
+  group hosts ``outbox_orders`` too, and two relays would race for the orders), orders enqueued with
+  the public API (``Outbox.enqueue_many``), ``relay_job`` (for outbox_orders) launched through the
+  webserver's GraphQL; the queued run is dequeued by the daemon and executed by the code server. The
+  run succeeds, its relay is the one that sent the messages, and the sink received each one.
 
-Once its run is found, test 2 stops the schedule again (one run is enough). Teardown first
+Once the scheduled run is found, the ``scheduled_run`` fixture stops the schedule again (one run is
+enough), so no relay but the launched one runs while the GraphQL test does. Teardown first
 terminates, through GraphQL, any run still active (a failed test may leave one), then stops each
 process by its pid: SIGTERM to its process group and to any descendant that left the group, once
 each, SIGKILL after a timeout. It drops both databases. The run ids are printed (``pytest -s``).
@@ -494,9 +496,36 @@ def _senders(outbox: psycopg.Connection[Any], table: str, event_prefix: str) -> 
     return {r["worker"] for r in rows}
 
 
+@pytest.fixture(scope="module")
+def scheduled_run(topology: Topology, events_before_the_tick: list[int]) -> dict[str, Any]:
+    """The first run of the schedule under test, waited for until it ended; the schedule is then stopped.
+
+    Its group hosts every shipped table, ``outbox_orders`` too: the test that launches a relay of its
+    own for ``outbox_orders`` waits for this run first, or the two relays would race for its orders.
+    """
+    # The first tick is at the next minute after the schedule started; the run then relays for its
+    # cadence plus the overlap (two minutes here), and the daemon and code server need some seconds.
+    run_seconds = RUN_MINUTES * 60 + OVERLAP_S
+    assert DEFAULT_RUN_MINUTES != RUN_MINUTES  # the schedule's cadence came from RUN_MINUTES_ENV
+    first_tick = (topology.schedule_started_at // 60 + 1) * 60
+    ends_by = first_tick + run_seconds + 90  # wall-clock time by which the run must have ended
+
+    def newest_scheduled_run() -> dict[str, Any] | None:
+        found = topology.graphql(RUNS, filter={"tags": [{"key": SCHEDULE_TAG, "value": SCHEDULE}]})
+        runs = found["runsOrError"]["results"]
+        return runs[-1] if runs else None  # newest first: the first run of the schedule is the last
+
+    run = topology.wait_for(f"a run from {SCHEDULE}'s tick", newest_scheduled_run, deadline_s=ends_by - time.time())
+    run_id = run["runId"]
+    topology.stop_schedule(SCHEDULE)  # one run is enough: no second relay run a minute later
+    print(f"\nscheduled relay run launched by the daemon: {run_id} ({run['jobName']}), waiting for it to end")
+    return topology.wait_for_run(run_id, deadline_s=ends_by - time.time())
+
+
 def test_a_relay_run_launched_through_graphql_succeeds(
-    topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]
+    topology: Topology, outbox: psycopg.Connection[Any], scheduled_run: dict[str, Any]
 ) -> None:
+    # The scheduled group run (which hosts outbox_orders too) has ended: this run is the only relay.
     prefix = "topo-order-"
     enqueue_n(outbox, LAUNCHED_TABLE, 5, prefix=prefix)
     assert statuses(outbox, LAUNCHED_TABLE) == {"pending": 5}
@@ -528,25 +557,12 @@ def test_a_relay_run_launched_through_graphql_succeeds(
 
 
 def test_the_daemon_launches_a_scheduled_relay_run(
-    topology: Topology, outbox: psycopg.Connection[Any], events_before_the_tick: list[int]
+    topology: Topology,
+    outbox: psycopg.Connection[Any],
+    events_before_the_tick: list[int],
+    scheduled_run: dict[str, Any],
 ) -> None:
-    # The first tick is at the next minute after the schedule started; the run then relays for its
-    # cadence plus the overlap (two minutes here), and the daemon and code server need some seconds.
-    run_seconds = RUN_MINUTES * 60 + OVERLAP_S
-    assert DEFAULT_RUN_MINUTES != RUN_MINUTES  # the schedule's cadence came from RUN_MINUTES_ENV
-    first_tick = (topology.schedule_started_at // 60 + 1) * 60
-    ends_by = first_tick + run_seconds + 90  # wall-clock time by which the run must have ended
-
-    def scheduled_run() -> dict[str, Any] | None:
-        found = topology.graphql(RUNS, filter={"tags": [{"key": SCHEDULE_TAG, "value": SCHEDULE}]})
-        runs = found["runsOrError"]["results"]
-        return runs[-1] if runs else None  # newest first: the first run of the schedule is the last
-
-    run = topology.wait_for(f"a run from {SCHEDULE}'s tick", scheduled_run, deadline_s=ends_by - time.time())
-    run_id = run["runId"]
-    topology.stop_schedule(SCHEDULE)  # one run is enough: no second relay run a minute later
-    print(f"\nscheduled relay run launched by the daemon: {run_id} ({run['jobName']}), waiting for it to end")
-    run = topology.wait_for_run(run_id, deadline_s=ends_by - time.time())
+    run, run_id = scheduled_run, scheduled_run["runId"]
     context = f"scheduled run {run_id} ({run['jobName']})"
     assert run["status"] == "SUCCESS", f"{context}: {run['status']}\n{topology.run_messages(run_id)}\n{topology.logs()}"
     assert run["jobName"] == relay_group_job_name("default"), context
