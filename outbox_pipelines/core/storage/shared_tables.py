@@ -9,7 +9,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from outbox_pipelines.core.storage.queries import shared_query
-from outbox_pipelines.core.storage.statements import Row, _execute, _fetch
+from outbox_pipelines.core.storage.statements import Row, _execute, _fetch, _prepare
 
 
 class SharedTables:
@@ -22,9 +22,9 @@ class SharedTables:
     def _run(self, query: str, params: dict[str, Any]) -> list[Row]:
         return _fetch(self.conn, shared_query(query), params)
 
-    def _count(self, query: str, params: dict[str, Any]) -> int:
-        """Rows the statement changed."""
-        with _execute(self.conn, shared_query(query), params) as cur:
+    def _count(self, query: str, params: dict[str, Any], *, reuse_plan: bool = False) -> int:
+        """Rows the statement changed. ``reuse_plan``: as for ``OutboxTable``'s statements."""
+        with _execute(self.conn, shared_query(query), params, _prepare(reuse_plan)) as cur:
             return cur.rowcount
 
     # -- the clock -----------------------------------------------------------
@@ -75,6 +75,7 @@ class SharedTables:
         self._count(
             "outbox_relay_workers_note_held",
             {"worker": worker, "held_from": held_from, "held_to": held_to, "attempts": attempts},
+            reuse_plan=True,  # once per batch: its plan is kept for the keeper's session
         )
 
     def held_batch(self, worker: str) -> Row | None:
