@@ -21,7 +21,8 @@ def _documented_queries() -> tuple[str, str]:
     return through_row.group(1), by_event.group(1)
 
 
-def _with_event(query: str, event_id: str) -> str:
+def _with_event(query: str) -> str:
+    """The documented query with its event id as a parameter."""
     assert query.count("'...'") == 1, query
     return query.replace("'...'", "%s")
 
@@ -44,18 +45,18 @@ def test_the_on_call_lookups_find_one_messages_audit_rows(db_url, conn):
         assert report.sent == 3, report
 
     through_row, by_event = _documented_queries()
-    found = conn.execute(_with_event(through_row, "ord-1"), ("ord-1",)).fetchall()
+    found = conn.execute(_with_event(through_row), ("ord-1",)).fetchall()
     assert [(r["outbox_table"], r["event_id"], r["to_status"]) for r in found] == [
         ("outbox_orders", "ord-1", "pending"),
         ("outbox_orders", "ord-1", "sent"),
     ], found
     assert found[0]["code"] != found[1]["code"]
-    assert conn.execute(_with_event(by_event, "ord-1"), ("ord-1",)).fetchall() == found
+    assert conn.execute(_with_event(by_event), ("ord-1",)).fetchall() == found
 
     # The lookup through the row reads the audit by its index on message_id, not the whole audit.
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
-        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + _with_event(through_row, ""), ("ord-1",)))
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute("EXPLAIN " + _with_event(through_row), ("ord-1",)))
     assert "outbox_audit_by_message" in plan, plan
 
 
