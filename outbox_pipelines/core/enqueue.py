@@ -231,7 +231,7 @@ class Outbox:
         row = _prepare(message, self.max_payload_bytes)
         event_id = row.event_id
         outbox_table = OutboxTable(driver_connection(conn), self.table_name)
-        row_id = outbox_table.insert(**row._asdict(), now=now)
+        row_id = outbox_table.insert(row, now)
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult(id=row_id, event_id=event_id, duplicate=False)

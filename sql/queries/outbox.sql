@@ -4,21 +4,24 @@
 -- and set only by tests that move time.
 
 -- name: outbox_insert
+-- The one-row enqueue, in the application's transaction. Positional parameters (event_id, tenant_id,
+-- topic, payload, payload_sha, headers, available_at): psycopg binds a tuple for less than a dict, and
+-- this statement runs once per business transaction. available_at is the message's own, else the
+-- test clock's now, else NULL: the database's clock.
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
-VALUES (%(event_id)s, %(tenant_id)s, %(topic)s, %(payload)s::jsonb, %(payload_sha)s,
-        %(headers)s::jsonb, coalesce(%(available_at)s::timestamptz, %(now)s::timestamptz, now()))
+VALUES (%s, %s, %s, %s::jsonb, %s, %s::jsonb, coalesce(%s::timestamptz, now()))
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
 -- name: outbox_insert_keyed
 -- A message with an ordering key: it waits (ordering_blocked) when an earlier message of its key still
--- holds the key; the commit re-checks (outbox_ordering_at_commit, migration 0010).
+-- holds the key; the commit re-checks (outbox_ordering_at_commit, migration 0010). Parameters as
+-- outbox_insert's, then the ordering key twice.
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key,
                      ordering_blocked)
-VALUES (%(event_id)s, %(tenant_id)s, %(topic)s, %(payload)s::jsonb, %(payload_sha)s,
-        %(headers)s::jsonb, coalesce(%(available_at)s::timestamptz, %(now)s::timestamptz, now()), %(ordering_key)s,
+VALUES (%s, %s, %s, %s::jsonb, %s, %s::jsonb, coalesce(%s::timestamptz, now()), %s,
         EXISTS (SELECT 1 FROM {table} AS p
-                WHERE p.ordering_key = %(ordering_key)s AND p.ordering_skipped_at IS NULL
+                WHERE p.ordering_key = %s AND p.ordering_skipped_at IS NULL
                   AND p.status IN ('pending', 'sending', 'dead')))
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id

@@ -57,42 +57,30 @@ def _copy_line(row_id: int, row: NewRow) -> str:
 class EnqueueStatements(TableStatements):
     """Enqueue into one outbox table."""
 
-    def insert(
-        self,
-        *,
-        event_id: str,
-        tenant_id: str | None,
-        topic: str,
-        payload: str,
-        payload_sha: str,
-        headers: str,
-        available_at: datetime | None,
-        ordering_key: str | None = None,
-        now: datetime | None = None,
-    ) -> int | None:
+    def insert(self, row: NewRow, now: datetime | None = None) -> int | None:
         """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
-        # A plain cursor, not _run's dict rows: this runs inside the application's own transaction,
-        # once per message, where the client's few microseconds are what an enqueue adds to it.
-        params = {
-            "event_id": event_id,
-            "tenant_id": tenant_id,
-            "topic": topic,
-            "payload": payload,
-            "payload_sha": payload_sha,
-            "headers": headers,
-            "available_at": available_at,
-            "now": now,
-        }
+        # A plain cursor and a tuple, not _run's dicts: this runs inside the application's own
+        # transaction, once per message, where the client's few microseconds are what an enqueue adds.
+        event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key = row
+        params: tuple[Any, ...] = (
+            event_id,
+            tenant_id,
+            topic,
+            payload,
+            payload_sha,
+            headers,
+            available_at if available_at is not None else now,
+        )
         query = "outbox_insert"
         if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
-            query, params["ordering_key"] = "outbox_insert_keyed", ordering_key
+            query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
         try:
             with self.conn.cursor(row_factory=tuple_row) as cur:
                 cur.execute(table_query(query, self.table_name), params)
-                row = cur.fetchone()
+                found = cur.fetchone()
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
-        return int(row[0]) if row else None
+        return int(found[0]) if found else None
 
     def insert_many(
         self,
