@@ -54,33 +54,37 @@ def _copy_line(row_id: int, row: NewRow) -> str:
     return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
 
 
+def insert_row(conn: psycopg.Connection, table_name: str, row: NewRow, now: datetime | None = None) -> int | None:
+    """Insert one message (payload and headers as canonical JSON text) into ``table_name`` (validated by
+    the caller); its id, or None if its event_id exists.
+
+    A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
+    once per message, where building the table's statement object and _run's dicts cost a tenth of
+    what the enqueue adds to that transaction."""
+    event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key = row
+    params: tuple[Any, ...] = (
+        event_id,
+        tenant_id,
+        topic,
+        payload,
+        payload_sha,
+        headers,
+        available_at if available_at is not None else now,
+    )
+    query = "outbox_insert"
+    if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
+        query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
+    try:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(table_query(query, table_name), params)
+            found = cur.fetchone()
+    except psycopg.errors.UndefinedTable:
+        raise unknown_table(table_name) from None
+    return int(found[0]) if found else None
+
+
 class EnqueueStatements(TableStatements):
     """Enqueue into one outbox table."""
-
-    def insert(self, row: NewRow, now: datetime | None = None) -> int | None:
-        """Insert one message (payload and headers as canonical JSON text); None if its event_id exists."""
-        # A plain cursor and a tuple, not _run's dicts: this runs inside the application's own
-        # transaction, once per message, where the client's few microseconds are what an enqueue adds.
-        event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key = row
-        params: tuple[Any, ...] = (
-            event_id,
-            tenant_id,
-            topic,
-            payload,
-            payload_sha,
-            headers,
-            available_at if available_at is not None else now,
-        )
-        query = "outbox_insert"
-        if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
-            query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
-        try:
-            with self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(table_query(query, self.table_name), params)
-                found = cur.fetchone()
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table_name) from None
-        return int(found[0]) if found else None
 
     def insert_many(
         self,
