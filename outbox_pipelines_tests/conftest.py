@@ -1,5 +1,7 @@
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +19,27 @@ REPO = Path(__file__).resolve().parents[1]
 # A server of your own for the tests (the session creates and drops its databases there);
 # unset, the session starts an embedded one and stops it at the end.
 TEST_URL_ENV = "OUTBOX_TEST_DATABASE_URL"
+
+
+# SIGTERM's and SIGINT's dispositions when this test process started, before any test or fixture ran.
+_STARTING_DISPOSITIONS = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_as_at_start() -> Iterator[None]:
+    """Every test starts with SIGTERM and SIGINT handled as when the test process started.
+
+    Dagster run in-process maps SIGTERM to SIGINT's handler and leaves it so
+    (``dagster._utils.interrupts.setup_interrupt_handlers``). Where the tests were started as a background
+    job of a shell, SIGINT is ignored, so SIGTERM became ignored too, in this process and in every process
+    a later test started: a relay sent SIGTERM during its start-up ignored it
+    (test_stop_signals.py, "starting up"), as a supervisor's relay would not.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in _STARTING_DISPOSITIONS.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+    yield
 
 
 @pytest.fixture(scope="session")
