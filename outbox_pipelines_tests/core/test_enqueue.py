@@ -136,6 +136,25 @@ def test_available_at_delays_the_message(conn):
     assert abs((row["available_at"] - later).total_seconds()) < 0.001
 
 
+@pytest.mark.parametrize("ordering_key", [None, "order-7"])
+def test_the_injected_clock_dates_a_message_unless_it_has_its_own_available_at(conn, ordering_key):
+    """``enqueue(..., now=)`` (the tests' clock): a message without available_at is due at that time, one with
+    it keeps its own; without either, the database's clock. Keyed or not, the same."""
+    outbox, clock = Outbox("outbox_events"), datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    own = clock + timedelta(hours=1)
+    dated = outbox.enqueue(conn, Message(topic="t", payload={}, ordering_key=ordering_key), now=clock)
+    kept = outbox.enqueue(conn, Message(topic="t", payload={}, available_at=own, ordering_key=ordering_key), now=clock)
+    plain = outbox.enqueue(conn, Message(topic="t", payload={}, ordering_key=ordering_key))
+    due = {
+        r["id"]: r["available_at"]
+        for r in conn.execute(
+            "SELECT id, available_at FROM outbox_events WHERE id = ANY(%s)", ([dated.id, kept.id, plain.id],)
+        )
+    }
+    assert (due[dated.id], due[kept.id]) == (clock, own)
+    assert abs((due[plain.id] - datetime.now(UTC)).total_seconds()) < 60
+
+
 @pytest.mark.parametrize(
     "message, error",
     [
