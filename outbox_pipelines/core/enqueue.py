@@ -22,7 +22,7 @@ from outbox_pipelines.core.models import (
 )
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.oncall.metrics import count_enqueued, count_enqueued_one
-from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.db import driver_connection, statement_cursor
 from outbox_pipelines.core.storage.table import NewRow, OutboxTable
 from outbox_pipelines.core.storage.table_enqueue import insert_row
 
@@ -231,13 +231,13 @@ class Outbox:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
         row = _prepare(message, self.max_payload_bytes)
         event_id = row.event_id
-        driver = driver_connection(conn)
-        row_id = insert_row(driver, self.table_name, row, now)
+        cursor = statement_cursor(conn)
+        row_id = insert_row(cursor or driver_connection(conn), self.table_name, row, now)
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult.new(row_id, event_id)
         # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
-        outbox_table = OutboxTable(driver, self.table_name)
+        outbox_table = OutboxTable(driver_connection(conn), self.table_name)
         existing = outbox_table.find_by_event_ids([event_id]).get(event_id)
         if existing is None:
             raise _invisible_conflict(event_id)

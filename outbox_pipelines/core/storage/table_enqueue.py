@@ -54,9 +54,12 @@ def _copy_line(row_id: int, row: NewRow) -> str:
     return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
 
 
-def insert_row(conn: psycopg.Connection, table_name: str, row: NewRow, now: datetime | None = None) -> int | None:
+def insert_row(
+    target: psycopg.Connection | psycopg.Cursor, table_name: str, row: NewRow, now: datetime | None = None
+) -> int | None:
     """Insert one message (payload and headers as canonical JSON text) into ``table_name`` (validated by
-    the caller); its id, or None if its event_id exists.
+    the caller); its id, or None if its event_id exists. ``target``: the connection, on a cursor of
+    its own, or the application's cursor (``statement_cursor``), whose current result this replaces.
 
     A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
     once per message, where building the table's statement object and _run's dicts are part of what
@@ -68,13 +71,32 @@ def insert_row(conn: psycopg.Connection, table_name: str, row: NewRow, now: date
     query = "outbox_insert"
     if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
         query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
+    statement = table_query(query, table_name)
     try:
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(table_query(query, table_name), params)
-            found = cur.fetchone()
+        if isinstance(target, psycopg.Cursor):
+            found = _run_on_cursor(target, statement, params)
+        else:
+            with target.cursor(row_factory=tuple_row) as cur:
+                cur.execute(statement, params)
+                found = cur.fetchone()
     except psycopg.errors.UndefinedTable:
         raise unknown_table(table_name) from None
     return int(found[0]) if found else None
+
+
+def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...]) -> Any:
+    """The statement's row, read as a tuple whatever rows the application's cursor makes (dicts, a class
+    of its own), and the cursor left making them."""
+    row_factory = cur.row_factory
+    if row_factory is tuple_row:  # a cursor's default
+        cur.execute(statement, params)
+        return cur.fetchone()
+    cur.row_factory = tuple_row
+    try:
+        cur.execute(statement, params)
+        return cur.fetchone()
+    finally:
+        cur.row_factory = row_factory
 
 
 class EnqueueStatements(TableStatements):

@@ -1,0 +1,137 @@
+"""What an application can pass to ``enqueue``: its psycopg connection or cursor, its SQLAlchemy Connection
+or Session. Each joins the application's transaction: a rollback leaves neither the business row nor the
+message, a commit keeps both."""
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg.rows import dict_row, namedtuple_row
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from outbox_pipelines import Message, Outbox
+from outbox_pipelines.core.storage.db import sqlalchemy_url
+
+OUTBOX = Outbox("outbox_events")
+
+
+def _stored(conn) -> list[str]:
+    return [row["event_id"] for row in conn.execute("SELECT event_id FROM outbox_events ORDER BY id")]
+
+
+def _business(conn) -> list[int]:
+    return [row["id"] for row in conn.execute("SELECT id FROM business ORDER BY id")]
+
+
+@pytest.fixture
+def business_table(conn):
+    conn.execute("CREATE TABLE business (id int PRIMARY KEY)")
+
+
+@pytest.mark.parametrize("cursor_class", [psycopg.Cursor, psycopg.ClientCursor, psycopg.RawCursor])
+def test_on_the_applications_cursor_the_message_commits_and_rolls_back_with_the_business_row(
+    db_url, conn, business_table, cursor_class
+):
+    with psycopg.connect(db_url) as app:
+        insert = (
+            "INSERT INTO business VALUES ($1)"
+            if cursor_class is psycopg.RawCursor
+            else "INSERT INTO business VALUES (%s)"
+        )
+        with cursor_class(app) as cur:
+            cur.execute(insert, (1,))
+            kept = OUTBOX.enqueue(cur, Message(topic="t", payload={"n": 1}, event_id="kept"))
+        app.commit()
+        with cursor_class(app) as cur:
+            cur.execute(insert, (2,))
+            OUTBOX.enqueue(cur, Message(topic="t", payload={"n": 2}, event_id="dropped"))
+        app.rollback()
+    assert _business(conn) == [1]
+    assert _stored(conn) == ["kept"]
+    assert conn.execute("SELECT id FROM outbox_events").fetchone()["id"] == kept.id
+    assert kept.duplicate is False
+
+
+def test_on_a_cursor_a_duplicate_is_reported_and_the_transaction_goes_on(db_url, conn, business_table):
+    with psycopg.connect(db_url) as app:
+        with app.cursor() as cur:
+            first = OUTBOX.enqueue(cur, Message(topic="t", payload={"n": 1}, event_id="same"))
+            again = OUTBOX.enqueue(cur, Message(topic="t", payload={"n": 2}, event_id="same"))
+            cur.execute("INSERT INTO business VALUES (1)")
+        app.commit()
+    assert (again.id, again.duplicate, again.same_payload) == (first.id, True, False)
+    assert _business(conn) == [1]
+    assert _stored(conn) == ["same"]
+
+
+@pytest.mark.parametrize("row_factory", [dict_row, namedtuple_row])
+def test_the_cursor_keeps_making_the_applications_rows(db_url, conn, business_table, row_factory):
+    with psycopg.connect(db_url) as app, app.cursor(row_factory=row_factory) as cur:
+        result = OUTBOX.enqueue(cur, Message(topic="t", payload={"n": 1}))
+        cur.execute("SELECT 1 AS one")
+        row = cur.fetchone()
+        app.commit()
+    assert row == ({"one": 1} if row_factory is dict_row else (1,))
+    assert row_factory is dict_row or row.one == 1
+    assert isinstance(result.id, int)
+
+
+def test_on_a_server_side_cursor_the_enqueue_runs_on_its_connection(db_url, conn):
+    with psycopg.connect(db_url) as app:
+        with app.cursor(name="reader") as named:
+            named.execute("SELECT 1")
+            OUTBOX.enqueue(named, Message(topic="t", payload={"n": 1}, event_id="beside-a-named-cursor"))
+            assert named.fetchone() == (1,)  # the application's cursor still reads its own result
+        app.commit()
+    assert _stored(conn) == ["beside-a-named-cursor"]
+
+
+def test_enqueue_many_takes_a_cursor_too(db_url, conn):
+    with psycopg.connect(db_url) as app:
+        with app.cursor() as cur:
+            results = OUTBOX.enqueue_many(
+                cur, [Message(topic="t", payload={"n": n}, event_id=f"m-{n}") for n in range(3)]
+            )
+        app.rollback()
+        with app.cursor() as cur:
+            OUTBOX.enqueue_many(cur, [Message(topic="t", payload={"n": n}, event_id=f"m-{n}") for n in range(3)])
+        app.commit()
+    assert [r.duplicate for r in results] == [False, False, False]
+    assert _stored(conn) == ["m-0", "m-1", "m-2"]
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _Business(_Base):
+    __tablename__ = "business"
+    id: Mapped[int] = mapped_column(primary_key=True)
+
+
+def test_an_orm_session_carries_the_message_in_its_transaction(db_url, conn, business_table):
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    try:
+        with Session(engine) as session:
+            session.add(_Business(id=1))
+            session.flush()
+            OUTBOX.enqueue(session, Message(topic="t", payload={"n": 1}, event_id="with-1"))
+            OUTBOX.enqueue_many(session, [Message(topic="t", payload={"n": 2}, event_id="with-1b")])
+            session.commit()
+        with Session(engine) as session:
+            session.add(_Business(id=2))
+            OUTBOX.enqueue(session, Message(topic="t", payload={"n": 2}, event_id="with-2"))
+            session.rollback()
+        with Session(engine) as session, session.begin():
+            # No flush before the enqueue: the session's transaction begins with the enqueue.
+            OUTBOX.enqueue(session, Message(topic="t", payload={"n": 3}, event_id="with-3"))
+            session.add(_Business(id=3))
+    finally:
+        engine.dispose()
+    assert _business(conn) == [1, 3]
+    assert _stored(conn) == ["with-1", "with-1b", "with-3"]
+
+
+@pytest.mark.parametrize("wrong", ["postgresql://localhost/app", object()])
+def test_anything_else_is_refused_with_what_to_pass(wrong):
+    with pytest.raises(TypeError, match="psycopg 3 connection or cursor, or a SQLAlchemy Connection or Session"):
+        OUTBOX.enqueue(wrong, Message(topic="t", payload={"n": 1}))
