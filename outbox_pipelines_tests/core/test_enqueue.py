@@ -441,3 +441,57 @@ def test_a_large_batch_into_an_unknown_table_keeps_the_callers_transaction(db_ur
         writer.commit()
     assert count(conn, "business") == 1
     assert count(conn) == COPY_MIN_ROWS * 3
+
+
+_EDGE_MESSAGES = [
+    Message(topic="t", payload={"a": 1}, event_id="plain"),
+    Message(topic="t", payload={"a": 1}, event_id="x" * 255),
+    Message(topic="t", payload={"a": 1}, event_id="x" * 256),
+    Message(topic="t", payload={"a": 1}, event_id=""),
+    Message(topic="  ", payload={"a": 1}, event_id="blank-topic"),
+    Message(topic="t\u00a0nbsp", payload={"a": 1}, event_id="no-break-space"),  # not isprintable(), still valid
+    Message(topic="order created", payload={"a": 1}, event_id="plain space"),
+    Message(topic="t", payload={"a": 1}, event_id="tab\there"),
+    Message(topic="t\x85", payload={"a": 1}, event_id="c1-control"),
+    Message(topic="t", payload={"a": 1}, event_id="surrogate\ud800"),
+    Message(topic="t", payload={"a": 1}, event_id="empty-tenant", tenant_id=""),
+    Message(topic="t", payload={"a": 1}, event_id="tenant", tenant_id="acme"),
+    Message(topic="t", payload={"a": 1}, event_id="tenant-lf", tenant_id="ac\nme"),
+    Message(topic="t", payload={"a": 1}, event_id="tenant-int", tenant_id=7),  # type: ignore[arg-type]
+    Message(topic="t", payload={"a": 1}, event_id="key", ordering_key="k" * 255),
+    Message(topic="t", payload={"a": 1}, event_id="long-key", ordering_key="k" * 256),
+    Message(topic="t", payload={"a": 1}, event_id="empty-key", ordering_key=""),
+    Message(topic=7, payload={"a": 1}, event_id="int-topic"),  # type: ignore[arg-type]
+    Message(topic="t", payload={"a": 1}, event_id=7),  # type: ignore[arg-type]
+    Message(topic="t", payload={"a": None, "f": 0.5e-7}, event_id="null-and-small-float"),
+    Message(topic="t", payload={"s": "a\u0000b"}, event_id="nul"),
+    Message(topic="t", payload={"h": 1}, event_id="header-cr", headers={"x": "a\rb"}),
+    Message(topic="t", payload={"h": 1}, event_id="header-nested", headers={"x": {"y": ["\u00e9", 1]}}),
+    Message(topic="t", payload='{"as": "text"}', event_id="text-payload"),
+    Message(topic="t", payload={"a": 1}, event_id="dated", available_at=datetime(2030, 1, 1, tzinfo=UTC)),
+    Message(topic="t", payload={"a": 1}, event_id="naive", available_at=datetime(2030, 1, 1)),
+    Message(topic="t", payload={1: "int key"}, event_id="int-key"),
+]
+
+
+@pytest.mark.parametrize("message", _EDGE_MESSAGES, ids=lambda m: str(m.event_id)[:20])
+def test_the_one_row_shortcut_gives_the_full_checks_row_or_error(message):
+    """enqueue checks one message by a shortcut (one printable test of the identifiers, one orjson call
+    each for payload and headers); whatever it accepts or refuses, _prepare's full walk does the same."""
+    from outbox_pipelines.core.enqueue import _prepare, _prepare_one
+
+    def outcome(prepare):
+        try:
+            return prepare(message, 1 << 20)
+        except InvalidMessage as exc:
+            return f"InvalidMessage: {exc}"
+
+    assert outcome(_prepare_one) == outcome(_prepare)
+
+
+def test_the_one_row_shortcut_gives_a_message_without_event_id_a_new_uuid():
+    from outbox_pipelines.core.enqueue import _prepare_one
+
+    first, second = (_prepare_one(Message(topic="t", payload={"a": 1}), 1 << 20) for _ in range(2))
+    assert first.event_id != second.event_id
+    assert uuid.UUID(first.event_id).version == 4

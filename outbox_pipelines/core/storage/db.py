@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from outbox_pipelines.core.storage.connections import connect, driver_connection, statement_cursor
+from outbox_pipelines.core.storage.connections import connect, driver_connection
 from outbox_pipelines.core.storage.database_url import (
     DATABASE_URL_ENV,
     mask_password,
@@ -87,7 +87,6 @@ __all__ = [
     "scrub",
     "sqlalchemy_url",
     "start_embedded",
-    "statement_cursor",
     "stop_embedded",
     "url_with_database",
     "write_private_file",

@@ -10,6 +10,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
+from outbox_pipelines.core.storage.connections import driver_connection, statement_cursor
 from outbox_pipelines.core.storage.queries import table_query
 from outbox_pipelines.core.storage.statements import TableStatements, unknown_table
 
@@ -54,12 +55,11 @@ def _copy_line(row_id: int, row: NewRow) -> str:
     return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
 
 
-def insert_row(
-    target: psycopg.Connection | psycopg.Cursor, table_name: str, row: NewRow, now: datetime | None = None
-) -> int | None:
+def insert_row(conn: Any, table_name: str, row: NewRow, now: datetime | None = None) -> int | None:
     """Insert one message (payload and headers as canonical JSON text) into ``table_name`` (validated by
-    the caller); its id, or None if its event_id exists. ``target``: the connection, on a cursor of
-    its own, or the application's cursor (``statement_cursor``), whose current result this replaces.
+    the caller); its id, or None if its event_id exists. ``conn``: what the application passed to
+    enqueue. On its own cursor (``statement_cursor``) the statement runs there, replacing the cursor's
+    current result; on anything else, on a cursor of the connection behind it (``driver_connection``).
 
     A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
     once per message, where building the table's statement object and _run's dicts are part of what
@@ -72,11 +72,12 @@ def insert_row(
     if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
         query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
     statement = table_query(query, table_name)
+    cursor = statement_cursor(conn)
     try:
-        if isinstance(target, psycopg.Cursor):
-            found = _run_on_cursor(target, statement, params)
+        if cursor is not None:
+            found = _run_on_cursor(cursor, statement, params)
         else:
-            with target.cursor(row_factory=tuple_row) as cur:
+            with driver_connection(conn).cursor(row_factory=tuple_row) as cur:
                 cur.execute(statement, params)
                 found = cur.fetchone()
     except psycopg.errors.UndefinedTable:
