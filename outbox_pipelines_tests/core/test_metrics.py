@@ -91,3 +91,40 @@ def test_topic_and_tenant_labels_are_bounded_and_tenants_can_be_masked(monkeypat
     assert hashed.startswith("t-") and "acme" not in hashed
     monkeypatch.setenv(metrics.TENANT_LABEL_ENV, "off")
     assert metrics.tenant_label(table, "acme-corp") == ""
+
+
+def test_enqueue_counts_lose_nothing_to_threads_counting_and_scrapes_between():
+    """outbox_enqueue_total is added up under a lock of its own (not a prometheus_client Counter): eight
+    threads of a web server enqueueing at once, scraped all the while, count every message once."""
+    import threading
+
+    topic = f"threads.{uuid.uuid4().hex[:6]}"
+    threads_n, each = 8, 5_000
+    start = threading.Barrier(threads_n + 1)
+    scraped: list[float] = []
+
+    def enqueue_side() -> None:
+        start.wait()
+        for _ in range(each):
+            metrics.count_enqueued_one(EVENTS, topic)
+
+    def counted() -> float:
+        families = text_string_to_metric_families(metrics.exposition().decode())
+        return sum(
+            s.value
+            for family in families
+            for s in family.samples
+            if s.name == "outbox_enqueue_total" and s.labels == {"table": EVENTS, "topic": topic}
+        )
+
+    workers = [threading.Thread(target=enqueue_side) for _ in range(threads_n)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    while any(worker.is_alive() for worker in workers):
+        scraped.append(counted())
+    for worker in workers:
+        worker.join()
+    metrics.count_enqueued(EVENTS, [topic, topic, "other.topic." + topic])
+    assert counted() == threads_n * each + 2
+    assert scraped == sorted(scraped)  # a counter never goes back
