@@ -104,7 +104,7 @@ class EnqueueCounts(Collector):
 
     Not a prometheus_client Counter: the one-row enqueue counts inside the application's transaction,
     after a round trip, where a Counter's labelled child costs 5.5 µs an increment (four calls before
-    its lock) against under 2 µs for this (bench/results.md, issue 28).
+    its lock) against about 2.5 µs for this (bench/results.md, issue 28).
     """
 
     def __init__(self) -> None:
