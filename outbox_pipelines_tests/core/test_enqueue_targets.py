@@ -135,3 +135,19 @@ def test_an_orm_session_carries_the_message_in_its_transaction(db_url, conn, bus
 def test_anything_else_is_refused_with_what_to_pass(wrong):
     with pytest.raises(TypeError, match="psycopg 3 connection or cursor, or a SQLAlchemy Connection or Session"):
         OUTBOX.enqueue(wrong, Message(topic="t", payload={"n": 1}))
+
+
+def test_an_async_session_is_refused_without_starting_its_connection(recwarn):
+    """An AsyncSession (SQLAlchemy's asyncio extension) looks like a Session, but its connection() is a
+    coroutine: enqueue is synchronous, so it says what it takes instead of leaving a coroutine unawaited."""
+
+    class AsyncSessionShaped:  # the two methods enqueue looks at, as sqlalchemy.ext.asyncio defines them
+        async def connection(self):
+            raise AssertionError("never called")
+
+        def get_bind(self):
+            return None
+
+    with pytest.raises(TypeError, match="got AsyncSessionShaped"):
+        OUTBOX.enqueue(AsyncSessionShaped(), Message(topic="t", payload={"n": 1}))
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]

@@ -98,6 +98,8 @@ RETRY_COUNT = Histogram(
     registry=REGISTRY,
     buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
 )
+
+
 class EnqueueCounts(Collector):
     """outbox_enqueue_total{table,topic}: the messages this process enqueued, added up in a dict under a
     lock and read when scraped.

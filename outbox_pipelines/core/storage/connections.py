@@ -2,6 +2,7 @@
 between; ``driver_connection`` finds the psycopg connection inside what the application passes in (enqueue
 joins its transaction), ``statement_cursor`` the application's cursor to run on."""
 
+import inspect
 from typing import Any
 
 import psycopg
@@ -72,9 +73,9 @@ def driver_connection(conn: Any) -> psycopg.Connection:
         return conn
     if isinstance(conn, psycopg.Cursor):
         return conn.connection
-    if _is_sqlalchemy_session(conn):
-        conn = conn.connection()
-    dbapi = getattr(getattr(conn, "connection", None), "driver_connection", None)
+    # An AsyncSession's connection() is a coroutine, never awaited here: refused below, as what it is.
+    given = conn.connection() if _is_sqlalchemy_session(conn) and not _is_async(conn) else conn
+    dbapi = getattr(getattr(given, "connection", None), "driver_connection", None)
     if isinstance(dbapi, psycopg.Connection):
         return dbapi
     raise TypeError(
@@ -99,3 +100,7 @@ def statement_cursor(conn: Any) -> psycopg.Cursor | None:
 def _is_sqlalchemy_session(conn: Any) -> bool:
     # Duck-typed (a Session or a scoped_session): the core imports no SQLAlchemy to enqueue.
     return callable(getattr(conn, "connection", None)) and callable(getattr(conn, "get_bind", None))
+
+
+def _is_async(conn: Any) -> bool:
+    return inspect.iscoroutinefunction(getattr(conn, "connection", None))
