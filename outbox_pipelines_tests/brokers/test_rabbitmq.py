@@ -16,6 +16,7 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations import rabbitmq_outcomes as answers
 from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination, build
 from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.redaction import url_origin
@@ -312,6 +313,9 @@ def test_a_broker_that_never_answers_gives_network_timeout_within_the_table_time
 
 
 def test_a_lost_connection_is_retried_and_the_next_batch_reconnects(node, exchange):
+    """The broker killed and started again: the batch in flight is a retry, and the next batches deliver it.
+    A restarted RabbitMQ answers AMQP before it has restored its queues' bindings, and returned a message
+    published then in 1 of 6 runs: that must be a retry too (sent at a later attempt), never dead."""
     bind_queue(node.url, exchange, exchange)
     destination = RabbitMQDestination(node.url, exchange=exchange, timeout_s=2)
     try:
@@ -322,10 +326,40 @@ def test_a_lost_connection_is_retried_and_the_next_batch_reconnects(node, exchan
             assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
         finally:
             node.start()
-        assert {o.kind for o in destination.deliver([claimed("r-2"), claimed("r-3")])} == {"sent"}
+        waiting = ["r-2", "r-3"]
+        deadline = time.monotonic() + 30
+        while waiting and time.monotonic() < deadline:  # as the relay does: what is not sent goes again
+            outcomes = destination.deliver([claimed(event_id) for event_id in waiting])
+            assert "dead" not in {o.kind for o in outcomes}, [(o.kind, o.code, o.error) for o in outcomes]
+            waiting = [event_id for event_id, o in zip(waiting, outcomes, strict=True) if o.kind != "sent"]
+            time.sleep(0.2 if waiting else 0)
+        assert waiting == []
     finally:
         destination.close()
     assert [r.message_id for r in drain_queue(node.url, exchange)] == ["r-1", "r-2", "r-3"]
+
+
+def test_a_message_returned_early_in_a_new_connection_is_retried_and_later_dead(node, exchange, monkeypatch):
+    """A returned message (no queue bound for its routing key) is dead, except in the first
+    RECOVERY_GRACE_S of a connection that replaced an earlier one, when the broker may be restoring its
+    bindings after a restart: then it is a retry. The destination's first connection says dead at once."""
+    bind_queue(node.url, exchange, exchange, "order.*")
+    destination = RabbitMQDestination(node.url, exchange=exchange, timeout_s=2)
+    try:
+        first = destination.deliver([claimed("nowhere-1", topic="invoice.created")])
+        assert [(o.kind, o.code) for o in first] == [("dead", m.NO_SUBSCRIBERS)]
+        node.ctl("close_all_connections", "the broker closes every connection")
+        for _ in range(3):  # the closed connection may be noticed by a failed publish first
+            early = destination.deliver([claimed("nowhere-2", topic="invoice.created")])
+            if early[0].code != m.NETWORK_TIMEOUT:
+                break
+        assert [(o.kind, o.code) for o in early] == [("retry", m.NO_SUBSCRIBERS)]
+        assert "no queue is bound" in (early[0].error or "") and "new connection" in (early[0].error or "")
+        monkeypatch.setattr(answers, "RECOVERY_GRACE_S", 0.0)  # the connection is now older than the grace
+        later = destination.deliver([claimed("nowhere-2", topic="invoice.created")])
+        assert [(o.kind, o.code) for o in later] == [("dead", m.NO_SUBSCRIBERS)]
+    finally:
+        destination.close()
 
 
 # -- from a user's outbox.toml ---------------------------------------------------------------------------

@@ -247,7 +247,7 @@ class RabbitMQDestination(Destination):
                     )
                     publish.outcome = answers.SENT
                 except aiormq.exceptions.PublishError as exc:  # a subclass of DeliveryError: first
-                    publish.outcome = answers.returned(exc)
+                    publish.outcome = answers.returned(exc, self._channels.reconnected_s())
                 except aiormq.exceptions.DeliveryError:
                     publish.outcome = answers.NACKED
                 except Exception as exc:  # noqa: BLE001 - the channel or the connection is gone

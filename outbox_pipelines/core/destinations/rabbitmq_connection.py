@@ -37,6 +37,11 @@ class ChannelKeeper:
         self.timeout_s = timeout_s
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._channel: aiormq.Channel | None = None
+        # When (the loop's clock) a connection replaced one this keeper had before (lost, timed out, or
+        # dropped after a refusal): the broker may have restarted, and still be restoring its queues'
+        # bindings (``reconnected_s``).
+        self._had_connection = False
+        self._reconnected_at: float | None = None
 
     def _connection_lost(self) -> bool:
         return self._connection is None or self._connection.is_closed
@@ -52,6 +57,9 @@ class ChannelKeeper:
                     self._connection = await aiormq.connect(
                         self.url, client_properties={"connection_name": f"outbox-pipelines {self.exchange}"}
                     )
+                    loop = asyncio.get_running_loop()
+                    self._reconnected_at = loop.time() if self._had_connection else None
+                    self._had_connection = True
                 assert self._connection is not None
                 channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
                 assert isinstance(channel, aiormq.Channel)  # the concrete class: its basic_publish takes wait=
@@ -60,6 +68,12 @@ class ChannelKeeper:
             raise Ended(connect_outcome(exc, self.exchange, self.timeout_s), drop_connection=True) from None
         self._channel = channel
         return channel
+
+    def reconnected_s(self) -> float | None:
+        """Seconds since the open connection replaced an earlier one; None on the keeper's first connection."""
+        if self._reconnected_at is None:
+            return None
+        return asyncio.get_running_loop().time() - self._reconnected_at
 
     async def drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None

@@ -61,11 +61,11 @@ def _no_responders(answer):
     return lambda: asyncio.run(_NATS.no_responders(_JetStreamSays(answer), "orders.created"))
 
 
-def _returned():
+def _returned(reconnected_s: float | None = None):
     frame = SimpleNamespace(reply_code=312, reply_text="NO_ROUTE", exchange="crm.events", routing_key="orders")
     exc = aiormq.exceptions.PublishError.__new__(aiormq.exceptions.PublishError)
     exc.frame = frame
-    return ro.returned(exc)
+    return ro.returned(exc, reconnected_s)
 
 
 def _kafka(code, *, broken=None, retriable=False):
@@ -100,6 +100,7 @@ EXAMPLES = {
     no.NOT_JETSTREAMS: lambda: _NATS.reply(Msg(None, data=b"not json")),
     ro.ACK: lambda: ro.SENT,
     ro.RETURN: _returned,
+    ro.RETURN_WHILE_RECOVERING: lambda: _returned(reconnected_s=2.0),
     ro.NACK: lambda: ro.NACKED,
     ro.BAD_MESSAGE: lambda: ro.too_large(70_000, 65_536),
     ro.DENIED: lambda: ro.connect_outcome(aiormq.exceptions.AuthenticationError("ACCESS_REFUSED"), "crm", 5.0),
