@@ -197,17 +197,65 @@ class NatsServer:
 
         return int(self.run(count()))
 
-    def add_consumer(self, stream: str, durable: str) -> None:
-        """A durable pull consumer on ``stream``, from its first message, each message acknowledged."""
+    def add_consumer(self, stream: str, durable: str, ack_wait_s: float | None = None) -> None:
+        """A durable pull consumer on ``stream``, from its first message, each message acknowledged;
+        ``ack_wait_s``: how soon a message delivered but never acknowledged is delivered again (JetStream's
+        default: 30 s)."""
 
         async def add() -> None:
             nc = await self.connect()
             try:
-                await nc.jetstream().add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy="explicit"))
+                config = ConsumerConfig(durable_name=durable, ack_policy="explicit", ack_wait=ack_wait_s)
+                await nc.jetstream().add_consumer(stream, config)
             finally:
                 await nc.close()
 
         self.run(add())
+
+    def fetch(self, stream: str, durable: str, batch: int, timeout_s: float) -> list[Received]:
+        """What one pull of the durable consumer gets within ``timeout_s`` (each acknowledged), redeliveries
+        included: unlike ``consume``, it does not stop when the consumer has nothing new, so a message
+        delivered but lost on the way (its server stopped) is read once JetStream delivers it again."""
+
+        async def read() -> list[Received]:
+            nc = await self.connect()
+            try:
+                sub = await nc.jetstream().pull_subscribe_bind(durable=durable, stream=stream)
+                try:
+                    msgs = await sub.fetch(batch, timeout=timeout_s)
+                except TimeoutError:
+                    return []
+                received = []
+                for msg in msgs:
+                    received.append(
+                        Received(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream)
+                    )
+                    await msg.ack()
+                return received
+            finally:
+                await nc.close()
+
+        result: list[Received] = self.run(read())
+        return result
+
+    def consumer_state(self, stream: str, durable: str) -> dict[str, int]:
+        """The durable consumer's counts, for a drill's report: not yet delivered, delivered and not
+        acknowledged, delivered again."""
+
+        async def info() -> dict[str, int]:
+            nc = await self.connect()
+            try:
+                found = await nc.jetstream().consumer_info(stream, durable)
+                return {
+                    "num_pending": int(found.num_pending or 0),
+                    "num_ack_pending": int(found.num_ack_pending or 0),
+                    "num_redelivered": int(found.num_redelivered or 0),
+                }
+            finally:
+                await nc.close()
+
+        result: dict[str, int] = self.run(info())
+        return result
 
     def consume(self, stream: str, durable: str | None = None, batch: int = 500) -> list[Received]:
         """Every message a pull consumer of ``stream`` reads now (each acknowledged), in stream order;

@@ -49,7 +49,7 @@ class LiveConsumer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                batch = self.server.consume(self.stream, durable=self.durable, batch=50)
+                batch = self.server.fetch(self.stream, self.durable, batch=50, timeout_s=0.5)
             except Exception:  # noqa: BLE001 - the server is down: read again when it is back
                 time.sleep(0.2)
                 continue
@@ -74,7 +74,9 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
     consumer: LiveConsumer | None = None
     try:
         server.add_stream("DRILL", ["drill.>"])
-        server.add_consumer("DRILL", "reader")
+        # A message the server delivered as it stopped never reached the reader: delivered again after
+        # the ack wait, 30 s by default, which would outlast the wait for the reader below.
+        server.add_consumer("DRILL", "reader", ack_wait_s=5.0)
         project = tmp_path / "project"
         project.mkdir()
         # Defaults everywhere that matters: the generic retry preset (1 s doubling to 60 s, 25 attempts),
@@ -128,7 +130,16 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
             on_timeout=lambda: f"{statuses(conn, TABLE)}\n{relay_log()}",
         )
         drained_at = time.monotonic()
-        wait_until(lambda: sum(consumer.event_ids().values()) >= MESSAGES, 30, "the consumer to read them all")
+        reader = consumer
+        wait_until(
+            lambda: sum(reader.event_ids().values()) >= MESSAGES,
+            30,
+            "the consumer to read them all",
+            on_timeout=lambda: (
+                f"read {len(reader.event_ids())} distinct of {MESSAGES}; the stream holds "
+                f"{server.stream_messages('DRILL')}; the consumer: {server.consumer_state('DRILL', 'reader')}"
+            ),
+        )
         status = run_cli(cli_env, "status", "--table", TABLE, cwd=project)
 
         ids = consumer.event_ids()
