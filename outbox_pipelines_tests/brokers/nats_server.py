@@ -225,13 +225,7 @@ class NatsServer:
                     msgs = await sub.fetch(batch, timeout=timeout_s)
                 except TimeoutError:
                     return []
-                received = []
-                for msg in msgs:
-                    received.append(
-                        Received(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream)
-                    )
-                    await msg.ack()
-                return received
+                return await _acked(msgs)
             finally:
                 await nc.close()
 
@@ -276,17 +270,22 @@ class NatsServer:
                         msgs = await sub.fetch(batch, timeout=2.0)
                     except TimeoutError:  # nats-py raises asyncio's (and its own subclass of it)
                         continue
-                    for msg in msgs:
-                        received.append(
-                            Received(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream)
-                        )
-                        await msg.ack()
+                    received.extend(await _acked(msgs))
                 return received
             finally:
                 await nc.close()
 
         result: list[Received] = self.run(read())
         return result
+
+
+async def _acked(msgs: list[Any]) -> list[Received]:
+    """Fetched messages as the tests read them, each acknowledged."""
+    received = []
+    for msg in msgs:
+        received.append(Received(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream))
+        await msg.ack()
+    return received
 
 
 async def _quiet(exc: Exception) -> None:
