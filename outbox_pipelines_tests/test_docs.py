@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from outbox_pipelines_tests.conftest import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 # Every markdown page: the repository's own, the docs site's, the benchmark's guide.
 DOCS = [
@@ -80,6 +82,31 @@ def test_the_walkthrough_is_the_same_in_the_readme_and_the_tutorial():
     assert _bash_block("docs/tutorial/add-an-outbox.md", "# Add an outbox to your service") == _bash_block(
         "README.md", "## Add an outbox to your service"
     )
+
+
+# The demo's lines that are the same on every run (no run id, order id or path), as the docs show them.
+DEMO_STABLE_LINE = re.compile(r"^(Order API|enqueued|table |outbox_\w+ |broker executed|asset checks:)")
+
+
+def _demo_sample(document: str) -> list[str]:
+    """The stable lines of the demo output a document shows (its fenced block holding the Order API line)."""
+    block = re.search(r"```\n(Order API \(seed 001\).*?)```", _text(document), re.S)
+    assert block is not None, f"{document}: no sample of the demo's output"
+    return [line for line in block.group(1).splitlines() if DEMO_STABLE_LINE.match(line)]
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_prints_what_the_readme_and_the_tutorial_show(cli_env, tmp_path):
+    """README's first command: the output a reader compares with the sample, line for line (a sample left
+    behind by a change, such as a count of asset checks, fails here)."""
+    demo = run_cli(cli_env, "demo", timeout=280, cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    printed = demo.stdout.splitlines()
+    for document in ("README.md", "docs/tutorial/getting-started.md"):
+        sample = _demo_sample(document)
+        assert len(sample) >= 8, f"{document}: the sample lost its stable lines: {sample}"
+        missing = [line for line in sample if line not in printed]
+        assert not missing, f"{document} shows lines the demo does not print: {missing}\n{demo.stdout}"
 
 
 def test_the_docs_site_builds_with_no_broken_link(tmp_path):
