@@ -60,6 +60,15 @@ _RELAY_SIDE = {
 }
 
 
+def database_url() -> str:
+    """The database the CLI, the relays and Dagster use, for the application's own connections: OUTBOX_DATABASE_URL,
+    else the project's embedded PostgreSQL (found from the working directory, started if it is not running).
+    The URL may hold a password: connect with it, never print it."""
+    from outbox_pipelines.core.storage import db
+
+    return db.resolve_database(announce=False).url
+
+
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Serve this process's outbox metrics (``outbox_enqueue_total{table,topic}`` of what it enqueued) on
     ``http://host:port/metrics``, from a background thread (prometheus_client's server)."""
@@ -118,6 +127,7 @@ __all__ = [
     "Settings",
     "TableSettings",
     "UnknownTable",
+    "database_url",
     "expose_metrics",
     "load_settings",
     "outbox_definitions",

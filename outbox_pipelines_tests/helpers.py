@@ -1,7 +1,9 @@
 """Small helpers shared by the tests (the process helpers live in processes.py, row states in rows.py)."""
 
+import shutil
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -11,6 +13,8 @@ from psycopg.rows import DictRow, dict_row
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.embedded_as_root import RELOCATED_DATA_BASE
 from outbox_pipelines_tests.processes import free_port as free_port
 from outbox_pipelines_tests.processes import python_stacks as python_stacks
 from outbox_pipelines_tests.processes import stop_process as stop_process
@@ -115,3 +119,14 @@ class QueriesDatabase:
     def scalar(self, statement: str, params: Any = None) -> Any:
         rows = self.query(statement, params)
         return next(iter(rows[0].values())) if rows else None
+
+
+def stop_project_server(outbox_dir: Path) -> None:
+    """Stop a test project's embedded server (by the pid in its postmaster.pid: only that test's) and remove its
+    data where it was kept outside the project (run as root, under RELOCATED_DATA_BASE), which would otherwise
+    stay there, 50-70 MB a project, until a later relocation finds the project's directory gone."""
+    data = outbox_dir / "pgdata"
+    kept = data.resolve().parent if data.is_symlink() else None
+    db.stop_embedded(outbox_dir)
+    if kept is not None and kept.is_relative_to(RELOCATED_DATA_BASE):
+        shutil.rmtree(kept, ignore_errors=True)

@@ -15,11 +15,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from outbox_pipelines_tests.helpers import stop_project_server
 from outbox_pipelines_tests.sink import HttpSink
 
 pytestmark = pytest.mark.slow  # a project of its own: dg, dagster and the CLI as processes
@@ -47,7 +49,9 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
-def adopter_env(tmp_path: Path, db_url: str, webhook: str) -> dict[str, str]:
+def adopter_env(tmp_path: Path, db_url: str | None, webhook: str) -> dict[str, str]:
+    """The team's shell: this environment's tools on PATH, their webhook, and OUTBOX_DATABASE_URL unless
+    ``db_url`` is None (nothing set: the project's embedded server)."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -55,7 +59,7 @@ def adopter_env(tmp_path: Path, db_url: str, webhook: str) -> dict[str, str]:
     return {
         **env,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        "OUTBOX_DATABASE_URL": db_url,
+        **({"OUTBOX_DATABASE_URL": db_url} if db_url else {}),
         "BILLING_WEBHOOK_URL": webhook,
         "DAGSTER_HOME": str(home),
     }
@@ -67,11 +71,24 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
     return done
 
 
+@pytest.fixture(params=["OUTBOX_DATABASE_URL", "nothing set"])
+def walkthrough_database(request: pytest.FixtureRequest, project: Path) -> Iterator[str | None]:
+    """The database the walkthrough runs on: a test database named by OUTBOX_DATABASE_URL, or nothing set (README
+    step 3: the project's embedded server, stopped at the end)."""
+    if request.param == "OUTBOX_DATABASE_URL":
+        yield request.getfixturevalue("db_url")
+        return
+    yield None
+    stop_project_server(project / ".outbox")
+
+
 @pytest.mark.timeout(900)
-def test_the_readme_walkthrough_takes_a_service_of_its_own_to_a_delivered_message(tmp_path, project, db_url):
+def test_the_readme_walkthrough_takes_a_service_of_its_own_to_a_delivered_message(
+    tmp_path, project, walkthrough_database
+):
     sink = HttpSink().start()
     try:
-        env = adopter_env(tmp_path, db_url, f"{sink.url}invoices")
+        env = adopter_env(tmp_path, walkthrough_database, f"{sink.url}invoices")
         timings: list[tuple[str, float]] = []
         for command in walkthrough_commands():
             started = time.monotonic()
@@ -86,6 +103,7 @@ def test_the_readme_walkthrough_takes_a_service_of_its_own_to_a_delivered_messag
         total = sum(seconds for _, seconds in timings)
         print("walkthrough:", ", ".join(f"{c} {s:.1f}s" for c, s in timings), f"total {total:.0f}s")
         assert sink.counts == {"invoice-1": 1}, sink.counts
+        db_url = walkthrough_database or run("outbox-pipelines db url", project, env).stdout.strip()
         with psycopg.connect(db_url) as conn:
             assert conn.execute("SELECT event_id FROM receipts").fetchall() == [("receipt-1",)]
             for table in TABLES:

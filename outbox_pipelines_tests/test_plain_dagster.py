@@ -32,7 +32,7 @@ from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV
 from outbox_pipelines.dagster_storage import resolve_storage_url
 from outbox_pipelines.defs.relay_group import relay_group_job_name
 from outbox_pipelines_tests.conftest import REPO
-from outbox_pipelines_tests.helpers import free_port
+from outbox_pipelines_tests.helpers import free_port, stop_project_server
 
 BIN = Path(sys.executable).parent
 # What `dagster dev` says it makes in its working directory (and removes when it stops).
@@ -66,7 +66,7 @@ def fresh_project(tmp_path) -> Iterator[Path]:
         (root / name).write_bytes((REPO / name).read_bytes())
     (root / "outbox_pipelines").symlink_to(REPO / "outbox_pipelines")  # dg looks for the root module here
     yield root
-    db.stop_embedded(root / ".outbox")  # by the pid in its postmaster.pid: only this test's server
+    stop_project_server(root / ".outbox")
 
 
 def test_an_explicit_storage_url_wins(monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.storage import db, project_dir
 from outbox_pipelines_tests.conftest import run_cli
+from outbox_pipelines_tests.helpers import stop_project_server
 
 
 @pytest.mark.parametrize("marker", ["pyproject.toml", "outbox.toml", ".outbox"])
@@ -58,7 +59,7 @@ def project(tmp_path: Path) -> Iterator[Path]:
         (root / sub).mkdir(parents=True)
     (root / "pyproject.toml").write_text('[project]\nname = "someone_elses"\n')
     yield root
-    db.stop_embedded(root / ".outbox")  # by the pid in its postmaster.pid: only this test's server
+    stop_project_server(root / ".outbox")
 
 
 def test_commands_in_sub_directories_share_the_projects_server(project):

@@ -9,16 +9,16 @@ from importlib.resources import files
 
 import psycopg
 
+import outbox_pipelines
 from outbox_pipelines import Message, Outbox
 
 WEBHOOK, RECEIPTS = Outbox("billing_outbox"), Outbox("billing_receipts_outbox")
 
 
 def database_url() -> str:
-    url = os.environ.get("BILLING_DATABASE_URL") or os.environ.get("OUTBOX_DATABASE_URL")
-    if not url:
-        raise SystemExit("set BILLING_DATABASE_URL (or OUTBOX_DATABASE_URL) to the service's database")
-    return url
+    """The service's database: BILLING_DATABASE_URL, else the outbox's (OUTBOX_DATABASE_URL, or on a developer's
+    machine the project's embedded PostgreSQL, as the CLI and Dagster use)."""
+    return os.environ.get("BILLING_DATABASE_URL") or outbox_pipelines.database_url()
 
 
 def create_schema(conn: psycopg.Connection) -> None:
