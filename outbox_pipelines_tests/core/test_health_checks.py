@@ -165,9 +165,10 @@ def test_dead_letters_name_the_codes_and_the_replay_dry_run_of_the_commonest():
     assert verdict.description == (
         "outbox_events: 1,201 dead messages (NETWORK_TIMEOUT=1,200, BAD_REQUEST=1). See what died with "
         "'outbox-pipelines replay --table outbox_events --error-code NETWORK_TIMEOUT --dry-run' (or "
-        "replay_dead_job, a dry run first), fix the cause, then replay. BAD_REQUEST rows were refused by the "
-        "destination itself: replay refuses them unless forced (--force / force: true), once the message or the "
-        "destination is fixed."
+        "replay_dead_job, a dry run first), fix the cause, then replay. BAD_REQUEST rows are requests the "
+        "destination refused or that could not be built from the message (the dry run lists each row's last "
+        "error): unchanged they fail again, so replay refuses them unless forced (--force / force: true), once "
+        "the message or the destination is fixed."
     )
     assert verdict.metadata["dead_NETWORK_TIMEOUT"] == 1200 and verdict.metadata["dead_BAD_REQUEST"] == 1
     timeouts = check("dead_letters", status(counts={"dead": 3}, dead_by_code={"NETWORK_TIMEOUT": 3}))

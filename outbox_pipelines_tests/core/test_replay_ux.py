@@ -82,6 +82,35 @@ def test_dry_run_lists_the_rows_and_changes_nothing(cli_env, conn):
     assert conn.execute("SELECT count(*) AS n FROM outbox_audit").fetchone()["n"] == audit_before
 
 
+def test_the_listing_says_why_each_row_died(cli_env, conn):
+    """What died and why, from the terminal: each listed row's stored error, on one line in the table (cut at
+    120 characters) and whole in --json."""
+    ids = enqueue_n(conn, EVENTS, 3, topic="org.changed", prefix="why-")
+    long_error = "HTTP 422: " + "field 'amount' " * 20
+    handler_error = "log_org_changed: BAD_PAYLOAD: org.changed needs\norg_id"
+    make_dead(conn, EVENTS, ids[:1], code="BAD_PAYLOAD", error=handler_error)
+    make_dead(conn, EVENTS, ids[1:2], code="BROKER_4XX", error=long_error)
+    make_dead(conn, EVENTS, ids[2:], code="BROKER_5XX", error=None)
+
+    human = run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--dry-run")
+    assert human.returncode == 0, human.stderr
+    lines = human.stdout.splitlines()
+    assert "last error" in next(line for line in lines if "event_id" in line)
+    first = next(line for line in lines if "why-0" in line)
+    assert first.endswith("log_org_changed: BAD_PAYLOAD: org.changed needs org_id"), first
+    second = next(line for line in lines if "why-1" in line)
+    assert second.endswith("…") and "HTTP 422: field 'amount'" in second and long_error.strip() not in second
+    assert next(line for line in lines if "why-2" in line).endswith("-")
+
+    listed = json.loads(run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--dry-run", "--json").stdout)
+    errors = {row["event_id"]: row["last_error"] for row in listed["rows"]}
+    assert errors == {
+        "why-0": handler_error,
+        "why-1": long_error,
+        "why-2": None,
+    }
+
+
 def test_real_run_moves_the_rows_and_lists_them(cli_env, conn):
     ids = enqueue_n(conn, EVENTS, 3, topic="org.changed", prefix="mv-")
     _dead(conn, ids, "NETWORK_TIMEOUT")

@@ -639,7 +639,7 @@ WITH clock AS (
 ), wake AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM replayed)
 )
-SELECT m.id, m.event_id, m.topic, m.tenant_id, m.last_error_code, m.died_at, m.refused,
+SELECT m.id, m.event_id, m.topic, m.tenant_id, m.last_error_code, m.last_error, m.died_at, m.refused,
        (r.id IS NOT NULL) AS replayed
 FROM matched AS m LEFT JOIN replayed AS r ON r.id = m.id LEFT JOIN wake ON true
 ORDER BY m.id

@@ -114,8 +114,9 @@ def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         refused = [code for code in REPLAY_NEEDS_FORCE if status.dead_by_code.get(code)]
         if refused:
             text += (
-                f" {', '.join(refused)} rows were refused by the destination itself: replay refuses them "
-                "unless forced (--force / force: true), once the message or the destination is fixed."
+                f" {', '.join(refused)} rows are requests the destination refused or that could not be built from "
+                "the message (the dry run lists each row's last error): unchanged they fail again, so replay "
+                "refuses them unless forced (--force / force: true), once the message or the destination is fixed."
             )
     else:
         text += "."

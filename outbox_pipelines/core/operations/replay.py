@@ -72,6 +72,8 @@ class ReplayRow:
     tenant_id: str | None
     error_code: str
     died_at: datetime | None
+    # Why it died, as stored (scrubbed of credentials when it was written): what the operator fixes first.
+    last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,15 +83,25 @@ class ReplayRow:
             "tenant_id": self.tenant_id,
             "error_code": self.error_code,
             "died_at": iso(self.died_at),
+            "last_error": self.last_error,
         }
 
 
-ROW_COLUMNS = ("id", "event_id", "topic", "error code", "died at")
+ROW_COLUMNS = ("id", "event_id", "topic", "error code", "died at", "last error")
+# A listed row's error, on one line: the whole text is in --json and in the row.
+ERROR_CELL_CHARS = 120
+
+
+def _error_cell(error: str | None) -> str:
+    if not error:
+        return "-"
+    one_line = " ".join(error.split())
+    return one_line if len(one_line) <= ERROR_CELL_CHARS else one_line[: ERROR_CELL_CHARS - 1] + "…"
 
 
 def _cells(row: ReplayRow) -> tuple[str, ...]:
     died = iso(row.died_at.replace(microsecond=0)) if row.died_at is not None else None
-    return (str(row.id), row.event_id, row.topic, row.error_code, died or "-")
+    return (str(row.id), row.event_id, row.topic, row.error_code, died or "-", _error_cell(row.last_error))
 
 
 def markdown_table(rows: list[ReplayRow], total: int) -> str:
@@ -273,7 +285,9 @@ def _tally(report: ReplayReport, rows: list[dict[str, Any]]) -> None:
         report.matched += 1
         code = row["last_error_code"] or m.UNKNOWN
         report.by_error_code[code] = report.by_error_code.get(code, 0) + 1
-        detail = ReplayRow(row["id"], row["event_id"], row["topic"], row["tenant_id"], code, row.get("died_at"))
+        detail = ReplayRow(
+            row["id"], row["event_id"], row["topic"], row["tenant_id"], code, row.get("died_at"), row.get("last_error")
+        )
         if row["refused"]:
             report.refused += 1
             report.refused_ids.append(row["id"])
