@@ -201,6 +201,36 @@ def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
     assert relay.returncode == 0 and "sent 1" in relay.stdout
 
 
+def test_a_group_relay_names_the_tables_it_leaves_out_and_exits_2(cli_env, conn, tmp_path):
+    """A section with a mistake leaves its table out of every relay group: the group relay says so when it starts
+    (a long-running relay's log shows it) and exits 2, after relaying the tables it can."""
+    config = tmp_path / "outbox.toml"
+    config.write_text(
+        'shipped_tables = false\n[tables.hrm_outbox]\ndestination = "paper"\n'
+        '[tables.billing_outbox]\ndestination = "http"\n'  # no url
+    )
+    env = {**cli_env, "OUTBOX_CONFIG": str(config)}
+    for table in ("hrm_outbox", "billing_outbox"):
+        created = run_cli(env, "db", "create-table", table)
+        assert created.returncode == 0, created.stderr
+    # The broken table is declared: create-table says what is wrong with its section, not "add a section".
+    assert "billing_outbox cannot be relayed until its section is fixed" in created.stderr
+    assert "has no url" in created.stderr and "add a [tables.billing_outbox]" not in created.stdout
+    for table in ("hrm_outbox", "billing_outbox"):
+        enqueue_n(conn, table, 2, topic="x")
+
+    relay = run_cli(env, "relay", "--group", "default", "--once")
+    assert relay.returncode == 2, relay.stdout + relay.stderr
+    said = relay.stderr.splitlines()
+    left_out = next(i for i, line in enumerate(said) if line.startswith("error: billing_outbox was left out:"))
+    assert left_out < next(i for i, line in enumerate(said) if line.startswith("relaying group default"))
+    assert statuses(conn, "hrm_outbox") == {"sent": 2} and statuses(conn, "billing_outbox") == {"pending": 2}
+
+    as_json = run_cli(env, "relay", "--group", "default", "--once", "--json")
+    assert as_json.returncode == 2
+    assert list(json.loads(as_json.stdout)["left_out"]) == ["billing_outbox"]
+
+
 def test_db_upgrade_reports_up_to_date(cli_env):
     result = run_cli(cli_env, "db", "upgrade")
     assert result.returncode == 0 and "up to date" in result.stdout

@@ -35,7 +35,10 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
         if created
         else f"outbox table {args.name} already exists (checked its indexes and trigger)"
     )
-    if args.name not in settings_of(args).tables:
+    settings = settings_of(args)
+    if args.name in settings.broken:  # declared, but its section cannot be used: say why, not "add a section"
+        say(f"warning: {args.name} cannot be relayed until its section is fixed: {settings.broken[args.name]}")
+    elif args.name not in settings.tables:
         print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
     return EXIT_OK
 

@@ -36,7 +36,11 @@ def chosen_tables(args: argparse.Namespace, settings: Settings) -> list[TableSet
 
 def unusable_tables(args: argparse.Namespace) -> int:
     """Say which tables the command left out because their settings cannot be used: exit 2 if any."""
-    broken: dict[str, str] = getattr(args, "unusable_tables", {})
+    return say_left_out(getattr(args, "unusable_tables", {}))
+
+
+def say_left_out(broken: dict[str, str]) -> int:
+    """One line per table left out (``Settings.broken``: table → why), on stderr; the exit code: 2 if any."""
     for name in sorted(broken):
         say(f"error: {name} was left out: {broken[name]}")
     return EXIT_USAGE if broken else EXIT_OK

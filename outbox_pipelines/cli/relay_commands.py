@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from outbox_pipelines.cli.inputs import database_url, settings_of
+from outbox_pipelines.cli.inputs import database_url, say_left_out, settings_of
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
 from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
@@ -82,6 +82,9 @@ def relay_group(args: argparse.Namespace) -> int:
         )
     settings = settings_of(args)
     url = database_url()
+    # A table whose section cannot be used belongs to no group it can be relayed in: said now, so that a
+    # long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
+    exit_code = say_left_out(settings.broken)
 
     def started(group: GroupRelay) -> None:
         say(f"relaying group {group.group}: {len(group.workers)} tables ({', '.join(sorted(group.workers))})")
@@ -113,12 +116,13 @@ def relay_group(args: argparse.Namespace) -> int:
                     "seconds": report.seconds,
                     "stopped_because": report.stopped_because,
                     "problems": report.problems,
+                    "left_out": settings.broken,
                     "tables": {name: r.as_dict() for name, r in report.tables.items()},
                 },
                 default=str,
             )
         )
-        return EXIT_OK
+        return exit_code
     for table_report in report.tables.values():
         if table_report.claimed:
             print(report_line(table_report))
@@ -128,4 +132,4 @@ def relay_group(args: argparse.Namespace) -> int:
         f"group {report.group}: {report.outcome}, sent {report.sent} in {report.seconds:.1f}s; "
         f"stopped: {report.stopped_because}"
     )
-    return EXIT_OK
+    return exit_code
