@@ -75,6 +75,8 @@ def test_the_paper_order_broker_is_said_at_relay_start_in_status_and_by_the_chec
 
     status = run_cli(cli_env, "status", "--table", "outbox_orders", cwd=tmp_path)
     assert "outbox_orders: OUTBOX_BROKER_URL is unset" in status.stdout, status.stdout
+    # status reads the variable in its own shell, not in the relays' processes: it says so.
+    assert "(read from this shell's environment: relays started elsewhere" in status.stdout, status.stdout
     as_json = json.loads(run_cli(cli_env, "status", "--json", cwd=tmp_path).stdout)
     nowhere = {entry["table"]: entry["delivers_nowhere"] for entry in as_json}
     assert nowhere["outbox_orders"] and nowhere["outbox_events"] is None

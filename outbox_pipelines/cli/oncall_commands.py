@@ -81,6 +81,11 @@ def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: l
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")
+            if table.destination != "paper":  # a URL from the environment: this shell's, not the relays'
+                print(
+                    "  (read from this shell's environment: relays started elsewhere, by dev or a deployment, "
+                    "read theirs)"
+                )
 
 
 def print_counts(reports: list[TableStatus]) -> None:
