@@ -86,10 +86,13 @@ def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LIN
     tables = sorted({relay.table for relay in relays})
     shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
     where = tables[0] if len(tables) == 1 else f"{len(tables)} tables ({shown})"
+    # A run's relays start and stop with their tables' backlogs: the tables named are those whose relays were
+    # running when it died, and the time is theirs (a run may have been up longer).
+    relays_there = "its relay there" if len(relays) == 1 else "its relays there"
     summary = (
-        f"{where}: {who} died ({why}) after running {max(r.ran_s for r in relays) / 60:.1f} min; it held "
-        f"{held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next relay. If it "
-        "happens again, read the run's logs and check the host's memory (OOM killer)."
+        f"{where}: {who} died ({why}); {relays_there} had been running {max(r.ran_s for r in relays) / 60:.1f} "
+        f"min; it held {held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next "
+        "relay. If it happens again, read the run's logs and check the host's memory (OOM killer)."
     )
     return Condition(
         key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}",
