@@ -201,6 +201,18 @@ def test_create_table_then_relay_it_with_a_config_file(cli_env, conn, tmp_path):
     assert relay.returncode == 0 and "sent 1" in relay.stdout
 
 
+def test_create_table_takes_many_names_and_checks_them_all_first(cli_env, conn):
+    """A project's module tables in one command; one bad name creates none of them."""
+    refused = run_cli(cli_env, "db", "create-table", "a_outbox", "B_outbox")
+    assert refused.returncode == 2 and "invalid outbox table name 'B_outbox'" in refused.stderr
+    exists = "SELECT count(*) AS n FROM pg_tables WHERE tablename = ANY(%s)"
+    assert conn.execute(exists, (["a_outbox"],)).fetchone()["n"] == 0
+    created = run_cli(cli_env, "db", "create-table", "a_outbox", "b_outbox", "a_outbox")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.count("created outbox table") == 2 and "created outbox table b_outbox" in created.stdout
+    assert conn.execute(exists, (["a_outbox", "b_outbox"],)).fetchone()["n"] == 2
+
+
 def test_a_group_relay_names_the_tables_it_leaves_out_and_exits_2(cli_env, conn, tmp_path):
     """A section with a mistake leaves its table out of every relay group: the group relay says so when it starts
     (a long-running relay's log shows it) and exits 2, after relaying the tables it can."""

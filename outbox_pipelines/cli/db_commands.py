@@ -8,6 +8,7 @@ import psycopg
 
 from outbox_pipelines.cli.inputs import database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, UsageError, say
+from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.storage import db, migrate, roles, schema
 
@@ -26,20 +27,24 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_db_create_table(args: argparse.Namespace) -> int:
+    names = list(dict.fromkeys(args.name))
+    for name in names:  # every name checked before any table is created
+        validate_table_name(name)
     url = database_url()
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
-    created = schema.create_table(url, args.name, dedup_index=args.dedup)
-    print(
-        f"created outbox table {args.name}"
-        if created
-        else f"outbox table {args.name} already exists (checked its indexes and trigger)"
-    )
     settings = settings_of(args)
-    if args.name in settings.broken:  # declared, but its section cannot be used: say why, not "add a section"
-        say(f"warning: {args.name} cannot be relayed until its section is fixed: {settings.broken[args.name]}")
-    elif args.name not in settings.tables:
-        print(f"add a [tables.{args.name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
+    for name in names:
+        created = schema.create_table(url, name, dedup_index=args.dedup)
+        print(
+            f"created outbox table {name}"
+            if created
+            else f"outbox table {name} already exists (checked its indexes and trigger)"
+        )
+        if name in settings.broken:  # declared, but its section cannot be used: say why, not "add a section"
+            say(f"warning: {name} cannot be relayed until its section is fixed: {settings.broken[name]}")
+        elif name not in settings.tables:
+            print(f"add a [tables.{name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
     return EXIT_OK
 
 

@@ -99,8 +99,13 @@ def add_db_commands(sub: Any) -> None:
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
     p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
     p.set_defaults(handler=cmd_db_upgrade)
-    p = dbsub.add_parser("create-table", help="create another outbox table of the canonical shape")
-    p.add_argument("name", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
+    p = dbsub.add_parser(
+        "create-table",
+        help="create outbox tables of the canonical shape",
+        description="Create one or more outbox tables (each safe to repeat: an existing table's indexes and "
+        "trigger are checked). Every name is checked before any table is created.",
+    )
+    p.add_argument("name", nargs="+", metavar="NAME", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
     p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
     p.set_defaults(handler=cmd_db_create_table)
     p = dbsub.add_parser(

@@ -71,7 +71,14 @@ def test_config_file_overrides_and_adds_tables(tmp_path):
     "text, message",
     [
         ("[tables.x]\ndestination = 'paper'\nmode = 'both'\n", "mode must be one of competing, single-active"),
-        ("[tables.x]\ndestinaton = 'http'\n", "unknown keys \\['destinaton'\\]"),
+        (
+            "[tables.x]\ndestinaton = 'http'\n",
+            "unknown keys \\['destinaton'\\] \\('destinaton': did you mean 'destination'\\?\\)",
+        ),
+        (
+            "[tables.x]\ndestination = 'paper'\nmax_attemps = 3\nzzz = 1\n",
+            "\\('max_attemps': did you mean 'max_attempts'\\?\\);",
+        ),
         ("[tables.X]\n", "invalid outbox table name"),
         ("[tables.x]\ndestination = 'paper'\npreset = 'fast'\n", "unknown retry preset 'fast'"),
         ("[tables.x]\ndestination = 'handlers'\n", "needs handlers"),

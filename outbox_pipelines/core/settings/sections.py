@@ -4,6 +4,7 @@ The keys a section may carry are the registry's (registry/table_keys.py): a key 
 refused, naming the file, the section and the known keys. Where the table's messages go is destination.py's.
 """
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,8 +46,16 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
     unknown = set(section) - TABLE_KEYS - INTERNAL_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}[tables.{name}] has unknown keys {sorted(unknown)}; known keys: {sorted(TABLE_KEYS)}"
+            f"{where}[tables.{name}] has unknown keys {sorted(unknown)}{_did_you_mean(unknown)}; "
+            f"known keys: {sorted(TABLE_KEYS)}"
         )
+
+
+def _did_you_mean(unknown: set[str]) -> str:
+    """`` ('max_attemps': did you mean 'max_attempts'?)`` for the keys close to a known one; '' if none is."""
+    guesses = {key: difflib.get_close_matches(key, TABLE_KEYS, n=1, cutoff=0.75) for key in sorted(unknown)}
+    close = [f"{key!r}: did you mean {match[0]!r}?" for key, match in guesses.items() if match]
+    return f" ({'; '.join(close)})" if close else ""
 
 
 def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:
