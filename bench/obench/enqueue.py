@@ -320,11 +320,11 @@ def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
     import json
 
     from outbox_pipelines.core.canonical import check_structure
-    from outbox_pipelines.core.enqueue import _plain_event_ids, _prepare, _prepare_all
+    from outbox_pipelines.core.enqueue import _plain_event_ids, _prepare, _prepared_rows
     from outbox_pipelines.core.storage.table_enqueue import _copy_line
 
     msgs = [Message(topic=t, payload=p, event_id=e, headers=h) for e, t, p, h in items]
-    rows = _prepare_all(msgs, 1 << 20, _plain_event_ids(msgs))
+    rows = list(_prepared_rows(msgs, 1 << 20, _plain_event_ids(msgs)))
     steps: dict[str, Callable[[], object]] = {
         "json.dumps (what any writer pays)": lambda: [json.dumps(m.payload) for m in msgs],
         "Message objects (the caller's)": lambda: [
@@ -334,8 +334,8 @@ def _where_the_time_goes(items: list[peers.EnqueueItem]) -> dict[str, float]:
         "sha256 digest": lambda: [digest(t) for t in [canonical_json(m.payload) for m in msgs]],
         "structure check, message by message (before orjson)": lambda: [check_structure(m.payload) for m in msgs],
         "preparation, message by message (_prepare)": lambda: [_prepare(m, 1 << 20) for m in msgs],
-        "preparation of the batch (identifiers a column at a time)": lambda: _prepare_all(
-            msgs, 1 << 20, _plain_event_ids(msgs)
+        "preparation of the batch (identifiers a column at a time)": lambda: list(
+            _prepared_rows(msgs, 1 << 20, _plain_event_ids(msgs))
         ),
         "COPY text of the rows": lambda: [_copy_line(n, row) for n, row in enumerate(rows)],
     }

@@ -2,7 +2,7 @@
 
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -202,14 +202,21 @@ def _prepare_one(message: Any, max_bytes: int) -> NewRow:
     return _prepare(message, max_bytes)
 
 
-def _prepare_all(messages: list[Any], max_bytes: int, event_ids: list[str] | None) -> list[NewRow]:
-    """Every message's row, in order, or InvalidMessage naming the first bad message. ``event_ids``:
-    what ``_plain_event_ids`` found for the batch."""
-    if event_ids is None:
-        return [_prepare(message, max_bytes) for message in messages]
-    return [
-        _prepare_checked(message, event_id, max_bytes) for message, event_id in zip(messages, event_ids, strict=True)
-    ]
+def _prepared_rows(messages: list[Any], max_bytes: int, event_ids: list[str] | None) -> Iterator[NewRow]:
+    """Every message's row, in order, or InvalidMessage saying which message of the batch is bad, in the words
+    ``enqueue`` would use for it alone. ``event_ids``: what ``_plain_event_ids`` found for the batch."""
+    for index, message in enumerate(messages):
+        try:
+            if event_ids is None:
+                yield _prepare(message, max_bytes)
+            else:
+                yield _prepare_checked(message, event_ids[index], max_bytes)
+        except InvalidMessage as exc:
+            event_id = getattr(message, "event_id", None)
+            which = f"message {index} of the batch" + (
+                f" (event_id {event_id[:80]!r})" if isinstance(event_id, str) else ""
+            )
+            raise InvalidMessage(f"{which}: {exc}") from None
 
 
 def check_message(message: Message, max_payload_bytes: int | None = None) -> None:
@@ -290,7 +297,7 @@ class Outbox:
             copied = self._copy(outbox_table, batch, event_ids)
             if copied is not None:
                 return copied
-        prepared = _prepare_all(batch, self.max_payload_bytes, event_ids)
+        prepared = list(_prepared_rows(batch, self.max_payload_bytes, event_ids))
         if not prepared:
             return []
         # An event_id repeated in this call is written once, as its first occurrence; the
@@ -315,11 +322,7 @@ class Outbox:
         next is encoded (a bare COPY of rows made one by one gets the same overlap). A bad message
         stops the COPY and undoes it: nothing is written, and the error is the one ``_prepare`` gives.
         """
-        max_bytes = self.max_payload_bytes
-        rows = (
-            _prepare_checked(message, event_id, max_bytes) for message, event_id in zip(batch, event_ids, strict=True)
-        )
-        ids = outbox_table.copy_new(rows, len(batch))
+        ids = outbox_table.copy_new(_prepared_rows(batch, self.max_payload_bytes, event_ids), len(batch))
         if ids is None:
             return None
         count_enqueued(self.table_name, [message.topic for message in batch])

@@ -329,6 +329,21 @@ def _order(n: int) -> dict:
     return {"order_id": f"ord-{n:09d}", "lines": [{"sku": f"sku-{n % 7}", "qty": n % 3 + 1}] * 4, "note": "x" * 200}
 
 
+def test_a_small_batch_names_its_bad_message_and_writes_nothing(conn):
+    """Below the COPY threshold too: which message of the batch, by position and event_id, then the words."""
+    batch = [
+        Message(topic="t", payload={"n": 0}, event_id="small-0"),
+        Message(topic="", payload={"n": 1}, event_id="small-1"),
+        Message(topic="t", payload={"n": 2}),
+    ]
+    with pytest.raises(InvalidMessage) as caught:
+        Outbox("outbox_events").enqueue_many(conn, batch)
+    assert str(caught.value) == "message 1 of the batch (event_id 'small-1'): message topic must be a non-empty string"
+    with pytest.raises(InvalidMessage, match=r"^message 1 of the batch: expected a Message, got dict$"):
+        Outbox("outbox_events").enqueue_many(conn, [batch[0], {"topic": "t"}])  # type: ignore[list-item]
+    assert count(conn) == 0
+
+
 def test_a_bad_message_after_rows_were_streamed_writes_nothing_and_keeps_the_callers_transaction(db_url, conn):
     # 3,000 messages of ~400 bytes cross in many COPY messages; the bad one is near the end, so most
     # of the batch reached the server before it was found.
@@ -341,7 +356,8 @@ def test_a_bad_message_after_rows_were_streamed_writes_nothing_and_keeps_the_cal
         writer.execute("INSERT INTO business VALUES (1)")
         with pytest.raises(InvalidMessage) as many:
             Outbox("outbox_events").enqueue_many(writer, batch)
-        assert str(many.value) == str(single.value)  # the same words as for the message alone
+        # the same words as for the message alone, after which message of the batch it is
+        assert str(many.value) == f"message 2900 of the batch (event_id 'late-bad-2900'): {single.value}"
         # The caller's transaction goes on: the good part of the batch, then commit.
         Outbox("outbox_events").enqueue_many(writer, batch[:2_900])
         writer.commit()
