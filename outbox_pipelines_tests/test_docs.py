@@ -77,6 +77,15 @@ def _bash_block(document: str, heading: str) -> str:
     return block.group(1)
 
 
+def test_the_example_file_names_every_key_a_section_takes():
+    """outbox.example.toml is where a team looks for a key: every key the settings accept is named in it."""
+    from outbox_pipelines.core.settings.registry import TABLE_KEYS
+
+    text = _text("outbox.example.toml")
+    missing = sorted(key for key in TABLE_KEYS if not re.search(rf"\b{re.escape(key)}\b", text))
+    assert not missing, f"outbox.example.toml does not name {missing}"
+
+
 def test_the_walkthrough_is_the_same_in_the_readme_and_the_tutorial():
     """test_adopting.py runs the README's block; the tutorial's copy must be that block, word for word."""
     assert _bash_block("docs/tutorial/add-an-outbox.md", "# Add an outbox to your service") == _bash_block(

@@ -33,8 +33,10 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "unset: the embedded PostgreSQL under the project's `.outbox/`"),
     EnvVariable("OUTBOX_DIRECT_DATABASE_URL", None, "behind a transaction pooler (PgBouncer): a direct connection "
                 "for the relay's session (LISTEN wake-ups, the single-active lock)", "core/storage/pooler.py"),
-    EnvVariable("OUTBOX_EMBEDDED_DIR", None, "where the embedded server keeps its data", "core/storage",
-                "unset: `<project root>/.outbox`"),
+    EnvVariable("OUTBOX_EMBEDDED_DIR", None, "where the embedded server keeps its data (run as root, when its "
+                "user `embedded_postgres` cannot enter a parent of that directory, the data is kept under "
+                "`/var/lib/outbox-pipelines/embedded/` and linked from `.outbox/pgdata`; said on stderr)",
+                "core/storage", "unset: `<project root>/.outbox`"),
     EnvVariable("OUTBOX_CONFIG", None, "the file declaring the tables (`[tables.NAME]` sections)",
                 "core/settings/declarations.py",
                 "unset: the project root's `outbox.toml`, else its OutboxComponent's `defs.yaml`"),
