@@ -176,6 +176,32 @@ def test_relay_logs_never_hold_the_payload_and_name_the_tenant_masked_on_request
     assert any(f"(event ev-flaky, tenant {shown}) is dead after 2 attempts: HANDLER_ERROR" in line for line in dead)
 
 
+def test_a_batch_that_dies_whole_logs_ten_lines_and_one_for_the_rest(db_url, conn, caplog):
+    """1,000 messages of one batch dying of one cause are one story: the first ten one by one, then a line with
+    the rest by code and the command that lists them (the report and the audit still count every one)."""
+    table = "gaps_logs_batch"
+    create_table(db_url, table)
+    registry = HandlerRegistry()
+
+    def refuse(message):
+        raise PermanentError("needs instrument", code="BAD_PAYLOAD")
+
+    registry.register("order.x", refuse)
+    Outbox(table).enqueue_many(conn, [Message(topic="order.x", payload={"n": n}) for n in range(25)])
+    settings = TableSettings(name=table, destination="handlers", mode="competing", batch_size=100)
+    caplog.set_level(logging.INFO, logger="outbox_pipelines.relay")
+    report = Relay(db_url, settings, HandlerDestination(registry)).run(once=True)
+    assert report.dead == 25 and report.dead_by_code == {"BAD_PAYLOAD": 25}
+    lines = [r.getMessage() for r in caplog.records if r.name == "outbox_pipelines.relay"]
+    assert len([line for line in lines if "is dead after 1 attempts: BAD_PAYLOAD" in line]) == 10, lines
+    rest = [line for line in lines if "more messages of this batch are dead" in line]
+    assert rest == [
+        f"{table}: and 15 more messages of this batch are dead (BAD_PAYLOAD=25 in all); "
+        f"'outbox-pipelines replay --table {table} --error-code CODE --dry-run' lists them"
+    ], lines
+    assert statuses(conn, table) == {"dead": 25}
+
+
 # -- seed 004 §7: last_error is a summary, never the payload ----------------------------------------------
 def test_a_handler_error_stores_its_own_text_in_last_error_never_the_payload(db_url, conn):
     marker = f"PII{uuid.uuid4().hex}"

@@ -11,13 +11,16 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay.destination_health import destination_failures
-from outbox_pipelines.core.relay.report import BatchCounts, LagSample
+from outbox_pipelines.core.relay.report import BatchCounts, LagSample, by_code
 from outbox_pipelines.core.storage.table import Settlement
 
 log = logging.getLogger("outbox_pipelines.relay")
 
 # The metric's result label of a delivered message, by outcome code (anything else: "success").
 _DELIVERED_RESULTS = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_processed"}
+# Retries and deaths logged one by one per batch; the rest of a batch are one line by code. A batch of 1,000
+# messages that all die of one cause (a payload the destination cannot take) is one story, not 1,000 lines.
+LOGGED_PER_BATCH = 10
 
 
 def count_settled_batch(
@@ -51,6 +54,7 @@ def count_settled_batch(
             result = _count_dead(table_name, message, settlement, counts)
         tally.add(message, result, in_dispatch, final=settlement.status != "pending")
     tally.flush()
+    _log_the_rest(table_name, counts)
     _, failures = destination_failures(outcomes)
     counts.destination_failures.update(failures)
     return counts
@@ -81,15 +85,18 @@ def _count_retry(
     table_name: str, message: ClaimedMessage, settlement: Settlement, outcome: Outcome, counts: BatchCounts
 ) -> str:
     counts.retried += 1
-    log.info(
-        "%s: message %s (event %s%s) retries in %.1fs: %s",
-        table_name,
-        message.id,
-        message.event_id,
-        _tenant_part(table_name, message),
-        settlement.delay_s,
-        settlement.error_code,
-    )
+    code = settlement.error_code or m.UNKNOWN
+    counts.retried_by_code[code] = counts.retried_by_code.get(code, 0) + 1
+    if counts.retried <= LOGGED_PER_BATCH:
+        log.info(
+            "%s: message %s (event %s%s) retries in %.1fs: %s",
+            table_name,
+            message.id,
+            message.event_id,
+            _tenant_part(table_name, message),
+            settlement.delay_s,
+            settlement.error_code,
+        )
     if outcome.code == m.RATE_LIMITED:
         counts.rate_limited += 1
         counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
@@ -100,16 +107,37 @@ def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement
     counts.dead += 1
     code = settlement.error_code or m.UNKNOWN
     counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
-    log.warning(
-        "%s: message %s (event %s%s) is dead after %d attempts: %s",
-        table_name,
-        message.id,
-        message.event_id,
-        _tenant_part(table_name, message),
-        message.attempts,
-        code,
-    )
+    if counts.dead <= LOGGED_PER_BATCH:
+        log.warning(
+            "%s: message %s (event %s%s) is dead after %d attempts: %s",
+            table_name,
+            message.id,
+            message.event_id,
+            _tenant_part(table_name, message),
+            message.attempts,
+            code,
+        )
     return "dead"
+
+
+def _log_the_rest(table_name: str, counts: BatchCounts) -> None:
+    """One line for the retries and one for the deaths of the batch beyond those logged one by one."""
+    if counts.retried > LOGGED_PER_BATCH:
+        log.info(
+            "%s: and %d more messages of this batch retry (%s in all)",
+            table_name,
+            counts.retried - LOGGED_PER_BATCH,
+            by_code(counts.retried_by_code),
+        )
+    if counts.dead > LOGGED_PER_BATCH:
+        log.warning(
+            "%s: and %d more messages of this batch are dead (%s in all); "
+            "'outbox-pipelines replay --table %s --error-code CODE --dry-run' lists them",
+            table_name,
+            counts.dead - LOGGED_PER_BATCH,
+            by_code(counts.dead_by_code),
+            table_name,
+        )
 
 
 def _tenant_part(table_name: str, message: ClaimedMessage) -> str:

@@ -83,6 +83,8 @@ class BatchCounts:
     dedup_hits: int = 0
     rate_limited: int = 0
     dead_by_code: dict[str, int] = field(default_factory=dict)
+    # Only for the batch's log line beyond the retries logged one by one (counting.LOGGED_PER_BATCH).
+    retried_by_code: dict[str, int] = field(default_factory=dict)
     destination_failures: dict[str, int] = field(default_factory=dict)
     # The longest Retry-After among the batch's throttled messages: the whole table waits that long.
     slow_down_s: float = 0.0
