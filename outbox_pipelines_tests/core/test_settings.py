@@ -225,3 +225,26 @@ def test_a_tables_already_processed_rules_reach_its_destination(tmp_path):
         assert destination.already_processed is hooks.already_processed
     finally:
         destination.close()
+
+
+def test_a_handlers_module_whose_own_import_fails_names_what_to_install(tmp_path, monkeypatch):
+    """The module is there, but a library it imports is not installed: the fix is installing that library, not
+    moving the module ("put it in your project's package" is for a module that cannot be found)."""
+    package = tmp_path / "team_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "handlers.py").write_text(
+        "import not_installed_dependency\nfrom outbox_pipelines import HandlerRegistry\nregistry = HandlerRegistry()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "outbox.toml"
+    path.write_text(
+        "shipped_tables = false\n"
+        "[tables.dep_outbox]\ndestination = 'handlers'\nhandlers = 'team_pkg.handlers:registry'\n"
+        "[tables.gone_outbox]\ndestination = 'handlers'\nhandlers = 'team_pkg.gone:registry'\n"
+    )
+    broken = load_settings(env={}, path=path).broken
+    assert "team_pkg.handlers imports not_installed_dependency, which cannot be imported here" in broken["dep_outbox"]
+    assert "install it in every process that runs the outbox" in broken["dep_outbox"]
+    assert "pip install -e ." not in broken["dep_outbox"]
+    assert "cannot import team_pkg.gone" in broken["gone_outbox"] and "pip install -e ." in broken["gone_outbox"]

@@ -46,8 +46,24 @@ def import_attribute(spec: str, what: str, shape: str = "package.module:attribut
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{what} = {spec!r}: cannot import {module_name}: {exc}") from None
+        missing = getattr(exc, "name", None)
+        if missing and not _is_on_the_way(missing, module_name):
+            # The module was found; something it imports is not installed here.
+            raise ConfigError(
+                f"{what} = {spec!r}: {module_name} imports {missing}, which cannot be imported here ({exc}): "
+                f"install it in every process that runs the outbox (the CLI's, Dagster's code server's)"
+            ) from None
+        raise ModuleNotImportable(f"{what} = {spec!r}: cannot import {module_name}: {exc}") from None
     return getattr(module, attribute, None)
+
+
+class ModuleNotImportable(ConfigError):
+    """The module a spec names (or a package on its way) cannot be found."""
+
+
+def _is_on_the_way(missing: str, module_name: str) -> bool:
+    """Whether ``missing`` is ``module_name`` or one of its packages (a.b for a.b.c)."""
+    return module_name == missing or module_name.startswith(missing + ".")
 
 
 def _same_origin(url: str, other: str | None) -> bool:
@@ -189,8 +205,10 @@ def _check_handlers(spec: Any, where: str) -> None:
     )
     try:
         registry = import_attribute(str(spec), f"{where} handlers", shape="package.module:registry")
-    except ConfigError as exc:
+    except ModuleNotImportable as exc:  # the module itself is not found: where it lives is the fix
         raise ConfigError(f"{exc}. To fix it, {fix}") from None
+    except ConfigError:  # the spec's shape, or a module it imports that is not installed: said as it is
+        raise
     except Exception as exc:  # noqa: BLE001 (the module's own code failed at import: say what it raised)
         raise ConfigError(f"{where} handlers = {spec!r}: importing it raised {type(exc).__name__}: {exc}") from None
     if registry is None:
