@@ -88,15 +88,7 @@ def _count_retry(
     code = settlement.error_code or m.UNKNOWN
     counts.retried_by_code[code] = counts.retried_by_code.get(code, 0) + 1
     if counts.retried <= LOGGED_PER_BATCH:
-        log.info(
-            "%s: message %s (event %s%s) retries in %.1fs: %s",
-            table_name,
-            message.id,
-            message.event_id,
-            _tenant_part(table_name, message),
-            settlement.delay_s,
-            settlement.error_code,
-        )
+        _log_one(logging.INFO, table_name, message, "retries in %.1fs: %s", settlement.delay_s, settlement.error_code)
     if outcome.code == m.RATE_LIMITED:
         counts.rate_limited += 1
         counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
@@ -108,16 +100,21 @@ def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement
     code = settlement.error_code or m.UNKNOWN
     counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
     if counts.dead <= LOGGED_PER_BATCH:
-        log.warning(
-            "%s: message %s (event %s%s) is dead after %d attempts: %s",
-            table_name,
-            message.id,
-            message.event_id,
-            _tenant_part(table_name, message),
-            message.attempts,
-            code,
-        )
+        _log_one(logging.WARNING, table_name, message, "is dead after %d attempts: %s", message.attempts, code)
     return "dead"
+
+
+def _log_one(level: int, table_name: str, message: ClaimedMessage, what: str, *args: object) -> None:
+    """One message's line: which message of which table (and tenant, as OUTBOX_TENANT_LABEL shows it), then ``what``."""
+    log.log(
+        level,
+        "%s: message %s (event %s%s) " + what,
+        table_name,
+        message.id,
+        message.event_id,
+        _tenant_part(table_name, message),
+        *args,
+    )
 
 
 def _log_the_rest(table_name: str, counts: BatchCounts) -> None:
