@@ -128,5 +128,17 @@ def stop_project_server(outbox_dir: Path) -> None:
     data = outbox_dir / "pgdata"
     kept = data.resolve().parent if data.is_symlink() else None
     db.stop_embedded(outbox_dir)
-    if kept is not None and kept.is_relative_to(RELOCATED_DATA_BASE):
+    if (
+        kept is not None
+        and kept.parent == RELOCATED_DATA_BASE  # one project's directory there, never the base itself
+        and _origin(kept) == outbox_dir.resolve()  # this project's, as its origin file says
+        and not (kept / "pgdata" / "postmaster.pid").exists()  # its server is gone
+    ):
         shutil.rmtree(kept, ignore_errors=True)
+
+
+def _origin(kept: Path) -> Path | None:
+    try:
+        return Path((kept / "origin").read_text().strip()).resolve()
+    except OSError:
+        return None

@@ -220,6 +220,7 @@ def test_a_group_relay_names_the_tables_it_leaves_out_and_exits_2(cli_env, conn,
     config.write_text(
         'shipped_tables = false\n[tables.hrm_outbox]\ndestination = "paper"\n'
         '[tables.billing_outbox]\ndestination = "http"\n'  # no url
+        '[tables.payroll_outbox]\ndestination = "http"\ngroup = "payroll"\n'  # no url, another group's
     )
     env = {**cli_env, "OUTBOX_CONFIG": str(config)}
     for table in ("hrm_outbox", "billing_outbox"):
@@ -238,9 +239,14 @@ def test_a_group_relay_names_the_tables_it_leaves_out_and_exits_2(cli_env, conn,
     assert left_out < next(i for i, line in enumerate(said) if line.startswith("relaying group default"))
     assert statuses(conn, "hrm_outbox") == {"sent": 2} and statuses(conn, "billing_outbox") == {"pending": 2}
 
+    assert "payroll_outbox" not in relay.stderr  # another group's table: its own group's relay tells it
+
     as_json = run_cli(env, "relay", "--group", "default", "--once", "--json")
     assert as_json.returncode == 2
     assert list(json.loads(as_json.stdout)["left_out"]) == ["billing_outbox"]
+    payroll = run_cli(env, "relay", "--group", "payroll", "--once")
+    assert payroll.returncode == 2 and "error: payroll_outbox was left out:" in payroll.stderr
+    assert "billing_outbox" not in payroll.stderr
 
 
 def test_db_upgrade_reports_up_to_date(cli_env):

@@ -12,7 +12,7 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fm
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
-from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
 from outbox_pipelines.core.storage import db
 from outbox_pipelines.core.storage.table import OutboxTable
 
@@ -81,11 +81,16 @@ def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: l
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")
-            if table.destination != "paper":  # a URL from the environment: this shell's, not the relays'
+            if _url_variable_unset(table.delivers_nowhere):  # this shell's environment, not the relays'
                 print(
                     "  (read from this shell's environment: relays started elsewhere, by dev or a deployment, "
                     "read theirs)"
                 )
+
+
+def _url_variable_unset(delivers_nowhere: str) -> bool:
+    """Whether the table goes nowhere because a variable naming its URL is unset (in this process)."""
+    return any(f": {variable} is unset:" in delivers_nowhere for variable in URL_FROM_ENV.values())
 
 
 def print_counts(reports: list[TableStatus]) -> None:

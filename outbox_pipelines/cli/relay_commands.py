@@ -82,9 +82,10 @@ def relay_group(args: argparse.Namespace) -> int:
         )
     settings = settings_of(args)
     url = database_url()
-    # A table whose section cannot be used belongs to no group it can be relayed in: said now, so that a
-    # long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
-    exit_code = say_left_out(settings.broken)
+    # This group's tables whose section cannot be used (another group's are its relay's to tell): said now, so
+    # that a long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
+    left_out = settings.broken_in_group(args.group)
+    exit_code = say_left_out(left_out)
 
     def started(group: GroupRelay) -> None:
         say(f"relaying group {group.group}: {len(group.workers)} tables ({', '.join(sorted(group.workers))})")
@@ -116,7 +117,7 @@ def relay_group(args: argparse.Namespace) -> int:
                     "seconds": report.seconds,
                     "stopped_because": report.stopped_because,
                     "problems": report.problems,
-                    "left_out": settings.broken,
+                    "left_out": left_out,
                     "tables": {name: r.as_dict() for name, r in report.tables.items()},
                 },
                 default=str,

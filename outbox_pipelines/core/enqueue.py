@@ -213,7 +213,7 @@ def _prepared_rows(messages: list[Any], max_bytes: int, event_ids: list[str] | N
                 yield _prepare_checked(message, event_ids[index], max_bytes)
         except InvalidMessage as exc:
             event_id = getattr(message, "event_id", None)
-            which = f"message {index} of the batch" + (
+            which = f"message at index {index} of the batch" + (
                 f" (event_id {event_id[:80]!r})" if isinstance(event_id, str) else ""
             )
             raise InvalidMessage(f"{which}: {exc}") from None

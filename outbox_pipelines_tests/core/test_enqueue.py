@@ -338,8 +338,10 @@ def test_a_small_batch_names_its_bad_message_and_writes_nothing(conn):
     ]
     with pytest.raises(InvalidMessage) as caught:
         Outbox("outbox_events").enqueue_many(conn, batch)
-    assert str(caught.value) == "message 1 of the batch (event_id 'small-1'): message topic must be a non-empty string"
-    with pytest.raises(InvalidMessage, match=r"^message 1 of the batch: expected a Message, got dict$"):
+    assert str(caught.value) == (
+        "message at index 1 of the batch (event_id 'small-1'): message topic must be a non-empty string"
+    )
+    with pytest.raises(InvalidMessage, match=r"^message at index 1 of the batch: expected a Message, got dict$"):
         Outbox("outbox_events").enqueue_many(conn, [batch[0], {"topic": "t"}])  # type: ignore[list-item]
     assert count(conn) == 0
 
@@ -357,7 +359,7 @@ def test_a_bad_message_after_rows_were_streamed_writes_nothing_and_keeps_the_cal
         with pytest.raises(InvalidMessage) as many:
             Outbox("outbox_events").enqueue_many(writer, batch)
         # the same words as for the message alone, after which message of the batch it is
-        assert str(many.value) == f"message 2900 of the batch (event_id 'late-bad-2900'): {single.value}"
+        assert str(many.value) == f"message at index 2900 of the batch (event_id 'late-bad-2900'): {single.value}"
         # The caller's transaction goes on: the good part of the batch, then commit.
         Outbox("outbox_events").enqueue_many(writer, batch[:2_900])
         writer.commit()

@@ -11,6 +11,8 @@ from outbox_pipelines.core.operations.replay import (
     KNOWN_ERROR_CODES,
     ReplayFilter,
     ReplayRefused,
+    ReplayRow,
+    markdown_table,
     parse_death_time,
     replay_dead,
 )
@@ -91,6 +93,10 @@ def test_the_listing_says_why_each_row_died(cli_env, conn):
     make_dead(conn, EVENTS, ids[:1], code="BAD_PAYLOAD", error=handler_error)
     make_dead(conn, EVENTS, ids[1:2], code="BROKER_4XX", error=long_error)
     make_dead(conn, EVENTS, ids[2:], code="BROKER_5XX", error=None)
+    # A handler's own exception text is stored as it was raised: the listing masks credentials in it.
+    secret_id = enqueue_n(conn, EVENTS, 1, topic="org.changed", prefix="cred-")
+    leaky = "sync_crm: HTTPStatusError: 401 for url 'https://bot:s3cr3t-pw@crm.example/v1?api_key=K3Y-123'"
+    make_dead(conn, EVENTS, secret_id, code="HANDLER_ERROR", error=leaky)
 
     human = run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--dry-run")
     assert human.returncode == 0, human.stderr
@@ -102,13 +108,16 @@ def test_the_listing_says_why_each_row_died(cli_env, conn):
     assert second.endswith("…") and "HTTP 422: field 'amount'" in second and long_error.strip() not in second
     assert next(line for line in lines if "why-2" in line).endswith("-")
 
-    listed = json.loads(run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--dry-run", "--json").stdout)
-    errors = {row["event_id"]: row["last_error"] for row in listed["rows"]}
-    assert errors == {
+    listed_json = run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--dry-run", "--json").stdout
+    errors = {row["event_id"]: row["last_error"] for row in json.loads(listed_json)["rows"]}
+    assert {key: errors[key] for key in ("why-0", "why-1", "why-2")} == {
         "why-0": handler_error,
         "why-1": long_error,
         "why-2": None,
     }
+    for said in (human.stdout, listed_json):
+        assert "s3cr3t-pw" not in said and "K3Y-123" not in said
+    assert "crm.example" in errors["cred-0"] and "***" in errors["cred-0"]
 
 
 def test_real_run_moves_the_rows_and_lists_them(cli_env, conn):
@@ -279,3 +288,10 @@ def test_bad_times_name_the_field_and_the_format(text):
     with pytest.raises(ReplayRefused) as caught:
         parse_death_time(text, "until")
     assert str(caught.value).startswith(f'until="{text}" is not a time: use ISO 8601 like 2026-11-21T10:00:00Z')
+
+
+def test_the_markdown_table_shows_an_error_as_code_never_rendered():
+    """What a destination answered goes into Dagster's metadata as code: no link or image of theirs renders."""
+    row = ReplayRow(7, "ev-7", "t", None, "BAD_REQUEST", None, "HTTP 400: '![x](http://e.example/t.png) | `tick`'")
+    table = markdown_table([row], 1)
+    assert table.splitlines()[-1].endswith("| `HTTP 400: '![x](http://e.example/t.png) \\| 'tick''` |"), table

@@ -8,6 +8,7 @@ from outbox_pipelines import PRESETS
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.settings import load_settings, parse_duration
+from outbox_pipelines.core.settings.sections import check_section
 
 
 def test_defaults_without_file_or_environment():
@@ -236,15 +237,27 @@ def test_a_handlers_module_whose_own_import_fails_names_what_to_install(tmp_path
     (package / "handlers.py").write_text(
         "import not_installed_dependency\nfrom outbox_pipelines import HandlerRegistry\nregistry = HandlerRegistry()\n"
     )
+    (package / "typo.py").write_text("from outbox_pipelines import HandlerRegistri\n")  # installed, no such name
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "outbox.toml"
     path.write_text(
         "shipped_tables = false\n"
         "[tables.dep_outbox]\ndestination = 'handlers'\nhandlers = 'team_pkg.handlers:registry'\n"
         "[tables.gone_outbox]\ndestination = 'handlers'\nhandlers = 'team_pkg.gone:registry'\n"
+        "[tables.typo_outbox]\ndestination = 'handlers'\nhandlers = 'team_pkg.typo:registry'\n"
     )
     broken = load_settings(env={}, path=path).broken
-    assert "team_pkg.handlers imports not_installed_dependency, which cannot be imported here" in broken["dep_outbox"]
+    assert "importing team_pkg.handlers needs not_installed_dependency, which is not installed" in broken["dep_outbox"]
     assert "install it in every process that runs the outbox" in broken["dep_outbox"]
     assert "pip install -e ." not in broken["dep_outbox"]
     assert "cannot import team_pkg.gone" in broken["gone_outbox"] and "pip install -e ." in broken["gone_outbox"]
+    typo = broken["typo_outbox"]
+    assert "importing team_pkg.typo raised ImportError: cannot import name 'HandlerRegistri'" in typo, typo
+    assert "install" not in typo
+
+
+def test_a_key_that_is_not_text_is_that_tables_mistake_not_a_crash():
+    """A defs.yaml section can hold keys YAML reads as numbers or booleans (1:, yes:): the table is refused with
+    the others named, as for any unknown key."""
+    with pytest.raises(ConfigError, match=r"unknown keys \[1, False, 'max_attemps'\] \('max_attemps': did you mean"):
+        check_section("t_outbox", {1: "x", False: "y", "max_attemps": 3, "destination": "paper"}, None)

@@ -33,6 +33,7 @@ from outbox_pipelines.core.operations.replay_filter import (
     iso,
     parse_death_time,
 )
+from outbox_pipelines.core.redaction import mask_credentials
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
@@ -72,7 +73,8 @@ class ReplayRow:
     tenant_id: str | None
     error_code: str
     died_at: datetime | None
-    # Why it died, as stored (scrubbed of credentials when it was written): what the operator fixes first.
+    # Why it died, as stored, with credentials masked again (a handler's exception text is the application's,
+    # never scrubbed when it was written): what the operator fixes first.
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,8 +114,13 @@ def markdown_table(rows: list[ReplayRow], total: int) -> str:
     def cell(text: str) -> str:
         return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
+    def code(text: str) -> str:
+        # The error is partly what a third party wrote (an answer's body): shown as code, never rendered (no
+        # link or image of theirs in the Dagster UI). Backticks would end the span; pipes, the table cell.
+        return text if text == "-" else "`" + text.replace("`", "'").replace("|", "\\|") + "`"
+
     lines = ["| " + " | ".join(ROW_COLUMNS) + " |", "|" + "---|" * len(ROW_COLUMNS)]
-    lines += ["| " + " | ".join(cell(c) for c in _cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join([*map(cell, _cells(row)[:-1]), code(_cells(row)[-1])]) + " |" for row in rows]
     if total > len(rows):
         lines.append(f"\n… and {total - len(rows)} more (first {len(rows)} of {total} listed)")
     return "\n".join(lines)
@@ -285,8 +292,15 @@ def _tally(report: ReplayReport, rows: list[dict[str, Any]]) -> None:
         report.matched += 1
         code = row["last_error_code"] or m.UNKNOWN
         report.by_error_code[code] = report.by_error_code.get(code, 0) + 1
+        error = row.get("last_error")
         detail = ReplayRow(
-            row["id"], row["event_id"], row["topic"], row["tenant_id"], code, row.get("died_at"), row.get("last_error")
+            row["id"],
+            row["event_id"],
+            row["topic"],
+            row["tenant_id"],
+            code,
+            row.get("died_at"),
+            mask_credentials(error) if error else None,
         )
         if row["refused"]:
             report.refused += 1

@@ -45,15 +45,17 @@ def import_attribute(spec: str, what: str, shape: str = "package.module:attribut
         raise ConfigError(f"{what} = {spec!r}: write it as '{shape}'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        missing = getattr(exc, "name", None)
+    except ModuleNotFoundError as exc:
+        missing = exc.name
         if missing and not _is_on_the_way(missing, module_name):
-            # The module was found; something it imports is not installed here.
+            # The module was found; a module it needs (directly or not) is not installed here.
             raise ConfigError(
-                f"{what} = {spec!r}: {module_name} imports {missing}, which cannot be imported here ({exc}): "
+                f"{what} = {spec!r}: importing {module_name} needs {missing}, which is not installed here ({exc}): "
                 f"install it in every process that runs the outbox (the CLI's, Dagster's code server's)"
             ) from None
         raise ModuleNotImportable(f"{what} = {spec!r}: cannot import {module_name}: {exc}") from None
+    except ImportError as exc:  # found, but a name it imports is not there (a typo, a version, a cycle)
+        raise ConfigError(f"{what} = {spec!r}: importing {module_name} raised ImportError: {exc}") from None
     return getattr(module, attribute, None)
 
 

@@ -12,7 +12,7 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.settings.environment import GlobalSettings
 from outbox_pipelines.core.settings.sections import build_table_settings, check_section
-from outbox_pipelines.core.settings.tables import TableSettings, shipped_tables
+from outbox_pipelines.core.settings.tables import DEFAULT_GROUP, TableSettings, shipped_tables
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class Settings:
     # Tables whose section cannot be used, with what is wrong (ConfigError's message): the others load and
     # relay without them; every command or check that names one says why.
     broken: dict[str, str] = field(default_factory=dict)
+    # The relay group a broken table's section names (None: its group cannot be read either), so that a group's
+    # relay tells its own broken tables, not another group's.
+    broken_groups: dict[str, str | None] = field(default_factory=dict)
     # The declaration as a whole cannot be read (not TOML, an unknown top-level key): no table is known. Set
     # only by ``load_settings_or_problem``, for the processes that must stay up to say so (Dagster's).
     problem: str | None = None
@@ -46,6 +49,10 @@ class Settings:
             raise ConfigError(self.problem)
         if self.broken:
             raise ConfigError("; ".join(self.broken[name] for name in sorted(self.broken)))
+
+    def broken_in_group(self, group: str) -> dict[str, str]:
+        """The broken tables whose section names ``group`` (or whose group cannot be read), with what is wrong."""
+        return {name: why for name, why in self.broken.items() if self.broken_groups.get(name, group) in (group, None)}
 
     def groups(self) -> dict[str, list[str]]:
         """Each relay group's tables (the usable ones), by name."""
@@ -75,6 +82,7 @@ def load_settings(
         sections[name] = {**sections.get(name, {}), **section}
     tables: dict[str, TableSettings] = {}
     broken: dict[str, str] = {}
+    broken_groups: dict[str, str | None] = {}
     for name, section in sections.items():
         try:
             if name in written:
@@ -83,7 +91,9 @@ def load_settings(
         except ConfigError as exc:
             text = str(exc)
             broken[name] = text if source is None or text.startswith(str(source)) else f"{source}: {text}"
-    return Settings(global_settings, tables, source, broken)
+            group = section.get("group", DEFAULT_GROUP)
+            broken_groups[name] = group if isinstance(group, str) else None
+    return Settings(global_settings, tables, source, broken, broken_groups)
 
 
 def load_settings_or_problem(

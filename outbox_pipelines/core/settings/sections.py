@@ -46,14 +46,16 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
     unknown = set(section) - TABLE_KEYS - INTERNAL_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}[tables.{name}] has unknown keys {sorted(unknown)}{_did_you_mean(unknown)}; "
+            f"{where}[tables.{name}] has unknown keys {sorted(unknown, key=str)}{_did_you_mean(unknown)}; "
             f"known keys: {sorted(TABLE_KEYS)}"
         )
 
 
 def _did_you_mean(unknown: set[str]) -> str:
     """`` ('max_attemps': did you mean 'max_attempts'?)`` for the keys close to a known one; '' if none is."""
-    guesses = {key: difflib.get_close_matches(key, TABLE_KEYS, n=1, cutoff=0.75) for key in sorted(unknown)}
+    # A YAML section may hold keys that are not text (1:, yes:): nothing to guess for those.
+    words = sorted(key for key in unknown if isinstance(key, str))
+    guesses = {key: difflib.get_close_matches(key, TABLE_KEYS, n=1, cutoff=0.75) for key in words}
     close = [f"{key!r}: did you mean {match[0]!r}?" for key, match in guesses.items() if match]
     return f" ({'; '.join(close)})" if close else ""
 
