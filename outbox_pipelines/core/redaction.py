@@ -13,7 +13,9 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+# Up to the last "@" of the URL's run of text: a password may hold "/", "#" or "?" (generated ones often do),
+# which a URL parser reads as the end of the user-info; masking a path's "@" too is the safe side.
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^@\s]*@")
 # A credential in an echoed header or a log line, whoever sent it: "Bearer <token>", "Basic <base64>",
 # "Authorization: <anything>" (a header dump), "token=<value>" / "api_key: <value>" in a query or body.
 _AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=:-]{8,})")
@@ -27,15 +29,30 @@ _MIN_SECRET = 4
 
 
 def redact_url(url: str) -> str:
-    """An HTTP(S) URL without user-info (``user:password@``); anything unparsable is masked whole."""
+    """A URL without user-info (``user:password@``); anything unparsable is masked whole.
+
+    Also a URL whose user-info the parser does not see: a password holding "#", "?" or "/" (the parser ends
+    the user-info there), or a URL missing its "//" or its scheme. Whatever comes before its last "@" is
+    masked then, as a mistyped URL is exactly what an error message shows."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return "<unparsable URL>"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+        return _masked_before_last_at(url) if "@" in url else "<unparsable URL>"
+    if "@" in parts.netloc and not _userinfo_cut_short(url, parts.netloc):
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    return _masked_before_last_at(url) if "@" in url else url
+
+
+def _userinfo_cut_short(url: str, netloc: str) -> bool:
+    """Whether the URL holds an "@" after its parsed netloc (a user-info the parser cut at "/", "?" or "#")."""
+    return "@" in url.split(netloc, 1)[1] if netloc in url else True
+
+
+def _masked_before_last_at(url: str) -> str:
+    scheme, separator, rest = url.partition("://")
+    after = url.rsplit("@", 1)[1]
+    return f"{scheme}://***@{after}" if separator and "@" in rest else f"***@{after}"
 
 
 def url_origin(url: str) -> str:

@@ -258,3 +258,32 @@ def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, 
 )
 def test_mask_password_of_unencoded_passwords(url, masked):
     assert db.mask_password(url) == masked
+
+
+# A destination URL from the environment, mistyped or with a generated password holding "#", "?" or "/": a URL
+# parser ends the user-info there, so the whole URL reached the settings error (and every command's stderr).
+DESTINATION_URLS = [
+    ("rabbitmq", "amqp://rmquser:Secret#HashR@127.0.0.1:5672/", "Secret#HashR"),
+    ("rabbitmq", "amqp://rmquser:Secret?QR@127.0.0.1:5672/", "Secret?QR"),
+    ("rabbitmq", "amqp://rmquser:Secret/SlashR@127.0.0.1:5672/", "Secret/SlashR"),
+    ("rabbitmq", "rmquser:SecretNoSchemeR@127.0.0.1:5672/", "SecretNoSchemeR"),
+    ("rabbitmq", "amqp:/rmquser:SecretOneSlashR@127.0.0.1", "SecretOneSlashR"),
+    ("nats", "natsuser:SecretNoSchemeX@127.0.0.1:4222", "SecretNoSchemeX"),
+    ("http", "https://hookuser:HttpPw#Hash1@hooks.example.com/in", "HttpPw#Hash1"),
+    ("http", "https://hookuser:HttpPw?Q2@hooks.example.com/in", "HttpPw?Q2"),
+]
+
+
+@pytest.mark.parametrize("kind, url, password", DESTINATION_URLS)
+def test_a_mistyped_destination_url_is_refused_with_its_password_masked(cli_env, tmp_path, kind, url, password):
+    config = tmp_path / "outbox.toml"
+    config.write_text(f'shipped_tables = false\n[tables.t_dest]\ndestination = "{kind}"\nurl_env = "T_DEST_URL"\n')
+    env = {**cli_env, "OUTBOX_CONFIG": str(config), "T_DEST_URL": url}
+    pieces = [p for p in password.replace("#", " ").replace("?", " ").replace("/", " ").split() if len(p) >= 3]
+    for command in (["status"], ["status", "--json"], ["relay", "--table", "t_dest", "--once"]):
+        result = run_cli(env, *command)
+        said = result.stdout + result.stderr
+        assert result.returncode == 2, f"{command}: {said}"
+        assert "t_dest" in said and "***@" in said, f"{command}: {said}"
+        for secret in [password, *pieces]:
+            assert secret not in said, f"{command}: {secret!r} in\n{said}"

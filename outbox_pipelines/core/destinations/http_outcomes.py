@@ -258,7 +258,8 @@ def classify_response(
     if status in (401, 403):
         # No body snippet: an answer to a refused credential may echo it.
         return UNAUTHORIZED.outcome(
-            f"HTTP {status}: check the destination's credentials (OUTBOX_BROKER_TOKEN, or user:password in its URL)"
+            f"HTTP {status}: check the credential this table sends (the variable its token_env names, "
+            "OUTBOX_BROKER_TOKEN at the broker's origin, or user:password in its URL)"
         )
     if 400 <= status < 500:
         # Seed 000 §5: every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
