@@ -31,28 +31,18 @@ _MIN_SECRET = 4
 def redact_url(url: str) -> str:
     """A URL without user-info (``user:password@``); anything unparsable is masked whole.
 
-    Also a URL whose user-info the parser does not see: a password holding "#", "?" or "/" (the parser ends
-    the user-info there), or a URL missing its "//" or its scheme. Whatever comes before its last "@" is
-    masked then, as a mistyped URL is exactly what an error message shows."""
+    Whatever comes before the URL's last "@" is masked, not only what a URL parser reads as user-info: a
+    password holding "#", "?" or "/" ends the parser's user-info there, and a URL missing its "//" or its
+    scheme has none; a mistyped URL is exactly what an error message shows."""
+    if "@" in url:
+        scheme, separator, rest = url.partition("://")
+        after = url.rsplit("@", 1)[1]
+        return f"{scheme}://***@{after}" if separator and "@" in rest else f"***@{after}"
     try:
-        parts = urlsplit(url)
+        urlsplit(url)
     except ValueError:
-        return _masked_before_last_at(url) if "@" in url else "<unparsable URL>"
-    if "@" in parts.netloc and not _userinfo_cut_short(url, parts.netloc):
-        host = parts.netloc.rsplit("@", 1)[1]
-        return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
-    return _masked_before_last_at(url) if "@" in url else url
-
-
-def _userinfo_cut_short(url: str, netloc: str) -> bool:
-    """Whether the URL holds an "@" after its parsed netloc (a user-info the parser cut at "/", "?" or "#")."""
-    return "@" in url.split(netloc, 1)[1] if netloc in url else True
-
-
-def _masked_before_last_at(url: str) -> str:
-    scheme, separator, rest = url.partition("://")
-    after = url.rsplit("@", 1)[1]
-    return f"{scheme}://***@{after}" if separator and "@" in rest else f"***@{after}"
+        return "<unparsable URL>"
+    return url
 
 
 def url_origin(url: str) -> str:

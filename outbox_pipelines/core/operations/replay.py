@@ -120,7 +120,9 @@ def markdown_table(rows: list[ReplayRow], total: int) -> str:
         return text if text == "-" else "`" + text.replace("`", "'").replace("|", "\\|") + "`"
 
     lines = ["| " + " | ".join(ROW_COLUMNS) + " |", "|" + "---|" * len(ROW_COLUMNS)]
-    lines += ["| " + " | ".join([*map(cell, _cells(row)[:-1]), code(_cells(row)[-1])]) + " |" for row in rows]
+    for row in rows:
+        *shown, error = _cells(row)
+        lines.append("| " + " | ".join([*map(cell, shown), code(error)]) + " |")
     if total > len(rows):
         lines.append(f"\n… and {total - len(rows)} more (first {len(rows)} of {total} listed)")
     return "\n".join(lines)
