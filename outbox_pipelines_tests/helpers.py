@@ -55,7 +55,7 @@ def enqueue_n(
         Message(topic=topic, payload=payload(i) if callable(payload) else {"n": i}, event_id=f"{prefix}{i}")
         for i in range(n)
     ]
-    return [r.id for r in Outbox(table_name).enqueue_many(conn, messages)]
+    return [r.id for r in Outbox(table_name).enqueue_many(conn, messages, outside_transaction=True)]
 
 
 def db_now(conn: DictConnection) -> datetime:

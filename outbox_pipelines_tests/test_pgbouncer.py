@@ -105,7 +105,7 @@ def test_competing_relays_drain_through_pgbouncer_and_each_says_once_that_it_pol
     # One server connection for both relays: a statement one prepared would be missing or taken for the other.
     bouncer = PgBouncer(db_url, pool_size=1)
     try:
-        Outbox(TABLE).enqueue_many(conn, org_changed(600, "drain"))
+        Outbox(TABLE).enqueue_many(conn, org_changed(600, "drain"), outside_transaction=True)
         env = pooled_env(cli_env, bouncer, OUTBOX_CONFIG=str(competing_config))
         relays = [start_relay(env, TABLE, "--once", "--batch-size", "10") for _ in range(2)]
         outcomes = [(relay.wait(timeout=120), relay.communicate()[1]) for relay in relays]
@@ -128,7 +128,7 @@ def test_an_idle_relay_behind_pgbouncer_picks_up_new_messages_by_polling(bouncer
     )
     try:
         wait_until_idle(conn, relay)
-        Outbox(TABLE).enqueue_many(conn, org_changed(3, "later"))
+        Outbox(TABLE).enqueue_many(conn, org_changed(3, "later"), outside_transaction=True)
         wait_for_sent(conn, 3, timeout_s=15)
     finally:
         code, _, stderr = stop_and_read(relay)
@@ -146,7 +146,9 @@ def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_
     )
     try:
         wait_until_idle(conn, relay)
-        Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="wake-1"))
+        Outbox(TABLE).enqueue(
+            conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="wake-1"), outside_transaction=True
+        )
         assert wait_for_sent(conn, 1, timeout_s=10) < 10
         lock_holders = conn.execute(
             "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -161,7 +163,9 @@ def test_a_direct_session_wakes_the_relay_at_once_and_carries_the_single_active_
 def test_a_single_active_relay_behind_pgbouncer_without_a_direct_session_refuses_and_says_what_to_set(
     bouncer, cli_env, conn
 ):
-    Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="refused-1"))
+    Outbox(TABLE).enqueue(
+        conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="refused-1"), outside_transaction=True
+    )
     relay = run_cli(pooled_env(cli_env, bouncer), "relay", "--table", TABLE, "--once")
     assert relay.returncode == 2, (relay.returncode, relay.stdout, relay.stderr)
     assert "single-active" in relay.stderr and pooler.DIRECT_DATABASE_URL_ENV in relay.stderr

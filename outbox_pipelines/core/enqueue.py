@@ -22,9 +22,15 @@ from outbox_pipelines.core.models import (
 )
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.oncall.metrics import count_enqueued, count_enqueued_one
-from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.app_connections import async_target, sync_target
+from outbox_pipelines.core.storage.connections import driver_connection
 from outbox_pipelines.core.storage.table import NewRow, OutboxTable
 from outbox_pipelines.core.storage.table_enqueue import insert_row
+from outbox_pipelines.core.storage.table_enqueue_async import (
+    find_by_event_ids_async,
+    insert_many_async,
+    insert_row_async,
+)
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM
@@ -253,6 +259,11 @@ class Outbox:
     >>> with engine.begin() as conn:
     ...     conn.execute(...)  # the business write
     ...     outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id="..."))
+
+    ``enqueue`` and ``enqueue_many`` take the caller's synchronous connection (psycopg, SQLAlchemy, Django's);
+    ``enqueue_async`` and ``enqueue_many_async`` its asyncio one (psycopg, SQLAlchemy, asyncpg). Each joins
+    the caller's transaction; one with none open is refused unless the call says ``outside_transaction=True``
+    (core/storage/app_connections.py).
     """
 
     def __init__(self, table_name: str, *, max_payload_bytes: int | None = None) -> None:
@@ -260,31 +271,47 @@ class Outbox:
         self.table_name = validate_table_name(table_name)
         self.max_payload_bytes = max_payload_bytes or _max_payload_bytes()
 
-    def enqueue(self, conn: Any, message: Message, *, now: datetime | None = None) -> EnqueueResult:
+    def enqueue(
+        self, conn: Any, message: Message, *, now: datetime | None = None, outside_transaction: bool = False
+    ) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
         row = _prepare_one(message, self.max_payload_bytes)
-        event_id = row.event_id
-        row_id = insert_row(conn, self.table_name, row, now)
+        target = sync_target(conn, outside_transaction=outside_transaction)
+        row_id = insert_row(target, self.table_name, row, now)
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
-            return EnqueueResult.new(row_id, event_id)
+            return EnqueueResult.new(row_id, row.event_id)
         # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
-        outbox_table = OutboxTable(driver_connection(conn), self.table_name)
-        existing = outbox_table.find_by_event_ids([event_id]).get(event_id)
-        if existing is None:
-            raise _invisible_conflict(event_id)
-        existing_id, existing_sha = existing
-        return EnqueueResult(existing_id, event_id, True, same_payload=existing_sha == row.payload_sha)
+        existing = OutboxTable(driver_connection(target), self.table_name).find_by_event_ids([row.event_id])
+        return _duplicate(row, existing)
+
+    async def enqueue_async(
+        self, conn: Any, message: Message, *, now: datetime | None = None, outside_transaction: bool = False
+    ) -> EnqueueResult:
+        """``enqueue`` on the caller's asyncio connection, in its transaction, without blocking the event loop."""
+        row = _prepare_one(message, self.max_payload_bytes)
+        target = await async_target(conn, outside_transaction=outside_transaction)
+        row_id = await insert_row_async(target, self.table_name, row, now)
+        if row_id is not None:
+            count_enqueued_one(self.table_name, row.topic)
+            return EnqueueResult.new(row_id, row.event_id)
+        return _duplicate(row, await find_by_event_ids_async(target, self.table_name, [row.event_id]))
 
     def enqueue_many(
-        self, conn: Any, messages: Iterable[Message], *, now: datetime | None = None
+        self,
+        conn: Any,
+        messages: Iterable[Message],
+        *,
+        now: datetime | None = None,
+        outside_transaction: bool = False,
     ) -> list[EnqueueResult]:
         """Insert many messages at once; results are in input order.
 
         All or nothing: one bad message raises InvalidMessage and writes nothing.
         """
         batch = list(messages)
-        outbox_table = OutboxTable(driver_connection(conn), self.table_name)
+        target = sync_target(conn, outside_transaction=outside_transaction)
+        outbox_table = OutboxTable(driver_connection(target), self.table_name)
         event_ids = _plain_event_ids(batch)
         # COPY writes no ordering key (a keyed message's place in its key is decided as it is inserted).
         if (
@@ -297,20 +324,37 @@ class Outbox:
             copied = self._copy(outbox_table, batch, event_ids)
             if copied is not None:
                 return copied
-        prepared = list(_prepared_rows(batch, self.max_payload_bytes, event_ids))
-        if not prepared:
+        plan = _BatchPlan(batch, self.max_payload_bytes, event_ids)
+        if not plan.prepared:
             return []
-        # An event_id repeated in this call is written once, as its first occurrence; the
-        # later ones are duplicates of it, compared with its payload (not with each other).
-        first_of: dict[str, NewRow] = {}
-        for row in prepared:
-            first_of.setdefault(row.event_id, row)
-        unique = list(first_of.values()) if len(first_of) < len(prepared) else prepared
-        inserted = outbox_table.insert_many(**_columns(unique), now=now)
-        missing = [event_id for event_id in first_of if event_id not in inserted]
-        existing = outbox_table.find_by_event_ids(missing) if missing else {}
-        count_enqueued(self.table_name, [row.topic for row in unique if row.event_id in inserted])
-        return [_result(row, first_of[row.event_id], inserted, existing) for row in prepared]
+        inserted = outbox_table.insert_many(_columns(plan.unique), now=now)
+        missing = plan.missing(inserted)
+        return self._results(plan, inserted, outbox_table.find_by_event_ids(missing) if missing else {})
+
+    async def enqueue_many_async(
+        self,
+        conn: Any,
+        messages: Iterable[Message],
+        *,
+        now: datetime | None = None,
+        outside_transaction: bool = False,
+    ) -> list[EnqueueResult]:
+        """``enqueue_many`` on the caller's asyncio connection: one statement for the batch, all or nothing."""
+        batch = list(messages)
+        plan = _BatchPlan(batch, self.max_payload_bytes, _plain_event_ids(batch))
+        target = await async_target(conn, outside_transaction=outside_transaction)
+        if not plan.prepared:
+            return []
+        inserted = await insert_many_async(target, self.table_name, _columns(plan.unique), now)
+        missing = plan.missing(inserted)
+        existing = await find_by_event_ids_async(target, self.table_name, missing) if missing else {}
+        return self._results(plan, inserted, existing)
+
+    def _results(
+        self, plan: "_BatchPlan", inserted: dict[str, int], existing: dict[str, tuple[int, str]]
+    ) -> list[EnqueueResult]:
+        count_enqueued(self.table_name, [row.topic for row in plan.unique if row.event_id in inserted])
+        return [_result(row, plan.first_of[row.event_id], inserted, existing) for row in plan.prepared]
 
     def _copy(
         self, outbox_table: OutboxTable, batch: list[Message], event_ids: list[str]
@@ -327,6 +371,32 @@ class Outbox:
             return None
         count_enqueued(self.table_name, [message.topic for message in batch])
         return [EnqueueResult.new(row_id, event_id) for row_id, event_id in zip(ids, event_ids, strict=True)]
+
+
+class _BatchPlan:
+    """A batch's prepared rows (InvalidMessage for a bad one, before anything is written), and the rows to
+    insert: an event_id repeated in the batch is written once, as its first occurrence; the later ones are
+    duplicates of it, compared with its payload (not with each other)."""
+
+    def __init__(self, batch: list[Any], max_bytes: int, event_ids: list[str] | None) -> None:
+        self.prepared = list(_prepared_rows(batch, max_bytes, event_ids))
+        self.first_of: dict[str, NewRow] = {}
+        for row in self.prepared:
+            self.first_of.setdefault(row.event_id, row)
+        self.unique = list(self.first_of.values()) if len(self.first_of) < len(self.prepared) else self.prepared
+
+    def missing(self, inserted: dict[str, int]) -> list[str]:
+        """The event ids the insert did not write: stored already, by this transaction or another."""
+        return [event_id for event_id in self.first_of if event_id not in inserted]
+
+
+def _duplicate(row: NewRow, existing: dict[str, tuple[int, str]]) -> EnqueueResult:
+    """The one-row enqueue's answer when the insert wrote nothing: the stored row of its event_id."""
+    found = existing.get(row.event_id)
+    if found is None:
+        raise _invisible_conflict(row.event_id)
+    existing_id, existing_sha = found
+    return EnqueueResult(existing_id, row.event_id, True, same_payload=existing_sha == row.payload_sha)
 
 
 def _result(

@@ -46,3 +46,8 @@ class PermanentError(Exception):
     def __init__(self, message: str = "", code: str = "PERMANENT") -> None:
         super().__init__(message)
         self.code = code
+
+
+class NoTransaction(OutboxError, RuntimeError):
+    """``enqueue`` was given a connection with no transaction open, where the message would commit on its own,
+    apart from the business write; nothing was written. ``outside_transaction=True`` asks for exactly that."""

@@ -76,7 +76,7 @@ def test_a_drain_lands_every_message_once_keyed_by_its_aggregate(cluster, db_url
         )
         for i in range(200)
     ]
-    Outbox(EVENTS).enqueue_many(conn, messages)
+    Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
     destination = KafkaDestination(cluster.bootstrap, timeout_s=3.0, topic_prefix="shop.")
     try:
         report = Relay(db_url, settings(batch_size=50), destination).run(once=True)
@@ -132,7 +132,7 @@ def test_each_refusal_ends_with_its_code_and_the_rest_of_the_batch_is_delivered(
     for name, topic in odd.items():
         payload = {"blob": "x" * 1_010_000} if name == "huge" else {"n": name}
         messages.insert(len(messages) // 2, Message(topic=topic, payload=payload, event_id=name))
-    Outbox(EVENTS).enqueue_many(conn, messages)
+    Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
     destination = KafkaDestination(cluster.bootstrap, timeout_s=3.0)
     try:
         Relay(db_url, settings(batch_size=50), destination).run(once=True)
@@ -201,7 +201,9 @@ def test_a_fatal_producer_error_retries_unknown_and_the_next_batch_gets_a_new_pr
 def test_an_unreachable_cluster_opens_the_circuit_and_kills_nothing(db_url, conn):
     """Nothing listens at the bootstrap address: each batch ends within the timeout (and librdkafka's
     report grace) as retry NETWORK_TIMEOUT, and the table's circuit opens with every attempt given back."""
-    Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={"n": i}, event_id=f"ev-{i}") for i in range(12)])
+    Outbox(EVENTS).enqueue_many(
+        conn, [Message(topic="t", payload={"n": i}, event_id=f"ev-{i}") for i in range(12)], outside_transaction=True
+    )
     destination = KafkaDestination(f"127.0.0.1:{free_port()}", timeout_s=1.0)
     try:
         started = time.monotonic()

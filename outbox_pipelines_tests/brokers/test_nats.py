@@ -94,6 +94,7 @@ def test_a_drain_reaches_a_consumer_once_each_with_its_keys(db_url, conn, nats_s
             )
             for i in range(300)
         ],
+        outside_transaction=True,
     )
     destination, report = relay_once(db_url, nats_server.url, topic_prefix="shop.", batch_size=100)
     assert statuses(conn, EVENTS) == {"sent": 300} and report.sent == 300
@@ -145,7 +146,7 @@ def test_each_bad_input_ends_with_its_code_and_the_rest_of_the_batch_is_sent(db_
         }
         messages = [Message(topic="t.ok", payload={"n": i}, event_id=f"good-{i}") for i in range(10)]
         messages[5:5] = [Message(topic=topic, payload=payload, event_id=name) for name, (topic, payload) in bad.items()]
-        Outbox(EVENTS).enqueue_many(conn, messages)
+        Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
         relay_once(db_url, server.url, batch_size=100)
         ended = {event_id: (row["status"], row["last_error_code"]) for event_id, row in by_event(conn).items()}
         assert ended == {
@@ -237,6 +238,7 @@ def test_a_publish_the_server_denies_is_unauthorized_and_the_others_are_sent(db_
         Outbox(EVENTS).enqueue_many(
             conn,
             [Message(topic="t.secret" if i == 2 else "t.open", payload={"n": i}, event_id=f"p{i}") for i in range(6)],
+            outside_transaction=True,
         )
         started = time.monotonic()
         relay_once(db_url, f"nats://relay:{PASSWORD}@127.0.0.1:{server.port}")

@@ -77,7 +77,7 @@ def settings(url: str, exchange: str, **overrides: object) -> TableSettings:
 
 
 def enqueue(conn, messages: list[Message]) -> None:
-    Outbox(TABLE).enqueue_many(conn, messages)
+    Outbox(TABLE).enqueue_many(conn, messages, outside_transaction=True)
 
 
 def relay_once(db_url: str, table: TableSettings):

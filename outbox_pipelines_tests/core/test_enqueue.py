@@ -55,7 +55,9 @@ def test_commit_keeps_business_row_and_message_sqlalchemy(db_url, conn):
 
 def test_payload_is_stored_with_canonical_digest(conn):
     payload = {"b": [1, 2, {"z": "ü"}], "a": "x"}
-    result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload=payload, headers={"trace_id": "tr-1"}))
+    result = Outbox("outbox_events").enqueue(
+        conn, Message(topic="t", payload=payload, headers={"trace_id": "tr-1"}), outside_transaction=True
+    )
     row = conn.execute("SELECT payload, payload_sha, headers FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
     assert row["payload"] == payload
     assert row["payload_sha"] == digest('{"a":"x","b":[1,2,{"z":"ü"}]}')
@@ -65,9 +67,9 @@ def test_payload_is_stored_with_canonical_digest(conn):
 
 def test_duplicate_event_id_returns_existing_row(conn):
     outbox = Outbox("outbox_events")
-    first = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"))
-    again = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"))
-    other_body = outbox.enqueue(conn, Message(topic="t", payload={"n": 2}, event_id="same"))
+    first = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"), outside_transaction=True)
+    again = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="same"), outside_transaction=True)
+    other_body = outbox.enqueue(conn, Message(topic="t", payload={"n": 2}, event_id="same"), outside_transaction=True)
     assert (again.id, again.duplicate, again.same_payload) == (first.id, True, True)
     assert (other_body.id, other_body.duplicate, other_body.same_payload) == (first.id, True, False)
     assert count(conn) == 1
@@ -75,8 +77,10 @@ def test_duplicate_event_id_returns_existing_row(conn):
 
 def test_enqueue_many_in_order_with_duplicates(conn):
     outbox = Outbox("outbox_events")
-    existing = outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="e0"))
-    results = outbox.enqueue_many(conn, [Message(topic="t", payload={"n": n}, event_id=f"e{n % 3}") for n in range(5)])
+    existing = outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="e0"), outside_transaction=True)
+    results = outbox.enqueue_many(
+        conn, [Message(topic="t", payload={"n": n}, event_id=f"e{n % 3}") for n in range(5)], outside_transaction=True
+    )
     assert [r.event_id for r in results] == ["e0", "e1", "e2", "e0", "e1"]
     assert [r.duplicate for r in results] == [True, False, False, True, True]
     assert results[0].id == existing.id
@@ -87,7 +91,7 @@ def test_enqueue_many_in_order_with_duplicates(conn):
 def test_enqueue_many_rejects_whole_batch_on_one_bad_message(conn):
     with pytest.raises(InvalidMessage, match="JSON object"):
         Outbox("outbox_events").enqueue_many(
-            conn, [Message(topic="t", payload={"ok": 1}), Message(topic="t", payload=[1, 2])]
+            conn, [Message(topic="t", payload={"ok": 1}), Message(topic="t", payload=[1, 2])], outside_transaction=True
         )
     assert count(conn) == 0
 
@@ -95,7 +99,9 @@ def test_enqueue_many_rejects_whole_batch_on_one_bad_message(conn):
 def _insert_same_key(url: str, barrier, results) -> None:
     with psycopg.connect(url) as conn:
         barrier.wait(timeout=30)
-        result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"k": 1}, event_id="contended"))
+        result = Outbox("outbox_events").enqueue(
+            conn, Message(topic="t", payload={"k": 1}, event_id="contended"), outside_transaction=True
+        )
         conn.commit()
         results.put((result.id, result.duplicate))
 
@@ -131,7 +137,9 @@ def test_notify_reaches_listener_on_commit_only(db_url):
 
 def test_available_at_delays_the_message(conn):
     later = datetime.now(UTC) + timedelta(hours=1)
-    result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={}, available_at=later))
+    result = Outbox("outbox_events").enqueue(
+        conn, Message(topic="t", payload={}, available_at=later), outside_transaction=True
+    )
     row = conn.execute("SELECT available_at FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
     assert abs((row["available_at"] - later).total_seconds()) < 0.001
 
@@ -142,9 +150,16 @@ def test_the_injected_clock_dates_a_message_unless_it_has_its_own_available_at(c
     it keeps its own; without either, the database's clock. Keyed or not, the same."""
     outbox, clock = Outbox("outbox_events"), datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     own = clock + timedelta(hours=1)
-    dated = outbox.enqueue(conn, Message(topic="t", payload={}, ordering_key=ordering_key), now=clock)
-    kept = outbox.enqueue(conn, Message(topic="t", payload={}, available_at=own, ordering_key=ordering_key), now=clock)
-    plain = outbox.enqueue(conn, Message(topic="t", payload={}, ordering_key=ordering_key))
+    dated = outbox.enqueue(
+        conn, Message(topic="t", payload={}, ordering_key=ordering_key), now=clock, outside_transaction=True
+    )
+    kept = outbox.enqueue(
+        conn,
+        Message(topic="t", payload={}, available_at=own, ordering_key=ordering_key),
+        now=clock,
+        outside_transaction=True,
+    )
+    plain = outbox.enqueue(conn, Message(topic="t", payload={}, ordering_key=ordering_key), outside_transaction=True)
     due = {
         r["id"]: r["available_at"]
         for r in conn.execute(
@@ -175,21 +190,27 @@ def test_the_injected_clock_dates_a_message_unless_it_has_its_own_available_at(c
 )
 def test_bad_messages_are_refused_and_nothing_is_written(conn, message, error):
     with pytest.raises(InvalidMessage, match=error):
-        Outbox("outbox_events").enqueue(conn, message)
+        Outbox("outbox_events").enqueue(conn, message, outside_transaction=True)
     assert count(conn) == 0
 
 
 def test_payload_over_the_size_limit(conn, monkeypatch):
     monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "1000")
     with pytest.raises(InvalidMessage, match="over the limit of 1000 bytes"):
-        Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"blob": "x" * 1000}))
-    Outbox("outbox_events", max_payload_bytes=5000).enqueue(conn, Message(topic="t", payload={"blob": "x" * 1000}))
+        Outbox("outbox_events").enqueue(
+            conn, Message(topic="t", payload={"blob": "x" * 1000}), outside_transaction=True
+        )
+    Outbox("outbox_events", max_payload_bytes=5000).enqueue(
+        conn, Message(topic="t", payload={"blob": "x" * 1000}), outside_transaction=True
+    )
     assert count(conn) == 1
 
 
 def test_default_size_limit_is_one_mebibyte(conn):
     with pytest.raises(InvalidMessage, match="1048576"):
-        Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"blob": "x" * (1024 * 1024)}))
+        Outbox("outbox_events").enqueue(
+            conn, Message(topic="t", payload={"blob": "x" * (1024 * 1024)}), outside_transaction=True
+        )
 
 
 @pytest.mark.parametrize("name", ["Outbox", "1table", "a-b", "x; DROP TABLE y", "", "a" * 64, None])
@@ -200,7 +221,7 @@ def test_invalid_table_names_are_refused(name):
 
 def test_unknown_table_says_how_to_create_it(conn):
     with pytest.raises(UnknownTable, match="db create-table hrm_outbox"):
-        Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={}))
+        Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={}), outside_transaction=True)
 
 
 def test_a_failed_enqueue_does_not_poison_the_business_transaction_silently(db_url):
@@ -227,7 +248,9 @@ def test_the_enqueue_api_imports_no_http_client():
 
 
 def test_enqueue_then_read(conn):
-    result = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"a": 1}, event_id="e1"))
+    result = Outbox("outbox_events").enqueue(
+        conn, Message(topic="t", payload={"a": 1}, event_id="e1"), outside_transaction=True
+    )
     assert result.duplicate is False
     row = conn.execute("SELECT status, payload, payload_sha FROM outbox_events WHERE id = %s", (result.id,)).fetchone()
     assert row["status"] == "pending"
@@ -276,8 +299,8 @@ def test_a_large_batch_rolled_back_by_the_caller_leaves_nothing(db_url, conn):
 
 def test_a_large_batch_with_stored_duplicates_reports_them_and_keeps_the_transaction(db_url, conn):
     outbox = Outbox("outbox_events")
-    stored = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="dup-1"))
-    other = outbox.enqueue(conn, Message(topic="t", payload={"n": 999}, event_id="dup-2"))
+    stored = outbox.enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="dup-1"), outside_transaction=True)
+    other = outbox.enqueue(conn, Message(topic="t", payload={"n": 999}, event_id="dup-2"), outside_transaction=True)
     with psycopg.connect(db_url) as writer:
         writer.execute("CREATE TABLE business (id int PRIMARY KEY)")
         writer.execute("INSERT INTO business VALUES (1)")
@@ -310,7 +333,7 @@ def test_a_large_batch_with_one_bad_message_writes_nothing(conn):
     batch = _batch("bad")
     batch[-1] = Message(topic="t", payload={"bad": float("nan")}, event_id="bad-last")
     with pytest.raises(InvalidMessage, match="NaN"):
-        Outbox("outbox_events").enqueue_many(conn, batch)
+        Outbox("outbox_events").enqueue_many(conn, batch, outside_transaction=True)
     assert count(conn) == 0
 
 
@@ -320,7 +343,7 @@ def test_a_large_batch_of_delayed_messages_keeps_each_available_at(conn):
         Message(topic="t", payload={}, event_id=f"late-{n}", available_at=later if n % 2 else None)
         for n in range(COPY_MIN_ROWS * 2)
     ]
-    Outbox("outbox_events").enqueue_many(conn, batch)
+    Outbox("outbox_events").enqueue_many(conn, batch, outside_transaction=True)
     assert count(conn, where="available_at > now() + interval '59 minutes'") == COPY_MIN_ROWS
 
 
@@ -337,12 +360,12 @@ def test_a_small_batch_names_its_bad_message_and_writes_nothing(conn):
         Message(topic="t", payload={"n": 2}),
     ]
     with pytest.raises(InvalidMessage) as caught:
-        Outbox("outbox_events").enqueue_many(conn, batch)
+        Outbox("outbox_events").enqueue_many(conn, batch, outside_transaction=True)
     assert str(caught.value) == (
         "message at index 1 of the batch (event_id 'small-1'): message topic must be a non-empty string"
     )
     with pytest.raises(InvalidMessage, match=r"^message at index 1 of the batch: expected a Message, got dict$"):
-        Outbox("outbox_events").enqueue_many(conn, [batch[0], {"topic": "t"}])  # type: ignore[list-item]
+        Outbox("outbox_events").enqueue_many(conn, [batch[0], {"topic": "t"}], outside_transaction=True)  # type: ignore[list-item]
     assert count(conn) == 0
 
 
@@ -352,7 +375,7 @@ def test_a_bad_message_after_rows_were_streamed_writes_nothing_and_keeps_the_cal
     batch = [Message(topic="t", payload=_order(n), event_id=f"late-bad-{n}") for n in range(3_000)]
     batch[2_900] = Message(topic="t", payload={"n": 2_900, "x": [1, float("inf")]}, event_id="late-bad-2900")
     with pytest.raises(InvalidMessage) as single:
-        Outbox("outbox_events").enqueue(conn, batch[2_900])
+        Outbox("outbox_events").enqueue(conn, batch[2_900], outside_transaction=True)
     with psycopg.connect(db_url) as writer:
         writer.execute("CREATE TABLE business (id int PRIMARY KEY)")
         writer.execute("INSERT INTO business VALUES (1)")
@@ -421,13 +444,16 @@ def test_a_large_batch_stores_every_message_as_a_single_enqueue_would(db_url, co
 
 def test_headers_none_means_no_headers_in_one_enqueue_and_in_a_batch(conn):
     outbox = Outbox("outbox_events")
-    outbox.enqueue(conn, Message(topic="t", payload={"n": 0}, event_id="no-headers-0", headers=None))
+    outbox.enqueue(
+        conn, Message(topic="t", payload={"n": 0}, event_id="no-headers-0", headers=None), outside_transaction=True
+    )
     outbox.enqueue_many(
         conn,
         [
             Message(topic="t", payload={"n": n}, event_id=f"no-headers-{n}", headers=None)
             for n in range(1, COPY_MIN_ROWS + 1)
         ],
+        outside_transaction=True,
     )
     rows = conn.execute("SELECT headers FROM outbox_events WHERE event_id LIKE 'no-headers-%%'").fetchall()
     assert [r["headers"] for r in rows] == [{}] * (COPY_MIN_ROWS + 1)

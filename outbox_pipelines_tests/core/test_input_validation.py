@@ -41,7 +41,7 @@ def _message(field: str, value: str) -> Message:
 @pytest.mark.parametrize("field", ["topic", "event_id", "tenant_id", "trace_id", "header name"])
 def test_control_characters_are_refused_naming_the_field(conn, field, value):
     with pytest.raises(InvalidMessage) as caught:
-        Outbox(EVENTS).enqueue(conn, _message(field, value))
+        Outbox(EVENTS).enqueue(conn, _message(field, value), outside_transaction=True)
     text = str(caught.value)
     assert field in text
     assert "U+" in text and ("control character" in text or "lone surrogate" in text)
@@ -53,13 +53,15 @@ def test_control_characters_in_a_batch_write_nothing(conn):
     good = Message(topic="t", payload={}, event_id="good-1")
     bad = Message(topic="t", payload={}, event_id="bad\n2")
     with pytest.raises(InvalidMessage, match="event_id contains a control character"):
-        Outbox(EVENTS).enqueue_many(conn, [good, bad])
+        Outbox(EVENTS).enqueue_many(conn, [good, bad], outside_transaction=True)
     assert count(conn) == 0
 
 
 def test_nested_header_text_is_checked_and_printable_text_is_accepted(conn):
     with pytest.raises(InvalidMessage, match=r"header 'baggage'\[1\]"):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, headers={"baggage": ["ok", "x\r\ny"]}))
+        Outbox(EVENTS).enqueue(
+            conn, Message(topic="t", payload={}, headers={"baggage": ["ok", "x\r\ny"]}), outside_transaction=True
+        )
     fine = Message(
         topic="org.changed/ü ✓",
         payload={"text": "multi\nline is fine in a payload"},
@@ -67,7 +69,7 @@ def test_nested_header_text_is_checked_and_printable_text_is_accepted(conn):
         tenant_id="acme corp",
         headers={"trace_id": "00-abc-01", "n": 3},
     )
-    Outbox(EVENTS).enqueue(conn, fine)
+    Outbox(EVENTS).enqueue(conn, fine, outside_transaction=True)
     assert rows(conn, EVENTS)[0]["payload"] == {"text": "multi\nline is fine in a payload"}
 
 
@@ -99,6 +101,7 @@ def test_enqueue_many_repeated_event_id_same_payload(conn):
             Message(topic="t", payload={"n": 1}, event_id="twin"),
             Message(topic="t", payload={"n": 1}, event_id="twin"),
         ],
+        outside_transaction=True,
     )
     assert [(r.duplicate, r.same_payload) for r in results] == [(False, True), (True, True)]
     assert results[0].id == results[1].id
@@ -114,6 +117,7 @@ def test_enqueue_many_repeated_event_id_different_payload_says_so(conn):
             Message(topic="t", payload={"n": 999}, event_id="twin"),
             Message(topic="t", payload={"n": 1}, event_id="twin"),
         ],
+        outside_transaction=True,
     )
     assert [(r.event_id, r.duplicate, r.same_payload) for r in results] == [
         ("twin", False, True),
@@ -126,13 +130,14 @@ def test_enqueue_many_repeated_event_id_different_payload_says_so(conn):
 
 
 def test_enqueue_many_repeated_event_id_already_stored(conn):
-    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="old"))
+    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="old"), outside_transaction=True)
     results = Outbox(EVENTS).enqueue_many(
         conn,
         [
             Message(topic="t", payload={"n": 2}, event_id="old"),
             Message(topic="t", payload={"n": 1}, event_id="old"),
         ],
+        outside_transaction=True,
     )
     assert [(r.duplicate, r.same_payload) for r in results] == [(True, False), (True, True)]
     assert count(conn) == 1
@@ -152,16 +157,20 @@ def test_a_100000_deep_payload_is_invalid_not_a_recursion_error(conn):
         deep_list = [deep_list]
     for payload in (_nested(100_000), {"x": deep_list}, '{"a":' * 100_000 + "{}" + "}" * 100_000):
         with pytest.raises(InvalidMessage, match=f"deeper than {MAX_NESTING_DEPTH} levels"):
-            Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=payload))
+            Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=payload), outside_transaction=True)
     assert count(conn) == 0
 
 
 def test_nesting_up_to_the_cap_is_accepted(conn):
-    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=_nested(MAX_NESTING_DEPTH)))
+    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=_nested(MAX_NESTING_DEPTH)), outside_transaction=True)
     with pytest.raises(InvalidMessage, match=r"deeper than 100 levels .*at \$(\.a){100}"):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=_nested(MAX_NESTING_DEPTH + 1)))
+        Outbox(EVENTS).enqueue(
+            conn, Message(topic="t", payload=_nested(MAX_NESTING_DEPTH + 1)), outside_transaction=True
+        )
     with pytest.raises(InvalidMessage, match="headers nests deeper"):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, headers=_nested(MAX_NESTING_DEPTH + 1)))
+        Outbox(EVENTS).enqueue(
+            conn, Message(topic="t", payload={}, headers=_nested(MAX_NESTING_DEPTH + 1)), outside_transaction=True
+        )
     assert count(conn) == 1
 
 
@@ -176,7 +185,7 @@ def test_nesting_up_to_the_cap_is_accepted(conn):
 )
 def test_non_string_keys_are_refused_not_stringified(conn, payload, where):
     with pytest.raises(InvalidMessage, match=where):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=payload))
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload=payload), outside_transaction=True)
     assert count(conn) == 0
 
 

@@ -164,7 +164,9 @@ def test_a_retry_in_backoff_is_not_late_until_its_backoff_ends(conn):
 
 def test_a_message_scheduled_for_later_is_not_late(conn):
     Outbox(EVENTS).enqueue(
-        conn, Message(topic="t", payload={"n": 1}, event_id="later", available_at=db_now(conn) + timedelta(hours=1))
+        conn,
+        Message(topic="t", payload={"n": 1}, event_id="later", available_at=db_now(conn) + timedelta(hours=1)),
+        outside_transaction=True,
     )
     assert lag(conn, later_s=30 * 60).severity == "ok"
     assert lag(conn, later_s=63 * 60).severity == "warn"
@@ -173,7 +175,9 @@ def test_a_message_scheduled_for_later_is_not_late(conn):
 def test_messages_held_behind_a_parked_key_are_told_by_blocked_keys_not_lag(db_url, conn):
     outbox = Outbox(EVENTS)
     for name in ("a1", "a2", "a3"):
-        outbox.enqueue(conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key="a"))
+        outbox.enqueue(
+            conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key="a"), outside_transaction=True
+        )
     reject = ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))
     Relay(db_url, table_settings(EVENTS, mode="competing", idle_sleep_s=0.01), reject).run(max_seconds=5, max_entries=2)
     assert statuses(conn, EVENTS) == {"dead": 1, "pending": 2}

@@ -35,7 +35,9 @@ def test_every_seed_metric_is_exposed_and_counts_what_happened(db_url, conn):
     before = scrape(db_url)
     outbox = Outbox(EVENTS)
     outbox.enqueue_many(
-        conn, [Message(topic=topic, payload={"n": i}, tenant_id="acme", event_id=f"{topic}-{i}") for i in range(4)]
+        conn,
+        [Message(topic=topic, payload={"n": i}, tenant_id="acme", event_id=f"{topic}-{i}") for i in range(4)],
+        outside_transaction=True,
     )
     answers = iter(
         [

@@ -32,7 +32,9 @@ def enqueue(conn, *keyed: tuple[str | None, str]) -> list[int]:
     """Enqueue (ordering_key, name) pairs one by one, each in its own transaction; the row ids."""
     outbox = Outbox(EVENTS)
     return [
-        outbox.enqueue(conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key=key)).id
+        outbox.enqueue(
+            conn, Message(topic="t", payload={"name": name}, event_id=name, ordering_key=key), outside_transaction=True
+        ).id
         for key, name in keyed
     ]
 
@@ -60,6 +62,7 @@ def test_a_key_s_later_messages_wait_and_unkeyed_ones_do_not(conn):
             Message(topic="t", payload={"name": n}, event_id=n, ordering_key=k)
             for k, n in [("c", "c1"), ("c", "c2"), ("b", "b2"), (None, "u2")]
         ],
+        outside_transaction=True,
     )
     assert len(many) == 4
     assert blocked(conn) == ["a2", "a3", "b2", "c2"]
@@ -70,7 +73,7 @@ def test_a_key_s_later_messages_wait_and_unkeyed_ones_do_not(conn):
 @pytest.mark.parametrize("key", ["", "x" * 256, "tab\there"])
 def test_an_unusable_ordering_key_is_refused_and_nothing_is_written(conn, key):
     with pytest.raises(InvalidMessage, match="ordering_key"):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, ordering_key=key))
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, ordering_key=key), outside_transaction=True)
     assert rows(conn, EVENTS) == []
 
 
@@ -219,11 +222,15 @@ def test_a_transaction_writing_many_waiting_keys_commits_within_the_lock_table(d
     keys = 30_000
     with conn.transaction():
         Outbox(EVENTS).enqueue_many(
-            conn, [Message(topic="t", payload={}, event_id=f"first-{k}", ordering_key=f"k{k}") for k in range(keys)]
+            conn,
+            [Message(topic="t", payload={}, event_id=f"first-{k}", ordering_key=f"k{k}") for k in range(keys)],
+            outside_transaction=True,
         )
     with conn.transaction():
         Outbox(EVENTS).enqueue_many(
-            conn, [Message(topic="t", payload={}, event_id=f"next-{k}", ordering_key=f"k{k}") for k in range(keys)]
+            conn,
+            [Message(topic="t", payload={}, event_id=f"next-{k}", ordering_key=f"k{k}") for k in range(keys)],
+            outside_transaction=True,
         )
     waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
     assert waiting == keys

@@ -107,9 +107,15 @@ def _table_acls(conn: DictConnection) -> dict[str, object]:
 def test_producer_enqueues_and_tells_a_duplicate_but_cannot_read_change_or_delete(login_as: LoginAs) -> None:
     url = login_as(roles.PRODUCER)
     with psycopg.connect(url) as conn:
-        first = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="e1"))
-        again = Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"n": 2}, event_id="e1"))
-        many = Outbox("outbox_memory").enqueue_many(conn, [Message(topic="t", payload={"n": i}) for i in range(3)])
+        first = Outbox("outbox_events").enqueue(
+            conn, Message(topic="t", payload={"n": 1}, event_id="e1"), outside_transaction=True
+        )
+        again = Outbox("outbox_events").enqueue(
+            conn, Message(topic="t", payload={"n": 2}, event_id="e1"), outside_transaction=True
+        )
+        many = Outbox("outbox_memory").enqueue_many(
+            conn, [Message(topic="t", payload={"n": i}) for i in range(3)], outside_transaction=True
+        )
         conn.commit()
     assert not first.duplicate and again.duplicate and again.id == first.id and not again.same_payload
     assert len(many) == 3 and not any(r.duplicate for r in many)
@@ -166,14 +172,22 @@ def test_producer_enqueues_and_tells_a_duplicate_on_a_created_table_and_in_bulk(
     roles.grant_roles(granted)
     url = login_as(roles.PRODUCER)
     with psycopg.connect(url) as conn:
-        first = Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="h1"))
-        again = Outbox("hrm_outbox").enqueue(conn, Message(topic="t", payload={"n": 1}, event_id="h1"))
+        first = Outbox("hrm_outbox").enqueue(
+            conn, Message(topic="t", payload={"n": 1}, event_id="h1"), outside_transaction=True
+        )
+        again = Outbox("hrm_outbox").enqueue(
+            conn, Message(topic="t", payload={"n": 1}, event_id="h1"), outside_transaction=True
+        )
         # From COPY_MIN_ROWS on, enqueue_many writes with COPY, which reserves the ids itself.
         bulk = Outbox("outbox_events").enqueue_many(
-            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)]
+            conn,
+            [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)],
+            outside_transaction=True,
         )
         repeated = Outbox("outbox_events").enqueue_many(
-            conn, [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)]
+            conn,
+            [Message(topic="t", payload={"n": i}, event_id=f"b{i}") for i in range(COPY_MIN_ROWS)],
+            outside_transaction=True,
         )
         conn.commit()
     assert not first.duplicate and again.duplicate and again.id == first.id and again.same_payload
@@ -184,7 +198,9 @@ def test_producer_enqueues_and_tells_a_duplicate_on_a_created_table_and_in_bulk(
 def test_producer_cannot_place_or_read_an_order(login_as: LoginAs) -> None:
     url = login_as(roles.PRODUCER)
     with psycopg.connect(url) as conn, pytest.raises(DENIED):
-        Outbox(ORDERS_TABLE).enqueue(conn, Message(topic="order.place", payload=order_payload(1)))
+        Outbox(ORDERS_TABLE).enqueue(
+            conn, Message(topic="order.place", payload=order_payload(1)), outside_transaction=True
+        )
     assert _denied(
         url,
         f"INSERT INTO {ORDERS_TABLE} (event_id, topic, payload, payload_sha) VALUES ('x', 'order.place', '{{}}', 's')",

@@ -17,7 +17,9 @@ EVENTS = "outbox_events"
 
 def enqueue_for(conn, tenant: str, n: int) -> None:
     Outbox(EVENTS).enqueue_many(
-        conn, [Message(topic="t", payload={"n": i}, tenant_id=tenant, event_id=f"{tenant}-{i}") for i in range(n)]
+        conn,
+        [Message(topic="t", payload={"n": i}, tenant_id=tenant, event_id=f"{tenant}-{i}") for i in range(n)],
+        outside_transaction=True,
     )
 
 

@@ -155,7 +155,8 @@ def test_replay_job_dry_run_by_default_then_replays(db_url, conn, instance, reso
 def test_skip_job_passes_over_a_parked_head_after_a_dry_run(db_url, conn, instance, resources):
     outbox = Outbox("outbox_events")
     first, second = (
-        outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42")).id for n in (1, 2)
+        outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key="org-42"), outside_transaction=True).id
+        for n in (1, 2)
     )
     make_dead(conn, "outbox_events", first, code="BAD_REQUEST")
     config = {"ops": {"skip_dead_op": {"config": {"table": "outbox_events", "ordering_key": "org-42"}}}}

@@ -450,7 +450,7 @@ class DrillStack(QueriesDatabase):
         outbox = Outbox(TABLE)
         with self.connect(autocommit=False) as conn:
             for i in range(0, len(messages), batch):
-                outbox.enqueue_many(conn, messages[i : i + batch])
+                outbox.enqueue_many(conn, messages[i : i + batch], outside_transaction=True)
                 if not one_transaction:
                     conn.commit()
             conn.commit()

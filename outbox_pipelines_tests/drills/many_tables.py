@@ -98,6 +98,7 @@ class ManyTablesStack(QueriesDatabase):
                         Message(topic="module.changed", payload={"n": i}, event_id=f"{prefix}-{name}-{i}")
                         for i in range(per_table)
                     ],
+                    outside_transaction=True,
                 )
             conn.commit()
         return time.monotonic()

@@ -61,7 +61,7 @@ def orders(prefix: str, n: int) -> list[Message]:
 
 def enqueue(conn: DictConnection, messages: list[Message]) -> None:
     with conn.transaction():  # one commit: every relay sees them all at once
-        Outbox(TABLE).enqueue_many(conn, messages)
+        Outbox(TABLE).enqueue_many(conn, messages, outside_transaction=True)
 
 
 def keys(messages: list[Message]) -> set[str]:

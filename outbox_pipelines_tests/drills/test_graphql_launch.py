@@ -75,8 +75,10 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     stack.wait_sent("graphql-warm", WARM, timeout_s=120)
     outbox = Outbox(TABLE)
     with stack.connect(autocommit=False) as conn:  # dead in the transaction that enqueues them: never pending
-        dead = [r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-dead", DEAD))]
-        [other] = [r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-unauthorized", 1))]
+        dead = [r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-dead", DEAD), outside_transaction=True)]
+        [other] = [
+            r.id for r in outbox.enqueue_many(conn, stack.orders("graphql-unauthorized", 1), outside_transaction=True)
+        ]
         make_dead(conn, TABLE, dead, code="BROKER_5XX")
         make_dead(conn, TABLE, other, code="UNAUTHORIZED")
         conn.commit()

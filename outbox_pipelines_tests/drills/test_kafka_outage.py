@@ -64,6 +64,7 @@ def test_a_60_s_cluster_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env
                 )
                 for i in range(MESSAGES)
             ],
+            outside_transaction=True,
         )
         log_path = tmp_path / "relay.log"
         with log_path.open("w") as log:

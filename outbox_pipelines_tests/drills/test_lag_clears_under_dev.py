@@ -88,7 +88,7 @@ def test_replaying_an_old_dead_order_does_not_fail_the_lag_check(stack: DrillSta
     # An order that died two days ago, created three days ago (written dead in one transaction: no relay saw it).
     [message] = stack.orders("old-dead", 1)
     with stack.connect(autocommit=False) as conn:
-        [row] = Outbox(TABLE).enqueue_many(conn, [message])
+        [row] = Outbox(TABLE).enqueue_many(conn, [message], outside_transaction=True)
         conn.execute(
             f"UPDATE {TABLE} SET status = 'dead', attempts = 6, last_error_code = 'BROKER_5XX', "
             "last_error = 'HTTP 503 from the broker', created_at = now() - interval '3 days', "

@@ -87,7 +87,9 @@ def test_nats_stopped_for_60s_mid_drain_loses_nothing(cli_env, conn, tmp_path, r
         created = run_cli(cli_env, "db", "create-table", TABLE, cwd=project)
         assert created.returncode == 0, created.stderr
         Outbox(TABLE).enqueue_many(
-            conn, [Message(topic="order.created", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)]
+            conn,
+            [Message(topic="order.created", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)],
+            outside_transaction=True,
         )
         consumer = LiveConsumer(server, "DRILL", "reader").start()
         log_path = tmp_path / "relay.log"

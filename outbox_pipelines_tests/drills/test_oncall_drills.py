@@ -93,7 +93,9 @@ class OrderStream:
         try:
             with self.stack.connect(autocommit=False) as conn:
                 while not self._stop.is_set():
-                    outbox.enqueue_many(conn, self.stack.orders(self.prefix, 1, start=self.sent))
+                    outbox.enqueue_many(
+                        conn, self.stack.orders(self.prefix, 1, start=self.sent), outside_transaction=True
+                    )
                     conn.commit()
                     self.sent += 1
                     self._stop.wait(1.0 / self.rate)

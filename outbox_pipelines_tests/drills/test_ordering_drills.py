@@ -136,6 +136,7 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
                         Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}", ordering_key=f"org{k}")
                         for k in range(keys)
                     ],
+                    outside_transaction=True,
                 )
         procs = [project_relay(cli_env, project) for _ in range(4)]
         # kill one relay mid-flight (its rows come back when their lease expires), then start another
@@ -187,6 +188,7 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
             Outbox(table).enqueue_many(
                 conn,
                 [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}", ordering_key=f"k{i}") for i in range(n)],
+                outside_transaction=True,
             )
         conn.execute(f"VACUUM ANALYZE {table}")
         started = time.monotonic()
@@ -197,7 +199,9 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
     beside, alone = "outbox_events", "outbox_memory"
     with conn.transaction():  # the blocked key: its head died, four more wait behind it
         Outbox(beside).enqueue_many(
-            conn, [Message(topic="t", payload={}, event_id=f"stuck-{v}", ordering_key="stuck") for v in range(5)]
+            conn,
+            [Message(topic="t", payload={}, event_id=f"stuck-{v}", ordering_key="stuck") for v in range(5)],
+            outside_transaction=True,
         )
     Relay(db_url, settings(beside), ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
         max_entries=1

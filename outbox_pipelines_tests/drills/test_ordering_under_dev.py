@@ -52,6 +52,7 @@ def test_keys_stay_in_order_under_dev_and_a_parked_key_is_alerted_then_skipped(s
                     Message(topic="org.changed", payload={"v": v}, event_id=f"org{k}-v{v}", ordering_key=f"org{k}")
                     for k in range(KEYS)
                 ],
+                outside_transaction=True,
             )
             conn.commit()
 

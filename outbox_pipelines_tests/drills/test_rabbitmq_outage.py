@@ -62,7 +62,9 @@ def test_a_60_s_node_outage_mid_drain_loses_nothing_and_kills_nothing(cli_env, c
         created = run_cli(env, "db", "create-table", TABLE, cwd=tmp_path)
         assert created.returncode == 0, created.stderr
         Outbox(TABLE).enqueue_many(
-            conn, [Message(topic="order.changed", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)]
+            conn,
+            [Message(topic="order.changed", payload={"n": i}, event_id=f"drill-{i}") for i in range(MESSAGES)],
+            outside_transaction=True,
         )
         consumer = Consumer(node.url, QUEUE)
         log_path = tmp_path / "relay.log"

@@ -33,7 +33,11 @@ def relay(db_url, **overrides):
 
 def member_created(conn, n: int, **payload):
     body = {"member_id": n, "email": f"m{n}@example.test", "name": f"Member {n}", **payload}
-    return Outbox(TABLE).enqueue(conn, Message(topic=members.TOPIC, payload=body, event_id=f"member-{n}")).id
+    return (
+        Outbox(TABLE)
+        .enqueue(conn, Message(topic=members.TOPIC, payload=body, event_id=f"member-{n}"), outside_transaction=True)
+        .id
+    )
 
 
 def test_welcome_email_is_sent_recorded_and_the_row_deleted(db_url, conn, mail_dir):
@@ -55,7 +59,9 @@ def test_a_redelivered_event_sends_no_second_email(db_url, conn, mail_dir):
     member_created(conn, 2)
     relay(db_url)
     Outbox(TABLE).enqueue(
-        conn, Message(topic=members.TOPIC, payload={"member_id": 2, "email": "m2@example.test"}, event_id="member-2")
+        conn,
+        Message(topic=members.TOPIC, payload={"member_id": 2, "email": "m2@example.test"}, event_id="member-2"),
+        outside_transaction=True,
     )  # the same event again (deleted row, so inserted anew)
     relay(db_url)
     assert conn.execute("SELECT count(*) AS n FROM automated_email_recipients").fetchone()["n"] == 1
@@ -83,7 +89,11 @@ def test_failures_retry_up_to_the_maximum_then_dead(db_url, conn, mail_dir):
 
 
 def test_missing_handler_and_unparsable_payload_are_recorded_not_lost(db_url, conn, mail_dir):
-    Outbox(TABLE).enqueue(conn, Message(topic="MemberDeletedEvent", payload={"member_id": 4}, event_id="deleted-4"))
+    Outbox(TABLE).enqueue(
+        conn,
+        Message(topic="MemberDeletedEvent", payload={"member_id": 4}, event_id="deleted-4"),
+        outside_transaction=True,
+    )
     member_created(conn, 5, email="not-an-email")
     relay(db_url)
     by_event = {r["event_id"]: r for r in rows(conn, TABLE)}

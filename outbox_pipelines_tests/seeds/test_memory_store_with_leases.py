@@ -24,7 +24,11 @@ TABLE = "outbox_memory"
 
 
 def remember(conn, event_id: str, text: str, space: str = "team:alpha") -> int:
-    return Outbox(TABLE).enqueue(conn, Message(topic=space, payload={"md": text}, event_id=event_id)).id
+    return (
+        Outbox(TABLE)
+        .enqueue(conn, Message(topic=space, payload={"md": text}, event_id=event_id), outside_transaction=True)
+        .id
+    )
 
 
 def memory_store(key, attempt, body):

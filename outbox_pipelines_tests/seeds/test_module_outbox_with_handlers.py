@@ -63,8 +63,12 @@ def test_dispatcher_aggregates_handler_errors_and_never_drops_unrouted_messages(
     registry.register("org.changed", lambda msg: "cache-flushed")
     registry.register("org.changed", lambda msg: (_ for _ in ()).throw(RuntimeError("search index down")))
     registry.register("org.changed", lambda msg: (_ for _ in ()).throw(ValueError("webhook 500")))
-    Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e1"))
-    Outbox(TABLE).enqueue(conn, Message(topic="org.deleted", payload={"org_id": 2}, event_id="e2"))
+    Outbox(TABLE).enqueue(
+        conn, Message(topic="org.changed", payload={"org_id": 1}, event_id="e1"), outside_transaction=True
+    )
+    Outbox(TABLE).enqueue(
+        conn, Message(topic="org.deleted", payload={"org_id": 2}, event_id="e2"), outside_transaction=True
+    )
     Relay(db_url, settings(), HandlerDestination(registry)).run(once=True)
     by_event = {r["event_id"]: r for r in rows(conn, TABLE)}
     changed, deleted = by_event["e1"], by_event["e2"]
@@ -77,7 +81,7 @@ def test_dispatcher_aggregates_handler_errors_and_never_drops_unrouted_messages(
 def test_max_attempts_stops_retrying_and_the_row_stays_queryable(db_url, conn, org_outbox):
     registry = HandlerRegistry()
     registry.register("org.changed", lambda msg: (_ for _ in ()).throw(RuntimeError("always")))
-    Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={}, event_id="e"))
+    Outbox(TABLE).enqueue(conn, Message(topic="org.changed", payload={}, event_id="e"), outside_transaction=True)
     for _ in range(4):
         make_due(conn, TABLE)
         Relay(db_url, settings(), HandlerDestination(registry)).run(once=True)
@@ -98,7 +102,7 @@ def test_single_active_relay_one_at_a_time_and_a_standby_takes_over(db_url, conn
     t2 = threading.Thread(target=lambda: result.update(report=second.run(max_seconds=10)), name="second")
     t2.start()
     for n in range(5):
-        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"a{n}"))
+        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"a{n}"), outside_transaction=True)
     deadline = time.monotonic() + 5
     while statuses(conn, TABLE) != {"sent": 5} and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -106,7 +110,7 @@ def test_single_active_relay_one_at_a_time_and_a_standby_takes_over(db_url, conn
     first.request_stop()
     t1.join(10)
     for n in range(5, 8):
-        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"a{n}"))
+        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"a{n}"), outside_transaction=True)
     deadline = time.monotonic() + 5
     while statuses(conn, TABLE) != {"sent": 8} and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -118,7 +122,7 @@ def test_single_active_relay_one_at_a_time_and_a_standby_takes_over(db_url, conn
 
 def test_cleaner_retention_keeps_unpublished_and_recent_rows(db_url, conn, org_outbox):
     for n in range(4):
-        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={}, event_id=f"c{n}"))
+        Outbox(TABLE).enqueue(conn, Message(topic="t", payload={}, event_id=f"c{n}"), outside_transaction=True)
     now = db_now(conn)
     make_sent(conn, TABLE, event_ids=["c0", "c1"], published_at=now - timedelta(hours=169))
     make_sent(conn, TABLE, event_ids=["c2"], published_at=now - timedelta(hours=1))

@@ -126,7 +126,7 @@ def marked_registry() -> HandlerRegistry:
 def run_marked_table(db_url: str, conn: psycopg.Connection, table: str, marker: str, tenant: str) -> None:
     """Relay the marked messages of ``table`` to their end: sent, dead at once, and dead after one retry."""
     create_table(db_url, table)
-    Outbox(table).enqueue_many(conn, marked_messages(marker, tenant))
+    Outbox(table).enqueue_many(conn, marked_messages(marker, tenant), outside_transaction=True)
     settings = TableSettings(
         name=table,
         destination="handlers",
@@ -187,7 +187,9 @@ def test_a_batch_that_dies_whole_logs_ten_lines_and_one_for_the_rest(db_url, con
         raise PermanentError("needs instrument", code="BAD_PAYLOAD")
 
     registry.register("order.x", refuse)
-    Outbox(table).enqueue_many(conn, [Message(topic="order.x", payload={"n": n}) for n in range(25)])
+    Outbox(table).enqueue_many(
+        conn, [Message(topic="order.x", payload={"n": n}) for n in range(25)], outside_transaction=True
+    )
     settings = TableSettings(name=table, destination="handlers", mode="competing", batch_size=100)
     caplog.set_level(logging.INFO, logger="outbox_pipelines.relay")
     report = Relay(db_url, settings, HandlerDestination(registry)).run(once=True)
@@ -325,7 +327,9 @@ def test_relay_enabled_false_makes_the_relay_do_nothing_and_keeps_the_rows_pendi
     ids = [
         r.id
         for r in Outbox(EVENTS).enqueue_many(
-            conn, [Message(topic="org.changed", payload={"org_id": i}, event_id=f"off-{i}") for i in range(3)]
+            conn,
+            [Message(topic="org.changed", payload={"org_id": i}, event_id=f"off-{i}") for i in range(3)],
+            outside_transaction=True,
         )
     ]
     disabled = run_cli({**cli_env, "OUTBOX_RELAY_ENABLED": "false"}, "relay", "--table", EVENTS, "--once")

@@ -215,7 +215,7 @@ class SoakDatabase(QueriesDatabase):
                     payload = order_payload(i, key=keys[i])
                     payload["order_id"] = keys[i][:64]
                     messages.append(Message(topic="order.submitted", payload=payload, event_id=keys[i]))
-                outbox.enqueue_many(conn, messages)
+                outbox.enqueue_many(conn, messages, outside_transaction=True)
             conn.commit()
         return keys
 

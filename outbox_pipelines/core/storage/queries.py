@@ -6,6 +6,7 @@ core/storage/embedded.py, core/storage/migrate.py and dagster_home.py), and the 
 runs ledger.sql's.
 """
 
+import re
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -61,3 +62,34 @@ def table_query(name: str, table_name: str) -> str:
 
 def shared_query(name: str) -> sql.SQL:
     return sql.SQL(named_queries()[name])
+
+
+# psycopg's placeholders: %s (positional), %(name)s (named), and %% (a literal %).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
+
+
+@lru_cache(maxsize=256)
+def numbered_table_query(name: str, table_name: str) -> tuple[str, tuple[str, ...] | int]:
+    """``table_query`` with asyncpg's placeholders (``$1``, ``$2``): the same statement from sql/, renumbered.
+
+    Also returns how its parameters are passed: the names of ``%(name)s`` parameters in ``$n`` order (a
+    name used twice is one ``$n``), or the count of positional ``%s`` parameters.
+    """
+    names: list[str] = []
+    positional = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal positional
+        if match.group(0) == "%%":
+            return "%"
+        if match.group(1) is None:
+            positional += 1
+            return f"${positional}"
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = _PLACEHOLDER.sub(number, table_query(name, table_name))
+    if names and positional:
+        raise ValueError(f"query {name!r} mixes %s and %(name)s placeholders")
+    return text, tuple(names) if names else positional

@@ -55,6 +55,25 @@ def _copy_line(row_id: int, row: NewRow) -> str:
     return "\t".join("\\N" if field is None else field.translate(_COPY_ESCAPES) for field in fields) + "\n"
 
 
+def insert_row_params(row: NewRow, now: datetime | None) -> tuple[str, tuple[Any, ...]]:
+    """The statement that writes one message, and its positional parameters (sync and asyncio alike)."""
+    # The row's first six fields (event_id to headers) in the statement's order, then when it is due.
+    due = row.available_at if row.available_at is not None else now
+    params: tuple[Any, ...] = (*row[:6], due)
+    ordering_key = row.ordering_key
+    if ordering_key is None:  # the unordered statement stays as it was: ordering costs it nothing
+        return "outbox_insert", params
+    return "outbox_insert_keyed", (*params, ordering_key, ordering_key)
+
+
+def insert_many_params(columns: dict[str, list[Any]], now: datetime | None) -> tuple[str, dict[str, Any]]:
+    """The statement that writes a batch (columns as parallel lists, ``enqueue._columns``) and its parameters."""
+    params: dict[str, Any] = {**columns, "now": now}
+    if any(key is not None for key in params.pop("ordering_keys", ())):
+        return "outbox_insert_many_keyed", {**params, "ordering_keys": columns["ordering_keys"]}
+    return "outbox_insert_many", params
+
+
 def insert_row(conn: Any, table_name: str, row: NewRow, now: datetime | None = None) -> int | None:
     """Insert one message (payload and headers as canonical JSON text) into ``table_name`` (validated by
     the caller); its id, or None if its event_id exists. ``conn``: what the application passed to
@@ -64,13 +83,7 @@ def insert_row(conn: Any, table_name: str, row: NewRow, now: datetime | None = N
     A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
     once per message, where building the table's statement object and _run's dicts are part of what
     the enqueue adds to that transaction (bench/results.md, issue 28's third pass)."""
-    # The row's first six fields (event_id to headers) in the statement's order, then when it is due.
-    due = row.available_at if row.available_at is not None else now
-    params: tuple[Any, ...] = (*row[:6], due)
-    ordering_key = row.ordering_key
-    query = "outbox_insert"
-    if ordering_key is not None:  # the unordered statement stays as it was: ordering costs it nothing
-        query, params = "outbox_insert_keyed", (*params, ordering_key, ordering_key)
+    query, params = insert_row_params(row, now)
     statement = table_query(query, table_name)
     cursor = statement_cursor(conn)
     try:
@@ -103,34 +116,10 @@ def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...])
 class EnqueueStatements(TableStatements):
     """Enqueue into one outbox table."""
 
-    def insert_many(
-        self,
-        *,
-        event_ids: Sequence[str],
-        tenant_ids: Sequence[str | None],
-        topics: Sequence[str],
-        payloads: Sequence[str],
-        payload_shas: Sequence[str],
-        headers: Sequence[str],
-        available_ats: Sequence[datetime | None],
-        ordering_keys: Sequence[str | None] = (),
-        now: datetime | None = None,
-    ) -> dict[str, int]:
+    def insert_many(self, columns: dict[str, list[Any]], now: datetime | None = None) -> dict[str, int]:
         """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
-        params: dict[str, Any] = {
-            "event_ids": list(event_ids),
-            "tenant_ids": list(tenant_ids),
-            "topics": list(topics),
-            "payloads": list(payloads),
-            "payload_shas": list(payload_shas),
-            "headers": list(headers),
-            "available_ats": list(available_ats),
-            "now": now,
-        }
-        keyed = any(key is not None for key in ordering_keys)
-        if keyed:
-            params["ordering_keys"] = list(ordering_keys)
-        rows = self._run("outbox_insert_many_keyed" if keyed else "outbox_insert_many", params)
+        query, params = insert_many_params(columns, now)
+        rows = self._run(query, params)
         return {row["event_id"]: int(row["id"]) for row in rows}
 
     def copy_new(self, rows: Iterable[NewRow], count: int) -> list[int] | None:

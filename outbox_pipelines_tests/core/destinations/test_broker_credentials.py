@@ -189,7 +189,7 @@ def test_a_relay_to_a_broker_with_user_info_shows_no_credential_anywhere(db_url,
         accept_order(conn, "", order_payload(1, "k-sent"))
         accept_order(conn, "", order_payload(2, "k-retry"))
     Outbox("outbox_orders").enqueue(
-        conn, Message(topic="order.submitted", payload={"not": "an order"}, event_id="k-bad")
+        conn, Message(topic="order.submitted", payload={"not": "an order"}, event_id="k-bad"), outside_transaction=True
     )
     caplog.set_level(logging.DEBUG)
     report = run_table_relay(db_url, settings, "outbox_orders", once=True)

@@ -22,7 +22,7 @@ SMALL_RETRY = RetryPolicy(base_s=60.0, max_s=600.0, max_attempts=3, jitter=0.0)
 
 
 def enqueue(conn, table: str, topic: str, payload: dict, event_id: str) -> str:
-    Outbox(table).enqueue(conn, Message(topic=topic, payload=payload, event_id=event_id))
+    Outbox(table).enqueue(conn, Message(topic=topic, payload=payload, event_id=event_id), outside_transaction=True)
     return event_id
 
 
@@ -117,6 +117,7 @@ def test_handlers_receive_the_message(conn, db_url):
         Message(
             topic="org.changed", payload={"org_id": 7}, event_id="org-7", tenant_id="acme", headers={"trace_id": "t1"}
         ),
+        outside_transaction=True,
     )
     run_relay(db_url, registry)
     [message] = received
@@ -144,7 +145,9 @@ def test_a_handler_gets_numbers_exactly_as_they_were_enqueued(conn, db_url, clai
     registry = HandlerRegistry()
     registry.on("ledger.posted")(received.append)
     Outbox(EVENTS).enqueue(
-        conn, Message(topic="ledger.posted", payload=payload, event_id="l-1", headers={"trace_id": "t9", "seq": 10**20})
+        conn,
+        Message(topic="ledger.posted", payload=payload, event_id="l-1", headers={"trace_id": "t9", "seq": 10**20}),
+        outside_transaction=True,
     )
     run_relay(db_url, registry, claim=claim)
     [message] = received

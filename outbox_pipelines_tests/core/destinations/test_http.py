@@ -317,7 +317,11 @@ SMALL_RETRY = RetryPolicy(base_s=60.0, max_s=600.0, max_attempts=3, jitter=0.0)
 def enqueue(conn, *names: str) -> list[str]:
     outbox = Outbox(ORDERS)
     for name in names:
-        outbox.enqueue(conn, Message(topic="order.created", payload={"order_id": name, "qty": 1}, event_id=name))
+        outbox.enqueue(
+            conn,
+            Message(topic="order.created", payload={"order_id": name, "qty": 1}, event_id=name),
+            outside_transaction=True,
+        )
     return list(names)
 
 

@@ -87,7 +87,11 @@ def enqueue_invoices(db_url: str, count: int) -> None:
     outbox = Outbox(TABLE)
     with psycopg.connect(db_url) as conn:  # one business transaction for the lot
         for i in range(count):
-            outbox.enqueue(conn, Message(topic="invoice.issued", payload={"invoice": f"inv-{i}", "amount": i}))
+            outbox.enqueue(
+                conn,
+                Message(topic="invoice.issued", payload={"invoice": f"inv-{i}", "amount": i}),
+                outside_transaction=True,
+            )
 
 
 def relay_once(cli_env: dict[str, str], cwd: Path) -> str:

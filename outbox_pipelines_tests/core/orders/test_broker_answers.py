@@ -37,7 +37,9 @@ def enqueue(conn, *keys: str, payload: dict | None = None) -> None:
     outbox = Outbox(ORDERS)
     for key in keys:
         outbox.enqueue(
-            conn, Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1}, event_id=key)
+            conn,
+            Message(topic="order.created", payload=payload or {"order_id": key, "qty": 1}, event_id=key),
+            outside_transaction=True,
         )
 
 

@@ -84,7 +84,9 @@ def test_retry_backoff_boundary_in_database_time(conn):
 
 def test_future_message_is_claimed_only_once_due(conn):
     t0 = db_now(conn)
-    Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, available_at=t0 + timedelta(seconds=30)))
+    Outbox(EVENTS).enqueue(
+        conn, Message(topic="t", payload={}, available_at=t0 + timedelta(seconds=30)), outside_transaction=True
+    )
     outbox_table = OutboxTable(conn, EVENTS)
     assert outbox_table.claim("w", 1, 60, now=t0 + timedelta(seconds=29)) == []
     assert len(outbox_table.claim("w", 1, 60, now=t0 + timedelta(seconds=31))) == 1

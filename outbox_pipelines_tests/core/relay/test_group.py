@@ -61,7 +61,11 @@ def tables(db_url: str) -> list[str]:
 
 
 def enqueue(conn, table: str, n: int, prefix: str = "m") -> None:
-    Outbox(table).enqueue_many(conn, [Message(topic="t", payload={"n": i}, event_id=f"{prefix}{i}") for i in range(n)])
+    Outbox(table).enqueue_many(
+        conn,
+        [Message(topic="t", payload={"n": i}, event_id=f"{prefix}{i}") for i in range(n)],
+        outside_transaction=True,
+    )
 
 
 @contextmanager

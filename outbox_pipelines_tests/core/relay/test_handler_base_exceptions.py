@@ -63,7 +63,7 @@ def team_project(tmp_path: Path, cli_env: dict, parallelism: int) -> dict:
 def enqueue(conn, topics: list[str]) -> None:
     outbox = Outbox("outbox_events")
     for n, topic in enumerate(topics):
-        outbox.enqueue(conn, Message(topic=topic, payload={"n": n}, event_id=f"m{n}-{topic}"))
+        outbox.enqueue(conn, Message(topic=topic, payload={"n": n}, event_id=f"m{n}-{topic}"), outside_transaction=True)
 
 
 @pytest.mark.parametrize("parallelism", [1, 4])

@@ -118,7 +118,9 @@ def test_entry_budget_stops_claiming(db_url, conn):
 def test_a_claim_cut_short_by_the_entry_budget_ends_the_run_without_an_idle_wait(db_url, conn):
     enqueue_n(conn, EVENTS, 7)
     later = db_now(conn) + timedelta(hours=1)
-    Outbox(EVENTS).enqueue_many(conn, [Message(topic="t", payload={}, available_at=later) for _ in range(5)])
+    Outbox(EVENTS).enqueue_many(
+        conn, [Message(topic="t", payload={}, available_at=later) for _ in range(5)], outside_transaction=True
+    )
     started = time.monotonic()
     report = Relay(db_url, events_settings(batch_size=3, idle_sleep_s=30.0), ScriptedDestination()).run(max_entries=7)
     assert (report.sent, report.stopped_because) == (7, "entry budget used")
@@ -140,7 +142,7 @@ def test_notify_wakes_an_idle_relay_quickly(db_url, conn):
     with relay_running(db_url, destination, idle_sleep_s=30.0):
         time.sleep(0.3)  # let the relay go idle on its 30 s sleep
         started = time.monotonic()
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}))
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}), outside_transaction=True)
         assert delivered.wait(5)
         assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
 
@@ -199,7 +201,7 @@ def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, con
         return Outcome.sent()
 
     with relay_running(db_url, ScriptedDestination(deliver), idle_sleep_s=30.0):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"), outside_transaction=True)
         started = time.monotonic()
         assert second_sent.wait(5)
         assert time.monotonic() - started < 1.0  # far less than the 30 s idle sleep
@@ -224,7 +226,7 @@ def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url
         return Outcome.sent()
 
     with relay_running(db_url, ScriptedDestination(deliver), idle_sleep_s=30.0):
-        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"))
+        Outbox(EVENTS).enqueue(conn, Message(topic="t", payload={}, event_id="first"), outside_transaction=True)
         assert burst_committed.wait(5)
         deadline = time.monotonic() + 5
         while len(handled) < 21 and time.monotonic() < deadline:
@@ -384,8 +386,8 @@ def test_switching_a_topic_off_takes_effect_on_a_running_relay(db_url, conn):
     try:
         registry.set_enabled("a", False)
         time.sleep(0.2)  # the relay is between claims now
-        Outbox(EVENTS).enqueue(conn, Message(topic="a", payload={}))
-        Outbox(EVENTS).enqueue(conn, Message(topic="b", payload={}))
+        Outbox(EVENTS).enqueue(conn, Message(topic="a", payload={}), outside_transaction=True)
+        Outbox(EVENTS).enqueue(conn, Message(topic="b", payload={}), outside_transaction=True)
         deadline = time.monotonic() + 5
         while "b" not in handled and time.monotonic() < deadline:
             time.sleep(0.05)

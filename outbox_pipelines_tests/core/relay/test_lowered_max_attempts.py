@@ -35,10 +35,10 @@ def test_rows_at_or_past_a_lowered_limit_die_at_their_next_claim_without_a_deliv
         assert result.returncode == 0, result.stderr
 
     settings(config, http_sink.url, max_attempts=10)
-    outbox.enqueue(conn, Message(topic="worn", payload={"k": 1}, event_id="k-worn"))
+    outbox.enqueue(conn, Message(topic="worn", payload={"k": 1}, event_id="k-worn"), outside_transaction=True)
     for _ in range(3):
         relay_one()
-    outbox.enqueue(conn, Message(topic="t", payload={"k": 2}, event_id="k-once"))
+    outbox.enqueue(conn, Message(topic="t", payload={"k": 2}, event_id="k-once"), outside_transaction=True)
     settings(config, http_sink.url, max_attempts=10, paused='"worn"')  # only k-once is claimed now
     relay_one()
     by_key = {r["event_id"]: r for r in rows(conn, HOOKS)}

@@ -172,7 +172,9 @@ def test_a_trickle_reaches_a_running_relay_at_once_with_a_30_s_idle_sleep(cli_en
     proc = start_events_relay(cli_env, conn, tmp_path, "", OUTBOX_IDLE_SLEEP_MS="30000")
     try:
         for n in range(30):
-            Outbox("outbox_events").enqueue(conn, Message(topic="t", payload={"n": n}, event_id=f"trickle-{n}"))
+            Outbox("outbox_events").enqueue(
+                conn, Message(topic="t", payload={"n": n}, event_id=f"trickle-{n}"), outside_transaction=True
+            )
             time.sleep(0.03)
         wait_until(lambda: statuses(conn, "outbox_events") == {"sent": 30}, 20, "all 30 sent", 0.05)
     finally:
