@@ -151,3 +151,47 @@ def test_an_async_session_is_refused_without_starting_its_connection(recwarn):
     with pytest.raises(TypeError, match=r"AsyncSessionShaped is an asyncio connection: use `await outbox.enqueue_async"):
         OUTBOX.enqueue(AsyncSessionShaped(), Message(topic="t", payload={"n": 1}))
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_sqlalchemy_on_psycopg2_is_refused_with_the_one_line_switch(db_url, conn):
+    engine = sa.create_engine(sqlalchemy_url(db_url).replace("+psycopg://", "+psycopg2://"))
+    try:
+        with engine.begin() as sa_conn:
+            with pytest.raises(TypeError, match=r"psycopg2.*change the engine's URL .* to postgresql\+psycopg://"):
+                OUTBOX.enqueue(sa_conn, Message(topic="t", payload={"n": 1}))
+    finally:
+        engine.dispose()
+    assert _stored(conn) == []
+
+
+def test_an_autocommit_connection_is_refused_unless_the_call_says_so(db_url, conn):
+    from outbox_pipelines.core.errors import NoTransaction
+
+    engine = sa.create_engine(sqlalchemy_url(db_url), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as sa_conn, pytest.raises(NoTransaction, match="outside_transaction=True"):
+            OUTBOX.enqueue(sa_conn, Message(topic="t", payload={"n": 1}, event_id="sa-autocommit"))
+    finally:
+        engine.dispose()
+    with psycopg.connect(db_url, autocommit=True) as pg:
+        with pytest.raises(NoTransaction, match=r"with conn.transaction\(\):"):
+            OUTBOX.enqueue(pg, Message(topic="t", payload={"n": 1}, event_id="pg-autocommit"))
+        with pytest.raises(NoTransaction):
+            OUTBOX.enqueue_many(pg, [Message(topic="t", payload={"n": n}) for n in range(30)])  # the COPY path too
+        with pg.transaction():
+            OUTBOX.enqueue(pg, Message(topic="t", payload={"n": 1}, event_id="in-transaction"))
+        OUTBOX.enqueue(pg, Message(topic="t", payload={"n": 1}, event_id="on-purpose"), outside_transaction=True)
+    assert _stored(conn) == ["in-transaction", "on-purpose"]
+
+
+def test_a_connection_begun_by_the_enqueue_commits_with_the_callers_commit(db_url, conn):
+    """``engine.connect()`` with no statement before the enqueue: the message begins SQLAlchemy's transaction
+    (as its autobegin would), so the caller's ``commit()`` commits it instead of finding nothing to commit."""
+    engine = sa.create_engine(sqlalchemy_url(db_url))
+    try:
+        with engine.connect() as sa_conn:
+            OUTBOX.enqueue(sa_conn, Message(topic="t", payload={"n": 1}, event_id="first-statement"))
+            sa_conn.commit()
+    finally:
+        engine.dispose()
+    assert _stored(conn) == ["first-statement"]

@@ -57,17 +57,24 @@ def _is_django(conn: Any) -> bool:
     return hasattr(conn, "in_atomic_block") and hasattr(conn, "ensure_connection") and hasattr(conn, "vendor")
 
 
+def _on_class(conn: Any, name: str) -> Any:
+    # Looked up on the class: AsyncConnection's ``connection`` is a property that raises when read.
+    return getattr(type(conn), name, None)
+
+
 def _is_sqlalchemy_session(conn: Any) -> bool:
-    # A Session, scoped_session, AsyncSession or async_scoped_session.
-    return callable(getattr(conn, "connection", None)) and callable(getattr(conn, "get_bind", None))
+    # A Session or AsyncSession (scoped_session and async_scoped_session proxy the same two methods).
+    return inspect.isfunction(_on_class(conn, "connection")) and callable(_on_class(conn, "get_bind"))
 
 
 def _is_sqlalchemy_async_connection(conn: Any) -> bool:
-    return hasattr(conn, "sync_connection") and inspect.iscoroutinefunction(getattr(conn, "exec_driver_sql", None))
+    return _on_class(conn, "sync_connection") is not None and inspect.iscoroutinefunction(
+        _on_class(conn, "exec_driver_sql")
+    )
 
 
 def _is_sqlalchemy_connection(conn: Any) -> bool:
-    return hasattr(conn, "in_transaction") and callable(getattr(conn, "exec_driver_sql", None))
+    return callable(_on_class(conn, "in_transaction")) and callable(_on_class(conn, "exec_driver_sql"))
 
 
 def _refuse_async_given_to_sync(conn: Any) -> None:
@@ -75,7 +82,7 @@ def _refuse_async_given_to_sync(conn: Any) -> None:
         isinstance(conn, (psycopg.AsyncConnection, psycopg.AsyncCursor))
         or _is_asyncpg(conn)
         or _is_sqlalchemy_async_connection(conn)
-        or (_is_sqlalchemy_session(conn) and inspect.iscoroutinefunction(conn.connection))
+        or (_is_sqlalchemy_session(conn) and inspect.iscoroutinefunction(_on_class(conn, "connection")))
     )
     if asyncio_kind:
         raise TypeError(
@@ -92,7 +99,7 @@ def _refuse_sync_given_to_async(conn: Any) -> None:
         )
     sync_kind = (
         isinstance(conn, (psycopg.Connection, psycopg.Cursor))
-        or (_is_sqlalchemy_session(conn) and not inspect.iscoroutinefunction(conn.connection))
+        or (_is_sqlalchemy_session(conn) and not inspect.iscoroutinefunction(_on_class(conn, "connection")))
         or (_is_sqlalchemy_connection(conn) and not _is_sqlalchemy_async_connection(conn))
     )
     if sync_kind:
