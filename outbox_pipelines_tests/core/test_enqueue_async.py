@@ -5,7 +5,7 @@ row, and a connection with no transaction open is refused before anything is wri
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -375,6 +375,7 @@ def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
                     await OUTBOX.enqueue_async(pg, Message(topic="t", payload={"n": n}, event_id=f"c-{n}"))
 
         locks = [asyncio.Lock() for _ in range(10)]
+
         async def waits_on_a_held_event_id(pg: Any) -> None:
             # Another transaction holds this event_id uncommitted for 0.3 s: the INSERT's ON CONFLICT waits
             # for it on the server. Awaited, the loop goes on; a blocking call would stall it that long.

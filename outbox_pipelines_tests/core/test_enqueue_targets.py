@@ -148,7 +148,7 @@ def test_an_async_session_is_refused_without_starting_its_connection(recwarn):
         def get_bind(self):
             return None
 
-    with pytest.raises(TypeError, match=r"AsyncSessionShaped is an asyncio connection: use `await outbox.enqueue_async"):
+    with pytest.raises(TypeError, match=r"AsyncSessionShaped is an asyncio connection: use `await outbox.enqueue_"):
         OUTBOX.enqueue(AsyncSessionShaped(), Message(topic="t", payload={"n": 1}))
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
