@@ -31,6 +31,8 @@ UNAUTHORIZED = "UNAUTHORIZED"
 UNKNOWN = "UNKNOWN"
 NO_SUBSCRIBERS = "NO_SUBSCRIBERS"
 HANDLER_ERROR = "HANDLER_ERROR"
+# An async handler still running at its table's timeout (cancelled; the message retries).
+HANDLER_TIMEOUT = "HANDLER_TIMEOUT"
 # Claimed past the table's max_attempts (it was lowered while the row waited): dead, not delivered again.
 MAX_ATTEMPTS = "MAX_ATTEMPTS"
 DEDUP_HIT = "DEDUP_HIT"

@@ -78,7 +78,9 @@ def build_destination(table: TableSettings, settings: Settings) -> Destination:
         return build_wing_destination(table, settings)
     if table.destination == "handlers":
         assert table.handlers
-        return HandlerDestination(load_registry(table.handlers), name=table.handlers, threads=table.handler_threads)
+        return HandlerDestination(
+            load_registry(table.handlers), name=table.handlers, threads=table.handler_threads, timeout_s=table.timeout_s
+        )
     if table.destination == "paper":
         return PaperBroker()
     raise ConfigError(

@@ -56,6 +56,7 @@ KNOWN_ERROR_CODES: tuple[str, ...] = (
     m.UNKNOWN,
     m.NO_SUBSCRIBERS,
     m.HANDLER_ERROR,
+    m.HANDLER_TIMEOUT,
     "CONFLICT",
     "LEASE_EXPIRED",
     "DB_ERROR",

@@ -29,7 +29,7 @@ def enqueue(conn, table: str, topic: str, payload: dict, event_id: str) -> str:
 def run_relay(db_url: str, registry: HandlerRegistry, table: str = EVENTS, threads: int = 1, **overrides):
     overrides.setdefault("retry", SMALL_RETRY)
     settings = table_settings(table, mode="competing", **overrides)
-    destination = HandlerDestination(registry, threads=threads)
+    destination = HandlerDestination(registry, threads=threads, timeout_s=settings.timeout_s)
     try:
         return Relay(db_url, settings, destination, worker_id="test-relay").run(once=True, max_seconds=30)
     finally:

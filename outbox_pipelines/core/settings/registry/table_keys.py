@@ -81,8 +81,8 @@ TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
     TableKey("handlers", "where", "module:attribute", None, "the HandlerRegistry run in-process "
              "(`package.module:registry`)", applies_to=("handlers",), default_note="none: required with handlers"),
     # How one delivery is made.
-    TableKey("timeout", "delivery", "duration", '"5s"', "how long one delivery may take",
-             applies_to=("http", *_BROKERS)),
+    TableKey("timeout", "delivery", "duration", '"5s"', "how long one delivery may take (handlers: how long an "
+             "`async def` handler may run before it is cancelled)", applies_to=("http", "handlers", *_BROKERS)),
     TableKey("transport", "delivery", "choice", '"aiohttp-native"', "the HTTP client", applies_to=_HTTP,
              choices=("aiohttp-native", "aiohttp", "httpx-async", "httpx-sync")),
     TableKey("concurrency", "delivery", "whole number", "32", "deliveries in flight per relay (at most batch_size)",
