@@ -11,12 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from outbox_pipelines.core import wings
+from outbox_pipelines.core.canonical import set_payload_encoder
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.errors import (
     ConfigError,
     DatabaseUnavailable,
     InvalidMessage,
     InvalidTableName,
+    NoTransaction,
     OutboxError,
     PermanentError,
     UnknownTable,
@@ -116,6 +118,7 @@ __all__ = [
     "InvalidTableName",
     "OutboxComponent",
     "Message",
+    "NoTransaction",
     "Outbox",
     "OutboxError",
     "Outcome",
@@ -128,6 +131,7 @@ __all__ = [
     "TableSettings",
     "UnknownTable",
     "database_url",
+    "set_payload_encoder",
     "expose_metrics",
     "load_settings",
     "outbox_definitions",

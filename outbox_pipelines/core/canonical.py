@@ -1,11 +1,15 @@
 """Canonical JSON and its sha256 digest, with the input checks of enqueue."""
 
+import dataclasses
+import datetime
+import decimal
 import enum
 import hashlib
 import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,20 +23,56 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_NESTING_DEPTH = 100
 
 
-def _as_orjson_writes(value: Any) -> Any:
-    """What json cannot write and orjson does, written as orjson writes it (a UUID as its text, an Enum
-    member as its value), so that both paths below accept the same payloads."""
+# The application's encoder for types the rule below does not know (``set_payload_encoder``), or None.
+_APPLICATION_ENCODER: list[Callable[[Any], Any]] = []
+
+
+def set_payload_encoder(encoder: Callable[[Any], Any] | None) -> None:
+    """Set, once at start-up, how payload and header values of the application's own types are written:
+    ``encoder(value)`` returns a JSON-able value (a str, a dict, ...) or raises TypeError to refuse it. It is
+    asked only for types the built-in rule does not write (``encode_value``); None removes it."""
+    if encoder is not None and not callable(encoder):
+        raise TypeError(f"the payload encoder must be a function, got {type(encoder).__name__}")
+    _APPLICATION_ENCODER[:] = [encoder] if encoder is not None else []
+
+
+def encode_value(value: Any) -> Any:
+    """How a value JSON has no type for is written, the same on every path (json's and orjson's, sync and
+    asyncio): a datetime, date or time as ISO 8601 (``isoformat()``: a datetime keeps its offset as given,
+    ``+00:00`` for UTC), a Decimal as its exact text (``str``: ``"19.90"``), a UUID as its text, an Enum member
+    as its value, a dataclass as an object of its fields, a pydantic model as ``model_dump(mode="json")``;
+    then the application's encoder (``set_payload_encoder``). Anything else: TypeError."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise TypeError(f"Decimal {value} is not a number JSON can represent")
+        return str(value)
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, enum.Enum):
         return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _checked({field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and hasattr(type(value), "model_fields"):  # a pydantic (v2) model
+        return _checked(dump(mode="json"))
+    if _APPLICATION_ENCODER:
+        return _checked(_APPLICATION_ENCODER[0](value))
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _checked(value: Any) -> Any:
+    # An object made here is checked as a payload's own are: string keys (json would turn others into
+    # strings silently), bounded nesting.
+    check_structure(value)
+    return value
 
 
 # One encoder for every call: json.dumps with options builds a new one each time, which
 # costs as much as encoding a small payload.
 _CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_as_orjson_writes
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=encode_value
 )
 
 # json's output above is the canonical form: stored digests and same_payload answers depend on it.
@@ -54,8 +94,8 @@ _SMALL_FLOAT_EXPONENT = re.compile(rb"[0-9]e-")
 def _orjson_canonical(value: Any) -> bytes | None:
     """``value``'s canonical JSON by orjson, or None where json must write it."""
     try:
-        data = orjson.dumps(value, option=_ORJSON_OPTIONS)
-    except orjson.JSONEncodeError:
+        data = orjson.dumps(value, default=encode_value, option=_ORJSON_OPTIONS)
+    except (orjson.JSONEncodeError, InvalidMessage):
         return None
     # Three substring searches cost a third of one regular expression with the alternatives.
     if b"null" in data or b"0.0000" in data or (b"e-" in data and _SMALL_FLOAT_EXPONENT.search(data)):
@@ -209,7 +249,7 @@ def checked_canonical_bytes(value: Any, what: str = "payload") -> bytes:
     # NUL is written as the escape \u0000, so one search of the text finds it; only on a hit
     # (which may also be a literal backslash-u0000) walk the value to say where.
     if b"\\u0000" in data:
-        _reject_nul(value, "$", what)
+        _reject_nul(json.loads(data), "$", what)  # the text as stored: values written by encode_value included
     return data
 
 
