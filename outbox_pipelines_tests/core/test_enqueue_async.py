@@ -425,3 +425,44 @@ def test_an_enqueue_at_a_set_time_uses_the_given_now_like_the_sync_path(db_url, 
     asyncio.run(scenario())
     rows = conn.execute("SELECT available_at FROM outbox_events ORDER BY id").fetchall()
     assert [row["available_at"] for row in rows] == [now, now]
+
+
+def _waiting_on_a_lock(conn) -> bool:
+    found = conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return found["n"] > 0
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_two_transactions_racing_on_one_event_id_write_it_once(db_url, conn, committed):
+    """The second INSERT waits on the server for the first transaction: committed, the second gets its row as a
+    duplicate; rolled back, the second writes it. Neither raises, on either driver."""
+
+    async def scenario() -> tuple[Any, Any]:
+        first = await asyncpg.connect(_asyncpg_url(db_url))
+        second = await psycopg.AsyncConnection.connect(db_url)
+        try:
+            tx = first.transaction()
+            await tx.start()
+            mine = await OUTBOX.enqueue_async(first, Message(topic="t", payload={"n": 1}, event_id="raced"))
+            theirs = asyncio.create_task(
+                OUTBOX.enqueue_async(second, Message(topic="t", payload={"n": 1}, event_id="raced"))
+            )
+            while not _waiting_on_a_lock(conn):  # the second INSERT waits on the server for the first transaction
+                assert not theirs.done()
+                await asyncio.sleep(0.01)
+            await (tx.commit() if committed else tx.rollback())
+            result = await theirs
+            await second.commit()
+            return mine, result
+        finally:
+            await first.close()
+            await second.close()
+
+    mine, theirs = asyncio.run(scenario())
+    stored = conn.execute("SELECT id FROM outbox_events WHERE event_id = 'raced'").fetchall()
+    assert len(stored) == 1
+    assert theirs.duplicate is committed
+    assert (theirs.id == mine.id) is committed
+    assert stored[0]["id"] == (mine.id if committed else theirs.id)
