@@ -157,7 +157,7 @@ def test_sqlalchemy_on_psycopg2_is_refused_with_the_one_line_switch(db_url, conn
     engine = sa.create_engine(sqlalchemy_url(db_url).replace("+psycopg://", "+psycopg2://"))
     try:
         with engine.begin() as sa_conn:
-            with pytest.raises(TypeError, match=r"psycopg2.*change the engine's URL .* to postgresql\+psycopg://"):
+            with pytest.raises(TypeError, match=r"psycopg2.*change the engine.s URL to postgresql\+psycopg://"):
                 OUTBOX.enqueue(sa_conn, Message(topic="t", payload={"n": 1}))
     finally:
         engine.dispose()

@@ -43,7 +43,7 @@ def _psycopg2(conn: Any, where: str) -> TypeError:
     fix = (
         "install psycopg 3 (pip install 'psycopg[binary]'): Django uses it when it is installed"
         if where == "django"
-        else "change the engine's URL from postgresql+psycopg2:// (or postgresql://) to postgresql+psycopg://"
+        else "change the engine's URL to postgresql+psycopg:// (on SQLAlchemy 2.0 a bare postgresql:// means psycopg2)"
     )
     return TypeError(f"enqueue runs on psycopg 3, and this {where} connection is on psycopg2 ({_named(conn)}): {fix}")
 
