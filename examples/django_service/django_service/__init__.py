@@ -1,0 +1,1 @@
+"""A Django project whose orders app writes each order and its outbox message in one transaction."""
