@@ -142,3 +142,12 @@ def _origin(kept: Path) -> Path | None:
         return Path((kept / "origin").read_text().strip()).resolve()
     except OSError:
         return None
+
+
+def accept_order(conn: DictConnection, *args: Any, **kwargs: Any) -> Any:
+    """The Order API's acceptance (``orders.ledger.accept_order``: the ledger row and the order's message) in one
+    transaction, as the API runs it; a savepoint where ``conn`` is in a transaction already."""
+    from outbox_pipelines.orders.ledger import accept_order as accept
+
+    with conn.transaction():
+        return accept(conn, *args, **kwargs)

@@ -9,8 +9,9 @@ from typing import Any
 from outbox_pipelines.cli.inputs import database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_OK, UsageError
 from outbox_pipelines.core.destinations.wiring import load_registry
-from outbox_pipelines.core.enqueue import Outbox, check_message
+from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
+from outbox_pipelines.core.prepare import check_message
 from outbox_pipelines.core.storage import db
 
 

@@ -32,7 +32,6 @@ from outbox_pipelines.orders.api.auth import (
     legacy_scope,
 )
 from outbox_pipelines.orders.api.ratelimit import FailureLimiter
-from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import (
     LiveApi,
     assert_error,
@@ -42,7 +41,7 @@ from outbox_pipelines_tests.api.conftest import (
     post_order,
     sample,
 )
-from outbox_pipelines_tests.helpers import rows
+from outbox_pipelines_tests.helpers import accept_order, rows
 
 KEY = "01JABCXYZ-ULID-5678"
 TOKEN = "token-alpha-1f3e"

@@ -19,7 +19,7 @@ from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
 from outbox_pipelines.orders.api.app import ACCEPTANCE_STATUS
 from outbox_pipelines.orders.broker import OrderBroker
-from outbox_pipelines.orders.ledger import KeyReused, SettledOrder, accept_order, record_outcomes
+from outbox_pipelines.orders.ledger import KeyReused, SettledOrder, record_outcomes
 from outbox_pipelines.orders.model import broker_request, broker_timeout_s, result_digest
 from outbox_pipelines_tests.api.conftest import (
     broker_settings,
@@ -30,7 +30,7 @@ from outbox_pipelines_tests.api.conftest import (
     sample,
 )
 from outbox_pipelines_tests.conftest import REPO, run_cli, table_settings
-from outbox_pipelines_tests.helpers import audit_codes, order_payload, rows
+from outbox_pipelines_tests.helpers import accept_order, audit_codes, order_payload, rows
 from outbox_pipelines_tests.processes import free_port, start_cli, stop_and_read, wait_for_port
 from outbox_pipelines_tests.rows import make_due
 

@@ -31,10 +31,9 @@ from outbox_pipelines.core.storage.schema import create_table
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.orders import ORDERS_TABLE
 from outbox_pipelines.orders.broker import OrderBroker
-from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines.orders.wing import ORDER_API
 from outbox_pipelines_tests.conftest import run_cli, table_settings
-from outbox_pipelines_tests.helpers import ScriptedDestination, enqueue_n, order_payload, statuses
+from outbox_pipelines_tests.helpers import ScriptedDestination, accept_order, enqueue_n, order_payload, statuses
 from outbox_pipelines_tests.rows import make_dead, make_sent
 
 DictConnection = psycopg.Connection[DictRow]

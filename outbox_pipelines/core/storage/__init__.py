@@ -5,11 +5,12 @@
   ``project_dir`` (the project's root and its private ``.outbox/``), ``embedded`` (the embedded PostgreSQL
   started and stopped), ``embedded_socket`` (its private socket directory), ``embedded_as_root`` (its own
   user and data directory when run as root).
-- Connections: ``connections`` (``connect``, ``driver_connection``) and what changes behind a connection
-  pooler (``pooler``).
+- Connections: ``connections`` (``connect``, ``driver_connection``), what changes behind a connection
+  pooler (``pooler``), and what an application passes to enqueue, resolved and checked (``app_connections``).
 - The schema and its forward-only migrations (``migrate``, ``schema``); the least-privilege roles (``roles``).
 - Statements: the named queries of sql/queries composed per table (``queries``) and the modules that run
   them, one method a statement: ``table`` (``OutboxTable``, composed of ``table_enqueue``, ``table_claims``,
-  ``table_lock_and_audit``, ``table_maintenance`` and ``table_reads`` on ``statements``) and
+  ``table_lock_and_audit``, ``table_maintenance`` and ``table_reads`` on ``statements``; enqueue's statements on
+  an asyncio connection: ``table_enqueue_async``) and
   ``shared_tables`` (``SharedTables``).
 """

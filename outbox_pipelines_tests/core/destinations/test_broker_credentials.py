@@ -22,9 +22,8 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import GlobalSettings, load_settings
 from outbox_pipelines.orders.broker import OrderBroker
-from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.core.destinations.test_http import claimed
-from outbox_pipelines_tests.helpers import order_payload, rows
+from outbox_pipelines_tests.helpers import accept_order, order_payload, rows
 
 PASSWORD = "brokerpass-9f3"
 API_TOKENS = "api-caller-a,api-caller-b"

@@ -18,9 +18,8 @@ from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.orders.broker import OrderBroker
-from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.conftest import table_settings
-from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.helpers import accept_order, order_payload
 from outbox_pipelines_tests.rows import make_due
 
 ORDERS = "outbox_orders"

@@ -31,9 +31,8 @@ from outbox_pipelines.orders.failures import (
     INTERNAL_ERROR,
     failure_code,
 )
-from outbox_pipelines.orders.ledger import accept_order
 from outbox_pipelines_tests.api.conftest import ApiServers
-from outbox_pipelines_tests.helpers import order_payload
+from outbox_pipelines_tests.helpers import accept_order, order_payload
 from outbox_pipelines_tests.processes import free_port
 from outbox_pipelines_tests.rows import make_due
 

@@ -195,7 +195,9 @@ def test_a_message_committed_while_a_batch_runs_is_delivered_at_once(db_url, con
     def deliver(msg):
         if msg.event_id == "first":  # committed while the relay handles the first batch: only its NOTIFY tells
             with psycopg.connect(db_url) as producer:
-                Outbox(EVENTS).enqueue(producer, Message(topic="t", payload={}, event_id="second"))
+                Outbox(EVENTS).enqueue(
+                    producer, Message(topic="t", payload={}, event_id="second"), outside_transaction=True
+                )
         else:
             second_sent.set()
         return Outcome.sent()
@@ -220,7 +222,9 @@ def test_a_burst_of_wake_ups_announced_by_one_claim_costs_one_empty_claim(db_url
             # 20 commits, 20 NOTIFYs, while the relay is busy: one claim takes the 20 rows.
             with psycopg.connect(db_url, autocommit=True) as producer:
                 for n in range(20):
-                    Outbox(EVENTS).enqueue(producer, Message(topic="t", payload={}, event_id=f"burst-{n}"))
+                    Outbox(EVENTS).enqueue(
+                        producer, Message(topic="t", payload={}, event_id=f"burst-{n}"), outside_transaction=True
+                    )
             burst_committed.set()
         handled.append(msg.event_id)
         return Outcome.sent()
