@@ -45,6 +45,7 @@ from obench import (  # noqa: E402
     defaults_sweep,
     drain,
     enqueue,
+    enqueue_async,
     flat,
     group_cost,
     http_bench,
@@ -103,6 +104,19 @@ SCENARIOS = [
         "enqueue_many against psycopg executemany, a bare COPY and pgqueuer's batch enqueue, taking "
         "turns, garbage collected outside the clock before each call (and once more without, for "
         "information). Targets: >= 0.8x executemany, >= 0.8x bare COPY.",
+    ),
+    Scenario(
+        "enqueue-async",
+        enqueue_async.run,
+        "Outbox.enqueue_async and enqueue_many_async on the asyncio drivers, one process, one event loop "
+        "(issue 39). 2,000 one-row business transactions (orders_biz row + outbox row, one commit each) on a "
+        "psycopg AsyncConnection, an asyncpg connection in conn.transaction() and a SQLAlchemy AsyncSession "
+        "on asyncpg, against the plain INSERT of the same row on the same driver (json.dumps and sha256 in "
+        "the transaction); shuffled blocks of 25. Target: >= 0.9x the plain INSERT's throughput (psycopg, "
+        "asyncpg). Batches of 1,000: enqueue_many_async against the driver's executemany (target >= 0.8x), "
+        "COPY beside it (cursor.copy, copy_records_to_table), GC settled outside the clock. 200 coroutines "
+        "on a pool of 10 connections (asyncpg Pool; psycopg AsyncConnections in an asyncio.Queue): msg/s "
+        "against the plain INSERT (target >= 0.85x), and the event loop's worst stall (a 1 ms ticker).",
     ),
     Scenario(
         "latency",
@@ -396,6 +410,8 @@ def _detail_lines(report: dict[str, Any]) -> list[str]:
         lines += scale_out.detail_lines(details["scale"])
     if "brokers" in details:
         lines += brokers.detail_lines(details["brokers"])
+    if "enqueue-async" in details:
+        lines += enqueue_async.detail_lines(details["enqueue-async"])
     return lines
 
 
