@@ -64,8 +64,9 @@ def shared_query(name: str) -> sql.SQL:
     return sql.SQL(named_queries()[name])
 
 
-# psycopg's placeholders: %s (positional), %(name)s (named), and %% (a literal %).
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
+# psycopg's placeholders: %s (positional), %(name)s (named), each also as %b (bound in binary), and %% (a
+# literal %).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%[sb]|%%")
 
 
 @lru_cache(maxsize=256)
