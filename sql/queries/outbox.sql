@@ -27,7 +27,7 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
 -- name: outbox_insert_many
--- The text arrays are bound in binary (%(name)b): psycopg's text form of an array quotes and escapes every
+-- The text arrays are bound in binary (the b placeholders): psycopg's text form of an array quotes and escapes every
 -- element, every '"' of every JSON payload, which took 30 of the 57 ms of a 1,000-message batch
 -- (bench/results.md, issue 39). asyncpg binds binary whatever the placeholder.
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
