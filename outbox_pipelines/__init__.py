@@ -8,6 +8,8 @@ with engine.begin() as conn:          # the business transaction
 """
 
 import importlib
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
 from typing import TYPE_CHECKING, Any
 
 from outbox_pipelines.core import wings
@@ -26,6 +28,12 @@ from outbox_pipelines.core.errors import (
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
 from outbox_pipelines.core.retry import RetryPolicy, all_presets
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+
+try:
+    # pyproject.toml's version, as installed (a wheel, or pip install -e .).
+    __version__ = _installed_version("outbox_pipelines")
+except PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 # The wings on the engine (core/wings.py): the order product and the examples. Declared here, outside the
 # engine, so the engine never names them; each is loaded the first time the engine asks what wings bring.
@@ -106,6 +114,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "PRESETS",
+    "__version__",
     "ClaimedMessage",
     "ConfigError",
     "DatabaseUnavailable",

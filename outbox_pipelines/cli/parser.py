@@ -8,6 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from outbox_pipelines import __version__
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
 from outbox_pipelines.cli.db_commands import cmd_db_create_table, cmd_db_grant, cmd_db_stop, cmd_db_upgrade, cmd_db_url
 from outbox_pipelines.cli.enqueue_command import cmd_enqueue
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "outbox.toml or OutboxComponent defs.yaml",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
+    parser.add_argument("--version", action="version", version=f"outbox-pipelines {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_db_commands(sub)
     add_message_commands(sub)
