@@ -8,6 +8,7 @@ with engine.begin() as conn:          # the business transaction
 """
 
 import importlib
+import warnings
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _installed_version
 from typing import TYPE_CHECKING, Any
@@ -26,8 +27,7 @@ from outbox_pipelines.core.errors import (
     UnknownTable,
 )
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
-from outbox_pipelines.core.retry import RetryPolicy, all_presets
-from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
+from outbox_pipelines.core.retry import RetryPolicy
 
 try:
     # pyproject.toml's version, as installed (a wheel, or pip install -e .).
@@ -38,36 +38,36 @@ except PackageNotFoundError:  # a source tree on sys.path, never installed
 # The wings on the engine (core/wings.py): the order product and the examples. Declared here, outside the
 # engine, so the engine never names them; each is loaded the first time the engine asks what wings bring.
 wings.declare("outbox_pipelines.orders.wing:WING", "outbox_pipelines.examples.wing:WING")
-# Every retry preset by name, the wings' included (seed 000's "orders", seed 003's "memory", seed 004's "generic").
-PRESETS = all_presets()
 
 if TYPE_CHECKING:
-    from outbox_pipelines.core.destinations import (
-        Destination,
-        HandlerDestination,
-        HandlerRegistry,
-        HttpDestination,
-        PaperBroker,
-    )
-    from outbox_pipelines.core.relay import Relay, RelayReport
+    from outbox_pipelines.core.destinations import Destination, HandlerRegistry
     from outbox_pipelines.defs.component import OutboxComponent
     from outbox_pipelines.defs.factory import outbox_definitions
 
-# The relay side loads on first use: its HTTP destination imports aiohttp and httpx
-# (~0.3 s measured with -X importtime), which an application that only enqueues never needs.
-_RELAY_SIDE = {
+# Loaded on first use: the destinations import aiohttp and httpx (~0.3 s measured with -X importtime), the
+# Dagster side imports dagster; an application that only enqueues needs neither.
+_ON_FIRST_USE = {
     "Destination": "outbox_pipelines.core.destinations",
-    "HandlerDestination": "outbox_pipelines.core.destinations",
     "HandlerRegistry": "outbox_pipelines.core.destinations",
+    # For a project's defs.yaml (`type: outbox_pipelines.OutboxComponent`) and a Definitions written by hand.
+    "OutboxComponent": "outbox_pipelines.defs.component",
+    "outbox_definitions": "outbox_pipelines.defs.factory",
+}
+
+# Names this package once exported that are the engine's, not the public API: still found here, with a
+# DeprecationWarning saying where they live (removed in 0.3.0; CONTRIBUTING.md, "Versions and deprecations").
+_MOVED = {
+    "HandlerDestination": "outbox_pipelines.core.destinations",
     "HttpDestination": "outbox_pipelines.core.destinations",
     "PaperBroker": "outbox_pipelines.core.destinations",
     "Relay": "outbox_pipelines.core.relay",
     "RelayReport": "outbox_pipelines.core.relay",
-    # The Dagster side, for a project's defs.yaml (`type: outbox_pipelines.OutboxComponent`) and a Definitions
-    # written by hand: loaded on first use, so an application that enqueues never imports dagster.
-    "OutboxComponent": "outbox_pipelines.defs.component",
-    "outbox_definitions": "outbox_pipelines.defs.factory",
+    "Settings": "outbox_pipelines.core.settings",
+    "TableSettings": "outbox_pipelines.core.settings",
+    "load_settings": "outbox_pipelines.core.settings",
 }
+_MOVED_PRESETS = "PRESETS"
+_REMOVED_IN = "0.3.0"
 
 
 def database_url() -> str:
@@ -100,49 +100,58 @@ def expose_metrics(registry: Any = None) -> None:
 
 def __dir__() -> list[str]:
     # dg lists a registry module's components by dir(): the names loaded on first use are there too.
-    return sorted({*globals(), *_RELAY_SIDE})
+    return sorted({*globals(), *_ON_FIRST_USE})
 
 
 def __getattr__(name: str) -> Any:
-    module = _RELAY_SIDE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    module = _ON_FIRST_USE.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name in _MOVED or name == _MOVED_PRESETS:
+        where = f"{_MOVED[name]}.{name}" if name in _MOVED else "outbox_pipelines.core.retry.all_presets()"
+        warnings.warn(
+            f"outbox_pipelines.{name} is not part of the public API and goes in {_REMOVED_IN}: use {where}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if name == _MOVED_PRESETS:
+            from outbox_pipelines.core.retry import all_presets
+
+            return all_presets()
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The public API: what docs/reference/api.md lists, name by name (test_public_api.py keeps the two equal).
 __all__ = [
-    "PRESETS",
     "__version__",
-    "ClaimedMessage",
-    "ConfigError",
-    "DatabaseUnavailable",
-    "Destination",
+    # Writing messages
+    "Outbox",
+    "Message",
     "EnqueueResult",
-    "HandlerDestination",
-    "HandlerRegistry",
-    "HttpDestination",
+    "set_payload_encoder",
+    "database_url",
+    # Errors
+    "OutboxError",
     "InvalidMessage",
     "InvalidTableName",
-    "OutboxComponent",
-    "Message",
     "NoTransaction",
-    "Outbox",
-    "OutboxError",
-    "Outcome",
-    "PaperBroker",
-    "PermanentError",
-    "Relay",
-    "RelayReport",
-    "RetryPolicy",
-    "Settings",
-    "TableSettings",
     "UnknownTable",
-    "database_url",
-    "set_payload_encoder",
-    "expose_metrics",
-    "load_settings",
+    "ConfigError",
+    "DatabaseUnavailable",
+    "PermanentError",
+    # Handlers and destinations of your own
+    "HandlerRegistry",
+    "ClaimedMessage",
+    "Destination",
+    "Outcome",
+    "RetryPolicy",
+    # Dagster
+    "OutboxComponent",
     "outbox_definitions",
+    # Metrics
     "serve_metrics",
+    "expose_metrics",
 ]

@@ -4,11 +4,12 @@ import re
 
 import pytest
 
-from outbox_pipelines import PRESETS
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
-from outbox_pipelines.core.retry import RetryPolicy
+from outbox_pipelines.core.retry import RetryPolicy, all_presets
 from outbox_pipelines.core.settings import load_settings, parse_duration
 from outbox_pipelines.core.settings.sections import check_section
+
+PRESETS = all_presets()
 
 
 def test_defaults_without_file_or_environment():

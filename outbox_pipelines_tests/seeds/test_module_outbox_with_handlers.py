@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox, RetryPolicy
+from outbox_pipelines import HandlerRegistry, Message, Outbox, RetryPolicy
+from outbox_pipelines.core.destinations import HandlerDestination
 from outbox_pipelines.core.operations.maintenance import clean
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.settings import TableSettings

@@ -20,8 +20,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from outbox_pipelines import HandlerDestination, HandlerRegistry, HttpDestination, Message, Outbox, PermanentError
+from outbox_pipelines import HandlerRegistry, Message, Outbox, PermanentError
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations import HandlerDestination, HttpDestination
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, Outcome
 from outbox_pipelines.core.relay import Relay, run_table_relay
 from outbox_pipelines.core.relay import session as relay_session

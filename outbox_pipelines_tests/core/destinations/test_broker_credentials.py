@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from outbox_pipelines import HttpDestination, Message, Outbox
+from outbox_pipelines import Message, Outbox
+from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.destinations.http import TRANSPORTS
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError

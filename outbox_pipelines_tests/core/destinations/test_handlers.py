@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox, PermanentError
+from outbox_pipelines import HandlerRegistry, Message, Outbox, PermanentError
+from outbox_pipelines.core.destinations import HandlerDestination
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy

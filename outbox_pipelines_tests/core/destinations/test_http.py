@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outbox_pipelines import HttpDestination, Message, Outbox
+from outbox_pipelines import Message, Outbox
+from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.destinations.http import TRANSPORTS, HttpRequest
 from outbox_pipelines.core.models import ERROR_TEXT_LIMIT, ClaimedMessage
 from outbox_pipelines.core.relay import Relay

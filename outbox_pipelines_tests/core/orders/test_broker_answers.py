@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from outbox_pipelines import HttpDestination, Message, Outbox
+from outbox_pipelines import Message, Outbox
 from outbox_pipelines.broker_sim import BrokerSim, Faults
+from outbox_pipelines.core.destinations import HttpDestination
 from outbox_pipelines.core.destinations.http import TRANSPORTS, HttpRequest, _exception_outcome
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import Relay

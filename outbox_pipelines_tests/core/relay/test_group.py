@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines import HandlerDestination, HandlerRegistry, Message, Outbox
+from outbox_pipelines import HandlerRegistry, Message, Outbox
+from outbox_pipelines.core.destinations import HandlerDestination
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import Relay

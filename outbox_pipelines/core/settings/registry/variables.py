@@ -68,7 +68,7 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "origin and to tables whose `token_env` names it; never shown", _SETTINGS),
     # The application's side.
     EnvVariable("OUTBOX_MAX_PAYLOAD_BYTES", "1048576", "the largest payload enqueue accepts, in bytes",
-                "core/enqueue.py"),
+                "core/prepare.py"),
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
                 "core/oncall/metrics.py"),
