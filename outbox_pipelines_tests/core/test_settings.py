@@ -262,3 +262,36 @@ def test_a_key_that_is_not_text_is_that_tables_mistake_not_a_crash():
     the others named, as for any unknown key."""
     with pytest.raises(ConfigError, match=r"unknown keys \[1, False, 'max_attemps'\] \('max_attemps': did you mean"):
         check_section("t_outbox", {1: "x", False: "y", "max_attemps": 3, "destination": "paper"}, None)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('max_attempts = "five"', r"max_attempts must be a whole number, like 25; got 'five' \(str\)"),
+        ('batch_size = "ten"', r"batch_size must be a whole number"),
+        ("timeout = true", r"timeout must be a duration, like \"5s\""),
+        ('jitter = "0.1"', r"jitter must be a number, like 0.1"),
+        ('dedup = "yes"', r"dedup must be true or false"),
+        ('paused_topics = "a"', r"paused_topics must be a list of text"),
+        ("mode = 3", r"mode must be text, in quotes; got 3 \(int\)"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_the_key_and_what_it_takes(tmp_path, line, message):
+    path = tmp_path / "outbox.toml"
+    path.write_text(f'[tables.shop_outbox]\ndestination = "paper"\n{line}\n')
+    settings = load_settings(env={}, path=path)
+    assert re.search(r"\[tables\.shop_outbox\] " + message, settings.broken["shop_outbox"])
+    key = line.split(" =")[0]
+    value = {"true": True, "3": 3}.get(line.split("= ")[1], line.split("= ")[1].strip('"'))
+    with pytest.raises(ConfigError, match=message):  # the component's YAML goes through the same check
+        check_section("shop_outbox", {"destination": "paper", key: value}, None)
+
+
+def test_the_cli_says_which_key_is_wrong_without_a_traceback(tmp_path, cli_env):
+    from outbox_pipelines_tests.conftest import run_cli
+
+    (tmp_path / "outbox.toml").write_text('[tables.shop_outbox]\ndestination = "paper"\nmax_attempts = "five"\n')
+    done = run_cli(cli_env, "enqueue", "--table", "shop_outbox", "--topic", "t", "--payload", "{}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "max_attempts must be a whole number, like 25; got 'five'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -17,7 +17,7 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.retry import RetryPolicy, preset
 from outbox_pipelines.core.settings.destination import table_destination
 from outbox_pipelines.core.settings.environment import GlobalSettings
-from outbox_pipelines.core.settings.registry import TABLE_KEYS
+from outbox_pipelines.core.settings.registry import TABLE_KEYS, TABLE_KEYS_BY_NAME
 from outbox_pipelines.core.settings.tables import (
     AUDIT_MODES,
     CLAIM_MODES,
@@ -29,7 +29,7 @@ from outbox_pipelines.core.settings.tables import (
     CheckThresholds,
     TableSettings,
 )
-from outbox_pipelines.core.settings.values import one_of, parse_duration, positive, whole
+from outbox_pipelines.core.settings.values import check_kind, one_of, parse_duration, positive, whole
 
 # Keys a shipped table's defaults carry that a user does not write (a wing's shipped tables).
 INTERNAL_KEYS = {"url_from_env"}
@@ -49,6 +49,11 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
             f"{where}[tables.{name}] has unknown keys {sorted(unknown, key=str)}{_did_you_mean(unknown)}; "
             f"known keys: {sorted(TABLE_KEYS)}"
         )
+    for key, value in section.items():
+        # None: a YAML key left empty, or a {{ env.NAME }} of an unset variable, read as not given (the rules
+        # that need the key say so in their own words: "has no url").
+        if key in TABLE_KEYS_BY_NAME and value is not None:
+            check_kind(value, TABLE_KEYS_BY_NAME[key].kind, f"{where}[tables.{name}] {key}")
 
 
 def _did_you_mean(unknown: set[str]) -> str:

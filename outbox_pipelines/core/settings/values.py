@@ -39,3 +39,29 @@ def whole(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{what} must be a whole number >= 1, got {value!r}")
     return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# What each kind of key (core/settings/registry/table_keys.py KINDS) takes, and how to say so.
+_KIND_CHECKS: dict[str, tuple[Any, str]] = {
+    "whole number": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number, like 25"),
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number, like 10"),
+    "fraction": (_number, "a number, like 0.1"),
+    "duration": (lambda v: _number(v) or isinstance(v, str), 'a duration, like "5s", "10m" or "168h"'),
+    "true/false": (lambda v: isinstance(v, bool), "true or false"),
+    "list of text": (
+        lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+        'a list of text, like ["a"]',
+    ),
+}
+
+
+def check_kind(value: Any, kind: str, what: str) -> None:
+    """ConfigError when ``value`` is not of the key's kind, naming the key and what it takes (YAML and TOML
+    alike), before any rule reads it: a wrong type never ends in a traceback."""
+    test, expected = _KIND_CHECKS.get(kind, (lambda v: isinstance(v, str), "text, in quotes"))
+    if not test(value):
+        raise ConfigError(f"{what} must be {expected}; got {value!r} ({type(value).__name__})")
