@@ -112,7 +112,8 @@ def _demo_sample(document: str) -> list[str]:
 def test_the_demo_prints_what_the_readme_and_the_tutorial_show(cli_env, tmp_path):
     """README's first command: the output a reader compares with the sample, line for line (a sample left
     behind by a change, such as a count of asset checks, fails here)."""
-    demo = run_cli(cli_env, "demo", timeout=280, cwd=tmp_path)
+    # Outside any project the demo keeps its files in the user's data directory: this test's own.
+    demo = run_cli({**cli_env, "XDG_DATA_HOME": str(tmp_path / "data")}, "demo", timeout=280, cwd=tmp_path)
     assert demo.returncode == 0, demo.stderr[-3000:]
     printed = demo.stdout.splitlines()
     for document in ("README.md", "docs/tutorial/getting-started.md"):

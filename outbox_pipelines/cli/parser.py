@@ -298,3 +298,9 @@ def add_service_commands(sub: Any) -> None:
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--reset",
+        action="store_true",
+        help="start afresh: stop the demo's PostgreSQL and remove its data first (the directory it uses outside "
+        "any project, $XDG_DATA_HOME/outbox-pipelines/demo; a project's .outbox/ is left to you)",
+    )

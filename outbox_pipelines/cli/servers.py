@@ -13,9 +13,13 @@ from outbox_pipelines.core.storage import migrate
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from outbox_pipelines.demo import run_demo  # Dagster: only for this command
+    from outbox_pipelines.demo import prepare_demo, run_demo  # Dagster: only for this command
 
-    return run_demo(database_url(), quiet=args.quiet)
+    # Unlike every other command, the demo runs outside any project too: its data then goes to a directory of
+    # the user's (the line it prints says where).
+    data = prepare_demo(reset=args.reset)
+    print(data.said, flush=True)
+    return run_demo(data.url, quiet=args.quiet, data_env=data.data_env)
 
 
 def cmd_order_api(args: argparse.Namespace) -> int:

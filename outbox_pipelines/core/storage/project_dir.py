@@ -5,6 +5,10 @@ The root is the nearest directory at or above the working directory that holds
 overrides where the data goes), so every sub-directory of a project shares one
 server.
 
+Outside any project only ``outbox-pipelines demo`` keeps a server, in a directory of the user's
+(``user_data_dir``: ``~/.local/share/outbox-pipelines/demo``); every other command refuses (no server
+in a directory nobody chose).
+
 ``.outbox/`` is private: mode 0700, so nobody else can enter it (the files
 ``dev``, its Dagster home and the example mailer write there are 0600).
 """
@@ -34,6 +38,27 @@ def project_root(start: Path | None = None) -> Path:
         if any((directory / marker).exists() for marker in PROJECT_MARKERS):
             return directory
     return here
+
+
+def inside_a_project(start: Path | None = None) -> bool:
+    """Whether ``start`` (default: the working directory) or a directory above it holds a project marker."""
+    here = (start or Path.cwd()).resolve()
+    return any((directory / marker).exists() for directory in (here, *here.parents) for marker in PROJECT_MARKERS)
+
+
+def user_data_dir(*parts: str) -> Path:
+    """A directory of this user's data: ``$XDG_DATA_HOME/<parts>``, else ``~/.local/share/<parts>`` (the XDG
+    base directory default; a relative XDG_DATA_HOME is ignored, as the specification says). Not created."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = str(Path.home() / ".local" / "share")
+        except RuntimeError:  # no HOME and no password entry: nowhere that is this user's
+            raise ConfigError(
+                f"cannot tell where this user's data goes (HOME and XDG_DATA_HOME are unset): set "
+                f"{EMBEDDED_DIR_ENV} to the directory for the embedded server's data, or {DATABASE_URL_ENV}"
+            ) from None
+    return Path(base, *parts).resolve()
 
 
 def refuse_a_server_outside_any_project(root: Path) -> None:
