@@ -12,6 +12,7 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fm
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.oncall.table_status import undeclared_tables
 from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
 from outbox_pipelines.core.storage import db
 from outbox_pipelines.core.storage.table import OutboxTable
@@ -31,6 +32,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     reports = []
     missing: list[str] = []  # declared, not created yet: told at the end, the others shown
     chosen = chosen_tables(args, settings)
+    undeclared: list[TableStatus] = []
     with db.connect(url) as conn:
         for table in chosen:
             try:
@@ -39,8 +41,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             except UnknownTable:
                 missing.append(table.name)
+        if not args.table:
+            undeclared = undeclared_tables(conn, [*settings.tables, *settings.broken])
     tables = [t for t in chosen if t.name not in missing]
     print_status(args, reports, tables)
+    if undeclared and not args.json:
+        say_undeclared(undeclared)
     if missing:
         say(
             f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db create-table NAME' for each "
@@ -48,6 +54,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def say_undeclared(undeclared: list[TableStatus]) -> None:
+    """The outbox tables in the database this project does not declare: their messages wait for nobody here."""
+    listed = ", ".join(f"{status.table} ({status.waiting} waiting)" for status in undeclared)
+    print(
+        f"\nin the database but declared nowhere in this project: {listed}. No relay of this project delivers "
+        "their messages: declare each in outbox.toml or the OutboxComponent's defs.yaml if it is this project's, "
+        "or leave it to the project that declares it."
+    )
 
 
 def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: list[TableSettings]) -> None:

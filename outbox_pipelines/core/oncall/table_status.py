@@ -1,6 +1,7 @@
 """A table's state as the checks and ``status`` read it: rows in each state, how late, how many dead and why,
 the destination's health; at a bounded cost whatever the table holds."""
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -8,6 +9,7 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
+from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
 
 LAG_WINDOW_S = 3600.0
@@ -110,3 +112,11 @@ def read_status(
 
 def ready_count(conn: psycopg.Connection, table_name: str, paused_topics: tuple[str, ...] = ()) -> int:
     return OutboxTable(conn, table_name).ready_count(paused_topics)
+
+
+def undeclared_tables(conn: psycopg.Connection, declared: Iterable[str]) -> list[TableStatus]:
+    """The outbox tables in the database that ``declared`` does not name (another project's, a removed section's,
+    a typo's twin): no relay of this project delivers their messages. Each with its status: what waits there."""
+    known = set(declared)
+    names = [name for name in SharedTables(conn).outbox_table_names() if name not in known]
+    return [read_status(OutboxTable(conn, name)) for name in sorted(names)]
