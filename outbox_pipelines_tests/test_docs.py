@@ -103,7 +103,7 @@ DEMO_STABLE_LINE = re.compile(r"^(Order API|enqueued|table |outbox_\w+ |broker e
 
 def _demo_sample(document: str) -> list[str]:
     """The stable lines of the demo output a document shows (its fenced block holding the Order API line)."""
-    block = re.search(r"```\n(Order API \(seed 001\).*?)```", _text(document), re.S)
+    block = re.search(r"```\n([^`]*?Order API \(seed 001\).*?)```", _text(document), re.S)
     assert block is not None, f"{document}: no sample of the demo's output"
     return [line for line in block.group(1).splitlines() if DEMO_STABLE_LINE.match(line)]
 
