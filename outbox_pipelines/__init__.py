@@ -9,8 +9,6 @@ with engine.begin() as conn:          # the business transaction
 
 import importlib
 import warnings
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _installed_version
 from typing import TYPE_CHECKING, Any
 
 from outbox_pipelines.core import wings
@@ -28,12 +26,6 @@ from outbox_pipelines.core.errors import (
 )
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
 from outbox_pipelines.core.retry import RetryPolicy
-
-try:
-    # pyproject.toml's version, as installed (a wheel, or pip install -e .).
-    __version__ = _installed_version("outbox_pipelines")
-except PackageNotFoundError:  # a source tree on sys.path, never installed
-    __version__ = "0+unknown"
 
 # The wings on the engine (core/wings.py): the order product and the examples. Declared here, outside the
 # engine, so the engine never names them; each is loaded the first time the engine asks what wings bring.
@@ -100,10 +92,24 @@ def expose_metrics(registry: Any = None) -> None:
 
 def __dir__() -> list[str]:
     # dg lists a registry module's components by dir(): the names loaded on first use are there too.
-    return sorted({*globals(), *_ON_FIRST_USE})
+    return sorted({*globals(), *_ON_FIRST_USE, "__version__"})
+
+
+def _version() -> str:
+    """pyproject.toml's version, as installed (a wheel, or pip install -e .). Read on first use: importlib.metadata
+    costs an application's start-up 60 ms it may never need."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("outbox_pipelines")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = found = _version()
+        return found
     module = _ON_FIRST_USE.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)

@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from outbox_pipelines.core.oncall.health import read_status
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable
 
@@ -255,6 +254,9 @@ class OutboxStateCollector(Collector):
             labels=["table"],
         )
         try:
+            # Imported here: an application that only enqueues (and counts it) never reads a table's health.
+            from outbox_pipelines.core.oncall.health import read_status
+
             with connect(self.url) as conn:
                 for table_name in self.table_names:
                     status = read_status(OutboxTable(conn, table_name))
