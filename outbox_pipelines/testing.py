@@ -1,111 +1,92 @@
-"""Throwaway PostgreSQL databases for tests and benchmarks: a server, a migrated template, fresh clones.
+"""Helpers for testing your own code that writes to an outbox, with pytest or unittest alike.
 
-Migrating once and cloning the template (``CREATE DATABASE ... TEMPLATE``) gives
-every test or benchmark scenario a database of its own in a few tens of
-milliseconds, with no rows, dead tuples or statistics left by another (the
-approach of pgqueuer's and procrastinate's test helpers). The test fixtures
-(``outbox_pipelines_tests/conftest.py``) and the benchmark (``bench/obench``)
-both use it. No pytest here: the benchmark is a plain script.
+    from outbox_pipelines.testing import RecordingDestination, enqueued, relay_once
+
+    def test_placing_an_order_announces_it(conn):          # your fixture: a connection to a test database
+        place_order(conn, customer="acme")                 # your code: the business write and its enqueue
+        [message] = enqueued(conn, "orders_outbox", topic="order.placed")
+        assert message.payload["customer"] == "acme"
+
+    def test_the_announcement_reaches_the_handler(db_url, conn):
+        place_order(conn, customer="acme")
+        conn.commit()
+        recorder = RecordingDestination()
+        report = relay_once(db_url, "orders_outbox", recorder)  # claim, deliver, settle: in this process
+        assert report.sent == 1 and recorder.delivered[0].topic == "order.placed"
+
+The database is yours (a test database migrated by ``outbox-pipelines db upgrade``); these helpers only read
+what your code wrote and relay it once, through the same statements as production.
 """
 
-import itertools
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
-import psycopg
-from psycopg import sql
+from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.relay import Relay, RelayReport
+from outbox_pipelines.core.settings import TableSettings, load_settings
+from outbox_pipelines.core.storage.app_connections import sync_target
+from outbox_pipelines.core.storage.connections import driver_connection
+from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.statements import unknown_table
 
-from outbox_pipelines.core.storage import db, migrate
-
-
-class ScratchServer:
-    """The server the databases live on: an external one, or an embedded one this process started.
-
-    ``data_dir`` is set only for an embedded server: ``stop`` then stops it and deletes its files;
-    an external server is never stopped.
-    """
-
-    def __init__(self, admin_url: str, data_dir: Path | None = None) -> None:
-        self.admin_url = admin_url
-        self.data_dir = data_dir
-
-    @classmethod
-    def from_env(cls, url_env: str, dir_prefix: str, starting: Callable[[Path], None] | None = None) -> "ScratchServer":
-        """The server named by the URL in ``url_env``, else an embedded one started under a new temporary directory.
-
-        ``starting`` is told the directory before the embedded server starts (it takes seconds).
-        """
-        external = os.environ.get(url_env)
-        if external:
-            return cls(db.psycopg_url(external))
-        data_dir = Path(tempfile.mkdtemp(prefix=dir_prefix))
-        if starting is not None:
-            starting(data_dir)
-        return cls(db.start_embedded(data_dir, database="postgres"), data_dir)
-
-    @property
-    def embedded(self) -> bool:
-        return self.data_dir is not None
-
-    def stop(self) -> bool:
-        """Stop the embedded server and delete its files; False when it was not running (or is external)."""
-        if self.data_dir is None:
-            return False
-        # stop_embedded signals the postmaster by the pid in its pid file: only our server.
-        stopped = db.stop_embedded(self.data_dir)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-        return stopped
+__all__ = ["RecordingDestination", "StoredMessage", "enqueued", "relay_once"]
 
 
-class TemplateDatabases:
-    """A migrated template database on one server, and fresh databases cloned from it.
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as the outbox table holds it."""
 
-    Every name starts with ``prefix`` (the process id in it keeps concurrent test sessions
-    apart on a shared server). Creating the object creates the template, replacing a leftover
-    of the same name.
-    """
+    id: int
+    event_id: str
+    tenant_id: str | None
+    topic: str
+    payload: Any
+    headers: dict[str, Any]
+    ordering_key: str | None
+    status: str
+    attempts: int
 
-    def __init__(self, admin_url: str, prefix: str) -> None:
-        self.admin_url = admin_url
-        self.prefix = prefix
-        self.template = f"{prefix}_template"
-        self._counter = itertools.count(1)
-        self._drop(self.template)
-        with self._admin() as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
-        migrate.upgrade(self.url_for(self.template))
 
-    def url_for(self, database: str) -> str:
-        """The URL of ``database`` on this server, with the admin URL's credentials."""
-        return db.url_with_database(self.admin_url, database)
+def enqueued(conn: Any, table: str, *, topic: str | None = None) -> list[StoredMessage]:
+    """The messages in ``table`` (of ``topic``, if given), oldest first. ``conn`` is any connection ``enqueue``
+    takes (psycopg, SQLAlchemy, Django's): on the one your code wrote with, inside its transaction, it sees what
+    that transaction wrote so far; on another, what was committed."""
+    import psycopg.errors
+    from psycopg.rows import tuple_row
 
-    def create_database(self, label: str | None = None) -> tuple[str, str]:
-        """A fresh clone of the template: its name and URL. ``label`` goes into the name."""
-        middle = f"_{label}" if label else ""
-        name = f"{self.prefix}{middle}_{next(self._counter)}"
-        with self._admin() as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(self.template))
-            )
-        return name, self.url_for(name)
+    pg = driver_connection(sync_target(conn, outside_transaction=True))
+    try:
+        with pg.cursor(row_factory=tuple_row) as cur:
+            cur.execute(table_query("outbox_messages_of_topic", validate_table_name(table)), {"topic": topic})
+            return [StoredMessage(*row) for row in cur.fetchall()]
+    except psycopg.errors.UndefinedTable:
+        raise unknown_table(table) from None
 
-    def drop_database(self, name: str) -> None:
-        """Drop a database, closing its sessions first (a test may leave one open)."""
-        self._drop(name)
 
-    def drop_template(self) -> None:
-        """Drop the template at the end of the session; a server already gone is not an error."""
-        try:
-            self._drop(self.template)
-        except psycopg.Error:
-            pass
+class RecordingDestination(Destination):
+    """Records every message delivered to it, in order, and answers each with ``outcome(message)`` (default:
+    sent). ``delivered`` is what a relay handed over; a retried message appears once per attempt."""
 
-    def _drop(self, name: str) -> None:
-        with self._admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    name = "recording"
 
-    def _admin(self) -> psycopg.Connection:
-        return psycopg.connect(self.admin_url, autocommit=True)
+    def __init__(self, outcome: Any = None) -> None:
+        self.delivered: list[ClaimedMessage] = []
+        self._outcome = outcome or (lambda message: Outcome.sent())
+
+    def deliver(self, messages: Any) -> list[Outcome]:
+        self.delivered.extend(messages)
+        return [self._outcome(message) for message in messages]
+
+
+def relay_once(
+    database_url: str, table: str, destination: Destination, *, settings: TableSettings | None = None
+) -> RelayReport:
+    """Relay what is ready in ``table`` now to ``destination``, in this process (claim, deliver, settle, the audit
+    trail), and return the report (``sent``, ``retried``, ``dead``, ...). ``settings``: the table's; default the
+    project's declaration of it (outbox.toml or the component's defs.yaml), else the defaults."""
+    if settings is None:
+        declared = load_settings().tables.get(validate_table_name(table))
+        settings = declared if declared is not None else TableSettings(name=table)
+    return Relay(database_url, settings, destination, worker_id="outbox_pipelines.testing").run(once=True)

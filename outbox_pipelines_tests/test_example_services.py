@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox_pipelines.testing import TemplateDatabases
+from outbox_pipelines_tests.scratch import TemplateDatabases
 from outbox_pipelines_tests.processes import CLI, free_port, port_open, start_logged, stop_processes, tail, wait_until
 from outbox_pipelines_tests.sink import HttpSink
 

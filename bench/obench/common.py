@@ -20,7 +20,7 @@ from outbox_pipelines.core.canonical import canonical_json, digest
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.storage import db
-from outbox_pipelines.testing import ScratchServer, TemplateDatabases
+from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases
 
 BENCH_URL_ENV = "OUTBOX_BENCH_DATABASE_URL"
 

@@ -86,6 +86,13 @@ ROLLBACK TO SAVEPOINT outbox_copy_new; RELEASE SAVEPOINT outbox_copy_new
 -- SYSTEM VALUE would); available_at and the timestamps take their defaults.
 COPY {table} (id, event_id, tenant_id, topic, payload, payload_sha, headers) FROM STDIN
 
+-- name: outbox_messages_of_topic
+-- outbox_pipelines.testing.enqueued: the stored messages, oldest first, of one topic or of all (NULL).
+SELECT id, event_id, tenant_id, topic, payload, headers, ordering_key, status, attempts
+FROM {table}
+WHERE %(topic)s::text IS NULL OR topic = %(topic)s::text
+ORDER BY id
+
 -- name: outbox_find_by_event_ids
 SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s::text[])
 
