@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.settings.declarations import read_component_yaml
 from outbox_pipelines.defs.factory import outbox_definitions
 
 TEMPLATE = """\
@@ -52,4 +53,6 @@ class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         source = Path(context.path) / "defs.yaml"
+        if source.is_file():
+            read_component_yaml(source)  # a table given twice: refused, as outbox.toml refuses it
         return outbox_definitions(self.tables, shipped_tables=self.shipped_tables, source=source)

@@ -83,3 +83,52 @@ def test_a_top_level_typo_names_the_key_and_the_known_ones(tmp_path):
     (tmp_path / "outbox.toml").write_text("shiped_tables = false\n")
     with pytest.raises(ConfigError, match=r"unknown top-level keys \['shiped_tables'\].*tables, shipped_tables"):
         find_declaration({}, start=tmp_path)
+
+
+TWICE = """type: outbox_pipelines.OutboxComponent
+attributes:
+  tables:
+    svc_outbox:
+      destination: paper
+    svc_outbox:
+      destination: http
+      url: https://hooks.example.com/svc
+"""
+
+
+def test_a_table_given_twice_in_defs_yaml_is_refused_as_toml_refuses_it(tmp_path):
+    dg_project(tmp_path, "outbox")
+    (tmp_path / "svc" / "defs" / "outbox" / "defs.yaml").write_text(TWICE)
+    with pytest.raises(ConfigError, match=r"defs.yaml, line 6: 'svc_outbox' is given twice .* keep one"):
+        find_declaration({}, start=tmp_path)
+    (tmp_path / "outbox.toml").write_text('[tables.a]\ndestination = "paper"\n[tables.a]\ndestination = "http"\n')
+    with pytest.raises(ConfigError, match="not valid TOML"):  # the same mistake in outbox.toml
+        find_declaration({}, start=tmp_path)
+
+
+@pytest.mark.slow
+def test_dg_check_defs_refuses_a_table_given_twice(tmp_path):
+    """The component's own reading (Dagster's) keeps the last section silently; the component refuses the file."""
+    import subprocess
+    import sys
+
+    dg_project(tmp_path, "outbox")
+    (tmp_path / "svc" / "__init__.py").write_text("")
+    (tmp_path / "svc" / "definitions.py").write_text(
+        "from pathlib import Path\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
+    (tmp_path / "svc" / "defs" / "outbox" / "defs.yaml").write_text(TWICE)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), "DAGSTER_HOME": ""}
+    env = {k: v for k, v in env.items() if v}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dg"), "check", "defs"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "'svc_outbox' is given twice" in output, output[-3000:]

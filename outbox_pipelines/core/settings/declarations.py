@@ -116,15 +116,36 @@ def _defs_folder(root: Path) -> Path | None:
     return next((folder for folder in (root / relative, root / "src" / relative) if folder.is_dir()), None)
 
 
+def read_component_yaml(path: Path) -> list[Mapping[str, Any]]:
+    """The YAML documents of a defs.yaml, or ConfigError: not YAML, or a key given twice in one mapping (YAML
+    keeps the last one silently: a table declared twice would go where its second section says, as TOML
+    refuses). The CLI reads the component's file with it, and so does the component itself before Dagster's
+    own reading is used."""
+    import yaml  # Dagster's dependency, read only when a project declares its tables in defs.yaml
+
+    class UniqueKeys(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(
+                        f"{path}, line {key_node.start_mark.line + 1}: {key!r} is given twice in the same mapping "
+                        "(a table declared twice?); keep one"
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return [d for d in yaml.load_all(path.read_text(), Loader=UniqueKeys) if isinstance(d, Mapping)]
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_component_file(path: Path, env: Mapping[str, str]) -> Declaration:
     """The OutboxComponent's attributes in ``path`` (a defs.yaml may hold several documents), with its
     ``{{ env.NAME }}`` values resolved as dg resolves them."""
-    import yaml  # Dagster's dependency, read only when a project declares its tables in defs.yaml
-
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, Mapping)]
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    documents = read_component_yaml(path)
     ours = [d for d in documents if d.get("type") == COMPONENT_TYPE]
     if not ours:
         raise ConfigError(f"{path}: no document of type {COMPONENT_TYPE}")
