@@ -30,9 +30,9 @@ from psycopg.rows import dict_row  # noqa: E402
 
 from outbox_pipelines import Message, Outbox  # noqa: E402
 from outbox_pipelines.core.storage.schema import create_table  # noqa: E402
-from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases  # noqa: E402
 from outbox_pipelines_tests.drills.conftest import DevProcess  # noqa: E402
 from outbox_pipelines_tests.helpers import free_port  # noqa: E402
+from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases  # noqa: E402
 from outbox_pipelines_tests.sink import HttpSink  # noqa: E402
 
 PER_TABLE = 50

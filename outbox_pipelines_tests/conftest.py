@@ -11,8 +11,8 @@ import pytest
 from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines.core.settings import TableSettings, load_settings
-from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases
 from outbox_pipelines_tests.processes import CLI
+from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases
 from outbox_pipelines_tests.sink import HttpSink
 
 REPO = Path(__file__).resolve().parents[1]

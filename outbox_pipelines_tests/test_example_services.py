@@ -28,8 +28,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox_pipelines_tests.scratch import TemplateDatabases
 from outbox_pipelines_tests.processes import CLI, free_port, port_open, start_logged, stop_processes, tail, wait_until
+from outbox_pipelines_tests.scratch import TemplateDatabases
 from outbox_pipelines_tests.sink import HttpSink
 
 pytestmark = pytest.mark.slow  # servers, relays and the examples' commands as processes

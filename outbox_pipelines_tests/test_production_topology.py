@@ -57,10 +57,10 @@ from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_ur
 from outbox_pipelines.defs.relay import DEFAULT_RUN_MINUTES, OVERLAP_S, RUN_MINUTES_ENV
 from outbox_pipelines.defs.relay_group import GROUP_TAG, hosted_tag, relay_group_job_name
 from outbox_pipelines.defs.resources import TABLE_TAG
-from outbox_pipelines_tests.scratch import TemplateDatabases
 from outbox_pipelines_tests.conftest import REPO
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 from outbox_pipelines_tests.processes import free_port, port_open
+from outbox_pipelines_tests.scratch import TemplateDatabases
 from outbox_pipelines_tests.sink import HttpSink
 
 pytestmark = [

@@ -13,7 +13,8 @@ from outbox_pipelines.core.storage import migrate
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from outbox_pipelines.demo import prepare_demo, run_demo  # Dagster: only for this command
+    from outbox_pipelines.demo import run_demo  # Dagster: only for this command
+    from outbox_pipelines.demo_data import prepare_demo
 
     # Unlike every other command, the demo runs outside any project too: its data then goes to a directory of
     # the user's (the line it prints says where).

@@ -12,7 +12,6 @@ import pytest
 
 from outbox_pipelines import (
     DatabaseUnavailable,
-    HandlerDestination,
     HandlerRegistry,
     Message,
     Outbox,
@@ -20,6 +19,7 @@ from outbox_pipelines import (
     RetryPolicy,
 )
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations import HandlerDestination
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
