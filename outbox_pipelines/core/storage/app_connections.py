@@ -42,7 +42,7 @@ def _wrong_kind(conn: Any, *, asyncio: bool) -> TypeError:
 def _psycopg2(conn: Any, where: str) -> TypeError:
     fix = (
         "install psycopg 3 (pip install 'psycopg[binary]'): Django uses it when it is installed"
-        if where == "django"
+        if where == "Django"
         else "change the engine's URL to postgresql+psycopg:// (on SQLAlchemy 2.0 a bare postgresql:// means psycopg2)"
     )
     return TypeError(f"enqueue runs on psycopg 3, and this {where} connection is on psycopg2 ({_named(conn)}): {fix}")
@@ -163,7 +163,7 @@ def _django_connection(conn: Any, outside: bool) -> psycopg.Connection[Any]:
     conn.ensure_connection()
     pg = conn.connection
     if not isinstance(pg, psycopg.Connection):
-        raise _psycopg2(pg, "django")
+        raise _psycopg2(pg, "Django")
     return pg
 
 
