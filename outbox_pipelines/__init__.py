@@ -1,7 +1,7 @@
 """outbox_pipelines: a transactional outbox for PostgreSQL, run by Dagster.
 
 from outbox_pipelines import Message, Outbox
-outbox = Outbox("outbox_events")
+outbox = Outbox("billing_outbox")     # a table the project declares (outbox.toml)
 with engine.begin() as conn:          # the business transaction
     conn.execute(...)                 # business write
     outbox.enqueue(conn, Message(topic="org.changed", payload={...}, event_id=...))
@@ -11,7 +11,6 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from outbox_pipelines.core import wings
 from outbox_pipelines.core.canonical import set_payload_encoder
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.errors import (
@@ -26,10 +25,6 @@ from outbox_pipelines.core.errors import (
 )
 from outbox_pipelines.core.models import ClaimedMessage, EnqueueResult, Message, Outcome
 from outbox_pipelines.core.retry import RetryPolicy
-
-# The wings on the engine (core/wings.py): the order product and the examples. Declared here, outside the
-# engine, so the engine never names them; each is loaded the first time the engine asks what wings bring.
-wings.declare("outbox_pipelines.orders.wing:WING", "outbox_pipelines.examples.wing:WING")
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations import Destination, HandlerRegistry
@@ -64,7 +59,8 @@ _REMOVED_IN = "0.3.0"
 
 def database_url() -> str:
     """The database the CLI, the relays and Dagster use, for the application's own connections: OUTBOX_DATABASE_URL,
-    else the project's embedded PostgreSQL (found from the working directory, started if it is not running).
+    else the project's embedded PostgreSQL where one was asked for (``.outbox/`` made by ``outbox-pipelines dev``,
+    or OUTBOX_EMBEDDED_DIR; started if it is not running); else ConfigError naming OUTBOX_DATABASE_URL.
     The URL may hold a password: connect with it, never print it."""
     from outbox_pipelines.core.storage import db
 

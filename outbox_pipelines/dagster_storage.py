@@ -26,7 +26,9 @@ from dagster import Field
 from dagster._serdes import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
 
-from outbox_pipelines.core.storage import db, migrate
+from outbox_pipelines.core.operations import upgrade
+from outbox_pipelines.core.settings import load_settings_or_problem
+from outbox_pipelines.core.storage import db
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 
 # Set once the message is out: the webserver, daemon and run workers a command starts inherit
@@ -47,7 +49,7 @@ def resolve_storage_url() -> tuple[str, str]:
         return dagster_storage_url(outbox.url), f"on the server of {db.DATABASE_URL_ENV}"
     applied: list[str] = []
     if os.environ.get(_MIGRATED_ENV) != outbox.url:
-        applied = migrate.upgrade(outbox.url)
+        applied = upgrade.upgrade_project(outbox.url, load_settings_or_problem()).applied
         os.environ[_MIGRATED_ENV] = outbox.url
     where = f"on the embedded PostgreSQL under {db.embedded_dir()}, left running: 'outbox-pipelines db stop' stops it"
     if applied:

@@ -100,8 +100,12 @@ def _enqueue_samples(url: str, run: str) -> dict[str, int]:
     return counts
 
 
+# The opt-in parts the demo shows (core/wings.py): the order product and the seeds' examples, with their tables.
+DEMO_PARTS = ("orders", "examples")
 DEMO_CONFIG = """
 # Written by `outbox-pipelines demo`: production settings with short backoffs.
+parts = ["orders", "examples"]
+
 [tables.outbox_orders]
 base = "300ms"
 max_backoff = "2s"
@@ -304,7 +308,7 @@ def _print_checks(verdicts: list["dg.AssetCheckEvaluation"]) -> None:
 def run_demo(url: str, quiet: bool = False, data_env: str = "") -> int:
     """The demo on ``url``; ``data_env`` (DemoData's) is what the commands it suggests at the end need set."""
     sys.stderr.flush()
-    applied = migrate.upgrade(url)
+    applied = migrate.upgrade(url, parts=DEMO_PARTS)
     if applied:
         print(f"migrated the database: {', '.join(applied)}")
     os.environ.update(prepare_dagster_home(url))

@@ -48,7 +48,7 @@ def prepare_demo(reset: bool = False) -> DemoData:
     if reset:
         _refuse_a_reset_of_what_is_not_the_demos(directory, url_set)
         reset_demo_data(directory)
-    resolved = db.resolve_database(announce=False)
+    resolved = db.resolve_database(announce=False, may_start_embedded=True)
     if not resolved.embedded:
         said = f"the demo writes to {db.redact(resolved.url)} ({db.DATABASE_URL_ENV}) and keeps Dagster's runs and "
         said += f"its mail in {directory}"

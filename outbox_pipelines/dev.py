@@ -24,7 +24,9 @@ import httpx
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.listen import is_loopback
-from outbox_pipelines.core.storage import db, migrate
+from outbox_pipelines.core.operations import upgrade
+from outbox_pipelines.core.settings import load_settings_or_problem
+from outbox_pipelines.core.storage import db
 from outbox_pipelines.dagster_home import prepare_dagster_home
 
 log = logging.getLogger("outbox_pipelines.dev")
@@ -155,10 +157,11 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000, *, allow_remote: bool = F
         print(f"error: port {port} on {host} is in use; pass --port to choose another", file=sys.stderr)
         return 2
     embedded_before = (db.embedded_dir() / "pgdata" / "postmaster.pid").exists()
-    resolved = db.resolve_database(announce=True)
+    resolved = db.resolve_database(announce=True, may_start_embedded=True)
     started_embedded = resolved.embedded and not embedded_before
-    applied = migrate.upgrade(resolved.url)
-    print(f"migrations: {', '.join(applied) if applied else 'up to date'}")
+    project = upgrade.upgrade_project(resolved.url, load_settings_or_problem())
+    print(f"migrations: {', '.join(project.applied) if project.applied else 'up to date'}")
+    print(f"outbox tables: {', '.join(project.tables) if project.tables else 'none declared (outbox.toml)'}")
     env = {**os.environ, **prepare_dagster_home(resolved.url)}
     print(f"Dagster home: {env['DAGSTER_HOME']} (runs and ticks stored in PostgreSQL)")
     command = [

@@ -10,9 +10,10 @@ import psycopg
 import pytest
 from psycopg.rows import DictRow, dict_row
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.settings import TableSettings, load_settings
 from outbox_pipelines_tests.processes import CLI
-from outbox_pipelines_tests.scratch import ScratchServer, TemplateDatabases
+from outbox_pipelines_tests.scratch import REPOSITORY_PARTS, ScratchServer, TemplateDatabases
 from outbox_pipelines_tests.sink import HttpSink
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 # unset, the session starts an embedded one and stops it at the end.
 TEST_URL_ENV = "OUTBOX_TEST_DATABASE_URL"
 
+
+# The tests run as this repository's project, which declares the order product and the examples (outbox.toml):
+# their destinations, roles and shared tables are known in this process as in its CLI's.
+wings.declare(*REPOSITORY_PARTS)
 
 # SIGTERM's and SIGINT's dispositions when this test process started, before any test or fixture ran.
 _STARTING_DISPOSITIONS = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

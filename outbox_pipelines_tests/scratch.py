@@ -60,15 +60,20 @@ class ScratchServer:
         return stopped
 
 
+# The parts this repository's own project declares (outbox.toml at its root).
+REPOSITORY_PARTS = ("orders", "examples")
+
+
 class TemplateDatabases:
     """A migrated template database on one server, and fresh databases cloned from it.
 
     Every name starts with ``prefix`` (the process id in it keeps concurrent test sessions
     apart on a shared server). Creating the object creates the template, replacing a leftover
-    of the same name.
+    of the same name. The template has the tables of ``parts`` (this repository's: the order product and
+    the examples, which most tests use; ``()`` for an adopter's database with the engine's tables alone).
     """
 
-    def __init__(self, admin_url: str, prefix: str) -> None:
+    def __init__(self, admin_url: str, prefix: str, parts: tuple[str, ...] = REPOSITORY_PARTS) -> None:
         self.admin_url = admin_url
         self.prefix = prefix
         self.template = f"{prefix}_template"
@@ -76,7 +81,7 @@ class TemplateDatabases:
         self._drop(self.template)
         with self._admin() as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
-        migrate.upgrade(self.url_for(self.template))
+        migrate.upgrade(self.url_for(self.template), parts=parts)
 
     def url_for(self, database: str) -> str:
         """The URL of ``database`` on this server, with the admin URL's credentials."""

@@ -71,13 +71,14 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
     return done
 
 
-@pytest.fixture(params=["OUTBOX_DATABASE_URL", "nothing set"])
+@pytest.fixture(params=["OUTBOX_DATABASE_URL", "embedded, asked for"])
 def walkthrough_database(request: pytest.FixtureRequest, project: Path) -> Iterator[str | None]:
-    """The database the walkthrough runs on: a test database named by OUTBOX_DATABASE_URL, or nothing set (README
-    step 3: the project's embedded server, stopped at the end)."""
+    """The database the walkthrough runs on: a test database named by OUTBOX_DATABASE_URL, or (README step 3) the
+    project's embedded server, asked for with `mkdir .outbox` and stopped at the end."""
     if request.param == "OUTBOX_DATABASE_URL":
         yield request.getfixturevalue("db_url")
         return
+    (project / ".outbox").mkdir()
     yield None
     stop_project_server(project / ".outbox")
 
@@ -121,9 +122,8 @@ def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_s
     keys = sorted(asset["asset_key"] for asset in listed["assets"])
     assert keys == [f"outbox/{t}" for t in TABLES], keys
     deep = project / "billing_service" / "defs"
-    for table in TABLES:
-        run(f"outbox-pipelines db create-table {table}", deep, env)
-    run("outbox-pipelines db upgrade", deep, env)
+    upgraded = run("outbox-pipelines db upgrade", deep, env)
+    assert all(f"created outbox table {table}" in upgraded.stdout for table in TABLES), upgraded.stdout
     status = run("outbox-pipelines status --json", deep, env).stdout
     assert sorted(row["table"] for row in json.loads(status)) == TABLES, status
     assert not (deep / ".outbox").exists()

@@ -311,6 +311,25 @@ def billing_project(tmp_path: Path) -> Iterator[Path]:
     yield root
 
 
+def test_the_wheel_registers_its_parts_and_prints_the_example_settings(installed, tmp_path):
+    """What the docs send an adopter to, from the installed wheel: the opt-in parts (entry points), the example
+    that lists every key (``init --print-example``) and a first outbox.toml (``init``)."""
+    env = _user_env(installed)
+    parts = _run(
+        [installed.python(), "-c", "from outbox_pipelines.core import wings; print(sorted(wings.installed_parts()))"],
+        tmp_path,
+        env,
+    )
+    assert parts.stdout.strip() == "['examples', 'orders']"
+    example = _run(["outbox-pipelines", "init", "--print-example"], tmp_path, env)
+    assert example.stdout == (REPO / "outbox.example.toml").read_text()
+    project = tmp_path / "shop"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "shop"\nversion = "1"\n')
+    _run(["outbox-pipelines", "init"], project, env)
+    assert "[tables.shop_outbox]" in (project / "outbox.toml").read_text()
+
+
 @pytest.mark.timeout(600)
 def test_the_adopter_example_runs_the_readme_walkthrough_from_the_wheel(installed, tmp_path, billing_project, db_url):
     sink = HttpSink().start()

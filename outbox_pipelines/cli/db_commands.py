@@ -9,21 +9,33 @@ import psycopg
 from outbox_pipelines.cli.inputs import database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, UsageError, say
 from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.storage import db, migrate, roles, schema
+from outbox_pipelines.core.storage import db, migrate, roles, schema, table_owners
 
 NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgrade' first"
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    settings = settings_of(args)  # before connecting: a declaration that cannot be read changes nothing
     url = database_url()
-    applied = migrate.upgrade(url)
-    if applied:
-        for name in applied:
-            print(f"applied {name}")
-    else:
+    report = upgrade.upgrade_project(url, settings)
+    for name in report.applied:
+        print(f"applied {name}")
+    for name in report.created:
+        print(f"created outbox table {name}")
+    if not report.applied and not report.created:
         print("database is up to date")
-    return EXIT_OK
+    for owner in report.owned_elsewhere.values():
+        say(f"error: {owner.refusal(settings.project)}")
+    if report.tables:
+        print(f"outbox tables of this project ({settings.project}): {', '.join(report.tables)}")
+    else:
+        print(
+            "this project declares no outbox table yet: add a [tables.NAME] section to outbox.toml "
+            "(or parts = [...]) and run db upgrade again"
+        )
+    return EXIT_FAILED if report.owned_elsewhere else EXIT_OK
 
 
 def cmd_db_create_table(args: argparse.Namespace) -> int:
@@ -34,8 +46,15 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
     settings = settings_of(args)
+    refused = 0
     for name in names:
         created = schema.create_table(url, name, dedup_index=args.dedup)
+        with db.connect(url) as conn:
+            owned_elsewhere = table_owners.claim(conn, [name], settings.project)
+        if owned_elsewhere:
+            say(f"error: {owned_elsewhere[name].refusal(settings.project)}")
+            refused += 1
+            continue
         print(
             f"created outbox table {name}"
             if created
@@ -45,6 +64,37 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
             say(f"warning: {name} cannot be relayed until its section is fixed: {settings.broken[name]}")
         elif name not in settings.tables:
             print(f"add a [tables.{name}] section to your outbox.toml (OUTBOX_CONFIG) to relay it")
+    return EXIT_FAILED if refused else EXIT_OK
+
+
+def cmd_db_hand_over(args: argparse.Namespace) -> int:
+    """Make this project the owner of a table another project owns: the deliberate hand-over."""
+    validate_table_name(args.table)
+    settings = settings_of(args)
+    url = database_url()
+    if migrate.pending(url):
+        raise UsageError(NOT_MIGRATED)
+    with db.connect(url) as conn:
+        owner = table_owners.owners(conn, [args.table]).get(args.table)
+        if owner is None:
+            table_owners.claim(conn, [args.table], settings.project)
+            print(f"{args.table} had no owner; it is now {settings.project!r}'s")
+            return EXIT_OK
+        if owner.project == settings.project:
+            print(f"{args.table} is already {settings.project!r}'s: nothing to hand over")
+            return EXIT_OK
+        if owner.project != args.from_project:
+            raise UsageError(
+                f"{args.table} belongs to {owner.project!r}, not {args.from_project!r}: nothing changed. "
+                f"To take it from its owner: outbox-pipelines db hand-over {args.table} --from {owner.project}"
+            )
+        table_owners.hand_over(conn, args.table, owner.project, settings.project)
+    print(
+        f"{args.table} handed over from {owner.project!r} to {settings.project!r}; "
+        f"{owner.project!r}'s relays leave it alone from their next start (stop them now if they run)"
+    )
+    if args.table not in settings.tables:
+        say(f"warning: this project does not declare {args.table}: add a [tables.{args.table}] section to relay it")
     return EXIT_OK
 
 

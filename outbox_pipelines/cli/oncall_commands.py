@@ -42,7 +42,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             except UnknownTable:
                 missing.append(table.name)
         if not args.table:
-            undeclared = undeclared_tables(conn, [*settings.tables, *settings.broken])
+            undeclared = undeclared_tables(conn, [*settings.tables, *settings.broken], settings.project)
     tables = [t for t in chosen if t.name not in missing]
     print_status(args, reports, tables)
     if undeclared and not args.json:

@@ -10,8 +10,16 @@ from typing import Any
 
 from outbox_pipelines import __version__
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
-from outbox_pipelines.cli.db_commands import cmd_db_create_table, cmd_db_grant, cmd_db_stop, cmd_db_upgrade, cmd_db_url
+from outbox_pipelines.cli.db_commands import (
+    cmd_db_create_table,
+    cmd_db_grant,
+    cmd_db_hand_over,
+    cmd_db_stop,
+    cmd_db_upgrade,
+    cmd_db_url,
+)
 from outbox_pipelines.cli.enqueue_command import cmd_enqueue
+from outbox_pipelines.cli.init_command import cmd_init
 from outbox_pipelines.cli.oncall_commands import cmd_status
 from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.relay_commands import cmd_relay
@@ -70,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox-pipelines",
         description=(
-            "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL, or an embedded PostgreSQL "
-            "under the project's .outbox/ when it is unset (the nearest directory up from here holding "
-            "pyproject.toml, outbox.toml or .outbox). Table settings come from OUTBOX_CONFIG, else the project's "
+            "Transactional outbox for PostgreSQL. Uses OUTBOX_DATABASE_URL; unset, the embedded PostgreSQL "
+            "under the project's .outbox/ (the nearest directory up from here holding pyproject.toml, "
+            "outbox.toml or .outbox) when 'dev' made one there or OUTBOX_EMBEDDED_DIR names one, else an error. "
+            "Table settings come from OUTBOX_CONFIG, else the project's "
             "outbox.toml, else its OutboxComponent's defs.yaml (dg scaffold defs outbox_pipelines.OutboxComponent)."
         ),
         epilog="Exit codes: 0 done, 1 failed, 2 bad input or usage (nothing written).",
@@ -95,11 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
 def add_db_commands(sub: Any) -> None:
     dbp = sub.add_parser(
         "db",
-        help="schema: upgrade, create-table, grant, url, stop",
+        help="schema: upgrade, create-table, hand-over, grant, url, stop",
         description="Database schema and the embedded server.",
     )
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
-    p = dbsub.add_parser("upgrade", help="apply the migrations in sql/migrations (safe to repeat, safe in parallel)")
+    p = dbsub.add_parser(
+        "upgrade",
+        help="apply the migrations and create the project's declared tables (safe to repeat, safe in parallel)",
+        description="Apply the engine's migrations and those of the parts the project declares (parts = [...] in "
+        "outbox.toml), then create every table it declares and record this project as their owner. Nothing "
+        "else is created: no table of a part the project did not declare. A declared table another project "
+        "owns is named with its owner (exit 1); 'db hand-over' moves a table between projects.",
+    )
     p.set_defaults(handler=cmd_db_upgrade)
     p = dbsub.add_parser(
         "create-table",
@@ -110,6 +126,18 @@ def add_db_commands(sub: Any) -> None:
     p.add_argument("name", nargs="+", metavar="NAME", help="table name: lowercase letters, digits, _ (e.g. hrm_outbox)")
     p.add_argument("--dedup", action="store_true", help="add the index that makes (topic, payload_sha) dedup fast")
     p.set_defaults(handler=cmd_db_create_table)
+    p = dbsub.add_parser(
+        "hand-over",
+        help="make this project the owner of a table another project owns (a deliberate move)",
+        description="Each outbox table belongs to the project that declared it first ('db upgrade', 'db "
+        "create-table'); the relays of any other project leave it alone. Run this in the project taking the "
+        "table over; --from names the project that owns it now, so nothing moves by mistake. Stop the old "
+        "owner's relays of the table first. This project's name: OUTBOX_PROJECT, else pyproject.toml's "
+        "[project] name, else the project directory's name.",
+    )
+    p.add_argument("table", metavar="TABLE", help="the outbox table to take over")
+    p.add_argument("--from", dest="from_project", required=True, metavar="PROJECT", help="the project that owns it")
+    p.set_defaults(handler=cmd_db_hand_over)
     p = dbsub.add_parser(
         "grant",
         help="create the least-privilege database roles and grant their rights (re-run after create-table)",
@@ -135,7 +163,7 @@ def add_message_commands(sub: Any) -> None:
     add = partial(command, sub)
 
     p = add("enqueue", cmd_enqueue, "enqueue one message (in its own transaction)")
-    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_events")
+    p.add_argument("--table", required=True, help="outbox table, one the project declares (e.g. billing_outbox)")
     p.add_argument("--topic", required=True, help="message topic / event type")
     p.add_argument("--payload", required=True, help="JSON object, @file.json, or - for stdin")
     p.add_argument("--event-id", help="idempotency key (default: a new UUID)")
@@ -185,7 +213,7 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
     p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
-    p.add_argument("--table", required=True, help="outbox table, e.g. outbox_orders")
+    p.add_argument("--table", required=True, help="outbox table, one the project declares (e.g. billing_outbox)")
     p.add_argument("--id", type=row_id, action="append", metavar="ID", help="row id (repeatable)")
     p.add_argument("--topic", help="only rows of this topic")
     p.add_argument("--tenant", help="only rows of this tenant id")
@@ -257,6 +285,17 @@ def add_maintenance_commands(sub: Any) -> None:
 def add_service_commands(sub: Any) -> None:
     """The Order API, the broker simulator, the Dagster dev stack and the demo."""
     add = partial(command, sub)
+
+    p = add(
+        "init",
+        cmd_init,
+        "write the project's first outbox.toml (one table, named after the project), or print the example that "
+        "lists every key (--print-example)",
+    )
+    p.add_argument("--table", help="the table to declare (default: <project>_outbox)")
+    p.add_argument(
+        "--print-example", action="store_true", help="print outbox.example.toml (every key, explained); write nothing"
+    )
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

@@ -12,6 +12,7 @@ from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
+from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 
 
 def print_progress(report: RelayReport) -> None:
@@ -80,9 +81,10 @@ def relay_group(args: argparse.Namespace) -> int:
             "--group takes --once or --max-seconds (and --quiet, --json); --max-entries, --batch-size, "
             "--worker-id, --metrics-port and --force are for one --table"
         )
-    settings = settings_of(args)
     url = database_url()
-    # This group's tables whose section cannot be used (another group's are its relay's to tell): said now, so
+    settings = without_tables_owned_elsewhere(url, settings_of(args))
+    # This group's tables whose section cannot be used or that another project owns (another group's are its
+    # relay's to tell): said now, so
     # that a long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
     left_out = settings.broken_in_group(args.group)
     exit_code = say_left_out(left_out)

@@ -7,9 +7,12 @@ Each imports its stack (Starlette, aiohttp, Dagster) inside its command: a relay
 import argparse
 
 from outbox_pipelines.broker_faults import faults_from_args
-from outbox_pipelines.cli.inputs import database_url
-from outbox_pipelines.cli.output import EXIT_OK, say
-from outbox_pipelines.core.storage import migrate
+from outbox_pipelines.cli.inputs import database_url, settings_of
+from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
+from outbox_pipelines.core.operations import upgrade
+
+# The order product's part (pyproject.toml, entry points "outbox_pipelines.parts"): the Order API needs it declared.
+ORDERS_PART = "orders"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -27,9 +30,16 @@ def cmd_order_api(args: argparse.Namespace) -> int:
     # Imported here: the API's server stack (Starlette, uvicorn, tracing) adds ~0.2 s to every command.
     from outbox_pipelines.orders.api.server import prepare, serve
 
+    settings = settings_of(args)
+    if ORDERS_PART not in settings.parts:
+        raise UsageError(
+            f"the Order API is the order product's, which this project does not declare "
+            f'({settings.source or "no outbox.toml"}): add parts = ["{ORDERS_PART}"] to outbox.toml '
+            "(its outbox_orders table is then relayed too) and run it again"
+        )
     url = database_url()
     prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing
-    applied = migrate.upgrade(url)
+    applied = upgrade.upgrade_project(url, settings).applied
     if applied:
         say(f"migrated the database: {', '.join(applied)}")
     return serve(url, args.host, args.port, allow_anonymous=args.allow_anonymous, say=say)

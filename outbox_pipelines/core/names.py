@@ -19,6 +19,7 @@ RESERVED_TABLE_NAMES = frozenset(
         "outbox_relay_workers",  # 0004: relay heartbeats
         "outbox_destination_health",  # 0004: destination failures and circuit
         "outbox_alert_state",  # 0004: what each alert has told
+        "outbox_table_owners",  # 0013: the project that declared each outbox table
     }
 )
 # PostgreSQL's catalogs: pg_catalog is searched before any schema, so "pg_class" would

@@ -1,20 +1,24 @@
 """Wings: products built on the engine (the order product, the examples), plugged in without the engine
 naming them.
 
-A wing is one ``Wing`` value in a module of its own (``outbox_pipelines/orders/wing.py``). The package
-declares its wings at its top (``outbox_pipelines/__init__.py``: ``declare("module:attribute")``), and the
-engine loads them the first time it asks what they bring: a destination kind and the factory building it,
-shipped tables, retry presets, the shared tables of their own (never a name for an outbox table), their
-database roles and the rights the engine's roles need on their tables, and the shared clean-up of their
-tables. So the engine knows what a wing brings, never which wing it is (an import-linter contract and
+A wing is one ``Wing`` value in a module of its own (``outbox_pipelines/orders/wing.py``), registered under a
+part name in the entry-point group ``outbox_pipelines.parts`` (pyproject.toml). Nothing is on by default: a
+project opts into a part in its declaration (``parts = ["orders"]``), and reading that declaration declares
+it here (``declare``), so ``import outbox_pipelines`` loads no wing. The engine then asks what the declared
+wings bring: a destination kind and the factory building it, shipped tables, retry presets, the shared
+tables of their own (never a name for an outbox table) and the migrations creating them, their database
+roles and the rights the engine's roles need on their tables, and the shared clean-up of their tables. So
+the engine knows what a wing brings, never which wing it is (an import-linter contract and
 ``outbox_pipelines_tests/test_architecture.py`` keep it so).
 
 A wing module must import only the engine's values (no Dagster, no web framework): it is loaded while
 settings are read.
 """
 
+import functools
 import importlib
-from collections.abc import Callable, Mapping
+import importlib.metadata
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -53,37 +57,69 @@ class Wing:
     producer_excluded_tables: tuple[str, ...] = ()
     # The cleaner's work on its shared tables: label (its table) -> one batch of deletions.
     shared_cleanups: Mapping[str, SharedCleanup] = field(default_factory=dict)
+    # Its migrations: a folder under sql/ ("parts/orders"), applied after the engine's by ``db upgrade`` and
+    # recorded as "<name>/<version>".
+    migrations: str = ""
+
+
+# The entry-point group where an installed package registers its parts: name = "module:attribute".
+PARTS_GROUP = "outbox_pipelines.parts"
 
 
 _declared: list[str] = []
-_loaded: tuple[Wing, ...] | None = None
+_loaded: dict[str, Wing] = {}
 
 
-def declare(*specs: str) -> None:
-    """Declare wings as "module:attribute" (each names a Wing); loaded on first use."""
-    global _loaded
-    for spec in specs:
-        if spec not in _declared:
-            _declared.append(spec)
-            _loaded = None
+@functools.cache
+def installed_parts() -> dict[str, str]:
+    """The parts installed packages register (entry points of ``outbox_pipelines.parts``): name -> spec."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=PARTS_GROUP)}
 
 
-def wings() -> tuple[Wing, ...]:
-    """Every declared wing, loaded once."""
-    global _loaded
-    if _loaded is None:
-        _loaded = tuple(_load(spec) for spec in _declared)
-    return _loaded
+def check_parts(parts: Iterable[str], where: str = "") -> tuple[str, ...]:
+    """``parts`` as given, each a known part name or a "module:attribute"; ConfigError naming the installed ones."""
+    names = tuple(dict.fromkeys(parts))
+    installed = installed_parts()
+    for name in names:
+        if not isinstance(name, str) or (":" not in name and name not in installed):
+            known = ", ".join(sorted(installed)) or "none"
+            raise ConfigError(
+                f"{where}unknown part {name!r} in parts; the installed parts are: {known} "
+                f'(or give a "module:attribute" naming a Wing)'
+            )
+    return names
+
+
+def declare(*parts: str) -> None:
+    """Use these parts in this process (names of installed parts, or "module:attribute"); loaded on first use."""
+    for part in check_parts(parts):
+        if part not in _declared:
+            _declared.append(part)
+
+
+def declared() -> tuple[str, ...]:
+    return tuple(_declared)
+
+
+def wings(parts: Iterable[str] | None = None) -> tuple[Wing, ...]:
+    """The wings of ``parts`` (None: every part this process declared), each loaded once."""
+    return tuple(_wing(part) for part in (_declared if parts is None else parts))
+
+
+def _wing(part: str) -> Wing:
+    if part not in _loaded:
+        _loaded[part] = _load(part if ":" in part else installed_parts().get(part, part))
+    return _loaded[part]
 
 
 def _load(spec: str) -> Wing:
     module_name, _, attribute = spec.partition(":")
     try:
         wing = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load the wing {spec!r}: {exc}") from None
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"cannot load the part {spec!r}: {exc}") from None
     if not isinstance(wing, Wing):
-        raise ConfigError(f"the wing {spec!r} is a {type(wing).__name__}, not a Wing")
+        raise ConfigError(f"the part {spec!r} is a {type(wing).__name__}, not a Wing")
     return wing
 
 
@@ -95,8 +131,13 @@ def url_destinations() -> tuple[str, ...]:
     return tuple(kind for wing in wings() for kind in wing.url_destinations)
 
 
-def shipped_tables() -> dict[str, Mapping[str, Any]]:
-    return {name: section for wing in wings() for name, section in wing.shipped_tables.items()}
+def shipped_tables(parts: Iterable[str] | None = None) -> dict[str, Mapping[str, Any]]:
+    return {name: section for wing in wings(parts) for name, section in wing.shipped_tables.items()}
+
+
+def migration_folders(parts: Iterable[str]) -> dict[str, str]:
+    """Each of ``parts``' wings with migrations: its name -> its folder under sql/."""
+    return {wing.name: wing.migrations for wing in wings(parts) if wing.migrations}
 
 
 def retry_presets() -> dict[str, "RetryPolicy"]:

@@ -5,9 +5,10 @@
 writes ``defs/billing/defs.yaml``; each entry of ``attributes.tables`` is a table's section exactly as
 outbox.toml writes ``[tables.NAME]`` (the same keys, read by the same rules: core.settings), and the project
 gets those tables' assets, checks, relay jobs with their schedules and backlog sensors, maintenance,
-replay, skip, backfill and alerts (defs.factory.outbox_definitions). Only the declared tables: the
-shipped demo tables come with ``shipped_tables: true``. One OutboxComponent per code location (its jobs
-have fixed names); the database is the deployment's (OUTBOX_DATABASE_URL, else the embedded server).
+replay, skip, backfill and alerts (defs.factory.outbox_definitions). Only the declared tables, and those
+of the opt-in parts ``attributes.parts`` names (``[orders, examples]``), as outbox.toml's ``parts``. One
+project may hold several OutboxComponents (one per team, say): their tables are one project's, each table
+declared in one of them; the database is the deployment's (OUTBOX_DATABASE_URL).
 """
 
 from pathlib import Path
@@ -49,10 +50,11 @@ class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
     """Outbox tables of this project: relay, maintenance, replay, backfill, checks and alerts for each."""
 
     tables: dict[str, dict[str, Any]] = {}
+    parts: list[str] = []
     shipped_tables: bool = False
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         source = Path(context.path) / "defs.yaml"
         if source.is_file():
             read_component_yaml(source)  # a table given twice: refused, as outbox.toml refuses it
-        return outbox_definitions(self.tables, shipped_tables=self.shipped_tables, source=source)
+        return outbox_definitions(self.tables, parts=self.parts, shipped_tables=self.shipped_tables, source=source)

@@ -10,7 +10,7 @@ The tables are sections as ``outbox.toml`` writes them (``[tables.NAME]``), read
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,14 @@ VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"
 
 
 def declaration_of(
-    tables: Mapping[str, Mapping[str, Any]], *, shipped_tables: bool = False, source: Path | None = None
+    tables: Mapping[str, Mapping[str, Any]],
+    *,
+    parts: Sequence[str] = (),
+    shipped_tables: bool = False,
+    source: Path | None = None,
 ) -> Declaration:
-    """A project's tables as a declaration (no shipped demo tables unless asked): ConfigError on a bad shape."""
-    return Declaration.from_mapping({"tables": tables, "shipped_tables": shipped_tables}, source, shipped_default=False)
+    """A project's tables and parts as a declaration: ConfigError on a bad shape."""
+    return Declaration.from_mapping({"tables": tables, "parts": list(parts), "shipped_tables": shipped_tables}, source)
 
 
 def load_project_settings(declaration: Declaration | None) -> Settings:
@@ -56,18 +60,22 @@ def load_project_settings(declaration: Declaration | None) -> Settings:
 def outbox_definitions(
     tables: Mapping[str, Mapping[str, Any]] | None = None,
     *,
+    parts: Sequence[str] = (),
     shipped_tables: bool = False,
     source: Path | None = None,
     resources: Mapping[str, Any] | None = None,
+    declaration: Declaration | None = None,
 ) -> dg.Definitions:
     """Assets, checks, relay jobs and their schedules and sensors, maintenance, replay, skip, backfill and
     alerts for the project's outbox tables.
 
-    ``tables``: ``{name: section}`` as outbox.toml's ``[tables.NAME]`` (only these, plus the shipped demo tables
-    with ``shipped_tables=True``); None reads OUTBOX_CONFIG / the project's outbox.toml. ``source`` names where
-    they are declared in messages. ``resources``: the deployment's (default ``outbox_resources``: the database
-    from OUTBOX_DATABASE_URL or the embedded server)."""
-    declaration = None if tables is None else declaration_of(tables, shipped_tables=shipped_tables, source=source)
+    ``tables``: ``{name: section}`` as outbox.toml's ``[tables.NAME]``, with the tables of ``parts`` (opt-in
+    parts, e.g. ``["orders"]``; ``shipped_tables=True``: every installed one); None reads OUTBOX_CONFIG / the
+    project's outbox.toml. ``source`` names where they are declared in messages; ``declaration`` stands for
+    all three when it was read already (several components'). ``resources``: the deployment's (default
+    ``outbox_resources``: the database from OUTBOX_DATABASE_URL or the embedded server)."""
+    if declaration is None and tables is not None:
+        declaration = declaration_of(tables, parts=parts, shipped_tables=shipped_tables, source=source)
     return build_from_settings(
         load_project_settings(declaration),
         resources if resources is not None else outbox_resources(declaration=declaration),

@@ -39,7 +39,7 @@ class ReplayConfig(LaunchConfig):
     table: str = Field(
         default=ORDERS_TABLE,
         description=(
-            "Outbox table to replay, e.g. outbox_orders, outbox_memory, outbox_events (a table from the settings)."
+            "Outbox table to replay: one of the project's declared tables (outbox-pipelines status lists them)."
         ),
     )
     ids: list[int] | None = Field(

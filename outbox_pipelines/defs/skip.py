@@ -20,7 +20,9 @@ from outbox_pipelines.defs.resources import OutboxDb
 class SkipConfig(LaunchConfig):
     """Which parked dead messages to pass over: their ids, or every one of an ordering key."""
 
-    table: str = Field(description="Outbox table, e.g. outbox_events (a table from the settings).")
+    table: str = Field(
+        description="Outbox table: one of the project's declared tables (outbox-pipelines status lists them)."
+    )
     ids: list[int] | None = Field(
         default=None,
         description=("The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them."),

@@ -1,6 +1,7 @@
-"""What the examples bring to the engine (core/wings.py): seed 002's and seed 004's shipped tables, their
-handlers, and seed 002's handler record ``automated_email_recipients`` (migration 0003), which the welcome
-handler writes in the relay's transaction (so the relay and the maintainer may read and insert there)."""
+"""What the examples bring to the engine (core/wings.py), the part ``examples`` a project declares: seed 003's,
+seed 002's and seed 004's tables, their handlers, and seed 002's handler record ``automated_email_recipients``,
+which the welcome handler writes in the relay's transaction (so the relay and the maintainer may read and
+insert there). Its migrations: sql/parts/examples/."""
 
 from outbox_pipelines.core.storage.roles import MAINTAINER, RELAY, Grant
 from outbox_pipelines.core.wings import Wing
@@ -11,6 +12,8 @@ _WRITE_THE_RECORD = (Grant(WELCOME_RECORD, ("SELECT", "INSERT")),)
 WING = Wing(
     name="examples",
     shipped_tables={
+        # seed 003: memory writes, dedup by (topic, payload_sha)
+        "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
         # seed 002: member events to in-process handlers (welcome email); success deletes the row
         "outbox_members": {
             "destination": "handlers",
@@ -30,6 +33,7 @@ WING = Wing(
             "mode": "single-active",
         },
     },
-    shared_tables={WELCOME_RECORD: "0003: seed 002's welcome emails"},
+    shared_tables={WELCOME_RECORD: "seed 002's welcome emails"},
     engine_role_grants={RELAY: _WRITE_THE_RECORD, MAINTAINER: _WRITE_THE_RECORD},
+    migrations="parts/examples",
 )

@@ -1,9 +1,10 @@
-"""What the order product brings to the engine (core/wings.py), declared at the package's top.
+"""What the order product brings to the engine (core/wings.py): the part ``orders`` a project declares.
 
 - The ``orders`` destination: the order broker (``broker.build_order_broker``), at a URL.
 - The shipped ``outbox_orders`` table, and seed 000's retry preset ``orders`` (2, 4, ... 256 s, ±10 %,
   8 attempts; ``OUTBOX_RETRY_MAX`` sets its attempts).
-- Its shared tables: ``idempo_ledger`` (migration 0001) and ``outbox_api_secret`` (0005).
+- Its shared tables: ``idempo_ledger`` and ``outbox_api_secret``, made with ``outbox_orders`` by its own
+  migrations (sql/parts/orders/).
 - Its role ``outbox_order_api`` (the Order API), and its rights beside the engine's roles:
 
   - The producer has no right at all on ``outbox_orders``: an order is placed through the Order API,
@@ -51,8 +52,8 @@ WING = Wing(
     retry_presets={"orders": RetryPolicy(base_s=2.0, max_s=256.0, max_attempts=8, jitter=0.1)},
     preset_attempts_from={"orders": "retry_max"},
     shared_tables={
-        LEDGER: "0001: the Order API's idempotency ledger",
-        "outbox_api_secret": "0005: the Order API's server secret",
+        LEDGER: "the Order API's idempotency ledger",
+        "outbox_api_secret": "the Order API's server secret",
     },
     roles=(ORDER_API_ROLE,),
     engine_role_grants={
@@ -61,4 +62,5 @@ WING = Wing(
     },
     producer_excluded_tables=(ORDERS_TABLE,),
     shared_cleanups={LEDGER: delete_expired},
+    migrations="parts/orders",
 )

@@ -2,11 +2,13 @@
 
 import multiprocessing
 import shutil
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from outbox_pipelines.core.errors import InvalidTableName, MigrationError
+from outbox_pipelines.core.names import RESERVED_TABLE_NAMES
 from outbox_pipelines.core.storage import migrate, schema
 from outbox_pipelines.core.storage.queries import sql_dir
 
@@ -20,15 +22,24 @@ def empty_db(pg_server):
     pg_server.drop_database(name)
 
 
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+
+
 def test_upgrade_applies_in_order_and_is_idempotent(empty_db):
     shipped = [m.name for m in migrate.discover()]
     assert shipped[:4] == ["0001_core.sql", "0002_shipped_tables.sql", "0003_orders_and_members.sql", "0004_oncall.sql"]
     assert migrate.upgrade(empty_db) == shipped
     assert migrate.upgrade(empty_db) == []
     assert migrate.pending(empty_db) == []
-    with psycopg.connect(empty_db) as conn:
-        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-    assert {"outbox_orders", "outbox_memory", "outbox_events", "idempo_ledger", "outbox_audit"} <= tables
+    # The engine's tables only: the order product's and the examples' are parts a project declares.
+    assert _tables(empty_db) == set(RESERVED_TABLE_NAMES)
+    assert migrate.pending(empty_db, parts=["orders"]) == ["orders/0001_orders.sql"]
+    assert migrate.upgrade(empty_db, parts=["orders"]) == ["orders/0001_orders.sql"]
+    assert _tables(empty_db) == {*RESERVED_TABLE_NAMES, "outbox_orders", "idempo_ledger", "outbox_api_secret"}
+    assert migrate.upgrade(empty_db, parts=["orders", "examples"]) == ["examples/0001_examples.sql"]
+    assert {"outbox_memory", "outbox_events", "outbox_members", "automated_email_recipients"} <= _tables(empty_db)
 
 
 def _upgrade(url, results):
@@ -72,14 +83,41 @@ def test_a_failing_migration_rolls_back_and_says_which(empty_db, tmp_path):
         assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == len(migrate.discover())
 
 
+# The engine's migrations as they were before the order product and the examples became parts: what every
+# database migrated by then holds (their tables included).
+BEFORE_PARTS = Path(__file__).resolve().parents[1] / "fixtures" / "migrations_0_1"
+
+
 def _upgrade_to(url: str, tmp_path, last: str) -> None:
-    """Apply the shipped migrations up to and including version ``last`` (what an older release left)."""
+    """Apply the migrations of the version before parts up to and including ``last`` (what it left)."""
     copy = tmp_path / f"migrations_to_{last}"
     copy.mkdir()
-    for migration in migrate.discover():
+    for migration in migrate.discover(BEFORE_PARTS):
         if migration.version <= last:
             shutil.copy(migration.path, copy / migration.name)
     migrate.upgrade(url, copy)
+
+
+def test_a_database_migrated_before_parts_keeps_their_tables_and_rows(empty_db, tmp_path):
+    """A database migrated when every database got the demo's tables: upgrading it (a project declaring no part)
+    accepts the engine files that changed since, drops nothing, and declaring the parts later adds no copy."""
+    migrate.upgrade(empty_db, BEFORE_PARTS)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('e-1', 't', '{}', 's')"
+        )
+        conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, event_id) VALUES ('k', 'd', 'o-1')")
+    before = _tables(empty_db)
+    assert migrate.upgrade(empty_db) == [m.name for m in migrate.discover() if m.version > "0012"]
+    assert _tables(empty_db) == before | {"outbox_table_owners"}
+    assert migrate.upgrade(empty_db, parts=["orders", "examples"]) == [
+        "orders/0001_orders.sql",
+        "examples/0001_examples.sql",
+    ]
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT event_id FROM outbox_events").fetchall() == [("e-1",)]
+        assert conn.execute("SELECT idempotency_key, event_id FROM idempo_ledger").fetchall() == [("k", "o-1")]
+    assert _tables(empty_db) == before | {"outbox_table_owners"}
 
 
 def test_ledger_rows_accepted_before_0007_get_the_event_id_of_their_outbox_row(empty_db, tmp_path):
@@ -94,7 +132,7 @@ def test_ledger_rows_accepted_before_0007_get_the_event_id_of_their_outbox_row(e
             ('k-open', 'order.submitted', '{}', 's1', '{"ledger_scope": "", "ledger_key": "k-open"}'),
             ('h:abc:k-caller', 'order.submitted', '{}', 's2', '{"ledger_scope": "h:abc", "ledger_key": "k-caller"}'),
             ('direct-1', 'order.submitted', '{}', 's3', '{}')""")
-    migrate.upgrade(empty_db)
+    migrate.upgrade(empty_db, parts=["orders"])
     with psycopg.connect(empty_db) as conn:
         found = dict(conn.execute("SELECT idempotency_key, event_id FROM idempo_ledger").fetchall())
         assert found == {"k-open": "k-open", "k-caller": "h:abc:k-caller", "k-gone": None}
@@ -110,6 +148,45 @@ def test_0007_applies_to_a_database_without_outbox_orders(empty_db, tmp_path):
     with psycopg.connect(empty_db) as conn:
         applied = [r[0] for r in conn.execute("SELECT version FROM outbox_schema_migrations ORDER BY version")]
     assert applied[-1] == "0007"
+    migrate.upgrade(empty_db)  # and today's engine over it
+    assert "outbox_orders" not in _tables(empty_db)
+
+
+def test_part_tables_have_the_shape_the_engine_migrations_gave_them(empty_db, pg_server, tmp_path):
+    """The order product's and the examples' tables made by their parts' migrations today are those the engine's
+    migrations made before: same columns, indexes, constraints and triggers."""
+    old_name = f"{pg_server.prefix}_before_parts"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{old_name}"')
+    try:
+        old_url = pg_server.url_for(old_name)
+        migrate.upgrade(old_url, BEFORE_PARTS)
+        migrate.upgrade(old_url)
+        migrate.upgrade(empty_db, parts=["orders", "examples"])
+        assert _shape(empty_db) == _shape(old_url)
+    finally:
+        pg_server.drop_database(old_name)
+
+
+def _shape(url: str) -> dict[str, list[tuple]]:
+    """Columns, indexes, constraints and triggers of every table of the public schema."""
+    with psycopg.connect(url) as conn:
+        return {
+            "columns": conn.execute(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default FROM information_schema.columns"
+                " WHERE table_schema = 'public' AND table_name <> 'outbox_schema_migrations' ORDER BY 1, 2"
+            ).fetchall(),
+            "indexes": conn.execute(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1, 2"
+            ).fetchall(),
+            "constraints": conn.execute(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2"
+            ).fetchall(),
+            "triggers": conn.execute(
+                "SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2"
+            ).fetchall(),
+        }
 
 
 def test_create_table_makes_the_canonical_shape(db_url, conn):

@@ -1,6 +1,6 @@
--- Shared objects of every outbox: the audit trail, the idempotency ledger,
--- the wake-up trigger function and the function that creates an outbox table
--- of the canonical shape (DESIGN.md §3.1).
+-- Shared objects of every outbox: the audit trail, the wake-up trigger function
+-- and the function that creates an outbox table of the canonical shape
+-- (DESIGN.md §3.1).
 
 CREATE TABLE outbox_audit (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -20,25 +20,6 @@ CREATE TABLE outbox_audit (
 CREATE INDEX outbox_audit_by_message ON outbox_audit (outbox_table, message_id);
 -- Append-only and time-ordered: a BRIN index costs almost nothing per insert.
 CREATE INDEX outbox_audit_by_time ON outbox_audit USING brin (created_at);
-
-CREATE TABLE idempo_ledger (
-    idempotency_key text        NOT NULL,
-    -- The caller the key belongs to (API token digest); '' when the API is open.
-    scope           text        NOT NULL DEFAULT '',
-    request_digest  text        NOT NULL,
-    status          text        NOT NULL DEFAULT 'accepted'
-                    CHECK (status IN ('accepted', 'succeeded', 'failed')),
-    http_status     integer,
-    response        jsonb,
-    result          jsonb,
-    result_digest   text,
-    reason          text,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    updated_at      timestamptz NOT NULL DEFAULT now(),
-    expires_at      timestamptz NOT NULL DEFAULT now() + interval '48 hours',
-    PRIMARY KEY (scope, idempotency_key)
-);
-CREATE INDEX idempo_ledger_by_expiry ON idempo_ledger (expires_at);
 
 -- Relays LISTEN on "outbox:<table>"; one notification per inserting statement
 -- (identical notifications in one transaction are folded by PostgreSQL).

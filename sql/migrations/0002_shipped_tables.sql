@@ -1,4 +1,4 @@
--- The three outbox tables the product ships (seeds 000, 003, 002/004).
-SELECT outbox_create_table('outbox_orders');
-SELECT outbox_create_table('outbox_memory', with_dedup_index => true);
-SELECT outbox_create_table('outbox_events');
+-- Until 0.1.0 this created the example tables outbox_orders, outbox_memory and outbox_events in every database.
+-- They belong to opt-in parts now, created only for a project that declares the part: sql/parts/orders/0001_orders.sql and sql/parts/examples/0001_examples.sql.
+-- A database migrated before keeps them and their rows (core/storage/migrate.py accepts this file's earlier
+-- checksum).

@@ -80,7 +80,7 @@ class Condition:
     key: str
     severity: Severity
     summary: str
-    kind: str  # check | relay_died | run_failure | settings
+    kind: str  # check | relay_died | run_failure | settings | undeclared_table
     link: str  # "" when the sweep was given no UI (Links)
     table: str | None = None
     check: str | None = None

@@ -22,6 +22,7 @@ from outbox_pipelines.core.oncall.alerts import (
     announce_event,
 )
 from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
+from outbox_pipelines.core.oncall.table_status import undeclared_tables
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
@@ -70,6 +71,29 @@ def settings_condition(settings: Settings, links: Links = NO_LINKS) -> Condition
         kind="settings",
         link=links.settings(),
         link_label=links.label,
+    )
+
+
+def undeclared_condition(status: TableStatus) -> Condition:
+    """An outbox table in the database that no project declares (none owns it, or this one does and no longer
+    declares it): a warning while messages wait there, which nothing will ever relay; ok once none does (or it
+    is declared, and its own checks take over)."""
+    waiting = status.waiting
+    return Condition(
+        key=f"undeclared:{status.table}",
+        severity="warning" if waiting else "ok",
+        summary=(
+            f"outbox table {status.table} is in the database but declared by no project: {waiting} message"
+            f"{'s' if waiting != 1 else ''} wait there that no relay will deliver. Declare it (a [tables."
+            f"{status.table}] section in outbox.toml, or the OutboxComponent's defs.yaml) if it is this project's; "
+            "if the application should not write there, fix the table name it enqueues into."
+            if waiting
+            else f"outbox table {status.table}: nothing waits there any more (or it is declared now)"
+        ),
+        kind="undeclared_table",
+        link="",
+        table=status.table,
+        figures={"waiting": waiting},
     )
 
 
@@ -159,6 +183,8 @@ def sweep(
                 continue
             report.verdicts[name] = verdicts
             conditions += [check_condition(name, v, links) for v in verdicts]
+        declared = [*settings.tables, *settings.broken]
+        conditions += [undeclared_condition(status) for status in undeclared_tables(conn, declared, settings.project)]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)
     return report
 

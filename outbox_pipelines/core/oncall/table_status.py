@@ -11,6 +11,7 @@ import psycopg
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.core.storage.table_owners import owners
 
 LAG_WINDOW_S = 3600.0
 # Lag percentiles come from at most this many of the newest deliveries and of the oldest
@@ -114,9 +115,15 @@ def ready_count(conn: psycopg.Connection, table_name: str, paused_topics: tuple[
     return OutboxTable(conn, table_name).ready_count(paused_topics)
 
 
-def undeclared_tables(conn: psycopg.Connection, declared: Iterable[str]) -> list[TableStatus]:
-    """The outbox tables in the database that ``declared`` does not name (another project's, a removed section's,
-    a typo's twin): no relay of this project delivers their messages. Each with its status: what waits there."""
+def undeclared_tables(
+    conn: psycopg.Connection, declared: Iterable[str], project: str | None = None
+) -> list[TableStatus]:
+    """The outbox tables in the database that ``declared`` does not name (a removed section's, a typo's twin, one
+    nobody declared): no relay of this project delivers their messages. Each with its status: what waits there.
+    With ``project``, a table another project owns (core/storage/table_owners.py) is that project's, not listed."""
     known = set(declared)
     names = [name for name in SharedTables(conn).outbox_table_names() if name not in known]
+    if project is not None:
+        elsewhere = {name for name, owner in owners(conn, names).items() if owner.project != project}
+        names = [name for name in names if name not in elsewhere]
     return [read_status(OutboxTable(conn, name)) for name in sorted(names)]

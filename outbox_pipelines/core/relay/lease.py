@@ -4,12 +4,12 @@ Every state change succeeds only for the lease holder at the attempt it
 claimed; otherwise it returns False and an ``outbox_flush_conflict`` row is
 written to the audit (the seed's §4.3), never an exception.
 
-    items = claim_outbox(conn, "outbox_memory", "worker-1", limit=10, lease_seconds=120)
+    items = claim_outbox(conn, "memory_outbox", "worker-1", limit=10, lease_seconds=120)
     for item in items:
-        if (hit := check_dedup(conn, "outbox_memory", item.topic, item.payload_sha)):
-            ack_sent(conn, "outbox_memory", item, "worker-1", memory_id=hit["result_ref"], dedup=True)
+        if (hit := check_dedup(conn, "memory_outbox", item.topic, item.payload_sha)):
+            ack_sent(conn, "memory_outbox", item, "worker-1", memory_id=hit["result_ref"], dedup=True)
             continue
-        renew_lease(conn, "outbox_memory", item, "worker-1", lease_seconds=120)
+        renew_lease(conn, "memory_outbox", item, "worker-1", lease_seconds=120)
         ...
 """
 

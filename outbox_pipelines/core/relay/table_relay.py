@@ -13,6 +13,7 @@ from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.settings import Settings
+from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 from outbox_pipelines.core.storage import pooler
 
 
@@ -35,7 +36,7 @@ def run_table_relay(
     """Relay one configured table: build its destination (unless given), run under the budget, close it."""
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-    table = settings.table(table_name)
+    table = without_tables_owned_elsewhere(url, settings).table(table_name)  # another project's: refused
     owned = destination is None
     destination = destination or build_destination(table, settings)
     relay = Relay(

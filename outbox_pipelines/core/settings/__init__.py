@@ -36,7 +36,6 @@ from outbox_pipelines.core.settings.registry import TABLE_KEYS
 from outbox_pipelines.core.settings.sections import INTERNAL_KEYS, build_table_settings
 from outbox_pipelines.core.settings.tables import (
     AUDIT_MODES,
-    BUILTIN_TABLES,
     CLAIM_MODES,
     DEFAULT_GROUP,
     DESTINATION_KINDS,
@@ -57,7 +56,6 @@ __all__ = [
     "AUDIT_MODES",
     "BROKERS",
     "BROKER_TOKEN_ENV",
-    "BUILTIN_TABLES",
     "CLAIM_MODES",
     "DEFAULT_GROUP",
     "DESTINATION_KINDS",

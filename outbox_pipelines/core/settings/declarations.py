@@ -1,9 +1,12 @@
 """Where a project declares its outbox tables, and that declaration read: one model, two spellings.
 
 * ``outbox.toml`` (``OUTBOX_CONFIG`` names another file): ``[tables.NAME]`` sections, and
-  ``shipped_tables = false`` to leave out the seeds' demo tables;
+  ``parts = ["orders", "examples"]`` for the opt-in parts whose tables come with them (core/wings.py);
 * an ``OutboxComponent`` in a Dagster project's ``defs.yaml`` (``type: outbox_pipelines.OutboxComponent``):
-  ``attributes.tables`` holds the same sections (only those tables unless ``shipped_tables: true``).
+  ``attributes.tables`` and ``attributes.parts`` hold the same.
+
+Both default to the tables written and no part. ``shipped_tables = true``, the earlier spelling, means every
+installed part.
 
 Both are found from the project's root (the nearest directory above the working directory holding
 pyproject.toml, outbox.toml or .outbox/), so every command and Dagster process reads the same tables from
@@ -22,7 +25,7 @@ from outbox_pipelines.core.errors import ConfigError
 
 CONFIG_ENV = "OUTBOX_CONFIG"
 COMPONENT_TYPE = "outbox_pipelines.OutboxComponent"
-TOP_LEVEL_KEYS = ("tables", "shipped_tables")
+TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables")
 # Directories of a defs folder a search for a component's defs.yaml never enters.
 _SKIPPED_DIRS = {"__pycache__", "node_modules"}
 # The one template a declaration's values take (as dg resolves it): {{ env.NAME }}, empty when unset.
@@ -31,15 +34,17 @@ _ENV_TEMPLATE = re.compile(r"\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 @dataclass(frozen=True)
 class Declaration:
-    """A project's tables' sections, whether the shipped tables come with them, and where it was read."""
+    """A project's tables' sections, the parts whose tables come with them, and where it was read."""
 
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    shipped_tables: bool = True
+    parts: tuple[str, ...] = ()
     source: Path | None = None
+    # Where each table is declared when that is not ``source`` (several OutboxComponents in one project).
+    table_sources: Mapping[str, Path] = field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: Path | None, *, shipped_default: bool) -> "Declaration":
-        """A declaration from a file's (or a component's) top level: ``tables`` and ``shipped_tables``."""
+    def from_mapping(cls, data: Mapping[str, Any], source: Path | None) -> "Declaration":
+        """A declaration from a file's (or a component's) top level: ``tables`` and ``parts``."""
         where = f"{source}: " if source else ""
         unknown_top = set(data) - set(TOP_LEVEL_KEYS)
         if unknown_top:
@@ -50,21 +55,33 @@ class Declaration:
         tables = data.get("tables") or {}
         if not isinstance(tables, Mapping) or not all(isinstance(s, Mapping) for s in tables.values()):
             raise ConfigError(f"{where}tables must be a table of tables: one [tables.NAME] section per table")
-        shipped = data.get("shipped_tables", shipped_default)
-        if not isinstance(shipped, bool):
-            raise ConfigError(f"{where}shipped_tables must be true or false, got {shipped!r}")
-        return cls({name: dict(section) for name, section in tables.items()}, shipped, source)
+        return cls({name: dict(section) for name, section in tables.items()}, _parts(data, where), source)
+
+
+def _parts(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The parts a declaration opts into: ``parts``, or every installed one for ``shipped_tables = true``."""
+    from outbox_pipelines.core import wings
+
+    shipped = data.get("shipped_tables", False)
+    if not isinstance(shipped, bool):
+        raise ConfigError(f"{where}shipped_tables must be true or false, got {shipped!r}")
+    parts = data.get("parts") or []
+    if not isinstance(parts, list) or not all(isinstance(part, str) for part in parts):
+        raise ConfigError(f'{where}parts must be a list of part names, like parts = ["orders"]; got {parts!r}')
+    if shipped:
+        parts = [*parts, *sorted(wings.installed_parts())]
+    return wings.check_parts(parts, where)
 
 
 def load_config_file(path: Path | None) -> Declaration:
-    """outbox.toml's declaration (no file: the shipped tables alone)."""
+    """outbox.toml's declaration (no file: no table)."""
     if path is None:
         return Declaration()
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return Declaration.from_mapping(data, path, shipped_default=True)
+    return Declaration.from_mapping(data, path)
 
 
 def find_declaration(env: Mapping[str, str] | None = None, start: Path | None = None) -> Declaration:
@@ -81,13 +98,28 @@ def find_declaration(env: Mapping[str, str] | None = None, start: Path | None = 
     root = project_root(start)
     if (root / "outbox.toml").is_file():
         return load_config_file(root / "outbox.toml")
-    components = list(component_files(root))
-    if len(components) > 1:
-        raise ConfigError(
-            f"{len(components)} OutboxComponents under {root} ({', '.join(map(str, components))}): "
-            "declare every outbox table of a project in one of them"
-        )
-    return load_component_file(components[0], env) if components else Declaration()
+    return load_components(list(component_files(root)), env)
+
+
+def load_components(paths: list[Path], env: Mapping[str, str]) -> Declaration:
+    """The project's OutboxComponents as one declaration (several teams' tables in one project): every table of
+    each, and every part any names. A table declared in two of them is refused, naming both files."""
+    if len(paths) <= 1:
+        return load_component_file(paths[0], env) if paths else Declaration()
+    tables: dict[str, Mapping[str, Any]] = {}
+    sources: dict[str, Path] = {}
+    parts: list[str] = []
+    for path in paths:
+        declaration = load_component_file(path, env)
+        for name, section in declaration.tables.items():
+            if name in tables:
+                raise ConfigError(
+                    f"{path}: table {name!r} is declared in {sources[name]} too; declare each table in one "
+                    "OutboxComponent"
+                )
+            tables[name], sources[name] = section, path
+        parts += declaration.parts
+    return Declaration(tables, tuple(dict.fromkeys(parts)), paths[0], sources)
 
 
 def component_files(root: Path) -> Iterator[Path]:
@@ -152,7 +184,7 @@ def load_component_file(path: Path, env: Mapping[str, str]) -> Declaration:
     attributes = _resolve_env(ours[0].get("attributes") or {}, env)
     if not isinstance(attributes, Mapping):
         raise ConfigError(f"{path}: attributes must be a mapping (tables: ...)")
-    return Declaration.from_mapping(attributes, path, shipped_default=False)
+    return Declaration.from_mapping(attributes, path)
 
 
 def _resolve_env(value: Any, env: Mapping[str, str]) -> Any:

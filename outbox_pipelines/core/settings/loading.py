@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.settings.environment import GlobalSettings
 from outbox_pipelines.core.settings.sections import build_table_settings, check_section
 from outbox_pipelines.core.settings.tables import DEFAULT_GROUP, TableSettings, shipped_tables
+from outbox_pipelines.core.storage.project_dir import project_name
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,11 @@ class Settings:
     # The declaration as a whole cannot be read (not TOML, an unknown top-level key): no table is known. Set
     # only by ``load_settings_or_problem``, for the processes that must stay up to say so (Dagster's).
     problem: str | None = None
+    # The opt-in parts the declaration names (core/wings.py): their tables are among ``tables``.
+    parts: tuple[str, ...] = ()
+    # The project whose tables these are (core/storage/project_dir.py: project_name): a table another project
+    # owns is not its to relay (core/settings/owners.py).
+    project: str = ""
 
     def table(self, name: str) -> TableSettings:
         if name in self.broken:
@@ -69,14 +76,13 @@ def load_settings(
     one table's mistake never takes the others down. A file that is not valid TOML still raises ConfigError.
 
     The tables are ``declaration``'s (an ``OutboxComponent``'s), else the file's at ``path``, else
-    OUTBOX_CONFIG's or the project's ``outbox.toml``; with the shipped tables unless it says otherwise."""
+    OUTBOX_CONFIG's or the project's ``outbox.toml``; with the tables of the parts it declares."""
     global_settings = GlobalSettings.from_env(env)
     if declaration is None:
         declaration = load_config_file(path) if path is not None else find_declaration(env)
     source = declaration.source
-    sections: dict[str, dict[str, Any]] = (
-        {name: dict(s) for name, s in shipped_tables().items()} if declaration.shipped_tables else {}
-    )
+    wings.declare(*declaration.parts)  # their destinations, presets and shared tables, for this process
+    sections: dict[str, dict[str, Any]] = shipped_tables(declaration.parts)
     written = declaration.tables
     for name, section in written.items():
         sections[name] = {**sections.get(name, {}), **section}
@@ -84,16 +90,19 @@ def load_settings(
     broken: dict[str, str] = {}
     broken_groups: dict[str, str | None] = {}
     for name, section in sections.items():
+        where = declaration.table_sources.get(name, source)
         try:
             if name in written:
-                check_section(name, written[name], source)
+                check_section(name, written[name], where)
             tables[name] = build_table_settings(name, section, global_settings)
         except ConfigError as exc:
             text = str(exc)
-            broken[name] = text if source is None or text.startswith(str(source)) else f"{source}: {text}"
+            broken[name] = text if where is None or text.startswith(str(where)) else f"{where}: {text}"
             group = section.get("group", DEFAULT_GROUP)
             broken_groups[name] = group if isinstance(group, str) else None
-    return Settings(global_settings, tables, source, broken, broken_groups)
+    return Settings(
+        global_settings, tables, source, broken, broken_groups, parts=declaration.parts, project=project_name()
+    )
 
 
 def load_settings_or_problem(

@@ -5,6 +5,7 @@ Each key's default, as a user writes it, and its meaning are in the registry (re
 words a choice accepts are read from there.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,16 +123,7 @@ class TableSettings:
     probe_interval_s: float = 10.0
 
 
-# Built-in defaults of the engine's shipped tables (a wing adds its own: core/wings.py); a config file's
-# sections override them.
-BUILTIN_TABLES: dict[str, dict[str, Any]] = {
-    # seed 003: memory writes, dedup by (topic, payload_sha)
-    "outbox_memory": {"destination": "paper", "preset": "memory", "mode": "competing", "dedup": True},
-}
-
-
-def shipped_tables() -> dict[str, dict[str, Any]]:
-    """Every shipped table's defaults: the wings' first, then the engine's own."""
-    sections = {name: dict(section) for name, section in wings.shipped_tables().items()}
-    sections.update(BUILTIN_TABLES)
-    return sections
+def shipped_tables(parts: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The defaults of the tables ``parts`` ship (core/wings.py); a declaration's sections override them. The
+    engine ships none: a project has the tables it declares."""
+    return {name: dict(section) for name, section in wings.shipped_tables(parts).items()}

@@ -52,6 +52,7 @@ from outbox_pipelines.core.storage.project_dir import (
     private_embedded_dir,
     project_root,
     refuse_a_server_outside_any_project,
+    refuse_an_unasked_server,
     write_private_file,
 )
 
@@ -100,12 +101,16 @@ class ResolvedDatabase:
     description: str
 
 
-def resolve_database(announce: bool = True) -> ResolvedDatabase:
+def resolve_database(announce: bool = True, *, may_start_embedded: bool = False) -> ResolvedDatabase:
+    """OUTBOX_DATABASE_URL's database, else the project's embedded server: started when ``may_start_embedded`` (dev,
+    demo) or when it was asked for before (``.outbox/`` exists, OUTBOX_EMBEDDED_DIR), else ConfigError."""
     url = os.environ.get(DATABASE_URL_ENV)
     if url:
         parse_url(url)  # a malformed URL is a ConfigError here, with its password masked
         return ResolvedDatabase(psycopg_url(url), False, f"using {redact(url)} (OUTBOX_DATABASE_URL)")
     root = embedded_dir()
+    if not may_start_embedded:
+        refuse_an_unasked_server(root)
     refuse_a_server_outside_any_project(root)
     url = start_embedded(root)
     resolved = ResolvedDatabase(

@@ -1,10 +1,12 @@
-"""Forward-only, checksummed migrations from sql/migrations, safe to run concurrently.
+"""Forward-only, checksummed migrations, safe to run concurrently: the engine's (sql/migrations), then those of
+the parts a project declares (core/wings.py: a wing's folder under sql/, recorded as "<part>/<version>").
 
 Its own statements are bootstrap.sql's, run through queries.py rather than core/storage/table.py:
 they run before the schema that table.py's statements need exists.
 """
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,12 +14,24 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.queries import shared_query, sql_dir
 
 # Any constant shared by every process that migrates this database.
 MIGRATION_LOCK_KEY = 0x0B0C5_0001
+
+# Engine migrations whose text changed once, on purpose, with what a database migrated before recorded: before 0.1.0
+# the example tables and the order product's moved to opt-in parts (sql/parts/). A database that ran the earlier
+# text keeps those tables; the new text creates none of them. Any other change to an applied file is refused.
+EARLIER_CHECKSUMS = {
+    "0001": "3f90194588d94adaa82e00046b2a60a754694c7918076fa495de19548b6eb5e6",
+    "0002": "9563da46e95bbc5e2eef355510dd2abe5b732f0f6cac73b9be28f27e0d496c7b",
+    "0003": "6c48cdb41c18474b3d464ce1ccdbd0fe56517941b6966d4cccb0bd8424b9ae0c",
+    "0005": "8032bbc459a7dab66c82e55f1daec31e28b6102025db1cd79c6b908e6e913988",
+    "0007": "2b520d03f5b7081d84d68297740cca15a21ac831b582ea9d96ec1da150c7cd80",
+}
 
 
 @dataclass(frozen=True)
@@ -32,14 +46,16 @@ class Migration:
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
 
 
-def discover(directory: Path | None = None) -> list[Migration]:
+def discover(directory: Path | None = None, *, part: str = "") -> list[Migration]:
+    """The migrations in ``directory`` (the engine's by default) in order; a part's versions are "<part>/NNNN"."""
     directory = directory or sql_dir() / "migrations"
     found = []
     for path in sorted(directory.glob("*.sql")):
         version, _, rest = path.stem.partition("_")
         if not version.isdigit():
             raise MigrationError(f"migration file {path.name} must start with a number, like 0003_add_x.sql")
-        found.append(Migration(version, path.name, path, path.read_text()))
+        prefix = f"{part}/" if part else ""
+        found.append(Migration(prefix + version, prefix + path.name, path, path.read_text()))
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a version number in {directory}")
@@ -53,8 +69,16 @@ def _run(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = No
         return cur.fetchall() if cur.description else []
 
 
+def planned(directory: Path | None = None, parts: Iterable[str] = ()) -> list[Migration]:
+    """The engine's migrations, then each declared part's (their tables are made by the engine's functions)."""
+    found = discover(directory)
+    for part, folder in wings.migration_folders(parts).items():
+        found += discover(sql_dir() / folder, part=part)
+    return found
+
+
 def _check_unchanged(migration: Migration, recorded_checksum: str) -> None:
-    if recorded_checksum != migration.checksum:
+    if recorded_checksum not in (migration.checksum, EARLIER_CHECKSUMS.get(migration.version)):
         raise MigrationError(
             f"migration {migration.name} was edited after it was applied to this database "
             f"(checksum {recorded_checksum[:12]} recorded, {migration.checksum[:12]} on disk). "
@@ -76,9 +100,9 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
 
 
-def upgrade(url: str, directory: Path | None = None) -> list[str]:
-    """Apply every migration not yet applied; return the names applied now."""
-    migrations = discover(directory)
+def upgrade(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[str]:
+    """Apply every migration not yet applied (the engine's, then ``parts``'); return the names applied now."""
+    migrations = planned(directory, parts)
     applied_now: list[str] = []
     with connect(url) as conn:
         # A session lock serialises concurrent upgrades; the loser sees the winner's rows.
@@ -100,9 +124,9 @@ def upgrade(url: str, directory: Path | None = None) -> list[str]:
     return applied_now
 
 
-def pending(url: str, directory: Path | None = None) -> list[str]:
+def pending(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[str]:
     with connect(url) as conn:
         applied = set()
         if _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
             applied = {row["version"] for row in _run(conn, "outbox_schema_migrations_applied")}
-    return [m.name for m in discover(directory) if m.version not in applied]
+    return [m.name for m in planned(directory, parts) if m.version not in applied]

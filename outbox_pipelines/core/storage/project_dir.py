@@ -5,22 +5,28 @@ The root is the nearest directory at or above the working directory that holds
 overrides where the data goes), so every sub-directory of a project shares one
 server.
 
-Outside any project only ``outbox-pipelines demo`` keeps a server, in a directory of the user's
-(``user_data_dir``: ``~/.local/share/outbox-pipelines/demo``); every other command refuses (no server
-in a directory nobody chose).
+An embedded server is started only where it was asked for: by ``dev`` and ``demo`` (which create it), or
+where ``.outbox/`` already exists or OUTBOX_EMBEDDED_DIR names a directory (``refuse_an_unasked_server``).
+Anywhere else a missing OUTBOX_DATABASE_URL is an error naming it: in an application's container a
+misspelt variable must not become a database that dies with the container. Outside any project only
+``outbox-pipelines demo`` keeps a server, in a directory of the user's (``user_data_dir``:
+``~/.local/share/outbox-pipelines/demo``).
 
 ``.outbox/`` is private: mode 0700, so nobody else can enter it (the files
 ``dev``, its Dagster home and the example mailer write there are 0600).
 """
 
+import difflib
 import os
 import stat
+import tomllib
 from pathlib import Path
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.storage.database_url import DATABASE_URL_ENV
 
 EMBEDDED_DIR_ENV = "OUTBOX_EMBEDDED_DIR"
+PROJECT_ENV = "OUTBOX_PROJECT"
 PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600
 
 # What marks a project's root: the embedded server's data lives next to it, whichever
@@ -38,6 +44,23 @@ def project_root(start: Path | None = None) -> Path:
         if any((directory / marker).exists() for marker in PROJECT_MARKERS):
             return directory
     return here
+
+
+def project_name(start: Path | None = None) -> str:
+    """The name a project's outbox tables are owned under (core/storage/table_owners.py): OUTBOX_PROJECT, else
+    its pyproject.toml's ``[project] name``, else its Dagster ``root_module``, else its root directory's name."""
+    explicit = os.environ.get(PROJECT_ENV, "").strip()
+    if explicit:
+        return explicit[:200]
+    root = project_root(start)
+    try:
+        pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        pyproject = {}
+    name = pyproject.get("project", {}).get("name") or pyproject.get("tool", {}).get("dg", {}).get("project", {}).get(
+        "root_module"
+    )
+    return str(name)[:200] if isinstance(name, str) and name.strip() else root.name or "/"
 
 
 def inside_a_project(start: Path | None = None) -> bool:
@@ -59,6 +82,21 @@ def user_data_dir(*parts: str) -> Path:
                 f"{EMBEDDED_DIR_ENV} to the directory for the embedded server's data, or {DATABASE_URL_ENV}"
             ) from None
     return Path(base, *parts).resolve()
+
+
+def refuse_an_unasked_server(root: Path) -> None:
+    """ConfigError naming OUTBOX_DATABASE_URL unless an embedded server at ``root`` was asked for: ``.outbox/``
+    exists there (``dev`` or ``demo`` made it, or the user did) or OUTBOX_EMBEDDED_DIR is set."""
+    if os.environ.get(EMBEDDED_DIR_ENV) or root.exists():
+        return
+    near = difflib.get_close_matches(DATABASE_URL_ENV, [k for k in os.environ if k != DATABASE_URL_ENV], n=1)
+    typo = f" ({near[0]} is set: a typo?)" if near else ""
+    raise ConfigError(
+        f"{DATABASE_URL_ENV} is unset{typo}: set it to your database, e.g. "
+        f"{DATABASE_URL_ENV}=postgresql://USER@HOST:5432/DBNAME. No embedded PostgreSQL is started without being "
+        f"asked: for one on this machine run 'outbox-pipelines dev' (it keeps one under {root}), or mkdir {root}, "
+        f"or set {EMBEDDED_DIR_ENV}"
+    )
 
 
 def refuse_a_server_outside_any_project(root: Path) -> None:

