@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from outbox_pipelines_tests.scratch import DEMO_PARTS
+
 CLI = (sys.executable, "-m", "outbox_pipelines.cli")
 """``outbox-pipelines`` as the test's own interpreter runs it (no console script needed on the PATH)."""
 
@@ -74,7 +76,7 @@ def handlers_project_env(
     (project / f"{module}.py").write_text(code)
     config = project / "outbox.toml"
     config.write_text(
-        f'[tables.outbox_events]\ndestination = "handlers"\nhandlers = "{module}:registry"\n{table_lines}'
+        DEMO_PARTS + f'[tables.outbox_events]\ndestination = "handlers"\nhandlers = "{module}:registry"\n{table_lines}'
     )
     return {**cli_env, "OUTBOX_CONFIG": str(config), "PYTHONPATH": f"{project}:{cli_env['PYTHONPATH']}", **env}
 

@@ -62,6 +62,9 @@ class ScratchServer:
 
 # The parts this repository's own project declares (outbox.toml at its root).
 REPOSITORY_PARTS = ("orders", "examples")
+# The same as a declaration's first line: a test's own outbox.toml that names the order product's or the
+# examples' tables starts with it, as a project using them would.
+DEMO_PARTS = f"parts = {list(REPOSITORY_PARTS)}\n".replace("'", '"')
 
 
 class TemplateDatabases:

@@ -129,6 +129,40 @@ def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_s
     assert not (deep / ".outbox").exists()
 
 
+def test_two_teams_components_in_one_project_load_together_and_may_not_share_a_table(tmp_path, project, db_url):
+    """Two OutboxComponents (one per team) in one project: one code location with both tables, one relay group
+    job over both, and the CLI reads both; a table declared in both is refused naming both files."""
+    defs = project / "billing_service" / "defs"
+    both = (EXAMPLE / "billing_service" / "defs" / "outbox" / "defs.yaml").read_text()
+    head, receipts = both.split("    # receipts written")
+    (defs / "invoices").mkdir()
+    (defs / "invoices" / "defs.yaml").write_text(head)
+    (defs / "receipts").mkdir()
+    (defs / "receipts" / "defs.yaml").write_text(
+        "type: outbox_pipelines.OutboxComponent\nattributes:\n  tables:\n    # receipts written" + receipts
+    )
+    env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
+    run("dg check defs", project, env)
+    listed = json.loads(run("dg list defs --json", project, env).stdout)
+    assert sorted(a["asset_key"] for a in listed["assets"]) == [f"outbox/{t}" for t in TABLES]
+    group_job = next(j for j in listed["jobs"] if j["name"] == "relay_group_default_job")
+    assert all(t in group_job["description"] for t in TABLES), group_job
+    upgraded = run("outbox-pipelines db upgrade", project, env)
+    assert f"outbox tables of this project (billing_service): {', '.join(TABLES)}" in upgraded.stdout, upgraded.stdout
+
+    (defs / "receipts" / "defs.yaml").write_text(
+        (defs / "receipts" / "defs.yaml").read_text() + head.split("tables:")[1]
+    )
+    check = subprocess.run(["dg", "check", "defs"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert check.returncode != 0
+    said = check.stdout + check.stderr
+    assert "table 'billing_outbox' is declared in" in said and "declare each table in one OutboxComponent" in said
+    status = subprocess.run(
+        ["outbox-pipelines", "status"], cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert status.returncode == 2 and "invoices/defs.yaml" in status.stderr and "receipts/defs.yaml" in status.stderr
+
+
 def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_that_table_out(
     tmp_path, project, db_url
 ):

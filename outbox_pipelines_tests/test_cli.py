@@ -12,6 +12,7 @@ from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import free_port, start_relay, stop_process
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 COMMANDS = [
     ["db", "upgrade"],
@@ -163,7 +164,9 @@ def test_requeue_and_clean_commands(cli_env, conn):
 
 def test_clean_cleans_the_shared_tables_once_even_when_the_first_tables_cleaner_is_off(cli_env, conn, tmp_path):
     config = tmp_path / "outbox.toml"
-    config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
+    config.write_text(
+        DEMO_PARTS + "[tables.outbox_events]\ncleaner_enabled = false\n"
+    )  # the first table, sorted by name
     conn.execute(
         "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
         "('old', 'sha256:a', now() - interval '1 minute')"
@@ -284,7 +287,7 @@ def test_a_handler_module_next_to_outbox_toml_imports_under_the_console_script(c
         "registry = HandlerRegistry()\n"
         "registry.on('team.joined')(lambda message: 'team:' + str(message.payload['team']))\n"
     )
-    (tmp_path / "outbox.toml").write_text('[tables.outbox_events]\nhandlers = "team_handlers:registry"\n')
+    (tmp_path / "outbox.toml").write_text(DEMO_PARTS + '[tables.outbox_events]\nhandlers = "team_handlers:registry"\n')
     console_script = [str(Path(sys.executable).with_name("outbox-pipelines"))]
     env = {**cli_env, "PYTHONPATH": ""}  # the console script as installed, nothing on the path but the package
     for args in (

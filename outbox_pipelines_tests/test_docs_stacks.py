@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import DictRow
 
+from outbox_pipelines.core.storage import schema
 from outbox_pipelines.core.storage.db import parse_url, sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,7 @@ def _environment(db_url: str) -> dict[str, str]:
 
 
 def _run(name: str, db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    schema.create_table(db_url, "orders_outbox")  # the page's table, as `db upgrade` makes a declared one
     program, old, new = RUNS[name]
     assert old in PROGRAMS[program], f"{name}: {program!r} no longer holds {old!r}"
     source = _pointed_at(PROGRAMS[program].replace(old, new), db_url)
@@ -94,7 +96,7 @@ def _run(name: str, db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[
 
 def _order_messages(conn: psycopg.Connection[DictRow]) -> list[tuple[str, str]]:
     rows = conn.execute(
-        "SELECT payload->>'order_id' AS order_id, event_id FROM outbox_events WHERE topic = 'order.placed' ORDER BY id"
+        "SELECT payload->>'order_id' AS order_id, event_id FROM orders_outbox WHERE topic = 'order.placed' ORDER BY id"
     )
     return [(row["order_id"], row["event_id"]) for row in rows]
 
@@ -128,5 +130,5 @@ def test_no_transaction_is_refused_and_outside_transaction_writes_on_purpose(db_
     done = _run("refused", db_url, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "would commit the message apart from the business write" in done.stdout
-    topics = [row["topic"] for row in conn.execute("SELECT topic FROM outbox_events ORDER BY id")]
+    topics = [row["topic"] for row in conn.execute("SELECT topic FROM orders_outbox ORDER BY id")]
     assert topics == ["service.started"]

@@ -63,7 +63,8 @@ def project(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_commands_in_sub_directories_share_the_projects_server(project):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}  # the embedded default
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}  # the embedded server, asked for
+    (project / ".outbox").mkdir()
     upgrade = run_cli(env, "db", "upgrade", cwd=project / "outbox_pipelines", timeout=180)
     assert upgrade.returncode == 0, upgrade.stderr
     root_dir = (project / ".outbox").resolve()
@@ -92,8 +93,11 @@ def test_a_command_outside_any_project_starts_no_server_there_and_says_how(tmp_p
     monkeypatch.chdir(bare)
     monkeypatch.delenv(db.DATABASE_URL_ENV, raising=False)
     monkeypatch.delenv(db.EMBEDDED_DIR_ENV, raising=False)
-    with pytest.raises(ConfigError, match="no project here.*set OUTBOX_DATABASE_URL.*mkdir .outbox"):
+    with pytest.raises(ConfigError, match="OUTBOX_DATABASE_URL is unset: set it to your database"):
         db.resolve_database(announce=False)
+    # `dev` may start one, but not in a directory nobody chose.
+    with pytest.raises(ConfigError, match="no project here.*set OUTBOX_DATABASE_URL.*mkdir .outbox"):
+        db.resolve_database(announce=False, may_start_embedded=True)
     assert list(bare.iterdir()) == []
 
 

@@ -99,6 +99,7 @@ def cmd_db_hand_over(args: argparse.Namespace) -> int:
 
 
 def cmd_db_grant(args: argparse.Namespace) -> int:
+    settings_of(args)  # the parts the project declares: their tables' rights and roles are granted too
     url = database_url()
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)

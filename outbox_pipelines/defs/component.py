@@ -23,7 +23,7 @@ TEMPLATE = """\
 type: outbox_pipelines.OutboxComponent
 
 # The outbox tables of this project, each as outbox.toml's [tables.NAME] section (outbox.example.toml lists
-# every key). Create each table before its first message: outbox-pipelines db create-table {table}
+# every key; `outbox-pipelines init --print-example` prints it). `outbox-pipelines db upgrade` creates each table.
 # `dg check defs` fails on a section that cannot be used; a running code location goes on without that
 # table, and its relay check and one alert say why.
 attributes:

@@ -41,7 +41,7 @@ def test_a_component_declares_only_its_tables_with_its_env_values(tmp_path):
     dg_project(tmp_path, "outbox")
     declaration = find_declaration({"SVC_HOOK": "https://hooks.example.com/svc"}, start=tmp_path / "svc" / "deep")
     assert declaration.source == tmp_path / "svc" / "defs" / "outbox" / "defs.yaml"
-    assert declaration.shipped_tables is False
+    assert declaration.parts == ()
     settings = load_settings(env={"SVC_HOOK": "https://hooks.example.com/svc"}, declaration=declaration)
     assert sorted(settings.tables) == ["svc_outbox"]
     assert settings.tables["svc_outbox"].url == "https://hooks.example.com/svc"
@@ -54,19 +54,36 @@ def test_a_component_value_from_an_unset_variable_leaves_that_table_out_saying_w
     assert "[tables.svc_outbox]" in settings.broken["svc_outbox"] and "has no url" in settings.broken["svc_outbox"]
 
 
-def test_outbox_toml_at_the_root_comes_first_and_may_leave_the_shipped_tables_out(tmp_path):
+def test_outbox_toml_at_the_root_comes_first_with_only_its_tables_and_the_parts_it_names(tmp_path):
     dg_project(tmp_path, "outbox")
-    (tmp_path / "outbox.toml").write_text('shipped_tables = false\n\n[tables.ledger_outbox]\ndestination = "paper"\n')
-    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path / "svc"))
-    assert sorted(settings.tables) == ["ledger_outbox"]
     (tmp_path / "outbox.toml").write_text('[tables.ledger_outbox]\ndestination = "paper"\n')
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path / "svc"))
+    assert sorted(settings.tables) == ["ledger_outbox"] and settings.parts == ()
+    (tmp_path / "outbox.toml").write_text('parts = ["orders"]\n[tables.ledger_outbox]\ndestination = "paper"\n')
     settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
-    assert {"ledger_outbox", "outbox_orders", "outbox_events"} <= set(settings.tables)
+    assert sorted(settings.tables) == ["ledger_outbox", "outbox_orders"] and settings.parts == ("orders",)
+    (tmp_path / "outbox.toml").write_text('shipped_tables = true\n[tables.ledger_outbox]\ndestination = "paper"\n')
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
+    assert {"ledger_outbox", "outbox_orders", "outbox_events", "outbox_memory", "outbox_members"} == set(
+        settings.tables
+    )
+    (tmp_path / "outbox.toml").write_text('parts = "orders"\n')
+    with pytest.raises(ConfigError, match=r"parts must be a list of part names, like parts = \[.orders.\]"):
+        find_declaration({}, start=tmp_path)
 
 
-def test_two_components_are_refused_naming_both(tmp_path):
-    dg_project(tmp_path, "billing", "payroll")
-    with pytest.raises(ConfigError, match="2 OutboxComponents.*billing.*payroll.*one of them"):
+def test_several_components_are_one_projects_tables_and_may_not_share_one(tmp_path):
+    dg_project(tmp_path, "billing")
+    payroll = tmp_path / "svc" / "defs" / "payroll"
+    payroll.mkdir()
+    (payroll / "defs.yaml").write_text(COMPONENT.replace("svc_outbox", "payroll_outbox") + "  parts: [orders]\n")
+    declaration = find_declaration({"SVC_HOOK": "https://hooks.example.com/svc"}, start=tmp_path)
+    assert sorted(declaration.tables) == ["payroll_outbox", "svc_outbox"] and declaration.parts == ("orders",)
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))  # no SVC_HOOK: both broken
+    assert str(payroll / "defs.yaml") in settings.broken["payroll_outbox"]
+    assert str(tmp_path / "svc" / "defs" / "billing" / "defs.yaml") in settings.broken["svc_outbox"]
+    (payroll / "defs.yaml").write_text(COMPONENT)
+    with pytest.raises(ConfigError, match="payroll/defs.yaml: table 'svc_outbox' is declared in .*billing/defs.yaml"):
         find_declaration({}, start=tmp_path)
 
 
@@ -76,12 +93,12 @@ def test_without_a_dagster_project_no_defs_yaml_is_read(tmp_path):
     folder.mkdir(parents=True)
     (folder / "defs.yaml").write_text(COMPONENT)
     declaration = find_declaration({}, start=tmp_path)
-    assert declaration.source is None and declaration.shipped_tables is True
+    assert declaration.source is None and declaration.tables == {} and declaration.parts == ()
 
 
 def test_a_top_level_typo_names_the_key_and_the_known_ones(tmp_path):
     (tmp_path / "outbox.toml").write_text("shiped_tables = false\n")
-    with pytest.raises(ConfigError, match=r"unknown top-level keys \['shiped_tables'\].*tables, shipped_tables"):
+    with pytest.raises(ConfigError, match=r"unknown top-level keys \['shiped_tables'\].*tables, parts, shipped_tables"):
         find_declaration({}, start=tmp_path)
 
 

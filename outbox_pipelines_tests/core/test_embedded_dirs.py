@@ -71,7 +71,9 @@ def tree() -> Iterator[Path]:
 
 
 def _start_in(project: Path) -> tuple[str, str]:
-    """`outbox-pipelines db url` in ``project``, as a user runs it: the URL and what it said on stderr."""
+    """`outbox-pipelines db url` in ``project``, as a user runs it after asking for the embedded server with
+    `mkdir .outbox` (README, "Add an outbox to your service"): the URL and what it said on stderr."""
+    (project / ".outbox").mkdir(exist_ok=True)
     result = run_cli(_project_env(), "db", "url", "--show-password", cwd=project, timeout=180)
     assert result.returncode == 0, result.stderr
     url = result.stdout.strip()

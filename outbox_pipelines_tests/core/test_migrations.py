@@ -103,9 +103,7 @@ def test_a_database_migrated_before_parts_keeps_their_tables_and_rows(empty_db, 
     accepts the engine files that changed since, drops nothing, and declaring the parts later adds no copy."""
     migrate.upgrade(empty_db, BEFORE_PARTS)
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('e-1', 't', '{}', 's')"
-        )
+        conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('e-1', 't', '{}', 's')")
         conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, event_id) VALUES ('k', 'd', 'o-1')")
     before = _tables(empty_db)
     assert migrate.upgrade(empty_db) == [m.name for m in migrate.discover() if m.version > "0012"]

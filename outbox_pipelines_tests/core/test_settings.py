@@ -11,6 +11,9 @@ from outbox_pipelines.core.settings.sections import check_section
 
 PRESETS = all_presets()
 
+# The demo's parts: the tests below read the order product's and the examples' tables beside their own.
+DEMO_PARTS = 'parts = ["orders", "examples"]\n'
+
 
 def test_defaults_without_file_or_environment():
     settings = load_settings(env={}, path=None)
@@ -58,7 +61,7 @@ def test_seed_environment_variables():
 def test_config_file_overrides_and_adds_tables(tmp_path):
     path = tmp_path / "outbox.toml"
     path.write_text(
-        '[tables.outbox_orders]\nurl = "http://127.0.0.1:9/x"\nmax_attempts = 3\nbase = "500ms"\n\n'
+        DEMO_PARTS + '[tables.outbox_orders]\nurl = "http://127.0.0.1:9/x"\nmax_attempts = 3\nbase = "500ms"\n\n'
         '[tables.hrm_outbox]\ndestination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n'
         'on_success = "delete"\nmode = "single-active"\npaused_topics = ["noisy"]\n'
     )
@@ -111,7 +114,7 @@ def test_config_errors_say_what_to_fix(tmp_path, text, message):
     """A section's mistake is that table's: the file still loads, the table is left out and named with the
     error, and everything that asks for it (or the strict check) gets the message."""
     path = tmp_path / "outbox.toml"
-    path.write_text(text)
+    path.write_text(DEMO_PARTS + text)
     try:
         settings = load_settings(env={}, path=path)
     except ConfigError as exc:  # the file as a whole cannot be read (not TOML)
@@ -133,7 +136,7 @@ def test_unknown_table_names_the_file_to_edit():
 
 def test_config_found_through_environment(tmp_path):
     path = tmp_path / "custom.toml"
-    path.write_text("[tables.outbox_events]\nbatch_size = 7\n")
+    path.write_text(DEMO_PARTS + "[tables.outbox_events]\nbatch_size = 7\n")
     assert load_settings(env={"OUTBOX_CONFIG": str(path)}).table("outbox_events").batch_size == 7
     with pytest.raises(ConfigError, match="does not name a file"):
         load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "missing.toml")})
@@ -174,7 +177,7 @@ def test_retry_horizon_of_every_preset_is_inside_the_ledger_window():
 
 def test_the_paper_broker_is_said_plainly_when_chosen_or_when_the_broker_url_is_unset(tmp_path):
     path = tmp_path / "outbox.toml"
-    path.write_text('[tables.audit_log]\ndestination = "paper"\n')
+    path.write_text(DEMO_PARTS + '[tables.audit_log]\ndestination = "paper"\n')
     settings = load_settings(env={}, path=path)
     assert "marked sent and delivered nowhere" in settings.table("audit_log").delivers_nowhere
     orders = settings.table("outbox_orders")
@@ -187,7 +190,7 @@ def test_the_paper_broker_is_said_plainly_when_chosen_or_when_the_broker_url_is_
 def test_the_broker_token_goes_only_to_the_brokers_origin_unless_a_table_names_it(tmp_path):
     path = tmp_path / "outbox.toml"
     path.write_text(
-        '[tables.same_origin]\ndestination = "http"\nurl = "http://broker.internal:8700/hooks"\n\n'
+        DEMO_PARTS + '[tables.same_origin]\ndestination = "http"\nurl = "http://broker.internal:8700/hooks"\n\n'
         '[tables.third_party]\ndestination = "http"\nurl = "https://hooks.example.com/in"\n\n'
         '[tables.chosen]\ndestination = "http"\nurl = "https://hooks.example.com/in"\n'
         'token_env = "OUTBOX_BROKER_TOKEN"\n\n'

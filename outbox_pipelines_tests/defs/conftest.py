@@ -2,6 +2,7 @@ import dagster as dg
 import pytest
 
 from outbox_pipelines.defs.resources import outbox_resources
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def resources(db_url):
 def orders_sent_to(tmp_path, db_url: str, broker_url: str) -> dict:
     """Resources whose settings send outbox_orders to ``broker_url`` (a deployment's outbox.toml says so)."""
     config = tmp_path / "orders-at.toml"
-    config.write_text(f'[tables.outbox_orders]\nurl = "{broker_url}"\n')
+    config.write_text(DEMO_PARTS + f'[tables.outbox_orders]\nurl = "{broker_url}"\n')
     return outbox_resources(url=db_url, config_path=str(config))
 
 

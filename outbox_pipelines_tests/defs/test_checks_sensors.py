@@ -11,6 +11,7 @@ from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n
 from outbox_pipelines_tests.rows import age_rows, make_dead, make_stuck
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 
 def check_results(result) -> dict:
@@ -54,7 +55,7 @@ def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, in
 
 def test_thresholds_come_from_the_table_settings(db_url, conn, instance, tmp_path):
     config = tmp_path / "outbox.toml"
-    config.write_text("[tables.outbox_orders]\nbacklog_warn = 2\nbacklog_error = 5\n")
+    config.write_text(DEMO_PARTS + "[tables.outbox_orders]\nbacklog_warn = 2\nbacklog_error = 5\n")
     enqueue_n(conn, "outbox_orders", 3)
     resources = outbox_resources(url=db_url, config_path=str(config))
     checks = check_results(run_job("outbox_checks_job", resources, instance))

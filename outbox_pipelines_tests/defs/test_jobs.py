@@ -17,6 +17,7 @@ from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,9 @@ def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_clea
     db_url, conn, instance, tmp_path
 ):
     config = tmp_path / "outbox.toml"
-    config.write_text("[tables.outbox_events]\ncleaner_enabled = false\n")  # the first table, sorted by name
+    config.write_text(
+        DEMO_PARTS + "[tables.outbox_events]\ncleaner_enabled = false\n"
+    )  # the first table, sorted by name
     conn.execute(
         "INSERT INTO idempo_ledger (idempotency_key, request_digest, expires_at) VALUES "
         "('old', 'sha256:a', now() - interval '1 minute'), ('fresh', 'sha256:b', now() + interval '1 day')"
@@ -320,7 +323,8 @@ def test_a_broken_section_leaves_its_table_out_and_the_rest_relays(db_url, conn,
     """Issue 23 (and 25): one table's mistake in outbox.toml is that table's, not the code location's."""
     config = tmp_path / "outbox.toml"
     config.write_text(
-        '[tables.outbox_members]\nhandlers = "no_such_module:registry"\n\n[tables.outbox_memory]\nmode = "compting"\n'
+        DEMO_PARTS
+        + '[tables.outbox_members]\nhandlers = "no_such_module:registry"\n\n[tables.outbox_memory]\nmode = "compting"\n'
     )
     resources = outbox_resources(url=db_url, config_path=str(config))
     enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})

@@ -39,6 +39,7 @@ from outbox_pipelines_tests.drills.conftest import RUN_QUERY, BrokerSimProcess, 
 from outbox_pipelines_tests.helpers import DictConnection, order_payload, statuses
 from outbox_pipelines_tests.pgbouncer import PgBouncer
 from outbox_pipelines_tests.processes import free_port, kill_process, start_relay, tail, wait_until
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 pytestmark = pytest.mark.drill
 
@@ -117,7 +118,7 @@ def unlocked_pending(conn: DictConnection, prefix: str) -> int:
 
 
 def write_config(path: Path, **extra: str) -> Path:
-    lines = [f"[tables.{TABLE}]", TX_SETTINGS.strip(), *(f"{k} = {v}" for k, v in extra.items())]
+    lines = [DEMO_PARTS, f"[tables.{TABLE}]", TX_SETTINGS.strip(), *(f"{k} = {v}" for k, v in extra.items())]
     path.write_text("\n".join(lines) + "\n")
     return path
 

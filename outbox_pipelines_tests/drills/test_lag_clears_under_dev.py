@@ -27,6 +27,7 @@ from outbox_pipelines import Outbox
 from outbox_pipelines_tests.drills.conftest import CLI, TABLE, DrillStack, running_stack
 from outbox_pipelines_tests.drills.test_catalog_health import run_checks_job
 from outbox_pipelines_tests.drills.test_oncall_drills import check_shape, is_check
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 pytestmark = pytest.mark.drill
 
@@ -54,7 +55,8 @@ def drill_stack(pg_server: Any) -> Iterator[DrillStack]:
     def configure(stack: DrillStack) -> None:
         config = stack.tmp / "outbox.toml"
         config.write_text(
-            f'[tables.outbox_orders]\nlag_p95_warn = "{LAG_WARN_S:.0f}s"\noldest_pending_warn = "{LAG_WARN_S:.0f}s"\n'
+            DEMO_PARTS
+            + f'[tables.outbox_orders]\nlag_p95_warn = "{LAG_WARN_S:.0f}s"\noldest_pending_warn = "{LAG_WARN_S:.0f}s"\n'
         )
         stack.dev_env["OUTBOX_CONFIG"] = str(config)
 

@@ -35,6 +35,7 @@ from outbox_pipelines_tests.api.conftest import broker_settings, sample
 from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
 from outbox_pipelines_tests.rows import expire_leases, make_due, make_sent
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 ORDERS = "outbox_orders"
 EVENTS = "outbox_events"
@@ -383,7 +384,8 @@ def test_relay_poll_interval_defaults_to_1s_and_reads_durations():
 def test_a_table_declared_without_a_mode_is_single_active(tmp_path):
     path = tmp_path / "outbox.toml"
     path.write_text(
-        '[tables.hrm_outbox]\ndestination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n\n'
+        DEMO_PARTS
+        + '[tables.hrm_outbox]\ndestination = "handlers"\nhandlers = "outbox_pipelines.examples.handlers:registry"\n\n'
         "[tables.outbox_orders]\nmax_attempts = 5\n"
     )
     settings = load_settings(env={}, path=path)

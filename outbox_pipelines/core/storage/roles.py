@@ -1,13 +1,11 @@
 """Least-privilege group roles: what each part of the outbox may do in the database (``db grant``).
 
-The engine's four NOLOGIN group roles, and those of the wings (core/wings.py); an operator
-puts each process's login role into one (``GRANT outbox_relay TO relay_login``). Their rights
-are declared here, in ``ENGINE_ROLES`` (with what each wing adds: ``all_roles``), and applied by
-``grant_roles``: the fixed group roles are created when
-missing, then, in one transaction, every right they hold on the managed tables
-(and on the outbox tables' id sequences) is revoked and the declared set granted,
-so a re-run converges on the declaration instead of adding to it. An outbox table
-made later (``db create-table``) is reached by running it again.
+The engine's four NOLOGIN group roles, and those of the declared parts' wings (core/wings.py); an operator
+puts each process's login role into one (``GRANT outbox_relay TO relay_login``). Their rights are declared
+here, in ``ENGINE_ROLES`` (with what each wing adds: ``all_roles``), and applied by ``grant_roles``: the fixed
+group roles are created when missing, then, in one transaction, every right they hold on the managed tables
+(and on the outbox tables' id sequences) is revoked and the declared set granted, so a re-run converges on
+the declaration instead of adding to it. A table made later is reached by running it again.
 
 The rights follow the statements each part runs (sql/queries/*.sql), including
 what PostgreSQL checks beneath them, and where a statement writes only some
@@ -35,8 +33,7 @@ columns the grant names only those (column privileges):
   ``status`` back to ``pending`` (a replay) or mark a row ``sent``. Keeping a
   relay from that needs a row-level rule (a trigger or a policy), which these
   grants are not.
-- A wing's shared tables get the rights its ``engine_role_grants`` declare for each
-  engine role (e.g. the relay recording an outcome in a wing's table), no more.
+- A wing's shared tables get the rights its ``engine_role_grants`` declare for each engine role, no more.
 - The relay's settle statement carries its DELETE branch (tables that delete on
   success) whatever the table's setting, so the relay holds DELETE on the outbox
   tables; cleaning sent rows adds no right on them, only on the shared tables.

@@ -14,6 +14,7 @@ from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
 from outbox_pipelines_tests.processes import kill_process, start_relay, stop_and_read, wait_until
 from outbox_pipelines_tests.rows import make_due
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 ORDERS = "outbox_orders"
 
@@ -117,11 +118,11 @@ def test_the_lease_claim_audits_the_claim_and_the_delivery(db_url, conn):
 
 def test_claim_and_audit_settings_are_checked(tmp_path):
     config = tmp_path / "outbox.toml"
-    config.write_text('[tables.outbox_orders]\nclaim = "transaction"\naudit = "failures"\n')
+    config.write_text(DEMO_PARTS + '[tables.outbox_orders]\nclaim = "transaction"\naudit = "failures"\n')
     orders = load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
     assert (orders.claim, orders.audit) == ("transaction", "failures")
     assert load_settings(env={}).table(ORDERS).claim == "auto"
-    config.write_text('[tables.outbox_orders]\nclaim = "locked"\n')
+    config.write_text(DEMO_PARTS + '[tables.outbox_orders]\nclaim = "locked"\n')
     with pytest.raises(ConfigError, match="claim must be one of auto, lease, transaction, got 'locked'"):
         load_settings(env={"OUTBOX_CONFIG": str(config)}).table(ORDERS)
 
@@ -131,7 +132,9 @@ def test_claim_and_audit_settings_are_checked(tmp_path):
 
 def _transaction_relay(cli_env, tmp_path, sink_url: str, lease: str = "60s", *args: str) -> subprocess.Popen:
     config = tmp_path / "outbox.toml"
-    config.write_text(f'[tables.outbox_orders]\nclaim = "transaction"\nmode = "competing"\nlease = "{lease}"\n')
+    config.write_text(
+        DEMO_PARTS + f'[tables.outbox_orders]\nclaim = "transaction"\nmode = "competing"\nlease = "{lease}"\n'
+    )
     env = {**cli_env, "OUTBOX_CONFIG": str(config), "OUTBOX_BROKER_URL": sink_url, "OUTBOX_BATCH_SIZE": "10"}
     return start_relay(env, ORDERS, *args)
 
