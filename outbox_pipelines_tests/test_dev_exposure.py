@@ -20,6 +20,7 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines_tests.conftest import REPO, run_cli
 from outbox_pipelines_tests.defs.test_webserver import LAUNCH, REPOSITORY, graphql, wait_status
 from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 
 def _listening(port: int) -> bool:
@@ -157,6 +158,7 @@ def test_dev_writes_dagster_files_and_compute_logs_for_its_user_only(db_url, con
     outbox_dir = tmp_path / "project" / ".outbox"
     env.update(OUTBOX_DATABASE_URL=db_url, OUTBOX_EMBEDDED_DIR=str(outbox_dir), PYTHONPATH=str(REPO))
     (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "outbox.toml").write_text(DEMO_PARTS)  # the examples' outbox_events, relayed below
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "dev.log"

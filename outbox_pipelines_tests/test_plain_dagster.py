@@ -62,7 +62,7 @@ def fresh_project(tmp_path) -> Iterator[Path]:
     is stopped at the end."""
     root = tmp_path / "clone"
     root.mkdir()
-    for name in ("dagster.yaml", "workspace.yaml", "pyproject.toml"):
+    for name in ("dagster.yaml", "workspace.yaml", "pyproject.toml", "outbox.toml"):
         (root / name).write_bytes((REPO / name).read_bytes())
     (root / "outbox_pipelines").symlink_to(REPO / "outbox_pipelines")  # dg looks for the root module here
     yield root

@@ -380,6 +380,7 @@ def topology(pg_server: TemplateDatabases, tmp_path_factory: pytest.TempPathFact
         home = root / "dagster_home"
         home.mkdir()
         shutil.copyfile(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+        shutil.copyfile(DEPLOY / "outbox.toml", root / "outbox.toml")  # the image's working directory's
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "_OUTBOX_"))}
         env.update(
             {

@@ -39,13 +39,13 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_db_create_table(args: argparse.Namespace) -> int:
+    settings = settings_of(args)  # its parts' shared tables are reserved names too
     names = list(dict.fromkeys(args.name))
     for name in names:  # every name checked before any table is created
         validate_table_name(name)
     url = database_url()
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
-    settings = settings_of(args)
     refused = 0
     for name in names:
         created = schema.create_table(url, name, dedup_index=args.dedup)

@@ -13,14 +13,15 @@ from pydantic import Field
 from outbox_pipelines.core.operations.backfill import redeliver_sent
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
-from outbox_pipelines.orders import ORDERS_TABLE
 
 # end_offset=1: today's (still open) day can be backfilled too.
 BACKFILL_PARTITIONS = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=1)
 
 
 class BackfillConfig(LaunchConfig):
-    table: str = Field(default=ORDERS_TABLE, description="Outbox table whose sent messages to deliver again.")
+    table: str = Field(
+        default="", description="Outbox table whose sent messages to deliver again (one the project declares)."
+    )
     # A bound the config schema cannot express; LaunchConfig turns a violation into a refused launch.
     batch_size: int = Field(default=500, ge=1, description="Messages read and delivered per batch (at least 1).")
 

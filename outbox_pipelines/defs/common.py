@@ -118,6 +118,10 @@ def resolve_table(settings: Settings, table_name: str, field: str = "table") -> 
     if settings.problem:  # the settings cannot be read at all: the deployment's problem, it pages
         raise dg.Failure(description=settings.problem, allow_retries=False)
     known = ", ".join(sorted(settings.tables))
+    if not table_name:  # no table is anyone's default: the launch names the project's own
+        raise RefusedLaunch(
+            field, f"{field}: name the outbox table; this project's are: {known or 'none declared'}", known_tables=known
+        )
     try:
         return settings.table(table_name)
     except (UnknownTable, InvalidTableName) as exc:

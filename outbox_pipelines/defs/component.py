@@ -11,12 +11,14 @@ project may hold several OutboxComponents (one per team, say): their tables are 
 declared in one of them; the database is the deployment's (OUTBOX_DATABASE_URL).
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.settings.declarations import read_component_yaml
+from outbox_pipelines.core.settings.declarations import component_files, load_components, read_component_yaml
+from outbox_pipelines.core.storage.project_dir import project_root
 from outbox_pipelines.defs.factory import outbox_definitions
 
 TEMPLATE = """\
@@ -57,4 +59,12 @@ class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
         source = Path(context.path) / "defs.yaml"
         if source.is_file():
             read_component_yaml(source)  # a table given twice: refused, as outbox.toml refuses it
+        siblings = sorted(path.resolve() for path in component_files(project_root(source.parent)))
+        if len(siblings) > 1 and source.resolve() in siblings:
+            # Several teams' components in one project: the relay groups, jobs, sensors and the database
+            # resource are the project's, once. The first component (by path) builds them for every component's
+            # tables, as the CLI reads them (declarations.load_components); the others add nothing more.
+            if source.resolve() != siblings[0]:
+                return dg.Definitions()
+            return outbox_definitions(declaration=load_components(siblings, os.environ))
         return outbox_definitions(self.tables, parts=self.parts, shipped_tables=self.shipped_tables, source=source)

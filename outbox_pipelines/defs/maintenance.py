@@ -16,7 +16,6 @@ from outbox_pipelines.core.operations.maintenance import (
 from outbox_pipelines.core.settings import TableSettings, parse_duration
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
-from outbox_pipelines.orders.wing import LEDGER
 
 
 class TablesConfig(dg.Config):
@@ -108,7 +107,6 @@ def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Out
     else:
         expired, audit = report.shared.deleted_expired, report.shared.deleted_audit
     changed = report.deleted_sent_by_table
-    ledger = expired.get(LEDGER, 0)
     context.log.info(f"deleted sent rows {changed}, expired rows {expired}, audit rows {audit}")
     yield dg.Output(
         None,
@@ -117,7 +115,6 @@ def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Out
                 "deleted_sent_by_table": changed,
                 "deleted_sent_total": report.deleted_sent_total,
                 "deleted_expired_by_table": expired,
-                "deleted_ledger": ledger,
                 "deleted_audit": audit,
             }
         ),

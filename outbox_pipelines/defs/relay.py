@@ -14,7 +14,6 @@ from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
-from outbox_pipelines.orders import ORDERS_TABLE
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
 # the next run starts while this one still relays (a standby on a single-active table takes over
@@ -45,7 +44,7 @@ def default_run_seconds() -> float:
 
 
 class RelayRunConfig(dg.Config):
-    table: str = Field(default=ORDERS_TABLE, description="The outbox table to relay (see outbox.toml).")
+    table: str = Field(default="", description="The outbox table to relay: one the project declares (outbox.toml).")
     max_seconds: float = Field(
         default=default_run_seconds(),
         description="Stop claiming after this many seconds; the batch in flight is settled first.",

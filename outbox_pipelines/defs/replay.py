@@ -22,7 +22,6 @@ from outbox_pipelines.core.operations.replay import (
 )
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
-from outbox_pipelines.orders import ORDERS_TABLE
 
 DRY_RUN_TAG = "outbox/dry_run"
 
@@ -37,7 +36,7 @@ class ReplayConfig(LaunchConfig):
     """Which dead rows to move back to pending: the filters below, or all: true (the rule: see ``all``)."""
 
     table: str = Field(
-        default=ORDERS_TABLE,
+        default="",
         description=(
             "Outbox table to replay: one of the project's declared tables (outbox-pipelines status lists them)."
         ),

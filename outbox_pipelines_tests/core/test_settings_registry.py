@@ -67,7 +67,7 @@ def _variables_named_in(root: Path) -> dict[str, Path]:
 
 
 def _table(section: dict[str, Any], env: dict[str, str] | None = None) -> TableSettings:
-    settings = load_settings(env=env or {}, declaration=Declaration({"registry_t": section}, shipped_tables=False))
+    settings = load_settings(env=env or {}, declaration=Declaration({"registry_t": section}))
     assert not settings.broken, settings.broken
     return settings.tables["registry_t"]
 
@@ -89,7 +89,7 @@ def test_a_section_accepts_exactly_the_registrys_keys():
     assert len(TABLE_KEY_REGISTRY) == len(TABLE_KEYS), "a key is in the registry twice"
     settings = load_settings(
         env={},
-        declaration=Declaration({"registry_t": {"destination": "paper", "undocumented_key": 1}}, shipped_tables=False),
+        declaration=Declaration({"registry_t": {"destination": "paper", "undocumented_key": 1}}),
     )
     assert "unknown keys ['undocumented_key']" in settings.broken["registry_t"]
 

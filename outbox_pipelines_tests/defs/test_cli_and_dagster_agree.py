@@ -20,9 +20,10 @@ from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.defs.conftest import op_metadata, run_job
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
 from outbox_pipelines_tests.rows import make_dead, make_sent
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 EVENTS, MEMORY = "outbox_events", "outbox_memory"
-CLEANER_OFF_FOR_MEMORY = f"[tables.{MEMORY}]\ncleaner_enabled = false\n"
+CLEANER_OFF_FOR_MEMORY = f"{DEMO_PARTS}[tables.{MEMORY}]\ncleaner_enabled = false\n"
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ def test_clean_deletes_the_same_rows_and_skips_the_same_table_from_the_cli_and_d
     meta = op_metadata(dagster, "clean_op")
     assert meta["deleted_sent_by_table"] == {EVENTS: 2}  # the skipped table is not among the cleaned
     assert f"{EVENTS}: deleted 2 sent rows older than 168.0h" in cli.stdout
-    assert (meta["deleted_ledger"], meta["deleted_audit"]) == (1, 1)
+    assert (meta["deleted_expired_by_table"], meta["deleted_audit"]) == ({"idempo_ledger": 1}, 1)
     assert "idempo_ledger: deleted 1 expired rows; outbox_audit: deleted 1 old rows" in cli.stdout
 
 
@@ -136,7 +137,7 @@ def test_clean_refuses_a_too_short_retention_in_the_same_words_from_the_cli_and_
 ):
     cli_url, dagster_url = two_databases
     config = tmp_path / "outbox.toml"
-    config.write_text("")
+    config.write_text(DEMO_PARTS)
     for url in two_databases:
         _seed(url)
     before = _kept(cli_url)

@@ -79,6 +79,21 @@ def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_ur
     assert statuses(conn, "outbox_orders") == {"pending": 2}
 
 
+@pytest.mark.parametrize("job, op", [("relay_job", "relay_table"), ("replay_dead_job", "replay_dead_op")])
+def test_a_launch_that_names_no_table_names_the_projects_tables_and_touches_nothing(
+    db_url, conn, instance, resources, job, op
+):
+    """No generic job defaults to a table: launched without one, it says which the project has."""
+    enqueue_n(conn, "outbox_orders", 2)
+    result = run_job(job, resources, instance, {"ops": {op: {"config": {}}}})
+    assert not result.success
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    assert "table: name the outbox table; this project's are: outbox_events, outbox_memory, outbox_members, " in (
+        failure.event_specific_data.error.message
+    )
+    assert statuses(conn, "outbox_orders") == {"pending": 2}
+
+
 def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instance, tmp_path):
     enqueue_n(conn, "outbox_orders", 5)
     resources = orders_sent_to(tmp_path, db_url, "http://127.0.0.1:9/orders")
@@ -121,7 +136,8 @@ def test_clean_job_cleans_the_shared_tables_once_even_when_the_first_tables_clea
     result = run_job("clean_job", resources, instance)
     assert result.success
     meta = op_metadata(result, "clean_op")
-    assert meta["deleted_ledger"] == 1 and "outbox_events" not in meta["deleted_sent_by_table"]
+    assert meta["deleted_expired_by_table"] == {"idempo_ledger": 1}
+    assert "outbox_events" not in meta["deleted_sent_by_table"]
     assert [r["idempotency_key"] for r in conn.execute("SELECT idempotency_key FROM idempo_ledger")] == ["fresh"]
 
 
@@ -134,7 +150,7 @@ def test_clean_job_with_the_cleaner_switched_off_everywhere_deletes_nothing(db_u
     resources = outbox_resources(url=db_url)
     result = run_job("clean_job", resources, instance)
     assert result.success
-    assert op_metadata(result, "clean_op")["deleted_ledger"] == 0
+    assert not any(op_metadata(result, "clean_op")["deleted_expired_by_table"].values())
     assert conn.execute("SELECT count(*) AS n FROM idempo_ledger").fetchone()["n"] == 1
 
 

@@ -57,6 +57,7 @@ from outbox_pipelines_tests.processes import (
     wait_port_closed,
     wait_until,
 )
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
@@ -365,6 +366,7 @@ class DrillStack(QueriesDatabase):
         self.t_start = time.monotonic()
         self.token = secrets.token_hex(3)
         self.tmp = Path(tempfile.mkdtemp(prefix="outbox-drills-"))
+        (self.tmp / "outbox.toml").write_text(DEMO_PARTS)  # dev runs here: a project with the demo's tables
         self.db_name, self.db_url = pg_server.create_database()
         self.dagster_db = f"{self.db_name}_dagster"[:63]
         self.poison_key = f"drill-{self.token}-poison"

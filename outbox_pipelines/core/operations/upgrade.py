@@ -2,11 +2,13 @@
 
 from dataclasses import dataclass, field
 
+import psycopg
+
 from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.storage import migrate, schema
 from outbox_pipelines.core.storage.db import connect
-from outbox_pipelines.core.storage.table_owners import Owner, claim
+from outbox_pipelines.core.storage.table_owners import Owner, claim, owners
 
 
 @dataclass
@@ -17,19 +19,33 @@ class ProjectUpgrade:
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
 
 
-def upgrade_project(url: str, settings: "Settings") -> ProjectUpgrade:
+def upgrade_project(url: str, settings: Settings) -> ProjectUpgrade:
     """What ``db upgrade`` does for a project: the engine's migrations and those of the parts it declares, then
-    each table it declares (one whose section cannot be used included: the application may enqueue before the
-    section is fixed), recorded as the project's unless another project owns it (``owned_elsewhere``). Nothing
-    else: no table of a part it did not declare."""
+    each table it declares that does not exist yet (one whose section cannot be used included: the application
+    may enqueue before the section is fixed), recorded as the project's unless another project owns it
+    (``owned_elsewhere``). Nothing else: no table of a part it did not declare. An existing table is left as it
+    is, so a login that does not own the tables (the Order API's) upgrades an up-to-date database as a no-op."""
     report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts))
     declared = {name: table.dedup for name, table in settings.tables.items()}
     declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    existing = set(schema.list_tables(url)) if declared else set()
     for name, dedup in sorted(declared.items()):
-        if schema.create_table(url, name, dedup_index=dedup):
+        if name not in existing and schema.create_table(url, name, dedup_index=dedup):
             report.created.append(name)
         report.tables.append(name)
     if report.tables:
-        with connect(url) as conn:
-            report.owned_elsewhere = claim(conn, report.tables, settings.project)
+        report.owned_elsewhere = _record_owners(url, report.tables, settings.project)
     return report
+
+
+def _record_owners(url: str, tables: list[str], project: str) -> dict[str, Owner]:
+    """Record ``project`` as the owner of those of ``tables`` nobody owns; those another project owns. A login
+    without the right to read or write the owners (an application's) records nothing: the schema owner's
+    ``db upgrade`` does."""
+    with connect(url) as conn:
+        try:
+            recorded = owners(conn, tables)
+            unowned = [name for name in tables if name not in recorded]
+            return claim(conn, unowned, project) | {n: o for n, o in recorded.items() if o.project != project}
+        except psycopg.errors.InsufficientPrivilege:
+            return {}

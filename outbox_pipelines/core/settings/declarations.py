@@ -6,7 +6,8 @@
   ``attributes.tables`` and ``attributes.parts`` hold the same.
 
 Both default to the tables written and no part. ``shipped_tables = true``, the earlier spelling, means every
-installed part.
+installed part. ``embedded = true`` (outbox.toml only) asks for the embedded server where OUTBOX_DATABASE_URL is
+unset (core/storage/project_dir.py reads it).
 
 Both are found from the project's root (the nearest directory above the working directory holding
 pyproject.toml, outbox.toml or .outbox/), so every command and Dagster process reads the same tables from
@@ -25,7 +26,7 @@ from outbox_pipelines.core.errors import ConfigError
 
 CONFIG_ENV = "OUTBOX_CONFIG"
 COMPONENT_TYPE = "outbox_pipelines.OutboxComponent"
-TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables")
+TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables", "embedded")
 # Directories of a defs folder a search for a component's defs.yaml never enters.
 _SKIPPED_DIRS = {"__pycache__", "node_modules"}
 # The one template a declaration's values take (as dg resolves it): {{ env.NAME }}, empty when unset.
@@ -52,6 +53,8 @@ class Declaration:
                 f"{where}unknown top-level keys {sorted(unknown_top)}; put table settings under "
                 f"[tables.NAME] (the top-level keys are {', '.join(TOP_LEVEL_KEYS)})"
             )
+        if not isinstance(data.get("embedded", False), bool):
+            raise ConfigError(f"{where}embedded must be true or false, got {data['embedded']!r}")
         tables = data.get("tables") or {}
         if not isinstance(tables, Mapping) or not all(isinstance(s, Mapping) for s in tables.values()):
             raise ConfigError(f"{where}tables must be a table of tables: one [tables.NAME] section per table")

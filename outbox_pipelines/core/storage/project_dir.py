@@ -84,18 +84,28 @@ def user_data_dir(*parts: str) -> Path:
     return Path(base, *parts).resolve()
 
 
+def embedded_asked_for(root: Path | None = None) -> bool:
+    """Whether the project's outbox.toml says ``embedded = true``: with OUTBOX_DATABASE_URL unset, its commands
+    use (and start) the embedded server under its ``.outbox/`` (core/settings/declarations.py checks the key)."""
+    try:
+        return tomllib.loads(((root or project_root()) / "outbox.toml").read_text()).get("embedded") is True
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
 def refuse_an_unasked_server(root: Path) -> None:
     """ConfigError naming OUTBOX_DATABASE_URL unless an embedded server at ``root`` was asked for: ``.outbox/``
-    exists there (``dev`` or ``demo`` made it, or the user did) or OUTBOX_EMBEDDED_DIR is set."""
-    if os.environ.get(EMBEDDED_DIR_ENV) or root.exists():
+    exists there (``dev`` or ``demo`` made it, or the user did), OUTBOX_EMBEDDED_DIR is set, or the project's
+    outbox.toml says ``embedded = true``."""
+    if os.environ.get(EMBEDDED_DIR_ENV) or root.exists() or embedded_asked_for():
         return
     near = difflib.get_close_matches(DATABASE_URL_ENV, [k for k in os.environ if k != DATABASE_URL_ENV], n=1)
     typo = f" ({near[0]} is set: a typo?)" if near else ""
     raise ConfigError(
         f"{DATABASE_URL_ENV} is unset{typo}: set it to your database, e.g. "
         f"{DATABASE_URL_ENV}=postgresql://USER@HOST:5432/DBNAME. No embedded PostgreSQL is started without being "
-        f"asked: for one on this machine run 'outbox-pipelines dev' (it keeps one under {root}), or mkdir {root}, "
-        f"or set {EMBEDDED_DIR_ENV}"
+        f"asked: for one on this machine run 'outbox-pipelines dev' (it keeps one under {root}), mkdir {root}, "
+        f"set {EMBEDDED_DIR_ENV}, or write embedded = true in the project's outbox.toml"
     )
 
 

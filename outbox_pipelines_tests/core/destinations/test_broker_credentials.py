@@ -25,6 +25,7 @@ from outbox_pipelines.core.settings import GlobalSettings, load_settings
 from outbox_pipelines.orders.broker import OrderBroker
 from outbox_pipelines_tests.core.destinations.test_http import claimed
 from outbox_pipelines_tests.helpers import accept_order, order_payload, rows
+from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 PASSWORD = "brokerpass-9f3"
 API_TOKENS = "api-caller-a,api-caller-b"
@@ -70,7 +71,7 @@ def test_a_token_that_cannot_travel_in_a_header_is_refused_at_start_up(token):
 @pytest.mark.parametrize("table", ["outbox_orders", "outbox_hooks"])
 def test_the_broker_token_is_sent_and_the_api_tokens_never(tmp_path, http_sink, table):
     config = tmp_path / "outbox.toml"
-    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{http_sink.url}/hooks"\n')
+    config.write_text(f'{DEMO_PARTS}[tables.outbox_hooks]\ndestination = "http"\nurl = "{http_sink.url}/hooks"\n')
     env = {"OUTBOX_API_TOKEN": API_TOKENS, "OUTBOX_BROKER_TOKEN": "brk-token", "OUTBOX_BROKER_URL": http_sink.url}
     settings = load_settings(env=env, path=config)
     destination = build_destination(settings.table(table), settings)
