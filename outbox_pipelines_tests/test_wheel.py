@@ -179,7 +179,8 @@ def test_the_wheel_holds_every_file_the_package_reads(installed, tmp_path):
                 missing += [] if path.relative_to(REPO).as_posix() in names else [path.relative_to(REPO).as_posix()]
     for source, inside in target["force-include"].items():  # sql/ -> outbox_pipelines/_sql/, dagster.yaml, …
         origin = REPO / source
-        for path in sorted([origin] if origin.is_file() else [p for p in origin.rglob("*") if p.is_file()]):
+        files = [p for p in origin.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        for path in sorted([origin] if origin.is_file() else files):
             name = f"{inside}/{path.relative_to(origin).as_posix()}" if origin.is_dir() else inside
             missing += [] if name in names else [f"{path.relative_to(REPO)} (as {name})"]
     version = config["project"]["version"]
@@ -328,6 +329,10 @@ def test_the_wheel_registers_its_parts_and_prints_the_example_settings(installed
     (project / "pyproject.toml").write_text('[project]\nname = "shop"\nversion = "1"\n')
     _run(["outbox-pipelines", "init"], project, env)
     assert "[tables.shop_outbox]" in (project / "outbox.toml").read_text()
+    _run(["outbox-pipelines", "init", "--example-project", "billing"], tmp_path, env)
+    copied = sorted(p.relative_to(tmp_path / "billing").as_posix() for p in (tmp_path / "billing").rglob("*.*"))
+    shipped = sorted(p.relative_to(EXAMPLE).as_posix() for p in EXAMPLE.rglob("*.*") if "__pycache__" not in p.parts)
+    assert copied == shipped
 
 
 @pytest.mark.timeout(600)

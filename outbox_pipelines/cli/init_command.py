@@ -1,8 +1,10 @@
-"""``outbox-pipelines init``: a project's first ``outbox.toml``, and the example that lists every key, from the
-installed package (a team that installed the wheel has no checkout to copy it from)."""
+"""``outbox-pipelines init``: a project's first ``outbox.toml``, the example that lists every key, and the example
+project to copy a layout from, all from the installed package (a team that installed the wheel has no checkout
+to copy them from)."""
 
 import argparse
 import re
+import shutil
 from pathlib import Path
 
 from outbox_pipelines.cli.output import EXIT_OK, UsageError
@@ -21,18 +23,41 @@ mode = "competing"
 """
 
 
+def _shipped(in_checkout: str, in_wheel: str) -> Path:
+    """A file or directory of the checkout (``in_checkout``), or its copy packaged inside the wheel."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / in_checkout, here.parents[1] / in_wheel):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"cannot find {in_checkout} in the installed outbox_pipelines")
+
+
 def example_config_path() -> Path:
     """outbox.example.toml in a source checkout, or the copy packaged inside the wheel."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[2] / "outbox.example.toml", here.parents[1] / "_outbox.example.toml"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("cannot find outbox.example.toml in the installed outbox_pipelines")
+    return _shipped("outbox.example.toml", "_outbox.example.toml")
+
+
+def copy_example_project(target: Path) -> Path:
+    """examples/billing_service (a Dagster project with its own package, tables and OutboxComponent) into
+    ``target``, which must not exist yet or be empty."""
+    if target.exists() and any(target.iterdir()):
+        raise UsageError(f"{target} is not empty: nothing copied (name a new directory)")
+    source = _shipped("examples/billing_service", "_examples/billing_service")
+    ignored = shutil.ignore_patterns("__pycache__", "*.pyc", ".outbox", "*.egg-info")
+    shutil.copytree(source, target, ignore=ignored, dirs_exist_ok=True)
+    return target
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     if args.print_example:
         print(example_config_path().read_text(), end="")
+        return EXIT_OK
+    if args.example_project:
+        target = copy_example_project(Path(args.example_project))
+        print(
+            f"copied the example project to {target}: cd there, pip install -e . beside outbox_pipelines[dagster], "
+            "set OUTBOX_DATABASE_URL and BILLING_WEBHOOK_URL, then outbox-pipelines db upgrade and dg check defs"
+        )
         return EXIT_OK
     root = project_root()
     target = root / "outbox.toml"

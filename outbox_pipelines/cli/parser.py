@@ -289,12 +289,18 @@ def add_service_commands(sub: Any) -> None:
     p = add(
         "init",
         cmd_init,
-        "write the project's first outbox.toml (one table, named after the project), or print the example that "
-        "lists every key (--print-example)",
+        "write the project's first outbox.toml (one table, named after the project), print the example that "
+        "lists every key (--print-example), or copy the example project (--example-project DIR)",
     )
     p.add_argument("--table", help="the table to declare (default: <project>_outbox)")
     p.add_argument(
         "--print-example", action="store_true", help="print outbox.example.toml (every key, explained); write nothing"
+    )
+    p.add_argument(
+        "--example-project",
+        metavar="DIR",
+        help="copy the example Dagster project (examples/billing_service: a package, two outbox tables in an "
+        "OutboxComponent, a handler) into DIR, a new directory",
     )
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
