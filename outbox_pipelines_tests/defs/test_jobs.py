@@ -85,11 +85,13 @@ def test_a_launch_that_names_no_table_names_the_projects_tables_and_touches_noth
 ):
     """No generic job defaults to a table: launched without one, it says which the project has."""
     enqueue_n(conn, "outbox_orders", 2)
-    result = run_job(job, resources, instance, {"ops": {op: {"config": {}}}})
+    config = {"all": True, "dry_run": False} if job == "replay_dead_job" else {}
+    result = run_job(job, resources, instance, {"ops": {op: {"config": config}}})
     assert not result.success
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
-    assert "table: name the outbox table; this project's are: outbox_events, outbox_memory, outbox_members, " in (
-        failure.event_specific_data.error.message
+    assert (
+        "table: name the outbox table; this project's are: outbox_events, outbox_members, outbox_memory, outbox_orders"
+        in failure.event_specific_data.error.message
     )
     assert statuses(conn, "outbox_orders") == {"pending": 2}
 

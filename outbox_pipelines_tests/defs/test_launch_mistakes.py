@@ -122,7 +122,7 @@ def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(
 
 def test_replay_with_an_unknown_error_code_is_refused_naming_error_code(conn, instance, resources, dead_orders):
     result = run_job(
-        "replay_dead_job", resources, instance, _op_config("replay_dead_op", error_code="BROKER_500", dry_run=False)
+        "replay_dead_job", resources, instance, _op_config("replay_dead_op", table=ORDERS, error_code="BROKER_500", dry_run=False)
     )
     message, field = _refusal(result)
     assert field == "error_code"
@@ -277,7 +277,7 @@ def test_refused_config_text_reads_a_pydantic_dump():
 
 def test_a_replay_with_the_database_unreachable_still_pages_as_error(instance, http_sink, monkeypatch):
     resources = outbox_resources(url=UNREACHABLE)
-    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", all=True))
+    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", table=ORDERS, all=True))
     assert not result.success
     alert = _alert(instance, resources, result, http_sink, monkeypatch, evaluations=1)
     assert (alert["severity"], alert["kind"], alert["job"]) == ("error", "run_failure", "replay_dead_job")
