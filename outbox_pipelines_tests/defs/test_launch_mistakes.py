@@ -122,7 +122,10 @@ def test_replay_with_a_table_typo_names_the_table_field_and_the_likely_table(
 
 def test_replay_with_an_unknown_error_code_is_refused_naming_error_code(conn, instance, resources, dead_orders):
     result = run_job(
-        "replay_dead_job", resources, instance, _op_config("replay_dead_op", table=ORDERS, error_code="BROKER_500", dry_run=False)
+        "replay_dead_job",
+        resources,
+        instance,
+        _op_config("replay_dead_op", table=ORDERS, error_code="BROKER_500", dry_run=False),
     )
     message, field = _refusal(result)
     assert field == "error_code"
