@@ -172,3 +172,15 @@ def test_a_single_active_relay_behind_pgbouncer_without_a_direct_session_refuses
     assert "single-active" in relay.stderr and pooler.DIRECT_DATABASE_URL_ENV in relay.stderr
     assert "Traceback" not in relay.stderr
     assert statuses(conn, TABLE) == {"pending": 1}
+
+
+def test_db_upgrade_through_the_pooler_is_refused_unless_a_direct_url_is_given(cli_env, bouncer, db_url):
+    """Through a transaction pooler the upgrade's session lock would be left to the next client of that server
+    connection: refused, nothing applied; with OUTBOX_DIRECT_DATABASE_URL it runs on the direct connection."""
+    refused = run_cli(pooled_env(cli_env, bouncer), "db", "upgrade")
+    assert refused.returncode == 1
+    assert "db upgrade goes through a connection pooler" in refused.stderr
+    assert "OUTBOX_DIRECT_DATABASE_URL" in refused.stderr and "Nothing was applied" in refused.stderr
+    direct = run_cli(pooled_env(cli_env, bouncer, OUTBOX_DIRECT_DATABASE_URL=db_url), "db", "upgrade")
+    assert direct.returncode == 0, direct.stderr
+    assert "database is up to date" in direct.stdout

@@ -19,7 +19,7 @@ NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgra
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = settings_of(args)  # before connecting: a declaration that cannot be read changes nothing
     url = database_url()
-    report = upgrade.upgrade_project(url, settings)
+    report = upgrade.upgrade_project(url, settings, said=say)
     for name in report.applied:
         print(f"applied {name}")
     for name in report.created:

@@ -42,3 +42,22 @@ INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%(version
 -- name: server_backend_pid
 -- The server's own pid for this session; a pooler reports another at connect (core/storage/pooler.py).
 SELECT pg_backend_pid() AS pid
+
+-- name: migration_lock_timeout_set
+-- How long one statement of a migration may wait for a lock (core/storage/migration_safety.py): the
+-- application's writers queue behind a waiting ALTER for no longer.
+SELECT set_config('lock_timeout', %(ms)s, false)
+
+-- name: migration_lock_timeout_reset
+RESET lock_timeout
+
+-- name: migration_lock_holders
+-- The database's longest-open transactions but this session's: who likely held a migration's lock.
+SELECT pid, application_name, state, extract(epoch FROM now() - xact_start)::float8 AS xact_s
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+ORDER BY xact_start
+LIMIT 3
+
+-- name: server_version_num
+SELECT current_setting('server_version_num')::int AS num

@@ -1,5 +1,6 @@
 """A project's schema brought up to date: ``db upgrade``, ``dev`` and the Order API's start call this."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -8,6 +9,7 @@ from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.storage import migrate, schema
 from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.migration_safety import LockWaits
 from outbox_pipelines.core.storage.table_owners import Owner, claim, owners
 
 
@@ -19,13 +21,14 @@ class ProjectUpgrade:
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
 
 
-def upgrade_project(url: str, settings: Settings) -> ProjectUpgrade:
+def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> ProjectUpgrade:
     """What ``db upgrade`` does for a project: the engine's migrations and those of the parts it declares, then
     each table it declares that does not exist yet (one whose section cannot be used included: the application
     may enqueue before the section is fixed), recorded as the project's unless another project owns it
     (``owned_elsewhere``). Nothing else: no table of a part it did not declare. An existing table is left as it
     is, so a login that does not own the tables (the Order API's) upgrades an up-to-date database as a no-op."""
-    report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts))
+    waits = LockWaits.from_env(said=said)  # ``said`` hears each wait for a lock the application holds
+    report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts, waits=waits))
     declared = {name: table.dedup for name, table in settings.tables.items()}
     declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
     existing = set(schema.list_tables(url)) if declared else set()

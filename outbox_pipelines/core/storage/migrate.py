@@ -6,8 +6,10 @@ they run before the schema that table.py's statements need exists.
 """
 
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,12 @@ from psycopg.rows import dict_row
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.migration_safety import (
+    LockWaits,
+    check_server_version,
+    direct_connection_url,
+    run_with_lock_waits,
+)
 from outbox_pipelines.core.storage.queries import shared_query, sql_dir
 
 # Any constant shared by every process that migrates this database.
@@ -96,14 +104,24 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
                 "outbox_schema_migrations_record",
                 {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
             )
+    except psycopg.errors.LockNotAvailable:
+        raise  # rolled back; migration_safety tries it again after a backoff
     except psycopg.Error as exc:
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
 
 
-def upgrade(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[str]:
-    """Apply every migration not yet applied (the engine's, then ``parts``'); return the names applied now."""
+def upgrade(
+    url: str, directory: Path | None = None, parts: Iterable[str] = (), *, waits: LockWaits | None = None
+) -> list[str]:
+    """Apply every migration not yet applied (the engine's, then ``parts``'); return the names applied now.
+    Refused on an unsupported server or through a transaction pooler; each migration waits for its locks
+    as ``waits`` says (migration_safety.py)."""
     migrations = planned(directory, parts)
+    waits = waits or LockWaits.from_env()
     applied_now: list[str] = []
+    with connect(url) as probe:
+        check_server_version(_run(probe, "server_version_num")[0]["num"])
+        url = direct_connection_url(probe, url)
     with connect(url) as conn:
         # A session lock serialises concurrent upgrades; the loser sees the winner's rows.
         _run(conn, "outbox_schema_migrations_lock", {"key": MIGRATION_LOCK_KEY})
@@ -117,7 +135,7 @@ def upgrade(url: str, directory: Path | None = None, parts: Iterable[str] = ()) 
                 if migration.version in checksums:
                     _check_unchanged(migration, checksums[migration.version])
                     continue
-                _apply(conn, migration)
+                run_with_lock_waits(conn, migration.name, partial(_apply, conn, migration), waits, clock=time.monotonic)
                 applied_now.append(migration.name)
         finally:
             _run(conn, "outbox_schema_migrations_unlock", {"key": MIGRATION_LOCK_KEY})

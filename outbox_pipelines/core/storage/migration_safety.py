@@ -1,0 +1,122 @@
+"""What keeps ``db upgrade`` from hurting the application that shares the database (core/storage/migrate.py).
+
+- The server: PostgreSQL 14 to 18 (``SUPPORTED``); an older one is refused before anything is applied, instead
+  of failing at the last migration with the first ones applied.
+- The connection: a transaction pooler would hand the upgrade's session lock to whichever client it pairs with
+  that server connection next (PgBouncer leaked it and the next upgrade hung for the pooler's lifetime), so an
+  upgrade through one is refused unless OUTBOX_DIRECT_DATABASE_URL names a direct connection, which it then uses.
+- The locks: each migration runs under a short ``lock_timeout``. Behind a long transaction on a table, an
+  ``ALTER TABLE`` waits in the lock queue and every writer of that table queues behind it: with the timeout it
+  gives up after ``lock_timeout_s``, rolls back, lets the writers through and tries again after a backoff; so the
+  application waits at most about ``lock_timeout_s`` at a time, however long the other transaction runs. A killed
+  upgrade leaves no backend waiting in the queue for longer either.
+"""
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.errors import MigrationError
+from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage.queries import shared_query
+
+SUPPORTED = (14, 18)  # the oldest and newest PostgreSQL majors CI runs on
+LOCK_TIMEOUT_ENV = "OUTBOX_MIGRATION_LOCK_TIMEOUT_MS"
+LOCK_TIMEOUT_S = 1.0
+# Backoff between tries of a migration that met a lock: 0.5 s doubling to 10 s, for up to about 10 minutes.
+FIRST_BACKOFF_S, MAX_BACKOFF_S, GIVE_UP_AFTER_S = 0.5, 10.0, 600.0
+
+
+@dataclass(frozen=True)
+class LockWaits:
+    """How a migration waits for its locks: ``lock_timeout_s`` at a time, then backs off; gives up after
+    ``give_up_after_s`` in all. ``said`` hears each retry (the CLI prints it)."""
+
+    lock_timeout_s: float = LOCK_TIMEOUT_S
+    give_up_after_s: float = GIVE_UP_AFTER_S
+    said: Callable[[str], None] | None = None
+
+    @classmethod
+    def from_env(cls, said: Callable[[str], None] | None = None) -> "LockWaits":
+        raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+        try:
+            timeout_s = int(raw) / 1000 if raw else LOCK_TIMEOUT_S
+        except ValueError:
+            raise MigrationError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of milliseconds") from None
+        if timeout_s <= 0:
+            raise MigrationError(f"{LOCK_TIMEOUT_ENV} must be more than 0 (milliseconds)")
+        return cls(lock_timeout_s=timeout_s, said=said)
+
+
+def check_server_version(server_version_num: int) -> None:
+    """MigrationError for a server older than the oldest supported major, before anything is applied."""
+    major = server_version_num // 10000
+    if major < SUPPORTED[0]:
+        raise MigrationError(
+            f"PostgreSQL {major} is older than the oldest this version supports ({SUPPORTED[0]}; supported: "
+            f"{SUPPORTED[0]} to {SUPPORTED[1]}). Nothing was applied: upgrade the server first."
+        )
+
+
+def direct_connection_url(conn: psycopg.Connection, url: str) -> str:
+    """The URL the upgrade must use: ``url`` unless ``conn`` goes through a transaction pooler, then
+    OUTBOX_DIRECT_DATABASE_URL; MigrationError when that is unset."""
+    if not pooler.behind_pooler(conn):
+        return url
+    direct = pooler.direct_database_url()
+    if direct is None:
+        raise MigrationError(
+            "db upgrade goes through a connection pooler (PgBouncer or its kind): its session lock would be left to "
+            f"whichever client the pooler pairs next. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct connection to "
+            "the server (or point OUTBOX_DATABASE_URL at it for the upgrade). Nothing was applied."
+        )
+    return direct
+
+
+def run_with_lock_waits(
+    conn: psycopg.Connection, name: str, apply: Callable[[], None], waits: LockWaits, *, clock: Callable[[], float]
+) -> None:
+    """``apply`` (one migration, in its own transaction) under ``lock_timeout``, tried again after a backoff each
+    time a lock is not granted in time, until ``waits.give_up_after_s``; then MigrationError naming what held it."""
+    started, backoff, tries = clock(), FIRST_BACKOFF_S, 0
+    while True:
+        tries += 1
+        try:
+            conn.execute(shared_query("migration_lock_timeout_set"), {"ms": f"{round(waits.lock_timeout_s * 1000)}ms"})
+            apply()
+            return
+        except psycopg.errors.LockNotAvailable:
+            holders = _lock_holders(conn)
+            if clock() - started + backoff > waits.give_up_after_s:
+                raise MigrationError(
+                    f"migration {name} could not take its locks in {waits.give_up_after_s:.0f} s ({tries} tries, "
+                    f"{waits.lock_timeout_s:g} s each); {holders}. Nothing of it was applied; run db upgrade "
+                    "again once that transaction ends."
+                ) from None
+            if waits.said is not None:
+                waits.said(
+                    f"migration {name}: a lock was not granted in {waits.lock_timeout_s:g} s ({holders}); "
+                    f"the application's writes go on; trying again in {backoff:g} s"
+                )
+            time.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+        finally:
+            conn.execute(shared_query("migration_lock_timeout_reset"))
+
+
+def _lock_holders(conn: psycopg.Connection) -> str:
+    """Who likely held the lock, for people: the database's longest-open transactions (the wait is over by now,
+    so the blocker itself can no longer be asked for)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(shared_query("migration_lock_holders")).fetchall()
+    if not rows:
+        return "a transaction that has ended since"
+    return "the longest-open transactions: " + "; ".join(
+        f"pid {row['pid']} ({row['application_name'] or 'no application_name'}, {row['state']}, transaction open "
+        f"{row['xact_s']:.0f} s)"
+        for row in rows
+    )
