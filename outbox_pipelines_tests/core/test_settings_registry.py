@@ -36,6 +36,7 @@ from outbox_pipelines.core.settings.registry import (
     render_markdown,
     render_table_keys_markdown,
 )
+from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 PACKAGE = Path(outbox_pipelines.__file__).parent
 ENGINE = PACKAGE / "core"
@@ -222,6 +223,11 @@ def test_a_variable_left_unset_gets_the_registrys_default(variable, monkeypatch)
         assert _tenant_label(name, default, monkeypatch) == _tenant_label(name, None, monkeypatch)
     elif name.startswith("OTEL_"):
         assert _exports_spans(name, default) == _exports_spans(name, None)
+    elif name == "OUTBOX_MIGRATION_LOCK_TIMEOUT_MS":
+        monkeypatch.delenv(name, raising=False)
+        unset = LockWaits.from_env()
+        monkeypatch.setenv(name, default)
+        assert LockWaits.from_env() == unset
     else:
         pytest.fail(f"say here how to check {name}'s default")
 
