@@ -170,3 +170,41 @@ def test_an_undeclared_table_with_waiting_messages_alerts_once(db_url, tmp_path,
     status = run_cli(_env(db_url), "status", cwd=billing)
     assert "declared nowhere in this project: outbox_events (1 waiting)" in status.stdout
     assert "outbox_members" not in status.stdout.split("declared nowhere")[1]
+
+
+def test_dry_run_and_sql_show_the_pending_steps_and_change_nothing_and_the_script_upgrades(empty_db, tmp_path):
+    """A team that runs schema changes through its own tool: --dry-run lists, --sql prints a script that, run as
+    is, leaves the database where db upgrade would (db status then says nothing is pending)."""
+    billing = _project(tmp_path / "billing", "billing", BILLING)
+    env = _env(empty_db)
+    status = run_cli(env, "db", "status", cwd=billing)
+    assert status.returncode == 1 and "schema: none applied; this version needs 0013" in status.stdout
+    dry = run_cli(env, "db", "upgrade", "--dry-run", cwd=billing)
+    assert dry.returncode == 0, dry.stderr
+    assert "-- would apply 0001_core.sql (in one transaction)" in dry.stdout
+    assert "would create outbox table billing_outbox (owned by billing)" in dry.stdout
+    assert _tables(empty_db) == set()
+    script = run_cli(env, "db", "upgrade", "--sql", cwd=billing)
+    assert script.returncode == 0 and _tables(empty_db) == set()
+    assert script.stdout.count("BEGIN;") == len(list((REPO / "sql" / "migrations").glob("*.sql")))
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute(script.stdout)  # as the team's tool runs it: the script alone
+    assert _tables(empty_db) == {*RESERVED_TABLE_NAMES, "billing_outbox"}
+    after = run_cli(env, "db", "status", cwd=billing)
+    assert after.returncode == 0 and "pending: none" in after.stdout, after.stdout
+    again = run_cli(env, "db", "upgrade", cwd=billing)
+    assert again.returncode == 0 and "database is up to date" in again.stdout
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT project FROM outbox_table_owners").fetchall() == [("billing",)]
+
+
+def test_a_relay_on_a_schema_older_than_its_code_refuses_with_one_message(empty_db, tmp_path):
+    billing = _project(tmp_path / "billing", "billing", BILLING)
+    assert run_cli(_env(empty_db), "db", "upgrade", cwd=billing).returncode == 0
+    with psycopg.connect(empty_db, autocommit=True) as conn:  # the schema as the previous version left it
+        conn.execute("DELETE FROM outbox_schema_migrations WHERE version = '0013'")
+    for command in (["relay", "--table", "billing_outbox", "--once"], ["relay", "--group", "default", "--once"]):
+        refused = run_cli(_env(empty_db), *command, cwd=billing)
+        assert refused.returncode == 1, refused.stderr
+        assert "the database schema is at 0012, this version needs 0013" in refused.stderr
+        assert "run 'outbox-pipelines db upgrade'" in refused.stderr and "Traceback" not in refused.stderr

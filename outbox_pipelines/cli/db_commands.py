@@ -12,6 +12,7 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.storage import db, migrate, roles, schema, table_owners
+from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgrade' first"
 
@@ -19,6 +20,8 @@ NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgra
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = settings_of(args)  # before connecting: a declaration that cannot be read changes nothing
     url = database_url()
+    if args.dry_run or args.sql:
+        return _show_plan(upgrade.plan_project(url, settings), settings.project, as_sql=args.sql)
     report = upgrade.upgrade_project(url, settings, said=say)
     for name in report.applied:
         print(f"applied {name}")
@@ -36,6 +39,40 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
             "(or parts = [...]) and run db upgrade again"
         )
     return EXIT_FAILED if report.owned_elsewhere else EXIT_OK
+
+
+def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
+    """``db upgrade --sql``: the script; ``--dry-run``: each pending step with its SQL. Nothing is changed."""
+    if as_sql:
+        print(plan.as_sql(project, LockWaits.from_env().lock_timeout_s), end="")
+        return EXIT_OK
+    if not plan.migrations and not plan.new_tables:
+        print("database is up to date: nothing would be done")
+    for migration in plan.migrations:
+        print(f"-- would apply {migration.name} (in one transaction)\n{migration.sql.strip()}\n")
+    for name in plan.new_tables:
+        print(f"would create outbox table {name} (owned by {project})")
+    if plan.migrations or plan.new_tables:
+        print("dry run: nothing was changed ('outbox-pipelines db upgrade' does it; --sql prints a script)")
+    return EXIT_OK
+
+
+def cmd_db_status(args: argparse.Namespace) -> int:
+    """The schema against what this version needs: applied, pending (exit 1 while any is), the server."""
+    settings = settings_of(args)
+    url = database_url()
+    server, applied = migrate.applied(url)
+    pending = migrate.pending(url, parts=settings.parts)
+    engine = [name for name in applied if "/" not in name]
+    print(f"server: PostgreSQL {server}")
+    print(f"schema: {engine[-1] if engine else 'none'} applied; this version needs {migrate.needed_version()}")
+    if parts := [name for name in applied if "/" in name]:
+        print(f"parts: {', '.join(parts)}")
+    if pending:
+        print(f"pending: {', '.join(pending)} (outbox-pipelines db upgrade --dry-run shows their SQL)")
+        return EXIT_FAILED
+    print("pending: none")
+    return EXIT_OK
 
 
 def cmd_db_create_table(args: argparse.Namespace) -> int:

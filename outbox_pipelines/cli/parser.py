@@ -14,6 +14,7 @@ from outbox_pipelines.cli.db_commands import (
     cmd_db_create_table,
     cmd_db_grant,
     cmd_db_hand_over,
+    cmd_db_status,
     cmd_db_stop,
     cmd_db_upgrade,
     cmd_db_url,
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_db_commands(sub: Any) -> None:
     dbp = sub.add_parser(
         "db",
-        help="schema: upgrade, create-table, hand-over, grant, url, stop",
+        help="schema: upgrade, status, create-table, hand-over, grant, url, stop",
         description="Database schema and the embedded server.",
     )
     dbsub = dbp.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)
@@ -114,9 +115,20 @@ def add_db_commands(sub: Any) -> None:
         description="Apply the engine's migrations and those of the parts the project declares (parts = [...] in "
         "outbox.toml), then create every table it declares and record this project as their owner. Nothing "
         "else is created: no table of a part the project did not declare. A declared table another project "
-        "owns is named with its owner (exit 1); 'db hand-over' moves a table between projects.",
+        "owns is named with its owner (exit 1); 'db hand-over' moves a table between projects. Each migration "
+        "waits for a lock at most OUTBOX_MIGRATION_LOCK_TIMEOUT_MS (1000) at a time, then lets the application's "
+        "writes through and tries again.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list the pending steps and their SQL; change nothing")
+    p.add_argument(
+        "--sql", action="store_true", help="print the pending steps as one SQL script for your own migration tool"
     )
     p.set_defaults(handler=cmd_db_upgrade)
+    p = dbsub.add_parser(
+        "status",
+        help="the schema against what this version needs: applied, pending (exit 1 while any is), the server",
+    )
+    p.set_defaults(handler=cmd_db_status)
     p = dbsub.add_parser(
         "create-table",
         help="create outbox tables of the canonical shape",

@@ -61,3 +61,6 @@ LIMIT 3
 
 -- name: server_version_num
 SELECT current_setting('server_version_num')::int AS num
+
+-- name: server_version
+SELECT current_setting('server_version') AS server_version

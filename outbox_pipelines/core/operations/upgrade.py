@@ -52,3 +52,36 @@ def _record_owners(url: str, tables: list[str], project: str) -> dict[str, Owner
             return claim(conn, unowned, project) | {n: o for n, o in recorded.items() if o.project != project}
         except psycopg.errors.InsufficientPrivilege:
             return {}
+
+
+@dataclass
+class UpgradePlan:
+    """What ``upgrade_project`` would do now, changing nothing: ``db upgrade --dry-run`` and ``--sql``."""
+
+    migrations: list[migrate.Migration]
+    new_tables: dict[str, bool]  # declared tables not in the database yet -> with the dedup index
+
+    def as_sql(self, project: str, lock_timeout_s: float) -> str:
+        """One script for a team's own migration tool (Alembic, Flyway, Django): the migrations as ``upgrade``
+        runs and records them, then the new tables and their owner. Table names are validated names."""
+        lines = [migrate.as_sql_script(self.migrations, lock_timeout_s)] if self.migrations else []
+        for name, dedup in self.new_tables.items():
+            lines.append(f"SELECT outbox_create_table('{name}', with_dedup_index => {str(dedup).lower()});")
+            lines.append(
+                "INSERT INTO outbox_table_owners (outbox_table, project) "
+                f"VALUES ('{name}', {_literal(project)}) ON CONFLICT (outbox_table) DO NOTHING;"
+            )
+        return "\n".join(lines) + "\n" if lines else "-- nothing to do: the database is up to date\n"
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal of ``text`` (a project name, printed for people to run, never executed here)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def plan_project(url: str, settings: Settings) -> UpgradePlan:
+    declared = {name: table.dedup for name, table in settings.tables.items()}
+    declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    pending = migrate.pending_migrations(url, parts=settings.parts)
+    existing = set(schema.list_tables(url)) if declared and not any(m.version == "0001" for m in pending) else set()
+    return UpgradePlan(pending, {name: dedup for name, dedup in sorted(declared.items()) if name not in existing})

@@ -25,7 +25,7 @@ from outbox_pipelines.core.storage.migration_safety import (
     direct_connection_url,
     run_with_lock_waits,
 )
-from outbox_pipelines.core.storage.queries import shared_query, sql_dir
+from outbox_pipelines.core.storage.queries import named_queries, shared_query, sql_dir
 
 # Any constant shared by every process that migrates this database.
 MIGRATION_LOCK_KEY = 0x0B0C5_0001
@@ -142,9 +142,72 @@ def upgrade(
     return applied_now
 
 
-def pending(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[str]:
+def pending_migrations(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[Migration]:
+    """The migrations ``upgrade`` would apply now, in order."""
     with connect(url) as conn:
-        applied = set()
-        if _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
-            applied = {row["version"] for row in _run(conn, "outbox_schema_migrations_applied")}
-    return [m.name for m in planned(directory, parts) if m.version not in applied]
+        applied = _applied_versions(conn)
+    return [m for m in planned(directory, parts) if m.version not in applied]
+
+
+def pending(url: str, directory: Path | None = None, parts: Iterable[str] = ()) -> list[str]:
+    return [m.name for m in pending_migrations(url, directory, parts)]
+
+
+def applied(url: str) -> tuple[str, list[str]]:
+    """The server's version, and the names of the migrations applied to its database, in order."""
+    with connect(url) as conn:
+        server = str(_run(conn, "server_version")[0]["server_version"])
+        if not _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
+            return server, []
+        rows = sorted(_run(conn, "outbox_schema_migrations_applied"), key=lambda row: str(row["version"]))
+    return server, [str(row["name"]) for row in rows]
+
+
+def _applied_versions(conn: psycopg.Connection) -> set[str]:
+    if not _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
+        return set()
+    return {row["version"] for row in _run(conn, "outbox_schema_migrations_applied")}
+
+
+def as_sql_script(migrations: Iterable[Migration], lock_timeout_s: float) -> str:
+    """``migrations`` as one SQL script for a team's own migration tool: each in its transaction, under the lock
+    timeout ``upgrade`` uses, recorded as ``upgrade`` records it (so ``upgrade`` later sees it applied)."""
+    blocks = [f"-- the record of applied migrations\n{named_queries()['outbox_schema_migrations_create']};\n"]
+    for m in migrations:
+        record = (
+            "INSERT INTO outbox_schema_migrations (version, name, checksum) "
+            f"VALUES ('{m.version}', '{m.name}', '{m.checksum}');"  # from our own files, never from input
+        )
+        blocks.append(
+            f"-- {m.name} (in one transaction)\nBEGIN;\nSET LOCAL lock_timeout = '{round(lock_timeout_s * 1000)}ms';\n"
+            f"{m.sql.strip()}\n{record}\nCOMMIT;\n"
+        )
+    return "\n".join(blocks)
+
+
+# The engine schema this code needs: its newest migration (a part's are checked by the part's own commands).
+def needed_version() -> str:
+    return discover()[-1].version
+
+
+_checked: set[str] = set()
+
+
+def require_current_schema(url: str) -> None:
+    """MigrationError when the database lacks an engine migration this code needs, once per database and
+    process (a relay's start, not each message). A login that may not read the migrations is not checked."""
+    if url in _checked:
+        return
+    try:
+        with connect(url) as conn:
+            applied = _applied_versions(conn)
+    except psycopg.errors.InsufficientPrivilege:
+        return
+    missing = [m.name for m in discover() if m.version not in applied]
+    if missing:
+        at = max((v for v in applied if "/" not in v), default="none")
+        raise MigrationError(
+            f"the database schema is at {at}, this version needs {needed_version()} ({', '.join(missing)} not "
+            "applied): run 'outbox-pipelines db upgrade'"
+        )
+    _checked.add(url)

@@ -44,8 +44,7 @@ columns the grant names only those (column privileges):
   and advisory locks need no grant (the functions are PUBLIC); only ``nextval``
   called by name (the COPY's id reservation) needs USAGE on the sequence.
 
-The statements are roles.sql's, composed with psycopg.sql identifiers; role
-names are constants and table names come from the catalog, each validated.
+The statements are roles.sql's, composed with psycopg.sql identifiers (role names constant, table names validated).
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -171,6 +170,7 @@ _RELAY_SHARED = (
     Grant("outbox_relay_workers", _READ_AND_WRITE),
     Grant("outbox_destination_health", _READ_AND_WRITE),
     Grant("outbox_table_owners", ("SELECT",)),  # it leaves alone a table another project owns
+    Grant("outbox_schema_migrations", ("SELECT",)),  # it checks the schema is the one its code needs
 )
 # Reads whole rows (it delivers them), deletes them (on_success = "delete"), writes only how delivery went.
 _RELAY_OUTBOX = Grant(EVERY_OUTBOX_TABLE, ("SELECT", "DELETE"), (OnColumns("UPDATE", DELIVERY_COLUMNS),))
