@@ -208,3 +208,12 @@ def test_a_relay_on_a_schema_older_than_its_code_refuses_with_one_message(empty_
         assert refused.returncode == 1, refused.stderr
         assert "the database schema is at 0012, this version needs 0013" in refused.stderr
         assert "run 'outbox-pipelines db upgrade'" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_order_api_refuses_a_database_that_lacks_a_migration_unless_asked_to_upgrade(empty_db, tmp_path):
+    shop = _project(tmp_path / "shop", "shop", 'parts = ["orders"]\n')
+    refused = run_cli(_env(empty_db), "order-api", "--port", "0", cwd=shop)
+    assert refused.returncode == 1
+    assert "the database lacks 0001_core.sql" in refused.stderr and "orders/0001_orders.sql" in refused.stderr
+    assert "run 'outbox-pipelines db upgrade' (or start it with --upgrade)" in refused.stderr
+    assert _tables(empty_db) == set()

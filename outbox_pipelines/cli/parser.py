@@ -323,6 +323,11 @@ def add_service_commands(sub: Any) -> None:
         action="store_true",
         help="serve without OUTBOX_API_TOKEN on a non-loopback --host (anyone who reaches it can place orders)",
     )
+    p.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="run db upgrade before serving (without it, a database that lacks a migration is refused, saying which)",
+    )
 
     p = add(
         "broker-sim",

@@ -9,7 +9,9 @@ import argparse
 from outbox_pipelines.broker_faults import faults_from_args
 from outbox_pipelines.cli.inputs import database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
+from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.operations import upgrade
+from outbox_pipelines.core.storage import migrate
 
 # The order product's part (pyproject.toml, entry points "outbox_pipelines.parts"): the Order API needs it declared.
 ORDERS_PART = "orders"
@@ -39,9 +41,15 @@ def cmd_order_api(args: argparse.Namespace) -> int:
         )
     url = database_url()
     prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing
-    applied = upgrade.upgrade_project(url, settings).applied
-    if applied:
-        say(f"migrated the database: {', '.join(applied)}")
+    if args.upgrade:  # the deployment asked for it (upgrading at every start is not done silently)
+        applied = upgrade.upgrade_project(url, settings, said=say).applied
+        if applied:
+            say(f"migrated the database: {', '.join(applied)}")
+    elif pending := migrate.pending(url, parts=settings.parts):
+        raise MigrationError(
+            f"the database lacks {', '.join(pending)}, which this version of the Order API needs: run "
+            "'outbox-pipelines db upgrade' (or start it with --upgrade)"
+        )
     return serve(url, args.host, args.port, allow_anonymous=args.allow_anonymous, say=say)
 
 
