@@ -64,3 +64,10 @@ SELECT current_setting('server_version_num')::int AS num
 
 -- name: server_version
 SELECT current_setting('server_version') AS server_version
+
+-- name: index_is_invalid
+-- An index an interrupted CREATE INDEX CONCURRENTLY left behind: present, never used (core/storage/online_steps.py).
+SELECT 1 AS invalid
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid

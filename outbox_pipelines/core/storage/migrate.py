@@ -25,6 +25,7 @@ from outbox_pipelines.core.storage.migration_safety import (
     direct_connection_url,
     run_with_lock_waits,
 )
+from outbox_pipelines.core.storage.online_steps import run_outside_a_transaction, runs_outside_a_transaction, statements
 from outbox_pipelines.core.storage.queries import named_queries, shared_query, sql_dir
 
 # Any constant shared by every process that migrates this database.
@@ -110,6 +111,27 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
 
 
+def _apply_outside_a_transaction(conn: psycopg.Connection, migration: Migration, waits: LockWaits) -> None:
+    """A ``-- outbox: no transaction`` migration: each statement on its own under the lock waits, then the record.
+    Interrupted, it is not recorded, and a rerun repeats its (idempotent) statements."""
+    try:
+        run_outside_a_transaction(
+            conn,
+            migration.sql,
+            lambda step: run_with_lock_waits(conn, migration.name, step, waits, clock=time.monotonic),
+        )
+        _run(
+            conn,
+            "outbox_schema_migrations_record",
+            {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
+        )
+    except psycopg.Error as exc:
+        raise MigrationError(
+            f"migration {migration.name} failed at one of its steps (each runs on its own; run db upgrade again "
+            f"to repeat them): {exc}"
+        ) from exc
+
+
 def upgrade(
     url: str, directory: Path | None = None, parts: Iterable[str] = (), *, waits: LockWaits | None = None
 ) -> list[str]:
@@ -135,7 +157,12 @@ def upgrade(
                 if migration.version in checksums:
                     _check_unchanged(migration, checksums[migration.version])
                     continue
-                run_with_lock_waits(conn, migration.name, partial(_apply, conn, migration), waits, clock=time.monotonic)
+                if runs_outside_a_transaction(migration.sql):
+                    _apply_outside_a_transaction(conn, migration, waits)
+                else:
+                    run_with_lock_waits(
+                        conn, migration.name, partial(_apply, conn, migration), waits, clock=time.monotonic
+                    )
                 applied_now.append(migration.name)
         finally:
             _run(conn, "outbox_schema_migrations_unlock", {"key": MIGRATION_LOCK_KEY})
@@ -178,9 +205,14 @@ def as_sql_script(migrations: Iterable[Migration], lock_timeout_s: float) -> str
             "INSERT INTO outbox_schema_migrations (version, name, checksum) "
             f"VALUES ('{m.version}', '{m.name}', '{m.checksum}');"  # from our own files, never from input
         )
+        timeout = f"lock_timeout = '{round(lock_timeout_s * 1000)}ms'"
+        if runs_outside_a_transaction(m.sql):  # each statement on its own, never inside BEGIN ... COMMIT
+            steps = "\n".join(statements(m.sql))
+            blocks.append(f"-- {m.name} (outside a transaction: each statement on its own)\nSET {timeout};\n{steps}\n")
+            blocks.append(f"{record}\nRESET lock_timeout;\n")
+            continue
         blocks.append(
-            f"-- {m.name} (in one transaction)\nBEGIN;\nSET LOCAL lock_timeout = '{round(lock_timeout_s * 1000)}ms';\n"
-            f"{m.sql.strip()}\n{record}\nCOMMIT;\n"
+            f"-- {m.name} (in one transaction)\nBEGIN;\nSET LOCAL {timeout};\n{m.sql.strip()}\n{record}\nCOMMIT;\n"
         )
     return "\n".join(blocks)
 

@@ -1,0 +1,85 @@
+"""Migrations that keep the application writing: the rules a new migration is held to, and the steps that run
+outside a transaction (concurrent index builds), including the rebuild of an index an interrupted build left
+INVALID."""
+
+import shutil
+
+import psycopg
+import pytest
+
+from outbox_pipelines.core.storage import migrate
+from outbox_pipelines.core.storage.online_steps import NO_TRANSACTION, blocking_statements
+from outbox_pipelines.core.storage.queries import sql_dir
+
+# The first migration of each kind held to the rules; those before were shipped before the rules existed.
+FIRST_CHECKED = {"migrations": "0014", "parts/orders": "0002", "parts/examples": "0002"}
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("CREATE INDEX t_by_x ON t (x);", "CREATE INDEX without CONCURRENTLY"),
+        ("CREATE UNIQUE INDEX t_by_x ON t (x);", "CREATE INDEX without CONCURRENTLY"),
+        ("DROP INDEX t_by_x;", "DROP INDEX / REINDEX without CONCURRENTLY"),
+        ("ALTER TABLE t ADD CONSTRAINT t_x CHECK (x > 0);", "checks every row under its lock"),
+        ("ALTER TABLE t ALTER COLUMN x TYPE bigint;", "rewrites the table"),
+        ("ALTER TABLE t ALTER COLUMN x SET NOT NULL;", "SET NOT NULL scans every row"),
+        ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE;", "hold an exclusive lock"),
+        ("CREATE INDEX CONCURRENTLY IF NOT EXISTS t_by_x ON t (x);", "cannot run in a transaction"),
+    ],
+)
+def test_a_statement_that_would_hold_the_writes_is_named_with_what_to_write_instead(text, said):
+    found = blocking_statements(text)
+    assert any(said in line and "write" in line for line in found), found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{NO_TRANSACTION}\nCREATE INDEX CONCURRENTLY IF NOT EXISTS t_by_x ON t (x);\n",
+        "ALTER TABLE t ADD COLUMN IF NOT EXISTS y text;\n",
+        "ALTER TABLE t ADD CONSTRAINT t_x CHECK (x > 0) NOT VALID;\nALTER TABLE t VALIDATE CONSTRAINT t_x;\n",
+        "-- CREATE INDEX t_by_x ON t (x) in a comment is no statement\nSELECT 1;\n",
+    ],
+)
+def test_online_statements_pass(text):
+    assert blocking_statements(text) == []
+
+
+def test_every_migration_added_since_the_rules_keeps_the_application_writing():
+    offenders = []
+    for folder, first in FIRST_CHECKED.items():
+        for migration in migrate.discover(sql_dir() / folder):
+            if migration.version.split("/")[-1] >= first:
+                offenders += [f"{folder}/{migration.name}: {why}" for why in blocking_statements(migration.sql)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_a_concurrent_build_runs_outside_a_transaction_and_rebuilds_an_index_left_invalid(db_url, conn, tmp_path):
+    # What an interrupted concurrent build leaves: an INVALID index of the name (here a unique build that failed).
+    conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('a', 't', '{}', 's')")
+    conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('b', 't', '{}', 's')")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("CREATE UNIQUE INDEX CONCURRENTLY drill_by_topic ON outbox_events (topic)")
+    assert _valid(conn, "drill_by_topic") is False
+    conn.execute("DELETE FROM outbox_events WHERE event_id = 'b'")
+
+    migrations = tmp_path / "migrations"
+    shutil.copytree(sql_dir() / "migrations", migrations)
+    (migrations / "0099_drill_index.sql").write_text(
+        f"{NO_TRANSACTION}\n-- a unique index on topic, built without stopping writes\n"
+        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS drill_by_topic ON outbox_events (topic);\n"
+    )
+    assert migrate.upgrade(db_url, migrations) == ["0099_drill_index.sql"]
+    assert _valid(conn, "drill_by_topic") is True
+    script = migrate.as_sql_script(migrate.discover(migrations)[-1:], 1.0)
+    assert "(outside a transaction: each statement on its own)" in script and "BEGIN;" not in script
+
+
+def _valid(conn: psycopg.Connection, index: str) -> bool | None:
+    row = conn.execute(
+        "SELECT i.indisvalid AS valid FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid "
+        "WHERE c.relname = %s",
+        (index,),
+    ).fetchone()
+    return None if row is None else bool(row["valid"])
