@@ -58,7 +58,8 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
 
 
 def cmd_db_status(args: argparse.Namespace) -> int:
-    """The schema against what this version needs: applied, pending (exit 1 while any is), the server."""
+    """The schema against what this version needs: applied, pending, INVALID indexes (exit 1 while there is any
+    of these), the server."""
     settings = settings_of(args)
     url = database_url()
     server, applied = migrate.applied(url)
@@ -68,11 +69,17 @@ def cmd_db_status(args: argparse.Namespace) -> int:
     print(f"schema: {engine[-1] if engine else 'none'} applied; this version needs {migrate.needed_version()}")
     if parts := [name for name in applied if "/" in name]:
         print(f"parts: {', '.join(parts)}")
+    drift = migrate.invalid_indexes(url)
+    for index, table in drift:
+        print(
+            f"drift: index {index} on {table} is INVALID (an interrupted concurrent build; it is never used): "
+            f"REINDEX INDEX CONCURRENTLY {index}"
+        )
     if pending:
         print(f"pending: {', '.join(pending)} (outbox-pipelines db upgrade --dry-run shows their SQL)")
-        return EXIT_FAILED
-    print("pending: none")
-    return EXIT_OK
+    else:
+        print("pending: none")
+    return EXIT_FAILED if pending or drift else EXIT_OK
 
 
 def cmd_db_create_table(args: argparse.Namespace) -> int:

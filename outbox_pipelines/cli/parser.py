@@ -126,7 +126,8 @@ def add_db_commands(sub: Any) -> None:
     p.set_defaults(handler=cmd_db_upgrade)
     p = dbsub.add_parser(
         "status",
-        help="the schema against what this version needs: applied, pending (exit 1 while any is), the server",
+        help="the schema against what this version needs: applied, pending, INVALID indexes (exit 1 while any), "
+        "the server",
     )
     p.set_defaults(handler=cmd_db_status)
     p = dbsub.add_parser(

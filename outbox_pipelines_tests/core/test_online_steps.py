@@ -10,6 +10,7 @@ import pytest
 from outbox_pipelines.core.storage import migrate
 from outbox_pipelines.core.storage.online_steps import NO_TRANSACTION, blocking_statements
 from outbox_pipelines.core.storage.queries import sql_dir
+from outbox_pipelines_tests.conftest import run_cli
 
 # The first migration of each kind held to the rules; those before were shipped before the rules existed.
 FIRST_CHECKED = {"migrations": "0014", "parts/orders": "0002", "parts/examples": "0002"}
@@ -83,3 +84,16 @@ def _valid(conn: psycopg.Connection, index: str) -> bool | None:
         (index,),
     ).fetchone()
     return None if row is None else bool(row["valid"])
+
+
+def test_db_status_names_an_index_an_interrupted_build_left_invalid(cli_env, conn):
+    clean = run_cli(cli_env, "db", "status")
+    assert clean.returncode == 0 and "pending: none" in clean.stdout and "drift" not in clean.stdout, clean.stdout
+    conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('a', 't', '{}', 's')")
+    conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('b', 't', '{}', 's')")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("CREATE UNIQUE INDEX CONCURRENTLY drill_by_topic ON outbox_events (topic)")
+    drifted = run_cli(cli_env, "db", "status")
+    assert drifted.returncode == 1
+    assert "drift: index drill_by_topic on outbox_events is INVALID" in drifted.stdout
+    assert "REINDEX INDEX CONCURRENTLY drill_by_topic" in drifted.stdout

@@ -71,3 +71,12 @@ SELECT 1 AS invalid
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
 WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid
+
+-- name: invalid_indexes
+-- Drift `db status` shows: indexes of this schema an interrupted concurrent build left INVALID (never used).
+SELECT c.relname AS index_name, t.relname AS table_name
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_class AS t ON t.oid = i.indrelid
+WHERE c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid
+ORDER BY 1

@@ -190,6 +190,12 @@ def applied(url: str) -> tuple[str, list[str]]:
     return server, [str(row["name"]) for row in rows]
 
 
+def invalid_indexes(url: str) -> list[tuple[str, str]]:
+    """(index, table) of every INVALID index of the schema: what an interrupted concurrent build leaves."""
+    with connect(url) as conn:
+        return [(str(row["index_name"]), str(row["table_name"])) for row in _run(conn, "invalid_indexes")]
+
+
 def _applied_versions(conn: psycopg.Connection) -> set[str]:
     if not _run(conn, "outbox_schema_migrations_exists")[0]["ok"]:
         return set()
