@@ -21,6 +21,14 @@ class ProjectUpgrade:
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
 
 
+def declared_tables(settings: Settings) -> dict[str, bool]:
+    """Every table the project declares, with whether it gets the dedup index: the usable ones, and those whose
+    section cannot be used but whose name can (the application may enqueue before the section is fixed)."""
+    declared = {name: table.dedup for name, table in settings.tables.items()}
+    declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    return declared
+
+
 def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> ProjectUpgrade:
     """What ``db upgrade`` does for a project: the engine's migrations and those of the parts it declares, then
     each table it declares that does not exist yet (one whose section cannot be used included: the application
@@ -29,8 +37,7 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
     is, so a login that does not own the tables (the Order API's) upgrades an up-to-date database as a no-op."""
     waits = LockWaits.from_env(said=said)  # ``said`` hears each wait for a lock the application holds
     report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts, waits=waits))
-    declared = {name: table.dedup for name, table in settings.tables.items()}
-    declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    declared = declared_tables(settings)
     existing = set(schema.list_tables(url)) if declared else set()
     for name, dedup in sorted(declared.items()):
         if name not in existing and schema.create_table(url, name, dedup_index=dedup):
@@ -80,8 +87,7 @@ def _literal(text: str) -> str:
 
 
 def plan_project(url: str, settings: Settings) -> UpgradePlan:
-    declared = {name: table.dedup for name, table in settings.tables.items()}
-    declared.update({name: False for name in settings.broken if is_valid_table_name(name)})
+    declared = declared_tables(settings)
     pending = migrate.pending_migrations(url, parts=settings.parts)
     existing = set(schema.list_tables(url)) if declared and not any(m.version == "0001" for m in pending) else set()
     return UpgradePlan(pending, {name: dedup for name, dedup in sorted(declared.items()) if name not in existing})
