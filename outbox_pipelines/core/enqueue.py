@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from outbox_pipelines.core.enqueue_guard import async_endpoint, sync_endpoint
 from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.models import EnqueueResult, Message
 from outbox_pipelines.core.names import validate_table_name
@@ -80,13 +81,15 @@ class Outbox:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
         row = _prepare_one(message, self.max_payload_bytes)
         target = sync_target(conn, outside_transaction=outside_transaction)
-        row_id = insert_row(target, self.table_name, row, now)
+        prepare = sync_endpoint(target).prepare  # the schema checked at the process's first enqueue
+        row_id = insert_row(target, self.table_name, row, now, prepare)
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult.new(row_id, row.event_id)
         # Another transaction holds this event_id; read it (READ COMMITTED sees it now).
-        existing = OutboxTable(driver_connection(target), self.table_name).find_by_event_ids([row.event_id])
-        return _duplicate(row, existing)
+        outbox_table = OutboxTable(driver_connection(target), self.table_name)
+        outbox_table.enqueue_prepare = prepare
+        return _duplicate(row, outbox_table.find_by_event_ids([row.event_id]))
 
     async def enqueue_async(
         self, conn: Any, message: Message, *, now: datetime | None = None, outside_transaction: bool = False
@@ -94,11 +97,12 @@ class Outbox:
         """``enqueue`` on the caller's asyncio connection, in its transaction, without blocking the event loop."""
         row = _prepare_one(message, self.max_payload_bytes)
         target = await async_target(conn, outside_transaction=outside_transaction)
-        row_id = await insert_row_async(target, self.table_name, row, now)
+        prepare = (await async_endpoint(target)).prepare
+        row_id = await insert_row_async(target, self.table_name, row, now, prepare)
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult.new(row_id, row.event_id)
-        return _duplicate(row, await find_by_event_ids_async(target, self.table_name, [row.event_id]))
+        return _duplicate(row, await find_by_event_ids_async(target, self.table_name, [row.event_id], prepare))
 
     def enqueue_many(
         self,
@@ -115,6 +119,7 @@ class Outbox:
         batch = list(messages)
         target = sync_target(conn, outside_transaction=outside_transaction)
         outbox_table = OutboxTable(driver_connection(target), self.table_name)
+        outbox_table.enqueue_prepare = sync_endpoint(target).prepare
         event_ids = _plain_event_ids(batch)
         # COPY writes no ordering key (a keyed message's place in its key is decided as it is inserted).
         if (
@@ -146,11 +151,12 @@ class Outbox:
         batch = list(messages)
         plan = BatchPlan(batch, self.max_payload_bytes, _plain_event_ids(batch))
         target = await async_target(conn, outside_transaction=outside_transaction)
+        prepare = (await async_endpoint(target)).prepare
         if not plan.prepared:
             return []
-        inserted = await insert_many_async(target, self.table_name, _columns(plan.unique), now)
+        inserted = await insert_many_async(target, self.table_name, _columns(plan.unique), now, prepare)
         missing = plan.missing(inserted)
-        existing = await find_by_event_ids_async(target, self.table_name, missing) if missing else {}
+        existing = await find_by_event_ids_async(target, self.table_name, missing, prepare) if missing else {}
         return self._results(plan, inserted, existing)
 
     def _results(

@@ -12,7 +12,7 @@ from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.storage.connections import driver_connection, statement_cursor
 from outbox_pipelines.core.storage.queries import table_query
-from outbox_pipelines.core.storage.statements import TableStatements, unknown_table
+from outbox_pipelines.core.storage.statements import Row, TableStatements, _fetch, unknown_table
 
 
 class NewRow(NamedTuple):
@@ -74,7 +74,9 @@ def insert_many_params(columns: dict[str, list[Any]], now: datetime | None) -> t
     return "outbox_insert_many", params
 
 
-def insert_row(conn: Any, table_name: str, row: NewRow, now: datetime | None = None) -> int | None:
+def insert_row(
+    conn: Any, table_name: str, row: NewRow, now: datetime | None = None, prepare: bool | None = None
+) -> int | None:
     """Insert one message (payload and headers as canonical JSON text) into ``table_name`` (validated by
     the caller); its id, or None if its event_id exists. ``conn``: what the application passed to
     enqueue. On its own cursor (``statement_cursor``) the statement runs there, replacing the cursor's
@@ -82,32 +84,33 @@ def insert_row(conn: Any, table_name: str, row: NewRow, now: datetime | None = N
 
     A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
     once per message, where building the table's statement object and _run's dicts are part of what
-    the enqueue adds to that transaction (bench/results.md, issue 28's third pass)."""
+    the enqueue adds to that transaction (bench/results.md, issue 28's third pass). ``prepare``: psycopg's, False
+    behind a transaction pooler (core/enqueue_guard.py)."""
     query, params = insert_row_params(row, now)
     statement = table_query(query, table_name)
     cursor = statement_cursor(conn)
     try:
         if cursor is not None:
-            found = _run_on_cursor(cursor, statement, params)
+            found = _run_on_cursor(cursor, statement, params, prepare)
         else:
             with driver_connection(conn).cursor(row_factory=tuple_row) as cur:
-                cur.execute(statement, params)
+                cur.execute(statement, params, prepare=prepare)
                 found = cur.fetchone()
     except psycopg.errors.UndefinedTable:
         raise unknown_table(table_name) from None
     return int(found[0]) if found else None
 
 
-def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...]) -> Any:
+def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...], prepare: bool | None) -> Any:
     """The statement's row, read as a tuple whatever rows the application's cursor makes (dicts, a class
     of its own), and the cursor left making them."""
     row_factory = cur.row_factory
     if row_factory is tuple_row:  # a cursor's default
-        cur.execute(statement, params)
+        cur.execute(statement, params, prepare=prepare)
         return cur.fetchone()
     cur.row_factory = tuple_row
     try:
-        cur.execute(statement, params)
+        cur.execute(statement, params, prepare=prepare)
         return cur.fetchone()
     finally:
         cur.row_factory = row_factory
@@ -116,10 +119,24 @@ def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...])
 class EnqueueStatements(TableStatements):
     """Enqueue into one outbox table."""
 
+    # psycopg's ``prepare`` for these statements: False behind a transaction pooler (core/enqueue_guard.py).
+    enqueue_prepare: bool | None = None
+
+    def _run_enqueue(self, query: str, params: dict[str, Any]) -> list[Row]:
+        try:
+            return _fetch(
+                self.conn,
+                table_query(query, self.table_name),
+                {"table_name": self.table_name, **params},
+                self.enqueue_prepare,
+            )
+        except psycopg.errors.UndefinedTable:
+            raise unknown_table(self.table_name) from None
+
     def insert_many(self, columns: dict[str, list[Any]], now: datetime | None = None) -> dict[str, int]:
         """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
         query, params = insert_many_params(columns, now)
-        rows = self._run(query, params)
+        rows = self._run_enqueue(query, params)
         return {row["event_id"]: int(row["id"]) for row in rows}
 
     def copy_new(self, rows: Iterable[NewRow], count: int) -> list[int] | None:
@@ -164,7 +181,7 @@ class EnqueueStatements(TableStatements):
             if isinstance(exc, psycopg.errors.UndefinedTable):
                 raise unknown_table(self.table_name) from None
             raise
-        self.conn.execute(table_query("outbox_copy_release", self.table_name))
+        self.conn.execute(table_query("outbox_copy_release", self.table_name), prepare=self.enqueue_prepare)
         return ids
 
     def _undo_copy(self) -> None:
@@ -172,9 +189,9 @@ class EnqueueStatements(TableStatements):
         never made (the transaction had failed before, the connection is gone) this fails too, and the
         error that brought us here is the one to report."""
         with suppress(psycopg.Error):
-            self.conn.execute(table_query("outbox_copy_undo", self.table_name))
+            self.conn.execute(table_query("outbox_copy_undo", self.table_name), prepare=self.enqueue_prepare)
 
     def find_by_event_ids(self, event_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
         """(id, payload_sha) of the stored rows with these event ids, by event_id."""
-        rows = self._run("outbox_find_by_event_ids", {"event_ids": list(event_ids)})
+        rows = self._run_enqueue("outbox_find_by_event_ids", {"event_ids": list(event_ids)})
         return {row["event_id"]: (int(row["id"]), row["payload_sha"]) for row in rows}

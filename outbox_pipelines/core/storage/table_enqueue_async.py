@@ -33,11 +33,16 @@ def _ordered(params: tuple[Any, ...] | dict[str, Any], order: tuple[str, ...] | 
 
 
 async def _rows(
-    target: AsyncTarget, query: str, table_name: str, params: tuple[Any, ...] | dict[str, Any]
+    target: AsyncTarget,
+    query: str,
+    table_name: str,
+    params: tuple[Any, ...] | dict[str, Any],
+    prepare: bool | None = None,
 ) -> Sequence[Sequence[Any]]:
+    """The statement's rows; ``prepare``: psycopg's, False behind a transaction pooler (core/enqueue_guard.py)."""
     try:
         if target.driver == "psycopg":
-            return await _psycopg_rows(target.conn, table_query(query, table_name), params)
+            return await _psycopg_rows(target.conn, table_query(query, table_name), params, prepare)
         statement, order = numbered_table_query(query, table_name)
         args = _ordered(params, order)
         if target.driver == "asyncpg":
@@ -51,41 +56,47 @@ async def _rows(
 
 
 async def _psycopg_rows(
-    conn: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any], statement: str, params: Any
+    conn: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any], statement: str, params: Any, prepare: bool | None
 ) -> list[Any]:
     if type(conn) in _STATEMENT_CURSORS:  # the application's own cursor, left making its own rows
         cursor: Any = conn
         row_factory = cursor.row_factory
         cursor.row_factory = tuple_row
         try:
-            await cursor.execute(statement, params)
+            await cursor.execute(statement, params, prepare=prepare)
             return await cursor.fetchall()  # type: ignore[no-any-return]
         finally:
             cursor.row_factory = row_factory
     pg = conn if isinstance(conn, psycopg.AsyncConnection) else conn.connection
     async with pg.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(statement, params)
+        await cur.execute(statement, params, prepare=prepare)
         return await cur.fetchall()
 
 
-async def insert_row_async(target: AsyncTarget, table_name: str, row: NewRow, now: datetime | None) -> int | None:
+async def insert_row_async(
+    target: AsyncTarget, table_name: str, row: NewRow, now: datetime | None, prepare: bool | None = None
+) -> int | None:
     """``table_enqueue.insert_row`` on an asyncio connection: the new row's id, or None if its event_id exists."""
     query, params = insert_row_params(row, now)
-    found = await _rows(target, query, table_name, params)
+    found = await _rows(target, query, table_name, params, prepare)
     return int(found[0][0]) if found else None
 
 
 async def insert_many_async(
-    target: AsyncTarget, table_name: str, columns: dict[str, list[Any]], now: datetime | None
+    target: AsyncTarget,
+    table_name: str,
+    columns: dict[str, list[Any]],
+    now: datetime | None,
+    prepare: bool | None = None,
 ) -> dict[str, int]:
     """``EnqueueStatements.insert_many`` on an asyncio connection: the new ids by event_id."""
     query, params = insert_many_params(columns, now)
-    return {event_id: int(row_id) for row_id, event_id in await _rows(target, query, table_name, params)}
+    return {event_id: int(row_id) for row_id, event_id in await _rows(target, query, table_name, params, prepare)}
 
 
 async def find_by_event_ids_async(
-    target: AsyncTarget, table_name: str, event_ids: Sequence[str]
+    target: AsyncTarget, table_name: str, event_ids: Sequence[str], prepare: bool | None = None
 ) -> dict[str, tuple[int, str]]:
     """(id, payload_sha) of the stored rows with these event ids, by event_id."""
-    rows = await _rows(target, "outbox_find_by_event_ids", table_name, {"event_ids": list(event_ids)})
+    rows = await _rows(target, "outbox_find_by_event_ids", table_name, {"event_ids": list(event_ids)}, prepare)
     return {event_id: (int(row_id), sha) for row_id, event_id, sha in rows}
