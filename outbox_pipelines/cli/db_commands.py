@@ -21,7 +21,12 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = settings_of(args)  # before connecting: a declaration that cannot be read changes nothing
     url = database_url()
     if args.dry_run or args.sql:
-        return _show_plan(upgrade.plan_project(url, settings), settings.project, as_sql=args.sql)
+        plan = upgrade.plan_project(url, settings, contract=args.contract)
+        return _show_plan(plan, settings.project, as_sql=args.sql)
+    if args.contract:
+        applied = upgrade.contract_project(url, settings, said=say)
+        print("\n".join(f"applied {name}" for name in applied) or "nothing to contract: already done")
+        return EXIT_OK
     report = upgrade.upgrade_project(url, settings, said=say)
     for name in report.applied:
         print(f"applied {name}")
@@ -49,7 +54,11 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
     if not plan.migrations and not plan.new_tables:
         print("database is up to date: nothing would be done")
     for migration in plan.migrations:
-        print(f"-- would apply {migration.name} (in one transaction)\n{migration.sql.strip()}\n")
+        if migration.version in plan.steps:
+            statements = "\n".join(plan.steps[migration.version]) or "-- (no step: nothing to do on this database)"
+            print(f"-- would apply {migration.name} (outside a transaction: each statement on its own)\n{statements}\n")
+        else:
+            print(f"-- would apply {migration.name} (in one transaction)\n{migration.sql.strip()}\n")
     for name in plan.new_tables:
         print(f"would create outbox table {name} (owned by {project})")
     if plan.migrations or plan.new_tables:
@@ -67,7 +76,7 @@ def cmd_db_status(args: argparse.Namespace) -> int:
     engine = [name for name in applied if "/" not in name]
     print(f"server: PostgreSQL {server}")
     print(f"schema: {engine[-1] if engine else 'none'} applied; this version needs {migrate.needed_version()}")
-    if parts := [name for name in applied if "/" in name]:
+    if parts := [name for name in applied if "/" in name and not name.startswith("contract/")]:
         print(f"parts: {', '.join(parts)}")
     drift = migrate.invalid_indexes(url)
     for index, table in drift:
@@ -79,6 +88,10 @@ def cmd_db_status(args: argparse.Namespace) -> int:
         print(f"pending: {', '.join(pending)} (outbox-pipelines db upgrade --dry-run shows their SQL)")
     else:
         print("pending: none")
+    if not pending and (contract := [m.name for m in migrate.pending_contract_steps(url)]):
+        print(
+            f"contract: {', '.join(contract)} not applied (when every relay runs this version: db upgrade --contract)"
+        )
     return EXIT_FAILED if pending or drift else EXIT_OK
 
 

@@ -116,10 +116,16 @@ def add_db_commands(sub: Any) -> None:
         "outbox.toml), then create every table it declares and record this project as their owner. Nothing "
         "else is created: no table of a part the project did not declare. A declared table another project "
         "owns is named with its owner (exit 1); 'db hand-over' moves a table between projects. Each migration "
-        "waits for a lock at most OUTBOX_MIGRATION_LOCK_TIMEOUT_MS (1000) at a time, then lets the application's "
+        "waits for a lock at most OUTBOX_MIGRATION_LOCK_TIMEOUT_MS (500) at a time, then lets the application's "
         "writes through and tries again.",
     )
     p.add_argument("--dry-run", action="store_true", help="list the pending steps and their SQL; change nothing")
+    p.add_argument(
+        "--contract",
+        action="store_true",
+        help="the contract steps instead: drop what only the previous version used (an old claim index); run it once "
+        "every relay and producer runs this version (refused while a relay started before the upgrade still runs)",
+    )
     p.add_argument(
         "--sql", action="store_true", help="print the pending steps as one SQL script for your own migration tool"
     )

@@ -2,7 +2,6 @@
 
 import multiprocessing
 import shutil
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -11,15 +10,7 @@ from outbox_pipelines.core.errors import InvalidTableName, MigrationError
 from outbox_pipelines.core.names import RESERVED_TABLE_NAMES
 from outbox_pipelines.core.storage import migrate, schema
 from outbox_pipelines.core.storage.queries import sql_dir
-
-
-@pytest.fixture
-def empty_db(pg_server):
-    name = f"{pg_server.prefix}_empty_{id(object())}"
-    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.url_for(name)
-    pg_server.drop_database(name)
+from outbox_pipelines_tests.core.earlier_versions import CHANGED_FOR_PARTS, migrations_before_parts
 
 
 def _tables(url: str) -> set[str]:
@@ -83,22 +74,6 @@ def test_a_failing_migration_rolls_back_and_says_which(empty_db, tmp_path):
         assert conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0] == len(migrate.discover())
 
 
-# The engine files that changed when the order product and the examples became parts, as they were before: with
-# today's other files up to 0012, what every database migrated by then ran (their tables included).
-CHANGED_FOR_PARTS = Path(__file__).resolve().parents[1] / "fixtures" / "migrations_0_1"
-
-
-def _before_parts(tmp_path, last: str = "0012") -> Path:
-    """The migrations of the version before parts, up to and including ``last``, in a directory of their own."""
-    folder = tmp_path / f"before_parts_to_{last}"
-    folder.mkdir()
-    for migration in migrate.discover():
-        if migration.version <= last:
-            earlier = CHANGED_FOR_PARTS / migration.name
-            shutil.copy(earlier if earlier.is_file() else migration.path, folder / migration.name)
-    return folder
-
-
 def test_the_earlier_text_of_each_changed_file_is_the_one_databases_recorded():
     """The fixture holds exactly the files migrate.EARLIER_CHECKSUMS accepts, with those checksums."""
     earlier = {m.version: m.checksum for m in migrate.discover(CHANGED_FOR_PARTS)}
@@ -107,13 +82,13 @@ def test_the_earlier_text_of_each_changed_file_is_the_one_databases_recorded():
 
 def _upgrade_to(url: str, tmp_path, last: str) -> None:
     """Apply the migrations of the version before parts up to and including ``last`` (what it left)."""
-    migrate.upgrade(url, _before_parts(tmp_path, last))
+    migrate.upgrade(url, migrations_before_parts(tmp_path, last))
 
 
 def test_a_database_migrated_before_parts_keeps_their_tables_and_rows(empty_db, tmp_path):
     """A database migrated when every database got the demo's tables: upgrading it (a project declaring no part)
     accepts the engine files that changed since, drops nothing, and declaring the parts later adds no copy."""
-    migrate.upgrade(empty_db, _before_parts(tmp_path))
+    migrate.upgrade(empty_db, migrations_before_parts(tmp_path))
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('e-1', 't', '{}', 's')")
         conn.execute("INSERT INTO idempo_ledger (idempotency_key, request_digest, event_id) VALUES ('k', 'd', 'o-1')")
@@ -170,7 +145,7 @@ def test_part_tables_have_the_shape_the_engine_migrations_gave_them(empty_db, pg
         conn.execute(f'CREATE DATABASE "{old_name}"')
     try:
         old_url = pg_server.url_for(old_name)
-        migrate.upgrade(old_url, _before_parts(tmp_path))
+        migrate.upgrade(old_url, migrations_before_parts(tmp_path))
         migrate.upgrade(old_url)
         migrate.upgrade(empty_db, parts=["orders", "examples"])
         assert _shape(empty_db) == _shape(old_url)

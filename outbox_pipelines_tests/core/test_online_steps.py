@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from outbox_pipelines.core.storage import migrate
-from outbox_pipelines.core.storage.online_steps import NO_TRANSACTION, blocking_statements
+from outbox_pipelines.core.storage.online_steps import NO_TRANSACTION, blocking_statements, parsed
 from outbox_pipelines.core.storage.queries import sql_dir
 from outbox_pipelines_tests.conftest import run_cli
 
@@ -73,7 +73,8 @@ def test_a_concurrent_build_runs_outside_a_transaction_and_rebuilds_an_index_lef
     )
     assert migrate.upgrade(db_url, migrations) == ["0099_drill_index.sql"]
     assert _valid(conn, "drill_by_topic") is True
-    script = migrate.as_sql_script(migrate.discover(migrations)[-1:], 1.0)
+    last = migrate.discover(migrations)[-1:]
+    script = migrate.as_sql_script(last, 1.0, migrate.concrete_steps(db_url, last))
     assert "(outside a transaction: each statement on its own)" in script and "BEGIN;" not in script
 
 
@@ -97,3 +98,37 @@ def test_db_status_names_an_index_an_interrupted_build_left_invalid(cli_env, con
     assert drifted.returncode == 1
     assert "drift: index drill_by_topic on outbox_events is INVALID" in drifted.stdout
     assert "REINDEX INDEX CONCURRENTLY drill_by_topic" in drifted.stdout
+
+
+def test_a_function_body_and_a_generating_query_are_each_one_statement():
+    text = (
+        f"{NO_TRANSACTION}\n"
+        "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\nBEGIN\n    RETURN 1;\nEND\n$$;\n"
+        "-- outbox: run each statement this query returns\n"
+        "SELECT format('DROP INDEX CONCURRENTLY IF EXISTS %I', 'x');\n"
+        "SELECT 2;\n"
+    )
+    found = parsed(text)
+    assert [s.generates for s in found] == [False, True, False]
+    assert found[0].text.endswith("END\n$$;") and "RETURN 1;" in found[0].text
+
+
+def test_a_generating_query_runs_one_step_per_row_it_returns(db_url, conn, tmp_path):
+    """One concurrent build per outbox table the database has, whatever they are; each shown by --dry-run."""
+    conn.execute("SELECT outbox_create_table('billing_outbox')")
+    migrations = tmp_path / "migrations"
+    shutil.copytree(sql_dir() / "migrations", migrations)
+    (migrations / "0099_per_table.sql").write_text(
+        f"{NO_TRANSACTION}\n-- outbox: run each statement this query returns\n"
+        "SELECT format('CREATE INDEX CONCURRENTLY IF NOT EXISTS %I ON %I (topic)', table_name || '_by_topic',\n"
+        "              table_name)\n"
+        "FROM (SELECT c.relname::text AS table_name FROM pg_class AS c JOIN pg_trigger AS t ON t.tgrelid = c.oid\n"
+        "      WHERE t.tgname = 'outbox_notify_insert') AS outbox_table ORDER BY 1;\n"
+    )
+    last = migrate.discover(migrations)[-1:]
+    steps = migrate.concrete_steps(db_url, last)["0099"]
+    assert "CREATE INDEX CONCURRENTLY IF NOT EXISTS billing_outbox_by_topic ON billing_outbox (topic);" in steps
+    assert len(steps) == len(conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_notify_insert'").fetchall())
+    assert migrate.upgrade(db_url, migrations) == ["0099_per_table.sql"]
+    assert _valid(conn, "billing_outbox_by_topic") is True
+    assert _valid(conn, "outbox_events_by_topic") is True

@@ -16,8 +16,9 @@ CREATE DATABASE {database}
 CREATE SCHEMA IF NOT EXISTS dagster
 
 -- name: outbox_schema_migrations_lock
--- A session lock serialises concurrent upgrades; the loser sees the winner's rows.
-SELECT pg_advisory_lock(%(key)s)
+-- A session lock serialises concurrent upgrades; the loser sees the winner's rows. Tried, never waited for in a
+-- statement: a session waiting in one holds a snapshot, which the winner's concurrent index builds wait for.
+SELECT pg_try_advisory_lock(%(key)s) AS locked
 
 -- name: outbox_schema_migrations_unlock
 SELECT pg_advisory_unlock(%(key)s)
@@ -80,3 +81,18 @@ JOIN pg_class AS c ON c.oid = i.indexrelid
 JOIN pg_class AS t ON t.oid = i.indrelid
 WHERE c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid
 ORDER BY 1
+
+-- name: relays_started_before_the_schema
+-- Live relays started before the newest engine migration was applied: they may run the previous version's code,
+-- which a contract step (`db upgrade --contract`) would slow down or break.
+SELECT w.worker, w.table_name, w.host, w.pid, w.started_at
+FROM outbox_relay_workers AS w
+WHERE w.stopped_at IS NULL
+  AND w.heartbeat_at > now() - interval '2 minutes'
+  AND w.started_at < (SELECT max(m.applied_at) FROM outbox_schema_migrations AS m WHERE m.version !~ '/')
+ORDER BY w.started_at
+
+-- name: migration_session_set
+-- A killed `db upgrade` leaves no backend behind: the server checks every second that its client is still there,
+-- also while a statement waits for a lock or for older transactions (a concurrent build), and ends it if not.
+SET client_connection_check_interval = 1000

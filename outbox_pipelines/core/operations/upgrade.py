@@ -67,11 +67,12 @@ class UpgradePlan:
 
     migrations: list[migrate.Migration]
     new_tables: dict[str, bool]  # declared tables not in the database yet -> with the dedup index
+    steps: dict[str, list[str]] = field(default_factory=dict)  # a no-transaction migration's statements, here
 
     def as_sql(self, project: str, lock_timeout_s: float) -> str:
         """One script for a team's own migration tool (Alembic, Flyway, Django): the migrations as ``upgrade``
         runs and records them, then the new tables and their owner. Table names are validated names."""
-        lines = [migrate.as_sql_script(self.migrations, lock_timeout_s)] if self.migrations else []
+        lines = [migrate.as_sql_script(self.migrations, lock_timeout_s, self.steps)] if self.migrations else []
         for name, dedup in self.new_tables.items():
             lines.append(f"SELECT outbox_create_table('{name}', with_dedup_index => {str(dedup).lower()});")
             lines.append(
@@ -86,8 +87,19 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def plan_project(url: str, settings: Settings) -> UpgradePlan:
+def plan_project(url: str, settings: Settings, *, contract: bool = False) -> UpgradePlan:
+    """What ``upgrade_project`` (or, ``contract``, ``contract_project``) would do now; nothing is changed."""
+    if contract:
+        steps = migrate.pending_contract_steps(url)
+        return UpgradePlan(steps, {}, migrate.concrete_steps(url, steps))
     declared = declared_tables(settings)
     pending = migrate.pending_migrations(url, parts=settings.parts)
     existing = set(schema.list_tables(url)) if declared and not any(m.version == "0001" for m in pending) else set()
-    return UpgradePlan(pending, {name: dedup for name, dedup in sorted(declared.items()) if name not in existing})
+    new_tables = {name: dedup for name, dedup in sorted(declared.items()) if name not in existing}
+    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending))
+
+
+def contract_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> list[str]:
+    """``db upgrade --contract``: the contract steps (what the previous version still used), once the expand is
+    applied and no relay that started before it runs; the names applied now."""
+    return migrate.upgrade(url, parts=settings.parts, waits=LockWaits.from_env(said=said), contract=True)

@@ -15,7 +15,7 @@
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from psycopg.rows import dict_row
@@ -26,7 +26,7 @@ from outbox_pipelines.core.storage.queries import shared_query
 
 SUPPORTED = (14, 18)  # the oldest and newest PostgreSQL majors CI runs on
 LOCK_TIMEOUT_ENV = "OUTBOX_MIGRATION_LOCK_TIMEOUT_MS"
-LOCK_TIMEOUT_S = 1.0
+LOCK_TIMEOUT_S = 0.5  # a writer queued behind a DDL statement waits at most this
 # Backoff between tries of a migration that met a lock: 0.5 s doubling to 10 s, for up to about 10 minutes.
 FIRST_BACKOFF_S, MAX_BACKOFF_S, GIVE_UP_AFTER_S = 0.5, 10.0, 600.0
 
@@ -50,6 +50,11 @@ class LockWaits:
         if timeout_s <= 0:
             raise MigrationError(f"{LOCK_TIMEOUT_ENV} must be more than 0 (milliseconds)")
         return cls(lock_timeout_s=timeout_s, said=said)
+
+    def for_concurrent(self) -> "LockWaits":
+        """A concurrent index build or drop waits for the transactions older than it while the application's
+        writes go on (its lock conflicts with no write): it may wait as long as the whole upgrade would."""
+        return replace(self, lock_timeout_s=self.give_up_after_s)
 
 
 def check_server_version(server_version_num: int) -> None:

