@@ -33,7 +33,7 @@ COMPOSE = DEPLOY / "docker-compose.yaml"
 HELM_VALUES = DEPLOY / "helm" / "values.yaml"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
-ALWAYS_ON = {"postgres", "code-server", "webserver", "daemon", "order-api"}
+ALWAYS_ON = {"postgres", "migrate", "code-server", "webserver", "daemon", "order-api"}
 RELAY_PROFILE = "relays"
 # What the official postgres image reads; every other service gets only variables the package reads.
 POSTGRES_IMAGE_VARIABLES = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
