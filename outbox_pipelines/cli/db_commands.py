@@ -11,7 +11,7 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, UsageError, say
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.storage import db, migrate, roles, schema, table_owners
+from outbox_pipelines.core.storage import db, migrate, roles, schema, schema_drift, table_owners
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgrade' first"
@@ -67,8 +67,8 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
 
 
 def cmd_db_status(args: argparse.Namespace) -> int:
-    """The schema against what this version needs: applied, pending, INVALID indexes (exit 1 while there is any
-    of these), the server."""
+    """The schema against what this version needs: applied, pending, drift (missing or INVALID indexes, changed
+    functions, missing grants: core/storage/schema_drift.py; exit 1 while there is any of these), the server."""
     settings = settings_of(args)
     url = database_url()
     server, applied = migrate.applied(url)
@@ -78,12 +78,10 @@ def cmd_db_status(args: argparse.Namespace) -> int:
     print(f"schema: {engine[-1] if engine else 'none'} applied; this version needs {migrate.needed_version()}")
     if parts := [name for name in applied if "/" in name and not name.startswith("contract/")]:
         print(f"parts: {', '.join(parts)}")
-    drift = migrate.invalid_indexes(url)
-    for index, table in drift:
-        print(
-            f"drift: index {index} on {table} is INVALID (an interrupted concurrent build; it is never used): "
-            f"REINDEX INDEX CONCURRENTLY {index}"
-        )
+    with db.connect(url) as conn:
+        drift = schema_drift.find_drift(conn, sorted(upgrade.declared_tables(settings)), settings.parts)
+    for found in drift:
+        print(f"drift: {found.sentence}")
     if pending:
         print(f"pending: {', '.join(pending)} (outbox-pipelines db upgrade --dry-run shows their SQL)")
     else:

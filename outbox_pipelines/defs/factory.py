@@ -27,6 +27,7 @@ from outbox_pipelines.defs.relay_group import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines.defs.schedules import backlog_sensor, maintenance_schedules, relay_schedules
+from outbox_pipelines.defs.schema_checks import schema_checks
 from outbox_pipelines.defs.skip import skip_jobs
 
 # Set by `dg check defs` and `dagster definitions validate` while they load the code location (Dagster's own).
@@ -94,6 +95,8 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
     jobs = relay_jobs(groups) + maintenance_jobs() + replay_jobs() + skip_jobs() + backfill_jobs()
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(tables)
+    schema_assets, schema_asset_checks = schema_checks()  # the database schema's version and drift
+    assets, checks = assets + schema_assets, checks + schema_asset_checks
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,

@@ -62,19 +62,5 @@ BEGIN
 END
 $$;
 
-DO $$
-DECLARE
-    t record;
-BEGIN
-    FOR t IN
-        SELECT c.relname AS name
-        FROM pg_class AS c
-        JOIN pg_namespace AS n ON n.oid = c.relnamespace
-        WHERE c.relkind = 'r' AND n.nspname = current_schema()
-          AND EXISTS (SELECT 1 FROM pg_trigger AS tg WHERE tg.tgrelid = c.oid AND tg.tgname = 'outbox_notify_insert')
-    LOOP
-        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (tenant_id, published_at, id) WHERE tenant_id IS NOT NULL',
-                       outbox_index_name(t.name, 'by_tenant'), t.name);
-    END LOOP;
-END
-$$;
+-- The tables that exist get their index by tenant in 0016, built concurrently: here, in this transaction, each
+-- build held every write to its table for as long as it took.

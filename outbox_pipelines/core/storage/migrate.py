@@ -38,14 +38,15 @@ MIGRATION_LOCK_KEY = 0x0B0C5_0001
 UPGRADE_APPLICATION_NAME = "outbox-pipelines db upgrade"  # what pg_stat_activity shows for its session
 
 # Engine migrations whose text changed once, on purpose, with what a database migrated before recorded: before 0.1.0
-# the example tables and the order product's moved to opt-in parts (sql/parts/), and 0010 and 0012 stopped holding
-# the application's writes (their table work runs concurrently, in 0014 and in 0012's own steps). A database that
+# the example tables and the order product's moved to opt-in parts (sql/parts/), and 0006, 0010 and 0012 stopped holding
+# the application's writes (their table work runs concurrently, in 0016, 0014 and 0012's own steps). A database that
 # ran the earlier text has what it made; the new text is for those that have not. Any other edit is refused.
 EARLIER_CHECKSUMS = {
     "0001": "3f90194588d94adaa82e00046b2a60a754694c7918076fa495de19548b6eb5e6",
     "0002": "9563da46e95bbc5e2eef355510dd2abe5b732f0f6cac73b9be28f27e0d496c7b",
     "0003": "6c48cdb41c18474b3d464ce1ccdbd0fe56517941b6966d4cccb0bd8424b9ae0c",
     "0005": "8032bbc459a7dab66c82e55f1daec31e28b6102025db1cd79c6b908e6e913988",
+    "0006": "e762c6e1f91da7467d789a40c05b0ec932b4e9cf57fd2cac89e3fdb8fe903c47",
     "0007": "2b520d03f5b7081d84d68297740cca15a21ac831b582ea9d96ec1da150c7cd80",
     "0010": "ceb4a8441b09c86e48d8604352b5297a4b4e6a2521e07d17e927d8be653a94a9",
     "0012": "6044a5154b2aadf7e9554955753ea4afa41a74ad95eb8600680eaa4b93b570df",
