@@ -236,3 +236,32 @@ def test_an_upgrade_killed_at_a_step_leaves_nothing_waiting_and_the_rerun_comple
         assert migrate.pending(empty_db) == []
         watch.execute("SELECT outbox_create_table('fresh_events')")
         assert _indexes(watch, "fresh_events") <= _indexes(watch, "outbox_events")
+
+
+def test_an_upgrade_killed_again_and_again_completes_when_let_run(empty_db, cli_env, tmp_path):
+    """SIGKILL at moments spread over the whole upgrade (from before 0006's text to today's), each after the last
+    kill's rerun got further: whatever step each one hit, the final run completes with nothing INVALID."""
+    _previous_version(empty_db, tmp_path, at="0005")
+    env = {**cli_env, "OUTBOX_DATABASE_URL": empty_db}
+    kills = 0
+    with psycopg.connect(empty_db, autocommit=True) as watch:
+        for after_s in (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6, 2.0):
+            upgrading = subprocess.Popen(
+                [*CLI, "db", "upgrade"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            try:
+                upgrading.wait(after_s)
+            except subprocess.TimeoutExpired:
+                os.kill(upgrading.pid, signal.SIGKILL)
+                upgrading.wait(10)
+                kills += 1
+                assert _wait_for(lambda: not _upgrade_backends(watch), 5.0), _upgrade_backends(watch)
+            if not migrate.pending(empty_db):
+                break
+        final = run_cli(env, "db", "upgrade", timeout=120)
+        assert final.returncode == 0, final.stderr
+        print(f"killed {kills} times")
+        assert kills >= 2, "the upgrade finished before it could be killed: load more rows"
+        assert _invalid(watch) == [] and migrate.pending(empty_db) == []
+        watch.execute("SELECT outbox_create_table('fresh_events')")
+        assert _indexes(watch, "fresh_events") <= _indexes(watch, "outbox_events")
