@@ -210,7 +210,12 @@ def test_a_relay_on_a_schema_older_than_its_code_refuses_with_one_message(empty_
     assert run_cli(_env(empty_db), "db", "upgrade", cwd=billing).returncode == 0
     with psycopg.connect(empty_db, autocommit=True) as conn:  # the schema as the previous version left it
         conn.execute("DELETE FROM outbox_schema_migrations WHERE version > '0012' AND version !~ '/'")
-    for command in (["relay", "--table", "billing_outbox", "--once"], ["relay", "--group", "default", "--once"]):
+    for command in (
+        ["relay", "--table", "billing_outbox", "--once"],
+        ["relay", "--group", "default", "--once"],
+        ["status"],
+        ["requeue-stuck"],
+    ):
         refused = run_cli(_env(empty_db), *command, cwd=billing)
         assert refused.returncode == 1, refused.stderr
         assert f"the database schema is at 0012, this version needs {migrate.needed_version()}" in refused.stderr

@@ -19,7 +19,7 @@ NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgra
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = settings_of(args)  # before connecting: a declaration that cannot be read changes nothing
-    url = database_url()
+    url = database_url(schema_checked=False)
     if args.dry_run or args.sql:
         plan = upgrade.plan_project(url, settings, contract=args.contract)
         return _show_plan(plan, settings.project, as_sql=args.sql)
@@ -70,7 +70,7 @@ def cmd_db_status(args: argparse.Namespace) -> int:
     """The schema against what this version needs: applied, pending, drift (missing or INVALID indexes, changed
     functions, missing grants: core/storage/schema_drift.py; exit 1 while there is any of these), the server."""
     settings = settings_of(args)
-    url = database_url()
+    url = database_url(schema_checked=False)
     server, applied = migrate.applied(url)
     pending = migrate.pending(url, parts=settings.parts)
     engine = [name for name in applied if "/" not in name]
@@ -98,7 +98,7 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.name))
     for name in names:  # every name checked before any table is created
         validate_table_name(name)
-    url = database_url()
+    url = database_url(schema_checked=False)
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
     refused = 0
@@ -126,7 +126,7 @@ def cmd_db_hand_over(args: argparse.Namespace) -> int:
     """Make this project the owner of a table another project owns: the deliberate hand-over."""
     validate_table_name(args.table)
     settings = settings_of(args)
-    url = database_url()
+    url = database_url(schema_checked=False)
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
     with db.connect(url) as conn:
@@ -155,7 +155,7 @@ def cmd_db_hand_over(args: argparse.Namespace) -> int:
 
 def cmd_db_grant(args: argparse.Namespace) -> int:
     settings_of(args)  # the parts the project declares: their tables' rights and roles are granted too
-    url = database_url()
+    url = database_url(schema_checked=False)
     if migrate.pending(url):
         raise UsageError(NOT_MIGRATED)
     try:
@@ -193,7 +193,7 @@ def cmd_db_grant(args: argparse.Namespace) -> int:
 
 
 def cmd_db_url(args: argparse.Namespace) -> int:
-    url = database_url()
+    url = database_url(schema_checked=False)
     print(url if args.show_password else db.mask_password(url))
     return EXIT_OK
 

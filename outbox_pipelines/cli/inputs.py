@@ -7,11 +7,16 @@ import sys
 
 from outbox_pipelines.cli.output import EXIT_OK, EXIT_USAGE, say
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
-from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage import db, migrate
 
 
-def database_url() -> str:
-    return db.resolve_database(announce=True).url
+def database_url(*, schema_checked: bool = True) -> str:
+    """The database the command works on; unless ``schema_checked`` is False (the ``db`` commands, which look at or
+    change the schema), refused with one message when its schema is older than this code needs."""
+    url = db.resolve_database(announce=True).url
+    if schema_checked:
+        migrate.require_current_schema(url)
+    return url
 
 
 def settings_of(args: argparse.Namespace) -> Settings:

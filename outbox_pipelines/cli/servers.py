@@ -39,7 +39,7 @@ def cmd_order_api(args: argparse.Namespace) -> int:
             f'({settings.source or "no outbox.toml"}): add parts = ["{ORDERS_PART}"] to outbox.toml '
             "(its outbox_orders table is then relayed too) and run it again"
         )
-    url = database_url()
+    url = database_url(schema_checked=False)  # checked below, after --upgrade
     prepare(url, args.host, allow_anonymous=args.allow_anonymous)  # a refused start touches nothing
     if args.upgrade:  # the deployment asked for it (upgrading at every start is not done silently)
         applied = upgrade.upgrade_project(url, settings, said=say).applied

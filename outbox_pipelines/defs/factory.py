@@ -95,8 +95,9 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
     jobs = relay_jobs(groups) + maintenance_jobs() + replay_jobs() + skip_jobs() + backfill_jobs()
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(tables)
-    schema_assets, schema_asset_checks = schema_checks()  # the database schema's version and drift
-    assets, checks = assets + schema_assets, checks + schema_asset_checks
+    if tables:  # the database schema's version and drift, once the project declares an outbox table
+        schema_assets, schema_asset_checks = schema_checks()
+        assets, checks = assets + schema_assets, checks + schema_asset_checks
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
