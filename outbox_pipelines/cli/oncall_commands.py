@@ -11,6 +11,7 @@ from outbox_pipelines.cli.inputs import chosen_tables, database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fmt_seconds, say, shell_prefix
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
+from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
 from outbox_pipelines.core.oncall.table_status import undeclared_tables
 from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
@@ -43,8 +44,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 missing.append(table.name)
         if not args.table:
             undeclared = undeclared_tables(conn, [*settings.tables, *settings.broken], settings.project)
+        vacuum = vacuum_verdicts(conn, settings, [r.table for r in reports]) if reports and not args.json else {}
     tables = [t for t in chosen if t.name not in missing]
     print_status(args, reports, tables)
+    if vacuum:  # the database side (core/oncall/database_health.py)
+        print("\nvacuum (dead tuples, size, what holds vacuum back):")
+        print("\n".join(f"  {v.severity.upper():<5} {v.description}" for v in vacuum.values()))
     if undeclared and not args.json:
         say_undeclared(undeclared)
     if missing:

@@ -55,12 +55,13 @@ def cmd_clean(args: argparse.Namespace) -> int:
     whose = f" of tenant {args.tenant}" if args.tenant else ""
     for outcome in report.tables:
         older = f"older than {fmt_seconds(outcome.retention_s)}"
-        print(f"{outcome.table}: {outcome.skipped or f'deleted {outcome.deleted_sent} sent rows{whose} {older}'}")
+        dead = f", {outcome.deleted_dead} dead rows past their retention" if outcome.deleted_dead else ""
+        print(f"{outcome.table}: {outcome.skipped or f'deleted {outcome.deleted_sent} sent rows{whose} {older}{dead}'}")
     if report.shared is None:
         print(f"{', '.join(shared_tables_cleaned())}: {SHARED_NOT_DUE}")
     else:
         lines = [f"{table}: deleted {n} expired rows" for table, n in report.shared.deleted_expired.items()]
-        lines += [f"outbox_audit: deleted {report.shared.deleted_audit} old rows"] if args.audit_retention else []
+        lines += [f"outbox_audit: deleted {report.shared.deleted_audit} old rows"]
         print("; ".join(lines))
     return EXIT_OK
 

@@ -286,12 +286,14 @@ def add_maintenance_commands(sub: Any) -> None:
         "--threshold", type=duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)"
     )
 
-    p = add("clean", cmd_clean, "delete sent rows older than the retention, and expired ledger rows")
+    p = add("clean", cmd_clean, "delete sent, dead and audit rows past their retention, and expired ledger rows")
     p.add_argument("--table", action="append", help="only this table (repeatable)")
     p.add_argument(
         "--retention", type=duration, help="keep sent rows this long (default OUTBOX_CLEANER_RETENTION, 168h)"
     )
-    p.add_argument("--audit-retention", type=duration, help="also delete audit rows older than this")
+    p.add_argument(
+        "--audit-retention", type=duration, help="keep audit rows this long (default OUTBOX_AUDIT_RETENTION, 30d)"
+    )
     p.add_argument("--tenant", help="only this tenant's sent rows (expired ledger rows are cleaned regardless)")
     p.add_argument(
         "--force",

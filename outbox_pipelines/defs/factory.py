@@ -22,6 +22,7 @@ from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
+from outbox_pipelines.defs.database_checks import database_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
 from outbox_pipelines.defs.relay_group import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
@@ -100,7 +101,7 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
         assets, checks = assets + schema_assets, checks + schema_asset_checks
     return dg.Definitions(
         assets=assets,
-        asset_checks=checks,
+        asset_checks=checks + database_checks(tables),
         jobs=[*jobs, CHECKS_JOB],
         schedules=relay_schedules(groups, by_name) + maintenance_schedules(by_name),
         sensors=[

@@ -30,7 +30,16 @@ class CleanConfig(TablesConfig):
             "dedup horizon is refused unless force."
         ),
     )
-    audit_retention: str | None = Field(default=None, description="Also delete audit rows older than this.")
+    audit_retention: str | None = Field(
+        default=None, description="Keep audit rows this long, e.g. 30d (default: OUTBOX_AUDIT_RETENTION, 30d)."
+    )
+    dead_retention: str | None = Field(
+        default=None,
+        description=(
+            "Keep dead rows this long, e.g. 30d (default: OUTBOX_CLEANER_DEAD_RETENTION, 30d); a dead row that "
+            "parks its ordering key is always kept."
+        ),
+    )
     tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
     force: bool = Field(
         default=False,
@@ -75,7 +84,7 @@ def requeue_stuck_op(
 
 @dg.op(out=dg.Out(dg.Nothing))
 def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
-    """Delete sent rows older than the retention, expired ledger rows, and optionally old audit rows.
+    """Delete sent rows older than the retention, dead rows and audit rows older than theirs, expired ledger rows.
 
     The run's rules (which tables, the retention check before any delete, force, the shared tables) are the
     core's ``clean_tables``, the CLI's ``clean`` too; this logs its report and yields its figures.
@@ -83,12 +92,14 @@ def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Out
     tables = _chosen_tables(outbox_db, config.tables)
     retention = _duration(config.retention, "retention")
     audit_retention = _duration(config.audit_retention, "audit_retention")
+    dead_retention = _duration(config.dead_retention, "dead_retention")
     try:
         report = clean_tables(
             outbox_db.database_url,
             tables,
             retention_s=retention,
             audit_retention_s=audit_retention,
+            dead_retention_s=dead_retention,
             force=config.force,
             tenant_id=config.tenant_id,
             progress=context.log.info,
@@ -106,14 +117,15 @@ def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Out
         context.log.info(f"{', '.join(shared_tables_cleaned())}: {SHARED_NOT_DUE}")
     else:
         expired, audit = report.shared.deleted_expired, report.shared.deleted_audit
-    changed = report.deleted_sent_by_table
-    context.log.info(f"deleted sent rows {changed}, expired rows {expired}, audit rows {audit}")
+    changed, dead = report.deleted_sent_by_table, report.deleted_dead_by_table
+    context.log.info(f"deleted sent rows {changed}, dead rows {dead}, expired rows {expired}, audit rows {audit}")
     yield dg.Output(
         None,
         metadata=metadata_values(
             {
                 "deleted_sent_by_table": changed,
                 "deleted_sent_total": report.deleted_sent_total,
+                "deleted_dead_by_table": dead,
                 "deleted_expired_by_table": expired,
                 "deleted_audit": audit,
             }
@@ -156,7 +168,7 @@ def maintenance_jobs() -> list[dg.JobDefinition]:
         requeue_stuck_op()
 
     @dg.job(
-        description="Clean old sent rows and expired ledger rows.",
+        description="Clean sent, dead and audit rows past their retention, and expired ledger rows.",
         executor_def=dg.in_process_executor,
         tags=MAINTENANCE_TAGS,
     )

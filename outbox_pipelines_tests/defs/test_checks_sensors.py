@@ -31,7 +31,7 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
     result = run_job("outbox_checks_job", resources, instance)
     assert result.success
     checks = check_results(result)
-    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys"}
+    assert set(checks) == {"lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys", "vacuum"}
     assert all(passed for passed, _, _ in checks.values())
     assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
 
@@ -112,7 +112,7 @@ def test_oncall_sensor_records_check_evaluations_and_alerts_once(db_url, conn, i
     evaluations = {(e.asset_key.to_user_string(), e.check_name): e for e in result.asset_events}
     dead = evaluations[("outbox/outbox_orders", "dead_letters")]
     assert not dead.passed and dead.severity == dg.AssetCheckSeverity.WARN
-    assert len(evaluations) == 4 * len(CHECK_NAMES)  # every table, every check
+    assert len(evaluations) == 4 * (len(CHECK_NAMES) + 1)  # every table, every check and the vacuum check
     [alert] = [r.body for r in http_sink.received]
     assert (alert["status"], alert["severity"], alert["table"], alert["check"]) == (
         "firing",

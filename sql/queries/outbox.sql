@@ -610,6 +610,34 @@ WITH clock AS (
 )
 SELECT deleted FROM summary
 
+-- name: outbox_clean_dead
+-- The dead rows' retention (docs/how-to/retention.md): one bounded batch of the rows dead for longer than
+-- it (updated_at: when they died), oldest first through <t>_dead_by_code. Never a dead row that parks its
+-- ordering key (ordering = "park", not skipped): its key's later messages wait for a person to replay or
+-- skip it, and the blocked_keys check keeps saying so. One audit row tells what went.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), doomed AS (
+    SELECT t.id
+    FROM {table} AS t, clock
+    WHERE t.status = 'dead'
+      AND t.updated_at < clock.now - make_interval(secs => %(retention_s)s)
+      AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL)
+    ORDER BY t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), gone AS (
+    DELETE FROM {table} AS t USING doomed WHERE t.id = doomed.id RETURNING t.id
+), summary AS (
+    SELECT count(*) AS deleted, min(id) AS min_id, max(id) AS max_id FROM gone
+), audit AS (
+    INSERT INTO outbox_audit (outbox_table, from_status, to_status, code, worker, detail)
+    SELECT %(table_name)s, 'dead', 'gone', 'outbox_clean_dead', %(worker)s,
+           format('deleted %%s dead rows, ids %%s..%%s', deleted, min_id, max_id)
+    FROM summary WHERE deleted > 0
+)
+SELECT deleted FROM summary
+
 -- name: outbox_replay_dead
 -- Matches dead rows by the filters (NULL = any). With dry_run nothing changes;
 -- rows that died of BAD_REQUEST are matched but refused unless forced.

@@ -1,13 +1,25 @@
 -- Named queries over the shared tables (no table placeholder).
 
 -- name: outbox_audit_clean_old
-WITH doomed AS (
-    SELECT id FROM outbox_audit
-    WHERE created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
-    ORDER BY id
+-- One batch of the audit's retention (docs/how-to/retention.md): the next %(limit)s rows by id after
+-- %(after_id)s, a range of the primary key that never walks back over what this run deleted, and of them
+-- those older than the retention deleted. The audit is written in time order, so its old rows are its
+-- first ids: the cleaner moves on from last_id while a batch deletes something, and stops at the first
+-- batch that deletes nothing (or at the end). Every batch touches at most %(limit)s rows whatever the audit
+-- holds, and commits on its own: a DELETE takes row locks only, so writers of the audit never wait on it.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s) AS cutoff
+), batch AS (
+    SELECT a.id, a.created_at < clock.cutoff AS old
+    FROM outbox_audit AS a, clock
+    WHERE a.id > %(after_id)s
+    ORDER BY a.id
     LIMIT %(limit)s
+), gone AS (
+    DELETE FROM outbox_audit AS a USING batch WHERE a.id = batch.id AND batch.old RETURNING a.id
 )
-DELETE FROM outbox_audit AS a USING doomed WHERE a.id = doomed.id
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM batch) AS seen,
+       (SELECT max(id) FROM batch) AS last_id
 
 -- name: outbox_tables_list
 SELECT c.relname AS table_name

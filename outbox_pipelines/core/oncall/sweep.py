@@ -21,6 +21,7 @@ from outbox_pipelines.core.oncall.alerts import (
     announce,
     announce_event,
 )
+from outbox_pipelines.core.oncall.database_health import vacuum_condition, vacuum_verdicts
 from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
 from outbox_pipelines.core.oncall.table_status import undeclared_tables
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
@@ -183,6 +184,11 @@ def sweep(
                 continue
             report.verdicts[name] = verdicts
             conditions += [check_condition(name, v, links) for v in verdicts]
+        # The database side (core/oncall/database_health.py): a vacuum verdict per table, one alert for all.
+        vacuum = vacuum_verdicts(conn, settings, list(report.verdicts), now=now)
+        for name, verdict in vacuum.items():
+            report.verdicts[name].append(verdict)
+        conditions.append(vacuum_condition(vacuum, links))
         declared = [*settings.tables, *settings.broken]
         conditions += [undeclared_condition(status) for status in undeclared_tables(conn, declared, settings.project)]
         report.alerts += announce(conn, conditions, now=report.now, repeat_s=repeat_s, webhook_url=webhook_url)

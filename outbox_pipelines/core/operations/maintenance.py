@@ -4,6 +4,13 @@ A cleaner run (``clean_tables``, what ``outbox-pipelines clean`` and Dagster's
 ``clean_job`` both run) is ``clean`` once per outbox table whose cleaner is on,
 and ``clean_shared`` exactly once for the tables every outbox table shares (the
 wings' own, such as the order wing's ledger, and the audit), whichever outbox tables are cleaned.
+
+What each keeps (docs/how-to/retention.md): sent rows the table's ``retention`` (168 h), dead rows
+OUTBOX_CLEANER_DEAD_RETENTION (30 days; never one that parks its ordering key), audit rows
+OUTBOX_AUDIT_RETENTION (30 days), a wing's shared rows what the wing says (the order wing's ledger: until
+each row's ``expires_at``, 48 h after its order). Every delete is a batch of at most ``batch_size`` rows
+in a short transaction of its own: row locks only, so the application's writes never wait behind it.
+Every pass takes ``now`` (the clock a test or the churn bench moves; None: the database's).
 """
 
 from collections.abc import Callable, Sequence
@@ -14,7 +21,7 @@ from functools import partial
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.relay import ordering
-from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings import GlobalSettings, TableSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
@@ -37,6 +44,7 @@ class CleanReport:
     table: str
     deleted_sent: int = 0
     batches: int = 0
+    deleted_dead: int = 0
 
 
 @dataclass
@@ -141,14 +149,16 @@ def clean(
     force: bool = False,
     batch_size: int = 5000,
     tenant_id: str | None = None,
+    dead_retention_s: float | None = None,
     now: datetime | None = None,
     progress: Progress | None = None,
 ) -> CleanReport:
-    """Delete sent rows older than the retention, in bounded batches; never pending, sending or dead.
+    """Delete sent rows older than the retention, in bounded batches; never pending or sending. With
+    ``dead_retention_s``, dead rows dead for longer go too (not one that parks its ordering key).
 
     A retention shorter than the table's dedup horizon raises RetentionTooShort
     (and deletes nothing) unless ``force``. ``tenant_id`` limits the sent rows
-    deleted to that tenant's. The shared tables are ``clean_shared``'s.
+    deleted to that tenant's (and leaves dead rows be). The shared tables are ``clean_shared``'s.
     """
     report = CleanReport(table.name)
     retention = table.retention_s if retention_s is None else retention_s
@@ -164,7 +174,17 @@ def clean(
             if progress and deleted:
                 progress(f"{table.name}: deleted {report.deleted_sent} sent rows")
             if deleted < batch_size:
-                return report
+                break
+        if dead_retention_s is not None and tenant_id is None:
+            report.deleted_dead = _until_short(
+                partial(
+                    outbox_table.clean_dead, MAINTENANCE_WORKER, retention_s=dead_retention_s, limit=batch_size, now=now
+                ),
+                batch_size,
+            )
+            if progress and report.deleted_dead:
+                progress(f"{table.name}: deleted {report.deleted_dead} dead rows")
+    return report
 
 
 # Why a chosen table is left alone; the callers print it after the table's name.
@@ -181,6 +201,7 @@ class TableCleanOutcome:
     retention_s: float
     deleted_sent: int = 0
     skipped: str | None = None  # None: cleaned
+    deleted_dead: int = 0
 
 
 @dataclass
@@ -199,6 +220,11 @@ class CleanRunReport:
     def deleted_sent_total(self) -> int:
         return sum(self.deleted_sent_by_table.values())
 
+    @property
+    def deleted_dead_by_table(self) -> dict[str, int]:
+        """Dead rows deleted per table cleaned (past the dead retention)."""
+        return {t.table: t.deleted_dead for t in self.tables if t.skipped is None}
+
 
 def clean_tables(
     database_url: Callable[[], str],
@@ -206,6 +232,7 @@ def clean_tables(
     *,
     retention_s: float | None = None,
     audit_retention_s: float | None = None,
+    dead_retention_s: float | None = None,
     force: bool = False,
     tenant_id: str | None = None,
     now: datetime | None = None,
@@ -221,10 +248,12 @@ def clean_tables(
       loses nothing, so its retention is not checked.
     - ``force`` is the operator's override of both: it cleans a table whose cleaner is off and accepts a
       retention shorter than the dedup horizon.
+    - Dead rows older than ``dead_retention_s`` go too (None: OUTBOX_CLEANER_DEAD_RETENTION, 30 days), but
+      not one that parks its ordering key, and not in a run limited to a tenant.
     - The shared tables are cleaned once, after the outbox tables, when at least one table was cleaned
       (else ``report.shared`` is None: ``SHARED_NOT_DUE``): the wings' expired rows, and audit rows older
-      than ``audit_retention_s`` when given. ``tenant_id`` limits the sent rows deleted to that
-      tenant's; the shared tables are cleaned regardless.
+      than ``audit_retention_s`` (None: OUTBOX_AUDIT_RETENTION, 30 days). ``tenant_id`` limits the sent
+      rows deleted to that tenant's; the shared tables are cleaned regardless.
     - ``database_url`` is called once the run is allowed and has something to delete, so a refused run
       (or one with every cleaner off) never chooses a database, nor starts the embedded one.
     """
@@ -243,12 +272,23 @@ def clean_tables(
         check_retention(table, outcome.retention_s, force=force)
     if not to_clean:
         return report
+    env = GlobalSettings.from_env()  # what a run does not give: OUTBOX_CLEANER_DEAD_RETENTION, OUTBOX_AUDIT_RETENTION
+    dead_kept = env.cleaner_dead_retention_s if dead_retention_s is None else dead_retention_s
+    audit_kept = env.audit_retention_s if audit_retention_s is None else audit_retention_s
     url = database_url()
     for table, outcome in to_clean:
-        outcome.deleted_sent = clean(
-            url, table, retention_s=outcome.retention_s, force=force, tenant_id=tenant_id, now=now, progress=progress
-        ).deleted_sent
-    report.shared = clean_shared(url, audit_retention_s=audit_retention_s, now=now)
+        cleaned = clean(
+            url,
+            table,
+            retention_s=outcome.retention_s,
+            force=force,
+            tenant_id=tenant_id,
+            dead_retention_s=dead_kept,
+            now=now,
+            progress=progress,
+        )
+        outcome.deleted_sent, outcome.deleted_dead = cleaned.deleted_sent, cleaned.deleted_dead
+    report.shared = clean_shared(url, audit_retention_s=audit_kept, now=now)
     return report
 
 
@@ -264,21 +304,48 @@ def _retention_of(table: TableSettings, retention_s: float | None) -> float:
 
 
 def clean_shared(
-    url: str, *, audit_retention_s: float | None, now: datetime | None = None, batch_size: int = 5000
+    url: str,
+    *,
+    audit_retention_s: float | None,
+    now: datetime | None = None,
+    batch_size: int = 5000,
+    progress: Progress | None = None,
 ) -> SharedCleanReport:
     """Delete the wings' expired shared rows (the order wing's ledger) and, when ``audit_retention_s`` is
     given, audit rows older than that; once per cleaner run, whichever outbox tables it cleans."""
     report = SharedCleanReport()
     with connect(url) as conn:
-        shared = SharedTables(conn)
         for table, delete_batch in wings.shared_cleanups().items():
             report.deleted_expired[table] = _until_short(partial(delete_batch, conn, batch_size, now), batch_size)
         if audit_retention_s is not None:
-            report.deleted_audit = _until_short(
-                lambda: shared.delete_old_audit_rows(retention_s=audit_retention_s, limit=batch_size, now=now),
-                batch_size,
+            report.deleted_audit = delete_old_audit(
+                SharedTables(conn), audit_retention_s, batch_size=batch_size, now=now, progress=progress
             )
     return report
+
+
+def delete_old_audit(
+    shared: SharedTables,
+    retention_s: float,
+    *,
+    batch_size: int = 5000,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Audit rows older than ``retention_s``, deleted in batches of ``batch_size`` consecutive ids, each its own
+    short transaction (``shared``'s connection in autocommit), walking the primary key from the oldest id on:
+    no batch re-reads what an earlier one deleted, and none touches more than ``batch_size`` rows however big
+    the audit is. The audit is written in time order, so the walk stops at the first batch with nothing old
+    in it (or at the end); the total deleted."""
+    total, after = 0, 0
+    while True:
+        batch = shared.delete_old_audit_rows(retention_s=retention_s, limit=batch_size, after_id=after, now=now)
+        total += int(batch["deleted"])
+        if progress and batch["deleted"]:
+            progress(f"outbox_audit: deleted {total} rows")
+        if not batch["deleted"] or int(batch["seen"]) < batch_size:
+            return total
+        after = int(batch["last_id"])
 
 
 def _until_short(delete_batch: Callable[[], int], batch_size: int) -> int:

@@ -7,7 +7,8 @@ import psycopg
 
 from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.settings import Settings
-from outbox_pipelines.core.storage import migrate, schema
+from outbox_pipelines.core.storage import autovacuum, migrate, schema
+from outbox_pipelines.core.storage.autovacuum import AutovacuumReport
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 from outbox_pipelines.core.storage.table_owners import Owner, claim, owners
@@ -19,6 +20,7 @@ class ProjectUpgrade:
     created: list[str] = field(default_factory=list)  # declared tables created now
     tables: list[str] = field(default_factory=list)  # every declared table, created now or before
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
+    autovacuum: AutovacuumReport | None = None  # the tables' autovacuum settings (storage/autovacuum.py)
 
 
 def declared_tables(settings: Settings) -> dict[str, bool]:
@@ -35,6 +37,7 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
     may enqueue before the section is fixed), recorded as the project's unless another project owns it
     (``owned_elsewhere``). Nothing else: no table of a part it did not declare. An existing table is left as it
     is, so a login that does not own the tables (the Order API's) upgrades an up-to-date database as a no-op."""
+    autovacuum.parse(settings.env.autovacuum)  # a bad OUTBOX_AUTOVACUUM refuses before anything changes
     waits = LockWaits.from_env(said=said)  # ``said`` hears each wait for a lock the application holds
     report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts, waits=waits))
     declared = declared_tables(settings)
@@ -45,6 +48,8 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
         report.tables.append(name)
     if report.tables:
         report.owned_elsewhere = _record_owners(url, report.tables, settings.project)
+    tuned = [name for name in report.tables if name not in report.owned_elsewhere] + [autovacuum.AUDIT]
+    report.autovacuum = autovacuum.apply(url, tuned, settings.env.autovacuum)
     return report
 
 

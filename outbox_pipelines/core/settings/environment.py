@@ -84,6 +84,10 @@ class GlobalSettings:
     relay_max_attempts: int | None = None
     cleaner_enabled: bool = True
     cleaner_retention_s: float = 168 * 3600.0
+    # Dead rows and audit rows are kept this long (docs/how-to/retention.md); the tables' autovacuum settings.
+    cleaner_dead_retention_s: float = 30 * 86400.0
+    audit_retention_s: float = 30 * 86400.0
+    autovacuum: str = "default"
     broker_url: str | None = None
     # OUTBOX_BROKER_TOKEN, sent as "Authorization: Bearer <token>" to the broker's origin (OUTBOX_BROKER_URL's)
     # and to tables that name it in ``token_env``; never shown.
@@ -112,6 +116,11 @@ class GlobalSettings:
             cleaner_retention_s=parse_duration(
                 _env(env, "OUTBOX_CLEANER_RETENTION") or "168h", "OUTBOX_CLEANER_RETENTION"
             ),
+            cleaner_dead_retention_s=parse_duration(
+                _env(env, "OUTBOX_CLEANER_DEAD_RETENTION") or "30d", "OUTBOX_CLEANER_DEAD_RETENTION"
+            ),
+            audit_retention_s=parse_duration(_env(env, "OUTBOX_AUDIT_RETENTION") or "30d", "OUTBOX_AUDIT_RETENTION"),
+            autovacuum=_env(env, "OUTBOX_AUTOVACUUM") or "default",
             broker_url=_env(env, "OUTBOX_BROKER_URL"),
             broker_token=bearer_token(env, BROKER_TOKEN_ENV),
             environ=env,

@@ -61,6 +61,12 @@ class CheckThresholds:
     # Keys whose head is dead and parked (ordering = "park"): their later messages wait for an operator.
     blocked_keys_warn: int = 1
     blocked_keys_error: int = 10
+    # The vacuum check (core/oncall/database_health.py): how long something may hold vacuum back while the table
+    # has dead_tuples_warn dead tuples, and the dead tuples per live row at which vacuum is falling behind.
+    vacuum_held_warn_s: float = 600.0
+    vacuum_held_error_s: float = 3600.0
+    dead_tuples_warn: int = 100_000
+    dead_tuples_ratio_warn: float = 0.2
 
 
 # A threshold key -> the CheckThresholds field it sets (a duration's in seconds: ``_s``), and its kind.

@@ -189,9 +189,13 @@ class SharedTables:
         )
 
     # -- retention of the shared tables --------------------------------------
-    def delete_old_audit_rows(self, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
-        """One batch of audit rows older than ``retention_s``; how many went."""
-        return self._count("outbox_audit_clean_old", {"retention_s": retention_s, "limit": limit, "now": now})
+    def delete_old_audit_rows(
+        self, *, retention_s: float, limit: int, after_id: int = 0, now: datetime | None = None
+    ) -> Row:
+        """One batch: the next ``limit`` audit rows by id after ``after_id``, those older than ``retention_s``
+        deleted; ``deleted``, ``seen`` and ``last_id`` (shared.sql, outbox_audit_clean_old)."""
+        params = {"retention_s": retention_s, "limit": limit, "after_id": after_id, "now": now}
+        return self._run("outbox_audit_clean_old", params)[0]
 
     # -- the schema ------------------------------------------------------------
     def outbox_table_names(self) -> list[str]:

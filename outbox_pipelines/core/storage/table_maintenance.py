@@ -84,6 +84,13 @@ class MaintenanceStatements(TableStatements):
         )
         return int(rows[0]["deleted"]) if rows else 0
 
+    def clean_dead(self, worker: str, *, retention_s: float, limit: int, now: datetime | None = None) -> int:
+        """One batch of dead rows older than ``retention_s``, never one that parks its ordering key."""
+        rows = self._run(
+            "outbox_clean_dead", {"worker": worker, "retention_s": retention_s, "limit": limit, "now": now}
+        )
+        return int(rows[0]["deleted"]) if rows else 0
+
     def replay_dead(
         self,
         worker: str,

@@ -168,6 +168,12 @@ TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
     *_thresholds("backlog", "count", "10000", "100000", "messages waiting (pending and retrying)"),
     *_thresholds("destination_failing", "duration", '"30s"', '"5m"', "how long every delivery has failed"),
     *_thresholds("blocked_keys", "count", "1", "10", "ordering keys held back by a dead message (`park`)"),
+    *_thresholds("vacuum_held", "duration", '"10m"', '"1h"', "how long a transaction, prepared transaction or "
+                 "replication slot has held vacuum back while the table has `dead_tuples_warn` dead tuples"),
+    TableKey("dead_tuples_warn", "checks", "count", "100000", "dead tuples (row versions vacuum has not removed "
+             "yet, not dead messages) below which the vacuum check stays OK"),
+    TableKey("dead_tuples_ratio_warn", "checks", "fraction", "0.2", "dead tuples per live row at which the vacuum "
+             "check turns WARN when nothing holds vacuum back (autovacuum falling behind)"),
 )
 # fmt: on
 

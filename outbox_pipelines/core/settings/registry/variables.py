@@ -68,6 +68,13 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OUTBOX_RELAY_LOCK_TTL", "60s", "the claim's lease (`lease`)", _SETTINGS),
     EnvVariable("OUTBOX_CLEANER_ENABLED", "true", "the cleaner runs (`cleaner_enabled`)", _SETTINGS),
     EnvVariable("OUTBOX_CLEANER_RETENTION", "168h", "sent rows are kept this long (`retention`)", _SETTINGS),
+    EnvVariable("OUTBOX_CLEANER_DEAD_RETENTION", "30d", "dead rows are kept this long for a person to look at, "
+                "then deleted (never one that parks its ordering key)", _SETTINGS),
+    EnvVariable("OUTBOX_AUDIT_RETENTION", "30d", "audit rows are kept this long, then deleted in batches (the "
+                "CLI's `clean --audit-retention` and `clean_job`'s `audit_retention` override it)", _SETTINGS),
+    EnvVariable("OUTBOX_AUTOVACUUM", "default", "the autovacuum settings `db upgrade` gives the outbox tables and "
+                "the audit: `default`, `off` (leave them as they are), or `name=value,...` over the defaults "
+                "(docs/how-to/retention.md)", _SETTINGS),
     # The broker a shipped table may deliver to, and its credential.
     EnvVariable("OUTBOX_BROKER_URL", None, "the broker's URL: the url of a shipped table that takes it from the "
                 "environment (a wing's), and the origin `OUTBOX_BROKER_TOKEN` is sent to", _SETTINGS,
