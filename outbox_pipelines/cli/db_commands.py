@@ -51,7 +51,7 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
     if as_sql:
         print(plan.as_sql(project, LockWaits.from_env().lock_timeout_s), end="")
         return EXIT_OK
-    if not plan.migrations and not plan.new_tables:
+    if not plan.migrations and not plan.new_tables and not plan.storage:
         print("database is up to date: nothing would be done")
     for migration in plan.migrations:
         if migration.version in plan.steps:
@@ -61,7 +61,9 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
             print(f"-- would apply {migration.name} (in one transaction)\n{migration.sql.strip()}\n")
     for name in plan.new_tables:
         print(f"would create outbox table {name} (owned by {project})")
-    if plan.migrations or plan.new_tables:
+    if plan.storage:  # docs/how-to/retention.md
+        print("-- would set the tables' autovacuum settings (OUTBOX_AUTOVACUUM)\n" + "\n".join(plan.storage))
+    if plan.migrations or plan.new_tables or plan.storage:
         print("dry run: nothing was changed ('outbox-pipelines db upgrade' does it; --sql prints a script)")
     return EXIT_OK
 

@@ -9,7 +9,7 @@ import pytest
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.maintenance import clean_tables, delete_old_audit
-from outbox_pipelines.core.operations.upgrade import upgrade_project
+from outbox_pipelines.core.operations.upgrade import plan_project, upgrade_project
 from outbox_pipelines.core.settings import GlobalSettings, load_settings
 from outbox_pipelines.core.storage import autovacuum
 from outbox_pipelines.core.storage.db import connect
@@ -110,6 +110,8 @@ def test_an_audit_batch_never_waits_for_a_writer_of_the_audit_nor_a_writer_for_i
 
 def test_db_upgrade_gives_the_outbox_tables_and_the_audit_their_autovacuum_settings_once(db_url, conn):
     settings = load_settings(env={}, path=None)
+    planned = plan_project(db_url, settings).storage  # what db upgrade --dry-run and --sql show
+    assert "ALTER TABLE \"outbox_audit\" SET (autovacuum_vacuum_scale_factor = '0.02'" in planned[-1]
     with psycopg.connect(db_url) as writer:  # a producer's transaction open on the table: ALTER ... SET goes by
         writer.execute("INSERT INTO outbox_events (event_id, topic, payload, payload_sha) VALUES ('w', 't', '{}', 'x')")
         report = upgrade_project(db_url, settings)
@@ -119,6 +121,7 @@ def test_db_upgrade_gives_the_outbox_tables_and_the_audit_their_autovacuum_setti
     assert report.autovacuum is not None and set(report.autovacuum.applied) == {*report.tables, "outbox_audit"}
     again = upgrade_project(db_url, settings)
     assert again.autovacuum is not None and again.autovacuum.applied == {}  # already so: no ALTER, no lock
+    assert plan_project(db_url, settings).storage == []
 
 
 def test_outbox_autovacuum_overrides_or_leaves_the_settings_alone(db_url, conn):

@@ -73,6 +73,7 @@ class UpgradePlan:
     migrations: list[migrate.Migration]
     new_tables: dict[str, bool]  # declared tables not in the database yet -> with the dedup index
     steps: dict[str, list[str]] = field(default_factory=dict)  # a no-transaction migration's statements, here
+    storage: list[str] = field(default_factory=list)  # the tables' autovacuum settings (storage/autovacuum.py)
 
     def as_sql(self, project: str, lock_timeout_s: float) -> str:
         """One script for a team's own migration tool (Alembic, Flyway, Django): the migrations as ``upgrade``
@@ -84,6 +85,7 @@ class UpgradePlan:
                 "INSERT INTO outbox_table_owners (outbox_table, project) "
                 f"VALUES ('{name}', {_literal(project)}) ON CONFLICT (outbox_table) DO NOTHING;"
             )
+        lines += self.storage
         return "\n".join(lines) + "\n" if lines else "-- nothing to do: the database is up to date\n"
 
 
@@ -101,7 +103,8 @@ def plan_project(url: str, settings: Settings, *, contract: bool = False) -> Upg
     pending = migrate.pending_migrations(url, parts=settings.parts)
     existing = set(schema.list_tables(url)) if declared and not any(m.version == "0001" for m in pending) else set()
     new_tables = {name: dedup for name, dedup in sorted(declared.items()) if name not in existing}
-    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending))
+    storage = autovacuum.plan_sql(url, [*sorted(declared), autovacuum.AUDIT], settings.env.autovacuum)
+    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending), storage)
 
 
 def contract_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> list[str]:

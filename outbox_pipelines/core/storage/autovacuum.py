@@ -116,8 +116,11 @@ def current(conn: psycopg.Connection[Any], tables: Iterable[str]) -> dict[str, d
     return {row["table_name"]: dict(option.split("=", 1) for option in row["options"]) for row in rows}
 
 
-def changes(conn: psycopg.Connection[Any], tables: Iterable[str], setting: str) -> dict[str, dict[str, str]]:
-    """Per existing table of ``tables``, the settings to give it (none: already so, or ``off``)."""
+def changes(
+    conn: psycopg.Connection[Any], tables: Iterable[str], setting: str, *, absent: bool = False
+) -> dict[str, dict[str, str]]:
+    """Per existing table of ``tables``, the settings to give it (none: already so, or ``off``); ``absent``: a table
+    not in the database yet (the same upgrade creates it) gets all of them."""
     overrides, tables = parse(setting), list(tables)
     if overrides is None:
         return {}
@@ -125,7 +128,8 @@ def changes(conn: psycopg.Connection[Any], tables: Iterable[str], setting: str) 
     return {
         table: diff
         for table in tables
-        if table in found and (diff := {k: v for k, v in wanted(table, overrides).items() if found[table].get(k) != v})
+        if (table in found or absent)
+        and (diff := {k: v for k, v in wanted(table, overrides).items() if found.get(table, {}).get(k) != v})
     }
 
 
@@ -141,9 +145,8 @@ def statement(table: str, options: dict[str, str]) -> sql.Composed:
 def plan_sql(url: str, tables: Iterable[str], setting: str) -> list[str]:
     """The statements ``apply`` would run now, as text (``db upgrade --dry-run``); nothing is changed."""
     with connect(url) as conn:
-        return [
-            statement(table, options).as_string(conn) + ";" for table, options in changes(conn, tables, setting).items()
-        ]
+        todo = changes(conn, tables, setting, absent=True)
+        return [statement(table, options).as_string(conn) + ";" for table, options in todo.items()]
 
 
 def apply(url: str, tables: Iterable[str], setting: str) -> AutovacuumReport:
