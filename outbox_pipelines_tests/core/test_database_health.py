@@ -5,11 +5,18 @@ holder is gone and the table vacuumed it clears. The sweep tells it once for the
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from outbox_pipelines.core.oncall.database_health import CONDITION_KEY, vacuum_verdicts
+from outbox_pipelines.core.oncall.database_health import (
+    CONDITION_KEY,
+    DatabaseHealth,
+    Holder,
+    TableVacuum,
+    vacuum_verdict,
+    vacuum_verdicts,
+)
 from outbox_pipelines.core.oncall.sweep import sweep
 from outbox_pipelines.core.settings import CheckThresholds, Settings, load_settings
 from outbox_pipelines_tests.conftest import run_cli
@@ -124,3 +131,31 @@ def test_status_prints_each_tables_vacuum_verdict(cli_env, conn):
     result = run_cli(cli_env, "status", "--table", EVENTS)
     assert result.returncode == 0, result.stderr
     assert "\nvacuum (dead tuples, size, what holds vacuum back):\n  OK    outbox_events: " in result.stdout
+
+
+def _health(holder: Holder | None, dead: int, live: int = 1_000_000) -> DatabaseHealth:
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    table = TableVacuum(EVENTS, live, dead, 2**30, 2**28, now - timedelta(minutes=3))
+    return DatabaseHealth(now, {EVENTS: table}, holder)
+
+
+SLOT = Holder("replication slot", None, None, "inactive", "standby_b", 2_500_000, None)
+UNSEEN = Holder("transaction", 4321, "etl", None, None, 900_000, None)  # another role's, not readable
+YOUNG = Holder("transaction", 99, "api", "active", None, 12, 0.4)
+
+
+def test_a_holder_of_unknown_age_is_blamed_only_once_dead_tuples_pile_up():
+    limits = CheckThresholds()
+    slot = vacuum_verdict(_health(SLOT, 300_000), EVENTS, limits)
+    assert slot.severity == "warn"
+    assert slot.description.startswith(
+        f"{EVENTS}: replication slot 'standby_b' (inactive, 2.5M transactions behind) holds vacuum back: "
+        "300,000 dead tuples, 30.0 % of its 1.0M live rows (1.2 GB with its indexes)"
+    )
+    assert "SELECT pg_drop_replication_slot('standby_b')" in slot.description
+    assert vacuum_verdict(_health(UNSEEN, 150_000), EVENTS, limits).severity == "ok"  # 15 %: below the ratio
+    unseen = vacuum_verdict(_health(UNSEEN, 250_000), EVENTS, limits)
+    assert unseen.severity == "warn" and "a transaction (pid 4321, application 'etl')" in unseen.description
+    young = vacuum_verdict(_health(YOUNG, 250_000), EVENTS, limits)  # a 0.4 s transaction is not the cause
+    assert young.severity == "warn" and "vacuum is falling behind: 250,000 dead tuples" in young.description
+    assert "last vacuumed 3 min ago; nothing has held it back for long" in young.description

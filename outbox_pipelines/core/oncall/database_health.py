@@ -124,22 +124,30 @@ def _read(conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> 
 def vacuum_verdict(health: DatabaseHealth, table: str, limits: CheckThresholds) -> CheckVerdict:
     """The ``vacuum`` check of one table: ERROR/WARN while something has held vacuum back for
     ``vacuum_held_error``/``_warn`` and the table holds ``dead_tuples_warn`` dead tuples; WARN while the table
-    holds that many and ``dead_tuples_ratio_warn`` per live row with nothing holding vacuum back (autovacuum
-    falling behind); OK otherwise, with the figures."""
+    holds that many and ``dead_tuples_ratio_warn`` per live row, naming the holder when how long it has held is
+    unknown (a replication slot; another role's session, to a login without pg_read_all_stats), else saying
+    that autovacuum falls behind; OK otherwise, with the figures."""
     t = health.tables.get(table) or TableVacuum(table, 0, 0, 0, 0, None)
     holder = health.holder
-    held = holder is not None and (holder.held_s is None or holder.held_s >= limits.vacuum_held_warn_s)
+    held_s = holder.held_s if holder is not None else None
     many = t.dead >= limits.dead_tuples_warn
-    figures = f"{_count(t.dead)} dead tuples, {_share(t.dead, t.live)} of its {_count(t.live)} live rows"
+    piling = many and t.dead >= limits.dead_tuples_ratio_warn * max(t.live, 1)
+    figures = (
+        f"{_count(t.dead)} dead tuples, {_share(t.dead, t.live)} of its {_count(t.live)} live rows"
+        if t.live
+        else f"{_count(t.dead)} dead tuples and no live row"
+    )
     size = f"{_bytes(t.table_bytes + t.index_bytes)} with its indexes"
     severity: Severity = "ok"
-    if held and many and holder is not None:
-        severity = "error" if holder.held_s is not None and holder.held_s >= limits.vacuum_held_error_s else "warn"
+    long_held = held_s is not None and held_s >= limits.vacuum_held_warn_s
+    blamed = holder is not None and many and (long_held or (held_s is None and piling))
+    if blamed and holder is not None:
+        severity = "error" if held_s is not None and held_s >= limits.vacuum_held_error_s else "warn"
         text = (
             f"{table}: {holder.describe()} holds vacuum back: {figures} ({size}), and every claim walks over "
             f"them. {holder.remedy()[0].upper()}{holder.remedy()[1:]}; vacuum then removes them by itself."
         )
-    elif many and t.dead >= limits.dead_tuples_ratio_warn * max(t.live, 1):
+    elif piling:
         severity = "warn"
         last = f"last vacuumed {_ago(health.now, t.last_vacuum_at)}" if t.last_vacuum_at else "never vacuumed"
         text = (
@@ -150,7 +158,7 @@ def vacuum_verdict(health: DatabaseHealth, table: str, limits: CheckThresholds) 
         )
     else:
         per_row = f", {t.table_bytes // t.live:,} bytes a live row" if t.live else ""
-        aside = f"; the oldest holder of vacuum is {holder.describe()}" if holder is not None and held else ""
+        aside = f"; the oldest holder of vacuum is {holder.describe()}" if holder is not None and long_held else ""
         text = (
             f"{table}: {figures}; {size} (table {_bytes(t.table_bytes)}, indexes {_bytes(t.index_bytes)}"
             f"{per_row}){aside}."
@@ -213,8 +221,6 @@ def _count(n: int) -> str:
 
 
 def _share(part: int, whole: int) -> str:
-    if not whole:
-        return "all" if part else "none"
     return f"{100.0 * part / whole:.1f} %" if part < whole * 10 else f"{part / whole:.0f}×"
 
 
