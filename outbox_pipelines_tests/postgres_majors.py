@@ -183,8 +183,9 @@ class MajorServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start(major: int) -> MajorServer:
-    """A new PostgreSQL ``major`` on a free port of 127.0.0.1, in a temporary directory of its own."""
+def start(major: int, options: str = "") -> MajorServer:
+    """A new PostgreSQL ``major`` on a free port of 127.0.0.1, in a temporary directory of its own; ``options``
+    are more ``-c name=value`` settings."""
     version = BUILDS[major][0] if major in BUILDS else ""
     archive = tarball(major)
     user = _server_user()  # embedded_postgres when we are root, else None (ourselves)
@@ -199,29 +200,27 @@ def start(major: int) -> MajorServer:
              "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-locale"],
             check=True, capture_output=True, text=True, **run,
         )  # fmt: skip
-        port = _start_server(native, directory / "data", run)
+        port = _start_server(native, directory / "data", f"{SERVER_OPTIONS} {options}", run)
         pid = int((directory / "data" / "postmaster.pid").read_text().split()[0])
-        server = MajorServer(major, version, directory, port, pid)
-        with psycopg.connect(server.admin_url, autocommit=True) as conn:
-            conn.execute("SET password_encryption = 'scram-sha-256'")  # 13's default is md5
-        return server
+        return MajorServer(major, version, directory, port, pid)
     except subprocess.CalledProcessError as exc:
+        log = directory / "data" / "server.log"
+        said = f"{exc.stderr or exc.stdout}{log.read_text()[-2000:] if log.is_file() else ''}"
         shutil.rmtree(directory, ignore_errors=True)
-        raise BuildUnavailable(f"PostgreSQL {major} did not start: {exc.stderr or exc.stdout}") from None
+        raise BuildUnavailable(f"PostgreSQL {major} did not start: {said}") from None
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
 
 
-def _start_server(native: Path, data: Path, run: dict[str, object]) -> int:
+def _start_server(native: Path, data: Path, options: str, run: dict[str, object]) -> int:
     """pg_ctl start on a free port (another free one if a process took it meanwhile); the port."""
     for attempt in range(3):
         port = free_port()
-        options = f"{SERVER_OPTIONS} -c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='{data}'"
-        options += " -c password_encryption=scram-sha-256"
+        listen = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='{data}'"
         started = subprocess.run(
-            [native / "bin" / "pg_ctl", "-D", data, "-l", data / "server.log", "-w", "-t", "60", "-o", options,
-             "start"],
+            [native / "bin" / "pg_ctl", "-D", data, "-l", data / "server.log", "-w", "-t", "60", "-o",
+             f"{options} {listen} -c password_encryption=scram-sha-256", "start"],  # 13's default: md5
             capture_output=True, text=True, **run,  # type: ignore[arg-type]
         )  # fmt: skip
         if started.returncode == 0:

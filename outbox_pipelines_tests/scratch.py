@@ -113,7 +113,17 @@ class TemplateDatabases:
 
     def _drop(self, name: str) -> None:
         with self._admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            except psycopg.errors.InsufficientPrivilege:
+                # A login that is no superuser may not end an autovacuum worker with FORCE (PostgreSQL 14; .ci/run's
+                # PostgreSQL lane): it ends its own sessions, and a plain DROP stops the worker itself.
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND usename = current_user AND pid <> pg_backend_pid()",
+                    [name],
+                )
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
 
     def _admin(self) -> psycopg.Connection:
         return psycopg.connect(self.admin_url, autocommit=True)

@@ -22,6 +22,7 @@ from outbox_pipelines.core.storage.database_url import parse_url
 from outbox_pipelines.core.storage.migration_safety import SUPPORTED
 from outbox_pipelines_tests import postgres_majors
 from outbox_pipelines_tests.conftest import REPO, TEST_URL_ENV, run_cli
+from outbox_pipelines_tests.processes import wait_until
 from outbox_pipelines_tests.scratch import TemplateDatabases
 
 
@@ -141,5 +142,31 @@ def test_postgresql_14_upgrades_and_relays_with_a_non_superuser_owner() -> None:
         assert server.server_version().startswith("14.")
         with owned_database(server.create_login("admin", superuser=True)) as url:
             upgrade_and_round_trip(url)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow  # starts a server of its own and waits for its autovacuum
+def test_a_login_that_is_no_superuser_drops_a_test_database_autovacuum_is_working_in() -> None:
+    """What the fixtures do after every test, as .ci/run's PostgreSQL lane runs them: on 14, DROP DATABASE ...
+    WITH (FORCE) may not end an autovacuum worker for a login that is no superuser (scratch.py)."""
+    server = postgres_majors.start(14, "-c autovacuum_naptime=1")
+    try:
+        databases = TemplateDatabases(server.create_login("owner"), prefix="vacuumed", parts=())
+        name, url = databases.create_database()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE churn (v text) WITH (autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0,"
+                " autovacuum_vacuum_cost_delay = 100, autovacuum_vacuum_cost_limit = 1)"  # a vacuum that takes long
+            )
+            conn.execute("INSERT INTO churn SELECT repeat('x', 100) FROM generate_series(1, 100000)")
+            conn.execute("DELETE FROM churn")
+        workers = sql.SQL(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker' AND datname = {}"
+        ).format(sql.Literal(name))
+        wait_until(lambda: one(server.admin_url, workers.as_string()), 60, "an autovacuum worker in the database")
+        databases.drop_database(name)
+        exists = sql.SQL("SELECT count(*) FROM pg_database WHERE datname = {}").format(sql.Literal(name))
+        assert one(server.admin_url, exists.as_string()) == 0
     finally:
         server.stop()
