@@ -1,12 +1,13 @@
 """An application's enqueue through PgBouncer in transaction mode on a connection with its driver's defaults, several
 clients sharing the pool (issue 41): psycopg prepares a statement from its sixth run, and on the next server
 connection it does not exist. Enqueue runs its own statements unprepared there (made safe, and it says once what
-the application's own statements need); asyncpg, which prepares and caches every statement, is refused with the
-setting that stops it, before anything is written."""
+the application's own statements need); asyncpg, which prepares and caches every statement, and SQLAlchemy on
+asyncpg, which names every statement, are refused with the settings that stop it, before anything is written."""
 
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 
 import asyncpg
@@ -124,4 +125,31 @@ def test_asyncpg_that_caches_statements_is_refused_with_the_setting_and_without_
     assert "statement_cache_size=0" in str(refused.value) and "nothing was written" in str(refused.value)
     assert statuses(conn, TABLE) == {}
     asyncio.run(enqueue(0, "uncached"))
+    assert statuses(conn, TABLE) == {"pending": 8}
+
+
+def test_sqlalchemy_on_asyncpg_is_refused_until_its_statements_are_named_apart_and_not_cached(bouncer, conn):
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = bouncer.url.replace("postgresql://", "postgresql+asyncpg://")
+    pgbouncer_ready = {
+        "statement_cache_size": 0,
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": lambda: f"__asyncpg_{uuid.uuid4()}__",
+    }
+
+    async def enqueue(connect_args: dict, prefix: str) -> None:
+        engine = create_async_engine(url, connect_args=connect_args)
+        try:
+            for n in range(8):
+                async with engine.begin() as app:
+                    await OUTBOX.enqueue_async(app, _message(f"{prefix}-{n}"))
+        finally:
+            await engine.dispose()
+
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(enqueue({}, "defaults"))
+    assert "prepared_statement_name_func" in str(refused.value) and "nothing was written" in str(refused.value)
+    assert statuses(conn, TABLE) == {}
+    asyncio.run(enqueue(pgbouncer_ready, "ready"))
     assert statuses(conn, TABLE) == {"pending": 8}
