@@ -9,6 +9,10 @@ each tree migrates a database of its own and creates ``bench_events``. Then, ``r
 of each process is timed apart (the check runs there). Twice: with synchronous_commit on (what an application
 sees) and off (the client's and the server's work without the WAL flush, where an added cost shows most).
 Prints each tree's median over the runs, in microseconds per transaction.
+
+    .venv/bin/python bench/enqueue_check_cost.py --in-process [runs] [transactions]
+
+measures the check alone in one process (``in_process``), where the noise of two processes does not reach.
 """
 
 import json
@@ -132,9 +136,61 @@ def main(before: str, after: str, runs: int, count: int) -> None:
         server.stop()
 
 
+def in_process(runs: int, count: int) -> None:
+    """The check's own cost, without the noise of two processes: one process, one connection, blocks of BLOCK
+    transactions in turn with the check as shipped and with its lookup replaced by a constant (what an enqueue did
+    before it), synchronous_commit off."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    import psycopg
+
+    from outbox_pipelines.core import enqueue as enqueue_module
+    from outbox_pipelines.core.enqueue import Outbox
+    from outbox_pipelines.core.enqueue_guard import Endpoint, sync_endpoint
+    from outbox_pipelines.core.models import Message
+    from outbox_pipelines.core.storage import migrate
+    from outbox_pipelines_tests.scratch import ScratchServer
+
+    server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-check-")
+    try:
+        with psycopg.connect(server.admin_url, autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS bench_check_in_process")
+            admin.execute("CREATE DATABASE bench_check_in_process")
+        url = psycopg.conninfo.make_conninfo(server.admin_url, dbname="bench_check_in_process")
+        migrate.upgrade(url)
+        outbox, direct = Outbox("bench_events"), Endpoint(pooled=False)
+        variants = {"checked": sync_endpoint, "unchecked": lambda target: direct}
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT outbox_create_table('bench_events')")
+            conn.execute("SET synchronous_commit = off")
+            conn.commit()
+            sent = 0
+            for run_number in range(runs):
+                total = dict.fromkeys(variants, 0.0)
+                for block in range(count // BLOCK):
+                    for name in variants if block % 2 == 0 else reversed(list(variants)):
+                        enqueue_module.sync_endpoint = variants[name]  # type: ignore[assignment]
+                        started = time.perf_counter()
+                        for _ in range(BLOCK):
+                            sent += 1
+                            with conn.transaction():
+                                outbox.enqueue(conn, Message(topic="t", payload={"n": sent}, event_id=f"e-{sent}"))
+                        total[name] += time.perf_counter() - started
+                per_txn = {name: t / (count // BLOCK * BLOCK) * 1e6 for name, t in total.items()}
+                print(
+                    f"run {run_number + 1}: checked {per_txn['checked']:.1f} us/txn, unchecked "
+                    f"{per_txn['unchecked']:.1f}, ratio {per_txn['checked'] / per_txn['unchecked']:.4f}",
+                    flush=True,
+                )
+        enqueue_module.sync_endpoint = sync_endpoint
+    finally:
+        server.stop()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--in-process":
+        in_process(int(sys.argv[2]) if len(sys.argv) > 2 else 5, int(sys.argv[3]) if len(sys.argv) > 3 else 2000)
     else:
         runs, count = (int(sys.argv[3]) if len(sys.argv) > 3 else 5), (int(sys.argv[4]) if len(sys.argv) > 4 else 2000)
         main(sys.argv[1], sys.argv[2], runs, count)
