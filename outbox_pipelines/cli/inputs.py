@@ -7,7 +7,7 @@ import sys
 
 from outbox_pipelines.cli.output import EXIT_OK, EXIT_USAGE, say
 from outbox_pipelines.core.settings import Settings, TableSettings, load_settings
-from outbox_pipelines.core.storage import db, migrate
+from outbox_pipelines.core.storage import db, schema_version
 
 
 def database_url(*, schema_checked: bool = True) -> str:
@@ -15,7 +15,7 @@ def database_url(*, schema_checked: bool = True) -> str:
     change the schema), refused with one message when its schema is older than this code needs."""
     url = db.resolve_database(announce=True).url
     if schema_checked:
-        migrate.require_current_schema(url)
+        schema_version.require_current_schema(url)
     return url
 
 

@@ -49,7 +49,7 @@ from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
-from outbox_pipelines.core.storage import migrate, pooler
+from outbox_pipelines.core.storage import pooler, schema_version
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
 
@@ -343,7 +343,7 @@ def run_group_relay(
     """Relay every table of ``group`` that relays (``relay_enabled``): what the CLI and the Dagster op call."""
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-    migrate.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
+    schema_version.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
     ours = without_tables_owned_elsewhere(url, settings)  # another project's tables are its relays'
     names = [name for name in ours.groups().get(group, []) if ours.tables[name].relay_enabled]
     if not names and (foreign := set(settings.groups().get(group, [])) - set(ours.tables)):

@@ -14,7 +14,7 @@ from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
-from outbox_pipelines.core.storage import migrate, pooler
+from outbox_pipelines.core.storage import pooler, schema_version
 
 
 def run_table_relay(
@@ -36,7 +36,7 @@ def run_table_relay(
     """Relay one configured table: build its destination (unless given), run under the budget, close it."""
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-    migrate.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
+    schema_version.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
     table = without_tables_owned_elsewhere(url, settings).table(table_name)  # another project's: refused
     owned = destination is None
     destination = destination or build_destination(table, settings)

@@ -305,27 +305,3 @@ def as_sql_script(migrations: Iterable[Migration], lock_timeout_s: float, steps:
 # The engine schema this code needs: its newest migration (a part's are checked by the part's own commands).
 def needed_version() -> str:
     return discover()[-1].version
-
-
-_checked: set[str] = set()
-
-
-def require_current_schema(url: str) -> None:
-    """MigrationError when the database lacks an engine migration this code needs, once per database and
-    process (a relay's start, not each message). A login that may not read the migrations is not checked."""
-    if url in _checked:
-        return
-    try:
-        with connect(url) as conn:
-            applied = _applied_versions(conn)
-    except psycopg.errors.InsufficientPrivilege:
-        return
-    missing = [m.name for m in discover() if m.version not in applied]
-    if missing:
-        # The version the schema is complete up to: the one before the first missing migration.
-        at = max((m.version for m in discover() if m.version in applied and m.version < min(missing)), default="none")
-        raise MigrationError(
-            f"the database schema is at {at}, this version needs {needed_version()} ({', '.join(missing)} not "
-            "applied): run 'outbox-pipelines db upgrade'"
-        )
-    _checked.add(url)

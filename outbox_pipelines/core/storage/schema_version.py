@@ -15,6 +15,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from outbox_pipelines.core.errors import MigrationError
+from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.migrate import discover
 from outbox_pipelines.core.storage.queries import named_queries
 
@@ -50,7 +52,9 @@ def behind(applied: AppliedVersions) -> str | None:
     if applied.versions is not None:
         engine = {version for version in applied.versions if "/" not in version}
         missing = [name for version, name in migrations if version not in engine]
-        at = max(engine, default="none")
+        # The version the schema is complete up to: the one before the first missing migration.
+        first_missing = min((v for v, _ in migrations if v not in engine), default="")
+        at = max((v for v, _ in migrations if v in engine and v < first_missing), default="none")
     elif applied.view_exists:
         return None
     else:
@@ -101,3 +105,18 @@ def read_applied(conn: psycopg.Connection[Any]) -> AppliedVersions:
 def schema_behind(conn: psycopg.Connection[Any]) -> str | None:
     """``behind`` for the database ``conn`` is connected to: what ``db status`` and the code location's check say."""
     return behind(read_applied(conn))
+
+
+_current: set[str] = set()
+
+
+def require_current_schema(url: str) -> None:
+    """MigrationError with ``behind``'s sentence when the database at ``url`` lacks an engine migration this code
+    needs; checked once per database and process (a relay's or a command's start, not each message)."""
+    if url in _current:
+        return
+    with connect(url) as conn:
+        sentence = schema_behind(conn)
+    if sentence is not None:
+        raise MigrationError(sentence)
+    _current.add(url)
