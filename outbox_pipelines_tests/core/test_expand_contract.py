@@ -17,6 +17,7 @@ import pytest
 
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage import migrate
+from outbox_pipelines.core.storage.migration_safety import LockWaits
 from outbox_pipelines_tests.conftest import CLI, run_cli
 from outbox_pipelines_tests.core.earlier_versions import migrations_before_parts
 
@@ -265,3 +266,16 @@ def test_an_upgrade_killed_again_and_again_completes_when_let_run(empty_db, cli_
         assert _invalid(watch) == [] and migrate.pending(empty_db) == []
         watch.execute("SELECT outbox_create_table('fresh_events')")
         assert _indexes(watch, "fresh_events") <= _indexes(watch, "outbox_events")
+
+
+def test_a_table_that_has_its_ordering_is_not_locked_again(empty_db, tmp_path, held):
+    """A database that ran 0010 before 0014 existed (the previous version's): 0014 neither alters its tables nor
+    recreates their triggers, so a transaction holding a table does not make the upgrade wait at all."""
+    _previous_version(empty_db, tmp_path, at="0012")
+    _hold(empty_db, held, "SELECT 1 FROM outbox_events LIMIT 1")
+    started = time.monotonic()
+    steps = migrate.concrete_steps(empty_db, [m for m in migrate.discover() if m.version == "0014"])["0014"]
+    assert [s for s in steps if not s.startswith("CREATE INDEX CONCURRENTLY")] == [], steps
+    said: list[str] = []
+    migrate.upgrade(empty_db, waits=LockWaits(0.2, give_up_after_s=5.0, said=said.append))
+    assert said == [] and time.monotonic() - started < 5.0, said

@@ -2,9 +2,11 @@
 -- Ordered delivery (0010) on the outbox tables that exist, without holding the application's writes: the
 -- columns added one table at a time (a catalog change, under the short lock timeout), the four ordering
 -- indexes built concurrently, then each table's ordering functions and trigger (outbox_create_ordering, which
--- finds its columns and indexes made). On a database that ran 0010 before this file existed, every step finds
--- its work done. The indexes are those outbox_create_ordering makes for a new table, spelled out here because
--- a concurrent build cannot run inside a function; test_online_upgrade compares the two catalogs.
+-- finds its columns and indexes made). A table that has its columns is not altered, and one that has its
+-- trigger is left as it is: on a database that ran 0010 before this file existed, no step takes a lock that
+-- holds a write (only the concurrent builds run, and find their indexes made). The indexes are those
+-- outbox_create_ordering makes for a new table, spelled out here because a concurrent build cannot run inside a
+-- function; outbox_pipelines_tests/core/test_expand_contract.py compares the two catalogs.
 
 -- outbox: run each statement this query returns
 WITH outbox_table AS (
@@ -17,7 +19,11 @@ WITH outbox_table AS (
 SELECT format('ALTER TABLE %I ADD COLUMN IF NOT EXISTS ordering_key text, '
               'ADD COLUMN IF NOT EXISTS ordering_blocked boolean NOT NULL DEFAULT false, '
               'ADD COLUMN IF NOT EXISTS ordering_skipped_at timestamptz', name)
-FROM outbox_table ORDER BY name;
+FROM outbox_table
+WHERE NOT EXISTS (SELECT 1 FROM pg_attribute AS a
+                  WHERE a.attrelid = to_regclass(quote_ident(name)) AND a.attname = 'ordering_skipped_at'
+                    AND NOT a.attisdropped)
+ORDER BY name;
 
 -- outbox: run each statement this query returns
 WITH outbox_table AS (
@@ -51,4 +57,8 @@ WITH outbox_table AS (
     WHERE c.relkind = 'r' AND n.nspname = current_schema()
       AND EXISTS (SELECT 1 FROM pg_trigger AS tg WHERE tg.tgrelid = c.oid AND tg.tgname = 'outbox_notify_insert')
 )
-SELECT format('SELECT outbox_create_ordering(%L)', name) FROM outbox_table ORDER BY name;
+SELECT format('SELECT outbox_create_ordering(%L)', name)
+FROM outbox_table
+WHERE NOT EXISTS (SELECT 1 FROM pg_trigger AS tg
+                  WHERE tg.tgrelid = to_regclass(quote_ident(name)) AND tg.tgname = 'outbox_ordering_at_commit')
+ORDER BY name;
