@@ -558,6 +558,9 @@ def window(transactions: list[tuple[float, float, float, str]], start: float, en
     """Latency figures of the transactions that started in [start, end): ms."""
     inside = [t for t in transactions if start <= t[0] < end]
     latencies = [t[1] * 1000 for t in inside]
+    # From arrival: the transaction's due time (the producer's schedule) to its commit. A producer held up falls
+    # behind its schedule, as requests arriving meanwhile would queue: what an open-loop client sees.
+    arrivals = [(t[1] + max(t[2], 0.0)) * 1000 for t in inside]
     ends = sorted(t[0] + t[1] for t in inside if t[3] == "ok")
     gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     return {
@@ -568,6 +571,11 @@ def window(transactions: list[tuple[float, float, float, str]], start: float, en
         "p99_ms": _round(quantile(latencies, 0.99)),
         "max_ms": _round(max(latencies, default=None)),
         "over_100ms": sum(1 for v in latencies if v > 100),
+        "p99_from_arrival_ms": _round(quantile(arrivals, 0.99)),
+        "max_from_arrival_ms": _round(max(arrivals, default=None)),
+        "arrivals_over_100ms_pct": _round(100 * sum(1 for v in arrivals if v > 100) / len(arrivals), 2)
+        if arrivals
+        else None,
         "longest_gap_between_commits_ms": _round(max(gaps, default=0) * 1000),
         "worst_start_lag_ms": _round(max((t[2] * 1000 for t in inside), default=None)),
     }
@@ -795,6 +803,7 @@ class Run:
         marks["end"] = time.time()
         r["drained_s"] = self._drain()
         self.marks = marks
+        r["marks"] = marks
 
     def _contract(self) -> dict[str, Any]:
         """``db upgrade --contract`` once the old relay stopped; tried again for 3 minutes while refused (an old
@@ -1028,7 +1037,14 @@ FIGURES: dict[str, tuple[Any, str, tuple[str, Any] | None]] = {
         "ms",
         ("≤ 1000 ms", lambda v: v <= 1000),
     ),
-    "p99 during the upgrade": (_get("windows", "during", "p99_ms"), "ms", ("≤ 100 ms", lambda v: v <= 100)),
+    "p99 during the upgrade": (_get("windows", "during", "p99_ms"), "ms", ("≤ 100 ms (plain)", lambda v: v <= 100)),
+    "p99 from arrival during the upgrade (open loop)": (_get("windows", "during", "p99_from_arrival_ms"), "ms", None),
+    "longest from arrival during the upgrade": (_get("windows", "during", "max_from_arrival_ms"), "ms", None),
+    "arrivals that waited over 100 ms during the upgrade": (
+        _get("windows", "during", "arrivals_over_100ms_pct"),
+        "%",
+        None,
+    ),
     "p50 during the upgrade": (_get("windows", "during", "p50_ms"), "ms", None),
     "p99 before": (_get("windows", "before", "p99_ms"), "ms", None),
     "p50 before": (_get("windows", "before", "p50_ms"), "ms", None),
@@ -1065,6 +1081,14 @@ FIGURES: dict[str, tuple[Any, str, tuple[str, Any] | None]] = {
 }
 
 
+def target_of(group: str, target: tuple[str, Any] | None) -> tuple[str, Any] | None:
+    """The target a figure has in ``group`` ("<old> <variant>"): one marked "(plain)" is the drill's target for the
+    plain variant; the held variant's target is the bound on the longest transaction (issue 41)."""
+    if target and "(plain)" in target[0] and not group.endswith("plain"):
+        return None
+    return target
+
+
 def met(target: tuple[str, Any], stats: dict[str, Any]) -> bool:
     """A target marked "(median)" holds for the median over the runs (a rate on a shared machine); any other for
     every run (a bound on a stall, errors, the delivery)."""
@@ -1092,10 +1116,10 @@ def render(report: dict[str, Any]) -> str:
         f"shared_buffers {report['postgres'].get('shared_buffers')}",
         "",
     ]
-    for key, figures in report["summary"].items():
+    for key, figures in summarise(report["runs"]).items():
         lines += [f"### {key}", "", "| figure | median [min–max] | target | result |", "|---|---|---|---|"]
-        for name, (_, unit, target) in FIGURES.items():
-            stats = figures.get(name)
+        for name, (_, unit, declared) in FIGURES.items():
+            stats, target = figures.get(name), target_of(key, declared)
             if stats is None:
                 lines.append(f"| {name} | – | {target[0] if target else '–'} | – |")
                 continue
@@ -1178,9 +1202,9 @@ def record(report: dict[str, Any], out_dir: Path) -> None:
     path = out_dir / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     figures = []
-    for key, stats_by_name in report["summary"].items():
-        for name, (_, unit, target) in FIGURES.items():
-            stats = stats_by_name.get(name)
+    for key, stats_by_name in summarise(report["runs"]).items():
+        for name, (_, unit, declared) in FIGURES.items():
+            stats, target = stats_by_name.get(name), target_of(key, declared)
             figures.append(
                 {
                     "scenario": SCENARIO,
