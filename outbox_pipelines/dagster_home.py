@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage import db, network_limits
 from outbox_pipelines.core.storage.queries import shared_query
 
 DAGSTER_PG_URL_ENV = "OUTBOX_DAGSTER_PG_URL"
@@ -36,7 +36,7 @@ def dagster_storage_url(outbox_url: str) -> str:
     url = db.psycopg_url(outbox_url)
     info = psycopg.conninfo.conninfo_to_dict(url)
     database = f"{info.get('dbname') or 'postgres'}_dagster"[:63]
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, **network_limits.params(url)) as conn:
         try:
             db.create_database_if_missing(conn, database)
         except psycopg.errors.InsufficientPrivilege:

@@ -32,6 +32,7 @@ from outbox_pipelines.cli.oncall_commands import blocked_keys_text, cmd_status
 from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say
 from outbox_pipelines.cli.parser import GRANT_HELP, Handler, build_parser
+from outbox_pipelines.cli.read_only import read_only_deadline
 from outbox_pipelines.cli.relay_commands import cmd_relay
 from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
 from outbox_pipelines.core.errors import (
@@ -86,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
-        return int(args.handler(args) or 0) or unusable_tables(args)
+        with read_only_deadline(args):  # status, db status, a dry run: bounded (cli/read_only.py)
+            return int(args.handler(args) or 0) or unusable_tables(args)
     except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:
         say(f"error: {exc}")
         return EXIT_USAGE

@@ -3,6 +3,7 @@ relay in a thread Dagster can interrupt). Relay groups, one run relaying many ta
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -12,6 +13,7 @@ from pydantic import Field
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
+from outbox_pipelines.core.relay.stop import stop_timeout_s
 from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
@@ -83,12 +85,13 @@ def _report_metadata(report: RelayReport, mode: str) -> dict[str, Any]:
     return values
 
 
-def _wait_through_interrupts(done: threading.Event) -> None:
-    """Wait for the relay to settle, whatever further interrupts arrive meanwhile (a repeated stop)."""
+def _wait_through_interrupts(done: threading.Event) -> bool:
+    """Wait for the relay to settle, whatever further interrupts arrive meanwhile (a repeated stop), at most the
+    relay's stop bound (a group ends its stuck tables' wait within it: core/relay/stop.py); whether it did."""
+    deadline = time.monotonic() + stop_timeout_s() + 5.0
     while True:
         try:
-            done.wait()
-            return
+            return done.wait(max(deadline - time.monotonic(), 0.0))
         except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
             continue
 
@@ -154,7 +157,12 @@ def _relay_in_thread(
         # Ask first: a second interrupt may land in the log call below (a database write), and
         # must find the stop already requested.
         relays.request()
-        _wait_through_interrupts(done)
+        if not _wait_through_interrupts(done):
+            context.log.error(
+                "termination requested: the relay did not stop in time (a database or destination call that does "
+                "not return); the run ends now, its rows go back to pending when their lease expires"
+            )
+            raise
         context.log.info("termination requested: finished and settled the batch in flight")
         for result in results:
             for line in stopped(result):

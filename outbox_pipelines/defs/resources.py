@@ -15,6 +15,7 @@ from outbox_pipelines.core.settings import Settings, TableSettings, load_setting
 from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.core.storage import db
 from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.network_limits import params
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, ready_tables
 from outbox_pipelines.defs.links import DagsterLinks
 
@@ -52,8 +53,9 @@ class OutboxDatabase:
 
     def engine(self) -> sa.Engine:
         if self._engine is None:
-            self._engine = sa.create_engine(
-                db.sqlalchemy_url(self.database_url()), pool_size=2, max_overflow=4, pool_pre_ping=True
+            url = self.database_url()
+            self._engine = sa.create_engine(  # a connect timeout and keepalives: a check never hangs on the network
+                db.sqlalchemy_url(url), pool_size=2, max_overflow=4, pool_pre_ping=True, connect_args=params(url)
             )
         return self._engine
 

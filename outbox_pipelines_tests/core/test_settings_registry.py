@@ -14,8 +14,10 @@ import pytest
 
 import outbox_pipelines
 from outbox_pipelines.core import canonical
+from outbox_pipelines.core.deadlines import DEFAULT_COMMAND_TIMEOUT_S, seconds_from_env
 from outbox_pipelines.core.destinations.http import TRANSPORTS
 from outbox_pipelines.core.oncall import alerts, metrics, tracing
+from outbox_pipelines.core.relay import stop
 from outbox_pipelines.core.retry import PRESETS
 from outbox_pipelines.core.settings import (
     DESTINATION_KINDS,
@@ -36,6 +38,7 @@ from outbox_pipelines.core.settings.registry import (
     render_markdown,
     render_table_keys_markdown,
 )
+from outbox_pipelines.core.storage import network_limits
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 PACKAGE = Path(outbox_pipelines.__file__).parent
@@ -223,6 +226,12 @@ def test_a_variable_left_unset_gets_the_registrys_default(variable, monkeypatch)
         assert _tenant_label(name, default, monkeypatch) == _tenant_label(name, None, monkeypatch)
     elif name.startswith("OTEL_"):
         assert _exports_spans(name, default) == _exports_spans(name, None)
+    elif variable.read_by == "core/storage/network_limits.py":
+        assert network_limits.limits({name: default}) == network_limits.limits({})
+    elif name == "OUTBOX_RELAY_STOP_TIMEOUT_S":
+        assert stop.stop_timeout_s({name: default}) == stop.stop_timeout_s({})
+    elif name == "OUTBOX_COMMAND_TIMEOUT_S":
+        assert seconds_from_env(name, DEFAULT_COMMAND_TIMEOUT_S, {name: default}) == DEFAULT_COMMAND_TIMEOUT_S
     elif name == "OUTBOX_MIGRATION_LOCK_TIMEOUT_MS":
         monkeypatch.delenv(name, raising=False)
         unset = LockWaits.from_env()

@@ -714,11 +714,14 @@ LIMIT %(limit)s
 -- name: outbox_ready_probe
 -- One table's part of a relay group's poll for its quiet tables (core/relay/group.py), joined with
 -- UNION ALL into one statement: the table's name when a pending row outside its paused topics is
--- due now. {name} and {paused} are literals composed with psycopg.sql; EXISTS stops at the first row.
+-- due now, or a sending row's lease expired (its relay died: the activation's relay takes it back with
+-- outbox_requeue_stuck, as every relay does). {name} and {paused} are literals composed with psycopg.sql;
+-- EXISTS stops at the first row.
 SELECT {name}::text AS table_name
 WHERE EXISTS (SELECT 1 FROM {table}
               WHERE status = 'pending' AND NOT ordering_blocked AND available_at <= now()
                 AND topic <> ALL({paused}::text[]))
+   OR EXISTS (SELECT 1 FROM {table} WHERE status = 'sending' AND lease_expires_at < now())
 
 -- name: outbox_ready_count
 SELECT count(*) AS ready

@@ -1,9 +1,32 @@
 """What one relay invocation may spend: a time budget, an entry budget, one drain, until a stop request."""
 
+import math
 import time
 from dataclasses import dataclass
 
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay.stop import StopRequest
+
+
+def check_budget(max_seconds: float | None, max_entries: int | None = None) -> None:
+    """ConfigError for a budget that would never end or means nothing (nan, inf, negative): a relay refuses it
+    at start instead of running unbounded (``nan`` compares false with every time, so it never ran out)."""
+    if max_seconds is not None and (
+        isinstance(max_seconds, bool)
+        or not isinstance(max_seconds, int | float)
+        or not math.isfinite(max_seconds)
+        or max_seconds < 0
+    ):
+        raise ConfigError(
+            f"the time budget (--max-seconds, max_seconds) must be a finite number of seconds, 0 or more; "
+            f"got {max_seconds!r}"
+        )
+    if max_entries is not None and (
+        isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
+    ):
+        raise ConfigError(
+            f"the entry budget (--max-entries, max_entries) must be a whole number, 1 or more; got {max_entries!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -17,6 +40,7 @@ class Budget:
     def starting_now(
         cls, stop: StopRequest, *, max_seconds: float | None = None, max_entries: int | None = None, once: bool = False
     ) -> "Budget":
+        check_budget(max_seconds, max_entries)
         deadline = time.monotonic() + max_seconds if max_seconds is not None else None
         return cls(deadline, max_entries, once, stop)
 

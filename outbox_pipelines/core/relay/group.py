@@ -32,20 +32,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import psycopg
-
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError, OutboxError
-from outbox_pipelines.core.models import cap_error
 from outbox_pipelines.core.oncall import tracing
-from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.relay.budget import check_budget
 from outbox_pipelines.core.relay.group_places import Places
-from outbox_pipelines.core.relay.group_tables import GroupReport, TableWorker
+from outbox_pipelines.core.relay.group_tables import GroupReport, TableWorker, clear_problem, tell_problem
 from outbox_pipelines.core.relay.group_watcher import Watcher
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
-from outbox_pipelines.core.relay.stop import StopRequest
+from outbox_pipelines.core.relay.stop import StopDeadline, StopRequest, stop_timeout_s
 from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
@@ -65,6 +62,7 @@ RETRY_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)
 # A table whose single-active lock another relay holds is tried again after this long.
 LOCK_HELD_RETRY_S = 10.0
 GAVE_WAY = "gave its place to a waiting table"
+_THREAD_PREFIX = "outbox-group-table-"  # a table's thread (the watcher's is outbox-group-<group>)
 IDLE = "idle"
 
 Progress = Callable[["GroupRelay"], None]
@@ -98,6 +96,7 @@ class GroupRelay:
         self._build = destinations
         self.workers = {name: TableWorker(settings.table(name)) for name in table_names}
         self._stop = StopRequest()
+        self.stop_timeout_s = float(stop_timeout_s())  # how long a stop may take before relays are left behind
         self._deadline: float | None = None
         self._lock = threading.Lock()
 
@@ -117,6 +116,16 @@ class GroupRelay:
             if worker.relay is not None:
                 worker.relay.request_stop()
 
+    @property
+    def stop_request(self) -> StopRequest:
+        """What ``request_stop`` sets (a process's StopDeadline watches it: relay/stop.py)."""
+        return self._stop
+
+    def still_running(self) -> str:
+        """The group and its tables still active, for the sentence of a stop that took too long."""
+        active = sorted(name for name, worker in self.workers.items() if worker.active)
+        return f"relay group {self.group} (still relaying: {', '.join(active) or 'none'})"
+
     def report(self) -> GroupReport:
         """What the group did so far (the running activations included)."""
         report = GroupReport(self.group)
@@ -132,6 +141,7 @@ class GroupRelay:
     def run(self, *, max_seconds: float | None = None, once: bool = False) -> GroupReport:
         """Relay the group's tables until the time budget is used or a stop is requested (``once``: drain
         what each table has ready now, then end)."""
+        check_budget(max_seconds)
         started = time.monotonic()
         self._deadline = None if max_seconds is None else started + max_seconds
         self._prepare()
@@ -146,7 +156,7 @@ class GroupRelay:
             ).start()
         )
         threads = [
-            threading.Thread(target=self._work, args=(worker, once), daemon=True, name=f"outbox-group-{worker.name}")
+            threading.Thread(target=self._work, args=(worker, once), daemon=True, name=_THREAD_PREFIX + worker.name)
             for worker in self.workers.values()
             if not worker.left_out
         ]
@@ -154,16 +164,33 @@ class GroupRelay:
             thread.start()
         stopped_because = self._wait(threads, once, started)
         self._stop_every_table()
-        for thread in threads:
-            thread.join()
-        if watcher is not None:
-            watcher.join(timeout=10)
+        stuck = self._join(threads, watcher)
         for worker in self.workers.values():
-            if worker.destination is not None:
+            if worker.destination is not None and worker.name not in stuck:  # a stuck relay may still use its own
                 worker.destination.close()
         report = self.report()
+        if stuck:
+            stopped_because += f"; {', '.join(stuck)} did not stop within {self.stop_timeout_s:g}s (left running)"
         report.seconds, report.stopped_because = time.monotonic() - started, stopped_because
         return report
+
+    def _join(self, threads: list[threading.Thread], watcher: threading.Thread | None) -> list[str]:
+        """Wait for every table's thread, and the watcher, at most ``stop_timeout_s`` in all (relay/stop.py): a
+        relay stuck in a call that does not return is left behind (its thread is a daemon), named in the log and
+        the report; its rows go back to pending when their lease expires. The tables left behind, by name."""
+        deadline = time.monotonic() + self.stop_timeout_s
+        for thread in [*threads, *([watcher] if watcher is not None else [])]:
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        stuck = sorted(thread.name.removeprefix(_THREAD_PREFIX) for thread in threads if thread.is_alive())
+        if stuck:
+            log.error(
+                "relay group %s: %s did not stop within %gs of the stop request (a database or destination call "
+                "that does not return); left running, their rows go back to pending when their lease expires",
+                self.group,
+                ", ".join(stuck),
+                self.stop_timeout_s,
+            )
+        return stuck
 
     def _wait(self, threads: list[threading.Thread], once: bool, started: float) -> str:
         next_progress = started + self.progress_every_s
@@ -296,29 +323,10 @@ class GroupRelay:
 
     # -- problems ----------------------------------------------------------------------------------------------
     def _problem(self, worker: TableWorker, text: str, shared: SharedTables | None = None) -> None:
-        """Told once (the log, the table's row of outbox_destination_health): a changed problem is told again."""
-        text = cap_error(redact_text(text)) or text
-        if worker.problem == text:
-            return
-        worker.problem = text
-        log.error("relay group %s: %s", self.group, text)
-        try:
-            if shared is not None:
-                shared.record_relay_problem(worker.name, text)
-            else:
-                with connect(self.url) as conn:
-                    SharedTables(conn).record_relay_problem(worker.name, text)
-        except (psycopg.Error, OutboxError) as exc:
-            log.warning("relay group %s: could not record the problem of %s: %s", self.group, worker.name, exc)
+        tell_problem(self.url, self.group, worker, text, shared)
 
     def _clear_problem(self, worker: TableWorker) -> None:
-        worker.problem = None
-        try:
-            with connect(self.url) as conn:
-                SharedTables(conn).clear_relay_problem(worker.name)
-        except (psycopg.Error, OutboxError) as exc:
-            log.warning("relay group %s: could not clear the problem of %s: %s", self.group, worker.name, exc)
-        log.warning("relay %s: relaying again", worker.name)
+        clear_problem(self.url, self.group, worker)
 
 
 def run_group_relay(
@@ -341,6 +349,7 @@ def run_group_relay(
     poll_s: float = POLL_S,
 ) -> GroupReport:
     """Relay every table of ``group`` that relays (``relay_enabled``): what the CLI and the Dagster op call."""
+    check_budget(max_seconds)
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     schema_version.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
@@ -370,11 +379,18 @@ def run_group_relay(
         slice_s=slice_s,
         poll_s=poll_s,
     )
-    if install_signal_handlers:
+    deadline = None
+    if install_signal_handlers:  # the process is the group's (the CLI's): its stop is bounded (relay/stop.py)
         import signal
 
+        deadline = StopDeadline(relay.stop_request, relay.still_running).arm()
+        relay.stop_timeout_s = deadline.bound_s + 1.0  # the process's deadline ends it first, with its exit code
         signal.signal(signal.SIGTERM, relay.request_stop)
         signal.signal(signal.SIGINT, relay.request_stop)
     if group_started is not None:
         group_started(relay)
-    return relay.run(max_seconds=max_seconds, once=once)
+    try:
+        return relay.run(max_seconds=max_seconds, once=once)
+    finally:
+        if deadline is not None:
+            deadline.disarm()

@@ -1,12 +1,23 @@
-"""A relay group's tables: what the group knows of each (``TableWorker``), and what its run did (``GroupReport``)."""
+"""A relay group's tables: what the group knows of each (``TableWorker``), what its run did (``GroupReport``), and
+each table's problem, recorded and cleared (``tell_problem``, ``clear_problem``)."""
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
+import psycopg
+
 from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.errors import OutboxError
+from outbox_pipelines.core.models import cap_error
+from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import SharedTables
+
+log = logging.getLogger("outbox_pipelines.relay")
 
 
 @dataclass
@@ -65,3 +76,30 @@ class GroupReport:
         if self.problems:
             return "table_problems"
         return "delivered" if "delivered" in outcomes else "idle"
+
+
+def tell_problem(url: str, group: str, worker: TableWorker, text: str, shared: SharedTables | None = None) -> None:
+    """Told once (the log, the table's row of outbox_destination_health): a changed problem is told again."""
+    text = cap_error(redact_text(text)) or text
+    if worker.problem == text:
+        return
+    worker.problem = text
+    log.error("relay group %s: %s", group, text)
+    try:
+        if shared is not None:
+            shared.record_relay_problem(worker.name, text)
+        else:
+            with connect(url) as conn:
+                SharedTables(conn).record_relay_problem(worker.name, text)
+    except (psycopg.Error, OutboxError) as exc:
+        log.warning("relay group %s: could not record the problem of %s: %s", group, worker.name, exc)
+
+
+def clear_problem(url: str, group: str, worker: TableWorker) -> None:
+    worker.problem = None
+    try:
+        with connect(url) as conn:
+            SharedTables(conn).clear_relay_problem(worker.name)
+    except (psycopg.Error, OutboxError) as exc:
+        log.warning("relay group %s: could not clear the problem of %s: %s", group, worker.name, exc)
+    log.warning("relay %s: relaying again", worker.name)

@@ -104,6 +104,11 @@ class Relay:
         it only records the request, which the loop's waits notice within a slice (relay/stop.py)."""
         self._stop.request()
 
+    @property
+    def stop_request(self) -> StopRequest:
+        """What ``request_stop`` sets (a process's StopDeadline watches it: relay/stop.py)."""
+        return self._stop
+
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)

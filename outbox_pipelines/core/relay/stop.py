@@ -7,12 +7,31 @@ neither stops nor relays, and a second SIGTERM only stacks another blocked handl
 CPython 3.11; CPython issue 126434 describes it for ``multiprocessing.Event``). So a request is one plain
 attribute store, which takes no lock and is safe from a signal handler and from any thread, and a wait
 on it is a sleep cut in slices of ``SLICE_S``: whoever asks, a wait ends within a slice.
+
+A stop request is honoured at the relay's next wait, which a call that never returns (a database behind a
+network partition, a destination or handler that hangs) never reaches: ``StopDeadline`` bounds the stop of a
+relay process (the CLI's) whatever it waits on. ``OUTBOX_RELAY_STOP_TIMEOUT_S`` after the request, a process
+still running says why in one logged sentence and exits at once with code 1; the rows it held go back to
+pending when their lease expires, taken back by any other relay (docs/reference/cli.md, "relay").
 """
 
+import logging
+import os
+import threading
 import time
+from collections.abc import Callable, Mapping
+
+from outbox_pipelines.core.deadlines import exit_saying, seconds_from_env
+
+log = logging.getLogger("outbox_pipelines.relay")
 
 # How soon a wait notices a stop request. A stop is rare and a slice's wake-up costs microseconds.
 SLICE_S = 0.1
+STOP_TIMEOUT_ENV = "OUTBOX_RELAY_STOP_TIMEOUT_S"
+# Under the 60 s a container gets between SIGTERM and SIGKILL (deploy/docker-compose.yaml's stop_grace_period),
+# and past a batch that settles normally (a destination's timeout is 5 s by default).
+DEFAULT_STOP_TIMEOUT_S = 30
+EXIT_NOT_STOPPED = 1
 
 
 class StopRequest:
@@ -36,3 +55,59 @@ class StopRequest:
                 return False
             time.sleep(min(remaining, SLICE_S))
         return True
+
+
+def stop_timeout_s(env: Mapping[str, str] | None = None) -> int:
+    """``OUTBOX_RELAY_STOP_TIMEOUT_S``: how long a relay may take to stop once asked (ConfigError when unreadable)."""
+    return seconds_from_env(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT_S, env)
+
+
+class StopDeadline:
+    """Once ``stop`` is requested, the process ends within ``bound_s``: stopped by itself (``disarm``), or else
+    by a thread of its own, which logs one sentence (``what`` stopped too slowly: a name, or a function that
+    tells it then) and exits the process with ``EXIT_NOT_STOPPED``.
+
+    The thread only reads the request (an attribute) and sleeps: it needs nothing the stuck call may hold.
+    Armed by a process's entry point only (the CLI's relay): a library's caller keeps its process.
+    """
+
+    def __init__(
+        self,
+        stop: StopRequest,
+        what: str | Callable[[], str],
+        bound_s: float | None = None,
+        exit: Callable[[int], object] = os._exit,
+    ) -> None:
+        self.stop, self.what = stop, what
+        self.bound_s = float(stop_timeout_s() if bound_s is None else bound_s)
+        self._exit = exit
+        self._done = False
+
+    def arm(self, budget_s: float | None = None) -> "StopDeadline":
+        """Watch from now on; ``budget_s``: the run's time budget, whose end counts as a stop request."""
+        ends = None if budget_s is None else time.monotonic() + budget_s
+        threading.Thread(target=self._watch, args=(ends,), daemon=True, name="outbox-stop-deadline").start()
+        return self
+
+    def disarm(self) -> None:
+        self._done = True
+
+    def _watch(self, budget_ends: float | None) -> None:
+        while not (self._done or self.stop.requested or (budget_ends is not None and time.monotonic() >= budget_ends)):
+            time.sleep(SLICE_S)
+        if self._done:
+            return
+        cause = "the stop request" if self.stop.requested else "the end of its time budget"
+        deadline = time.monotonic() + self.bound_s
+        while not self._done:
+            if time.monotonic() >= deadline:
+                what = self.what if isinstance(self.what, str) else self.what()
+                sentence = (
+                    f"{what} did not stop within {self.bound_s:g}s of {cause} (a database or destination call that "
+                    "does not return, such as a network partition); exiting now with code "
+                    f"{EXIT_NOT_STOPPED}. The rows it held go back to pending when their lease expires, taken back by "
+                    f"any other relay ({STOP_TIMEOUT_ENV} sets this bound)."
+                )
+                exit_saying(log.critical, sentence, EXIT_NOT_STOPPED, self._exit)
+                return
+            time.sleep(SLICE_S)

@@ -10,8 +10,10 @@ from collections.abc import Callable
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.oncall import tracing
+from outbox_pipelines.core.relay.budget import check_budget
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.stop import StopDeadline
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 from outbox_pipelines.core.storage import pooler, schema_version
@@ -34,6 +36,7 @@ def run_table_relay(
     relay_started: Callable[[Relay], None] | None = None,
 ) -> RelayReport:
     """Relay one configured table: build its destination (unless given), run under the budget, close it."""
+    check_budget(max_seconds, max_entries)
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     schema_version.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
@@ -50,7 +53,9 @@ def run_table_relay(
         job=job,
         direct_url=pooler.direct_database_url(),
     )
-    if install_signal_handlers:
+    deadline = None
+    if install_signal_handlers:  # the process is the relay's (the CLI's): its stop is bounded (relay/stop.py)
+        deadline = StopDeadline(relay.stop_request, f"relay {table.name}").arm(budget_s=max_seconds)
         relay.install_signal_handlers()
     if relay_started is not None:
         relay_started(relay)  # lets the caller stop it (Dagster's run termination)
@@ -59,6 +64,8 @@ def run_table_relay(
     finally:
         if owned:
             destination.close()
+        if deadline is not None:
+            deadline.disarm()
 
 
 _frozen = False

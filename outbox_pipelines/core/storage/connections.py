@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.errors import DatabaseUnavailable
-from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage import network_limits, pooler
 from outbox_pipelines.core.storage.database_url import _bad_url, psycopg_url, redact, scrub
 
 
@@ -23,7 +23,9 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
     """
     error: Exception
     try:
-        conn = psycopg.connect(psycopg_url(url), autocommit=autocommit, row_factory=dict_row, **kwargs)
+        conn = psycopg.connect(
+            psycopg_url(url), autocommit=autocommit, row_factory=dict_row, **network_limits.params(url, kwargs)
+        )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "options" in kwargs and _POOLER_REFUSES_OPTIONS in reason:

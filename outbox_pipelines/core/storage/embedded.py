@@ -23,6 +23,7 @@ from psycopg import sql
 
 from outbox_pipelines.core.errors import ConfigError, DatabaseUnavailable
 from outbox_pipelines.core.extras import missing_extra
+from outbox_pipelines.core.storage import network_limits
 from outbox_pipelines.core.storage.embedded_as_root import (
     _data_dir,
     _let_server_run_programs,
@@ -197,7 +198,7 @@ def start_embedded(data_root: Path | None = None, database: str = EMBEDDED_DATAB
     root = private_embedded_dir(data_root)
     server = _embedded_server(_data_dir(root))
     admin_url = server.get_uri()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True, **network_limits.params(admin_url)) as conn:
         create_database_if_missing(conn, database)
     uri: str = server.get_uri(database=database)
     return uri

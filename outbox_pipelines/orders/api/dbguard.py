@@ -27,7 +27,7 @@ import psycopg
 import psycopg.errors
 import sqlalchemy as sa
 
-from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage import db, network_limits
 
 HEALTH_BUDGET_S = 0.8  # what /healthz waits for the probe: under 1 s with the HTTP round trip
 HEALTH_STATEMENT_TIMEOUT_MS = 500
@@ -128,7 +128,7 @@ class GuardedEngine:
 
     def __init__(self, url: str, *, pool_size: int, max_overflow: int, pool_timeout_s: float, timeout_s: float) -> None:
         self.timeout_s, self.pool_timeout_s = timeout_s, pool_timeout_s
-        connect_args: dict[str, Any] = {}
+        connect_args: dict[str, Any] = network_limits.params(url)  # keepalives, a TCP user timeout
         connect = connect_timeout_s(url, timeout_s)
         if connect is not None:
             connect_args["connect_timeout"] = connect
@@ -200,7 +200,7 @@ class HealthProbe:
 
     def __init__(self, url: str, budget_s: float = HEALTH_BUDGET_S) -> None:
         self.budget_s = budget_s
-        connect_args: dict[str, Any] = {}
+        connect_args: dict[str, Any] = network_limits.params(url)  # keepalives, a TCP user timeout
         connect = connect_timeout_s(url, 1)
         if connect is not None:
             connect_args["connect_timeout"] = connect

@@ -24,6 +24,7 @@ class EnvVariable:
 
 _SETTINGS = "core/settings/environment.py"
 _TRACING = "core/oncall/tracing.py"
+_NETWORK = "core/storage/network_limits.py"
 
 # fmt: off
 # (The registry reads as a table, a few lines a variable; the formatter would give every field a line of its own.)
@@ -38,6 +39,23 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "user `embedded_postgres` cannot enter a parent of that directory, the data is kept under "
                 "`/var/lib/outbox-pipelines/embedded/` and linked from `.outbox/pgdata`; said on stderr)",
                 "core/storage", "unset: `<project root>/.outbox`"),
+    # What bounds a wait on the network or on a stuck call (docs/how-to/on-call.md, "Nothing hangs").
+    EnvVariable("OUTBOX_DB_CONNECT_TIMEOUT_S", "10", "seconds a connection to the database may take to be answered "
+                "(libpq's `connect_timeout`; a URL that sets it keeps its own)", _NETWORK),
+    EnvVariable("OUTBOX_DB_KEEPALIVES_IDLE_S", "30", "seconds a connection is idle on the wire before TCP keepalive "
+                "probes start (`keepalives_idle`)", _NETWORK),
+    EnvVariable("OUTBOX_DB_KEEPALIVES_INTERVAL_S", "10", "seconds between two keepalive probes "
+                "(`keepalives_interval`)", _NETWORK),
+    EnvVariable("OUTBOX_DB_KEEPALIVES_COUNT", "3", "unanswered keepalive probes after which the connection is "
+                "dead (`keepalives_count`)", _NETWORK),
+    EnvVariable("OUTBOX_DB_TCP_USER_TIMEOUT_MS", "60000", "milliseconds data sent may stay unacknowledged before "
+                "the connection is dead (`tcp_user_timeout`: a partition in the middle of a statement)", _NETWORK),
+    EnvVariable("OUTBOX_RELAY_STOP_TIMEOUT_S", "30", "seconds a CLI relay (or group) may take to stop after "
+                "SIGTERM or the end of its time budget; then it logs why and exits with code 1 (a Dagster group "
+                "run ends, its stuck tables named)", "core/relay/stop.py"),
+    EnvVariable("OUTBOX_COMMAND_TIMEOUT_S", "60", "seconds a read-only command (`status`, `db status`, a "
+                "`--dry-run`) may wait for the database; then it says so and exits with code 1",
+                "core/deadlines.py"),
     EnvVariable("OUTBOX_MIGRATION_LOCK_TIMEOUT_MS", "500", "how long one `db upgrade` statement may wait for a lock "
                 "before it rolls back, lets the application's writes through and tries again (up to 10 min)",
                 "core/storage/migration_safety.py"),
