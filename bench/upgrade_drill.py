@@ -202,6 +202,7 @@ class Tree:
     name: str  # "049a0ee", or "new"
     path: Path
     project: Path
+    extra: dict[str, str] = field(default_factory=dict)  # --new-env: variables for this version's processes
 
     def env(self, url: str, run_dir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHON"))}
@@ -212,7 +213,7 @@ class Tree:
             OUTBOX_DRILL_SEEN_DIR=str(run_dir),
             PYTHONUNBUFFERED="1",
         )
-        return env
+        return env | self.extra
 
 
 class Process:
@@ -341,8 +342,9 @@ class Server:
     def keep_log(self, folder: Path) -> None:
         """The embedded server's log (its checkpoints among others) copied to ``folder``."""
         if self._server.data_dir is not None:
-            for path in self._server.data_dir.rglob("*.log"):
-                shutil.copy(path, folder / f"postgresql-{path.name}")
+            for path in self._server.data_dir.rglob("log"):
+                if path.is_file():
+                    shutil.copy(path, folder / "postgresql.log")
 
     def stop(self) -> None:
         if self._server.embedded:
@@ -746,6 +748,7 @@ class Run:
                 process.stop()
             samples = sampler.stop()
         self._figures(samples)
+        (self.dir / "samples.json").write_text(json.dumps(samples.__dict__, default=str))  # for a closer look
         return self.result
 
     def _phases(self, sampler: Sampler) -> None:
@@ -1081,6 +1084,15 @@ FIGURES: dict[str, tuple[Any, str, tuple[str, Any] | None]] = {
 }
 
 
+JSON_INFO = {
+    "p99 from arrival during the upgrade (open loop)",
+    "p99 before",
+    "db upgrade (new version), whole",
+    "old relay, 5,000 backlog, old schema",
+    "old relay, 5,000 backlog, new schema",
+}
+
+
 def target_of(group: str, target: tuple[str, Any] | None) -> tuple[str, Any] | None:
     """The target a figure has in ``group`` ("<old> <variant>"): one marked "(plain)" is the drill's target for the
     plain variant; the held variant's target is the bound on the longest transaction (issue 41)."""
@@ -1205,6 +1217,8 @@ def record(report: dict[str, Any], out_dir: Path) -> None:
     for key, stats_by_name in summarise(report["runs"]).items():
         for name, (_, unit, declared) in FIGURES.items():
             stats, target = stats_by_name.get(name), target_of(key, declared)
+            if stats is None or not (declared or name in JSON_INFO):
+                continue  # results.md has every figure; results.json the targets and a few for comparison
             figures.append(
                 {
                     "scenario": SCENARIO,
@@ -1256,6 +1270,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, default=BENCH, help="where results.md/json are (default bench/)")
     parser.add_argument("--no-record", action="store_true", help="print the section; write no results.md/json")
+    parser.add_argument(
+        "--new-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="an environment variable for the new version's commands (e.g. OUTBOX_AUTOVACUUM=off)",
+    )
+    parser.add_argument("--only-paired", action="store_true", help="only the side-by-side drains (no drill)")
     parser.add_argument("--from-report", type=Path, help="record a finished run's report.json (bench/.runs/...) "
                         "in results.md/json instead of running")  # fmt: skip
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -1309,14 +1330,16 @@ def main(argv: list[str] | None = None) -> int:
         for commit_old in args.old or OLD_VERSIONS:
             with worktree(commit_old) as old_path:
                 old = Tree(commit_old, old_path, project(work, f"old-{commit_old}"))
-                new = Tree("new", REPO, project(work, "new"))
+                new = Tree("new", REPO, project(work, "new"), dict(v.split("=", 1) for v in args.new_env or []))
                 template = f"drill_template_{commit_old}"
                 make_template(server, old, template, args.rows, args.audit_rows, runs_dir)
                 for n in range(args.runs):
                     log(f"{commit_old}: the old relay's drain on both schemas side by side, run {n + 1}")
                     paired = paired_drain(server, template, old, new, settings, runs_dir / f"{commit_old}-pair-{n + 1}")
                     log(f"  {paired['per_s']}: new / old {paired['ratio']}")
-                    for variant in args.variant or ("plain", "held"):
+                    if args.only_paired:
+                        runs.append({"old": commit_old, "variant": "paired", "paired_drain": paired})
+                    for variant in [] if args.only_paired else args.variant or ("plain", "held"):
                         run_dir = runs_dir / f"{commit_old}-{variant}-{n + 1}"
                         run_dir.mkdir()
                         shutil.copy(work / "drill_handlers.py", run_dir)
