@@ -29,6 +29,7 @@ from dagster_postgres import DagsterPostgresStorage
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.settings import load_settings_or_problem
 from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.database_url import refuse_two_way_url
 from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 
 # Set once the message is out: the webserver, daemon and run workers a command starts inherit
@@ -43,6 +44,7 @@ def resolve_storage_url() -> tuple[str, str]:
     """(the psycopg2 URL Dagster's storage uses, where it came from, for people)."""
     explicit = os.environ.get(DAGSTER_PG_URL_ENV)
     if explicit:
+        refuse_two_way_url(explicit)  # "percent-encode the password", before Dagster's driver reads a host out of it
         return explicit, DAGSTER_PG_URL_ENV
     outbox = db.resolve_database(announce=False)
     if not outbox.embedded:
@@ -61,7 +63,7 @@ def _announce(url: str, source: str) -> None:
     """Say which database Dagster uses unless it was named explicitly; on stderr, so stdout stays the command's."""
     if source == DAGSTER_PG_URL_ENV or os.environ.get(_ANNOUNCED_ENV):
         return
-    print(f"Dagster storage: {db.redact(url)}, {source}", file=sys.stderr, flush=True)
+    print(f"Dagster storage: {db.mask_url(url)}, {source}", file=sys.stderr, flush=True)
     os.environ[_ANNOUNCED_ENV] = "1"
 
 

@@ -50,7 +50,7 @@ def prepare_demo(reset: bool = False) -> DemoData:
         reset_demo_data(directory)
     resolved = db.resolve_database(announce=False, may_start_embedded=True)
     if not resolved.embedded:
-        said = f"the demo writes to {db.redact(resolved.url)} ({db.DATABASE_URL_ENV}) and keeps Dagster's runs and "
+        said = f"the demo writes to {db.mask_url(resolved.url)} ({db.DATABASE_URL_ENV}) and keeps Dagster's runs and "
         said += f"its mail in {directory}"
     elif per_user or directory == _user_demo_dir_or_none():
         said = f"the demo keeps its data in {directory} (no project here: a directory of yours); the next run "

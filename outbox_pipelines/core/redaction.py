@@ -1,6 +1,9 @@
 """Secrets never reach people: URLs shown without their credentials, answers without the credential sent.
 
-- ``redact_url`` / ``redact_text``: user-info (``user:password@``) masked, in a URL or in free text.
+- ``mask_url``: THE rule that shows a URL, a host list or a libpq conninfo without its credentials (user-info,
+  ``password=`` and other secret parameters); ``redact_text`` applies it to every URL inside free text.
+- ``reads_two_ways`` / ``unencoded_userinfo``: a URL whose user-info holds a raw ``@``, ``#``, ``?`` or ``/``
+  (a client reads a host out of the password): refused where it is loaded, "percent-encode the password".
 - ``url_origin``: ``scheme://host[:port]`` only, how a destination or webhook URL is named in logs,
   run metadata and alerts (a Slack-style path or an ``?apikey=`` query is a secret too).
 - ``Scrubber``: the credentials one destination was given (a bearer token, Basic user and password,
@@ -13,9 +16,6 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-# Up to the last "@" of the URL's run of text: a password may hold "/", "#" or "?" (generated ones often do),
-# which a URL parser reads as the end of the user-info; masking a path's "@" too is the safe side.
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^@\s]*@")
 # A credential in an echoed header or a log line, whoever sent it: "Bearer <token>", "Basic <base64>",
 # "Authorization: <anything>" (a header dump), "token=<value>" / "api_key: <value>" in a query or body.
 _AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>bearer|basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=:-]{8,})")
@@ -28,21 +28,114 @@ _KEY_PARAM = re.compile(
 _MIN_SECRET = 4
 
 
-def redact_url(url: str) -> str:
-    """A URL without user-info (``user:password@``); anything unparsable is masked whole.
+# Where a URL's authority (user-info, hosts) starts: after its scheme's "://" (Kafka's SASL_SSL:// too).
+# A URL inside free text runs from its scheme to the next white space.
+_SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+._-]*://")
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+._-]*://\S*")
+# What follows the "@" that ends a user-info: a host list (names, IPv6 in brackets, ports; several, comma-separated,
+# as libpq and Kafka take them) or nothing (libpq's Unix socket in the query), up to a path, query, fragment, quote
+# or the end. A raw "@" of the password is followed by neither, or by more of the password and another "@".
+_HOST = r"(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)"
+_HOSTS_AFTER_AT = re.compile(rf"@{_HOST}?(?::\d*)?(?:,{_HOST}(?::\d*)?)*(?=[/?#'\"),;>\]]|$)")
+# A secret in a query string or a key=value conninfo (quoted or not): password=, sslpassword=, token=, api_key= ...
+_SECRET_PARAM = re.compile(
+    r"(?i)(?P<key>(?<![A-Za-z0-9_])(?:(?:ssl)?password|passwd|secret|(?:access_|auth_)?token|api[_-]?key)\s*=\s*)"
+    r"(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&#'\"]*)"
+)
+# libpq's key=value conninfo ("host=h user=u password=p"): no user-info, its secrets are parameters.
+_CONNINFO = re.compile(r"^\s*[A-Za-z_]+\s*=")
+_RAW_IN_USERINFO = re.compile(r"[@/?#]")
 
-    Whatever comes before the URL's last "@" is masked, not only what a URL parser reads as user-info: a
-    password holding "#", "?" or "/" ends the parser's user-info there, and a URL missing its "//" or its
-    scheme has none; a mistyped URL is exactly what an error message shows."""
-    if "@" in url:
-        scheme, separator, rest = url.partition("://")
-        after = url.rsplit("@", 1)[1]
-        return f"{scheme}://***@{after}" if separator and "@" in rest else f"***@{after}"
-    try:
-        urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    return url
+
+def _userinfo(value: str) -> tuple[int, int, int] | None:
+    """(where the user-info starts, where its first ":" is or -1, the "@" ending it) as the mask reads
+    ``value``: a URL (also one a parser cannot read), or a host list without a scheme (Kafka's).
+
+    The user-info ends at the last "@" a host list follows (or, without any, at the last "@"): a raw "@", "/",
+    "?" or "#" of a password (which should have been percent-encoded) stays inside it, where a URL parser
+    would end the password there and read the rest as a host, a path, a query or a fragment. A raw "@" after
+    the host (``?application_name=a@b``) is read so too: over-masked, and refused where a URL is loaded."""
+    scheme = _SCHEME.match(value)
+    start = scheme.end() if scheme else 0
+    if not scheme and _CONNINFO.match(value):
+        return None
+    ats = [match.start() for match in _HOSTS_AFTER_AT.finditer(value, start)]
+    at = ats[-1] if ats else value.rfind("@", start)
+    if at < 0:
+        return None
+    return start, value.find(":", start, at), at
+
+
+def _keeps_user(value: str, start: int, colon: int, at: int) -> bool:
+    """A PostgreSQL URL's role name is shown (libpq's user-info holds no token); any other scheme's user-info
+    (a NATS or HTTP token is a bare user-info) and a host list's are masked whole."""
+    scheme = value[: max(start - 3, 0)].lower()
+    user = value[start : colon if colon >= 0 else at]
+    return scheme.startswith("postgres") and not _RAW_IN_USERINFO.search(user)
+
+
+def mask_url(value: str) -> str:
+    """``value`` (a URL, parsable or not; a host list; a libpq key=value conninfo) with every credential
+    shown as ``***``: the password of its user-info, or the whole user-info but a PostgreSQL role name
+    (``postgresql://user:***@h1:5432,h2:5432/db``, ``amqp://***@[::1]:5672/``, ``***@broker:9092``), and
+    the value of ``password=``, ``sslpassword=``, ``token=``, ``api_key=`` ... parameters.
+
+    The one way this package shows a URL or host list that may hold a credential: database URLs, broker
+    and destination URLs, Kafka's bootstrap servers, and (``redact_text``) any URL quoted in an error."""
+    span = _userinfo(value)
+    if span is not None:
+        start, colon, at = span
+        if _keeps_user(value, start, colon, at):
+            if colon >= 0 and colon + 1 < at:
+                value = value[: colon + 1] + "***" + value[at:]
+        elif start < at:
+            value = value[:start] + "***" + value[at:]
+    return _SECRET_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), value)
+
+
+def secrets_in(value: str) -> set[str]:
+    """The credentials ``value`` carries as ``mask_url`` reads it (its password, or its bare user-info, and
+    its secret parameters), as written and percent-decoded: what a scrubber takes out of a driver's text."""
+    found: set[str] = set()
+    span = _userinfo(value)
+    if span is not None:
+        start, colon, at = span
+        if not _keeps_user(value, start, colon, at):
+            found.add(value[start:at])
+        elif colon >= 0:
+            found.add(value[colon + 1 : at])
+    found.update(match.group("value").strip("'") for match in _SECRET_PARAM.finditer(value))
+    return {s for v in found for s in (v, unquote(v)) if s}
+
+
+def reads_two_ways(url: str) -> bool:
+    """Whether a client would read ``url``'s user-info otherwise than ``mask_url`` shows it: a raw "@", "#", "?"
+    or "/" in the password (``user:Zq@7x/Kp9@host``: libpq and httpx read the host ``7x``, and send the rest
+    of the password elsewhere), or a raw "@" after the host where the URL has no user-info. Only a URL with a
+    scheme is read so; a host list or a conninfo is not."""
+    scheme = _SCHEME.match(url)
+    if not scheme:
+        return False
+    start = scheme.end()
+    ends = [i for i in (url.find(c, start) for c in "/?#") if i >= 0]
+    authority = url[start : min(ends, default=len(url))]
+    if authority.count("@") > 1:
+        return True
+    span = _userinfo(url)
+    parsed_at = start + authority.find("@") if "@" in authority else -1
+    return (span[2] if span is not None else -1) != parsed_at
+
+
+def unencoded_userinfo(url: str, where: str) -> str | None:
+    """The sentence refusing ``url`` when it ``reads_two_ways`` (``where`` names the setting or variable that
+    holds it), else None. The URL is shown masked, its whole password hidden."""
+    if not reads_two_ways(url):
+        return None
+    return (
+        f"{where} = {mask_url(url)} reads two ways: its user-info holds a raw '@', '#', '?' or '/', so a client "
+        "would take part of the password for the host, port, path or query: percent-encode the password "
+        "(@ as %40, # as %23, ? as %3F, / as %2F; a raw '@' after the host as %40 too)"
+    )
 
 
 def url_origin(url: str) -> str:
@@ -61,8 +154,10 @@ def url_origin(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """Any URL user-info inside free text (error messages, names) masked."""
-    return _USERINFO.sub(lambda match: f"{match.group('scheme')}***@", text)
+    """Every URL inside free text (error messages, names) shown as ``mask_url`` shows it, and a conninfo's
+    ``password=`` (or another secret parameter) masked wherever it is."""
+    text = _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
+    return _SECRET_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), text)
 
 
 def mask_credentials(text: str) -> str:

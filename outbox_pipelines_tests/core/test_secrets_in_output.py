@@ -220,8 +220,8 @@ def test_the_dagster_resource_fails_with_a_masked_config_error(monkeypatch):
         ("postgresql://u:pw@[::1", "postgresql://u:***@[::1"),
     ],
 )
-def test_mask_password(url, masked):
-    assert db.mask_password(url) == masked
+def test_mask_url_of_database_urls(url, masked):
+    assert db.mask_url(url) == masked
 
 
 @pytest.mark.parametrize("password", ["S3cret?Pw-xyz", "S3cret/Pw-xyz", "S3cret#Pw-xyz", "S3c?re/t#Pw@xyz"])
@@ -242,7 +242,7 @@ def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, 
         assert "***" in result.stdout + result.stderr, result.stderr
         for secret in [password, *pieces]:
             assert secret not in result.stdout + result.stderr, f"{command}: {secret!r} in\n{result.stderr}"
-    assert db.mask_password(url).startswith("postgresql://someone:***@127.0.0.1:")
+    assert db.mask_url(url).startswith("postgresql://someone:***@127.0.0.1:")
 
 
 @pytest.mark.parametrize(
@@ -253,11 +253,12 @@ def test_a_password_with_a_raw_question_mark_or_slash_is_never_printed(cli_env, 
         ("postgresql://u:pa#ss@h/db", "postgresql://u:***@h/db"),
         ("postgresql://u:pa?ss@/db?host=/tmp/x", "postgresql://u:***@/db?host=/tmp/x"),
         ("postgresql://u:pw@h1:5432,h2:5433/db", "postgresql://u:***@h1:5432,h2:5433/db"),
-        ("postgresql://u@h/db?application_name=a@b", "postgresql://u@h/db?application_name=a@b"),
+        # a raw "@" after the host reads as the end of a user-info (over-masked; refused at load: issue 42)
+        ("postgresql://u@h/db?application_name=a@b", "postgresql://***@b"),
     ],
 )
-def test_mask_password_of_unencoded_passwords(url, masked):
-    assert db.mask_password(url) == masked
+def test_mask_url_of_unencoded_passwords(url, masked):
+    assert db.mask_url(url) == masked
 
 
 # A destination URL from the environment, mistyped or with a generated password holding "#", "?" or "/": a URL

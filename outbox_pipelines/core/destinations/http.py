@@ -58,9 +58,10 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import (
     Scrubber,
     hide_url_paths_in_http_client_logs,
+    mask_url,
     redact_text,
-    redact_url,
     split_credentials,
+    unencoded_userinfo,
     url_origin,
 )
 
@@ -132,9 +133,12 @@ class HttpDestination(Destination):
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown HTTP transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
-        raw_url, shown = url, redact_url(url)
+        raw_url, shown = url, mask_url(url)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"destination URL must start with http:// or https://, got {shown!r}")
+        two_ways = unencoded_userinfo(url, "the destination URL")  # httpx would send to a host out of the password
+        if two_ways is not None:
+            raise ConfigError(two_ways)
         try:
             url, credentials = split_credentials(url)
             urlsplit(url).port  # noqa: B018  (a port out of range raises here, not at the first delivery)

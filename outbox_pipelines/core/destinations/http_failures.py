@@ -15,7 +15,7 @@ import httpx
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
-from outbox_pipelines.core.redaction import redact_text, redact_url
+from outbox_pipelines.core.redaction import mask_url, redact_text
 
 # Control characters (CR, LF, NUL ...; TAB is allowed in header values) that no HTTP client sends in a header
 # or a request target. Refused here, the same way on every transport, before anything goes on the wire.
@@ -66,7 +66,7 @@ def check_request(url: str, headers: dict[str, str]) -> None:
         if _CONTROL.search(value):
             raise ValueError(f"header {name!r} holds a control character (CR, LF, NUL ...): {value[:64]!r}")
     if _CONTROL.search(url):
-        raise ValueError(f"the request URL holds a control character (CR, LF, NUL ...): {redact_url(url)[:200]!r}")
+        raise ValueError(f"the request URL holds a control character (CR, LF, NUL ...): {mask_url(url)[:200]!r}")
 
 
 def _unwrap(exc: BaseException) -> BaseException:

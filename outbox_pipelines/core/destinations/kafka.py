@@ -46,8 +46,9 @@ from outbox_pipelines.core.destinations.kafka_outcomes import (
 )
 from outbox_pipelines.core.destinations.kafka_producer import ProducerKeeper, config_scrubber
 from outbox_pipelines.core.destinations.trace_context import valid_traceparent
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.redaction import mask_url, redact_text
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.settings import TableSettings
@@ -124,6 +125,11 @@ class KafkaDestination(Destination):
         topic_prefix: str = "",
         config: Mapping[str, Any] | None = None,
     ) -> None:
+        if "@" in bootstrap_servers:  # a credential pasted in: never shown, never sent to librdkafka's logs
+            raise ConfigError(
+                f"Kafka bootstrap_servers {mask_url(bootstrap_servers)!r} holds a user-info (user:password@): "
+                "pass the credentials as sasl.username and sasl.password in config, never in bootstrap_servers"
+            )
         config = dict(config or {})
         self.name = name or f"kafka://{bootstrap_servers.split(',')[0]}"
         self.topic_prefix = topic_prefix

@@ -36,7 +36,14 @@ from outbox_pipelines.core.destinations.nats_outcomes import NO_RESPONDERS, Nats
 from outbox_pipelines.core.destinations.nats_wire import Prepared, Wire, too_large
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.redaction import Scrubber, redact_text, redact_url, split_credentials, url_origin
+from outbox_pipelines.core.redaction import (
+    Scrubber,
+    mask_url,
+    redact_text,
+    split_credentials,
+    unencoded_userinfo,
+    url_origin,
+)
 
 if TYPE_CHECKING:  # the settings type, for build()'s annotation only
     from outbox_pipelines.core.settings import TableSettings
@@ -91,9 +98,12 @@ class NatsJetStreamDestination(Destination):
         max_in_flight: int = 32,
         client_name: str = "outbox-pipelines",
     ) -> None:
-        shown = redact_url(url)
+        shown = mask_url(url)
         if not url.startswith(("nats://", "tls://")):
             raise ConfigError(f"a NATS URL starts with nats:// or tls://, got {shown!r}")
+        two_ways = unencoded_userinfo(url, "the NATS URL")
+        if two_ways is not None:
+            raise ConfigError(two_ways)
         try:
             server, credentials = split_credentials(url)
         except ValueError as exc:

@@ -54,8 +54,9 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.loop_thread import LoopThread, backstop_s
 from outbox_pipelines.core.destinations.rabbitmq_connection import ChannelKeeper, Ended
 from outbox_pipelines.core.destinations.trace_context import context_headers
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.redaction import Scrubber, redact_text, split_credentials, url_origin
+from outbox_pipelines.core.redaction import Scrubber, redact_text, split_credentials, unencoded_userinfo, url_origin
 
 if TYPE_CHECKING:  # the settings type, for build()'s annotation only
     from outbox_pipelines.core.settings import TableSettings
@@ -91,6 +92,9 @@ class RabbitMQDestination(Destination):
         timeout_s: float = 5.0,
         max_in_flight: int = 32,
     ) -> None:
+        two_ways = unencoded_userinfo(url, "the RabbitMQ URL")  # the client would connect to a host out of the password
+        if two_ways is not None:
+            raise ConfigError(two_ways)
         self.url = url
         self.name = name or url_origin(url)
         self.scrub = Scrubber(url, credentials=split_credentials(url)[1])

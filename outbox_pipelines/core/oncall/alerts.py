@@ -23,6 +23,7 @@ from outbox_pipelines.core.redaction import (
     hide_url_paths_in_http_client_logs,
     redact_text,
     split_credentials,
+    unencoded_userinfo,
     url_origin,
 )
 from outbox_pipelines.core.settings import parse_duration
@@ -165,6 +166,10 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
     url = url if url is not None else os.environ.get(ALERT_WEBHOOK_ENV)
     log.warning("outbox alert: %s", body.get("text", body.get("summary", "")))
     if not url:
+        return False
+    two_ways = unencoded_userinfo(url, ALERT_WEBHOOK_ENV)  # httpx would post to a host read out of the password
+    if two_ways is not None:
+        log.error("alert not posted: %s", two_ways)
         return False
     # Only the origin is shown: a webhook's path (Slack's /services/T/B/X) is its secret. Credentials travel as
     # Basic auth, never in the URL, and httpx's own request log shows the origin only.

@@ -13,7 +13,7 @@ from outbox_pipelines.core.names import notify_channel
 from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage import pooler
-from outbox_pipelines.core.storage.db import connect, redact
+from outbox_pipelines.core.storage.db import connect, mask_url
 
 STATEMENT_TIMEOUT_MS = 30_000
 # Plans. By default every statement of the relay's sessions is planned for its own parameters: a
@@ -60,14 +60,14 @@ def open_relay_session(url: str, table: TableSettings, direct_url: str | None = 
             conn.close()
             raise ConfigError(
                 f"table {table.name} is single-active: its relay holds a session lock, which cannot pass the "
-                f"connection pooler at {redact(url)}. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct "
+                f"connection pooler at {mask_url(url)}. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct "
                 "connection to PostgreSQL (or a session-mode pool) for the relay's session, "
                 f'or make the table competing (mode = "competing").'
             )
         pooler.say_once(
-            f"listen {redact(url)}",
+            f"listen {mask_url(url)}",
             (
-                f"relay {table.name}: a connection pooler sits between the relay and PostgreSQL at {redact(url)}, "
+                f"relay {table.name}: a connection pooler sits between the relay and PostgreSQL at {mask_url(url)}, "
                 f"and LISTEN/NOTIFY cannot pass a transaction pooler: polling every {table.idle_sleep_s:g}s instead "
                 f"of waking on enqueue. Set {pooler.DIRECT_DATABASE_URL_ENV} to a direct connection to wake at once."
             ),

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.redaction import redact_url, url_origin
+from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo, url_origin
 from outbox_pipelines.core.settings.registry import choices, keys_in
 from outbox_pipelines.core.settings.values import one_of
 
@@ -97,9 +97,17 @@ def missing_extra(kind: str) -> str | None:
 
 
 def _kafka_servers(value: str, where: str) -> tuple[str, str]:
+    """Kafka's bootstrap servers, checked; the list and how it is shown. A list holding a credential pasted in
+    (``user:password@host:9092``, ``SASL_SSL://user:password@host:9092``) is refused, shown masked."""
+    if "@" in value:
+        raise ConfigError(
+            f"{where} bootstrap_servers = {mask_url(value)!r} holds a user-info (user:password@): Kafka takes its "
+            "credentials from sasl_username and sasl_password_env (the password read from the environment), "
+            "never from bootstrap_servers; write them as host:port[,host:port...]"
+        )
     servers = [part.strip() for part in value.split(",") if part.strip()]
     if not servers or not all(_SERVER.fullmatch(s) for s in servers):
-        raise ConfigError(f"{where} bootstrap_servers must be host:port[,host:port...], got {value!r}")
+        raise ConfigError(f"{where} bootstrap_servers must be host:port[,host:port...], got {mask_url(value)!r}")
     return ",".join(servers), servers[0] + (f" (+{len(servers) - 1})" if len(servers) > 1 else "")
 
 
@@ -110,13 +118,16 @@ def split_url(url: str, what: str) -> SplitResult:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises for a port out of range)
     except ValueError:
-        raise ConfigError(f"{what} = {redact_url(url)!r} is not a valid URL") from None
+        raise ConfigError(f"{what} = {mask_url(url)!r} is not a valid URL") from None
     return parts
 
 
 def _broker_url(kind: str, url: str, where: str) -> tuple[str, str]:
     broker = BROKERS[kind]
-    shown = redact_url(url)
+    problem = unencoded_userinfo(url, f"{where} url")
+    if problem is not None:
+        raise ConfigError(problem)
+    shown = mask_url(url)
     parts = split_url(url, f"{where} url")
     if parts.scheme not in broker.schemes or not parts.hostname:
         schemes = " or ".join(f"{s}://" for s in broker.schemes)

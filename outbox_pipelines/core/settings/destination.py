@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.destinations.signing import signing_keys
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.redaction import redact_url
+from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.settings.brokers import (
     BROKERS,
@@ -103,7 +103,8 @@ def check_destination_credentials(what: str, url: str, env: GlobalSettings, toke
 
     ``what`` names where the URL came from ("OUTBOX_BROKER_URL", "[tables.NAME] url").
     """
-    shown = redact_url(url)
+    refuse_two_way_url(url, what)
+    shown = mask_url(url)
     parts = split_url(url, what)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{what} = {shown!r} must be an http:// or https:// URL with a host")
@@ -113,6 +114,15 @@ def check_destination_credentials(what: str, url: str, env: GlobalSettings, toke
             "the table's token_env): a request carries one credential. Keep the user-info (sent as Basic auth) and "
             "unset the token, or remove the user-info from the URL (the token is sent as a bearer)"
         )
+
+
+def refuse_two_way_url(url: str, what: str) -> None:
+    """ConfigError, "percent-encode the password", when a client would read the URL otherwise than it is shown: a
+    raw '@', '#', '?' or '/' in its user-info makes httpx (or a broker client) send to a host taken out of the
+    password, with the rest of it as the credential."""
+    problem = unencoded_userinfo(url, what)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True)
@@ -144,15 +154,7 @@ def table_destination(
             "(messages are marked sent and go nowhere)"
         )
     destination = one_of(section["destination"], destination_kinds(), f"{where} destination")
-    url = section.get("url")
-    url_source = f"{where} url"
-    if "url_env" in section:
-        if url is not None:
-            raise ConfigError(
-                f"{where} names both url and url_env: keep one (url_env when the URL holds a "
-                "credential, which then stays out of the file)"
-            )
-        url, url_source = env_variable(section, "url_env", env.environ, where), f"{where} url_env"
+    url, url_source = _table_url(section, env, where)
     if "signing_secret_env" in section and destination != "http":
         raise ConfigError(f'{where} signing_secret_env applies to destination = "http" (signed webhooks)')
     if destination in BROKERS:
@@ -192,6 +194,26 @@ def table_destination(
         except ValueError as exc:
             raise ConfigError(f"{where} signing_secret_env = {section['signing_secret_env']!r}: {exc}") from None
     return Where(destination, url, token, _nowhere(name, destination, url, from_env), signing_secret=secret)
+
+
+def _table_url(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[Any, str]:
+    """The section's ``url``, or the value of the variable its ``url_env`` names; and where it came from. A URL
+    that reads two ways is refused here, whatever its destination, naming the setting or variable."""
+    url = section.get("url")
+    url_source = f"{where} url"
+    if "url_env" in section:
+        if url is not None:
+            raise ConfigError(
+                f"{where} names both url and url_env: keep one (url_env when the URL holds a "
+                "credential, which then stays out of the file)"
+            )
+        url, url_source = (
+            env_variable(section, "url_env", env.environ, where),
+            f"{section['url_env']} ({where} url_env)",
+        )
+    if isinstance(url, str):
+        refuse_two_way_url(url, url_source)
+    return url, url_source
 
 
 def _check_handlers(spec: Any, where: str) -> None:

@@ -1,17 +1,21 @@
-"""A database URL: read as libpq reads it, converted for SQLAlchemy, and shown with its password masked.
+"""A database URL: read as libpq reads it, converted for SQLAlchemy, and refused when it reads two ways.
 
-A database URL's password never appears in a message: every error shows the
-URL with the password masked (``mask_password``), and a libpq error that quotes
-it is scrubbed (``scrub``).
+A database URL's password never appears in a message: every error shows the URL
+as ``redaction.mask_url`` shows it (the one rule for every URL), a URL whose
+user-info holds a raw ``@``, ``#``, ``?`` or ``/`` is refused before libpq reads
+a host out of the password (``parse_url``, ``refuse_two_way_url``), and a libpq
+message is shown only without what it quotes of the URL's password (``scrub``).
 """
 
+import os
 import re
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import quote, urlencode
 
 import psycopg
 
 from outbox_pipelines.core.errors import InvalidDatabaseUrl
+from outbox_pipelines.core.redaction import mask_url, secrets_in, unencoded_userinfo
 
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
 
@@ -24,64 +28,32 @@ def psycopg_url(url: str) -> str:
     return url
 
 
-# password=... in key=value conninfo or in a URL's query (sslpassword too).
-_PASSWORD_PARAM = re.compile(r"(?P<key>\b(?:ssl)?password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&]*)", re.IGNORECASE)
+# The variables a database URL is read from, named when one of them holds the URL refused.
+_URL_VARIABLES = (DATABASE_URL_ENV, "OUTBOX_DIRECT_DATABASE_URL", "OUTBOX_DAGSTER_PG_URL")
+# What libpq puts between double quotes in a message: the values it read (a host, a user, a port, a piece of the
+# URL it could not parse), the only place a piece of the URL's password can be.
+_QUOTED = re.compile(r'"[^"]*"')
 
 
-# What follows the ``@`` of user-info: a host list as libpq takes it (names, IPv6 in brackets, ports), or nothing
-# (a Unix socket in the query), up to the path, the query or the end.
-_HOSTS_AFTER_AT = re.compile(
-    r"@(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)?(?::\d*)?"
-    r"(?:,(?:\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._%-]+)(?::\d*)?)*(?=[/?#]|$)"
-)
+def _variable(url: str) -> str | None:
+    """The variable that holds ``url`` (None: the code passed it, ``outbox_resources(url=...)``, ``connect``)."""
+    for name in _URL_VARIABLES:
+        if os.environ.get(name) and os.environ[name].strip() in (url, psycopg_url(url)):
+            return name
+    return None
 
 
-def _userinfo_span(url: str) -> tuple[int, int] | None:
-    """Where the password of ``scheme://user:password@host`` is, also in a URL libpq cannot parse.
-
-    The password ends at the last ``@`` that a host list follows: a raw ``@``, ``/``, ``?`` or ``#`` in it
-    (which should have been percent-encoded) is masked with the rest of the password, never shown in part.
-    Without such an ``@`` before the query, one inside it counts too: ``user:pa?ss@host`` reads as a query.
-    """
-    scheme_end = url.find("://")
-    if scheme_end < 0:
-        return None
-    start = scheme_end + 3
-    query = url.find("?", start)
-    ats = [match.start() for match in _HOSTS_AFTER_AT.finditer(url, start)]
-    before_query = [at for at in ats if query < 0 or at < query]
-    at = (before_query or ats or [-1])[-1]
-    if at < 0:
-        at = url.rfind("@", start, len(url) if query < 0 else query)
-    if at < 0:
-        return None
-    colon = url.find(":", start, at)
-    if colon < 0 or colon + 1 == at:  # no password, or an empty one
-        return None
-    return colon + 1, at
-
-
-def mask_password(url: str) -> str:
-    """The URL (or key=value conninfo) with any password shown as ``***``; parsable or not."""
-    span = _userinfo_span(url)
-    if span is not None:
-        url = url[: span[0]] + "***" + url[span[1] :]
-    return _PASSWORD_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), url)
-
-
-def redact(url: str) -> str:
-    """The URL with any password hidden, for messages."""
-    return mask_password(url)
+def refuse_two_way_url(url: str) -> None:
+    """InvalidDatabaseUrl, "percent-encode the password", when the URL's user-info holds a raw '@', '#', '?' or
+    '/': libpq would read a host, a port or a database out of the password and send that piece to DNS."""
+    problem = unencoded_userinfo(url, _variable(url) or "the database URL passed in code")
+    if problem is not None:
+        raise InvalidDatabaseUrl(problem)
 
 
 def _secrets_of(url: str) -> set[str]:
     """The password(s) a URL carries, raw and decoded, to scrub them from any message."""
-    found: set[str] = set()
-    span = _userinfo_span(url)
-    if span is not None:
-        found.add(url[span[0] : span[1]])
-    for match in _PASSWORD_PARAM.finditer(url):
-        found.add(match.group("value").strip("'"))
+    found = secrets_in(url)
     try:
         password = psycopg.conninfo.conninfo_to_dict(psycopg_url(url)).get("password")
     except psycopg.Error:
@@ -91,44 +63,38 @@ def _secrets_of(url: str) -> set[str]:
     # libpq's own reading of a password with a raw "?", "/" or "#" splits it (a host "u", a port "Sec", a query
     # "retPw@..."); its error text then quotes a piece: every piece of 3 characters or more is a secret too.
     pieces = {piece for value in found for piece in re.split(r"[/?#@:&=]", value)}
-    return {s for v in found | pieces for s in (v, unquote(v)) if len(s) >= 3}
+    return {s for s in found | pieces if len(s) >= 3}
+
+
+def _holds_a_piece(text: str, secrets: set[str], shortest: int = 3) -> bool:
+    """Whether ``text`` holds ``shortest`` or more characters in a row of any secret."""
+    return any(secret[i : i + shortest] in text for secret in secrets for i in range(len(secret) - shortest + 1))
+
+
+def _quoted(quoted: str, secrets: set[str]) -> str:
+    """What libpq quoted, as shown: the URL it quotes (masked already) named, not repeated; a piece of the
+    password as ``***``."""
+    if _holds_a_piece(quoted, secrets):
+        return '"***"'
+    return "the URL" if "://" in quoted else quoted
 
 
 def scrub(text: str, url: str) -> str:
-    """``text`` (say, a libpq error) with ``url`` shown masked and its password nowhere."""
+    """``text`` (a libpq message) without the URL or any piece of its password: a quoted value holding the URL
+    or 3 characters in a row of the password is shown as ``***``; a message that still holds such a piece
+    outside quotes is not quoted at all."""
     for raw in {url, psycopg_url(url)}:
-        text = text.replace(raw, mask_password(raw))
-    secrets = sorted(_secrets_of(url), key=len, reverse=True)
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    # Only a password with a raw "?", "/", "#" or "@" is cut by libpq's parser and quoted in pieces; masking
-    # fragments of any other would also hide ordinary words it happens to contain ("password").
-    return _mask_fragments(text, [secret for secret in secrets if re.search(r"[?/#@]", secret)])
-
-
-def _mask_fragments(text: str, secrets: list[str], shortest: int = 4) -> str:
-    """Any run of ``shortest`` or more characters of ``text`` that is also part of a secret, masked: libpq
-    quotes a password it cut at a raw '?', '/' or '#' from the middle ("re/t#Pw@host")."""
-    out, i = [], 0
-    while i < len(text):
-        length = 0
-        for secret in secrets:
-            n = shortest
-            while i + n <= len(text) and text[i : i + n] in secret:
-                n += 1
-            length = max(length, n - 1 if n - 1 >= shortest else 0)
-        if length:
-            out.append("***")
-            i += length
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+        text = text.replace(raw, mask_url(raw))
+    secrets = _secrets_of(url)
+    text = _QUOTED.sub(lambda m: _quoted(m.group(0), secrets), text)
+    if _holds_a_piece(text, {s for s in secrets if len(s) >= 4}, shortest=4):
+        return "libpq's own message is not shown: it quotes part of the URL's password"
+    return text
 
 
 def _bad_url(url: str, reason: str) -> InvalidDatabaseUrl:
     return InvalidDatabaseUrl(
-        f"the database URL {mask_password(url)} is not valid: {scrub(reason, url)}. "
+        f"the database URL {mask_url(url)} ({_variable(url) or 'passed in code'}) is not valid: {scrub(reason, url)}. "
         "Write it as postgresql://user:password@host:5432/dbname (percent-encode special characters, "
         "e.g. @ as %40 in a password), or unset OUTBOX_DATABASE_URL to use the embedded server under .outbox/."
     )
@@ -136,6 +102,7 @@ def _bad_url(url: str, reason: str) -> InvalidDatabaseUrl:
 
 def parse_url(url: str) -> dict[str, Any]:
     """libpq's reading of ``url`` (key=value conninfo too), or InvalidDatabaseUrl with the password masked."""
+    refuse_two_way_url(url)
     reason = ""
     try:
         info = psycopg.conninfo.conninfo_to_dict(psycopg_url(url))

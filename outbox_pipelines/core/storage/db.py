@@ -16,13 +16,12 @@ import os
 import sys
 from dataclasses import dataclass
 
+from outbox_pipelines.core.redaction import mask_url
 from outbox_pipelines.core.storage.connections import connect, driver_connection
 from outbox_pipelines.core.storage.database_url import (
     DATABASE_URL_ENV,
-    mask_password,
     parse_url,
     psycopg_url,
-    redact,
     scrub,
     sqlalchemy_url,
     url_with_database,
@@ -76,13 +75,12 @@ __all__ = [
     "embedded_dir",
     "embedded_socket_dir",
     "make_private_dirs",
-    "mask_password",
+    "mask_url",
     "parse_url",
     "private_embedded_dir",
     "private_socket_dir",
     "project_root",
     "psycopg_url",
-    "redact",
     "refuse_a_server_outside_any_project",
     "resolve_database",
     "scrub",
@@ -107,14 +105,14 @@ def resolve_database(announce: bool = True, *, may_start_embedded: bool = False)
     url = os.environ.get(DATABASE_URL_ENV)
     if url:
         parse_url(url)  # a malformed URL is a ConfigError here, with its password masked
-        return ResolvedDatabase(psycopg_url(url), False, f"using {redact(url)} (OUTBOX_DATABASE_URL)")
+        return ResolvedDatabase(psycopg_url(url), False, f"using {mask_url(url)} (OUTBOX_DATABASE_URL)")
     root = embedded_dir()
     if not may_start_embedded:
         refuse_an_unasked_server(root)
     refuse_a_server_outside_any_project(root)
     url = start_embedded(root)
     resolved = ResolvedDatabase(
-        url, True, f"using the embedded PostgreSQL under {root}: {redact(url)} (OUTBOX_DATABASE_URL is unset)"
+        url, True, f"using the embedded PostgreSQL under {root}: {mask_url(url)} (OUTBOX_DATABASE_URL is unset)"
     )
     if announce:
         print(resolved.description, file=sys.stderr)
