@@ -9,8 +9,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.errors import DatabaseUnavailable
+from outbox_pipelines.core.redaction import mask_url
 from outbox_pipelines.core.storage import network_limits, pooler
-from outbox_pipelines.core.storage.database_url import _bad_url, psycopg_url, redact, scrub
+from outbox_pipelines.core.storage.database_url import _bad_url, psycopg_url, refuse_two_way_url, scrub
 
 
 def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
@@ -22,6 +23,7 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
     connect (``options``) are dropped with a warning (core/storage/pooler.py).
     """
     error: Exception
+    refuse_two_way_url(url)  # before libpq reads a host out of the password (and asks DNS for it)
     try:
         conn = psycopg.connect(
             psycopg_url(url), autocommit=autocommit, row_factory=dict_row, **network_limits.params(url, kwargs)
@@ -30,16 +32,16 @@ def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Conn
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "options" in kwargs and _POOLER_REFUSES_OPTIONS in reason:
             pooler.say_once(
-                f"options {redact(url)}",
+                f"options {mask_url(url)}",
                 (
-                    f"the connection pooler at {redact(url)} refuses session settings at connect "
+                    f"the connection pooler at {mask_url(url)} refuses session settings at connect "
                     f"({kwargs['options']}); connecting without them. Set them on the database role instead "
                     "(ALTER ROLE ... SET statement_timeout = '30s'), or in the pooler (PgBouncer's query_timeout)."
                 ),
             )
             return connect(url, autocommit=autocommit, **{k: v for k, v in kwargs.items() if k != "options"})
         error = DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact(url)}: {scrub(reason, url)}. "
+            f"cannot connect to PostgreSQL at {mask_url(url)}: {scrub(reason, url)}. "
             "Check that the server is running and OUTBOX_DATABASE_URL is right "
             "(unset it to use the embedded server under .outbox/)."
         )
