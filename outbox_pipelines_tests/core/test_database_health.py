@@ -150,7 +150,7 @@ def test_a_holder_of_unknown_age_is_blamed_only_once_dead_tuples_pile_up():
     assert slot.severity == "warn"
     assert slot.description.startswith(
         f"{EVENTS}: replication slot 'standby_b' (inactive, 2.5M transactions behind) holds vacuum back: "
-        "300,000 dead tuples, 30.0 % of its 1.0M live rows (1.2 GB with its indexes)"
+        "300,000 dead tuples, 30.0 % of its 1.0M live rows (1.2 GiB with its indexes)"
     )
     assert "SELECT pg_drop_replication_slot('standby_b')" in slot.description
     assert vacuum_verdict(_health(UNSEEN, 150_000), EVENTS, limits).severity == "ok"  # 15 %: below the ratio

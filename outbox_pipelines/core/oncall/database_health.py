@@ -225,7 +225,7 @@ def _share(part: int, whole: int) -> str:
 
 
 def _bytes(n: int) -> str:
-    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
