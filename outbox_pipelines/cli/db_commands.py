@@ -36,6 +36,10 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         print("database is up to date")
     for owner in report.owned_elsewhere.values():
         say(f"error: {owner.refusal(settings.project)}")
+    if report.autovacuum is not None and report.autovacuum.applied:  # docs/how-to/retention.md
+        print(f"autovacuum settings (OUTBOX_AUTOVACUUM) set on: {', '.join(report.autovacuum.applied)}")
+    for table, why in (report.autovacuum.skipped if report.autovacuum is not None else {}).items():
+        say(f"warning: autovacuum settings of {table} not set: {why}")
     if report.tables:
         print(f"outbox tables of this project ({settings.project}): {', '.join(report.tables)}")
     else:

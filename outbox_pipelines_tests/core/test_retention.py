@@ -15,7 +15,7 @@ from outbox_pipelines.core.storage import autovacuum
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
 from outbox_pipelines.orders.ledger import LEDGER_TTL_S
-from outbox_pipelines_tests.conftest import table_settings
+from outbox_pipelines_tests.conftest import run_cli, table_settings
 from outbox_pipelines_tests.helpers import audit_codes, db_now, enqueue_n, statuses
 from outbox_pipelines_tests.rows import make_dead
 
@@ -152,3 +152,12 @@ def test_a_table_held_by_a_vacuum_is_left_for_the_next_upgrade(db_url, conn, mon
         vacuum_like.rollback()
     assert list(report.skipped) == [EVENTS] and "the next db upgrade" in report.skipped[EVENTS]
     assert list(report.applied) == ["outbox_audit"]
+
+
+def test_db_upgrade_says_which_tables_got_their_autovacuum_settings(cli_env, conn):
+    first = run_cli(cli_env, "db", "upgrade")
+    assert first.returncode == 0, first.stderr
+    assert "autovacuum settings (OUTBOX_AUTOVACUUM) set on: " in first.stdout and "outbox_audit" in first.stdout
+    assert _options(conn, "outbox_audit") == autovacuum.AUDIT_DEFAULTS
+    again = run_cli(cli_env, "db", "upgrade")
+    assert again.returncode == 0 and "autovacuum settings" not in again.stdout  # already so: said once
