@@ -5,6 +5,8 @@ import argparse
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from outbox_pipelines.argument_types import duration, port, whole_number
+
 CONTROL_HELP = """\
 control endpoints (not orders; any other path is an order):
   GET  /_stats     JSON: requests (orders received), executed (keys executed, each once),
@@ -78,27 +80,28 @@ class Faults:
 
 
 def add_fault_options(p: argparse.ArgumentParser) -> None:
+    count = whole_number(0)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--port", type=port, default=8700)
     p.add_argument(
-        "--fail-first", type=int, default=0, metavar="N", help="answer 503 to the first N attempts of every key"
+        "--fail-first", type=count, default=0, metavar="N", help="answer 503 to the first N attempts of every key"
     )
-    p.add_argument("--every-nth-5xx", type=int, default=0, metavar="N", help="answer 503 to every Nth request")
-    p.add_argument("--every-nth-429", type=int, default=0, metavar="N", help="answer 429 to every Nth request")
+    p.add_argument("--every-nth-5xx", type=count, default=0, metavar="N", help="answer 503 to every Nth request")
+    p.add_argument("--every-nth-429", type=count, default=0, metavar="N", help="answer 429 to every Nth request")
     p.add_argument(
-        "--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)"
+        "--retry-after", type=duration, default=1.0, metavar="S", help="Retry-After of the 429 answers (seconds)"
     )
     p.add_argument(
         "--every-nth-timeout",
-        type=int,
+        type=count,
         default=0,
         metavar="N",
         help="hang on every Nth request (then execute it: a late answer)",
     )
-    p.add_argument("--hang", type=float, default=10.0, metavar="S", help="how long a hanging request hangs")
+    p.add_argument("--hang", type=duration, default=10.0, metavar="S", help="how long a hanging request hangs")
     p.add_argument(
         "--every-nth-drop",
-        type=int,
+        type=count,
         default=0,
         metavar="N",
         help="drop the connection of every Nth request (nothing executed)",

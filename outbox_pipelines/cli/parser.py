@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from outbox_pipelines import __version__
+from outbox_pipelines.argument_types import death_time, duration, operator_text, port, row_id, whole_number
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
 from outbox_pipelines.cli.db_commands import (
     cmd_db_create_table,
@@ -25,9 +26,6 @@ from outbox_pipelines.cli.oncall_commands import cmd_status
 from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.relay_commands import cmd_relay
 from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
-from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.operations.replay import ReplayRefused, check_row_id, parse_death_time
-from outbox_pipelines.core.settings import parse_duration
 from outbox_pipelines.core.storage import roles
 
 Handler = Callable[[argparse.Namespace], int]
@@ -39,33 +37,6 @@ GRANT_HELP = (
     "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
     "GRANT outbox_relay TO relay_login."
 )
-
-
-# -- value types: argparse tells a bad value as a usage error (exit 2), in the core's own words --------------
-def row_id(value: str) -> int:
-    try:
-        return check_row_id(int(value))
-    except ValueError as exc:  # ReplayRefused is a ValueError too
-        message = str(exc) if isinstance(exc, ReplayRefused) else f"{value!r} is not a row id (a whole number)"
-        raise argparse.ArgumentTypeError(message) from None
-
-
-def death_time(name: str) -> Callable[[str], Any]:
-    def parse(value: str) -> Any:
-        try:
-            return parse_death_time(value, name)
-        except ReplayRefused as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = "time"
-    return parse
-
-
-def duration(value: str) -> float:
-    try:
-        return parse_duration(value, "duration")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- the tree: the top-level options, then each command's parser, in the order --help lists them ------------
@@ -221,14 +192,16 @@ def add_message_commands(sub: Any) -> None:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--once", action="store_true", help="drain what is ready now, then exit")
     budget.add_argument(
-        "--max-seconds", type=float, metavar="S", help="stop claiming after S seconds (finishes the batch in flight)"
+        "--max-seconds", type=duration, metavar="S", help="stop claiming after S seconds (finishes the batch in flight)"
     )
-    p.add_argument("--max-entries", type=int, metavar="N", help="stop after claiming N messages")
-    p.add_argument("--batch-size", type=int, help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)")
+    p.add_argument("--max-entries", type=whole_number(), metavar="N", help="stop after claiming N messages")
+    p.add_argument(
+        "--batch-size", type=whole_number(), help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)"
+    )
     p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
     p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
     p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
@@ -268,7 +241,7 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--table", required=True, help="outbox table")
     p.add_argument("--id", type=row_id, action="append", metavar="ID", help="the dead message's row id (repeatable)")
     p.add_argument("--key", metavar="KEY", help="every parked dead message of this ordering key")
-    p.add_argument("--reason", help="why, kept in the audit row")
+    p.add_argument("--reason", type=operator_text, help="why, kept in the audit row (one printable line)")
     p.add_argument("--dry-run", action="store_true", help="list what would be skipped; change nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -326,7 +299,7 @@ def add_service_commands(sub: Any) -> None:
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=port, default=8080)
     p.add_argument(
         "--allow-anonymous",
         action="store_true",
@@ -359,7 +332,7 @@ def add_service_commands(sub: Any) -> None:
         default="127.0.0.1",
         help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote",
     )
-    p.add_argument("--port", type=int, default=3000)
+    p.add_argument("--port", type=port, default=3000)
     p.add_argument(
         "--allow-remote",
         action="store_true",

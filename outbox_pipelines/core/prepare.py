@@ -20,14 +20,15 @@ from outbox_pipelines.core.models import (
     check_printable,
     unprintable_problem,
 )
+from outbox_pipelines.core.settings.environment import env_int
 from outbox_pipelines.core.storage.table_enqueue import NewRow
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 
 
 def payload_limit() -> int:
-    raw = os.environ.get(MAX_PAYLOAD_ENV)
-    return int(raw) if raw else DEFAULT_MAX_PAYLOAD_BYTES
+    """OUTBOX_MAX_PAYLOAD_BYTES, or ConfigError naming it when it is not a whole number of bytes."""
+    return env_int(os.environ, MAX_PAYLOAD_ENV, DEFAULT_MAX_PAYLOAD_BYTES)
 
 
 def _check_identifiers(message: Message, new_event_id: str | None = None) -> str:

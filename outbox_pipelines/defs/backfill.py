@@ -11,6 +11,7 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.operations.backfill import redeliver_sent
+from outbox_pipelines.core.settings.values import MAX_WHOLE
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
 
@@ -23,7 +24,9 @@ class BackfillConfig(LaunchConfig):
         default="", description="Outbox table whose sent messages to deliver again (one the project declares)."
     )
     # A bound the config schema cannot express; LaunchConfig turns a violation into a refused launch.
-    batch_size: int = Field(default=500, ge=1, description="Messages read and delivered per batch (at least 1).")
+    batch_size: int = Field(
+        default=500, ge=1, le=MAX_WHOLE, description=f"Messages read and delivered per batch (1 to {MAX_WHOLE})."
+    )
 
 
 def _days() -> str:

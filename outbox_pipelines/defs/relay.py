@@ -14,7 +14,8 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.stop import stop_timeout_s
-from outbox_pipelines.defs.common import metadata_values, resolve_table, table_asset_key
+from outbox_pipelines.core.settings.values import MAX_DURATION_S, MAX_WHOLE
+from outbox_pipelines.defs.common import LaunchConfig, metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
@@ -45,13 +46,19 @@ def default_run_seconds() -> float:
     return run_minutes() * 60.0 + OVERLAP_S
 
 
-class RelayRunConfig(dg.Config):
+class RelayRunConfig(LaunchConfig):
     table: str = Field(default="", description="The outbox table to relay: one the project declares (outbox.toml).")
+    # The CLI's bounds (core/settings/values.py): a budget of nan or inf would never end; out of them, refused.
     max_seconds: float = Field(
         default=default_run_seconds(),
+        ge=0,
+        le=MAX_DURATION_S,
+        allow_inf_nan=False,
         description="Stop claiming after this many seconds; the batch in flight is settled first.",
     )
-    max_entries: int | None = Field(default=None, description="Stop after claiming this many messages.")
+    max_entries: int | None = Field(
+        default=None, ge=1, le=MAX_WHOLE, description="Stop after claiming this many messages."
+    )
     once: bool = Field(default=False, description="Drain what is ready now, then end the run.")
 
 

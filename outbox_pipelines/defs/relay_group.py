@@ -13,7 +13,8 @@ from outbox_pipelines.core.relay import by_code
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
 from outbox_pipelines.core.relay.group_tables import GroupReport
 from outbox_pipelines.core.settings import DEFAULT_GROUP
-from outbox_pipelines.defs.common import RefusedLaunch, metadata_values, table_asset_key
+from outbox_pipelines.core.settings.values import MAX_DURATION_S
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, table_asset_key
 from outbox_pipelines.defs.relay import OUTCOME_TAG, _relay_in_thread, default_run_seconds, relay_graph
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
 
@@ -33,10 +34,14 @@ def hosted_tag(table_name: str) -> str:
     return f"{TABLE_TAG}.{table_name}"
 
 
-class GroupRunConfig(dg.Config):
+class GroupRunConfig(LaunchConfig):
     group: str = Field(default=DEFAULT_GROUP, description="The relay group (outbox.toml's group key) to relay.")
-    max_seconds: float = Field(
-        default=default_run_seconds(), description="Relay this long; every table's batch in flight is settled first."
+    max_seconds: float = Field(  # bounded as the CLI's --max-seconds (core/settings/values.py)
+        default=default_run_seconds(),
+        ge=0,
+        le=MAX_DURATION_S,
+        allow_inf_nan=False,
+        description="Relay this long; every table's batch in flight is settled first.",
     )
     once: bool = Field(default=False, description="Drain what each table has ready now, then end the run.")
 

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay import check_row_id
 from outbox_pipelines.core.relay.ordering import skip_dead_heads
+from outbox_pipelines.core.settings.values import free_text
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import OutboxDb
@@ -32,6 +33,15 @@ class SkipConfig(LaunchConfig):
     dry_run: bool = Field(
         default=True, description=("true (the default): only list what would be passed over. Set false to do it.")
     )
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        # Kept in the audit as written: one printable line, never a terminal escape (the CLI's --reason too).
+        try:
+            return free_text(value, "reason")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("ids")
     @classmethod

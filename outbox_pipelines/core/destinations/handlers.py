@@ -17,7 +17,7 @@ A handler receives the ClaimedMessage and may return a reference string.
 
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -56,7 +56,46 @@ def check_handler(topic: str, handler: Any) -> None:
             )
 
 
+# The attribute ``HandlerRegistry.factory`` sets on a function: a ``handlers`` spec may name it.
+FACTORY_MARK = "__outbox_registry_factory__"
+
+
+def spec_target_problem(target: object) -> str | None:
+    """Why what a ``handlers = "module:attr"`` spec names cannot be used (None when it can): a HandlerRegistry, or
+    a function marked ``@HandlerRegistry.factory``. Nothing is called to tell: ``sys:exit``, ``os:abort``, a plain
+    function, a class or a module is refused as it is named, before anything runs it."""
+    if isinstance(target, HandlerRegistry):
+        return None
+    own = getattr(target, "__dict__", None)  # the mark set on the object itself, not one a __getattr__ makes up
+    if callable(target) and isinstance(own, Mapping) and own.get(FACTORY_MARK) is True:
+        return None
+    if inspect.ismodule(target):
+        kind = "a module"
+    elif inspect.isclass(target):
+        kind = f"a class ({target.__name__})"
+    elif inspect.isbuiltin(target):
+        kind = f"a built-in function ({_name(target)})"
+    elif callable(target):
+        kind = f"a function ({_name(target)}) not marked @HandlerRegistry.factory"
+    else:
+        kind = f"a {type(target).__name__}"
+    return (
+        f"it is {kind}, not a HandlerRegistry; name the registry (registry = HandlerRegistry()) or a function "
+        "marked @HandlerRegistry.factory that returns one. Nothing was called"
+    )
+
+
 class HandlerRegistry:
+    @staticmethod
+    def factory(function: Callable[[], "HandlerRegistry"]) -> Callable[[], "HandlerRegistry"]:
+        """Mark a function of no arguments that returns a HandlerRegistry, so that a table's ``handlers`` spec
+        may name it: the relay calls it once when it builds the table's destination. A spec naming any other
+        function is refused when the settings load, never called."""
+        if not callable(function) or not hasattr(function, "__dict__"):
+            raise TypeError(f"@HandlerRegistry.factory marks a function, got {type(function).__name__}")
+        setattr(function, FACTORY_MARK, True)
+        return function
+
     def __init__(self) -> None:
         self._handlers: dict[str, list[Handler]] = {}
         self._disabled: set[str] = set()

@@ -51,7 +51,7 @@ from outbox_pipelines.core.destinations.http_transport import (
     TRANSPORTS,
     HttpClient,
 )
-from outbox_pipelines.core.destinations.signing import WebhookSigner
+from outbox_pipelines.core.destinations.signing import WebhookSigner, header_id
 from outbox_pipelines.core.destinations.trace_context import context_headers
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
@@ -187,7 +187,7 @@ class HttpDestination(Destination):
         headers = dict(self._base_lower)
         for name, value in request.headers.items():
             headers[name.lower()] = value
-        headers["idempotency-key"] = message.event_id
+        headers["idempotency-key"] = header_id(message.event_id)  # ASCII as a header carries it (signing.py)
         body = json.dumps(request.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         if self.signer is not None:  # signs the exact bytes sent; nothing a builder sets can replace them
             headers.update(self.signer.headers(message.event_id, body))

@@ -1,10 +1,17 @@
 """Standard Webhooks signatures (https://www.standardwebhooks.com) for an HTTP table that names a secret.
 
-Each delivery carries ``webhook-id`` (the message's event_id, the same on every attempt, so a receiver
-drops a redelivery), ``webhook-timestamp`` (the attempt's Unix seconds) and ``webhook-signature``
-(``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``). The secret is ``whsec_<base64>`` as the spec and
-its libraries write it; several secrets separated by spaces (a rotation) each sign, so a receiver that
-knows either verifies. The secret comes from the environment (``signing_secret_env``), never the file.
+Each delivery carries ``webhook-id`` (the message's event_id as ``header_id`` writes it, the same on every
+attempt, so a receiver drops a redelivery), ``webhook-timestamp`` (the attempt's Unix seconds) and
+``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, the id exactly as sent). The secret
+is ``whsec_<base64>`` as the spec and its libraries write it; several secrets separated by spaces (a rotation)
+each sign, so a receiver that knows either verifies. The secret comes from the environment
+(``signing_secret_env``), never the file.
+
+An HTTP header carries ASCII: a receiver reads any other byte as Latin-1 (WSGI, ASGI, http.server), so an id
+sent as UTF-8 would reach its verifier as other characters and never verify. ``header_id`` keeps an event_id of
+printable ASCII as it is and percent-encodes (RFC 3986) the UTF-8 bytes of anything else, ``%`` itself
+included (so two ids never share a header), and, in ``webhook-id``, ``.`` too: the spec asks that the id hold
+no ``.``, the separator of the signed content.
 """
 
 import base64
@@ -15,6 +22,21 @@ import time
 from collections.abc import Callable
 
 PREFIX = "whsec_"
+
+
+def header_id(event_id: str, *, keep_dots: bool = True) -> str:
+    """``event_id`` as an HTTP header carries it: unchanged when it is printable ASCII (inner spaces kept), else
+    its UTF-8 bytes outside that, ``%`` (and ``.`` unless ``keep_dots``) and an edge space percent-encoded.
+    Injective: two event_ids never give one header value."""
+    out = []
+    last = len(event_id) - 1
+    for index, char in enumerate(event_id):
+        kept = "!" <= char <= "~" and char != "%" and (keep_dots or char != ".")
+        if kept or (char == " " and 0 < index < last):
+            out.append(char)
+        else:
+            out.append("".join(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass")))
+    return "".join(out)
 
 
 def signing_keys(secret: str) -> tuple[bytes, ...]:
@@ -46,9 +68,12 @@ class WebhookSigner:
         self._clock = clock
 
     def headers(self, message_id: str, body: bytes) -> dict[str, str]:
+        """The three headers for the message whose event_id is ``message_id``: the signature is over the id as
+        the ``webhook-id`` header carries it (ASCII, no ``.``), the bytes a receiver's verifier reads."""
+        sent_id = header_id(message_id, keep_dots=False)
         timestamp = str(int(self._clock()))
-        signed = message_id.encode() + b"." + timestamp.encode() + b"." + body
+        signed = sent_id.encode("ascii") + b"." + timestamp.encode() + b"." + body
         signatures = " ".join(
             "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in self._keys
         )
-        return {"webhook-id": message_id, "webhook-timestamp": timestamp, "webhook-signature": signatures}
+        return {"webhook-id": sent_id, "webhook-timestamp": timestamp, "webhook-signature": signatures}

@@ -7,19 +7,33 @@ the engine never imports a wing.
 
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
+from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry, spec_target_problem
 from outbox_pipelines.core.destinations.paper import PaperBroker
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.settings import Settings, TableSettings, import_attribute
 
 
 def load_registry(spec: str) -> HandlerRegistry:
-    """Import 'package.module:attribute' and check it is a HandlerRegistry."""
-    registry = import_attribute(spec, "handlers", shape="package.module:registry")
-    if callable(registry) and not isinstance(registry, HandlerRegistry):
-        registry = registry()
+    """Import 'package.module:attribute': a HandlerRegistry, or a function marked ``@HandlerRegistry.factory``
+    (called once, here, and what it returns checked). Anything else is refused as it is named, never called."""
+    target = import_attribute(spec, "handlers", shape="package.module:registry")
+    if target is None:
+        raise ConfigError(f"handlers = {spec!r}: the module has no such attribute; name its HandlerRegistry")
+    problem = spec_target_problem(target)
+    if problem is not None:
+        raise ConfigError(f"handlers = {spec!r}: {problem}")
+    if isinstance(target, HandlerRegistry):
+        return target
+    try:
+        registry = target()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 (SystemExit too: a factory that exits is its table's problem)
+        raise ConfigError(f"handlers = {spec!r}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(registry, HandlerRegistry):
-        raise ConfigError(f"handlers = {spec!r} is not a HandlerRegistry (got {type(registry).__name__})")
+        raise ConfigError(
+            f"handlers = {spec!r}: the factory returned a {type(registry).__name__}, which is not a HandlerRegistry"
+        )
     return registry
 
 

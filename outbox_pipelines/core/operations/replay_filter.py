@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from outbox_pipelines.core.errors import OutboxError
+from outbox_pipelines.core.settings.values import MAX_DURATION_S, MAX_DURATION_TEXT
 
 BIGINT_MAX = 2**63 - 1
 
@@ -35,14 +36,23 @@ def parse_death_time(value: str, name: str) -> datetime | timedelta:
     text = str(value).strip()
     ago = _AGO.match(text)
     if ago:
-        return timedelta(seconds=float(ago.group(1)) * _AGO_UNITS[ago.group(2).lower()])
+        seconds = float(ago.group(1)) * _AGO_UNITS[ago.group(2).lower()]
+        if seconds > MAX_DURATION_S:  # the one bound of every duration (core/settings/values.py)
+            raise ReplayRefused(
+                f"{name}={json.dumps(str(value))} is further back than {MAX_DURATION_TEXT}: write a time ago up to "
+                "that, or a date",
+                name,
+            )
+        return timedelta(seconds=seconds)
     try:
         if text.endswith(("z", "Z")):
             text = text[:-1] + "+00:00"
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+        parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        parsed.astimezone(UTC)  # a date at the calendar's edge (9999-12-31T23:00-05:00) has no UTC time
+    except (ValueError, OverflowError):
         raise ReplayRefused(f"{name}={json.dumps(str(value))} is not a time: {TIME_FORMAT}", name) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return parsed
 
 
 def check_row_id(value: int, name: str = "id") -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings.values import free_text
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable
 
@@ -141,6 +142,7 @@ def skip_dead_heads(
             f"'outbox-pipelines status --table {table.name}' names the blocked keys and their dead "
             f"messages."
         )
+    reason = free_text(reason, "reason")  # kept in the audit: one printable line, no terminal escape
     report = SkipReport(table.name, dry_run)
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, table.name)

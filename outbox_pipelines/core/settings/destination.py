@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outbox_pipelines.core import wings
+from outbox_pipelines.core.destinations.handlers import spec_target_problem
 from outbox_pipelines.core.destinations.signing import signing_keys
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo
@@ -241,6 +242,10 @@ def _check_handlers(spec: Any, where: str) -> None:
             f"{where} handlers = {spec!r}: {module_name} has no attribute {attribute!r}; "
             "name the HandlerRegistry it defines (package.module:registry)"
         )
+    # What it names is checked, never called: "sys:exit" or "os:abort" is refused here, not run by a relay.
+    problem = spec_target_problem(registry)
+    if problem is not None:
+        raise ConfigError(f"{where} handlers = {spec!r}: {problem}")
 
 
 def _nowhere(name: str, destination: str, url: str | None, from_env: str | None) -> str | None:

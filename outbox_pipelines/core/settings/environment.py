@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.settings.values import parse_duration
+from outbox_pipelines.core.settings.values import MAX_DURATION_S, MAX_WHOLE, parse_duration
 
 BROKER_TOKEN_ENV = "OUTBOX_BROKER_TOKEN"
 # A bearer token travels in a header: printable ASCII without spaces.
@@ -23,7 +23,7 @@ def _env(env: Mapping[str, str], name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1, maximum: int = MAX_WHOLE) -> int:
     """A whole-number variable (unset or empty: ``default``), or ConfigError saying what is wrong."""
     raw = _env(env, name)
     if raw is None:
@@ -32,8 +32,8 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -
         value = int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name}={value} must be a whole number from {minimum} to {maximum}")
     return value
 
 
@@ -105,7 +105,7 @@ class GlobalSettings:
             handler_threads=env_int(env, "OUTBOX_PARALLELISM", 4),
             retry_max=env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
             idle_sleep_s=env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,
-            stuck_threshold_s=env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10) * 60.0,
+            stuck_threshold_s=env_int(env, "OUTBOX_STUCK_THRESHOLD_MIN", 10, maximum=int(MAX_DURATION_S // 60)) * 60.0,
             relay_enabled=env_bool(env, "OUTBOX_RELAY_ENABLED", True),
             poll_interval_s=parse_duration(
                 _env(env, "OUTBOX_RELAY_POLL_INTERVAL") or "1s", "OUTBOX_RELAY_POLL_INTERVAL"

@@ -149,11 +149,15 @@ def test_places_bound_the_active_tables_and_every_table_gets_its_turn(db_url, co
 
 
 def test_a_table_that_cannot_be_built_or_does_not_exist_is_told_once_and_the_others_relay(
-    db_url, conn, tables, tmp_path
+    db_url, conn, tables, tmp_path, monkeypatch
 ):
-    # Imports, but names no HandlerRegistry: the destination cannot be built when the relay starts.
+    # A marked factory that returns no HandlerRegistry: the destination cannot be built when the relay starts.
+    (tmp_path / "group_wrong_factory.py").write_text(
+        "from outbox_pipelines import HandlerRegistry\n\nregistry = HandlerRegistry.factory(lambda: 'not one')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     extra = (
-        '[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "string:ascii_letters"\n\n'
+        '[tables.broken_outbox]\ndestination = "handlers"\nhandlers = "group_wrong_factory:registry"\n\n'
         '[tables.unimportable_outbox]\ndestination = "handlers"\nhandlers = "no_such_module:r"\n'
     )
     settings = group_settings(tmp_path, [*tables, "missing_outbox"], extra)

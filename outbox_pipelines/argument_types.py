@@ -1,0 +1,69 @@
+"""The command line's value types, for the CLI's parser and the broker simulator's options: argparse tells a bad
+value as a usage error (exit 2, one sentence), in the core's own words and under its bounds
+(core/settings/values.py), the same ones the settings files, the environment and Dagster's launches obey: a
+duration from 0 to 100 years, a whole number that fits, a port from 1 to 65535, an operator's text one printable
+line. Here, outside the cli package, so that the broker simulator (which the demo runs) needs no CLI."""
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.operations.replay import ReplayRefused, check_row_id, parse_death_time
+from outbox_pipelines.core.settings.values import MAX_WHOLE, free_text, parse_duration
+
+
+def row_id(value: str) -> int:
+    try:
+        return check_row_id(int(value))
+    except ValueError as exc:  # ReplayRefused is a ValueError too
+        message = str(exc) if isinstance(exc, ReplayRefused) else f"{value!r} is not a row id (a whole number)"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def death_time(name: str) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            return parse_death_time(value, name)
+        except ReplayRefused as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "time"
+    return parse
+
+
+def duration(value: str) -> float:
+    """A duration ("30s", "10m", "168h", or plain seconds): finite, not negative, at most 100 years (a budget
+    of ``nan`` or ``inf`` would never end)."""
+    try:
+        return parse_duration(value, "duration")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def whole_number(minimum: int = 1, maximum: int = MAX_WHOLE) -> Callable[[str], int]:
+    """A whole number from ``minimum`` to ``maximum`` (a batch size, a count of messages)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if not minimum <= number <= maximum:
+            raise argparse.ArgumentTypeError(f"{number} is not a whole number from {minimum} to {maximum}")
+        return number
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+port = whole_number(1, 65535)
+port.__name__ = "port"
+
+
+def operator_text(value: str) -> str:
+    """Free text an operator gives (a skip's reason), kept in the audit: one printable line."""
+    try:
+        return free_text(value, "the text")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
