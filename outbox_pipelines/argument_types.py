@@ -5,6 +5,7 @@ duration from 0 to 100 years, a whole number that fits, a port from 1 to 65535, 
 line. Here, outside the cli package, so that the broker simulator (which the demo runs) needs no CLI."""
 
 import argparse
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -67,3 +68,14 @@ def operator_text(value: str) -> str:
         return free_text(value, "the text")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bind_host(value: str) -> str:
+    """An address a server may listen on: an IP address or a name that resolves (``999.1.1.1`` is refused here,
+    not as a traceback when the server binds)."""
+    try:
+        socket.getaddrinfo(value, None, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise argparse.ArgumentTypeError(f"{value!r} is not an address to listen on ({reason})") from None
+    return value

@@ -32,6 +32,7 @@ CASES: list[tuple[list[str], dict[str, str], str, str]] = [
     (["relay", "--table", TABLE, "--batch-size", HUGE], {}, "", "--batch-size"),
     (["relay", "--table", TABLE, "--max-entries", "-1"], {}, "", "--max-entries"),
     (["relay", "--table", TABLE, "--max-entries", HUGE], {}, "", "--max-entries"),
+    (["relay", "--table", TABLE, "--once", "--worker-id", "w\x1b]0;pwned\x07"], {}, "", "U+001B"),
     # replay's times and ids
     (["replay", "--table", TABLE, "--since", "99999999d"], {}, "", "further back than 36500d"),
     (["replay", "--table", TABLE, "--until", "99999999w"], {}, "", "further back than 36500d"),
@@ -74,6 +75,10 @@ CASES: list[tuple[list[str], dict[str, str], str, str]] = [
     # a message that cannot be one
     (["enqueue", "--table", TABLE, "--topic", "t", "--payload", '{"a": NaN}'], {}, "", "payload"),
     (["enqueue", "--table", TABLE, "--topic", "t", "--payload", "[1e999]"], {}, "", "payload"),
+    # files and addresses that cannot be used
+    (["--config", "{binary}", "status"], {}, "", "cannot be read as a settings file"),
+    (["init", "--example-project", "/dev/null/project"], {}, "", "cannot copy the example project"),
+    (["broker-sim", "--host", "999.1.1.1"], {}, "", "not an address to listen on"),
     # names
     (["status", "--table", "Bad-Name"], {}, "", "Bad-Name"),
     (["db", "create-table", "Bad Name"], {}, "", "Bad Name"),
@@ -93,6 +98,8 @@ def project(root: Path, extra: str = "") -> Path:
 def refusal_problem(cli_env: dict[str, str], cwd: Path, case: tuple[list[str], dict[str, str], str, str]) -> str | None:
     """What is wrong with how the command refused the case (None: exit 2, an error line naming it, no traceback)."""
     argv, environment, extra, named = case
+    argv = [arg.replace("{binary}", str(cwd / "binary.toml")) for arg in argv]
+    (cwd / "binary.toml").write_bytes(b"\xff\xfe\x00\x88 not text")
     shown = [arg if len(arg) < 40 else f"{arg[:12]}...({len(arg)} characters)" for arg in argv]
     try:  # a refusal comes at once; a relay given a budget of nan would run for good (killed at the timeout)
         result = run_cli({**cli_env, **environment}, *argv, cwd=cwd, timeout=30)
@@ -119,6 +126,6 @@ def test_every_command_refuses_bad_values_with_exit_2_and_a_sentence(cli_env, co
     wrong = [problem for problem in problems if problem is not None]
     assert wrong == [], "\n\n".join(wrong)
     assert statuses(conn, TABLE) == {}  # nothing was written
-    assert list((tmp_path / "empty").iterdir()) == []  # init wrote nothing
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["binary.toml"]  # init wrote nothing
     for directory in root.iterdir():
-        assert sorted(p.name for p in directory.iterdir()) == ["outbox.toml", "pyproject.toml"]
+        assert {p.name for p in directory.iterdir()} - {"binary.toml"} == {"outbox.toml", "pyproject.toml"}

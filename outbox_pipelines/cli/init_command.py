@@ -44,7 +44,10 @@ def copy_example_project(target: Path) -> Path:
         raise UsageError(f"{target} is not empty: nothing copied (name a new directory)")
     source = _shipped("examples/billing_service", "_examples/billing_service")
     ignored = shutil.ignore_patterns("__pycache__", "*.pyc", ".outbox", "*.egg-info")
-    shutil.copytree(source, target, ignore=ignored, dirs_exist_ok=True)
+    try:
+        shutil.copytree(source, target, ignore=ignored, dirs_exist_ok=True)
+    except OSError as exc:  # a directory that cannot be made there (no parent, not writable, not a directory)
+        raise UsageError(f"cannot copy the example project into {target}: {exc.strerror or exc}") from None
     return target
 
 

@@ -9,7 +9,15 @@ from functools import partial
 from typing import Any
 
 from outbox_pipelines import __version__
-from outbox_pipelines.argument_types import death_time, duration, operator_text, port, row_id, whole_number
+from outbox_pipelines.argument_types import (
+    bind_host,
+    death_time,
+    duration,
+    operator_text,
+    port,
+    row_id,
+    whole_number,
+)
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
 from outbox_pipelines.cli.db_commands import (
     cmd_db_create_table,
@@ -198,7 +206,7 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument(
         "--batch-size", type=whole_number(), help="messages per claim (default: table setting / OUTBOX_BATCH_SIZE)"
     )
-    p.add_argument("--worker-id", help="lease holder name (default: host:pid:random)")
+    p.add_argument("--worker-id", type=operator_text, help="lease holder name (default: host:pid:random)")
     p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
@@ -298,7 +306,7 @@ def add_service_commands(sub: Any) -> None:
     )
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", type=bind_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8080)
     p.add_argument(
         "--allow-anonymous",
@@ -329,6 +337,7 @@ def add_service_commands(sub: Any) -> None:
     )
     p.add_argument(
         "--host",
+        type=bind_host,
         default="127.0.0.1",
         help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote",
     )

@@ -64,7 +64,10 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
         f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); "
         f"faults: {faults.describe()}"
     )
-    web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    try:
+        web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    except OSError as exc:  # the port is taken, the address is not this machine's: the operator's to change
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return EXIT_OK
 
 

@@ -84,6 +84,10 @@ def load_config_file(path: Path | None) -> Declaration:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not text: a file the settings cannot be
+        raise ConfigError(
+            f"{path}: cannot be read as a settings file: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     return Declaration.from_mapping(data, path)
 
 
