@@ -18,16 +18,22 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Callable
 
 PREFIX = "whsec_"
+# Printable ASCII but "%" (and "."), inner spaces allowed: what header_id leaves as it is.
+_PLAIN_WITH_DOTS = re.compile(r"[!-$&-~]+(?: +[!-$&-~]+)*")
+_PLAIN = re.compile(r"[!-$&-\-/-~]+(?: +[!-$&-\-/-~]+)*")
 
 
 def header_id(event_id: str, *, keep_dots: bool = True) -> str:
     """``event_id`` as an HTTP header carries it: unchanged when it is printable ASCII (inner spaces kept), else
     its UTF-8 bytes outside that, ``%`` (and ``.`` unless ``keep_dots``) and an edge space percent-encoded.
     Injective: two event_ids never give one header value."""
+    if (_PLAIN_WITH_DOTS if keep_dots else _PLAIN).fullmatch(event_id):
+        return event_id  # the usual id (a UUID, "inv-42"): as it is
     out = []
     last = len(event_id) - 1
     for index, char in enumerate(event_id):
