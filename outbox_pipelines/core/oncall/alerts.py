@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-import httpx
 import psycopg
 
 from outbox_pipelines.core.redaction import (
@@ -174,6 +173,8 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
     # Only the origin is shown: a webhook's path (Slack's /services/T/B/X) is its secret. Credentials travel as
     # Basic auth, never in the URL, and httpx's own request log shows the origin only.
     shown = url_origin(url)
+    import httpx  # here: a relay or a command that posts no alert starts without the HTTP stack
+
     hide_url_paths_in_http_client_logs()
     bare, auth = split_credentials(url)
     try:
