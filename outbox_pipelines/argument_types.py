@@ -1,8 +1,9 @@
 """The command line's value types, for the CLI's parser and the broker simulator's options: argparse tells a bad
 value as a usage error (exit 2, one sentence), in the core's own words and under its bounds
 (core/settings/values.py), the same ones the settings files, the environment and Dagster's launches obey: a
-duration from 0 to 100 years, a whole number that fits, a port from 1 to 65535, an operator's text one printable
-line. Here, outside the cli package, so that the broker simulator (which the demo runs) needs no CLI."""
+duration from 0 to 100 years, a whole number that fits, a port from 1 to 65535 (a server's may be 0: a free one),
+an operator's text one printable line. Here, outside the cli package, so that the broker simulator (which the
+demo runs) needs no CLI."""
 
 import argparse
 import socket
@@ -60,6 +61,9 @@ def whole_number(minimum: int = 1, maximum: int = MAX_WHOLE) -> Callable[[str], 
 
 port = whole_number(1, 65535)
 port.__name__ = "port"
+# A server's own port: 0 asks the system for a free one (the server says which it got).
+server_port = whole_number(0, 65535)
+server_port.__name__ = "port"
 
 
 def operator_text(value: str) -> str:

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from outbox_pipelines.argument_types import bind_host, duration, port, whole_number
+from outbox_pipelines.argument_types import bind_host, duration, server_port, whole_number
 
 CONTROL_HELP = """\
 control endpoints (not orders; any other path is an order):
@@ -82,7 +82,7 @@ class Faults:
 def add_fault_options(p: argparse.ArgumentParser) -> None:
     count = whole_number(0)
     p.add_argument("--host", type=bind_host, default="127.0.0.1")
-    p.add_argument("--port", type=port, default=8700)
+    p.add_argument("--port", type=server_port, default=8700)
     p.add_argument(
         "--fail-first", type=count, default=0, metavar="N", help="answer 503 to the first N attempts of every key"
     )

@@ -43,8 +43,11 @@ def _env(url: str | None = None, **extra: str) -> dict[str, str]:
 
 
 def _tables(url: str) -> set[str]:
+    """The tables and views of the schema (the engine's names include a view, outbox_schema_version)."""
     with psycopg.connect(url) as conn:
-        return {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        return {
+            r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+        }
 
 
 BILLING = '[tables.billing_outbox]\ndestination = "paper"\n'

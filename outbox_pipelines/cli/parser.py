@@ -16,6 +16,7 @@ from outbox_pipelines.argument_types import (
     operator_text,
     port,
     row_id,
+    server_port,
     whole_number,
 )
 from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
@@ -307,7 +308,7 @@ def add_service_commands(sub: Any) -> None:
 
     p = add("order-api", cmd_order_api, "serve the Order API (POST /do/order) with its idempotency ledger")
     p.add_argument("--host", type=bind_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8080)
+    p.add_argument("--port", type=server_port, default=8080)
     p.add_argument(
         "--allow-anonymous",
         action="store_true",
@@ -341,7 +342,7 @@ def add_service_commands(sub: Any) -> None:
         default="127.0.0.1",
         help="address to serve the UI on (default 127.0.0.1); one other than loopback needs --allow-remote",
     )
-    p.add_argument("--port", type=port, default=3000)
+    p.add_argument("--port", type=server_port, default=3000)
     p.add_argument(
         "--allow-remote",
         action="store_true",

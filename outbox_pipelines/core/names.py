@@ -20,6 +20,7 @@ RESERVED_TABLE_NAMES = frozenset(
         "outbox_destination_health",  # 0004: destination failures and circuit
         "outbox_alert_state",  # 0004: what each alert has told
         "outbox_table_owners",  # 0013: the project that declared each outbox table
+        "outbox_schema_version",  # 0015: the applied versions, a view every login may read
     }
 )
 # PostgreSQL's catalogs: pg_catalog is searched before any schema, so "pg_class" would

@@ -161,10 +161,10 @@ def test_a_header_the_client_refuses_is_dead_bad_request_at_once(conn, db_url, h
     assert not any("X-Injected" in r.headers for r in http_sink.received)
 
 
-@pytest.mark.parametrize("field", ["topic", "tenant_id", "trace_id", "event_id"])
+@pytest.mark.parametrize("field", ["topic", "tenant_id", "trace_id"])
 def test_control_characters_in_the_default_headers_are_dead_on_every_transport(http_sink, transport, field):
     fields = {"headers": {"trace_id": "t\r\n1"}} if field == "trace_id" else {field: "x\r\nX-Injected: 1"}
-    message = claimed("k-hdr", **fields) if field != "event_id" else claimed("k\r\nX-Injected: 1")
+    message = claimed("k-hdr", **fields)
     destination = HttpDestination(http_sink.url, timeout_s=2, transport=transport)
     try:
         [outcome] = destination.deliver([message])
@@ -173,6 +173,19 @@ def test_control_characters_in_the_default_headers_are_dead_on_every_transport(h
     assert (outcome.kind, outcome.code) == ("dead", "BAD_REQUEST"), outcome
     assert "control character" in outcome.error
     assert http_sink.received == []
+
+
+def test_control_characters_in_an_event_id_are_sent_percent_encoded_never_as_a_header(http_sink, transport):
+    """The id's header (Idempotency-Key) is percent-encoded where it is not printable ASCII: nothing injected."""
+    destination = HttpDestination(http_sink.url, timeout_s=2, transport=transport)
+    try:
+        [outcome] = destination.deliver([claimed("k\r\nX-Injected: 1")])
+    finally:
+        destination.close()
+    assert outcome.kind == "sent", outcome
+    [request] = http_sink.received
+    assert not any(name.lower() == "x-injected" for name in request.headers)
+    assert request.key == "k%0D%0AX-Injected: 1"  # the Idempotency-Key the receiver saw
 
 
 def test_a_header_a_transport_cannot_encode_is_never_retried(http_sink, transport):
