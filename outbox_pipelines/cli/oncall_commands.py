@@ -13,6 +13,7 @@ from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.oncall.lock_holders import holders_text
 from outbox_pipelines.core.oncall.table_status import undeclared_tables
 from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
 from outbox_pipelines.core.storage import db
@@ -99,6 +100,8 @@ def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: l
             print(f"\n{blocked_keys_text(r)}")
             for command in blocked_key_suggestions(args, r):
                 print(f"  {command}")
+        if r.lock_holders:  # sessions holding the keys' locks back (core/oncall/lock_holders.py)
+            print(f"\n{holders_text(r.table, r.lock_holders)}")
     for table in tables:
         if table.delivers_nowhere:
             print(f"\n{table.delivers_nowhere}")

@@ -454,14 +454,13 @@ def test_cli_db_grant_dry_run_prints_the_sql_and_changes_nothing(
     result = run_cli(cli_env, "db", "grant", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert (
-        'GRANT INSERT ("id", "event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
-        '"available_at", "ordering_key", "ordering_blocked") ON TABLE "outbox_events" TO "outbox_producer";'
+        'GRANT INSERT ("event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", '
+        '"available_at", "ordering_key") ON TABLE "outbox_events" TO "outbox_producer";'
     ) in result.stdout
     assert (
-        'GRANT SELECT ("id", "event_id", "payload_sha", "ordering_key", "ordering_skipped_at", "status") '
-        'ON TABLE "outbox_events" TO "outbox_producer";'
-    ) in result.stdout
-    assert 'GRANT USAGE ON SEQUENCE "public"."outbox_events_id_seq" TO "outbox_producer";' in result.stdout
+        'GRANT SELECT ("id", "event_id", "payload_sha") ON TABLE "outbox_events" TO "outbox_producer";' in result.stdout
+    )
+    assert 'ON SEQUENCE "public"."outbox_events_id_seq" TO "outbox_producer"' not in result.stdout  # no id to choose
     assert 'ON TABLE "outbox_orders" TO "outbox_producer"' not in result.stdout
     assert (
         'GRANT UPDATE ("status", "attempts", "available_at", "locked_by", "locked_at", "lease_expires_at", '
@@ -558,10 +557,8 @@ def test_each_role_holds_in_the_database_exactly_what_it_is_declared_to(granted:
 def test_the_printed_rights_say_which_columns() -> None:
     by_name = {spec.name: spec for spec in roles.all_roles()}
     assert roles.rights(by_name[roles.PRODUCER]) == [
-        "INSERT (id, event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key, "
-        "ordering_blocked), SELECT (id, event_id, payload_sha, ordering_key, ordering_skipped_at, status) "
-        "on every outbox table except outbox_orders",
-        "USAGE on the id sequence of every outbox table except outbox_orders",
+        "INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key), "
+        "SELECT (id, event_id, payload_sha) on every outbox table except outbox_orders",
     ]
     relay = roles.rights(by_name[roles.RELAY])
     assert relay[0] == (

@@ -15,14 +15,10 @@ RETURNING id
 
 -- name: outbox_insert_keyed
 -- A message with an ordering key: it waits (ordering_blocked) when an earlier message of its key still
--- holds the key; the commit re-checks (outbox_ordering_at_commit, migration 0010). Parameters as
--- outbox_insert's, then the ordering key twice.
-INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key,
-                     ordering_blocked)
-VALUES (%s, %s, %s, %s::jsonb, %s, %s::jsonb, coalesce(%s::timestamptz, now()), %s,
-        EXISTS (SELECT 1 FROM {table} AS p
-                WHERE p.ordering_key = %s AND p.ordering_skipped_at IS NULL
-                  AND p.status IN ('pending', 'sending', 'dead')))
+-- holds the key, as the insert trigger finds (migration 0018: the producer reads no other row); the commit
+-- re-checks (outbox_ordering_at_commit, migration 0010). Parameters as outbox_insert's, then the ordering key.
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key)
+VALUES (%s, %s, %s, %s::jsonb, %s, %s::jsonb, coalesce(%s::timestamptz, now()), %s)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
@@ -42,16 +38,10 @@ RETURNING id, event_id
 
 -- name: outbox_insert_many_keyed
 -- outbox_insert_many for a batch with ordering keys: a message waits when its key is held by a stored
--- message or by one before it in the batch.
-INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key,
-                     ordering_blocked)
+-- message or by one before it in the batch (the insert trigger sees the rows of the statement inserted before).
+INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key)
 SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
-       coalesce(m.available_at, %(now)s::timestamptz, now()), m.ordering_key,
-       m.ordering_key IS NOT NULL
-       AND (row_number() OVER (PARTITION BY m.ordering_key ORDER BY m.n) > 1
-            OR EXISTS (SELECT 1 FROM {table} AS p
-                       WHERE p.ordering_key = m.ordering_key AND p.ordering_skipped_at IS NULL
-                         AND p.status IN ('pending', 'sending', 'dead')))
+       coalesce(m.available_at, %(now)s::timestamptz, now()), m.ordering_key
 FROM unnest(%(event_ids)b::text[], %(tenant_ids)b::text[], %(topics)b::text[], %(payloads)b::text[],
             %(payload_shas)b::text[], %(headers)b::text[], %(available_ats)s::timestamptz[],
             %(ordering_keys)b::text[])

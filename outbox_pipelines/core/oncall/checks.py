@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any, Literal
 
 from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
+from outbox_pipelines.core.oncall.lock_holders import holders_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
 from outbox_pipelines.core.relay.destination_health import DestinationHealth
 from outbox_pipelines.core.settings import CheckThresholds
@@ -259,6 +260,8 @@ def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str |
 def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     keys = status.blocked_keys
     grade = _grade(keys, limits.blocked_keys_warn, limits.blocked_keys_error) if keys else "ok"
+    held = holders_text(status.table, status.lock_holders)  # who holds the keys' locks back (lock_holders.py)
+    grade = "warn" if held and grade == "ok" else grade
     if not keys:
         text = f"{status.table}: no ordering key is blocked."
     else:
@@ -275,7 +278,7 @@ def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     return CheckVerdict(
         "blocked_keys",
         grade,
-        text,
+        f"{text} {held}" if held else text,
         {
             "blocked_keys": keys,
             "blocked_messages": status.blocked_messages,
@@ -283,6 +286,7 @@ def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
             "blocked_oldest": ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest) or None,
             "blocked_keys_warn": limits.blocked_keys_warn,
             "blocked_keys_error": limits.blocked_keys_error,
+            "lock_holders": ", ".join(str(h["pid"]) for h in status.lock_holders) or None,
         },
     )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from outbox_pipelines.core.oncall.lock_holders import held_long
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
@@ -51,6 +52,8 @@ class TableStatus:
     blocked_messages: int = 0
     blocked_since: datetime | None = None
     blocked_oldest: list[dict[str, Any]] = field(default_factory=list)
+    # Sessions holding the table's ordering locks for long (oncall/lock_holders.py): LockHolder's fields.
+    lock_holders: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def backlog(self) -> int:
@@ -108,6 +111,7 @@ def read_status(
     status.blocked_since = snap["blocked_since"]
     status.blocked_oldest = list(snap["blocked_oldest"] or [])
     status.destination = read_health(outbox_table.conn, outbox_table.table_name, now=now)
+    status.lock_holders = [asdict(h) for h in held_long(outbox_table.conn, outbox_table.table_name, now=now)]
     return status
 
 

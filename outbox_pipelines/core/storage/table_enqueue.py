@@ -63,7 +63,7 @@ def insert_row_params(row: NewRow, now: datetime | None) -> tuple[str, tuple[Any
     ordering_key = row.ordering_key
     if ordering_key is None:  # the unordered statement stays as it was: ordering costs it nothing
         return "outbox_insert", params
-    return "outbox_insert_keyed", (*params, ordering_key, ordering_key)
+    return "outbox_insert_keyed", (*params, ordering_key)
 
 
 def insert_many_params(columns: dict[str, list[Any]], now: datetime | None) -> tuple[str, dict[str, Any]]:
@@ -176,7 +176,8 @@ class EnqueueStatements(TableStatements):
                 copy.write("".join(lines))
         except BaseException as exc:
             self._undo_copy()  # whatever stopped the COPY, nothing of it stays
-            if isinstance(exc, psycopg.errors.UniqueViolation):
+            # A stored event_id; or a login that may not write ids (the producer role: db grant): INSERT instead.
+            if isinstance(exc, (psycopg.errors.UniqueViolation, psycopg.errors.InsufficientPrivilege)):
                 return None
             if isinstance(exc, psycopg.errors.UndefinedTable):
                 raise unknown_table(self.table_name) from None
