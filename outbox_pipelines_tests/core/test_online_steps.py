@@ -27,6 +27,8 @@ FIRST_CHECKED = {"migrations": "0014", "parts/orders": "0002", "parts/examples":
         ("ALTER TABLE t ALTER COLUMN x SET NOT NULL;", "SET NOT NULL scans every row"),
         ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE;", "hold an exclusive lock"),
         ("CREATE INDEX CONCURRENTLY IF NOT EXISTS t_by_x ON t (x);", "cannot run in a transaction"),
+        # A DO block runs now: what it executes is the migration's.
+        ("DO $$ BEGIN EXECUTE 'CREATE INDEX t_by_x ON t (x)'; END $$;", "CREATE INDEX without CONCURRENTLY"),
     ],
 )
 def test_a_statement_that_would_hold_the_writes_is_named_with_what_to_write_instead(text, said):
@@ -41,6 +43,9 @@ def test_a_statement_that_would_hold_the_writes_is_named_with_what_to_write_inst
         "ALTER TABLE t ADD COLUMN IF NOT EXISTS y text;\n",
         "ALTER TABLE t ADD CONSTRAINT t_x CHECK (x > 0) NOT VALID;\nALTER TABLE t VALIDATE CONSTRAINT t_x;\n",
         "-- CREATE INDEX t_by_x ON t (x) in a comment is no statement\nSELECT 1;\n",
+        # A function's body runs where the function is called (a new table's indexes, made with the table).
+        "CREATE OR REPLACE FUNCTION f(t text) RETURNS void LANGUAGE plpgsql AS $$\nBEGIN\n"
+        "    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (x)', t || '_by_x', t);\nEND\n$$;\n",
     ],
 )
 def test_online_statements_pass(text):

@@ -27,6 +27,11 @@ from outbox_pipelines.core.storage.queries import shared_query
 NO_TRANSACTION = "-- outbox: no transaction"
 GENERATES = "-- outbox: run each statement this query returns"
 _DOLLAR_QUOTE = re.compile(r"\$[A-Za-z_]*\$")
+# The body of a function a migration defines: what it runs when called, not when the migration runs (judged where
+# a migration calls it: 0014's generated ``SELECT outbox_create_ordering(...)`` on each table, say).
+_FUNCTION_BODY = re.compile(
+    r"(CREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\b.*?\bAS\s+)(\$[A-Za-z_]*\$).*?\2", re.I | re.S
+)
 _CONCURRENT_INDEX = re.compile(
     r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+([a-z_][a-z0-9_]{0,62})\b", re.I
 )
@@ -148,6 +153,7 @@ def blocking_statements(migration_sql: str) -> list[str]:
     """What in ``migration_sql`` would hold the application's writes as long as the table is large, each with
     what to write instead; also a concurrent index build in a migration that runs in a transaction."""
     text = "\n".join(line.split("--", 1)[0] for line in migration_sql.splitlines())
+    text = _FUNCTION_BODY.sub(r"\1''", text)
     found = [f"{why}: write {instead}" for pattern, why, instead in _BLOCKING if pattern.search(text)]
     if re.search(r"CONCURRENTLY", text, re.I) and not runs_outside_a_transaction(migration_sql):
         found.append(f"CONCURRENTLY cannot run in a transaction: write '{NO_TRANSACTION}' as the file's first line")
