@@ -11,7 +11,7 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, UsageError, say
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.core.storage import db, migrate, roles, schema, schema_drift, table_owners
+from outbox_pipelines.core.storage import db, migrate, payload_limit, roles, schema, schema_drift, table_owners
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 NOT_MIGRATED = "the database is not migrated yet: run 'outbox-pipelines db upgrade' first"
@@ -36,6 +36,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         print("database is up to date")
     for owner in report.owned_elsewhere.values():
         say(f"error: {owner.refusal(settings.project)}")
+    _say_payload_limit(report.payload_limit)
     if report.autovacuum is not None and report.autovacuum.applied:  # docs/how-to/retention.md
         print(f"autovacuum settings (OUTBOX_AUTOVACUUM) set on: {', '.join(report.autovacuum.applied)}")
     for table, why in (report.autovacuum.skipped if report.autovacuum is not None else {}).items():
@@ -50,12 +51,22 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.owned_elsewhere else EXIT_OK
 
 
+def _say_payload_limit(report: payload_limit.PayloadLimitReport | None) -> None:
+    """The tables given OUTBOX_MAX_PAYLOAD_BYTES as their database limit now, and those left (and why)."""
+    if report is None:
+        return
+    if report.applied:
+        print(f"payload limit of {report.max_bytes} bytes (OUTBOX_MAX_PAYLOAD_BYTES) on: {', '.join(report.applied)}")
+    for table, why in report.skipped.items():
+        say(f"warning: payload limit of {table} not set: {why}")
+
+
 def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
     """``db upgrade --sql``: the script; ``--dry-run``: each pending step with its SQL. Nothing is changed."""
     if as_sql:
         print(plan.as_sql(project, LockWaits.from_env().lock_timeout_s), end="")
         return EXIT_OK
-    if not plan.migrations and not plan.new_tables and not plan.storage:
+    if not plan.migrations and not plan.new_tables and not plan.storage and not plan.limits:
         print("database is up to date: nothing would be done")
     for migration in plan.migrations:
         if migration.version in plan.steps:
@@ -67,7 +78,9 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
         print(f"would create outbox table {name} (owned by {project})")
     if plan.storage:  # docs/how-to/retention.md
         print("-- would set the tables' autovacuum settings (OUTBOX_AUTOVACUUM)\n" + "\n".join(plan.storage))
-    if plan.migrations or plan.new_tables or plan.storage:
+    if plan.limits:
+        print("-- would set the tables' payload limit (OUTBOX_MAX_PAYLOAD_BYTES)\n" + "\n".join(plan.limits))
+    if plan.migrations or plan.new_tables or plan.storage or plan.limits:
         print("dry run: nothing was changed ('outbox-pipelines db upgrade' does it; --sql prints a script)")
     return EXIT_OK
 
@@ -121,6 +134,7 @@ def cmd_db_create_table(args: argparse.Namespace) -> int:
             if created
             else f"outbox table {name} already exists (checked its indexes and trigger)"
         )
+        _say_payload_limit(upgrade.size_payload_limit(url, [name]))
         if name in settings.broken:  # declared, but its section cannot be used: say why, not "add a section"
             say(f"warning: {name} cannot be relayed until its section is fixed: {settings.broken[name]}")
         elif name not in settings.tables:

@@ -29,6 +29,7 @@ PARAMS: dict[str, Any] = {
     "gated": True,
     "now": None,
     "hold_timeout_ms": 30_000,
+    "max_bytes": 16 * 1024 * 1024,
 }
 
 

@@ -209,6 +209,7 @@ def test_create_table_makes_the_canonical_shape(db_url, conn):
         "ordering_key",
         "ordering_blocked",
         "ordering_skipped_at",
+        "json_bytes",
     ]
     indexes = {r["indexname"] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'hrm_outbox'")}
     assert {

@@ -90,7 +90,8 @@ SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s
 -- Due pending rows, and sending rows whose lease expired (their relay died: seed
 -- 003 §2.1, so a worker needs no separate sweep), oldest first. A re-taken row's
 -- attempt number moves on, which fences its old holder out of settling it; a row
--- already on its last attempt is left to requeue-stuck, which marks it dead.
+-- already on its last attempt is left to requeue-stuck, which marks it dead. A batch has a byte budget
+-- (max_bytes, issue 42): see "cut".
 WITH clock AS (
     -- The relay's claim (autocommit: this statement is its transaction) commits without waiting
     -- for the WAL flush. A claim a database crash loses only sends its rows again, which
@@ -105,7 +106,7 @@ WITH clock AS (
                  AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
                       OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
 ), expired AS (
-    SELECT t.id, t.status AS was, t.locked_by AS previous_holder
+    SELECT t.id, t.status AS was, t.locked_by AS previous_holder, t.json_bytes
     FROM {table} AS t
     WHERE t.status = 'sending'
       AND t.lease_expires_at < (SELECT now FROM clock WHERE gate_open)
@@ -115,7 +116,7 @@ WITH clock AS (
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.status AS was, NULL::text AS previous_holder
+    SELECT t.id, t.status AS was, NULL::text AS previous_holder, t.json_bytes
     FROM {table} AS t
     WHERE t.status = 'pending' AND NOT t.ordering_blocked
       AND t.available_at <= (SELECT now FROM clock WHERE (commit_mode IS NOT NULL OR NOT %(fast_commit)s) AND gate_open)
@@ -132,6 +133,24 @@ WITH clock AS (
     FOR UPDATE OF t SKIP LOCKED
 ), chosen AS (
     SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c ORDER BY id LIMIT %(limit)s
+), cut AS (
+    -- The byte budget: the chosen rows, in id order, while the bytes of their payloads and headers as JSON text
+    -- (json_bytes, which the table's trigger keeps: migration 0020) fit in max_bytes; the first whatever its size.
+    -- The last id taken; a row the budget leaves out stays as it was, for the next claim. A row stored before 0020
+    -- has no json_bytes: its JSON is measured here, for the first 16 rows of the batch only (those rows come first:
+    -- their ids are the lowest), so that a backlog of large old rows is not read 100 at a time to take one; a batch
+    -- stops before the 17th such row.
+    SELECT max(b.id) AS last_id
+    FROM (SELECT s.id, row_number() OVER w AS n, sum(s.bytes) OVER w AS total
+          FROM (SELECT c.id,
+                       coalesce(c.json_bytes,
+                                CASE WHEN c.id <= (SELECT max(f.id) FROM (SELECT id FROM chosen ORDER BY id LIMIT 16) AS f)
+                                     THEN (SELECT octet_length(o.payload::text) + octet_length(o.headers::text)
+                                           FROM {table} AS o WHERE o.id = c.id)
+                                     ELSE %(max_bytes)s::bigint + 1 END) AS bytes
+                FROM chosen AS c OFFSET 0) AS s
+          WINDOW w AS (ORDER BY s.id)) AS b
+    WHERE b.n = 1 OR b.total <= %(max_bytes)s
 ), claimed AS (
     UPDATE {table} AS t
     SET status = 'sending',
@@ -141,7 +160,7 @@ WITH clock AS (
         lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
         updated_at = clock.now
     FROM chosen, clock
-    WHERE t.id = chosen.id
+    WHERE t.id = chosen.id AND chosen.id <= (SELECT last_id FROM cut)
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
               t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder, t.ordering_key
 ), audit AS (
@@ -168,7 +187,8 @@ FROM claimed ORDER BY id
 -- were; one that hangs is ended by the server after the lease (the transaction's own
 -- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too).
 -- The attempt is counted when the batch settles, so the number returned is the one it will have.
--- payload and headers as in outbox_claim: one JSON array, decoded by the relay.
+-- payload and headers as in outbox_claim: one JSON array, decoded by the relay. The byte budget as in
+-- outbox_claim: a held row it leaves out stays locked, unchanged, until the batch's transaction ends.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout,
@@ -183,7 +203,7 @@ WITH clock AS (
     -- before the lock is tried, so with relays competing it would run for the rows they hold too
     -- (4 rows in 5 with 4 relays: measured, the text of their payloads cost the server a third more).
     SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at,
-           t.ordering_key
+           t.ordering_key, t.json_bytes
     FROM {table} AS t
     WHERE t.status = 'pending' AND NOT t.ordering_blocked
       AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
@@ -198,11 +218,24 @@ WITH clock AS (
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
+), cut AS (
+    -- The byte budget, as outbox_claim's.
+    SELECT max(b.id) AS last_id
+    FROM (SELECT s.id, row_number() OVER w AS n, sum(s.bytes) OVER w AS total
+          FROM (SELECT h.id,
+                       coalesce(h.json_bytes,
+                                CASE WHEN h.id <= (SELECT max(f.id) FROM (SELECT id FROM held ORDER BY id LIMIT 16) AS f)
+                                     THEN octet_length(h.payload::text) + octet_length(h.headers::text)
+                                     ELSE %(max_bytes)s::bigint + 1 END) AS bytes
+                FROM held AS h OFFSET 0) AS s
+          WINDOW w AS (ORDER BY s.id)) AS b
+    WHERE b.n = 1 OR b.total <= %(max_bytes)s
 )
 SELECT id, event_id, tenant_id, topic,
        convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
        payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at, ordering_key
 FROM held
+WHERE id <= (SELECT last_id FROM cut)
 ORDER BY id
 
 -- name: outbox_lease_held

@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 import psycopg
 
 from outbox_pipelines.core.names import is_valid_table_name
+from outbox_pipelines.core.prepare import payload_limit as configured_payload_limit
 from outbox_pipelines.core.settings import Settings
-from outbox_pipelines.core.storage import autovacuum, migrate, schema
+from outbox_pipelines.core.storage import autovacuum, migrate, payload_limit, schema
 from outbox_pipelines.core.storage.autovacuum import AutovacuumReport
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.migration_safety import LockWaits
+from outbox_pipelines.core.storage.payload_limit import PayloadLimitReport
 from outbox_pipelines.core.storage.table_owners import Owner, claim, owners
 
 
@@ -21,6 +23,7 @@ class ProjectUpgrade:
     tables: list[str] = field(default_factory=list)  # every declared table, created now or before
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
     autovacuum: AutovacuumReport | None = None  # the tables' autovacuum settings (storage/autovacuum.py)
+    payload_limit: PayloadLimitReport | None = None  # the tables' payload limit (storage/payload_limit.py)
 
 
 def declared_tables(settings: Settings) -> dict[str, bool]:
@@ -38,8 +41,10 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
     (``owned_elsewhere``). Nothing else: no table of a part it did not declare. An existing table is left as it
     is, so a login that does not own the tables (the Order API's) upgrades an up-to-date database as a no-op."""
     autovacuum.parse(settings.env.autovacuum)  # a bad OUTBOX_AUTOVACUUM refuses before anything changes
+    max_payload_bytes = configured_payload_limit()  # and a bad OUTBOX_MAX_PAYLOAD_BYTES
     waits = LockWaits.from_env(said=said)  # ``said`` hears each wait for a lock the application holds
-    report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts, waits=waits))
+    sized = payload_limit.migration_settings(max_payload_bytes, settings.project)  # what 0020 gives the tables
+    report = ProjectUpgrade(applied=migrate.upgrade(url, parts=settings.parts, waits=waits, settings=sized))
     declared = declared_tables(settings)
     existing = set(schema.list_tables(url)) if declared else set()
     for name, dedup in sorted(declared.items()):
@@ -48,9 +53,15 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
         report.tables.append(name)
     if report.tables:
         report.owned_elsewhere = _record_owners(url, report.tables, settings.project)
-    tuned = [name for name in report.tables if name not in report.owned_elsewhere] + [autovacuum.AUDIT]
-    report.autovacuum = autovacuum.apply(url, tuned, settings.env.autovacuum)
+    ours = [name for name in report.tables if name not in report.owned_elsewhere]
+    report.autovacuum = autovacuum.apply(url, [*ours, autovacuum.AUDIT], settings.env.autovacuum)
+    report.payload_limit = payload_limit.apply(url, ours, max_payload_bytes, waits)
     return report
+
+
+def size_payload_limit(url: str, tables: list[str]) -> PayloadLimitReport:
+    """Give ``tables`` (this project's) the payload limit OUTBOX_MAX_PAYLOAD_BYTES says (``db create-table``)."""
+    return payload_limit.apply(url, tables, configured_payload_limit())
 
 
 def _record_owners(url: str, tables: list[str], project: str) -> dict[str, Owner]:
@@ -74,6 +85,7 @@ class UpgradePlan:
     new_tables: dict[str, bool]  # declared tables not in the database yet -> with the dedup index
     steps: dict[str, list[str]] = field(default_factory=dict)  # a no-transaction migration's statements, here
     storage: list[str] = field(default_factory=list)  # the tables' autovacuum settings (storage/autovacuum.py)
+    limits: list[str] = field(default_factory=list)  # the tables' payload limit (storage/payload_limit.py)
 
     def as_sql(self, project: str, lock_timeout_s: float) -> str:
         """One script for a team's own migration tool (Alembic, Flyway, Django): the migrations as ``upgrade``
@@ -85,7 +97,7 @@ class UpgradePlan:
                 "INSERT INTO outbox_table_owners (outbox_table, project) "
                 f"VALUES ('{name}', {_literal(project)}) ON CONFLICT (outbox_table) DO NOTHING;"
             )
-        lines += self.storage
+        lines += self.storage + self.limits
         return "\n".join(lines) + "\n" if lines else "-- nothing to do: the database is up to date\n"
 
 
@@ -104,7 +116,10 @@ def plan_project(url: str, settings: Settings, *, contract: bool = False) -> Upg
     existing = set(schema.list_tables(url)) if declared and not any(m.version == "0001" for m in pending) else set()
     new_tables = {name: dedup for name, dedup in sorted(declared.items()) if name not in existing}
     storage = autovacuum.plan_sql(url, [*sorted(declared), autovacuum.AUDIT], settings.env.autovacuum)
-    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending), storage)
+    max_payload_bytes = configured_payload_limit()
+    limits = payload_limit.plan_sql(url, sorted(declared), max_payload_bytes)
+    sized = payload_limit.migration_settings(max_payload_bytes, settings.project)
+    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending, sized), storage, limits)
 
 
 def contract_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> list[str]:

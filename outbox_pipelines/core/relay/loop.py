@@ -340,6 +340,7 @@ class Relay:
                     paused_topics=self._paused_topics(),
                     gated=gated,
                     reuse_plan=self._claims_are_small,
+                    max_bytes=self.table.batch_bytes,
                 )
             else:
                 claimed = run.outbox_table.claim(
@@ -352,6 +353,7 @@ class Relay:
                     fast_commit=True,
                     gated=gated,
                     reuse_plan=self._claims_are_small,
+                    max_bytes=self.table.batch_bytes,
                 )
             span.set_attribute("outbox.claimed", len(claimed))
         return claimed

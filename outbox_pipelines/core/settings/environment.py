@@ -73,6 +73,8 @@ class GlobalSettings:
     """The seeds' environment variables (docs/design.md §4.4) with their defaults."""
 
     batch_size: int = 100
+    # OUTBOX_BATCH_BYTES: a claim's byte budget, unless a table's section sets ``batch_bytes`` (16 MiB).
+    batch_bytes: int = 16 * 1024 * 1024
     # OUTBOX_PARALLELISM: a handlers table's threads, unless its section sets ``parallelism``.
     handler_threads: int = 4
     retry_max: int | None = None
@@ -102,6 +104,7 @@ class GlobalSettings:
         relay_max = _env(env, "OUTBOX_RELAY_MAX_ATTEMPTS")
         return cls(
             batch_size=env_int(env, "OUTBOX_BATCH_SIZE", env_int(env, "OUTBOX_RELAY_BATCH_SIZE", 100)),
+            batch_bytes=env_int(env, "OUTBOX_BATCH_BYTES", 16 * 1024 * 1024),
             handler_threads=env_int(env, "OUTBOX_PARALLELISM", 4),
             retry_max=env_int(env, "OUTBOX_RETRY_MAX", 8) if retry_max else None,
             idle_sleep_s=env_int(env, "OUTBOX_IDLE_SLEEP_MS", 200, minimum=1) / 1000.0,

@@ -145,6 +145,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         audit=one_of(section.get("audit", "all"), AUDIT_MODES, f"{where} audit"),
         dedup=bool(section.get("dedup", False)),
         batch_size=int(section.get("batch_size", env.batch_size)),
+        batch_bytes=whole(section.get("batch_bytes", env.batch_bytes), f"{where} batch_bytes"),
         handler_threads=int(section.get("parallelism", env.handler_threads)),
         requests_in_flight=int(section.get("concurrency", 32)),
         lease_s=parse_duration(section.get("lease", env.lock_ttl_s), f"{where} lease"),

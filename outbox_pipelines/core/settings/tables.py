@@ -14,6 +14,7 @@ from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROC
 from outbox_pipelines.core.retry import RetryPolicy, preset
 from outbox_pipelines.core.settings.brokers import BROKERS, BrokerSettings
 from outbox_pipelines.core.settings.registry import choices, keys_in
+from outbox_pipelines.core.storage.table_claims import DEFAULT_BATCH_BYTES
 
 DESTINATION_KINDS = ("http", "handlers", "paper", *BROKERS)
 # Destinations that take a URL (its credentials are checked at start-up): HTTP, and those a wing says do.
@@ -106,6 +107,8 @@ class TableSettings:
     group: str = DEFAULT_GROUP
     dedup: bool = False
     batch_size: int = 100
+    # A claim's byte budget: its messages' payloads and headers (JSON text) fit in it, or it holds one (issue 42).
+    batch_bytes: int = DEFAULT_BATCH_BYTES
     # Threads running an in-process handlers destination (the ``parallelism`` key, OUTBOX_PARALLELISM).
     handler_threads: int = 4
     # Requests in flight at once for an HTTP destination (the ``concurrency`` key).

@@ -7,7 +7,7 @@ they run before the schema that table.py's statements need exists.
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -165,11 +165,13 @@ def upgrade(
     *,
     waits: LockWaits | None = None,
     contract: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Apply every migration not yet applied (the engine's, then ``parts``'); return the names applied now.
     ``contract``: the contract steps instead, refused while an expand step is pending or a relay started before
     the last one still runs. Refused on an unsupported server or through a transaction pooler; each migration
-    waits for its locks as ``waits`` says (migration_safety.py)."""
+    waits for its locks as ``waits`` says (migration_safety.py). ``settings``: session settings a migration reads
+    (``current_setting``), such as the payload limit 0020 gives the tables (storage/payload_limit.py)."""
     migrations = contract_steps() if contract else planned(directory, parts)
     waits = waits or LockWaits.from_env()
     applied_now: list[str] = []
@@ -178,6 +180,7 @@ def upgrade(
         url = direct_connection_url(probe, url)
     with connect(url, application_name=UPGRADE_APPLICATION_NAME) as conn:
         _run(conn, "migration_session_set")
+        _set(conn, settings)
         _take_the_migration_lock(conn)
         try:
             # Created only when missing: CREATE TABLE IF NOT EXISTS needs CREATE on the schema even when the
@@ -268,13 +271,22 @@ def _applied_versions(conn: psycopg.Connection) -> set[str]:
     return {row["version"] for row in _run(conn, "outbox_schema_migrations_applied")}
 
 
-def concrete_steps(url: str, migrations: Iterable[Migration]) -> dict[str, list[str]]:
+def _set(conn: psycopg.Connection, settings: Mapping[str, str] | None) -> None:
+    for name, value in (settings or {}).items():
+        _run(conn, "migration_setting_set", {"name": name, "value": value})
+
+
+def concrete_steps(
+    url: str, migrations: Iterable[Migration], settings: Mapping[str, str] | None = None
+) -> dict[str, list[str]]:
     """The steps of each no-transaction migration of ``migrations`` as they would run on ``url``'s database now
-    (a generating query replaced by the statements it returns: one per outbox table there)."""
+    (a generating query replaced by the statements it returns: one per outbox table there), with ``settings``
+    as ``upgrade`` would set them."""
     outside = [m for m in migrations if runs_outside_a_transaction(m.sql)]
     if not outside:
         return {}
     with connect(url) as conn:
+        _set(conn, settings)
         return {m.version: concrete_statements(conn, m.sql) for m in outside}
 
 

@@ -65,6 +65,9 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
 
 # Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
 PLAN_REUSE_MAX_ROWS = 16
+# A claim's byte budget by default (a table's ``batch_bytes``): its rows' bodies (payload and headers as JSON text)
+# fit in this many bytes, or it holds one message, larger (outbox_claim's "taken", issue 42).
+DEFAULT_BATCH_BYTES = 16 * 1024 * 1024
 
 
 class ClaimStatements(TableStatements):
@@ -93,6 +96,7 @@ class ClaimStatements(TableStatements):
         fast_commit: bool = False,
         gated: bool = False,
         reuse_plan: bool = False,
+        max_bytes: int = DEFAULT_BATCH_BYTES,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows, and sending rows whose lease expired (re-taken, fenced by the attempt number).
@@ -102,6 +106,8 @@ class ClaimStatements(TableStatements):
         make the whole transaction so: leave it False there. ``gated``: nothing unless the table's
         destination is plainly open (not paused, no throttle probe due, circuit closed).
         ``reuse_plan``: a few rows are expected; keep the statement's plan (relay/session.py).
+        ``max_bytes``: the batch's byte budget: its rows' payloads and headers (JSON text) fit in it, or it holds
+        the first row alone; the rows left out are not claimed.
         """
         return self._claimed(
             "outbox_claim",
@@ -114,6 +120,7 @@ class ClaimStatements(TableStatements):
                 "audit_claims": audit_claims,
                 "fast_commit": fast_commit,
                 "gated": gated,
+                "max_bytes": max_bytes,
                 "now": now,
             },
             reuse_plan,
@@ -127,11 +134,13 @@ class ClaimStatements(TableStatements):
         paused_topics: Sequence[str] = (),
         gated: bool = False,
         reuse_plan: bool = False,
+        max_bytes: int = DEFAULT_BATCH_BYTES,
         now: datetime | None = None,
     ) -> list[ClaimedMessage]:
         """Due pending rows locked in the open transaction (claim = "transaction"); ``settle(held=True)``
         in the same transaction ends them. The server ends a transaction left idle for ``hold_s``.
-        ``gated``, ``reuse_plan``: as for ``claim``."""
+        ``gated``, ``reuse_plan``, ``max_bytes``: as for ``claim`` (a row the budget leaves out stays locked,
+        unclaimed, until the transaction ends)."""
         return self._claimed(
             "outbox_claim_held",
             {
@@ -139,6 +148,7 @@ class ClaimStatements(TableStatements):
                 "paused_topics": list(paused_topics),
                 "hold_timeout_ms": max(int(hold_s * 1000), 1),
                 "gated": gated,
+                "max_bytes": max_bytes,
                 "now": now,
             },
             reuse_plan,

@@ -11,6 +11,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.storage.connections import driver_connection, statement_cursor
+from outbox_pipelines.core.storage.payload_limit import refusal
 from outbox_pipelines.core.storage.queries import table_query
 from outbox_pipelines.core.storage.statements import Row, TableStatements, _fetch, unknown_table
 
@@ -98,6 +99,10 @@ def insert_row(
                 found = cur.fetchone()
     except psycopg.errors.UndefinedTable:
         raise unknown_table(table_name) from None
+    except psycopg.errors.CheckViolation as exc:
+        if (refused := refusal(exc, table_name)) is None:
+            raise
+        raise refused from None
     return int(found[0]) if found else None
 
 
@@ -132,6 +137,10 @@ class EnqueueStatements(TableStatements):
             )
         except psycopg.errors.UndefinedTable:
             raise unknown_table(self.table_name) from None
+        except psycopg.errors.CheckViolation as exc:
+            if (refused := refusal(exc, self.table_name)) is None:
+                raise
+            raise refused from None
 
     def insert_many(self, columns: dict[str, list[Any]], now: datetime | None = None) -> dict[str, int]:
         """Insert the messages (columns as parallel lists) in one statement; the new ids by event_id."""
@@ -181,6 +190,8 @@ class EnqueueStatements(TableStatements):
                 return None
             if isinstance(exc, psycopg.errors.UndefinedTable):
                 raise unknown_table(self.table_name) from None
+            if (refused := refusal(exc, self.table_name)) is not None:
+                raise refused from None
             raise
         self.conn.execute(table_query("outbox_copy_release", self.table_name), prepare=self.enqueue_prepare)
         return ids

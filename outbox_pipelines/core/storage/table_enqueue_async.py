@@ -10,6 +10,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.storage.app_connections import AsyncTarget
+from outbox_pipelines.core.storage.payload_limit import refusal
 from outbox_pipelines.core.storage.queries import numbered_table_query, table_query
 from outbox_pipelines.core.storage.statements import unknown_table
 from outbox_pipelines.core.storage.table_enqueue import NewRow, insert_many_params, insert_row_params
@@ -52,6 +53,8 @@ async def _rows(
     except Exception as exc:
         if _sqlstate(exc) == _UNDEFINED_TABLE:
             raise unknown_table(table_name) from None
+        if (refused := refusal(exc, table_name)) is not None:
+            raise refused from None
         raise
 
 

@@ -148,6 +148,8 @@ TABLE_KEY_REGISTRY: tuple[TableKey, ...] = (
              "table of its group (lowercase letters, digits, _)"),
     TableKey("dedup", "relay", "true/false", "false", "ack a message whose (topic, payload_sha) was already sent"),
     TableKey("batch_size", "relay", "whole number", "100", "messages per claim", default_from="OUTBOX_BATCH_SIZE"),
+    TableKey("batch_bytes", "relay", "whole number", "16777216", "a claim's byte budget: its messages' payloads and "
+             "headers (JSON text) fit in it, or it holds one message alone", default_from="OUTBOX_BATCH_BYTES"),
     TableKey("lease", "relay", "duration", '"60s"', "the claim's lease, renewed during long deliveries",
              default_from="OUTBOX_RELAY_LOCK_TTL"),
     TableKey("stuck_threshold", "relay", "duration", '"10m"', "a `sending` row unchanged this long is stuck, and "

@@ -73,6 +73,8 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     # The relay and the cleaner: a table's section overrides them (the key named).
     EnvVariable("OUTBOX_BATCH_SIZE", "100", "messages per claim (`batch_size`)", _SETTINGS,
                 "`OUTBOX_RELAY_BATCH_SIZE` when unset"),
+    EnvVariable("OUTBOX_BATCH_BYTES", "16777216", "a claim's byte budget, in bytes: a batch stops before the "
+                "message whose payload and headers would pass it, one message at least (`batch_bytes`)", _SETTINGS),
     EnvVariable("OUTBOX_RELAY_BATCH_SIZE", "100", "the seeds' other name for `OUTBOX_BATCH_SIZE`, read when that "
                 "is unset", _SETTINGS),
     EnvVariable("OUTBOX_PARALLELISM", "4", "threads running a handlers table's handlers (`parallelism`)", _SETTINGS),
@@ -104,8 +106,9 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OUTBOX_BROKER_TOKEN", None, "sent as `Authorization: Bearer <token>` to `OUTBOX_BROKER_URL`'s "
                 "origin and to tables whose `token_env` names it; never shown", _SETTINGS),
     # The application's side.
-    EnvVariable("OUTBOX_MAX_PAYLOAD_BYTES", "1048576", "the largest payload enqueue accepts, in bytes",
-                "core/prepare.py"),
+    EnvVariable("OUTBOX_MAX_PAYLOAD_BYTES", "1048576", "the largest payload (and headers) enqueue accepts, in bytes; "
+                "`db upgrade` gives the project's tables this limit in the database, so a producer writing by SQL "
+                "meets it too", "core/prepare.py"),
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
                 "core/oncall/metrics.py"),
