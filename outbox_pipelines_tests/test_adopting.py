@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "billing_service"
 SECTION = "## Add an outbox to your service"
 TABLES = ["billing_outbox", "billing_receipts_outbox"]
+# Each declared table is an asset, and so is the schema they share (its version and drift checks).
+ASSET_KEYS = [*(f"outbox/{t}" for t in TABLES), "outbox_schema"]
 
 
 def walkthrough_commands() -> list[str]:
@@ -120,7 +122,7 @@ def test_the_project_gets_exactly_its_own_tables_and_the_cli_reads_them_from_a_s
     env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
     listed = json.loads(run("dg list defs --json", project, env).stdout)
     keys = sorted(asset["asset_key"] for asset in listed["assets"])
-    assert keys == [f"outbox/{t}" for t in TABLES], keys
+    assert keys == ASSET_KEYS, keys
     deep = project / "billing_service" / "defs"
     upgraded = run("outbox-pipelines db upgrade", deep, env)
     assert all(f"created outbox table {table}" in upgraded.stdout for table in TABLES), upgraded.stdout
@@ -144,7 +146,7 @@ def test_two_teams_components_in_one_project_load_together_and_may_not_share_a_t
     env = adopter_env(tmp_path, db_url, "http://127.0.0.1:9/hook")
     run("dg check defs", project, env)
     listed = json.loads(run("dg list defs --json", project, env).stdout)
-    assert sorted(a["asset_key"] for a in listed["assets"]) == [f"outbox/{t}" for t in TABLES]
+    assert sorted(a["asset_key"] for a in listed["assets"]) == ASSET_KEYS
     group_job = next(j for j in listed["jobs"] if j["name"] == "relay_group_default_job")
     assert all(t in group_job["description"] for t in TABLES), group_job
     upgraded = run("outbox-pipelines db upgrade", project, env)
@@ -183,7 +185,7 @@ def test_a_handlers_module_that_does_not_import_fails_dg_check_and_leaves_only_t
     assert "pip install -e ." in said
     # Loaded to run (dg dev, the code server): the other table relays; no job or sensor for the broken one.
     listed = json.loads(run("dg list defs --json", project, env).stdout)
-    assert sorted(a["asset_key"] for a in listed["assets"]) == [f"outbox/{t}" for t in TABLES]
+    assert sorted(a["asset_key"] for a in listed["assets"]) == ASSET_KEYS
     group_job = next(j for j in listed["jobs"] if j["name"] == "relay_group_default_job")
     assert "billing_outbox" in group_job["description"] and "billing_receipts_outbox" not in group_job["description"]
 

@@ -250,7 +250,7 @@ def test_the_demo_runs_from_an_empty_directory_and_keeps_its_data_in_the_users_d
         assert said.startswith(f"the demo keeps its data in {data} (no project here"), first.stdout[:2000]
         assert "migrated the database" in first.stdout
         assert re.search(ORDERS_LINE.format(sent=12, dead=1), first.stdout, re.M), first.stdout
-        assert "asset checks: 25 passed" in first.stdout, first.stdout
+        assert "asset checks: 31 passed" in first.stdout, first.stdout
         assert f"export OUTBOX_EMBEDDED_DIR={data}" in first.stdout
         assert list(empty.iterdir()) == [], "the demo wrote into the directory it was run in"
         assert (data / "pgdata").exists() and (data / "dagster_home" / "dagster.yaml").is_file()

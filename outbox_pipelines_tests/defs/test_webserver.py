@@ -104,7 +104,7 @@ def test_webserver_serves_the_code_location_and_runs_a_relay(webserver, conn):
     }
     # every check can be executed from the asset's Checks tab (no materialization needed)
     assert checks[("outbox", "outbox_events")] == dict.fromkeys(
-        ["lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys"], "CAN_EXECUTE"
+        ["lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys", "vacuum"], "CAN_EXECUTE"
     )
 
     enqueue_n(conn, "outbox_events", 5, topic="org.changed", payload=lambda i: {"org_id": i})
