@@ -1,11 +1,8 @@
-"""On-call in Dagster: one sensor keeps the checks current and tells people what changed; one tells
-them about failed runs.
+"""On-call in Dagster: the sensor that tells people about failed runs (the one that keeps the checks current
+is defs/oncall_sensor.py).
 
-``outbox_oncall`` runs the core's on-call sweep every 15 s (dead relays, every
-table's checks, fire / remind / resolve), records the check evaluations on the
-table assets (so the UI shows them without a run), and marks the runs of dead
-relays failed. ``outbox_run_failure_alert`` tells about any other failed run,
-with its root cause and a link. A cancelled run (Terminate, a clean stop of
+``outbox_run_failure_alert`` tells about any failed run (the runs of dead relays are failed by
+``outbox_oncall``), with its root cause and a link. A cancelled run (Terminate, a clean stop of
 ``outbox-pipelines dev``) is not a failure and alerts nobody.
 
 A *refused launch* (an operator's mistake in a launch: no replay filter, ``since: yesterday``, a table that
@@ -16,7 +13,6 @@ changed and nothing is broken, and the person who launched it sees why on the ru
 Every other failure pages as ``[error]`` as before.
 """
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,10 +20,8 @@ from typing import Any
 import dagster as dg
 
 from outbox_pipelines.core.oncall.alerts import Condition, announce_event
-from outbox_pipelines.core.oncall.sweep import SweepReport
 from outbox_pipelines.core.redaction import redact_text
-from outbox_pipelines.defs.checks import SEVERITY, check_metadata
-from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text, table_asset_key
+from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text
 from outbox_pipelines.defs.links import DagsterLinks
 from outbox_pipelines.defs.relay_group import GROUP_TAG, KIND_TAG, RELAY_KIND
 from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
@@ -40,68 +34,6 @@ def run_link(run_id: str) -> dict[str, str]:
 
 # Tags a run the on-call sweep already told people about (its relay died).
 FAILURE_TAG = "outbox/failure"
-# A check evaluation is recorded when its severity changes, and otherwise at most this often.
-RECORD_EVERY_S = 60.0
-SWEEP_EVERY_S = 15
-
-
-def _check_evaluations(
-    report: SweepReport, recorded: dict[str, list[Any]], now: float
-) -> list[dg.AssetCheckEvaluation]:
-    events = []
-    for table_name, verdicts in report.verdicts.items():
-        for verdict in verdicts:
-            key = f"{table_name}:{verdict.name}"
-            last_severity, last_at = recorded.get(key, (None, 0.0))
-            if last_severity == verdict.severity and now - last_at < RECORD_EVERY_S:
-                continue
-            recorded[key] = [verdict.severity, now]
-            events.append(
-                dg.AssetCheckEvaluation(
-                    asset_key=table_asset_key(table_name),
-                    check_name=verdict.name,
-                    passed=verdict.passed,
-                    severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
-                    description=verdict.description,
-                    metadata=check_metadata(verdict.metadata),
-                )
-            )
-    return events
-
-
-def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport) -> None:
-    for relay in report.dead_relays:
-        if not relay.run_id:
-            continue
-        run = instance.get_run_by_id(relay.run_id)
-        if run is None or run.is_finished:
-            continue
-        instance.add_run_tags(run.run_id, {FAILURE_TAG: "relay_died", "outbox/outcome": "relay_died"})
-        instance.report_run_failed(run, message=relay.describe())
-
-
-@dg.sensor(
-    name="outbox_oncall",
-    minimum_interval_seconds=SWEEP_EVERY_S,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        f"Every {SWEEP_EVERY_S} s: evaluates every table's checks (shown on the table assets), returns "
-        "the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
-        "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
-        "(resolved)."
-    ),
-)
-def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SensorResult:
-    report = outbox_db.sweep()
-    _fail_runs_of_dead_relays(context.instance, report)
-    state = json.loads(context.cursor) if context.cursor else {}
-    recorded = state.get("recorded", {})
-    events = _check_evaluations(report, recorded, datetime.now(UTC).timestamp())
-    told = ", ".join(f"{a['status']} {a['alert_key']}" for a in report.alerts)
-    summary = f"alerts: {told}" if told else "no change to announce"
-    if report.problems:
-        summary += "; " + "; ".join(report.problems)
-    return dg.SensorResult(asset_events=events, cursor=json.dumps({"recorded": recorded}), skip_reason=summary)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ import dagster as dg
 from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.settings import Settings, load_settings_or_problem
 from outbox_pipelines.core.settings.declarations import Declaration
-from outbox_pipelines.defs.alerts import oncall_sensor, run_failure_alert
+from outbox_pipelines.defs.alerts import run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
 from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
 from outbox_pipelines.defs.database_checks import database_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
+from outbox_pipelines.defs.oncall_sensor import oncall_sensor
 from outbox_pipelines.defs.relay_group import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
 from outbox_pipelines.defs.resources import outbox_resources

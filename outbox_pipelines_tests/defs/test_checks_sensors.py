@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from outbox_pipelines.core.oncall.health import CHECK_NAMES
-from outbox_pipelines.defs.alerts import oncall_sensor
+from outbox_pipelines.defs.oncall_sensor import oncall_sensor
 from outbox_pipelines.defs.resources import outbox_resources
 from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
 from outbox_pipelines_tests.helpers import enqueue_n
