@@ -34,7 +34,7 @@ from outbox_pipelines.cli.init_command import cmd_init
 from outbox_pipelines.cli.oncall_commands import cmd_status
 from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.relay_commands import cmd_relay
-from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
+from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_oncall_page, cmd_order_api
 from outbox_pipelines.core.storage import roles
 
 Handler = Callable[[argparse.Namespace], int]
@@ -348,6 +348,20 @@ def add_service_commands(sub: Any) -> None:
         action="store_true",
         help="serve the UI on a non-loopback --host: it has no login, so anyone who reaches it can launch "
         "runs (put an authenticating proxy in front; docs/deploy.md)",
+    )
+
+    p = add(
+        "oncall-page",
+        cmd_oncall_page,
+        "serve the on-call page: every table's health and counts, its dead and blocked messages, a search by event "
+        "id, key or tenant, and replay / skip launched as Dagster jobs through OUTBOX_UI_URL (dry run first)",
+    )
+    p.add_argument("--host", type=bind_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=server_port, default=3100, help="port to listen on (default 3100; 0: a free one)")
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="serve on a non-loopback --host: it has no login, so anyone who reaches it can replay and skip",
     )
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")

@@ -1,5 +1,5 @@
 """The long-running servers and the showcase: ``order-api`` (the order wing's HTTP API), ``broker-sim`` (a local
-broker with fault injection), ``dev`` (the Dagster UI and daemon) and ``demo``.
+broker with fault injection), ``dev`` (the Dagster UI and daemon), ``oncall-page`` (the on-call page) and ``demo``.
 
 Each imports its stack (Starlette, aiohttp, Dagster) inside its command: a relay or a status starts without them.
 """
@@ -75,3 +75,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from outbox_pipelines.dev import run_dev  # Dagster: only for this command
 
     return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote, verbose=args.verbose)
+
+
+def cmd_oncall_page(args: argparse.Namespace) -> int:
+    from outbox_pipelines.oncall_page import serve  # Starlette and uvicorn: only for this command
+
+    settings_of(args)  # the project's root on sys.path, as for status (the page reads outbox.toml at each request)
+    return serve(args.host, args.port, database_url=database_url(), allow_remote=args.allow_remote, say=say)

@@ -75,3 +75,8 @@ WHERE t.tenant_id = %(tenant_id)s::text
   AND (%(ordering_key)s::text IS NULL OR t.ordering_key = %(ordering_key)s::text)
 ORDER BY t.published_at DESC NULLS FIRST, t.id DESC
 LIMIT %(limit)s
+
+-- name: message_rows_sent_count
+-- How many rows are kept sent, counted up to a cap through the sent rows' partial index: a page's figure at a
+-- bounded cost (an exact count reads every one; `status` makes it).
+SELECT count(*) AS n FROM (SELECT 1 FROM {table} AS t WHERE t.status = 'sent' LIMIT %(cap)s) AS s

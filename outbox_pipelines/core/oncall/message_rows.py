@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.names import table_identifier
 from outbox_pipelines.core.redaction import mask_credentials
-from outbox_pipelines.core.storage.queries import named_queries
+from outbox_pipelines.core.storage.queries import named_queries, table_query
 from outbox_pipelines.core.storage.statements import unknown_table
 
 # The most rows one list returns, whatever limit is asked for: a page, not an export.
@@ -52,10 +52,10 @@ def _statement(picker: str, table: str) -> str:
     return sql.SQL(named_queries()["message_rows_of"]).format(table=ident, picked=picked).as_string(None)
 
 
-def _limit(limit: int) -> int:
+def _limit(limit: int, most: int = MAX_LIMIT) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive whole number, not {limit!r}")
-    return min(limit, MAX_LIMIT)
+    return min(limit, most)
 
 
 def _rows(conn: psycopg.Connection[Any], table: str, picker: str, params: dict[str, Any]) -> list[MessageRow]:
@@ -129,3 +129,13 @@ def find_messages(
             continue
     found.sort(key=lambda row: (row.at, row.id), reverse=True)
     return found[:most]
+
+
+def sent_count(conn: psycopg.Connection[Any], table: str, cap: int = 10_000) -> int:
+    """How many sent rows the table keeps, counted up to ``cap`` (``cap`` means at least that many)."""
+    try:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(table_query("message_rows_sent_count", table), {"cap": _limit(cap, 1_000_000)}).fetchone()
+    except psycopg.errors.UndefinedTable:
+        raise unknown_table(table) from None
+    return int(row["n"]) if row else 0

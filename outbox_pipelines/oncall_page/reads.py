@@ -1,0 +1,141 @@
+"""What the on-call page shows, read from the database: one line per declared table (counts per state, blocked
+keys, paused topics, the oldest waiting message, its health by its worst check), a table's dead and blocked
+messages, and a search across the tables. Figures and verdicts are the on-call room's (core/oncall): the same
+functions ``status``, the asset checks and the on-call sensor use."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
+from outbox_pipelines.core.oncall.checks import CheckVerdict
+from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
+from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.oncall.message_rows import (
+    MessageRow,
+    blocked_messages,
+    dead_messages,
+    find_messages,
+    sent_count,
+)
+from outbox_pipelines.core.oncall.sweep import table_verdicts
+from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.table import OutboxTable
+
+# Each check's grade as the page names a table's health; worst first.
+HEALTH = {"error": "failing", "warn": "warning", "ok": "healthy"}
+_RANK = {"failing": 0, "warning": 1, "healthy": 2}
+# Sent rows are counted up to this many (a bounded read): more shows as "≥ 10,000".
+SENT_CAP = 10_000
+
+
+@dataclass
+class TableLine:
+    name: str
+    health: str  # healthy / warning / failing
+    counts: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    blocked_keys: int = 0
+    blocked_messages: int = 0
+    paused_topics: tuple[str, ...] = ()
+    oldest_waiting_age_s: float | None = None
+    # The checks not passing, worst first: (check name, severity, its sentence).
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    missing: bool = False  # declared, not in the database
+
+    @property
+    def rank(self) -> tuple[int, str]:
+        return (_RANK[self.health], self.name)
+
+
+def _health(verdicts: list[CheckVerdict]) -> str:
+    severities = {v.severity for v in verdicts}
+    return HEALTH["error"] if "error" in severities else HEALTH["warn"] if "warn" in severities else HEALTH["ok"]
+
+
+def _problems(verdicts: list[CheckVerdict]) -> list[tuple[str, str, str]]:
+    order = {"error": 0, "warn": 1}
+    failing = sorted((v for v in verdicts if not v.passed), key=lambda v: order.get(v.severity, 2))
+    return [(v.name, v.severity, v.description) for v in failing]
+
+
+def declared_tables(settings: Settings) -> list[str]:
+    """Every table the project declares, a usable section or not, in name order (what ``status`` and the
+    sensor go through)."""
+    return sorted({*settings.tables, *settings.broken})
+
+
+def overview(url: str, settings: Settings) -> list[TableLine]:
+    """One line per declared table, failing first, then warning, then healthy; each in name order."""
+    with connect(url) as conn:
+        names = declared_tables(settings)
+        vacuum = vacuum_verdicts(conn, settings, names) if names else {}  # one read for every table
+        lines = [_table_line(conn, settings, name, vacuum.get(name)) for name in names]
+    return sorted(lines, key=lambda line: line.rank)
+
+
+def _table_line(conn: Any, settings: Settings, name: str, vacuum: CheckVerdict | None = None) -> TableLine:
+    table = settings.tables.get(name) or TableSettings(name)
+    line = TableLine(name, HEALTH["ok"], paused_topics=tuple(table.paused_topics))
+    try:
+        # The sensor's and the asset checks' verdicts (and the vacuum check's, read for every table at once).
+        verdicts = [*table_verdicts(conn, settings, name), *([vacuum] if vacuum else [])]
+    except (UnknownTable, InvalidTableName) as exc:
+        line.health, line.missing = HEALTH["error"], True
+        line.problems = [("table", "error", str(exc))]
+        return line
+    line.health, line.problems = _health(verdicts), _problems(verdicts)
+    try:
+        status: TableStatus = read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s)
+        line.sent = sent_count(conn, name, SENT_CAP)
+    except (UnknownTable, InvalidTableName):
+        line.missing = True  # a broken section naming a table not created: its verdicts say why
+        return line
+    line.counts = dict(status.counts)
+    line.blocked_keys, line.blocked_messages = status.blocked_keys, status.blocked_messages
+    line.oldest_waiting_age_s = status.oldest_waiting_age_s
+    return line
+
+
+@dataclass
+class TableDetail:
+    name: str
+    dead: list[MessageRow]
+    blocked: list[MessageRow]
+    line: TableLine
+
+
+def table_detail(url: str, settings: Settings, name: str, limit: int = 50) -> TableDetail:
+    """A declared table's dead messages and the dead heads blocking its keys, newest first. UnknownTable when
+    the project does not declare ``name`` or the database lacks it."""
+    if name not in declared_tables(settings):
+        raise UnknownTable(f"{name!r} is not one of this project's tables")
+    with connect(url) as conn:
+        line = _table_line(conn, settings, name)
+        if line.missing:
+            return TableDetail(name, [], [], line)
+        return TableDetail(name, dead_messages(conn, name, limit), blocked_messages(conn, name, limit), line)
+
+
+def search(url: str, settings: Settings, text: str, limit: int = 50) -> list[MessageRow]:
+    """Messages whose event id, ordering key or tenant is ``text``, in every declared table, newest first."""
+    text = text.strip()
+    if not text:
+        return []
+    tables = declared_tables(settings)
+    found: dict[tuple[str, int], MessageRow] = {}
+    with connect(url) as conn:
+        for how in ("event_id", "ordering_key", "tenant_id"):
+            for row in find_messages(conn, tables, limit=limit, **{how: text}):
+                found.setdefault((row.table, row.id), row)
+    rows = sorted(found.values(), key=lambda row: (row.at, row.id), reverse=True)
+    return rows[:limit]
+
+
+def dead_message(url: str, settings: Settings, table: str, event_id: str) -> MessageRow | None:
+    """The dead message of a declared table with this event id (what an action names), or None."""
+    if table not in declared_tables(settings):
+        return None
+    with connect(url) as conn:
+        found = find_messages(conn, [table], event_id=event_id, limit=1)
+    return found[0] if found and found[0].status == "dead" else None
