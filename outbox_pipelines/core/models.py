@@ -22,7 +22,15 @@ AUDIT_DB_ERROR = "outbox_flush_db_error"
 CONFLICT_PROCESSED = "CONFLICT_PROCESSED"
 RATE_LIMITED = "RATE_LIMITED"
 BROKER_5XX = "BROKER_5XX"
-NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
+NETWORK_TIMEOUT = "NETWORK_TIMEOUT"  # no answer (or no connection) within the timeout
+# Why a destination could not be reached, told apart where the client tells them apart
+# (core/destinations/network_failures.py): nothing listens, the name does not resolve, TLS failed, the
+# connection was reset or closed before the answer.
+CONNECTION_REFUSED = "CONNECTION_REFUSED"
+DNS_ERROR = "DNS_ERROR"
+TLS_ERROR = "TLS_ERROR"
+CONNECTION_LOST = "CONNECTION_LOST"
+NETWORK_FAILURES = frozenset({NETWORK_TIMEOUT, CONNECTION_REFUSED, DNS_ERROR, TLS_ERROR, CONNECTION_LOST})
 BAD_REQUEST = "BAD_REQUEST"
 # What replay refuses unless forced (--force / force: true): the destination refused the message itself, so
 # the same message would be refused again (sql/queries/outbox.sql outbox_replay_dead says it in SQL).

@@ -43,7 +43,9 @@ def failure_code(
         return BROKER_TIMEOUT, http_status or 504
     if http_status is not None and 500 <= http_status < 600:
         return BROKER_DOWN, http_status
-    if failure == "connection" or (failure is None and error_code in (m.NETWORK_TIMEOUT, m.BROKER_5XX, m.RATE_LIMITED)):
+    if failure == "connection" or (
+        failure is None and error_code in (*m.NETWORK_FAILURES, m.BROKER_5XX, m.RATE_LIMITED)
+    ):
         return BROKER_DOWN, http_status if http_status == 429 else 503
     if failure in ("protocol", "error") or http_status is not None or error_code == m.UNKNOWN:
         return BROKER_DOWN, 502  # answers that could not be used (garbage, a broken connection mid-answer, 3xx)

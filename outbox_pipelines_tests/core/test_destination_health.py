@@ -50,7 +50,7 @@ def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, c
     enqueue_n(conn, EVENTS, 3)
     report = relay_once(db_url, closed_url)
     assert (report.sent, report.retried) == (0, 3)
-    assert report.destination_failures == {m.NETWORK_TIMEOUT: 3}
+    assert report.destination_failures == {m.CONNECTION_REFUSED: 3}
     assert report.outcome == "destination_failing"
     assert report.as_dict()["outcome"] == "destination_failing"
 
@@ -59,7 +59,7 @@ def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, c
     assert (health.destination, health.consecutive_failures, health.error_codes) == (
         closed_url.rstrip("/"),
         3,
-        {m.NETWORK_TIMEOUT: 3},
+        {m.CONNECTION_REFUSED: 3},
     )  # named by its origin
     assert "connection failed" in health.last_error
     started = health_row(conn)["failing_since"]
@@ -69,7 +69,7 @@ def test_connection_refused_opens_a_streak_and_a_success_ends_it(db_url, conn, c
     make_due(conn, EVENTS)
     relay_once(db_url, closed_url)
     health = read_health(conn, EVENTS)
-    assert (health.consecutive_failures, health.error_codes) == (6, {m.NETWORK_TIMEOUT: 6})
+    assert (health.consecutive_failures, health.error_codes) == (6, {m.CONNECTION_REFUSED: 6})
     assert health_row(conn)["failing_since"] == started
 
     # The destination is back: the first delivery ends the streak.
@@ -125,7 +125,7 @@ def test_the_destination_check_grades_how_long_the_outage_lasted(db_url, conn, c
     assert destination_verdict(conn, now=t0 + timedelta(seconds=301)).severity == "error"  # ..._error: 300 s
 
     shown = closed_url.rstrip("/")  # the origin: no user-info, no path
-    assert warn.description.startswith(f"{EVENTS}: deliveries to {shown} have failed for 31.0s (NETWORK_TIMEOUT=3)")
+    assert warn.description.startswith(f"{EVENTS}: deliveries to {shown} have failed for 31.0s (CONNECTION_REFUSED=3)")
     assert "3 messages wait and retry by themselves" in warn.description
     assert "nothing needs replaying" in warn.description
     assert warn.metadata["destination"] == shown

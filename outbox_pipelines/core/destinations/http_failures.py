@@ -13,6 +13,7 @@ import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import mask_url, redact_text
@@ -35,9 +36,26 @@ CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
 
 # The table, in the docs' order (after the answers'). Each branch of exception_outcome answers with one of these.
 NO_ANSWER_IN_TIME = OutcomeRow("no answer within the table's `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-CONNECTION_FAILED = OutcomeRow(
-    "connection refused or reset (connecting, sending or reading)", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+CONNECTION_REFUSED = OutcomeRow(
+    "connection refused: nothing listens at the URL's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
 )
+NAME_NOT_RESOLVED = OutcomeRow("the URL's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+TLS_FAILED = OutcomeRow(
+    "the TLS handshake failed: a certificate that cannot be verified (self-signed, expired, another host's), "
+    "a server that does not speak TLS",
+    "retry",
+    m.TLS_ERROR,
+    " (circuit)",
+)
+CONNECTION_FAILED = OutcomeRow(
+    "connection reset or closed (connecting, sending or reading)", "retry", m.CONNECTION_LOST, " (circuit)"
+)
+# A connection error's row, by its cause (network_failures.network_code).
+_BY_CAUSE = {
+    m.CONNECTION_REFUSED: CONNECTION_REFUSED,
+    m.DNS_ERROR: NAME_NOT_RESOLVED,
+    m.TLS_ERROR: TLS_FAILED,
+}
 CLIENT_REFUSED = OutcomeRow(
     "a request that cannot be built, or that the HTTP client refuses to send (a control "
     "character in a header, an invalid URL)",
@@ -55,7 +73,16 @@ UNUSABLE_ANSWER = OutcomeRow(
 OTHER_ERROR = OutcomeRow(
     "any other error of the HTTP client", "retry", m.UNKNOWN, " (circuit), bounded by max attempts"
 )
-ROWS = (NO_ANSWER_IN_TIME, CONNECTION_FAILED, CLIENT_REFUSED, UNUSABLE_ANSWER, OTHER_ERROR)
+ROWS = (
+    NO_ANSWER_IN_TIME,
+    CONNECTION_REFUSED,
+    NAME_NOT_RESOLVED,
+    TLS_FAILED,
+    CONNECTION_FAILED,
+    CLIENT_REFUSED,
+    UNUSABLE_ANSWER,
+    OTHER_ERROR,
+)
 
 
 def check_request(url: str, headers: dict[str, str]) -> None:
@@ -97,13 +124,20 @@ def _as_httpx_error(exc: BaseException) -> BaseException:
 
 
 def exception_outcome(exc: BaseException, timeout_s: float) -> tuple[Outcome, str]:
-    """The outcome of an attempt that got no answer, and the Attempt.failure it stands for."""
+    """The outcome of an attempt that got no answer, and the Attempt.failure it stands for: the one
+    classification of every transport's errors (the cause read before aiohttp's are mapped onto httpx's)."""
+    cause = network_code(exc)
     exc = _as_httpx_error(_unwrap(exc))
     text = redact_text(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException) and cause not in _BY_CAUSE:
         return NO_ANSWER_IN_TIME.outcome(f"no answer within {timeout_s:g} s ({type(exc).__name__})"), "timeout"
-    if isinstance(exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError)):
-        return CONNECTION_FAILED.outcome(f"connection failed: {text}"), "connection"
+    if isinstance(
+        exc, (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.CloseError, httpx.TimeoutException)
+    ):
+        row = _BY_CAUSE.get(cause or "", CONNECTION_FAILED)
+        return row.outcome(
+            f"connection failed: {WORDS.get(row.code or '', WORDS[m.CONNECTION_LOST])}: {text}"
+        ), "connection"
     if isinstance(exc, CLIENT_REFUSALS):
         return CLIENT_REFUSED.outcome(f"the HTTP client refused to send the request: {text}"), "refused"
     if isinstance(exc, httpx.HTTPError):

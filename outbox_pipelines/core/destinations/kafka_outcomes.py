@@ -57,7 +57,6 @@ _REFUSED = frozenset(
         _E.CLUSTER_AUTHORIZATION_FAILED,
         _E._AUTHENTICATION,
         _E.SASL_AUTHENTICATION_FAILED,
-        _E._SSL,
     }
 )
 _UNREACHABLE = frozenset(
@@ -101,8 +100,24 @@ NO_TOPIC = OutcomeRow(
     m.NO_SUBSCRIBERS,
     " (replay once the topic exists); not the circuit, which would hold the table's other topics",
 )
-REFUSED = OutcomeRow(
-    "topic or cluster authorization failed, SASL or SSL refused", "retry", m.UNAUTHORIZED, " (circuit)"
+REFUSED = OutcomeRow("topic or cluster authorization failed, SASL refused", "retry", m.UNAUTHORIZED, " (circuit)")
+TLS_FAILED = OutcomeRow(
+    "`_SSL`: the TLS handshake failed (a certificate that cannot be verified), also as the client's last report",
+    "retry",
+    m.TLS_ERROR,
+    " (circuit)",
+)
+NAME_NOT_RESOLVED = OutcomeRow(
+    "`_RESOLVE`: a broker's host name does not resolve, also as the client's last report",
+    "retry",
+    m.DNS_ERROR,
+    " (circuit)",
+)
+CONNECTION_REFUSED = OutcomeRow(
+    "timed out or unreachable while the client reported a refused connection (nothing listens there)",
+    "retry",
+    m.CONNECTION_REFUSED,
+    " (circuit)",
 )
 UNREACHABLE = OutcomeRow(
     "timed out, brokers unreachable, transport errors, local queue full", "retry", m.NETWORK_TIMEOUT, " (circuit)"
@@ -120,7 +135,19 @@ PRODUCER_FAILED = OutcomeRow(
     " (circuit)",
 )
 UNFORESEEN = OutcomeRow("anything unforeseen", "retry", m.UNKNOWN, " (circuit)")
-ROWS = (DELIVERED, BAD_RECORD, NO_TOPIC, REFUSED, UNREACHABLE, BROKER_FAILED, PRODUCER_FAILED, UNFORESEEN)
+ROWS = (
+    DELIVERED,
+    BAD_RECORD,
+    NO_TOPIC,
+    REFUSED,
+    TLS_FAILED,
+    NAME_NOT_RESOLVED,
+    CONNECTION_REFUSED,
+    UNREACHABLE,
+    BROKER_FAILED,
+    PRODUCER_FAILED,
+    UNFORESEEN,
+)
 # sent()'s fields, read once: it builds an Outcome per record.
 _DELIVERED_KIND, _DELIVERED_CODE = DELIVERED.kind, DELIVERED.code
 
@@ -186,8 +213,21 @@ def error_outcome(
         return REFUSED.outcome(
             f"Kafka refused the producer's credentials or ACLs: {what}" + client_hint(client_error, text)
         )
-    if code in _UNREACHABLE:
-        return UNREACHABLE.outcome(f"not delivered: {what}" + client_hint(client_error, text))
+    if code in (_E._SSL, _E._RESOLVE) or code in _UNREACHABLE:
+        return _network_row(code, client_error).outcome(f"not delivered: {what}" + client_hint(client_error, text))
     if err.retriable():
         return BROKER_FAILED.outcome(f"the broker failed the write: {what}")
     return UNFORESEEN.outcome(f"Kafka error: {what}")
+
+
+def _network_row(code: int, client_error: KafkaError | None) -> OutcomeRow:
+    """Why the brokers could not be reached, by the record's error or what the client last reported on its own
+    (librdkafka: "Connect to ipv4#127.0.0.1:9092 failed: Connection refused")."""
+    said = client_error.code() if client_error is not None else None
+    if _E._SSL in (code, said):
+        return TLS_FAILED
+    if _E._RESOLVE in (code, said):
+        return NAME_NOT_RESOLVED
+    if client_error is not None and "connection refused" in client_error.str().lower():
+        return CONNECTION_REFUSED
+    return UNREACHABLE

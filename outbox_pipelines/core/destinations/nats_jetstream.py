@@ -211,7 +211,7 @@ class NatsJetStreamDestination(Destination):
             except Exception as exc:  # noqa: BLE001 - a refused publish is this message's outcome
                 waiting.pop(token, None)
                 outcome = outcomes[index] = self._outcomes.exception(exc)
-                if outcome.code == m.NETWORK_TIMEOUT:
+                if outcome.code in m.NETWORK_FAILURES:
                     stopped = replace(outcome, error=f"not sent: {outcome.error}")
                     if nc.is_closed:
                         conn.fail(self._outcomes.closed)  # what waits on it now, not at the next check

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.nats_wire import MAX_SUBJECT_BYTES
+from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import Scrubber
@@ -62,9 +63,22 @@ MESSAGE_REFUSED = OutcomeRow(
 DENIED = OutcomeRow(
     "authorization violation at connect, a denied publish or reply subscription", "retry", m.UNAUTHORIZED, " (circuit)"
 )
-CONNECTION_LOST = OutcomeRow(
-    "connection refused, closed or lost; no PubAck within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+NO_ANSWER = OutcomeRow("no connection or no PubAck within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+REFUSED = OutcomeRow(
+    "connection refused: nothing listens at the server's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
 )
+NAME_NOT_RESOLVED = OutcomeRow("the server's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+TLS_FAILED = OutcomeRow(
+    "the TLS handshake failed (a certificate that cannot be verified)", "retry", m.TLS_ERROR, " (circuit)"
+)
+CONNECTION_LOST = OutcomeRow("connection closed or lost", "retry", m.CONNECTION_LOST, " (circuit)")
+# A network failure's row, by its cause (network_failures.network_code).
+_BY_CAUSE = {
+    m.NETWORK_TIMEOUT: NO_ANSWER,
+    m.CONNECTION_REFUSED: REFUSED,
+    m.DNS_ERROR: NAME_NOT_RESOLVED,
+    m.TLS_ERROR: TLS_FAILED,
+}
 JETSTREAM_ERROR = OutcomeRow(
     "any other JetStream error (stream full with `discard: new`, store failure, JetStream off)",
     "retry",
@@ -74,7 +88,20 @@ JETSTREAM_ERROR = OutcomeRow(
 NOT_JETSTREAMS = OutcomeRow(
     "a reply that is not JetStream's; any other error of the client", "retry", m.UNKNOWN, " (circuit)"
 )
-ROWS = (PUBACK, NO_STREAM, NOT_ANSWERING, MESSAGE_REFUSED, DENIED, CONNECTION_LOST, JETSTREAM_ERROR, NOT_JETSTREAMS)
+ROWS = (
+    PUBACK,
+    NO_STREAM,
+    NOT_ANSWERING,
+    MESSAGE_REFUSED,
+    DENIED,
+    NO_ANSWER,
+    REFUSED,
+    NAME_NOT_RESOLVED,
+    TLS_FAILED,
+    CONNECTION_LOST,
+    JETSTREAM_ERROR,
+    NOT_JETSTREAMS,
+)
 
 # A reply's result when nothing listens on the subject (status 503): resolved against JetStream's API.
 NO_RESPONDERS = NOT_ANSWERING.outcome("no responders")
@@ -96,7 +123,7 @@ class NatsOutcomes:
         self.name = name
         self.scrub = scrub
         self.timeout_s = timeout_s
-        self.no_ack = CONNECTION_LOST.outcome(f"no PubAck from NATS {name} within {timeout_s:g} s")
+        self.no_ack = NO_ANSWER.outcome(f"no PubAck from NATS {name} within {timeout_s:g} s")
         self.closed = CONNECTION_LOST.outcome(f"connection to NATS {name} closed before the PubAck")
 
     def denied(self, why: str) -> Outcome:
@@ -153,7 +180,8 @@ class NatsOutcomes:
                 OSError,
             ),
         ):
-            outcome = CONNECTION_LOST.outcome(f"connection to NATS {self.name} lost: {text}")
+            row = _BY_CAUSE.get(network_code(exc) or "", CONNECTION_LOST)
+            outcome = row.outcome(f"connection to NATS {self.name} lost: {text}")
         else:
             outcome = NOT_JETSTREAMS.outcome(f"NATS {self.name}: {text}")
         return replace(outcome, error=self.scrub(outcome.error))
@@ -169,9 +197,12 @@ class NatsOutcomes:
             or "authentication" in text.lower()
         ):
             return DENIED.outcome(self.scrub(f"NATS {where} refused the credentials: {text}"))
-        if isinstance(cause, (asyncio.TimeoutError, TimeoutError)):
+        row = _BY_CAUSE.get(network_code(cause) or "", CONNECTION_LOST)
+        if row is NO_ANSWER:
             text = f"no answer within {self.timeout_s:g} s"
-        return CONNECTION_LOST.outcome(self.scrub(f"cannot connect to NATS {where}: {text}"))
+        elif row is not CONNECTION_LOST:
+            text = f"{WORDS[row.code or '']} ({text})"
+        return row.outcome(self.scrub(f"cannot connect to NATS {where}: {text}"))
 
     async def no_responders(self, nc: Client, subject: str) -> Outcome:
         """No responders to a publish: no stream takes the subject (dead), or JetStream is not answering

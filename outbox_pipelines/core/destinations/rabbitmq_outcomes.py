@@ -26,6 +26,7 @@ import re
 import aiormq
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.redaction import redact_text
@@ -69,19 +70,44 @@ DENIED = OutcomeRow(
     m.UNAUTHORIZED,
     " (circuit)",
 )
-UNREACHABLE = OutcomeRow(
-    "connection refused, lost or closed; a server that does not speak AMQP; no connection or confirm within `timeout`",
-    "retry",
-    m.NETWORK_TIMEOUT,
-    " (circuit)",
+NO_ANSWER = OutcomeRow("no connection or no confirm within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+REFUSED = OutcomeRow(
+    "connection refused: nothing listens at the broker's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
 )
+NAME_NOT_RESOLVED = OutcomeRow("the broker's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+TLS_FAILED = OutcomeRow(
+    "the TLS handshake failed (`amqps`: a certificate that cannot be verified)", "retry", m.TLS_ERROR, " (circuit)"
+)
+UNREACHABLE = OutcomeRow(
+    "connection lost or closed; a server that does not speak AMQP", "retry", m.CONNECTION_LOST, " (circuit)"
+)
+# A network failure's row, by its cause (network_failures.network_code).
+_BY_CAUSE = {
+    m.NETWORK_TIMEOUT: NO_ANSWER,
+    m.CONNECTION_REFUSED: REFUSED,
+    m.DNS_ERROR: NAME_NOT_RESOLVED,
+    m.TLS_ERROR: TLS_FAILED,
+}
 OTHER = OutcomeRow(
     "anything else (an exchange of that name with another type; the exchange deleted: 404)",
     "retry",
     m.UNKNOWN,
     " (circuit)",
 )
-ROWS = (ACK, RETURN, RETURN_WHILE_RECOVERING, NACK, BAD_MESSAGE, DENIED, UNREACHABLE, OTHER)
+ROWS = (
+    ACK,
+    RETURN,
+    RETURN_WHILE_RECOVERING,
+    NACK,
+    BAD_MESSAGE,
+    DENIED,
+    NO_ANSWER,
+    REFUSED,
+    NAME_NOT_RESOLVED,
+    TLS_FAILED,
+    UNREACHABLE,
+    OTHER,
+)
 
 SENT = ACK.outcome()
 NACKED = NACK.outcome(
@@ -139,7 +165,7 @@ def exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
     """The outcome of a publish that failed for the connection's or the broker's sake, not the message's."""
     text = redact_text(reply_text(exc))
     if isinstance(exc, TimeoutError):
-        return UNREACHABLE.outcome(f"no confirm from the broker within {timeout_s:g} s")
+        return NO_ANSWER.outcome(f"no confirm from the broker within {timeout_s:g} s")
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
         return DENIED.outcome(f"the broker refused the publish: {text}")
     if isinstance(
@@ -152,7 +178,8 @@ def exception_outcome(exc: BaseException, timeout_s: float) -> Outcome:
             asyncio.CancelledError,
         ),
     ):
-        return UNREACHABLE.outcome(f"the connection to the broker was lost: {text}")
+        row = _BY_CAUSE.get(network_code(exc) or "", UNREACHABLE)
+        return row.outcome(f"the connection to the broker was lost: {text}")
     if isinstance(exc, aiormq.exceptions.ChannelClosed):
         return OTHER.outcome(f"the broker closed the channel: {text}")
     return OTHER.outcome(text)
@@ -162,7 +189,7 @@ def connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Outc
     """The outcome of every message of a batch when connecting (or declaring the exchange) failed."""
     text = redact_text(reply_text(exc))
     if isinstance(exc, TimeoutError):
-        return UNREACHABLE.outcome(f"could not connect to the broker within {timeout_s:g} s")
+        return NO_ANSWER.outcome(f"could not connect to the broker within {timeout_s:g} s")
     if isinstance(exc, (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError)):
         return DENIED.outcome(f"the broker refused the login: {text}")
     if isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
@@ -183,5 +210,7 @@ def connect_outcome(exc: BaseException, exchange: str, timeout_s: float) -> Outc
             f"exchange: {text}; delete it or set the table's exchange"
         )
     if isinstance(exc, (aiormq.exceptions.AMQPConnectionError, ConnectionError, OSError)):
-        return UNREACHABLE.outcome(f"could not connect to the broker: {text}")
+        row = _BY_CAUSE.get(network_code(exc) or "", UNREACHABLE)
+        why = f"{WORDS[row.code or '']}: " if row is not UNREACHABLE else ""
+        return row.outcome(f"could not connect to the broker: {why}{text}")
     return exception_outcome(exc, timeout_s)

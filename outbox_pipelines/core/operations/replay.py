@@ -52,6 +52,7 @@ KNOWN_ERROR_CODES: tuple[str, ...] = (
     m.UNAUTHORIZED,
     m.BROKER_5XX,
     m.NETWORK_TIMEOUT,
+    *sorted(m.NETWORK_FAILURES - {m.NETWORK_TIMEOUT}),
     m.RATE_LIMITED,
     m.UNKNOWN,
     m.NO_SUBSCRIBERS,

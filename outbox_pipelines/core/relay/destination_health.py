@@ -26,7 +26,7 @@ from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.destination_health")
 
-DESTINATION_FAILURES = frozenset({m.NETWORK_TIMEOUT, m.BROKER_5XX, m.UNAUTHORIZED, m.UNKNOWN})
+DESTINATION_FAILURES = m.NETWORK_FAILURES | {m.BROKER_5XX, m.UNAUTHORIZED, m.UNKNOWN}
 # Why a relay holds off while another message probes the open circuit (its pause's reason).
 CIRCUIT_WAIT = "circuit open: waiting for the next probe"
 # A healthy relay confirms "still delivering" this often, so a streak another relay opened closes soon.

@@ -246,10 +246,11 @@ def test_a_per_request_timeout_overrides_the_destination_timeout(http_sink, tran
     assert (outcome.kind, outcome.code) == ("retry", "NETWORK_TIMEOUT")
 
 
-def test_connection_refused_is_a_network_timeout_retry(transport):
+def test_connection_refused_is_a_connection_refused_retry(transport):
     started = time.monotonic()
     outcome = deliver_one(f"http://127.0.0.1:{free_port()}/", transport, timeout_s=2)
-    assert (outcome.kind, outcome.code) == ("retry", "NETWORK_TIMEOUT")
+    assert (outcome.kind, outcome.code) == ("retry", "CONNECTION_REFUSED")
+    assert "refused, nothing listens at that host and port" in outcome.error
     # It is reported as a failed connection, not as a timeout it never waited for.
     assert "connect" in outcome.error.lower()
     assert "no answer within" not in outcome.error
@@ -504,7 +505,7 @@ def test_an_unreachable_broker_keeps_messages_pending(conn, db_url):
         r.destination.close()
     assert report.retried == 2
     found = rows(conn)
-    assert [(found[k]["status"], found[k]["last_error_code"]) for k in keys] == [("pending", "NETWORK_TIMEOUT")] * 2
+    assert [(found[k]["status"], found[k]["last_error_code"]) for k in keys] == [("pending", "CONNECTION_REFUSED")] * 2
 
 
 def test_audit_rows_record_every_transition(conn, db_url, http_sink):

@@ -7,6 +7,8 @@ Without servers: the answers are the clients' own exception and frame objects, b
 
 import asyncio
 import re
+import socket
+import ssl
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,6 +39,12 @@ def _http(status, body=b"", headers=None):
 
 def _http_failure(exc):
     return lambda: hf.exception_outcome(exc, 5.0)[0]
+
+
+def _caused(exc, cause):
+    """``exc`` raised from ``cause``, as a client wraps the operating system's error."""
+    exc.__cause__ = cause
+    return exc
 
 
 _NATS = no.NatsOutcomes("nats://127.0.0.1:4222", Scrubber("nats://127.0.0.1:4222"), 5.0)
@@ -86,7 +94,12 @@ EXAMPLES = {
     ho.CLIENT_ERROR: _http(422, b'{"error": "invalid"}', JSON),
     ho.UNEXPECTED_STATUS: _http(302),
     hf.NO_ANSWER_IN_TIME: _http_failure(httpx.ReadTimeout("timed out")),
-    hf.CONNECTION_FAILED: _http_failure(httpx.ConnectError("connection refused")),
+    hf.CONNECTION_REFUSED: _http_failure(
+        _caused(httpx.ConnectError("refused"), ConnectionRefusedError(111, "refused"))
+    ),
+    hf.NAME_NOT_RESOLVED: _http_failure(_caused(httpx.ConnectError("no name"), socket.gaierror(-2, "not known"))),
+    hf.TLS_FAILED: _http_failure(_caused(httpx.ConnectError("tls"), ssl.SSLCertVerificationError(1, "self-signed"))),
+    hf.CONNECTION_FAILED: _http_failure(_caused(httpx.ReadError("reset"), ConnectionResetError(104, "reset"))),
     hf.CLIENT_REFUSED: _http_failure(httpx.LocalProtocolError("Illegal header value")),
     hf.UNUSABLE_ANSWER: _http_failure(httpx.RemoteProtocolError("Server disconnected without sending a response.")),
     hf.OTHER_ERROR: _http_failure(RuntimeError("unforeseen")),
@@ -95,6 +108,10 @@ EXAMPLES = {
     no.NOT_ANSWERING: _no_responders("ORDERS"),
     no.MESSAGE_REFUSED: lambda: _NATS.exception(nats.errors.MaxPayloadError()),
     no.DENIED: lambda: _NATS.connect_failed(nats.errors.AuthorizationError(), [], "nats://127.0.0.1:4222"),
+    no.NO_ANSWER: lambda: _NATS.exception(nats.errors.TimeoutError()),
+    no.REFUSED: lambda: _NATS.connect_failed(nats.errors.NoServersError(), [ConnectionRefusedError(111, "x")], "n"),
+    no.NAME_NOT_RESOLVED: lambda: _NATS.connect_failed(socket.gaierror(-2, "not known"), [], "nats://nowhere:4222"),
+    no.TLS_FAILED: lambda: _NATS.connect_failed(ssl.SSLCertVerificationError(1, "self-signed"), [], "tls://x:4222"),
     no.CONNECTION_LOST: lambda: _NATS.exception(nats.errors.ConnectionClosedError()),
     no.JETSTREAM_ERROR: lambda: _NATS.api_error({"code": 503, "err_code": 10077, "description": "maximum messages"}),
     no.NOT_JETSTREAMS: lambda: _NATS.reply(Msg(None, data=b"not json")),
@@ -104,12 +121,25 @@ EXAMPLES = {
     ro.NACK: lambda: ro.NACKED,
     ro.BAD_MESSAGE: lambda: ro.too_large(70_000, 65_536),
     ro.DENIED: lambda: ro.connect_outcome(aiormq.exceptions.AuthenticationError("ACCESS_REFUSED"), "crm", 5.0),
-    ro.UNREACHABLE: lambda: ro.connect_outcome(ConnectionRefusedError("refused"), "crm", 5.0),
+    ro.NO_ANSWER: lambda: ro.connect_outcome(TimeoutError(), "crm", 5.0),
+    ro.REFUSED: lambda: ro.connect_outcome(ConnectionRefusedError(111, "refused"), "crm", 5.0),
+    ro.NAME_NOT_RESOLVED: lambda: ro.connect_outcome(socket.gaierror(-2, "not known"), "crm", 5.0),
+    ro.TLS_FAILED: lambda: ro.connect_outcome(ssl.SSLCertVerificationError(1, "self-signed"), "crm", 5.0),
+    ro.UNREACHABLE: lambda: ro.exception_outcome(ConnectionResetError(104, "reset"), 5.0),
     ro.OTHER: lambda: ro.exception_outcome(RuntimeError("unforeseen"), 5.0),
     ko.DELIVERED: lambda: ko.sent("orders/0@42"),
     ko.BAD_RECORD: _kafka(KafkaError.MSG_SIZE_TOO_LARGE),
     ko.NO_TOPIC: _kafka(KafkaError.UNKNOWN_TOPIC_OR_PART),
     ko.REFUSED: _kafka(KafkaError.TOPIC_AUTHORIZATION_FAILED),
+    ko.TLS_FAILED: _kafka(KafkaError._SSL),
+    ko.NAME_NOT_RESOLVED: _kafka(KafkaError._RESOLVE),
+    ko.CONNECTION_REFUSED: lambda: ko.error_outcome(
+        KafkaError(KafkaError._MSG_TIMED_OUT),
+        str,
+        refused_at_produce=False,
+        broken=None,
+        client_error=KafkaError(KafkaError._TRANSPORT, "Connect to ipv4#127.0.0.1:1 failed: Connection refused"),
+    ),
     ko.UNREACHABLE: _kafka(KafkaError._MSG_TIMED_OUT),
     ko.BROKER_FAILED: _kafka(KafkaError.NOT_ENOUGH_REPLICAS, retriable=True),
     ko.PRODUCER_FAILED: _kafka(KafkaError._MSG_TIMED_OUT, broken="fenced"),

@@ -221,7 +221,7 @@ def test_client_side_refusals_are_dead_bad_request(exc):
     ("exc", "code", "failure"),
     [
         (httpx.ReadTimeout("slow"), "NETWORK_TIMEOUT", "timeout"),
-        (httpx.ConnectError("refused"), "NETWORK_TIMEOUT", "connection"),
+        (httpx.ConnectError("reset"), "CONNECTION_LOST", "connection"),
         (httpx.RemoteProtocolError("Server disconnected"), "UNKNOWN", "protocol"),
         (RuntimeError("something else"), "UNKNOWN", "error"),
     ],

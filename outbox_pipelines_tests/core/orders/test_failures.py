@@ -132,7 +132,7 @@ def test_gave_up_after_connection_errors_is_broker_down(conn, db_url):
     closed = f"http://127.0.0.1:{free_port()}/orders"
     accept(conn, "k-unreachable")
     relay_until_settled(conn, db_url, settings_for(closed), passes=2)
-    found = assert_failed(conn, "k-unreachable", BROKER_DOWN, 503, "NETWORK_TIMEOUT")
+    found = assert_failed(conn, "k-unreachable", BROKER_DOWN, 503, "CONNECTION_REFUSED")
     assert "could not be reached (connection failed)" in found["reason"]
 
 
