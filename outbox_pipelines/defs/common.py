@@ -8,6 +8,7 @@ message names the field, what was wrong and what to write instead, and its metad
 
 import difflib
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -101,6 +102,34 @@ class LaunchConfig(dg.Config):
             super().__init__(**values)
         except ValidationError as exc:
             raise refused_config(exc) from None
+
+
+# The Dagster Enum of a code location's tables: the launchpad offers its values, and a launch naming another
+# table is refused by Dagster's config validation (the launchpad's, GraphQL's) before any run exists.
+TABLE_ENUM = "OutboxTableName"
+
+
+def table_field(tables: Sequence[str], description: str) -> dg.Field:
+    """The ``table`` field of a launch: one of ``tables`` (the code location's declared tables), the default
+    when it is the only one. With none declared, a plain string the op refuses naming that none is."""
+    names = sorted(tables)
+    if not names:
+        return dg.Field(str, default_value="", description=description)
+    choice = dg.Enum(TABLE_ENUM, [dg.EnumValue(name) for name in names])
+    if len(names) == 1:
+        return dg.Field(choice, default_value=names[0], description=f"{description} The only one: {names[0]}.")
+    return dg.Field(choice, description=f"{description} One of: {', '.join(names)}.")
+
+
+def launch_schema(config_class: type[LaunchConfig], tables: Sequence[str]) -> dict[str, dg.Field]:
+    """The op config of ``config_class`` (its fields, defaults and descriptions), its ``table`` one of ``tables``.
+
+    The op builds the config from ``context.op_config`` (``config_class(**context.op_config)``): what Dagster's
+    schema cannot say (a time, a bound, the rule of a filter) is still the config's own checks, a refused launch.
+    """
+    fields = config_class.to_fields_dict()
+    fields["table"] = table_field(tables, fields["table"].description or "The outbox table.")
+    return fields
 
 
 def _did_you_mean(table_name: str, settings: Settings) -> str:

@@ -5,7 +5,7 @@ is refused naming the field (``RefusedLaunch``, defs/common.py), before the data
 check needs no data (no filter, a time, an id), after a read when it does (an unknown error code).
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
@@ -20,7 +20,7 @@ from outbox_pipelines.core.operations.replay import (
     parse_death_time,
     replay_dead,
 )
-from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
 
 DRY_RUN_TAG = "outbox/dry_run"
@@ -35,28 +35,27 @@ _TIME_HELP = (
 class ReplayConfig(LaunchConfig):
     """Which dead rows to move back to pending: the filters below, or all: true (the rule: see ``all``)."""
 
-    table: str = Field(
-        default="",
-        description=(
-            "Outbox table to replay: one of the project's declared tables (outbox-pipelines status lists them)."
-        ),
-    )
+    table: str = Field(default="", description="Outbox table whose dead rows to replay.")
+    # Every filter has a neutral default (empty: not filtering), so the launchpad opens with each one written out.
     ids: list[int] | None = Field(
-        default=None, description=("Filter: only these row ids (the outbox table's id column), e.g. [101, 102].")
+        default=[], description="Filter: only these row ids (the outbox table's id column), e.g. [101, 102]; [] = any."
     )
     topic: str | None = Field(
-        default=None, description=("Filter: only rows of this topic (exact match), e.g. order.created.")
+        default="", description="Filter: only rows of this topic (exact match), e.g. order.created; '' = any."
     )
-    tenant_id: str | None = Field(default=None, description="Filter: only rows of this tenant id (exact match).")
+    tenant_id: str | None = Field(
+        default="", description="Filter: only rows of this tenant id (exact match); '' = any."
+    )
     error_code: str | None = Field(
-        default=None,
+        default="",
         description=(
             "Filter: only rows that died with this error code, case-insensitive, e.g. BROKER_5XX, NETWORK_TIMEOUT, "
-            "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code). An unknown code is refused with the list of known ones."
+            "UNAUTHORIZED, BAD_REQUEST (UNKNOWN = no code); '' = any. An unknown code is refused with the list of "
+            "known ones."
         ),
     )
-    since: str | None = Field(default=None, description="Filter: died at or after this time: " + _TIME_HELP)
-    until: str | None = Field(default=None, description="Filter: died before this time: " + _TIME_HELP)
+    since: str | None = Field(default="", description="Filter: died at or after this time ('' = any): " + _TIME_HELP)
+    until: str | None = Field(default="", description="Filter: died before this time ('' = any): " + _TIME_HELP)
     all: bool = Field(
         default=False,
         description=(f"Set true to replay every dead row of the table. The rule, the CLI's too: {NEEDS_A_FILTER}"),
@@ -79,7 +78,7 @@ class ReplayConfig(LaunchConfig):
     @field_validator("since", "until")
     @classmethod
     def _death_time(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
+        if value:
             try:
                 # A field validator always knows its field; "time" only satisfies the type.
                 parse_death_time(value, info.field_name or "time")
@@ -124,16 +123,8 @@ def selection_from_config(config: ReplayConfig) -> ReplayFilter:
     return selection
 
 
-@dg.op(
-    description=(
-        "Replay dead messages matching the filters (or every one with all: true); lists the rows that were "
-        f"(or in a dry run would be) replayed, the first {LIST_LIMIT} as a table, and counts them all."
-    ),
-    out=dg.Out(dg.Nothing),
-)
-def replay_dead_op(
-    context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDb
-) -> Iterator[dg.Output[None]]:
+def run_replay(context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+    """The body of replay_dead_op: the filter checked, the rows replayed (or listed), their table in metadata."""
     selection = selection_from_config(config)  # before anything touches the database
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
@@ -181,7 +172,20 @@ def replay_dead_op(
     yield dg.Output(None, metadata=metadata)
 
 
-def replay_jobs() -> list[dg.JobDefinition]:
+def replay_jobs(tables: Sequence[str] = ()) -> list[dg.JobDefinition]:
+    """replay_dead_job, its table one of ``tables`` (the code location's)."""
+
+    @dg.op(
+        description=(
+            "Replay dead messages matching the filters (or every one with all: true); lists the rows that were "
+            f"(or in a dry run would be) replayed, the first {LIST_LIMIT} as a table, and counts them all."
+        ),
+        config_schema=launch_schema(ReplayConfig, tables),
+        out=dg.Out(dg.Nothing),
+    )
+    def replay_dead_op(context: dg.OpExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+        yield from run_replay(context, ReplayConfig(**context.op_config), outbox_db)
+
     @dg.job(
         description=(
             "Replay dead messages by filter (ids, topic, tenant, error code, died since/until) or all: true. "

@@ -4,7 +4,7 @@ A launch naming no message, a table that does not exist or an id that is not one
 field (``RefusedLaunch``, defs/common.py), before the database is touched.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 from pydantic import Field, field_validator
@@ -13,7 +13,7 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay import check_row_id
 from outbox_pipelines.core.relay.ordering import skip_dead_heads
 from outbox_pipelines.core.settings.values import free_text
-from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, resolve_table
+from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import OutboxDb
 
@@ -21,14 +21,18 @@ from outbox_pipelines.defs.resources import OutboxDb
 class SkipConfig(LaunchConfig):
     """Which parked dead messages to pass over: their ids, or every one of an ordering key."""
 
-    table: str = Field(
-        description="Outbox table: one of the project's declared tables (outbox-pipelines status lists them)."
-    )
+    table: str = Field(description="Outbox table whose parked dead messages to pass over.")
+    # ids or ordering_key names the messages; both start empty, written out in the launchpad: fill one.
     ids: list[int] | None = Field(
-        default=None,
-        description=("The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them."),
+        default=[],
+        description=(
+            "The dead messages' row ids, as the blocked_keys check and 'outbox-pipelines status' name them, "
+            "e.g. [101]; set these or ordering_key."
+        ),
     )
-    ordering_key: str | None = Field(default=None, description="Every parked dead message of this ordering key.")
+    ordering_key: str | None = Field(
+        default="", description="Every parked dead message of this ordering key; set this or ids ('' = none)."
+    )
     reason: str = Field(default="skipped by an operator", description="Why: kept in the audit row (outbox_skip).")
     dry_run: bool = Field(
         default=True, description=("true (the default): only list what would be passed over. Set false to do it.")
@@ -50,22 +54,16 @@ class SkipConfig(LaunchConfig):
         return [check_row_id(row_id, "ids") for row_id in value] if value else value
 
 
-@dg.op(
-    description=(
-        "Pass over parked dead messages: they stay dead (replayable, audited as outbox_skip) and the later "
-        "messages of their keys go on in order without them."
-    ),
-    out=dg.Out(dg.Nothing),
-)
-def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+def run_skip(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+    """The body of skip_dead_op: the messages passed over (or listed), what moved in metadata."""
     table = resolve_table(outbox_db.settings(), config.table)
     context.instance.add_run_tags(context.run_id, {DRY_RUN_TAG: "true" if config.dry_run else "false"})
     try:
         report = skip_dead_heads(
             outbox_db.database_url(),
             table,
-            ids=config.ids,
-            ordering_key=config.ordering_key,
+            ids=config.ids or None,
+            ordering_key=config.ordering_key or None,
             dry_run=config.dry_run,
             worker=f"dagster:{context.run_id[:8]}",
             reason=config.reason,
@@ -93,7 +91,20 @@ def skip_dead_op(context: dg.OpExecutionContext, config: SkipConfig, outbox_db: 
     )
 
 
-def skip_jobs() -> list[dg.JobDefinition]:
+def skip_jobs(tables: Sequence[str] = ()) -> list[dg.JobDefinition]:
+    """skip_dead_job, its table one of ``tables`` (the code location's)."""
+
+    @dg.op(
+        description=(
+            "Pass over parked dead messages: they stay dead (replayable, audited as outbox_skip) and the later "
+            "messages of their keys go on in order without them."
+        ),
+        config_schema=launch_schema(SkipConfig, tables),
+        out=dg.Out(dg.Nothing),
+    )
+    def skip_dead_op(context: dg.OpExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+        yield from run_skip(context, SkipConfig(**context.op_config), outbox_db)
+
     @dg.job(
         description=(
             "Pass over dead messages that block their ordering keys (by ids or ordering_key), so the rest of each key "

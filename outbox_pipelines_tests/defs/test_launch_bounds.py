@@ -32,7 +32,8 @@ def dead_keyed_row(conn) -> int:
 )
 def test_a_replay_time_out_of_bounds_is_refused_before_the_database(instance, field, value, said):
     resources = outbox_resources(url=UNREACHABLE)  # refused on the config: the database is never needed
-    result = run_job("replay_dead_job", resources, instance, _op_config("replay_dead_op", **{field: value}))
+    config = _op_config("replay_dead_op", table="outbox_orders", **{field: value})
+    result = run_job("replay_dead_job", resources, instance, config)
     message, named = _refusal(result)
     assert named == field and said in message, message
     assert "OverflowError" not in message and "cannot connect" not in message
@@ -43,7 +44,7 @@ def test_a_backfill_batch_that_fits_no_integer_is_refused(instance, resources):
         "backfill_job",
         resources,
         instance,
-        _op_config("backfill_op", table="outbox_orders", batch_size=2**70),
+        _op_config("backfill_op", table="outbox_orders", batch_size=2**70, dry_run=False),
         partition_key="2026-11-01",
     )
     message, named = _refusal(result)

@@ -39,7 +39,9 @@ def redeliver_sent(
     batch_size: int = 500,
     progress: Progress | None = None,
     actor: str = "backfill",
+    reason: str | None = None,
 ) -> BackfillReport:
+    """Deliver the window's sent messages again; one audit row says how many, where, and ``reason`` (why)."""
     report = BackfillReport(table_name, start, end)
     after_id = 0
     with connect(url) as conn:
@@ -59,7 +61,8 @@ def redeliver_sent(
             code="outbox_backfill",
             worker=actor,
             detail=f"re-delivered {report.delivered} of {report.found} sent messages published in "
-            f"[{start.isoformat()}, {end.isoformat()}) to {destination.name}; {report.failed} failed",
+            f"[{start.isoformat()}, {end.isoformat()}) to {destination.name}; {report.failed} failed"
+            + (f" ({reason})" if reason else ""),
         )
     return report
 
