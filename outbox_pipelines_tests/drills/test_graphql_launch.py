@@ -7,7 +7,8 @@ cannot drift from the jobs.
 
 What must hold: the dry run finds the dead rows its filter names and leaves them dead; the real replay moves
 exactly those to pending and the relay then sends them (a dead row of another error code stays dead); the
-backfill of the day they were sent succeeds and re-delivers every message sent that day; a launch without a
+backfill of the day they were sent counts them in its dry run, then succeeds and re-delivers every message
+sent that day, its reason audited; a launch without a
 filter or without a day ends FAILURE naming what was missing and touches nothing; a misspelt field starts no run.
 """
 
@@ -119,19 +120,23 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     assert sent_that_day >= WARM + DEAD
     namespace["DAY"] = day  # the block reads DAY from the helpers' block: give it the day the rows were sent
     exec(backfill, namespace)  # noqa: S102
+    would = namespace["would"]  # the dry run first: counted, delivered nothing
+    assert namespace["would_status"] == "SUCCESS" and would["dry_run"] is True, would
+    assert would["found"] == sent_that_day and sum(would["by_topic"].values()) == sent_that_day, would
+    assert len(would["first_event_ids"]) == min(20, sent_that_day), would
     result = namespace["backfilled"]
     assert namespace["backfill_status"] == "SUCCESS", result
     assert result["day"] == day and result["found"] == sent_that_day, result
     assert result["delivered"] == sent_that_day and result["failed"] == 0, result
     assert run_tags(stack, namespace["backfill_id"]).get("dagster/partition") == day
-    assert (
-        stack.scalar(
-            "SELECT count(*) FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_backfill' "
-            "AND created_at >= %s",
+    [detail] = [
+        row["detail"]
+        for row in stack.query(
+            "SELECT detail FROM outbox_audit WHERE outbox_table = %s AND code = 'outbox_backfill' AND created_at >= %s",
             (TABLE, started),
         )
-        == 1
-    )
+    ]
+    assert detail.endswith("(billing lost a day of orders (INC-1234))"), detail
 
     # refused launches: each ends FAILURE naming what was missing, or starts no run; nothing moves
     before = stack.statuses()
@@ -147,4 +152,4 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
         for r in stack.dev.graphql(RUNS)["runsOrError"]["results"]
         if r["jobName"] in ("replay_dead_job", "backfill_job")
     ]
-    assert sorted(r["status"] for r in runs) == ["FAILURE"] * 2 + ["SUCCESS"] * 3, runs
+    assert sorted(r["status"] for r in runs) == ["FAILURE"] * 2 + ["SUCCESS"] * 4, runs
