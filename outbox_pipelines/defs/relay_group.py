@@ -15,23 +15,22 @@ from outbox_pipelines.core.relay.group_tables import GroupReport
 from outbox_pipelines.core.settings import DEFAULT_GROUP
 from outbox_pipelines.core.settings.values import MAX_DURATION_S
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, metadata_values, table_asset_key
-from outbox_pipelines.defs.relay import OUTCOME_TAG, _relay_in_thread, default_run_seconds, relay_graph
-from outbox_pipelines.defs.resources import TABLE_TAG, OutboxDb
+from outbox_pipelines.defs.relay import (
+    HOSTED,
+    OUTCOME_TAG,
+    _relay_in_thread,
+    default_run_seconds,
+    hosted_tag,
+    relay_graph,
+)
+from outbox_pipelines.defs.resources import OutboxDb
 
 # -- relay groups: one run relays every table of its group (docs/design.md "Relay groups") ---------------------
 GROUP_TAG = "outbox/group"
 # Every relay run (a group's or one table's) carries it: dagster.yaml caps relay runs with it so that maintenance,
 # checks and replays always find a slot.
 KIND_TAG, RELAY_KIND = "outbox/kind", "relay"
-# A group run carries one of these per table it hosts ("outbox/table.billing_outbox": "hosted"): the Runs page
-# filters the runs that relayed a table by it.
-HOSTED = "hosted"
 OBSERVE_EVERY_S = 300.0  # each table's asset observation, while a group run relays it
-PROGRESS_EVERY_S = 30.0
-
-
-def hosted_tag(table_name: str) -> str:
-    return f"{TABLE_TAG}.{table_name}"
 
 
 class GroupRunConfig(LaunchConfig):
@@ -87,14 +86,22 @@ class _Observer:
 
 
 def _group_progress(context: dg.OpExecutionContext, observer: _Observer) -> Callable[[GroupRelay], None]:
+    """A line every 30 s (the group's progress_every_s) while the group sends, or when the tables it cannot relay
+    change; nothing while it idles (an idle table gives its worker up: "0 of 19 tables active" every 30 s told
+    nobody anything)."""
+    said: dict[str, Any] = {"sent": 0, "problems": []}
+
     def progress(group: GroupRelay) -> None:
         report = group.report()
-        active = [name for name, worker in group.workers.items() if worker.active]
-        context.log.info(
-            f"group {report.group}: {len(active)} of {len(group.workers)} tables active, sent "
-            f"{report.sent} so far"
-            + (f"; cannot relay: {', '.join(sorted(report.problems))}" if report.problems else "")
-        )
+        problems = sorted(report.problems)
+        if report.sent != said["sent"] or problems != said["problems"]:
+            sending = sorted(name for name, worker in group.workers.items() if worker.active)
+            context.log.info(
+                f"group {report.group}: sent {report.sent} so far (+{report.sent - said['sent']})"
+                + (f"; relaying {', '.join(sending)}" if sending else "")
+                + (f"; cannot relay: {', '.join(problems)}" if problems else "")
+            )
+            said.update(sent=report.sent, problems=problems)
         observer.observe(report)
 
     return progress

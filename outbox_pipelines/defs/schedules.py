@@ -1,7 +1,15 @@
 """Schedules and sensors that keep relaying continuous and the tables healthy."""
 
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import dagster as dg
 
+from outbox_pipelines.core import wings
+from outbox_pipelines.core.operations.maintenance_due import clean_due, requeue_due
+from outbox_pipelines.core.settings import GlobalSettings, TableSettings
+from outbox_pipelines.core.storage.db import driver_connection
+from outbox_pipelines.core.storage.table import SharedTables
 from outbox_pipelines.defs.relay import OVERLAP_S, run_minutes
 from outbox_pipelines.defs.relay_group import GROUP_TAG, relay_group_job_name
 from outbox_pipelines.defs.resources import OutboxDb
@@ -13,6 +21,8 @@ ACTIVE = [
     dg.DagsterRunStatus.STARTED,
 ]
 RUNNING = dg.DefaultScheduleStatus.RUNNING
+# The cleaner's pass over the wings' shared tables (their expiry is theirs to know): at least once a day.
+SHARED_PASS_EVERY_S = 86400.0
 
 
 def relay_schedules(groups: dict[str, list[str]], jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
@@ -56,24 +66,92 @@ def backlog_sensor(group: str, tables: list[str], job: dg.JobDefinition) -> dg.S
     return _sensor
 
 
+def _active_run(context: dg.ScheduleEvaluationContext, job_name: str) -> str | None:
+    """The id (8 characters) of a run of ``job_name`` queued or in progress, else None."""
+    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=ACTIVE), limit=1)
+    return runs[0].run_id[:8] if runs else None
+
+
+def _existing(outbox_db: OutboxDb, conn: Any) -> list[TableSettings]:
+    """The configured tables that exist in the database (a missing one is its relay check's to report)."""
+    existing = set(SharedTables(conn).outbox_table_names())
+    settings = outbox_db.settings()
+    return [settings.tables[name] for name in sorted(settings.tables) if name in existing]
+
+
+def _said(due: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in sorted(due.items()))
+
+
+def requeue_stuck_schedule(job: dg.JobDefinition) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        name="requeue_stuck_every_5_minutes",
+        job=job,
+        cron_schedule="*/5 * * * *",
+        default_status=RUNNING,
+        description="Every 5 min, asks each table whether a row is stuck in sending (its relay died: lease expired, "
+        "or past the stuck threshold) or an ordering key waits with nothing before it, and launches "
+        "requeue_stuck_job for those tables only; a tick that finds nothing is skipped, and leaves no run.",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext, outbox_db: OutboxDb) -> dg.SkipReason | dg.RunRequest:
+        active = _active_run(context, job.name)
+        if active:
+            return dg.SkipReason(f"requeue_stuck_job run {active} is still active")
+        with outbox_db.engine().connect() as pooled:
+            conn = driver_connection(pooled)
+            due = requeue_due(conn, _existing(outbox_db, conn))
+        if not due:
+            return dg.SkipReason("nothing stuck: no row past its lease or the stuck threshold, no key left waiting")
+        return dg.RunRequest(
+            run_config={"ops": {"requeue_stuck_op": {"config": {"tables": sorted(due)}}}},
+            tags={"outbox/trigger": "stuck_rows"},
+        )
+
+    return _schedule
+
+
+def clean_schedule(job: dg.JobDefinition) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        name="clean_hourly",
+        job=job,
+        cron_schedule="7 * * * *",
+        default_status=RUNNING,
+        description="Every hour, asks each table whether sent or dead rows are past their retention (and the audit "
+        "whether its rows are), and launches clean_job when some are; once a day regardless, for the wings' shared "
+        "tables (the order ledger's expired rows). A tick that finds nothing is skipped, and leaves no run.",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext, outbox_db: OutboxDb) -> dg.SkipReason | dg.RunRequest:
+        active = _active_run(context, job.name)
+        if active:
+            return dg.SkipReason(f"clean_job run {active} is still active")
+        env = GlobalSettings.from_env()
+        with outbox_db.engine().connect() as pooled:
+            conn = driver_connection(pooled)
+            tables = _existing(outbox_db, conn)
+            due = clean_due(
+                conn, tables, dead_retention_s=env.cleaner_dead_retention_s, audit_retention_s=env.audit_retention_s
+            )
+        if not due and wings.shared_cleanups() and any(table.cleaner_enabled for table in tables):
+            since = datetime.now(UTC) - timedelta(seconds=SHARED_PASS_EVERY_S)
+            if not context.instance.get_run_records(
+                filters=dg.RunsFilter(job_name=job.name, created_after=since), limit=1
+            ):
+                due = {", ".join(wings.shared_cleanups()): "the daily pass over shared tables"}
+        if not due:
+            return dg.SkipReason("nothing past its retention: no sent, dead or audit row to delete")
+        return dg.RunRequest(tags={"outbox/trigger": "retention"})
+
+    return _schedule
+
+
 def maintenance_schedules(jobs: dict[str, dg.JobDefinition]) -> list[dg.ScheduleDefinition]:
     """Maintenance never waits behind relay runs: they are capped in dagster.yaml (outbox/kind=relay) below the
-    deployment's run limit, and these jobs carry a higher dagster/priority (defs/maintenance.py)."""
+    deployment's run limit, and these jobs carry a higher dagster/priority (defs/maintenance.py). The requeue
+    and cleaner schedules ask the database first (core/operations/maintenance_due.py) and launch a run only
+    when there is work: an idle deployment leaves one prune run a day, not 313 maintenance runs."""
     return [
-        dg.ScheduleDefinition(
-            name="requeue_stuck_every_5_minutes",
-            job=jobs["requeue_stuck_job"],
-            cron_schedule="*/5 * * * *",
-            default_status=RUNNING,
-            description="Returns rows whose relay died (lease expired) to pending.",
-        ),
-        dg.ScheduleDefinition(
-            name="clean_hourly",
-            job=jobs["clean_job"],
-            cron_schedule="7 * * * *",
-            default_status=RUNNING,
-            description="Deletes sent rows past each table's retention and expired ledger rows.",
-        ),
+        requeue_stuck_schedule(jobs["requeue_stuck_job"]),
+        clean_schedule(jobs["clean_job"]),
         dg.ScheduleDefinition(
             name="prune_run_history_daily",
             job=jobs["prune_run_history_job"],

@@ -334,7 +334,7 @@ def test_a_group_run_relays_every_table_of_its_group_and_observes_each(db_url, c
     assert "outbox/outbox_orders" not in observed  # a table that did nothing is not observed
     run = instance.get_run_by_id(result.run_id)
     assert run.tags["outbox/group"] == "default" and run.tags["outbox/kind"] == "relay"
-    assert run.tags["outbox/table.outbox_events"] == "hosted" and run.tags["outbox/outcome"] == "delivered"
+    assert run.tags[".dagster/outbox.outbox_events"] == "hosted" and run.tags["outbox/outcome"] == "delivered"
 
 
 def test_a_broken_section_leaves_its_table_out_and_the_rest_relays(db_url, conn, instance, tmp_path):

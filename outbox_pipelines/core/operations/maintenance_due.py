@@ -1,0 +1,86 @@
+"""Whether a maintenance pass has anything to do, asked before a run is launched for it.
+
+A requeue pass every 5 minutes and a cleaner pass every hour that find nothing left a run each: about 310 of
+the 360 runs a day of an idle deployment, the Runs page a list of no-ops (issue 43). The schedules now ask
+these first (one cheap statement per table, sql/queries/maintenance_due.sql, mirroring what the pass would
+change) and launch a run only for the tables that have work; otherwise their tick is skipped with the reason.
+
+Each answer is a mapping table -> why (a short phrase for the tick and the run's tags); empty: nothing to do.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox_pipelines.core.names import validate_table_name
+from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage.queries import shared_query, table_query
+
+AUDIT = "outbox_audit"
+
+
+def _table_row(conn: psycopg.Connection, query: str, table_name: str, params: dict[str, object]) -> dict[str, object]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(table_query(query, validate_table_name(table_name)), params)
+        row = cur.fetchone()
+    assert row is not None  # a SELECT of aggregates and EXISTS always returns its row
+    return row
+
+
+def requeue_due(
+    conn: psycopg.Connection, tables: Sequence[TableSettings], *, now: datetime | None = None
+) -> dict[str, str]:
+    """The tables ``requeue_stuck`` (core/operations/maintenance.py) would change, and why."""
+    due: dict[str, str] = {}
+    for table in tables:
+        row = _table_row(
+            conn,
+            "maintenance_requeue_due",
+            table.name,
+            {"now": now, "stuck_after_s": table.stuck_threshold_s, "pass_over_dead": table.ordering == "skip"},
+        )
+        why = []
+        if row["stuck"]:
+            stuck = int(str(row["stuck"]))
+            why.append(f"{'1000+' if stuck >= 1000 else stuck} rows stuck in sending")
+        if row["dead_heads"]:
+            why.append("dead heads to pass over (ordering = skip)")
+        if row["orphaned_keys"]:
+            why.append("an ordering key waits with nothing before it")
+        if why:
+            due[table.name] = ", ".join(why)
+    return due
+
+
+def clean_due(
+    conn: psycopg.Connection,
+    tables: Sequence[TableSettings],
+    *,
+    dead_retention_s: float,
+    audit_retention_s: float,
+    now: datetime | None = None,
+) -> dict[str, str]:
+    """The tables a cleaner run (``clean_tables``) would delete rows from, and why; ``outbox_audit`` too when
+    its old rows are due. Only tables whose cleaner is on: the run skips the others."""
+    due: dict[str, str] = {}
+    for table in tables:
+        if not table.cleaner_enabled:
+            continue
+        row = _table_row(
+            conn,
+            "maintenance_clean_due",
+            table.name,
+            {"now": now, "retention_s": table.retention_s, "dead_retention_s": dead_retention_s},
+        )
+        why = [what for what, found in (("sent rows", row["sent"]), ("dead rows", row["dead"])) if found]
+        if why:
+            due[table.name] = f"{' and '.join(why)} past their retention"
+    if any(table.cleaner_enabled for table in tables):  # the run cleans the shared tables only then
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(shared_query("maintenance_audit_due"), {"now": now, "retention_s": audit_retention_s})
+            audit = cur.fetchone()
+        if audit and audit["due"]:
+            due[AUDIT] = "audit rows past their retention"
+    return due
