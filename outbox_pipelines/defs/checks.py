@@ -1,12 +1,15 @@
-"""Each outbox table is an observed asset with its checks: lag, dead letters, stuck, backlog, destination, relay,
+"""Each outbox table is an asset with its checks: lag, dead letters, stuck, backlog, destination, relay,
 blocked keys.
 
 Where open-source Dagster 1.13's UI shows a table's health (drills/test_catalog_health.py checks it):
+- Catalog: no health column (it and GraphQL's ``assetHealth`` are Dagster+ only: null here). Each table's state
+  as its checks saw it is recorded as a materialization, its checks after it (defs/table_health.py), so the
+  Status column reads red "Materialized <time>" while an ERROR check fails, else green, with the time.
+- The asset's page: the latest materialization's ``health`` (healthy / warning / failing) and figures.
 - Lineage: the table's "Asset checks" row, ✗ while an ERROR check fails, ⚠ while only WARN ones fail, else ✓ n/n.
-- Catalog: no health column (it and GraphQL's ``assetHealth`` are Dagster+ only: null here). The Status column
-  turns red while an ERROR check fails, else reads "–": the asset is external and never materialized.
 - Checks tab: the checks sorted by name, opened on the first (backlog) unless the link names one
-  (``?view=checks&checkDetail=dead_letters``); declaration order does not count.
+  (``?view=checks&checkDetail=dead_letters``); declaration order does not count. dead_letters and
+  blocked_keys list their messages.
 The asset stays an external spec: an observable one would read "Observed <time>" in the Catalog and lose the red.
 """
 
@@ -15,9 +18,14 @@ from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import CHECK_NAMES
+from outbox_pipelines.core.oncall.sweep import table_verdicts
+from outbox_pipelines.core.storage.db import driver_connection
 from outbox_pipelines.defs.common import MAINTENANCE_TAGS, metadata_values, table_asset_key
+from outbox_pipelines.defs.links import oncall_page_url
 from outbox_pipelines.defs.resources import OutboxDb
+from outbox_pipelines.defs.table_health import health_materialization, message_rows_metadata
 
 SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
@@ -47,12 +55,22 @@ def check_metadata(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def table_asset(table_name: str) -> dg.AssetSpec:
+    """The table's asset: its description says what a "materialization" of it is (the state its checks saw),
+    and links the on-call page when one is served (OUTBOX_ONCALL_URL)."""
+    page = oncall_page_url(table_name)
+    description = (
+        f"The outbox table {table_name}. Each materialization is the table's state as its checks saw it: health "
+        "(healthy / warning / failing, by its worst check), messages per state, the oldest waiting; recorded "
+        "when the checks' grades change and every few minutes. Nothing is built here: relay runs deliver."
+    )
+    if page:
+        description += f" Its dead and blocked messages, to replay or skip: [on-call page]({page})."
     return dg.AssetSpec(
         key=table_asset_key(table_name),
-        description=f"The outbox table {table_name}: observed by relay runs and its checks, never materialized.",
+        description=description,
         group_name="outbox",
         kinds={"postgres"},
-        metadata={"table": table_name},
+        metadata={"table": table_name, **({"on-call page": dg.MetadataValue.url(page)} if page else {})},
     )
 
 
@@ -68,7 +86,15 @@ def table_checks(table_name: str) -> dg.AssetChecksDefinition:
     )
     def _checks(context: dg.AssetCheckExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.AssetCheckResult]:
         selected = {check.name for check in context.selected_asset_check_keys}
-        for verdict in outbox_db.table_verdicts(table_name):
+        settings = outbox_db.settings()
+        with outbox_db.engine().connect() as pooled:
+            conn = driver_connection(pooled)
+            verdicts = table_verdicts(conn, settings, table_name)
+            extra = message_rows_metadata(conn, table_name, [v for v in verdicts if v.name in selected])
+            if selected >= set(CHECK_NAMES):  # all of them: the table's state first, which they are counted against
+                vacuum = vacuum_verdicts(conn, settings, [table_name])[table_name]
+                context.op_execution_context.log_event(health_materialization(table_name, [*verdicts, vacuum]))
+        for verdict in verdicts:
             if verdict.name not in selected:
                 continue
             yield dg.AssetCheckResult(
@@ -77,7 +103,7 @@ def table_checks(table_name: str) -> dg.AssetChecksDefinition:
                 passed=verdict.passed,
                 severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
                 description=verdict.description,
-                metadata=check_metadata(verdict.metadata),
+                metadata={**check_metadata(verdict.metadata), **extra.get(verdict.name, {})},
             )
 
     return _checks

@@ -1,15 +1,28 @@
 """The Dagster UI's pages an alert points at (core/oncall/alerts.py's ``Links``): a table's asset checks, a run,
-the code locations. The UI's address is ``OUTBOX_UI_URL`` (default: ``dagster dev``'s http://127.0.0.1:3000)."""
+the code locations. The UI's address is ``OUTBOX_UI_URL`` (default: ``dagster dev``'s http://127.0.0.1:3000).
+
+The on-call page (the operator page served next to the UI: dead and blocked messages, find a message, replay
+or skip it) is at ``OUTBOX_ONCALL_URL``; unset, nothing links to it."""
 
 import os
 from urllib.parse import quote
 
 UI_URL_ENV = "OUTBOX_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
+ONCALL_URL_ENV = "OUTBOX_ONCALL_URL"
 
 
 def ui_url() -> str:
     return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
+
+
+def oncall_page_url(table: str | None = None) -> str | None:
+    """The on-call page (``OUTBOX_ONCALL_URL``), opened on ``table`` when one is named (``?table=NAME``);
+    None while the variable is unset (no on-call page is served)."""
+    base = (os.environ.get(ONCALL_URL_ENV) or "").strip().rstrip("/")
+    if not base:
+        return None
+    return f"{base}/?table={quote(table)}" if table else f"{base}/"
 
 
 class DagsterLinks:
@@ -28,3 +41,7 @@ class DagsterLinks:
 
     def settings(self) -> str:
         return f"{self.base}/locations"
+
+    def oncall(self, table_name: str | None = None) -> str | None:
+        """The on-call page on ``table_name`` (None without OUTBOX_ONCALL_URL): ``oncall_page_url``."""
+        return oncall_page_url(table_name)

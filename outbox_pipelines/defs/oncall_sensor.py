@@ -1,48 +1,67 @@
 """On-call in Dagster: the sensor that keeps the checks current and tells people what changed.
 
 ``outbox_oncall`` runs the core's on-call sweep every 15 s (dead relays, every table's checks, fire / remind /
-resolve), records the check evaluations on the table assets (so the UI shows them without a run), and marks the runs
-of dead relays failed (defs/alerts.py tells about the other failed runs).
+resolve), records each table's state and check evaluations on its asset (so the UI shows them without a run:
+defs/table_health.py), and marks the runs of dead relays failed (defs/alerts.py tells about the other failed runs).
+
+A table is recorded when its checks' grades change, and otherwise in turn, within ``RECORD_EVERY_S``
+(defs/oncall_cursor.py): Dagster writes each recorded event through its storage (tens of ms each on
+PostgreSQL), so a tick records a few tables, not all of them.
 """
 
-import json
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.oncall.sweep import SweepReport
+from outbox_pipelines.core.storage.db import driver_connection
 from outbox_pipelines.defs.alerts import FAILURE_TAG
 from outbox_pipelines.defs.checks import SEVERITY, check_metadata
 from outbox_pipelines.defs.common import table_asset_key
-from outbox_pipelines.defs.resources import OutboxDb
+from outbox_pipelines.defs.oncall_cursor import Recorded, tables_to_record
+from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDb
+from outbox_pipelines.defs.table_health import health_materialization, message_rows_metadata
 
-# A check evaluation is recorded when its severity changes, and otherwise at most this often.
-RECORD_EVERY_S = 60.0
+# A table is recorded when its checks' grades change, and otherwise at least this often; at most
+# RECORD_AT_MOST tables a tick (nine events each: about half a second on a busy host).
+RECORD_EVERY_S = 300.0
+RECORD_AT_MOST = 6
 SWEEP_EVERY_S = 15
 
 
-def _check_evaluations(
-    report: SweepReport, recorded: dict[str, list[Any]], now: float
-) -> list[dg.AssetCheckEvaluation]:
-    events = []
-    for table_name, verdicts in report.verdicts.items():
-        for verdict in verdicts:
-            key = f"{table_name}:{verdict.name}"
-            last_severity, last_at = recorded.get(key, (None, 0.0))
-            if last_severity == verdict.severity and now - last_at < RECORD_EVERY_S:
-                continue
-            recorded[key] = [verdict.severity, now]
-            events.append(
-                dg.AssetCheckEvaluation(
-                    asset_key=table_asset_key(table_name),
-                    check_name=verdict.name,
-                    passed=verdict.passed,
-                    severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
-                    description=verdict.description,
-                    metadata=check_metadata(verdict.metadata),
-                )
+def table_events(
+    table_name: str, verdicts: list[CheckVerdict], extra: Mapping[str, dict[str, Any]]
+) -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """The table's state, then its check evaluations (the Catalog counts the checks recorded after the state),
+    ``extra`` metadata by check (the messages of dead_letters and blocked_keys)."""
+    key = table_asset_key(table_name)
+    return [
+        health_materialization(table_name, verdicts),
+        *(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=verdict.name,
+                passed=verdict.passed,
+                severity=SEVERITY.get(verdict.severity, dg.AssetCheckSeverity.WARN),
+                description=verdict.description,
+                metadata={**check_metadata(verdict.metadata), **extra.get(verdict.name, {})},
             )
+            for verdict in verdicts
+        ),
+    ]
+
+
+def recorded_events(
+    outbox_db: OutboxDatabase, verdicts: Mapping[str, list[CheckVerdict]], tables: list[str]
+) -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """The events of ``tables``; their messages read over one connection, for those that have dead or blocked ones."""
+    events: list[dg.AssetMaterialization | dg.AssetCheckEvaluation] = []
+    with outbox_db.engine().connect() as conn:
+        for table_name in tables:
+            extra = message_rows_metadata(driver_connection(conn), table_name, verdicts[table_name])
+            events += table_events(table_name, verdicts[table_name], extra)
     return events
 
 
@@ -62,20 +81,27 @@ def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport)
     minimum_interval_seconds=SWEEP_EVERY_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
-        f"Every {SWEEP_EVERY_S} s: evaluates every table's checks (shown on the table assets), returns "
-        "the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
+        f"Every {SWEEP_EVERY_S} s: evaluates every table's checks and records them on the table assets with the "
+        f"table's state (healthy / warning / failing; when they change, else every {RECORD_EVERY_S / 60:.0f} min), "
+        "returns the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
         "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
-        "(resolved)."
+        "(resolved). Its cursor lists the tables that do not pass."
     ),
 )
 def oncall_sensor(context: dg.SensorEvaluationContext, outbox_db: OutboxDb) -> dg.SensorResult:
     report = outbox_db.sweep()
     _fail_runs_of_dead_relays(context.instance, report)
-    state = json.loads(context.cursor) if context.cursor else {}
-    recorded = state.get("recorded", {})
-    events = _check_evaluations(report, recorded, datetime.now(UTC).timestamp())
+    due, recorded = tables_to_record(
+        report.verdicts,
+        Recorded.parse(context.cursor),
+        every_s=RECORD_EVERY_S,
+        tick_s=SWEEP_EVERY_S,
+        most=RECORD_AT_MOST,
+    )
+    events = recorded_events(outbox_db, report.verdicts, due) if due else []
     told = ", ".join(f"{a['status']} {a['alert_key']}" for a in report.alerts)
     summary = f"alerts: {told}" if told else "no change to announce"
+    summary += f"; recorded {len(due)} table{'' if len(due) == 1 else 's'}" if due else ""
     if report.problems:
         summary += "; " + "; ".join(report.problems)
-    return dg.SensorResult(asset_events=events, cursor=json.dumps({"recorded": recorded}), skip_reason=summary)
+    return dg.SensorResult(asset_events=events, cursor=recorded.render(), skip_reason=summary)

@@ -7,9 +7,10 @@ drill checks, through GraphQL, the fields the open-source UI reads:
 
 - the Lineage view's "Asset checks" row of a table (``AssetChecksStatusSummary``, ``dag2025``): a red ✗ while
   an ERROR check fails, a yellow ⚠ while only WARN ones fail, else ✓, with "passed / total";
-- the Catalog's Status column (``buildAssetNodeStatusContent`` in ``AssetNodeStatusContent.tsx``): for an
-  asset neither materializable nor observable and never materialized, red while an ERROR check fails
-  (``checksFailed``), else "–".
+- the Catalog's Status column (``buildAssetNodeStatusContent`` in ``AssetNodeStatusContent.tsx``): each table's
+  state as its checks saw it is recorded as a materialization, its checks after it (defs/table_health.py), so it
+  reads red "Materialized <time>" while an ERROR check fails (``checksFailed``), else green; never "Never
+  materialized".
 
 One table gets ``dead_warn`` dead letters (WARN), one ``dead_error`` (ERROR), put in by SQL; the checks job
 runs; a third table stays healthy.
@@ -136,7 +137,7 @@ def catalog_status(node: dict[str, Any]) -> str:
         return "red: checks failed"
     if not node["assetMaterializations"] and not node["isMaterializable"]:
         return "–"
-    return "materialization status"
+    return "materialized" if node["assetMaterializations"] else "never materialized"
 
 
 def threshold(check: dict[str, Any], label: str) -> int:
@@ -204,15 +205,14 @@ def test_failing_tables_show_at_a_glance_and_a_healthy_one_passes(stack: DrillSt
     assert lineage_checks_row(now[warned]) == ("WARN", 6, 7), now[warned]["checks"]
     assert lineage_checks_row(now[failed]) == ("ERROR", 6, 7), now[failed]["checks"]
 
-    # The Catalog's Status: the tables are external assets, never materialized; red only on an ERROR check.
+    # The Catalog's Status: external assets, each "materialized" as its checks saw it; red only on an ERROR check.
     for table_name in tables:
         node = now[table_name]
-        assert (node["isObservable"], node["isMaterializable"], node["assetMaterializations"]) == (False, False, []), (
-            f"{table_name}: {node}"
-        )
+        assert (node["isObservable"], node["isMaterializable"]) == (False, False), f"{table_name}: {node}"
+        assert node["assetMaterializations"], f"{table_name} reads 'Never materialized': {node}"
     assert catalog_status(now[failed]) == "red: checks failed"
-    assert catalog_status(now[warned]) == "–", "a WARN check does not colour the Catalog's Status"
-    assert catalog_status(now[healthy]) == "–"
+    assert catalog_status(now[warned]) == "materialized", "a WARN check does not colour the Catalog's Status"
+    assert catalog_status(now[healthy]) == "materialized"
 
     # Asset health (the Catalog's health column of Dagster+) is not served by open-source Dagster.
     served = {t: now[t]["assetHealth"] for t in tables}
