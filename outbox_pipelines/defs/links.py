@@ -17,12 +17,12 @@ def ui_url() -> str:
 
 
 def oncall_page_url(table: str | None = None) -> str | None:
-    """The on-call page (``OUTBOX_ONCALL_URL``), opened on ``table`` when one is named (``?table=NAME``);
-    None while the variable is unset (no on-call page is served)."""
+    """The on-call page (``OUTBOX_ONCALL_URL``): ``table``'s own page (``/tables/NAME``: its dead and blocked
+    messages), else the list of tables; None while the variable is unset (no on-call page is served)."""
     base = (os.environ.get(ONCALL_URL_ENV) or "").strip().rstrip("/")
     if not base:
         return None
-    return f"{base}/?table={quote(table)}" if table else f"{base}/"
+    return f"{base}/tables/{quote(table)}" if table else f"{base}/"
 
 
 class DagsterLinks:

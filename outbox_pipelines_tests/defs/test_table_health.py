@@ -324,7 +324,7 @@ def test_the_table_links_the_oncall_page_when_one_is_served(monkeypatch):
     assert "on-call page" not in (spec.description or "") and "on-call page" not in spec.metadata
     assert "never materialized" not in (spec.description or "")
     monkeypatch.setenv(ONCALL_URL_ENV, "http://127.0.0.1:13401/")
-    page = "http://127.0.0.1:13401/?table=outbox_orders"
+    page = "http://127.0.0.1:13401/tables/outbox_orders"
     assert oncall_page_url("outbox_orders") == page and oncall_page_url(None) == "http://127.0.0.1:13401/"
     spec = table_asset("outbox_orders")
     assert f"[on-call page]({page})" in (spec.description or "")
