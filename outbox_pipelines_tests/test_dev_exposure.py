@@ -231,7 +231,7 @@ def test_dev_leaves_dagsters_idle_ticks_out_of_its_terminal_unless_verbose():
         "2026-11-26 15:00:00 - dagster.daemon.SensorDaemon - INFO - Sensor oncall skipped: all checks pass\n",
         "2026-11-26 15:00:01 - dagster.daemon.SensorDaemon - INFO - No run requests returned for x, skipping\n",
         "2026-11-26 15:00:02 - dagster - WARNING - Found a dagster instance configuration value (dagster.yaml) in\n",
-        "2026-11-26 15:00:03 - dagster.daemon.SensorDaemon - INFO - Launching run for relay_group_default_on_backlog\n",
+        "2026-11-26 15:00:03 - dagster.daemon.SensorDaemon - INFO - Completed launch of run 1 for relay_group_a\n",
         "2026-11-26 15:00:04 - dagster - ERROR - a real error\n",
     ]
     quiet, loud = io.StringIO(), io.StringIO()

@@ -344,6 +344,12 @@ def add_service_commands(sub: Any) -> None:
     )
     p.add_argument("--port", type=server_port, default=3000)
     p.add_argument(
+        "--oncall-port",
+        type=server_port,
+        default=None,
+        help="port of the on-call page dev serves next to the UI (default: --port + 1, or a free one if taken)",
+    )
+    p.add_argument(
         "--allow-remote",
         action="store_true",
         help="serve the UI on a non-loopback --host: it has no login, so anyone who reaches it can launch "

@@ -74,7 +74,13 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from outbox_pipelines.dev import run_dev  # Dagster: only for this command
 
-    return run_dev(host=args.host, port=args.port, allow_remote=args.allow_remote, verbose=args.verbose)
+    return run_dev(
+        host=args.host,
+        port=args.port,
+        allow_remote=args.allow_remote,
+        verbose=args.verbose,
+        oncall_port=args.oncall_port,
+    )
 
 
 def cmd_oncall_page(args: argparse.Namespace) -> int:
