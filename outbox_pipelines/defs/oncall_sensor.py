@@ -25,9 +25,9 @@ from outbox_pipelines.defs.resources import OutboxDatabase, OutboxDb
 from outbox_pipelines.defs.table_health import health_materialization, message_rows_metadata
 
 # A table is recorded when its checks' grades change, and otherwise at least this often; at most
-# RECORD_AT_MOST tables a tick (nine events each: about half a second on a busy host).
+# RECORD_AT_MOST tables a tick (nine events each: half a second to a second and a half on a busy host).
 RECORD_EVERY_S = 300.0
-RECORD_AT_MOST = 6
+RECORD_AT_MOST = 4
 SWEEP_EVERY_S = 15
 
 

@@ -45,6 +45,7 @@ FIGURES = (
     ("stuck", "stuck"),
     ("blocked_keys", "blocked_keys"),
     ("blocked_keys", "blocked_messages"),
+    ("lag", "paused_waiting"),
 )
 
 
@@ -100,7 +101,7 @@ def health_materialization(table_name: str, verdicts: list[CheckVerdict]) -> dg.
 
 
 def _when(row: MessageRow) -> str:
-    return row.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return row.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _error(text: str | None) -> str | None:
@@ -117,7 +118,7 @@ MESSAGE_COLUMNS = (
     dg.TableColumn("attempts", "int"),
     dg.TableColumn("error code", "string"),
     dg.TableColumn("error", "string", description="its last error (credentials masked)"),
-    dg.TableColumn("time", "string", description="when it died (UTC)"),
+    dg.TableColumn("time (UTC)", "string", description="when it died"),
 )
 BEHIND = dg.TableColumn("waiting behind", "int", description="later messages of its key held back")
 
@@ -135,7 +136,7 @@ def messages_table(rows: list[MessageRow], *, blocked: bool = False) -> dg.Table
                 "attempts": row.attempts,
                 "error code": row.error_code,
                 "error": _error(row.error),
-                "time": _when(row),
+                "time (UTC)": _when(row),
                 **({"waiting behind": row.waiting_behind} if blocked else {}),
             }
         )
