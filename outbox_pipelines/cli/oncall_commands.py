@@ -12,12 +12,13 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fm
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
-from outbox_pipelines.core.oncall.health import TableStatus, read_status
+from outbox_pipelines.core.oncall.health import TableStatus
 from outbox_pipelines.core.oncall.lock_holders import holders_text
-from outbox_pipelines.core.oncall.table_status import undeclared_tables
+from outbox_pipelines.core.oncall.paused import paused_text
+from outbox_pipelines.core.oncall.table_status import read_table_status, undeclared_tables
+from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
 from outbox_pipelines.core.storage import db
-from outbox_pipelines.core.storage.table import OutboxTable
 
 LAG_LEGEND = (
     "messages still waiting counted with their age so far; "
@@ -38,9 +39,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with db.connect(url) as conn:
         for table in chosen:
             try:
-                reports.append(
-                    read_status(OutboxTable(conn, table.name), stuck_after_s=table.stuck_threshold_s, count_sent=True)
-                )
+                reports.append(read_table_status(conn, table, count_sent=True))
             except UnknownTable:
                 missing.append(table.name)
         if not args.table:
@@ -95,6 +94,7 @@ def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: l
     print(f"\nlag = created → delivered over the last {lag_window}, {LAG_LEGEND}")
     for r in reports:
         print_destination_health(r)
+        print_paused(r)
     for r in reports:
         if r.blocked_keys:
             print(f"\n{blocked_keys_text(r)}")
@@ -156,9 +156,28 @@ def print_destination_health(r: TableStatus) -> None:
         print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
 
 
+def print_paused(r: TableStatus) -> None:
+    """A table or topics paused on purpose: what waits there is not lag (the lag check leaves it out)."""
+    if not r.relay_enabled:
+        print(f"\n{r.table}: relaying is switched off (relay_enabled = false): {r.waiting} messages wait, not lag")
+    if r.paused_topics:
+        oldest = f", the oldest for {fmt_seconds(r.paused_oldest_s)}" if r.paused_oldest_s else ""
+        print(
+            f"\n{r.table}: paused topics: {paused_text(r.paused_topics)}; {r.paused_waiting} "
+            f"message{'' if r.paused_waiting == 1 else 's'} wait there{oldest} (paused, not lag)"
+        )
+
+
+def _head(k: dict[str, Any]) -> str:
+    error = redact_text(str(k.get("error") or ""))[:160]
+    return f"key {k['key']}: id {k['id']} died with {k.get('error_code') or 'no code'}" + (
+        f" ({error})" if error else ""
+    )
+
+
 def blocked_keys_text(r: Any) -> str:
-    which = ", ".join(f"{k['key']} (id {k['id']})" for k in r.blocked_oldest)
-    more = f" and {r.blocked_keys - len(r.blocked_oldest)} more" if r.blocked_keys > len(r.blocked_oldest) else ""
+    which = "; ".join(_head(k) for k in r.blocked_oldest)
+    more = f"; and {r.blocked_keys - len(r.blocked_oldest)} more" if r.blocked_keys > len(r.blocked_oldest) else ""
     return (
         f"{r.table}: {r.blocked_keys} ordering key{'' if r.blocked_keys == 1 else 's'} blocked since "
         f"{r.blocked_since:%Y-%m-%d %H:%M:%S %Z} by a dead message; {r.blocked_messages} later "

@@ -241,7 +241,14 @@ def test_the_snapshot_reads_indexes_not_the_whole_table(conn):
     OutboxTable(conn, EVENTS).claim("w", 5, 60)
     conn.execute("ANALYZE outbox_events")
     query = table_query("outbox_health_snapshot", EVENTS)
-    params = {"table_name": EVENTS, "stuck_after_s": 600.0, "window_s": 3600.0, "sample": LAG_SAMPLE, "now": None}
+    params = {
+        "table_name": EVENTS,
+        "stuck_after_s": 600.0,
+        "window_s": 3600.0,
+        "sample": LAG_SAMPLE,
+        "now": None,
+        "paused_topics": [],
+    }
     with ClientCursor(conn, row_factory=tuple_row) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
         raw = cur.fetchone()[0]

@@ -124,7 +124,7 @@ def test_a_dead_head_parks_only_its_key_visibly_until_replayed(db_url, conn):
     assert (status.blocked_keys, status.blocked_messages) == (1, 2)
     assert status.blocked_oldest[0]["key"] == "a" and status.blocked_since is not None
     check = {v.name: v for v in evaluate_checks(status, CheckThresholds())}["blocked_keys"]
-    assert check.severity == "warn" and "a (id" in check.description and "replay" in check.description
+    assert check.severity == "warn" and "key a: id " in check.description and "replay" in check.description
     # a relay that runs on leaves the parked key alone
     assert Relay(db_url, settings(), reject).run(once=True).claimed == 0
 

@@ -152,6 +152,28 @@ UPDATE outbox_destination_health
 SET relay_problem = NULL, relay_problem_since = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE table_name = %(table_name)s AND relay_problem IS NOT NULL
 
+-- name: outbox_paused_topics_record
+-- The topics a relay of the table leaves paused now, {topic: who}; a topic paused before keeps its since.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+), seen AS (
+    SELECT coalesce(jsonb_object_agg(p.key, jsonb_build_object('by', p.value, 'since', to_jsonb(clock.now))),
+                    '{}'::jsonb) AS paused
+    FROM jsonb_each_text(%(paused)s::jsonb) AS p, clock
+)
+INSERT INTO outbox_destination_health AS h (table_name, paused_topics, updated_at)
+SELECT %(table_name)s, seen.paused, clock.now FROM seen, clock
+ON CONFLICT (table_name) DO UPDATE
+SET paused_topics = (SELECT coalesce(jsonb_object_agg(e.key, CASE WHEN h.paused_topics ? e.key
+                                                         THEN e.value || jsonb_build_object('since',
+                                                                                            h.paused_topics -> e.key -> 'since')
+                                                         ELSE e.value END), '{}'::jsonb)
+                     FROM jsonb_each(EXCLUDED.paused_topics) AS e),
+    updated_at = EXCLUDED.updated_at
+
+-- name: outbox_paused_topics_read
+SELECT paused_topics FROM outbox_destination_health WHERE table_name = %(table_name)s
+
 -- name: outbox_destination_health_read
 SELECT table_name, destination, failing_since, consecutive_failures, error_codes, last_error,
        relay_problem, relay_problem_since,

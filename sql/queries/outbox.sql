@@ -790,14 +790,21 @@ SELECT count(*) AS held FROM {table} WHERE status = 'sending' AND locked_by = %(
 -- replay at the replay), the oldest and the p95 of at most %(sample)s of the
 -- oldest. Nothing waiting is 0, whatever the window's deliveries took: a short
 -- outage or a replayed old message does not keep the check red after it.
+-- Pending messages of %(paused_topics)s (paused on purpose) are not lag: they
+-- are counted aside (paused_waiting, paused_oldest_s) and left out of lag_now.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), waiting AS (
     SELECT count(*) FILTER (WHERE t.attempts = 0) AS pending,
            count(*) FILTER (WHERE t.attempts > 0) AS retrying,
            count(*) FILTER (WHERE t.available_at <= clock.now) AS ready,
-           count(*) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked) AS due,
-           min(t.available_at) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked) AS oldest_due_at,
+           count(*) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked
+                            AND t.topic <> ALL(%(paused_topics)s::text[])) AS due,
+           min(t.available_at) FILTER (WHERE t.available_at <= clock.now AND NOT t.ordering_blocked
+                                       AND t.topic <> ALL(%(paused_topics)s::text[])) AS oldest_due_at,
+           count(*) FILTER (WHERE t.topic = ANY(%(paused_topics)s::text[])) AS paused,
+           extract(epoch FROM clock.now - min(t.created_at) FILTER (WHERE t.topic = ANY(%(paused_topics)s::text[])))::float8
+               AS paused_oldest_s,
            extract(epoch FROM clock.now - min(t.created_at))::float8 AS oldest_waiting_age_s,
            extract(epoch FROM min(t.available_at) - clock.now)::float8 AS next_due_in_s
     FROM {table} AS t, clock
@@ -816,6 +823,7 @@ WITH clock AS (
     (SELECT extract(epoch FROM (SELECT now FROM clock) - t.available_at)::float8 AS lag_s
      FROM {table} AS t
      WHERE t.status = 'pending' AND NOT t.ordering_blocked AND t.available_at <= (SELECT now FROM clock)
+       AND t.topic <> ALL(%(paused_topics)s::text[])
      ORDER BY t.available_at LIMIT %(sample)s)
     UNION ALL
     (SELECT GREATEST(extract(epoch FROM (SELECT now FROM clock) - t.available_at)::float8, 0) AS lag_s
@@ -853,7 +861,7 @@ WITH clock AS (
 ), parked AS (
     -- Blocked keys: a key whose head is dead and parked (the "park" policy) holds its later messages
     -- back until the head is replayed or skipped. A parked head is its key's only dead message.
-    SELECT t.ordering_key, t.id, t.updated_at AS died_at
+    SELECT t.ordering_key, t.id, t.updated_at AS died_at, t.last_error_code, left(t.last_error, 300) AS last_error
     FROM {table} AS t
     WHERE t.status = 'dead' AND t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL
 ), blocked AS (
@@ -861,8 +869,9 @@ WITH clock AS (
            (SELECT count(*) FROM {table} AS w JOIN (SELECT DISTINCT ordering_key FROM parked) AS k
               ON w.ordering_key = k.ordering_key
             WHERE w.status = 'pending' AND w.ordering_skipped_at IS NULL) AS messages,
-           (SELECT coalesce(jsonb_agg(jsonb_build_object('key', x.ordering_key, 'id', x.id,
-                                                         'died_at', x.died_at) ORDER BY x.died_at, x.id), '[]')
+           (SELECT coalesce(jsonb_agg(jsonb_build_object('key', x.ordering_key, 'id', x.id, 'died_at', x.died_at,
+                                                         'error_code', x.last_error_code, 'error', x.last_error)
+                                      ORDER BY x.died_at, x.id), '[]')
               FROM (SELECT * FROM parked ORDER BY died_at, id LIMIT 5) AS x) AS oldest
     FROM parked AS p
 )
@@ -875,7 +884,8 @@ SELECT coalesce(w.pending, 0) AS pending, coalesce(w.retrying, 0) AS retrying, c
        GREATEST(extract(epoch FROM (SELECT now FROM clock) - LEAST(w.oldest_due_at, f.oldest_due_at))::float8,
                 0) AS lag_now_s,
        coalesce(lag_now.p95, 0) AS lag_now_p95_s,
-       b.keys AS blocked_keys, b.since AS blocked_since, b.messages AS blocked_messages, b.oldest AS blocked_oldest
+       b.keys AS blocked_keys, b.since AS blocked_since, b.messages AS blocked_messages, b.oldest AS blocked_oldest,
+       coalesce(w.paused, 0) AS paused_waiting, w.paused_oldest_s
 FROM in_flight AS f CROSS JOIN dead AS d CROSS JOIN lag CROSS JOIN lag_now CROSS JOIN blocked AS b
      LEFT JOIN waiting AS w ON true
 

@@ -88,6 +88,10 @@ class Condition:
     run_id: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
     link_label: str = ""
+    # The key of the condition whose alert tells this one's cause (a table's lag and backlog follow from its
+    # destination's outage): while that one is not ok, this one is not announced (one cause, one alert); if it
+    # outlasts its cause, it is announced then.
+    held_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ def announce(
     webhook_url: str | None = None,
 ) -> list[dict[str, Any]]:
     """Apply the policy to the current conditions, post what must be told, remember it; return the payloads.
+    A condition ``held_by`` another that is not ok is left unsaid (its cause's alert tells it).
 
     A state is remembered only once its alert was accepted (or no webhook is set), so an
     alert the webhook refused is tried again on the next evaluation instead of being lost.
@@ -226,8 +231,11 @@ def announce(
     repeat_s = repeat_every_s() if repeat_s is None else repeat_s
     url = webhook_url if webhook_url is not None else os.environ.get(ALERT_WEBHOOK_ENV)
     memories = _read(shared, [c.key for c in conditions])
+    severity_of = {c.key: c.severity for c in conditions}
     sent = []
     for condition in conditions:
+        if condition.held_by and condition.severity != "ok" and severity_of.get(condition.held_by, "ok") != "ok":
+            continue  # its cause's alert tells it; nothing remembered, so it fires if it outlasts the cause
         previous = memories.get(condition.key, Memory())
         action, memory = decide(previous, condition, now, repeat_s)
         if action is not None:

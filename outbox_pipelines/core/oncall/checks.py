@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
 from outbox_pipelines.core.oncall.lock_holders import holders_text
+from outbox_pipelines.core.oncall.paused import paused_names, paused_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
+from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.destination_health import DestinationHealth
 from outbox_pipelines.core.settings import CheckThresholds
 
@@ -52,7 +54,15 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     oldest against oldest_pending_*. Nothing waiting passes with 0, whatever came before: the last hour's
     deliveries (a short outage, a replayed message created days ago) are in the metadata, not the grade.
     Not due yet (a retry in backoff, a message scheduled for later) is not late; a message held behind a
-    parked key is the blocked_keys check's."""
+    parked key is the blocked_keys check's; one of a paused topic (or of a table whose relaying is off) waits
+    on purpose: counted aside, never lag. While the destination fails, the lag says it follows from it."""
+    if not status.relay_enabled:
+        text = (
+            f"{status.table}: relaying is switched off (relay_enabled = false): {status.waiting:,} messages wait "
+            "on purpose; that is a pause, not lag. Remove relay_enabled = false and reload the code location to "
+            "resume."
+        )
+        return CheckVerdict("lag", "ok", text, {**_lag_metadata(status, limits), "relay_enabled": False})
     grade = _worst(
         _grade(status.lag_now_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
         _grade(status.lag_now_s, limits.oldest_pending_warn_s, limits.oldest_pending_error_s),
@@ -71,34 +81,52 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         )
     else:
         numbers = f"nothing waiting, lag 0s{aside}"
-    text = (
-        f"{status.table}: messages wait too long: {numbers}. Check that a relay run is active for the table "
-        "and what the destination check says."
-        if grade != "ok"
-        else f"{status.table}: {numbers}."
-    )
-    return CheckVerdict(
-        "lag",
-        grade,
-        text,
-        {
-            "lag_now_s": status.lag_now_s,
-            "lag_now_p95_s": status.lag_now_p95_s,
-            "waiting_now": status.waiting_now,
-            # created → delivered over the window (the metrics' figures): shown, not graded
-            "lag_p50_s": status.lag_p50_s,
-            "lag_p95_s": status.lag_p95_s,
-            "lag_p99_s": status.lag_p99_s,
-            "lag_sample": status.lag_sample,
-            "oldest_waiting_age_s": status.oldest_waiting_age_s,
-            "waiting": status.waiting,
-            "ready": status.ready,
-            "lag_p95_warn_s": limits.lag_p95_warn_s,
-            "lag_p95_error_s": limits.lag_p95_error_s,
-            "oldest_waiting_warn_s": limits.oldest_pending_warn_s,
-            "oldest_waiting_error_s": limits.oldest_pending_error_s,
-        },
-    )
+    health = status.destination
+    if grade == "ok":
+        text = f"{status.table}: {numbers}."
+    elif health is not None and health.failing:
+        text = (
+            f"{status.table}: messages wait too long: {numbers}. This follows from the destination: deliveries "
+            f"to {health.destination or 'it'} have failed for {_fmt(health.failing_for_s)} "
+            f"({_codes(health.error_codes) or 'no code'}); the destination check's alert tells it, this one stays "
+            "quiet until the destination recovers."
+        )
+    else:
+        text = (
+            f"{status.table}: messages wait too long: {numbers}. Check that a relay run is active for the table "
+            "and what the destination check says."
+        )
+    if status.paused_topics:
+        text += (
+            f" Paused on purpose, not lag: {paused_text(status.paused_topics)}; {status.paused_waiting:,} "
+            f"message{'' if status.paused_waiting == 1 else 's'} wait there"
+            + (f", the oldest for {_fmt(status.paused_oldest_s)}" if status.paused_oldest_s else "")
+            + "."
+        )
+    return CheckVerdict("lag", grade, text, _lag_metadata(status, limits))
+
+
+def _lag_metadata(status: TableStatus, limits: CheckThresholds) -> dict[str, Any]:
+    return {
+        "lag_now_s": status.lag_now_s,
+        "lag_now_p95_s": status.lag_now_p95_s,
+        "waiting_now": status.waiting_now,
+        # created → delivered over the window (the metrics' figures): shown, not graded
+        "lag_p50_s": status.lag_p50_s,
+        "lag_p95_s": status.lag_p95_s,
+        "lag_p99_s": status.lag_p99_s,
+        "lag_sample": status.lag_sample,
+        "oldest_waiting_age_s": status.oldest_waiting_age_s,
+        "waiting": status.waiting,
+        "ready": status.ready,
+        "lag_p95_warn_s": limits.lag_p95_warn_s,
+        "lag_p95_error_s": limits.lag_p95_error_s,
+        "oldest_waiting_warn_s": limits.oldest_pending_warn_s,
+        "oldest_waiting_error_s": limits.oldest_pending_error_s,
+        "paused_topics": paused_names(status.paused_topics),
+        "paused_waiting": status.paused_waiting if status.paused_topics else None,
+        "destination_failing": bool(status.destination and status.destination.failing) or None,
+    }
 
 
 def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
@@ -165,11 +193,18 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         f"{status.table}: {status.backlog:,} message{'' if status.backlog == 1 else 's'} waiting "
         f"({status.ready:,} ready now; warn at {limits.backlog_warn:,})"
     )
-    text += (
-        ". Relay runs drain it; if it keeps growing, check the destination and add relay processes."
-        if grade != "ok"
-        else "."
-    )
+    health = status.destination
+    if grade == "ok":
+        text += "."
+    elif health is not None and health.failing:
+        text += (
+            f". It follows from the destination, failing for {_fmt(health.failing_for_s)}: the destination check's "
+            "alert tells it; the relay drains it once deliveries succeed."
+        )
+    else:
+        text += ". Relay runs drain it; if it keeps growing, check the destination and add relay processes."
+    if status.paused_topics and status.paused_waiting:
+        text += f" {status.paused_waiting:,} of them wait in paused topics ({paused_names(status.paused_topics)})."
     return CheckVerdict(
         "backlog",
         grade,
@@ -181,6 +216,7 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
             "ready": status.ready,
             "backlog_warn": limits.backlog_warn,
             "backlog_error": limits.backlog_error,
+            "paused_waiting": status.paused_waiting if status.paused_topics else None,
         },
     )
 
@@ -265,15 +301,17 @@ def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     if not keys:
         text = f"{status.table}: no ordering key is blocked."
     else:
-        which = ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest)
-        more = f" and {keys - len(status.blocked_oldest):,} more" if keys > len(status.blocked_oldest) else ""
+        which = "; ".join(_blocked_head(k) for k in status.blocked_oldest)
+        more = f"; and {keys - len(status.blocked_oldest):,} more" if keys > len(status.blocked_oldest) else ""
+        ids = " ".join(f"--id {k['id']}" for k in status.blocked_oldest)
         text = (
             f"{status.table}: {keys:,} ordering key{'' if keys == 1 else 's'} blocked since "
-            f"{status.blocked_since:%Y-%m-%d %H:%M:%S} UTC by a dead message, {status.blocked_messages:,} later "
+            f"{status.blocked_since:%Y-%m-%d %H:%M:%S} UTC by a dead head, {status.blocked_messages:,} later "
             f"message{'' if status.blocked_messages == 1 else 's'} waiting behind: {which}{more}. Fix the cause, "
-            f"then replay the dead message ('outbox-pipelines replay --table {status.table} --id ID', or "
-            f"replay_dead_job) and the key goes on in order; or pass over it ('outbox-pipelines skip --table "
-            f"{status.table} --id ID', or skip_dead_job) and the rest of the key goes without it."
+            f"then replay the head, and its key goes on in order: 'outbox-pipelines replay --table {status.table} "
+            f"{ids} --dry-run', then without --dry-run (or replay_dead_job); or pass over it, and the rest of "
+            f"its key goes without it: 'outbox-pipelines skip --table {status.table} {ids} --dry-run' "
+            "(or skip_dead_job)."
         )
     return CheckVerdict(
         "blocked_keys",
@@ -284,11 +322,19 @@ def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
             "blocked_messages": status.blocked_messages,
             "blocked_since": status.blocked_since.isoformat() if status.blocked_since else None,
             "blocked_oldest": ", ".join(f"{k['key']} (id {k['id']})" for k in status.blocked_oldest) or None,
+            "blocked_codes": ", ".join(sorted({str(k.get("error_code")) for k in status.blocked_oldest})) or None,
             "blocked_keys_warn": limits.blocked_keys_warn,
             "blocked_keys_error": limits.blocked_keys_error,
             "lock_holders": ", ".join(str(h["pid"]) for h in status.lock_holders) or None,
         },
     )
+
+
+def _blocked_head(head: dict[str, Any]) -> str:
+    """'key c-1: id 42 died with CONNECTION_REFUSED (connection failed: ...)': the key, its dead head, why."""
+    why = head.get("error_code") or "no code"
+    error = redact_text(str(head.get("error") or ""))[:160]
+    return f"key {head['key']}: id {head['id']} died with {why}" + (f" ({error})" if error else "")
 
 
 CHECKS: dict[str, Callable[[TableStatus, CheckThresholds], CheckVerdict]] = {

@@ -22,11 +22,11 @@ from outbox_pipelines.core.oncall.alerts import (
     announce_event,
 )
 from outbox_pipelines.core.oncall.database_health import vacuum_condition, vacuum_verdicts
-from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks, read_status
-from outbox_pipelines.core.oncall.table_status import undeclared_tables
+from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks
+from outbox_pipelines.core.oncall.table_status import read_table_status, undeclared_tables
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
 from outbox_pipelines.core.storage.db import connect
-from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
+from outbox_pipelines.core.storage.table import SharedTables
 
 log = logging.getLogger("outbox_pipelines.oncall")
 
@@ -43,6 +43,10 @@ class SweepReport:
     problems: list[str] = field(default_factory=list)
 
 
+# The checks whose failure follows from the destination's while it fails: its alert alone tells the outage.
+HELD_BY_DESTINATION = frozenset({"lag", "backlog"})
+
+
 def check_condition(table_name: str, verdict: CheckVerdict, links: Links = NO_LINKS) -> Condition:
     return Condition(
         key=f"check:{table_name}:{verdict.name}",
@@ -54,6 +58,7 @@ def check_condition(table_name: str, verdict: CheckVerdict, links: Links = NO_LI
         table=table_name,
         check=verdict.name,
         figures={k: v for k, v in verdict.metadata.items() if v is not None},
+        held_by=f"check:{table_name}:destination" if verdict.name in HELD_BY_DESTINATION else None,
     )
 
 
@@ -200,9 +205,7 @@ def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | 
     default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
     table, problem = settings.tables.get(name), settings.broken.get(name)
     try:
-        status = read_status(
-            OutboxTable(conn, name), now=now, stuck_after_s=(table or TableSettings(name)).stuck_threshold_s
-        )
+        status = read_table_status(conn, table or TableSettings(name), now=now)
     except (UnknownTable, InvalidTableName):
         if problem is None:
             raise

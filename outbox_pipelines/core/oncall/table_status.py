@@ -1,7 +1,7 @@
 """A table's state as the checks and ``status`` read it: rows in each state, how late, how many dead and why,
 the destination's health; at a bounded cost whatever the table holds."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -9,7 +9,9 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.oncall.lock_holders import held_long
+from outbox_pipelines.core.oncall.paused import paused_topics
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
+from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.core.storage.table_owners import owners
@@ -54,6 +56,13 @@ class TableStatus:
     blocked_oldest: list[dict[str, Any]] = field(default_factory=list)
     # Sessions holding the table's ordering locks for long (oncall/lock_holders.py): LockHolder's fields.
     lock_holders: list[dict[str, Any]] = field(default_factory=list)
+    # Paused on purpose (not lag): the topics paused ({"topic", "by", "since"}: the table's paused_topics, or
+    # its handlers' switch as its relay recorded it) and the pending messages they hold; relay_enabled false
+    # pauses the whole table.
+    paused_topics: list[dict[str, Any]] = field(default_factory=list)
+    paused_waiting: int = 0
+    paused_oldest_s: float | None = None
+    relay_enabled: bool = True
 
     @property
     def backlog(self) -> int:
@@ -84,9 +93,17 @@ def read_status(
     window_s: float = LAG_WINDOW_S,
     now: datetime | None = None,
     count_sent: bool = False,
+    paused_topics: Sequence[dict[str, Any]] = (),
 ) -> TableStatus:
-    """A table's health at a bounded cost; ``count_sent`` adds the exact sent count (a full scan)."""
-    snap = outbox_table.health_snapshot(stuck_after_s=stuck_after_s, window_s=window_s, sample=LAG_SAMPLE, now=now)
+    """A table's health at a bounded cost; ``count_sent`` adds the exact sent count (a full scan).
+    ``paused_topics`` ({"topic", "by", "since"}): their pending messages are counted aside, not as lag."""
+    snap = outbox_table.health_snapshot(
+        stuck_after_s=stuck_after_s,
+        window_s=window_s,
+        sample=LAG_SAMPLE,
+        now=now,
+        paused_topics=[p["topic"] for p in paused_topics],
+    )
     status = TableStatus(outbox_table.table_name, lag_window_s=window_s)
     status.counts = {
         "pending": int(snap["pending"]),
@@ -112,6 +129,24 @@ def read_status(
     status.blocked_oldest = list(snap["blocked_oldest"] or [])
     status.destination = read_health(outbox_table.conn, outbox_table.table_name, now=now)
     status.lock_holders = [asdict(h) for h in held_long(outbox_table.conn, outbox_table.table_name, now=now)]
+    status.paused_topics = list(paused_topics)
+    status.paused_waiting, status.paused_oldest_s = int(snap["paused_waiting"]), snap["paused_oldest_s"]
+    return status
+
+
+def read_table_status(
+    conn: psycopg.Connection, table: TableSettings, *, now: datetime | None = None, count_sent: bool = False
+) -> TableStatus:
+    """A declared table's status with what its settings add: its paused topics (its settings' and those its
+    relay recorded its handlers pausing: core/oncall/paused.py), left out of lag; whether relaying is on."""
+    status = read_status(
+        OutboxTable(conn, table.name),
+        now=now,
+        stuck_after_s=table.stuck_threshold_s,
+        count_sent=count_sent,
+        paused_topics=paused_topics(conn, table.name, table.paused_topics),
+    )
+    status.relay_enabled = table.relay_enabled
     return status
 
 

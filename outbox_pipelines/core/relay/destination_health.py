@@ -21,6 +21,7 @@ import psycopg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome, cap_error
+from outbox_pipelines.core.oncall.paused import BY_HANDLERS, BY_SETTINGS
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
@@ -87,6 +88,7 @@ class DestinationGuard:
         self._streak_open: bool | None = None  # unknown until the first write
         self._clock = clock  # for the success write's interval only (tests pass a fake one)
         self._last_success_write = float("-inf")
+        self._paused: dict[str, str] | None = None  # the paused topics last recorded (None: not yet)
 
     def gate(self, conn: psycopg.Connection, *, now: datetime | None = None) -> Gate:
         """Read before every claim: so every relay honours a pause or an open circuit within one claim."""
@@ -115,6 +117,16 @@ class DestinationGuard:
             return Gate(0.0, 1, True, "circuit open: sending one probe")
         wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
         return Gate(max(wait, 0.05), 0, True, CIRCUIT_WAIT)
+
+    def note_paused(self, conn: psycopg.Connection, configured: Sequence[str], switched_off: Sequence[str]) -> None:
+        """The topics this relay leaves paused (its settings', its handlers' switched off), recorded when they
+        change (and once at start), for the lag check and ``status`` (core/oncall/paused.py)."""
+        paused = {topic: BY_HANDLERS for topic in switched_off} | {topic: BY_SETTINGS for topic in configured}
+        if (
+            paused != self._paused
+            and self._quietly(lambda: SharedTables(conn).record_paused_topics(self.table_name, paused)) is not None
+        ):
+            self._paused = paused
 
     def saw_open(self) -> None:
         """A claim found the destination plainly open (a gated claim returned rows)."""

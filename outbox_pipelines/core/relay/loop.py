@@ -307,6 +307,7 @@ class Relay:
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
         if limit <= 0 or self.pause.active:
             return []
+        self.guard.note_paused(run.outbox_table.conn, self.table.paused_topics, self.destination.paused_topics)
         # The table's pause and circuit are read at every claim, by the claim itself while the
         # destination is plainly open (one round trip, not two, before a message reaches its
         # handler). Only a claim that found nothing reads the gate: it may have been closed.

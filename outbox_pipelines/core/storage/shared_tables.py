@@ -158,6 +158,15 @@ class SharedTables:
         """True if a problem was recorded (the table relays again)."""
         return self._count("outbox_relay_problem_clear", {"table_name": table_name, "now": now}) > 0
 
+    def record_paused_topics(self, table_name: str, paused: dict[str, str], *, now: datetime | None = None) -> None:
+        """The topics the table's relay leaves paused now, each with who paused it (core/oncall/paused.py)."""
+        self._run("outbox_paused_topics_record", {"table_name": table_name, "paused": Jsonb(paused), "now": now})
+
+    def read_paused_topics(self, table_name: str) -> dict[str, dict[str, Any]]:
+        """{topic: {"by", "since"}} as the table's relay last recorded them; {} when none did."""
+        rows = self._run("outbox_paused_topics_read", {"table_name": table_name})
+        return dict(rows[0]["paused_topics"]) if rows else {}
+
     def read_destination_health(self, table_name: str, *, now: datetime | None = None) -> Row | None:
         rows = self._run("outbox_destination_health_read", {"table_name": table_name, "now": now})
         return rows[0] if rows else None

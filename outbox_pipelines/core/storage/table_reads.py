@@ -40,12 +40,25 @@ class StatusReads(TableStatements):
     """Health and status figures of one outbox table."""
 
     def health_snapshot(
-        self, *, stuck_after_s: float, window_s: float, sample: int, now: datetime | None = None
+        self,
+        *,
+        stuck_after_s: float,
+        window_s: float,
+        sample: int,
+        now: datetime | None = None,
+        paused_topics: Sequence[str] = (),
     ) -> Row:
-        """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept."""
+        """What the checks read, at a cost bounded by ``sample`` however many sent rows are kept; the pending
+        messages of ``paused_topics`` are counted aside, not as lag."""
         return self._run(
             "outbox_health_snapshot",
-            {"stuck_after_s": stuck_after_s, "window_s": window_s, "sample": sample, "now": now},
+            {
+                "stuck_after_s": stuck_after_s,
+                "window_s": window_s,
+                "sample": sample,
+                "now": now,
+                "paused_topics": list(paused_topics),
+            },
         )[0]
 
     def sent_count(self) -> int:
