@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -47,6 +48,7 @@ CHROMIUM_ARGS = [
 VIEWPORT = {"width": 1280, "height": 800}
 MAX_PNG_BYTES = 250_000
 # Counters that change every second (the refresh countdown, a run's duration): not content.
+ONCALL = "oncall:"  # a shot's path on the on-call page (its address is read from the table's asset page)
 TICKING = re.compile(r"(?m)^(\d{1,2}:\d{2}(:\d{2})?|Refreshing data…)$")
 
 
@@ -59,6 +61,7 @@ class Shot:
     expect: tuple[str, ...]
     what: str
     optional: bool = False  # a page this checkout may not have yet (the "before" set): left out, said so
+    height: int = VIEWPORT["height"]  # taller for a list that should show whole
 
 
 def shots() -> list[Shot]:
@@ -70,6 +73,7 @@ def shots() -> list[Shot]:
             "/assets",
             expect=(DEAD, BLOCKED, DOWN, PAUSED),
             what="the Catalog: twenty tables, the failing ones marked",
+            height=1440,
         ),
         Shot(
             "oncall-dead-letters.png",
@@ -91,9 +95,16 @@ def shots() -> list[Shot]:
         ),
         Shot(
             "oncall-page.png",
-            "oncall-page",
+            ONCALL + "/",
+            expect=(DEAD, BLOCKED, PAUSED),
+            what="the on-call page: every table on one line, failing first",
+            optional=True,
+        ),
+        Shot(
+            "oncall-page-table.png",
+            ONCALL + f"/tables/{DEAD}",
             expect=(DEAD, DEAD_EVENTS[-1]),
-            what="the on-call page: dead and blocked messages of every table, replay / skip on each row",
+            what=f"the on-call page of {DEAD}: its dead messages, newest first, Replay… on each row",
             optional=True,
         ),
         Shot("oncall-runs.png", "/runs", expect=("relay",), what="the Runs list after the minutes of schedules"),
@@ -115,8 +126,8 @@ def wait_settled(page: Any, texts: tuple[str, ...], timeout_s: float) -> None:
     raise TimeoutError(f"{page.url} never showed {missing}; it shows: {previous[:600]!r}")
 
 
-def oncall_page_url(page: Any, base: str, table: str) -> str | None:
-    """The on-call page, as its link on the table's asset page names it (None: no such link here)."""
+def oncall_page_base(page: Any, base: str, table: str) -> str | None:
+    """The on-call page's address, as the link on the table's asset page names it (None: no such link here)."""
     page.goto(f"{base}/assets/outbox/{table}")
     try:
         wait_settled(page, (table,), 60)
@@ -126,7 +137,10 @@ def oncall_page_url(page: Any, base: str, table: str) -> str | None:
     if link.count() == 0:
         return None
     href = link.first.get_attribute("href")
-    return str(href) if href else None
+    if not href:
+        return None
+    parts = urlsplit(str(href))
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else None
 
 
 def shrink(png: Path) -> None:
@@ -137,7 +151,7 @@ def shrink(png: Path) -> None:
         print(f"warning: {png.name} is {png.stat().st_size // 1024} KB", file=sys.stderr)
 
 
-def capture(base: str, out: Path, timeout_s: float) -> list[Path]:
+def capture(base: str, out: Path, timeout_s: float, only: set[str]) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     from outbox_pipelines_tests.browser.scenario import DEAD
@@ -147,14 +161,17 @@ def capture(base: str, out: Path, timeout_s: float) -> list[Path]:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport=VIEWPORT)
+            oncall = oncall_page_base(page, base, DEAD)
             for shot in shots():
+                if only and shot.file not in only:
+                    continue
                 url = base + shot.path
-                if shot.path == "oncall-page":
-                    found = oncall_page_url(page, base, DEAD)
-                    if found is None:
+                if shot.path.startswith(ONCALL):
+                    if oncall is None:
                         print(f"  {shot.file}: left out, this checkout's asset page links to no on-call page")
                         continue
-                    url = found if found.startswith("http") else base + found
+                    url = oncall + shot.path[len(ONCALL) :]
+                page.set_viewport_size({"width": VIEWPORT["width"], "height": shot.height})
                 page.goto(url)
                 try:
                     wait_settled(page, shot.expect, timeout_s)
@@ -186,6 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--code-root", type=Path, default=REPO, help="the checkout whose code dev runs")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds for each page to show its data")
+    parser.add_argument("--only", nargs="*", default=[], help="only these files (e.g. oncall-catalog.png)")
     return parser.parse_args(argv)
 
 
@@ -227,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             scenario.trickle()
             time.sleep(min(60.0, max(until - time.monotonic(), 0.0)))
         print(f"capturing into {out}:")
-        written = capture(scenario.ui_url, out, args.timeout)
+        written = capture(scenario.ui_url, out, args.timeout, set(args.only))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -234,7 +234,9 @@ class OncallScenario(QueriesDatabase):
             text=True,
             timeout=180,
         )
-        if "Traceback" in relay.stdout + relay.stderr or relay.returncode not in (0, 1):
+        # Its exit code says what went wrong in the scenario on purpose (DOWN failing, BROKEN left out): what counts
+        # is that it ran, and that the dead messages are there (below).
+        if "Traceback" in relay.stdout + relay.stderr or "relaying group default" not in relay.stderr + relay.stdout:
             raise RuntimeError(f"relay --group default --once exited {relay.returncode}:\n{relay.stdout}{relay.stderr}")
         dead = self.scalar(f"SELECT count(*) FROM {DEAD} WHERE status = 'dead'")
         if dead != len(DEAD_EVENTS) + 1:

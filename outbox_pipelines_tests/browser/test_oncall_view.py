@@ -17,6 +17,7 @@ Dagster's GraphQL, except to confirm what a click launched:
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,6 +42,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 # How long a page may take to show its data (the UI loads it after the page itself; the machine is shared).
 SHOWN_MS = 60_000
+REASON = "browser test: the destination is back"
+RUNS_WITH_TAG = "query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results { jobName } } } }"
 HEALTH_WORDS = ("failing", "warning", "healthy", "degraded", "failed")
 
 
@@ -56,31 +59,42 @@ def marks(row: Locator) -> set[str]:
     return {f"icon:{i}" for i in icons if i} | {f"word:{w}" for w in HEALTH_WORDS if re.search(rf"\b{w}\b", text)}
 
 
-def test_the_catalog_marks_the_failing_tables(page: Page, oncall: OncallScenario) -> None:
+FAILING_MARKS = {"icon:check_failed", "word:failing"}
+
+
+def catalog_marks(page: Page, oncall: OncallScenario, table: str, wanted: Callable[[set[str]], bool]) -> set[str]:
+    """What ``table``'s Catalog row shows that the healthy table's row does not; read until ``wanted`` holds, or
+    for SHOWN_MS (the status column loads after the list)."""
     page.goto("/assets")
     healthy = oncall.layout.healthy[0]
-    for table in (DEAD, BLOCKED, PAUSED, healthy):
-        expect(catalog_row(page, table)).to_be_visible(timeout=SHOWN_MS)
-    # The status column loads after the list: read the rows until they are marked, or for SHOWN_MS.
+    for name in (table, healthy):
+        expect(catalog_row(page, name)).to_be_visible(timeout=SHOWN_MS)
     deadline = time.monotonic() + SHOWN_MS / 1000
     while True:
-        healthy_marks = marks(catalog_row(page, healthy))
-        failing = marks(catalog_row(page, DEAD)) - healthy_marks
-        warning = marks(catalog_row(page, BLOCKED)) - healthy_marks
-        marked = {"icon:check_failed", "word:failing"} & failing and any("warn" in m for m in warning)
-        if marked or time.monotonic() > deadline:
-            break
+        shown = marks(catalog_row(page, table)) - marks(catalog_row(page, healthy))
+        if wanted(shown) or time.monotonic() > deadline:
+            return shown
         page.wait_for_timeout(1000)
-    assert {"icon:check_failed", "word:failing"} & failing, (
+
+
+def test_the_catalog_marks_a_failing_table(page: Page, oncall: OncallScenario) -> None:
+    shown = catalog_marks(page, oncall, DEAD, lambda marked: bool(FAILING_MARKS & marked))
+    assert FAILING_MARKS & shown, (
         f"the Catalog does not mark {DEAD} (dead messages over its dead_error: failing) apart from the healthy "
-        f"{healthy}: its row shows {sorted(failing) or 'nothing more'}; the healthy row {sorted(healthy_marks)}"
-    )
-    assert any("warn" in m for m in warning), (
-        f"the Catalog does not mark {BLOCKED} (two blocked keys: a warning) apart from the healthy {healthy}: "
-        f"its row shows {sorted(warning) or 'nothing more'}; the healthy row {sorted(healthy_marks)}"
+        f"{oncall.layout.healthy[0]}: its row shows {sorted(shown) or 'nothing more'}"
     )
     listed = page.locator('[class*="VirtualizedTable_inner"]').inner_text()
     assert "Never materialized" not in listed, f"an outbox table reads 'Never materialized' in the Catalog:\n{listed}"
+
+
+def test_the_catalog_marks_a_table_with_a_warning(page: Page, oncall: OncallScenario) -> None:
+    """Issue 43: "a table with 5 dead messages and 2 blocked keys looks exactly like a healthy one"."""
+    shown = catalog_marks(page, oncall, BLOCKED, lambda marked: any("warn" in m for m in marked))
+    assert any("warn" in m for m in shown), (
+        f"the Catalog does not mark {BLOCKED} (two blocked keys: its blocked_keys check at WARN) apart from the "
+        f"healthy {oncall.layout.healthy[0]}: its row shows {sorted(shown) or 'nothing more'} (a warning icon or "
+        "the word 'warning' in the row is what is looked for)"
+    )
 
 
 def check_page(page: Page, table: str, check: str) -> None:
@@ -185,9 +199,10 @@ def test_a_replay_is_launched_from_the_check_page_in_three_clicks(page: Page, on
     # The dry run's outcome, then the form that runs it for real, with the reason the audit keeps (typed).
     real = page.get_by_role("button", name=re.compile(r"for real|^replay$|confirm", re.I))
     expect(real).to_be_visible(timeout=120_000)
+    expect(page.get_by_text(re.compile(r"dry run", re.I)).first).to_be_visible()
     reason = page.get_by_role("textbox", name=re.compile(r"why|reason", re.I))
-    if reason.count():
-        reason.fill("browser test: destination back")
+    expect(reason).to_be_visible()
+    reason.fill(REASON)
     page = click(page, real, clicks, "run it for real")
     assert len(clicks) <= 3, f"{len(clicks)} clicks: {clicks}"
 
@@ -197,8 +212,16 @@ def test_a_replay_is_launched_from_the_check_page_in_three_clicks(page: Page, on
         f"{REPLAYABLE} replayed (out of dead) after {clicks}",
         on_timeout=lambda: f"page:\n{page.inner_text('body')[:2000]}\n{oncall.diagnostics()}",
     )
-    replays = oncall.query(
+    runs = oncall.graphql(RUNS_WITH_TAG, {"filter": {"tags": [{"key": "outbox/reason", "value": REASON}]}})
+    tagged = [r["jobName"] for r in runs["runsOrError"]["results"]]
+    assert "replay_dead_job" in tagged, f"no replay_dead_job run carries the reason typed (outbox/reason): {tagged}"
+    audit = oncall.query(
         "SELECT code, detail FROM outbox_audit WHERE outbox_table = %s AND message_id = %s ORDER BY id",
         (DEAD, dead_before[REPLAYABLE]),
     )
-    assert any("browser test" in str(r) for r in replays), f"the reason is not in {REPLAYABLE}'s audit: {replays}"
+    replayed = [r for r in audit if r["code"] == "outbox_replay"]
+    assert replayed, f"no replay in {REPLAYABLE}'s audit: {audit}"
+    assert any(REASON in str(r["detail"]) for r in replayed), (
+        f"the reason typed ({REASON!r}) is kept with the Dagster run but not in {REPLAYABLE}'s audit "
+        f"(outbox_audit, where every transition of a message is): {replayed}"
+    )
