@@ -200,7 +200,8 @@ def test_a_fatal_producer_error_retries_unknown_and_the_next_batch_gets_a_new_pr
 
 def test_an_unreachable_cluster_opens_the_circuit_and_kills_nothing(db_url, conn):
     """Nothing listens at the bootstrap address: each batch ends within the timeout (and librdkafka's
-    report grace) as retry NETWORK_TIMEOUT, and the table's circuit opens with every attempt given back."""
+    report grace) as retry CONNECTION_REFUSED (NETWORK_TIMEOUT when librdkafka had not yet reported the refused
+    connect), and the table's circuit opens with every attempt given back."""
     Outbox(EVENTS).enqueue_many(
         conn, [Message(topic="t", payload={"n": i}, event_id=f"ev-{i}") for i in range(12)], outside_transaction=True
     )
@@ -209,7 +210,8 @@ def test_an_unreachable_cluster_opens_the_circuit_and_kills_nothing(db_url, conn
         started = time.monotonic()
         outcomes = destination.deliver([claimed(i, "t") for i in range(3)])
         assert time.monotonic() - started < 1.0 + REPORT_GRACE_S + 0.5
-        assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
+        assert {o.kind for o in outcomes} == {"retry"}
+        assert {o.code for o in outcomes} <= {m.CONNECTION_REFUSED, m.NETWORK_TIMEOUT}
         report = Relay(
             db_url, settings(batch_size=5, circuit_threshold=3, probe_interval_s=0.5, timeout_s=1.0), destination
         ).run(max_seconds=4)
@@ -232,7 +234,7 @@ def test_brokers_that_go_down_and_come_back_are_reconnected_on_its_own():
             started = time.monotonic()
             down = destination.deliver([claimed(i, "flaky") for i in range(5, 10)])
             assert time.monotonic() - started < 2.0 + REPORT_GRACE_S + 0.5
-            assert {(o.kind, o.code) for o in down} == {("retry", m.NETWORK_TIMEOUT)}
+            assert {o.kind for o in down} == {"retry"} and {o.code for o in down} <= m.NETWORK_FAILURES
             own.brokers_up()
             wait_until(
                 lambda: {o.kind for o in destination.deliver([claimed(i, "flaky") for i in range(5, 10)])} == {"sent"},

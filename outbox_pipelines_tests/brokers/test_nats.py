@@ -291,7 +291,7 @@ def test_a_broker_that_goes_down_opens_the_circuit_and_the_next_batch_reconnects
         started = time.monotonic()
         outcomes = destination.deliver([claimed(row) for row in rows(conn, EVENTS, "status = 'pending'")][:10])
         assert time.monotonic() - started < table.timeout_s + 1
-        assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
+        assert {o.kind for o in outcomes} == {"retry"} and {o.code for o in outcomes} <= m.NETWORK_FAILURES
         report = Relay(db_url, table, destination).run(max_seconds=1.5)
         assert report.circuit == "open" and report.dead == 0
         assert {(r["status"], r["attempts"]) for r in rows(conn, EVENTS, "status <> 'sent'")} == {("pending", 0)}

@@ -287,7 +287,7 @@ def test_a_broker_that_is_down_answers_network_timeout_at_once_and_opens_the_cir
         started = time.monotonic()
         outcomes = destination.deliver([claimed("x"), claimed("y")])
         assert time.monotonic() - started < 1
-        assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
+        assert {(o.kind, o.code) for o in outcomes} == {("retry", m.CONNECTION_REFUSED)}  # nothing listens there
         assert PASSWORD not in (outcomes[0].error or "")
         report = Relay(db_url, table, destination).run(once=True)
     finally:
@@ -323,7 +323,7 @@ def test_a_lost_connection_is_retried_and_the_next_batch_reconnects(node, exchan
         node.stop(kill=True)
         try:
             outcomes = destination.deliver([claimed("r-2"), claimed("r-3")])
-            assert {(o.kind, o.code) for o in outcomes} == {("retry", m.NETWORK_TIMEOUT)}
+            assert {o.kind for o in outcomes} == {"retry"} and {o.code for o in outcomes} <= m.NETWORK_FAILURES
         finally:
             node.start()
         waiting = ["r-2", "r-3"]
@@ -351,7 +351,7 @@ def test_a_message_returned_early_in_a_new_connection_is_retried_and_later_dead(
         node.ctl("close_all_connections", "the broker closes every connection")
         for _ in range(3):  # the closed connection may be noticed by a failed publish first
             early = destination.deliver([claimed("nowhere-2", topic="invoice.created")])
-            if early[0].code != m.NETWORK_TIMEOUT:
+            if early[0].code not in m.NETWORK_FAILURES:
                 break
         assert [(o.kind, o.code) for o in early] == [("retry", m.NO_SUBSCRIBERS)]
         assert "no queue is bound" in (early[0].error or "") and "new connection" in (early[0].error or "")
