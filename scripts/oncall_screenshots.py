@@ -144,8 +144,8 @@ def oncall_page_base(page: Any, base: str, table: str) -> str | None:
 
 
 def shrink(png: Path) -> None:
-    """A lossless optipng pass when a capture is over the size budget and optipng is installed."""
-    if png.stat().st_size > MAX_PNG_BYTES and shutil.which("optipng"):
+    """A lossless optipng pass when optipng is installed (Debian's ``optipng``: about a fifth smaller)."""
+    if shutil.which("optipng"):
         subprocess.run(["optipng", "-quiet", "-o2", str(png)], check=False)
     if png.stat().st_size > MAX_PNG_BYTES:
         print(f"warning: {png.name} is {png.stat().st_size // 1024} KB", file=sys.stderr)
