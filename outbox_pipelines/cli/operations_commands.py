@@ -91,6 +91,8 @@ def replay_command(args: argparse.Namespace, selection: ReplayFilter, *, dry_run
         parts.append("--all")
     if args.force:
         parts.append("--force")
+    if args.reason:
+        parts += ["--reason", args.reason]
     if dry_run:
         parts.append("--dry-run")
     return shlex.join(parts)
@@ -117,6 +119,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             force=args.force,
             allow_all=args.all,
             actor=operator(),
+            reason=args.reason or "",
         )
     except ReplayRefused as exc:
         raise UsageError(str(exc)) from None

@@ -237,6 +237,7 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="every dead row of the table (needed when no filter is given)")
     p.add_argument("--dry-run", action="store_true", help="list what would be replayed; change nothing")
     p.add_argument("--force", action="store_true", help="also replay rows that died of BAD_REQUEST")
+    p.add_argument("--reason", type=operator_text, help="why, kept in each audit row (one printable line)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (rows, counts, filter)")
 
     p = add(

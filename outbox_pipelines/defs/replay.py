@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
 
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay import (
     LIST_LIMIT,
     NEEDS_A_FILTER,
@@ -20,6 +21,7 @@ from outbox_pipelines.core.operations.replay import (
     parse_death_time,
     replay_dead,
 )
+from outbox_pipelines.core.settings.values import free_text
 from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
 from outbox_pipelines.defs.resources import OutboxDb
 
@@ -74,6 +76,13 @@ class ReplayConfig(LaunchConfig):
             "Without it they are listed as refused."
         ),
     )
+    reason: str = Field(
+        default="",
+        description=(
+            "Why ('' = not said): kept in each replayed row's audit row (outbox_replay), before the error it "
+            "died of. One printable line, as skip's and backfill's reason."
+        ),
+    )
 
     @field_validator("since", "until")
     @classmethod
@@ -85,6 +94,15 @@ class ReplayConfig(LaunchConfig):
             except ReplayRefused as exc:
                 raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        # Kept in the audit as written: one printable line (skip's, backfill's and the CLI's --reason too).
+        try:
+            return free_text(value, "reason")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("ids")
     @classmethod
@@ -138,6 +156,7 @@ def run_replay(context: dg.OpExecutionContext, config: ReplayConfig, outbox_db: 
             force=config.force,
             allow_all=config.all,
             actor=f"dagster:{context.run_id[:8]}",
+            reason=config.reason,
         )
     except ReplayRefused as exc:
         raise _refuse(exc, config) from None

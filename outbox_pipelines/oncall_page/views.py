@@ -113,14 +113,16 @@ class Pages:
                 return problem_page(400, "Refused", str(exc))
             if not reason:
                 return problem_page(400, "A reason is needed", "say why, for the audit, then run it for real")
+        # The reason goes where each job audits it (its config), and on the run (a tag Dagster's Runs list filters by).
         config: dict[str, Any] = {"table": table, "ids": [row.id], "dry_run": not real}
         if action == "replay":
             config["force"] = real and form.get("force") == "1"
+            config["reason"] = reason if real else ""
         else:
             config["reason"] = reason or "dry run from the on-call page"
         tags = {LAUNCHED_BY_TAG: "oncall-page", **({REASON_TAG: reason} if real else {})}
         try:
-            run_id = await run_in_threadpool(_launch, self.dagster, action, config, tags, reason if real else "")
+            run_id = await run_in_threadpool(self.dagster.launch, action, config, tags)
         except DagsterUnavailable as exc:
             return problem_page(503, "Dagster does not answer", str(exc))
         except LaunchRefused as exc:
@@ -143,17 +145,6 @@ class Pages:
             row = await run_in_threadpool(reads.dead_message, self.url, self.settings(), table, event_id)
         body = _run_body(view, self.dagster.run_url(run_id), action, table, event_id, row)
         return HTMLResponse(h.page(f"run {run_id[:8]} · outbox on-call", body, refresh_s=None if view.finished else 1))
-
-
-def _launch(dagster: DagsterClient, action: str, config: dict[str, Any], tags: dict[str, str], reason: str) -> str:
-    """Launch; a real replay's reason goes into its config where the job takes one, and into a run tag always."""
-    if action == "replay" and reason:
-        try:
-            return dagster.launch(action, {**config, "reason": reason}, tags)
-        except LaunchRefused as exc:
-            if "reason" not in str(exc):
-                raise
-    return dagster.launch(action, config, tags)
 
 
 def _run_body(view: RunView, run_url: str, action: str, table: str, event_id: str, row: Any) -> str:

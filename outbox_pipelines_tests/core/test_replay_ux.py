@@ -253,14 +253,21 @@ def test_status_suggestions_run_as_printed(cli_env, conn):
 def test_dry_run_then_pasted_command_replays_the_same_rows(cli_env, conn):
     ids = enqueue_n(conn, EVENTS, 2)
     _dead(conn, ids, "UNAUTHORIZED")
-    dry = run_cli(cli_env, "replay", "--table", EVENTS, "--error-code", "unauthorized", "--since", "1h", "--dry-run")
+    dry = run_cli(
+        cli_env, "replay", "--table", EVENTS, "--error-code", "unauthorized", "--since", "1h",
+        "--reason", "key rotated", "--dry-run",
+    )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
     command = lines[lines.index("dry run: nothing changed. To replay these rows, run:") + 1].strip()
     assert "--dry-run" not in command and "--since 20" in command  # the time as applied, not "1h"
+    assert "--reason 'key rotated'" in command  # the reason goes with the rows into the audit
+    assert conn.execute("SELECT count(*) AS n FROM outbox_audit WHERE code = 'outbox_replay'").fetchone()["n"] == 0
     result = run_cli(cli_env, *shlex.split(command)[1:])
     assert result.returncode == 0, result.stderr
     assert statuses(conn, EVENTS) == {"pending": 2}
+    details = conn.execute("SELECT detail FROM outbox_audit WHERE code = 'outbox_replay'").fetchall()
+    assert [d["detail"] for d in details] == ["replayed: key rotated (it had died of: boom)"] * 2
 
 
 def test_core_refuses_an_empty_filter_and_unknown_codes_before_changing_anything(db_url, conn):

@@ -223,3 +223,35 @@ def test_a_replay_without_a_filter_is_refused_in_the_same_words_by_the_cli_and_d
     assert cli.stderr.strip().splitlines()[-1] == f"error: {message}"
     assert message == f"{NEEDS_A_FILTER} Nothing was touched."
     assert statuses(conn, EVENTS) == {"dead": 2}
+
+
+def test_a_replays_reason_is_audited_alike_from_the_cli_and_dagster_and_refused_alike(
+    conn, cli_env, instance, resources
+):
+    """``replay --reason`` and ``replay_dead_job``'s ``reason`` go through the core's one rule: kept in the audit row
+    before the error the message died of; a reason that is not one printable line is refused by both."""
+    by_cli, by_dagster = enqueue_n(conn, EVENTS, 2, prefix="why-")
+    make_dead(conn, EVENTS, [by_cli, by_dagster], code="BROKER_5XX", error="HTTP 503 from the broker")
+
+    assert run_cli(cli_env, "replay", "--table", EVENTS, "--id", str(by_cli), "--reason", "INC-7 fixed").returncode == 0
+    config = {"table": EVENTS, "ids": [by_dagster], "dry_run": False, "reason": "INC-7 fixed"}
+    assert run_job("replay_dead_job", resources, instance, {"ops": {"replay_dead_op": {"config": config}}}).success
+
+    audit = conn.execute(
+        "SELECT message_id, detail, error_code FROM outbox_audit WHERE code = 'outbox_replay' ORDER BY message_id"
+    ).fetchall()
+    expected = "replayed: INC-7 fixed (it had died of: HTTP 503 from the broker)"
+    assert [(a["message_id"], a["detail"], a["error_code"]) for a in audit] == [
+        (by_cli, expected, "BROKER_5XX"),
+        (by_dagster, expected, "BROKER_5XX"),
+    ]
+
+    make_dead(conn, EVENTS, [by_cli, by_dagster], code="BROKER_5XX")
+    cli = run_cli(cli_env, "replay", "--table", EVENTS, "--all", "--reason", "INC-8\nrm -rf")
+    assert cli.returncode == 2 and "--reason" in cli.stderr and "newline" in cli.stderr, cli.stderr
+    refused = {"table": EVENTS, "all": True, "dry_run": False, "reason": "INC-8\x1b[2J"}
+    message, field = _dagster_refusal(
+        run_job("replay_dead_job", resources, instance, {"ops": {"replay_dead_op": {"config": refused}}})
+    )
+    assert field == "reason" and "printable" in message, message
+    assert statuses(conn, EVENTS) == {"dead": 2}

@@ -103,6 +103,7 @@ def test_each_launchpad_opens_with_every_filter_written_out_and_no_table_chosen(
         "all": False,
         "dry_run": True,
         "force": False,
+        "reason": "",
     }
     assert opened_with(schema(project, "skip_dead_job"), "skip_dead_op") == {
         "ids": [],

@@ -62,6 +62,11 @@ def test_replay_from_the_page_dry_run_first_then_for_real_with_a_reason(webserve
     finally:
         page.stop()
     assert rows(conn, EVENTS)[0]["status"] == "pending" and "outbox_replay" in audit_codes(conn, EVENTS, row_id)
+    [detail] = conn.execute(
+        "SELECT detail FROM outbox_audit WHERE code = 'outbox_replay' AND message_id = %s", (row_id,)
+    ).fetchall()
+    # The reason typed is the job's own (its config), kept in the audit with the error the message died of.
+    assert detail["detail"] == "replayed: broker back up (INC-42) (it had died of: HTTP 503 from the broker)"
     real_id = re.search(r"/runs/([0-9a-f-]+)", done).group(1)
     tags = {t["key"]: t["value"] for t in graphql(webserver, RUN, id=real_id)["runOrError"]["tags"]}
     assert tags["outbox/reason"] == "broker back up (INC-42)" and tags["outbox/launched_by"] == "oncall-page"

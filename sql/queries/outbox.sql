@@ -666,7 +666,8 @@ SELECT deleted FROM summary
 -- rows that died of BAD_REQUEST are matched but refused unless forced.
 -- error_code matches case-insensitively, and 'UNKNOWN' matches rows without a
 -- code (as outbox_status_dead_by_code shows them); since/until compare the time
--- of death (updated_at, set when the row went dead), returned as died_at.
+-- of death (updated_at, set when the row went dead), returned as died_at. The audit row's detail is the
+-- operator's reason ('' = none given) and the error the row died of, which the replay clears from the row.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), matched AS (
@@ -695,7 +696,10 @@ WITH clock AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail)
     SELECT %(table_name)s, m.id, m.event_id, m.tenant_id, 'dead', 'pending', 0, 'outbox_replay',
-           m.last_error_code, %(worker)s, r.headers->>'trace_id', left(m.last_error, 2000)
+           m.last_error_code, %(worker)s, r.headers->>'trace_id',
+           left(CASE WHEN %(reason)s::text = '' THEN m.last_error
+                     ELSE 'replayed: ' || %(reason)s::text || coalesce(' (it had died of: ' || m.last_error || ')', '')
+                END, 2000)
     FROM matched AS m JOIN replayed AS r ON r.id = m.id
 ), wake AS (
     SELECT pg_notify('outbox:' || %(table_name)s, '') WHERE EXISTS (SELECT 1 FROM replayed)

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core import models as m
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay_filter import (
     BIGINT_MAX,
     NEEDS_A_FILTER,
@@ -34,6 +35,7 @@ from outbox_pipelines.core.operations.replay_filter import (
     parse_death_time,
 )
 from outbox_pipelines.core.redaction import mask_credentials
+from outbox_pipelines.core.settings.values import free_text
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
@@ -251,15 +253,19 @@ def replay_dead(
     allow_all: bool = False,
     batch_size: int = 1000,
     actor: str = REPLAY_WORKER,
+    reason: str = "",
     now: datetime | None = None,
 ) -> ReplayReport:
     """Move matching dead rows back to pending with attempts reset (audited as outbox_replay).
 
     Rows that died of BAD_REQUEST are refused unless ``force``: the input was
     invalid and replaying it will fail the same way. An empty filter is refused
-    (ReplayRefused) unless ``allow_all``; so is an unknown error code.
+    (ReplayRefused) unless ``allow_all``; so is an unknown error code. ``reason``
+    (why; '' = none given) is kept in each audit row's detail, before the error
+    the row died of: one printable line, as a skip's reason (ReplayRefused if not).
     """
     check_filter(selection, allow_all=allow_all)
+    reason = _reason(reason)
     as_given = selection
     with connect(url) as conn:
         outbox_table = OutboxTable(conn, table_name)
@@ -283,12 +289,21 @@ def replay_dead(
                 force=force,
                 dry_run=dry_run,
                 limit=batch_size,
+                reason=reason,
                 now=now,
             )
             _tally(report, rows)
             if len(rows) < batch_size:
                 return report
             after_id = rows[-1]["id"]
+
+
+def _reason(reason: str) -> str:
+    """The reason as the audit keeps it: one printable line (the rule of a skip's and a backfill's reason)."""
+    try:
+        return free_text(reason, "reason")
+    except ConfigError as exc:
+        raise ReplayRefused(str(exc), "reason") from None
 
 
 def _tally(report: ReplayReport, rows: list[dict[str, Any]]) -> None:

@@ -105,14 +105,17 @@ class MaintenanceStatements(TableStatements):
         force: bool,
         dry_run: bool,
         limit: int,
+        reason: str = "",
         now: datetime | None = None,
     ) -> list[Row]:
         """One page (ids above ``after_id``) of dead rows matching the filters (None = any), replayed
-        unless ``dry_run``; BAD_REQUEST rows are refused unless ``force``."""
+        unless ``dry_run``; BAD_REQUEST rows are refused unless ``force``. ``reason`` ('' = none) leads each
+        audit row's detail, before the error the row died of."""
         return self._run(
             "outbox_replay_dead",
             {
                 "worker": worker,
+                "reason": reason,
                 "after_id": after_id,
                 "ids": list(ids) if ids is not None else None,
                 "topic": topic,
