@@ -113,7 +113,7 @@ def overview_rows(lines: list[TableLine], dagster_url: dict[str, str]) -> str:
                     )
                 ),
                 esc(blocked),
-                esc(", ".join(line.paused_topics)) or "–",
+                esc(paused_cell(line)),
                 esc(age(line.oldest_waiting_age_s)),
                 wrong(line),
                 link(dagster_url[line.name], "Dagster"),
@@ -122,6 +122,46 @@ def overview_rows(lines: list[TableLine], dagster_url: dict[str, str]) -> str:
     headers = ["health", "table", "pending", "retrying", "sending", "sent", "dead", "blocked keys", "paused topics"]
     headers += ["oldest waiting", "what is wrong", ""]
     return grid(headers, rows, numeric=(2, 3, 4, 5, 6))
+
+
+def paused_cell(line: TableLine) -> str:
+    """'audit.exported (3 waiting)'; the whole table when its relay is off; '–' when nothing is paused."""
+    if not line.relay_enabled:
+        return "the whole table (relay_enabled = false)"
+    if not line.paused_topics:
+        return "–"
+    waiting = f" ({line.paused_waiting:,} waiting)" if line.paused_waiting else ""
+    return ", ".join(p["topic"] for p in line.paused_topics) + waiting
+
+
+def _since(since: str | None, now: datetime) -> str:
+    if not since:
+        return "–"
+    try:
+        return when(datetime.fromisoformat(since), now)
+    except ValueError:
+        return since
+
+
+def paused_section(line: TableLine, now: datetime) -> str:
+    """A table's paused topics (which, by whom, since when) and what they hold; nothing when none is paused."""
+    if line.relay_enabled and not line.paused_topics:
+        return ""
+    off = (
+        "<p class=note>Relaying is off for the whole table (relay_enabled = false): its messages wait, nothing is "
+        "lost.</p>"
+        if not line.relay_enabled
+        else ""
+    )
+    rows = [[esc(p["topic"]), esc(p.get("by") or "–"), esc(_since(p.get("since"), now))] for p in line.paused_topics]
+    topics = grid(["topic", "paused by", "since"], rows) if rows else ""
+    return (
+        f"<h2>Paused on purpose ({len(line.paused_topics):,} topics; {line.paused_waiting:,} messages waiting)</h2>"
+        f"{off}<p class=muted>Their messages wait as pending, nothing is lost, and the wait is not lag. To resume a "
+        "topic, take it out of the table's paused_topics, or switch it on in its handlers "
+        "(HandlerRegistry.set_enabled).</p>"
+        f"{topics}"
+    )
 
 
 def action_button(action: str, row: MessageRow, label: str) -> str:

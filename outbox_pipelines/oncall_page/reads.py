@@ -9,7 +9,6 @@ from typing import Any
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
 from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
-from outbox_pipelines.core.oncall.health import TableStatus, read_status
 from outbox_pipelines.core.oncall.message_rows import (
     MessageRow,
     blocked_messages,
@@ -17,10 +16,9 @@ from outbox_pipelines.core.oncall.message_rows import (
     find_messages,
     sent_count,
 )
-from outbox_pipelines.core.oncall.sweep import table_verdicts
-from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.core.oncall.sweep import table_status_and_verdicts
+from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.storage.db import connect
-from outbox_pipelines.core.storage.table import OutboxTable
 
 # Each check's grade as the page names a table's health; worst first.
 HEALTH = {"error": "failing", "warn": "warning", "ok": "healthy"}
@@ -37,7 +35,11 @@ class TableLine:
     sent: int = 0
     blocked_keys: int = 0
     blocked_messages: int = 0
-    paused_topics: tuple[str, ...] = ()
+    # Paused on purpose ({"topic", "by", "since"}: core/oncall/paused.py) and the pending messages they hold;
+    # relay_enabled false pauses the whole table.
+    paused_topics: list[dict[str, Any]] = field(default_factory=list)
+    paused_waiting: int = 0
+    relay_enabled: bool = True
     oldest_waiting_age_s: float | None = None
     # The checks not passing, worst first: (check name, severity, its sentence).
     problems: list[tuple[str, str, str]] = field(default_factory=list)
@@ -75,25 +77,26 @@ def overview(url: str, settings: Settings) -> list[TableLine]:
 
 
 def _table_line(conn: Any, settings: Settings, name: str, vacuum: CheckVerdict | None = None) -> TableLine:
-    table = settings.tables.get(name) or TableSettings(name)
-    line = TableLine(name, HEALTH["ok"], paused_topics=tuple(table.paused_topics))
+    line = TableLine(name, HEALTH["ok"])
     try:
-        # The sensor's and the asset checks' verdicts (and the vacuum check's, read for every table at once).
-        verdicts = [*table_verdicts(conn, settings, name), *([vacuum] if vacuum else [])]
+        # One read of the table: the figures shown and the sensor's and the asset checks' verdicts on them (and
+        # the vacuum check's, read for every table at once).
+        status, verdicts = table_status_and_verdicts(conn, settings, name)
     except (UnknownTable, InvalidTableName) as exc:
         line.health, line.missing = HEALTH["error"], True
         line.problems = [("table", "error", str(exc))]
         return line
+    verdicts += [vacuum] if vacuum else []
     line.health, line.problems = _health(verdicts), _problems(verdicts)
-    try:
-        status: TableStatus = read_status(OutboxTable(conn, name), stuck_after_s=table.stuck_threshold_s)
-        line.sent = sent_count(conn, name, SENT_CAP)
-    except (UnknownTable, InvalidTableName):
+    if status is None:
         line.missing = True  # a broken section naming a table not created: its verdicts say why
         return line
+    line.sent = sent_count(conn, name, SENT_CAP)
     line.counts = dict(status.counts)
     line.blocked_keys, line.blocked_messages = status.blocked_keys, status.blocked_messages
     line.oldest_waiting_age_s = status.oldest_waiting_age_s
+    line.paused_topics, line.paused_waiting = list(status.paused_topics), status.paused_waiting
+    line.relay_enabled = status.relay_enabled
     return line
 
 

@@ -72,6 +72,7 @@ class Pages:
             f"<h1>{h.esc(name)} {h.badge(line.health)}</h1>"
             f"<p>{h.link(self.dagster.table_url(name), 'Open its checks in Dagster')}</p>"
             + (f"<ul>{problems}</ul>" if problems else "<p class=muted>all checks pass</p>")
+            + h.paused_section(line, now)
             + f"<h2>Blocked ordering keys ({line.blocked_keys:,}; {line.blocked_messages:,} messages waiting)</h2>"
             "<p class=muted>Each key waits for its dead head: replay it (the key goes on in order) or skip it (the "
             "rest of the key goes on without it).</p>"

@@ -97,6 +97,47 @@ def test_the_landing_page_has_every_table_failing_first_with_its_counts(client, 
     assert SECRET not in text
 
 
+@pytest.fixture
+def paused_message(conn):
+    """A message of the topic outbox_memory's settings pause: it waits, and is not lag."""
+    Outbox("outbox_memory").enqueue(
+        conn, Message(topic="audit.exported", payload={}, event_id="evt-paused"), outside_transaction=True
+    )
+
+
+def test_paused_topics_are_shown_on_the_landing_page_and_the_tables_page(client, scene, paused_message):
+    text = client.get("/").text
+    link = text.index('href="/tables/outbox_memory"')
+    row = text[link : text.index("</tr>", link)]
+    assert "audit.exported (1 waiting)" in row
+    table = client.get("/tables/outbox_memory").text
+    paused = table.split("Paused on purpose", 1)[1].split("<h2>", 1)[0]
+    assert "(1 topics; 1 messages waiting)" in paused
+    assert "audit.exported" in paused and "the table&#x27;s settings (paused_topics)" in paused
+    assert "not lag" in paused and "paused_topics" in paused  # and how to resume it
+    assert "Paused on purpose" not in client.get(f"/tables/{EVENTS}").text  # nothing paused there
+
+
+def test_each_table_is_read_once_for_its_figures_and_its_verdicts(db_url, settings, scene, monkeypatch):
+    """The line's figures and its health come from one snapshot of the table (what the checks grade is what the
+    page shows), not two reads that may disagree."""
+    from outbox_pipelines.core.storage.table import OutboxTable
+    from outbox_pipelines.oncall_page import reads
+
+    read = OutboxTable.health_snapshot
+    seen: list[str] = []
+
+    def counted(self, **kwargs):
+        seen.append(self.table_name)
+        return read(self, **kwargs)
+
+    monkeypatch.setattr(OutboxTable, "health_snapshot", counted)
+    lines = reads.overview(db_url, settings)
+    assert sorted(seen) == sorted(line.name for line in lines) == reads.declared_tables(settings)
+    [events] = [line for line in lines if line.name == EVENTS]
+    assert events.counts["dead"] == 2 and events.health == "warning"
+
+
 def test_a_table_page_lists_dead_and_blocked_messages_newest_first_with_actions(client, scene):
     text = client.get(f"/tables/{EVENTS}").text
     blocked, dead = text.split("Blocked ordering keys", 1)[1].split("Dead messages", 1)

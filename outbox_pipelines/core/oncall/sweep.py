@@ -203,19 +203,29 @@ def sweep(
 def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | None = None) -> list[CheckVerdict]:
     """A table's checks, graded by its settings; a table whose section cannot be used gets them too, with
     default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
+    return table_status_and_verdicts(conn, settings, name, now=now)[1]
+
+
+def table_status_and_verdicts(
+    conn: Any, settings: Settings, name: str, *, now: datetime | None = None
+) -> tuple[TableStatus | None, list[CheckVerdict]]:
+    """``table_verdicts`` with the one read of the table they grade (its paused topics included), for a page that
+    shows both; the status is None for a table whose section cannot be used and that does not exist."""
     table, problem = settings.tables.get(name), settings.broken.get(name)
+    status: TableStatus | None
     try:
         status = read_table_status(conn, table or TableSettings(name), now=now)
     except (UnknownTable, InvalidTableName):
         if problem is None:
             raise
-        status = TableStatus(name)
-    return evaluate_checks(
-        status,
+        status = None
+    verdicts = evaluate_checks(
+        status or TableStatus(name),
         table.checks if table else CheckThresholds(),
         delivers_nowhere=table.delivers_nowhere if table else None,
         settings_problem=problem,
     )
+    return status, verdicts
 
 
 def relays_died_with_run(
