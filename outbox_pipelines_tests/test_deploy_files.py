@@ -9,6 +9,7 @@ import importlib
 import json
 import re
 import shlex
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yaml"
 HELM_VALUES = DEPLOY / "helm" / "values.yaml"
+HELM_ONCALL_PAGE = DEPLOY / "helm" / "oncall-page.yaml"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
-ALWAYS_ON = {"postgres", "migrate", "code-server", "webserver", "daemon", "order-api"}
+ALWAYS_ON = {"postgres", "migrate", "code-server", "webserver", "daemon", "oncall-page", "order-api"}
 RELAY_PROFILE = "relays"
 # What the official postgres image reads; every other service gets only variables the package reads.
 POSTGRES_IMAGE_VARIABLES = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
@@ -110,7 +112,7 @@ def test_deploy_yaml_files_parse(path):
 
 
 # -- docker compose -------------------------------------------------------------------------------
-def test_compose_runs_the_five_services_and_relays_only_on_request():
+def test_compose_runs_the_always_on_services_and_relays_only_on_request():
     services = _services()
     always = {name for name, service in services.items() if not service.get("profiles")}
     on_request = {name: service["profiles"] for name, service in services.items() if service.get("profiles")}
@@ -141,6 +143,44 @@ def test_compose_order_api_listens_on_all_addresses_with_a_token():
     argv = _argv(service)
     assert argv[:2] == ["outbox-pipelines", "order-api"] and _option(argv, "--host") == "0.0.0.0"
     assert "OUTBOX_API_TOKEN" in _environment(service)
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host address, host port, container port) of each `ADDRESS:HOST:CONTAINER` a service publishes."""
+    found = []
+    for mapping in service.get("ports") or []:
+        address, host_port, container_port = str(mapping).rsplit(":", 2)
+        found.append((address, int(host_port), int(container_port)))
+    return found
+
+
+def _default(value: str) -> str:
+    """The default of a compose value `${NAME:-default}`."""
+    match = re.fullmatch(r"\$\{[A-Z_]+:-(.+)\}", value)
+    assert match, f"{value!r} is not ${{NAME:-default}}"
+    return match.group(1)
+
+
+def test_compose_serves_the_oncall_page_like_the_ui_and_points_the_links_at_it():
+    """The on-call page has no login and launches runs: published on loopback only, as the webserver is; it
+    launches through the webserver's service and links where the browser reaches the UI; the code server (which
+    evaluates the sensors) links tables and alerts to where the browser reaches the page."""
+    services = _services()
+    page, webserver, code_server = services["oncall-page"], services["webserver"], services["code-server"]
+    argv = _argv(page)
+    assert argv[:2] == ["outbox-pipelines", "oncall-page"] and "--allow-remote" in argv
+    assert _option(argv, "--host") == "0.0.0.0"
+    [(address, host_port, container_port)] = _published(page)
+    [(ui_address, ui_port, _)] = _published(webserver)
+    assert address == ui_address == "127.0.0.1" and container_port == int(_option(argv, "--port"))
+    launches = urllib.parse.urlsplit(_option(argv, "--dagster-url"))
+    assert launches.hostname == "webserver" and launches.port == int(_option(_argv(webserver), "-p"))
+    page_env, code_env = _environment(page), _environment(code_server)
+    assert "OUTBOX_DATABASE_URL" in page_env and "OUTBOX_CONFIG" in page_env
+    assert page_env["OUTBOX_UI_URL"] == code_env["OUTBOX_UI_URL"]
+    assert urllib.parse.urlsplit(_default(page_env["OUTBOX_UI_URL"])).port == ui_port
+    assert urllib.parse.urlsplit(_default(code_env["OUTBOX_ONCALL_URL"])).port == host_port
+    assert {"OUTBOX_BROKER_TOKEN", "OUTBOX_DAGSTER_PG_URL"}.isdisjoint(page_env), "only what the page reads"
 
 
 def test_every_outbox_pipelines_command_in_compose_parses():
@@ -191,6 +231,7 @@ def _env_references(config: Any) -> Iterator[str]:
         "deploy/docker-compose.yaml",
         "deploy/helm/values.yaml",
         "deploy/helm/migrate-job.yaml",
+        "deploy/helm/oncall-page.yaml",
         "deploy/dagster.yaml",
         "docs/deploy.md",
     ],
@@ -255,6 +296,16 @@ def test_instance_is_a_valid_dagster_instance_with_the_per_table_run_limit():
     assert coordinator["config"]["max_concurrent_runs"] > 8, "relay runs leave slots for maintenance"
     development = _load(ROOT / "dagster.yaml")["run_coordinator"]["config"]["tag_concurrency_limits"]
     assert _run_limits(development) == _run_limits(coordinator["config"]["tag_concurrency_limits"])
+
+
+def test_a_skipped_tick_is_kept_a_day_in_every_instance():
+    """Maintenance schedules skip their tick when there is nothing to do: those ticks go after a day, in
+    development, in deploy/dagster.yaml and in the Helm values alike."""
+    development = _load(ROOT / "dagster.yaml")["retention"]["schedule"]["purge_after_days"]
+    deployed = _load(DEPLOY / "dagster.yaml")["retention"]["schedule"]["purge_after_days"]
+    helm = _load(HELM_VALUES)["retention"]["schedule"]["purgeAfterDays"]
+    assert development["skipped"] == deployed["skipped"] == helm["skipped"] == 1
+    assert {k: deployed[k] for k in ("failure", "success")} == {k: helm[k] for k in ("failure", "success")}
 
 
 def _run_limits(limits: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
@@ -334,6 +385,31 @@ def test_migrate_job_runs_the_migrations_from_the_same_secret():
         secret["name"] for secret in deployment["envSecrets"]
     ]
     assert container["image"] == f"{deployment['image']['repository']}:{deployment['image']['tag']}"
+
+
+def test_helm_oncall_page_runs_from_the_same_image_and_secret_with_no_external_address():
+    deployment, service = _load_all(HELM_ONCALL_PAGE)
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    argv = container["command"]
+    build_parser().parse_args(argv[1:])
+    assert argv[:2] == ["outbox-pipelines", "oncall-page"] and "--allow-remote" in argv
+    assert _option(argv, "--host") == "0.0.0.0"
+    values = _load(HELM_VALUES)
+    [user] = values["dagster-user-deployments"]["deployments"]
+    assert container["image"] == f"{user['image']['repository']}:{user['image']['tag']}"
+    assert [s["secretRef"]["name"] for s in container["envFrom"]] == [s["name"] for s in user["envSecrets"]]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["OUTBOX_UI_URL"] == user["env"]["OUTBOX_UI_URL"], "its links go where the alerts' go"
+    assert user["env"]["OUTBOX_ONCALL_URL"].startswith("https://"), "asset pages and alerts link to the page"
+    assert service["spec"]["type"] == "ClusterIP" and "externalIPs" not in service["spec"]
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    [port] = service["spec"]["ports"]
+    assert port["port"] == int(_option(argv, "--port"))
+
+
+def _load_all(path: Path) -> list[Any]:
+    return list(yaml.safe_load_all(path.read_text()))
 
 
 # -- docs/deploy.md ---------------------------------------------------------------------------------

@@ -370,6 +370,12 @@ def add_service_commands(sub: Any) -> None:
         action="store_true",
         help="serve on a non-loopback --host: it has no login, so anyone who reaches it can replay and skip",
     )
+    p.add_argument(
+        "--dagster-url",
+        metavar="URL",
+        help="where the page reaches the Dagster webserver to launch runs, when not at OUTBOX_UI_URL (the address "
+        "its links use), e.g. http://webserver:3000 in a container",
+    )
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")

@@ -87,4 +87,11 @@ def cmd_oncall_page(args: argparse.Namespace) -> int:
     from outbox_pipelines.oncall_page import serve  # Starlette and uvicorn: only for this command
 
     settings_of(args)  # the project's root on sys.path, as for status (the page reads outbox.toml at each request)
-    return serve(args.host, args.port, database_url=database_url(), allow_remote=args.allow_remote, say=say)
+    return serve(
+        args.host,
+        args.port,
+        database_url=database_url(),
+        dagster_url=args.dagster_url,
+        allow_remote=args.allow_remote,
+        say=say,
+    )

@@ -63,12 +63,14 @@ def build_app(
     settings: Settings | Callable[[], Settings] | None = None,
     ui_url: str | None = None,
     hosts: tuple[str, ...] | None = (),
+    dagster_url: str | None = None,
 ) -> Starlette:
     """The on-call page over ``database_url``. ``settings``: the project's (or how to load them; default: read
-    outbox.toml at each request, as ``status`` does); ``ui_url``: the Dagster UI it launches through and links to
-    (default OUTBOX_UI_URL, else http://127.0.0.1:3000); ``hosts``: the names it answers to besides loopback
-    (None: any, for a page served remotely on purpose)."""
-    dagster = DagsterClient(ui_url or default_ui_url())
+    outbox.toml at each request, as ``status`` does); ``ui_url``: the Dagster UI it links to and launches through
+    (default OUTBOX_UI_URL, else http://127.0.0.1:3000); ``dagster_url``: where it reaches that webserver's API
+    when the browser's address is not the page's (a container's ``http://webserver:3000``); ``hosts``: the names
+    it answers to besides loopback (None: any, for a page served remotely on purpose)."""
+    dagster = DagsterClient(ui_url or default_ui_url(), api_url=dagster_url)
 
     def current() -> Settings:
         if settings is None:
@@ -135,13 +137,15 @@ def serve_in_thread(
     database_url: str,
     settings: Settings | Callable[[], Settings] | None = None,
     ui_url: str | None = None,
+    dagster_url: str | None = None,
     allow_remote: bool = False,
 ) -> RunningPage:
     """Serve the on-call page from a daemon thread (port 0: a free one; ``RunningPage.url`` says which). Refused
     (ConfigError) on a non-loopback ``host`` unless ``allow_remote``, or when the port is taken."""
     check_exposure(host, allow_remote)
     sock = _listen(host, port)
-    server = _server(build_app(database_url, settings=settings, ui_url=ui_url, hosts=None if allow_remote else ()))
+    hosts = None if allow_remote else ()
+    server = _server(build_app(database_url, settings=settings, ui_url=ui_url, dagster_url=dagster_url, hosts=hosts))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="oncall-page", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -157,14 +161,16 @@ def serve(
     *,
     database_url: str,
     ui_url: str | None = None,
+    dagster_url: str | None = None,
     allow_remote: bool = False,
     say: Callable[[str], None] = print,
 ) -> int:
     """Serve the page in this thread until Ctrl-C (``outbox-pipelines oncall-page``)."""
     check_exposure(host, allow_remote)
     sock = _listen(host, port)
-    server = _server(build_app(database_url, ui_url=ui_url, hosts=None if allow_remote else ()))
-    where, ui = _url(host, sock.getsockname()[1]), ui_url or default_ui_url()
+    app = build_app(database_url, ui_url=ui_url, dagster_url=dagster_url, hosts=None if allow_remote else ())
+    server = _server(app)
+    where, ui = _url(host, sock.getsockname()[1]), dagster_url or ui_url or default_ui_url()
     say(f"outbox on-call page: {where}  (launches runs through the Dagster UI at {ui}; Ctrl-C stops it)")
     server.run(sockets=[sock])
     return 0

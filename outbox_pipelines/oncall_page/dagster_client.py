@@ -69,22 +69,28 @@ class RunView:
 
 
 class DagsterClient:
-    def __init__(self, base_url: str, timeout_s: float = 10.0) -> None:
+    """The Dagster UI at ``base_url`` (what the page links to: a browser's address for it), launched through at
+    ``api_url`` (the page's own way to the webserver, e.g. a container's ``http://webserver:3000``; default the
+    same address)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 10.0, *, api_url: str | None = None) -> None:
         self.base = base_url.rstrip("/")
+        self.api = (api_url or base_url).rstrip("/")
         self.links = DagsterLinks(self.base)
         self.timeout_s = timeout_s
         self._selectors: dict[str, dict[str, str]] = {}
 
     def unavailable(self, why: str) -> DagsterUnavailable:
+        where = "OUTBOX_UI_URL" if self.api == self.base else "--dagster-url"
         return DagsterUnavailable(
-            f"The Dagster UI at {self.base} does not answer ({why}): start it with 'outbox-pipelines dev' (or set "
-            "OUTBOX_UI_URL to where it runs) and try again; nothing was launched."
+            f"The Dagster UI at {self.api} does not answer ({why}): start it with 'outbox-pipelines dev' (or set "
+            f"{where} to where it runs) and try again; nothing was launched."
         )
 
     def _graphql(self, query: str, **variables: Any) -> dict[str, Any]:
         try:
             response = httpx.post(
-                self.base + "/graphql", json={"query": query, "variables": variables}, timeout=self.timeout_s
+                self.api + "/graphql", json={"query": query, "variables": variables}, timeout=self.timeout_s
             )
         except httpx.TimeoutException:
             raise self.unavailable(f"no answer within {self.timeout_s:g} s") from None
@@ -113,7 +119,7 @@ class DagsterClient:
                     }
                     break
             else:
-                raise LaunchRefused(f"no code location served by {self.base} has the job {job}")
+                raise LaunchRefused(f"no code location served by {self.api} has the job {job}")
         return self._selectors[job]
 
     def launch(self, action: str, config: dict[str, Any], tags: dict[str, str]) -> str:

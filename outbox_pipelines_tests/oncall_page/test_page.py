@@ -178,6 +178,21 @@ def test_an_action_comes_only_from_the_page_and_says_when_dagster_does_not_answe
     assert client.post("/actions/explode", data=form, headers=same).status_code == 404
 
 
+def test_in_a_container_it_links_to_the_browsers_address_and_launches_through_its_own(db_url, settings, scene):
+    """Served next to a webserver it reaches by another name (compose's http://webserver:3000), the page links
+    to the address the browser knows (OUTBOX_UI_URL) and launches through its own (--dagster-url)."""
+    ui, api = "https://dagster.example.internal", f"http://127.0.0.1:{free_port()}"
+    running = serve_in_thread("127.0.0.1", 0, database_url=db_url, settings=settings, ui_url=ui, dagster_url=api)
+    try:
+        with httpx.Client(base_url=running.url, timeout=30, headers={"Origin": running.url}) as c:
+            assert f'href="{ui}/assets/outbox/{EVENTS}?view=checks"' in c.get("/").text
+            answer = c.post("/actions/replay", data={"table": EVENTS, "event_id": "evt-lone"})
+    finally:
+        running.stop()
+    assert answer.status_code == 503
+    assert f"The Dagster UI at {api} does not answer" in answer.text and "--dagster-url" in answer.text
+
+
 def test_a_request_for_another_host_name_is_refused(client, scene):
     """A page of another site cannot reach the on-call page by a DNS name of its own (DNS rebinding)."""
     port = client.base_url.port
