@@ -46,7 +46,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 VIEWPORT = {"width": 1280, "height": 800}
-MAX_PNG_BYTES = 250_000
+MAX_PNG_BYTES = 300_000
 # Counters that change every second (the refresh countdown, a run's duration): not content.
 ONCALL = "oncall:"  # a shot's path on the on-call page (its address is read from the table's asset page)
 TICKING = re.compile(r"(?m)^(\d{1,2}:\d{2}(:\d{2})?|Refreshing data…)$")
@@ -80,12 +80,14 @@ def shots() -> list[Shot]:
             f"/assets/outbox/{DEAD}?view=checks&checkDetail=dead_letters",
             expect=("dead_letters", "BAD_REQUEST"),
             what=f"{DEAD}'s dead_letters check: the dead messages ({', '.join(DEAD_EVENTS)}) and their error",
+            height=1200,
         ),
         Shot(
             "oncall-blocked-keys.png",
             f"/assets/outbox/{BLOCKED}?view=checks&checkDetail=blocked_keys",
             expect=("blocked_keys", BLOCKED_KEYS[0]),
             what=f"{BLOCKED}'s blocked_keys check: two keys held back by their dead head",
+            height=1200,
         ),
         Shot(
             "oncall-table.png",
@@ -98,6 +100,7 @@ def shots() -> list[Shot]:
             ONCALL + "/",
             expect=(DEAD, BLOCKED, PAUSED),
             what="the on-call page: every table on one line, failing first",
+            height=1200,
             optional=True,
         ),
         Shot(
