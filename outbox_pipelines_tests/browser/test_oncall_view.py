@@ -6,8 +6,9 @@ head (a warning); ``notifications_outbox`` a paused topic; ``crm_outbox`` a dest
 healthy table. Each test reads the page as a person would (what is on the screen, what a click opens), not
 Dagster's GraphQL, except to confirm what a click launched:
 
-- the Catalog marks the failing table (and the warning one) and not the healthy one, and says nothing of
-  materializations about any of them;
+- the Catalog marks the failing table (and the warning one) and not the healthy one, and no row reads
+  "Never materialized"; the on-call page grades every table (failing, warning, healthy) on one page;
+- the paused topic is named as paused on its table's page;
 - the dead message's row (event id, error code, the destination's answer) is on its table's dead_letters check
   page, and the blocked key's dead head on the blocked_keys check page;
 - the alert's link opens a page that shows that dead message, on the port ``dev`` serves the UI on;
@@ -94,8 +95,23 @@ def test_the_catalog_marks_a_table_with_a_warning(page: Page, oncall: OncallScen
     assert any("warn" in m for m in shown), (
         f"the Catalog does not mark {BLOCKED} (two blocked keys: its blocked_keys check at WARN) apart from the "
         f"healthy {oncall.layout.healthy[0]}: its row shows {sorted(shown) or 'nothing more'} (a warning icon or "
-        "the word 'warning' in the row is what is looked for)"
+        "the word 'warning' in the row is what is looked for). Open-source Dagster's Status column reads ERROR "
+        "checks only: a warning needs another mark in the row"
     )
+
+
+def test_the_oncall_page_grades_every_table(page: Page, oncall: OncallScenario) -> None:
+    """Every table on one page, its health by its worst check: failing, warning, healthy; a paused topic is no lag."""
+    page.goto(f"/assets/outbox/{DEAD}")
+    page = click(page, oncall_link(page, oncall, DEAD), [], "the on-call page link")
+    expect(page.get_by_role("link", name=re.compile("all tables", re.I)).first).to_be_visible(timeout=SHOWN_MS)
+    page.get_by_role("link", name=re.compile("all tables", re.I)).first.click()
+    healthy = oncall.layout.healthy[0]
+    for table, health in ((DEAD, "failing"), (BLOCKED, "warning"), (PAUSED, "healthy"), (healthy, "healthy")):
+        row = page.locator("tr").filter(has=page.get_by_role("link", name=table, exact=True))
+        expect(row.first).to_be_visible(timeout=SHOWN_MS)
+        expect(row.first.locator("td").first).to_have_text(health)
+    expect(page.locator("tr").filter(has_text=PAUSED).first).to_contain_text(PAUSED_TOPIC)
 
 
 def check_page(page: Page, table: str, check: str) -> None:
