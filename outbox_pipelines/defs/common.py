@@ -127,7 +127,7 @@ def launch_schema(config_class: type[LaunchConfig], tables: Sequence[str]) -> di
     The op builds the config from ``context.op_config`` (``config_class(**context.op_config)``): what Dagster's
     schema cannot say (a time, a bound, the rule of a filter) is still the config's own checks, a refused launch.
     """
-    fields = config_class.to_fields_dict()
+    fields = dict(config_class.to_fields_dict())  # a copy: Dagster caches the class's own, which must stay as it is
     fields["table"] = table_field(tables, fields["table"].description or "The outbox table.")
     return fields
 

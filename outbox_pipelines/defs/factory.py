@@ -94,9 +94,9 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
         for group, names in settings.groups().items()
         if (relayed := [t for t in names if settings.tables[t].relay_enabled])
     }
-    launchable = sorted(settings.tables)  # what a replay, skip or backfill can name: a Dagster Enum of them
-    jobs = relay_jobs(groups) + maintenance_jobs() + replay_jobs(launchable) + skip_jobs(launchable)
-    jobs += backfill_jobs(launchable)
+    launchable = sorted(settings.tables)  # what a launch (relay, clean, replay, ...) can name: a Dagster Enum of them
+    jobs = relay_jobs(groups, launchable) + maintenance_jobs(launchable) + replay_jobs(launchable)
+    jobs += skip_jobs(launchable) + backfill_jobs(launchable)
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(tables)
     if tables:  # the database schema's version and drift, once the project declares an outbox table

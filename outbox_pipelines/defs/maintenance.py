@@ -1,6 +1,6 @@
 """Maintenance jobs: requeue stuck rows, clean old sent rows, prune Dagster's own run history."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -14,12 +14,28 @@ from outbox_pipelines.core.operations.maintenance import (
     shared_tables_cleaned,
 )
 from outbox_pipelines.core.settings import TableSettings, parse_duration
-from outbox_pipelines.defs.common import MAINTENANCE_TAGS, RefusedLaunch, metadata_values, resolve_table
+from outbox_pipelines.defs.common import (
+    MAINTENANCE_TAGS,
+    RefusedLaunch,
+    metadata_values,
+    resolve_table,
+    table_field,
+)
 from outbox_pipelines.defs.resources import OutboxDb
 
 
 class TablesConfig(dg.Config):
-    tables: list[str] = []  # empty: every configured table
+    tables: list[str] = Field(default=[], description="The outbox tables to go through; [] = every declared table.")
+
+
+def tables_schema(config_class: type[TablesConfig], tables: Sequence[str]) -> dict[str, dg.Field]:
+    """The op config of ``config_class``, its ``tables`` a list of the code location's tables (the Enum
+    ``table_field`` offers: a typo starts no run)."""
+    fields = dict(config_class.to_fields_dict())  # a copy: Dagster keeps the class's own (CleanConfig's extends it)
+    description = fields["tables"].description or ""
+    choice = table_field(tables, description).config_type  # a string when none is declared
+    fields["tables"] = dg.Field(dg.Array(choice), default_value=[], is_required=False, description=description)
+    return fields
 
 
 class CleanConfig(TablesConfig):
@@ -64,8 +80,7 @@ def _duration(value: str | None, field: str) -> float | None:
         raise RefusedLaunch(field, str(exc)) from None
 
 
-@dg.op(out=dg.Out(dg.Nothing))
-def requeue_stuck_op(
+def run_requeue_stuck(
     context: dg.OpExecutionContext, config: TablesConfig, outbox_db: OutboxDb
 ) -> Iterator[dg.Output[None]]:
     """Return sending rows whose lease expired (or stuck past the threshold) to pending."""
@@ -82,8 +97,7 @@ def requeue_stuck_op(
     yield dg.Output(None, metadata=metadata_values({"requeued_total": total, "by_table": changed}))
 
 
-@dg.op(out=dg.Out(dg.Nothing))
-def clean_op(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
     """Delete sent rows older than the retention, dead rows and audit rows older than theirs, expired ledger rows.
 
     The run's rules (which tables, the retention check before any delete, force, the shared tables) are the
@@ -158,7 +172,29 @@ def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) ->
     yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
 
 
-def maintenance_jobs() -> list[dg.JobDefinition]:
+def maintenance_jobs(tables: Sequence[str] = ()) -> list[dg.JobDefinition]:
+    """requeue_stuck_job, clean_job (their ``tables`` among ``tables``, the code location's) and
+    prune_run_history_job."""
+
+    @dg.op(
+        description="Return sending rows whose lease expired (or stuck past the threshold) to pending.",
+        config_schema=tables_schema(TablesConfig, tables),
+        out=dg.Out(dg.Nothing),
+    )
+    def requeue_stuck_op(context: dg.OpExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+        yield from run_requeue_stuck(context, TablesConfig(**context.op_config), outbox_db)
+
+    @dg.op(
+        description=(
+            "Delete sent rows older than the retention, dead rows and audit rows older than theirs, expired "
+            "ledger rows."
+        ),
+        config_schema=tables_schema(CleanConfig, tables),
+        out=dg.Out(dg.Nothing),
+    )
+    def clean_op(context: dg.OpExecutionContext, outbox_db: OutboxDb) -> Iterator[dg.Output[None]]:
+        yield from run_clean(context, CleanConfig(**context.op_config), outbox_db)
+
     @dg.job(
         description="Requeue stuck rows of every table (or config.tables).",
         executor_def=dg.in_process_executor,

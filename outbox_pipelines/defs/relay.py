@@ -4,7 +4,7 @@ relay in a thread Dagster can interrupt). Relay groups, one run relaying many ta
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import dagster as dg
@@ -15,7 +15,7 @@ from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.stop import stop_timeout_s
 from outbox_pipelines.core.settings.values import MAX_DURATION_S, MAX_WHOLE
-from outbox_pipelines.defs.common import LaunchConfig, metadata_values, resolve_table, table_asset_key
+from outbox_pipelines.defs.common import LaunchConfig, launch_schema, metadata_values, resolve_table, table_asset_key
 from outbox_pipelines.defs.resources import TABLE_TAG, Destinations, OutboxDb
 
 # A relay run relays for its cadence plus an overlap, and a schedule starts one every cadence:
@@ -200,16 +200,13 @@ def _stopped_table(report: RelayReport) -> list[str]:
     ]
 
 
-@dg.op(
-    description="Claim, dispatch and settle one outbox table under the run's time and entry budget.",
-    out=dg.Out(dg.Nothing),
-)
 def relay_table(
     context: dg.OpExecutionContext,
     config: RelayRunConfig,
     outbox_db: OutboxDb,
     outbox_destinations: Destinations,
 ) -> Iterator[dg.Output[None]]:
+    """The body of the relay_table op: one table relayed under the run's budget, its report in metadata."""
     settings = outbox_db.settings()
     table = resolve_table(settings, config.table)
     if not table.relay_enabled:
@@ -267,6 +264,23 @@ def relay_table(
     yield dg.Output(None, metadata=metadata)
 
 
-@dg.graph(description="Relay one outbox table.")
-def relay_graph() -> None:
-    relay_table()
+def relay_graph(tables: Sequence[str] = ()) -> dg.GraphDefinition:
+    """The graph of ``relay_job``: its op's ``table`` one of ``tables`` (the code location's, a Dagster Enum: a
+    typo starts no run; a table dropped from the settings since the location loaded is a refused launch)."""
+
+    @dg.op(
+        name="relay_table",
+        description="Claim, dispatch and settle one outbox table under the run's time and entry budget.",
+        config_schema=launch_schema(RelayRunConfig, tables),
+        out=dg.Out(dg.Nothing),
+    )
+    def relay_table_op(
+        context: dg.OpExecutionContext, outbox_db: OutboxDb, outbox_destinations: Destinations
+    ) -> Iterator[dg.Output[None]]:
+        yield from relay_table(context, RelayRunConfig(**context.op_config), outbox_db, outbox_destinations)
+
+    @dg.graph(name="relay_graph", description="Relay one outbox table.")
+    def one_table() -> None:
+        relay_table_op()
+
+    return one_table

@@ -2,7 +2,7 @@
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import dagster as dg
@@ -196,9 +196,12 @@ def relay_group_job_name(group: str) -> str:
     return f"relay_group_{group}_job"
 
 
-def relay_jobs(groups: dict[str, list[str]]) -> list[dg.JobDefinition]:
+def relay_jobs(groups: dict[str, list[str]], tables: Sequence[str] | None = None) -> list[dg.JobDefinition]:
     """A job per relay group (its run config fixed to the group, tagged with it and with each table it hosts),
-    plus ``relay_job`` for one table at a time (the launchpad's config names it)."""
+    plus ``relay_job`` for one table at a time (the launchpad's config names it: one of ``tables``, by default
+    the groups')."""
+    if tables is None:
+        tables = sorted({table for names in groups.values() for table in names})
     seconds = default_run_seconds()
     jobs = [
         relay_group_graph.to_job(
@@ -212,7 +215,7 @@ def relay_jobs(groups: dict[str, list[str]]) -> list[dg.JobDefinition]:
         for group, tables in sorted(groups.items())
     ]
     jobs.append(
-        relay_graph.to_job(
+        relay_graph(tables).to_job(
             name="relay_job",
             description="Relay one table: set ops.relay_table.config.table in the launchpad.",
             tags={KIND_TAG: RELAY_KIND},

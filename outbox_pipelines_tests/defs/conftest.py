@@ -30,6 +30,15 @@ def run_job(job_name: str, resources: dict, instance, run_config: dict | None = 
     return job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False, **kwargs)
 
 
+def run_relay_job_declaring(tables: list[str], resources: dict, instance, run_config: dict):
+    """``relay_job`` as a code location declaring ``tables`` builds it (its Enum of tables), run on ``resources``
+    whose settings may say otherwise: a table removed from outbox.toml since the code location loaded."""
+    from outbox_pipelines.defs.relay_group import relay_jobs
+
+    [job] = [job for job in relay_jobs({}, tables) if job.name == "relay_job"]
+    return job.execute_in_process(run_config=run_config, instance=instance, resources=resources, raise_on_error=False)
+
+
 def op_metadata(result, op_name: str) -> dict:
     for event in result.all_events:
         if event.event_type_value == "STEP_OUTPUT" and event.step_key == op_name:

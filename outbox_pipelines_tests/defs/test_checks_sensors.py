@@ -8,7 +8,7 @@ import pytest
 from outbox_pipelines.core.oncall.health import CHECK_NAMES
 from outbox_pipelines.defs.oncall_sensor import oncall_sensor
 from outbox_pipelines.defs.resources import outbox_resources
-from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job
+from outbox_pipelines_tests.defs.conftest import evaluate_run_failure_alert, run_job, run_relay_job_declaring
 from outbox_pipelines_tests.helpers import enqueue_n
 from outbox_pipelines_tests.rows import age_rows, make_dead, make_stuck
 from outbox_pipelines_tests.scratch import DEMO_PARTS
@@ -134,7 +134,8 @@ def test_run_failure_alert_reaches_the_webhook(db_url, instance, resources, http
     from outbox_pipelines.defs.alerts import run_failure_alert
 
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
-    failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
+    # A table the code location still offers that the settings no longer declare: the run fails.
+    failed = run_relay_job_declaring(["missing"], resources, instance, {"ops": {"relay_table": {"config": {}}}})
     assert not failed.success
     with dg.build_run_status_sensor_context(
         sensor_name="outbox_run_failure_alert",
@@ -199,7 +200,7 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(
     from outbox_pipelines.core.oncall import liveness
 
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
-    failed = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "missing"}}}})
+    failed = run_relay_job_declaring(["missing"], resources, instance, {"ops": {"relay_table": {"config": {}}}})
     gone = subprocess.Popen(["true"])
     gone.wait()
     [row_id] = enqueue_n(conn, "outbox_orders", 1)

@@ -14,7 +14,7 @@ from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.defs.resources import outbox_resources
-from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job
+from outbox_pipelines_tests.defs.conftest import op_metadata, orders_sent_to, run_job, run_relay_job_declaring
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, rows, statuses
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 from outbox_pipelines_tests.scratch import DEMO_PARTS
@@ -71,22 +71,23 @@ def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink,
 
 
 def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_url, conn, instance, resources):
+    """A typo starts no run (the table is one of the code location's: test_launchpads.py); a table the location
+    still offers that the settings no longer declare fails the run, naming it."""
     enqueue_n(conn, "outbox_orders", 2)
-    result = run_job("relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "nope_outbox"}}}})
+    config = {"ops": {"relay_table": {"config": {"table": "nope_outbox"}}}}
+    result = run_relay_job_declaring(["nope_outbox", "outbox_orders"], resources, instance, config)
     assert not result.success
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
     assert "no settings for table 'nope_outbox'" in failure.event_specific_data.error.message
     assert statuses(conn, "outbox_orders") == {"pending": 2}
 
 
-# replay, skip and backfill cannot be launched without a table (a Dagster Enum): test_launchpads.py.
-@pytest.mark.parametrize("job, op", [("relay_job", "relay_table")])
-def test_a_launch_that_names_no_table_names_the_projects_tables_and_touches_nothing(
-    db_url, conn, instance, resources, job, op
-):
-    """No generic job defaults to a table: launched without one, it says which the project has."""
+# relay, replay, skip and backfill cannot be launched without a table (a Dagster Enum): test_launchpads.py.
+def test_a_launch_that_names_no_table_names_the_projects_tables_and_touches_nothing(db_url, conn, instance, resources):
+    """No generic job defaults to a table: a code location that declared none (its settings unreadable as it
+    loaded) takes any text, and a launch without one says which tables the project has now."""
     enqueue_n(conn, "outbox_orders", 2)
-    result = run_job(job, resources, instance, {"ops": {op: {"config": {}}}})
+    result = run_relay_job_declaring([], resources, instance, {"ops": {"relay_table": {"config": {}}}})
     assert not result.success
     failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
     assert (

@@ -171,3 +171,25 @@ def test_with_one_table_declared_it_is_every_launchpads_default_and_the_launchpa
             assert table_choice(answer) == ["billing_outbox"]
             assert opened_with(answer, op)["table"] == "billing_outbox", job
             assert refusals(as_opened(context, job, answer)) == [], job  # opens ready to launch (a dry run)
+
+
+# relay_job, clean_job and requeue_stuck_job: their table(s) are the same Enum; the run configs the docs, the
+# schedules and the tests write launch as before.
+TABLE_JOBS = {
+    "relay_job": ("relay_table", {"table": "outbox_orders", "once": True}, {"table": "outbox_order"}),
+    "clean_job": ("clean_op", {"tables": ["outbox_events", "outbox_memory"], "audit_retention": "30d"}, None),
+    "requeue_stuck_job": ("requeue_stuck_op", {"tables": ["outbox_events"]}, None),
+}
+
+
+@pytest.mark.parametrize("job", sorted(TABLE_JOBS))
+def test_relay_and_maintenance_launchpads_offer_the_declared_tables_and_refuse_a_typo(project, job):
+    op, written, typo = TABLE_JOBS[job]
+    answer = schema(project, job)
+    assert table_choice(answer) == PROJECT_TABLES
+    assert refusals(schema(project, job, {"ops": {op: {"config": written}}})) == []
+    field, value = ("table", "outbox_order") if typo else ("tables", ["outbox_events", "outbox_order"])
+    [message] = refusals(schema(project, job, {"ops": {op: {"config": {**written, field: value}}}}))
+    assert "not in enum type OutboxTableName got outbox_order" in message, message
+    if job != "relay_job":  # no table named: every declared table, as the schedules launch them
+        assert opened_with(answer, op)["tables"] == [] and refusals(as_opened(project, job, answer)) == []

@@ -35,7 +35,7 @@ def test_a_run_that_needs_the_settings_fails_as_a_failure_not_a_refused_launch(b
         "relay_job",
         resources,
         instance,
-        {"ops": {"relay_table": {"config": {"table": "billing_outbox", "once": True}}}},
+        {"ops": {"relay_table": {"config": {"table": "outbox_events", "once": True}}}},  # one the location offers
     )
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
