@@ -155,8 +155,10 @@ def paused_section(line: TableLine, now: datetime) -> str:
     )
     rows = [[esc(p["topic"]), esc(p.get("by") or "–"), esc(_since(p.get("since"), now))] for p in line.paused_topics]
     topics = grid(["topic", "paused by", "since"], rows) if rows else ""
+    topics_n, waiting_n = len(line.paused_topics), line.paused_waiting
+    counted = f"{topics_n:,} topic{'' if topics_n == 1 else 's'}; {waiting_n:,} message{'' if waiting_n == 1 else 's'}"
     return (
-        f"<h2>Paused on purpose ({len(line.paused_topics):,} topics; {line.paused_waiting:,} messages waiting)</h2>"
+        f"<h2>Paused on purpose ({counted} waiting)</h2>"
         f"{off}<p class=muted>Their messages wait as pending, nothing is lost, and the wait is not lag. To resume a "
         "topic, take it out of the table's paused_topics, or switch it on in its handlers "
         "(HandlerRegistry.set_enabled).</p>"

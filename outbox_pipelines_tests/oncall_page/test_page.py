@@ -112,7 +112,7 @@ def test_paused_topics_are_shown_on_the_landing_page_and_the_tables_page(client,
     assert "audit.exported (1 waiting)" in row
     table = client.get("/tables/outbox_memory").text
     paused = table.split("Paused on purpose", 1)[1].split("<h2>", 1)[0]
-    assert "(1 topics; 1 messages waiting)" in paused
+    assert "(1 topic; 1 message waiting)" in paused
     assert "audit.exported" in paused and "the table&#x27;s settings (paused_topics)" in paused
     assert "not lag" in paused and "paused_topics" in paused  # and how to resume it
     assert "Paused on purpose" not in client.get(f"/tables/{EVENTS}").text  # nothing paused there
