@@ -110,7 +110,8 @@ def test_relay_job_with_the_destination_down_loses_nothing(db_url, conn, instanc
     meta = op_metadata(result, "relay_table")
     assert (meta["sent"], meta["retried"]) == (0, 5)
     assert statuses(conn, "outbox_orders") == {"pending": 5}
-    assert {r["last_error_code"] for r in rows(conn, "outbox_orders")} == {"NETWORK_TIMEOUT"}
+    # Port 9 on 127.0.0.1 refuses: the code says so (not a timeout).
+    assert {r["last_error_code"] for r in rows(conn, "outbox_orders")} == {"CONNECTION_REFUSED"}
 
 
 def test_requeue_and_clean_jobs_report_what_they_changed(db_url, conn, instance, resources):
