@@ -136,8 +136,14 @@ def test_a_blocked_key_says_why_its_head_died_and_the_command_to_act(conn):
 def relay(db_url, url: str, **budget: object):
     destination = HttpDestination(url, timeout_s=2)
     try:
-        # A probe whenever the circuit is open: the test's clock is not the probes' (real time).
-        settings = table_settings(EVENTS, mode="competing", idle_sleep_s=0.01, batch_size=1, probe_interval_s=0.01)
+        # The sweeps' clock moves by minutes, the relays' (backoffs, probes) by the seconds the test takes. After
+        # minutes of an outage the circuit is open (10 failures open it), so every message waits for the next probe
+        # and the first success makes them all due: here it opens at the first failure, whatever the test's speed.
+        # With 10, a test that ran its 14 sweeps within the first backoff (1 s) left the circuit closed and the
+        # messages in backoff after the recovery: no resolution, no drain. A probe whenever the circuit is open.
+        settings = table_settings(
+            EVENTS, mode="competing", idle_sleep_s=0.01, batch_size=1, circuit_threshold=1, probe_interval_s=0.01
+        )
         return Relay(db_url, settings, destination).run(**({"once": True} | budget))
     finally:
         destination.close()
@@ -166,12 +172,12 @@ def test_one_destination_outage_gives_one_alert_and_a_lag_that_outlasts_it_alert
         assert "CONNECTION_REFUSED=" in lag.description
 
         # The destination answers again, but one message goes per batch: the rest are still late.
-        assert relay(db_url, receiver.url, once=False, max_entries=1).sent == 1
+        assert relay(db_url, receiver.url, once=False, max_entries=1, max_seconds=60).sent == 1
         report = sweep(db_url, SHIPPED, now=t0 + timedelta(minutes=14), webhook_url=http_sink.url)
         after = {(a["check"], a["status"], a["severity"]) for a in report.alerts}
         assert after == {("destination", "resolved", "error"), ("lag", "firing", "error")}, after
         # Drained: the lag resolves, once.
-        relay(db_url, receiver.url)
+        assert relay(db_url, receiver.url).sent == 4
         report = sweep(db_url, SHIPPED, now=t0 + timedelta(minutes=15), webhook_url=http_sink.url)
         assert [(a["check"], a["status"]) for a in report.alerts] == [("lag", "resolved")]
         assert len(http_sink.received) == 5  # 2 for the outage, its resolution, the late lag and its resolution
@@ -189,7 +195,8 @@ def test_an_outage_that_clears_with_the_backlog_drained_is_three_posts(db_url, c
         for minute in range(14):
             relay(db_url, closed)
             sweep(db_url, SHIPPED, now=t0 + timedelta(minutes=minute), webhook_url=http_sink.url)
-        relay(db_url, receiver.url)
+        # Until the five are sent: the first is the circuit's probe, due 10 ms after the last one (real time).
+        assert relay(db_url, receiver.url, once=False, max_entries=5, max_seconds=60).sent == 5
         sweep(db_url, SHIPPED, now=t0 + timedelta(minutes=14), webhook_url=http_sink.url)
         posted = [(r.body["check"], r.body["status"], r.body["severity"]) for r in http_sink.received]
         assert posted == [
