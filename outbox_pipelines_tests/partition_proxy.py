@@ -23,6 +23,8 @@ from outbox_pipelines.core.storage.database_url import psycopg_url
 # Client messages that start a statement (simple query, extended protocol's Parse); the startup packet and the
 # password messages that come before them never start with these bytes.
 _QUERY_STARTS = (b"Q", b"P")
+# The server's ReadyForQuery message ('Z', length 5, a transaction status): the end of every answer.
+_READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 _SLICE_S = 0.05
 
 
@@ -44,6 +46,8 @@ class PartitionProxy:
         self._lock = threading.Lock()
         self.connections = 0  # accepted so far
         self._waiting: set[int] = set()  # connections whose client sent something during the partition
+        # Connections whose client sent something that the server has not answered in full (no ReadyForQuery since).
+        self._unanswered: set[int] = set()
         self._accepting = threading.Thread(target=self._accept, daemon=True, name="partition-proxy")
         self._accepting.start()
 
@@ -73,9 +77,10 @@ class PartitionProxy:
 
     @property
     def waiting_clients(self) -> int:
-        """Connections whose client sent something since the partition began (a statement it waits on)."""
+        """Connections whose client waits on a statement during the partition: one it sent since the partition
+        began, or one it sent before whose answer the partition holds (a statement caught in flight)."""
         with self._lock:
-            return len(self._waiting)
+            return len(self._waiting | self._unanswered) if self._partitioned.is_set() else len(self._waiting)
 
     @property
     def partitioned(self) -> bool:
@@ -127,13 +132,27 @@ class PartitionProxy:
         with self._lock:
             self._waiting.add(id(client))
 
+    def _note_unanswered(self, client: socket.socket, unanswered: bool) -> None:
+        with self._lock:
+            if unanswered:
+                self._unanswered.add(id(client))
+            else:
+                self._unanswered.discard(id(client))
+
     def _keep(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.append(sock)
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:
         """Both directions on this thread; while partitioned, nothing is read (the kernel keeps what arrives)."""
+        try:
+            self._forward(client, server)
+        finally:
+            self._note_unanswered(client, False)  # closed: nothing waits on it any more
+
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
         peer = {client: server, server: client}
+        answered = b""  # the server's last bytes: its answer is whole when they are a ReadyForQuery
         with selectors.DefaultSelector() as selector:
             selector.register(client, selectors.EVENT_READ)
             selector.register(server, selectors.EVENT_READ)
@@ -165,6 +184,10 @@ class PartitionProxy:
                         client.close()
                         server.close()
                         return
+                    if source is client:
+                        self._note_unanswered(client, True)
+                    elif (answered := (answered + data)[-6:])[:5] == _READY_FOR_QUERY:
+                        self._note_unanswered(client, False)
 
     def _hold_until_healed(self, data: bytes, server: socket.socket) -> None:
         while self._partitioned.is_set():
