@@ -71,7 +71,7 @@ def test_keys_stay_in_order_under_dev_and_a_parked_key_is_alerted_then_skipped(s
         what="the blocked_keys alert",
     )
     dead_id = stack.scalar(f"SELECT id FROM {table} WHERE event_id = %s", (POISON,))
-    assert f"org7 (id {dead_id})" in parked.body["summary"], parked.body
+    assert f"key org7: id {dead_id} died with" in parked.body["summary"], parked.body
 
     [repo] = stack.graphql(REPOSITORY)["repositoriesOrError"]["nodes"]
     selector = {
