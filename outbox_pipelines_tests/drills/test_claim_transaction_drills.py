@@ -482,7 +482,7 @@ def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
         health = conn.execute(
             "SELECT circuit_opened_at FROM outbox_destination_health WHERE table_name = %s", (TABLE,)
         ).fetchone()
-        probes = retries_by_event(audit_of(conn, "outage-"), "NETWORK_TIMEOUT")
+        probes = retries_by_event(audit_of(conn, "outage-"), "CONNECTION_REFUSED")  # the broker is stopped
         return bool(health and health["circuit_opened_at"]) and max(probes.values(), default=0) > MAX_ATTEMPTS
 
     wait_until(
@@ -499,7 +499,7 @@ def test_transaction_relays_through_a_429_storm_and_a_broker_outage(
     assert back_s < 10.0  # the circuit's probe (every 1 s) finds it, and the waiting orders are due at once
     outage_audit = audit_of(conn, "outage-")
     assert {(a["code"], a["error_code"], a["from_status"]) for a in outage_audit} == {
-        ("outbox_flush_retry", "NETWORK_TIMEOUT", "pending")
+        ("outbox_flush_retry", "CONNECTION_REFUSED", "pending")
     }
     # Failures of a destination that is down spend no attempt (the batches that opened the circuit included).
     assert {r["attempts"] for r in rows_of(conn, "outage-").values()} == {1}
