@@ -12,11 +12,17 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 from pydantic import Field, field_validator
 
-from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.backfill import redeliver_sent
 from outbox_pipelines.core.operations.backfill_preview import FIRST_LIMIT, preview_sent
-from outbox_pipelines.core.settings.values import MAX_WHOLE, free_text
-from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
+from outbox_pipelines.core.settings.values import MAX_WHOLE
+from outbox_pipelines.defs.common import (
+    LaunchConfig,
+    RefusedLaunch,
+    audited_reason,
+    launch_schema,
+    metadata_values,
+    resolve_table,
+)
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import Destinations, OutboxDb
 
@@ -48,11 +54,7 @@ class BackfillConfig(LaunchConfig):
     @field_validator("reason")
     @classmethod
     def _reason(cls, value: str) -> str:
-        # Kept in the audit as written: one printable line (skip's reason and the CLI's --reason too).
-        try:
-            return free_text(value, "reason")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        return audited_reason(value)
 
 
 def _days() -> str:

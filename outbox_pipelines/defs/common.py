@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName, UnknownTable
 from outbox_pipelines.core.settings import Settings, TableSettings
+from outbox_pipelines.core.settings.values import free_text
 
 # Maintenance and the checks job go ahead of relay runs in Dagster's run queue (and dagster.yaml keeps slots that
 # relay runs cannot take): with 50 tables relaying, requeue-stuck, clean and the checks still start on time.
@@ -177,3 +178,12 @@ def metadata_values(values: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def audited_reason(value: str) -> str:
+    """A launch's ``reason``, kept in the audit as written: one printable line (the CLI's --reason's rule), or a
+    ValueError that Dagster shows on the launch."""
+    try:
+        return free_text(value, "reason")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None

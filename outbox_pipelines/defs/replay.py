@@ -10,7 +10,6 @@ from collections.abc import Iterator, Sequence
 import dagster as dg
 from pydantic import Field, ValidationInfo, field_validator
 
-from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay import (
     LIST_LIMIT,
     NEEDS_A_FILTER,
@@ -21,8 +20,14 @@ from outbox_pipelines.core.operations.replay import (
     parse_death_time,
     replay_dead,
 )
-from outbox_pipelines.core.settings.values import free_text
-from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
+from outbox_pipelines.defs.common import (
+    LaunchConfig,
+    RefusedLaunch,
+    audited_reason,
+    launch_schema,
+    metadata_values,
+    resolve_table,
+)
 from outbox_pipelines.defs.resources import OutboxDb
 
 DRY_RUN_TAG = "outbox/dry_run"
@@ -98,11 +103,7 @@ class ReplayConfig(LaunchConfig):
     @field_validator("reason")
     @classmethod
     def _reason(cls, value: str) -> str:
-        # Kept in the audit as written: one printable line (skip's, backfill's and the CLI's --reason too).
-        try:
-            return free_text(value, "reason")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        return audited_reason(value)
 
     @field_validator("ids")
     @classmethod

@@ -12,8 +12,14 @@ from pydantic import Field, field_validator
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.operations.replay import check_row_id
 from outbox_pipelines.core.relay.ordering import skip_dead_heads
-from outbox_pipelines.core.settings.values import free_text
-from outbox_pipelines.defs.common import LaunchConfig, RefusedLaunch, launch_schema, metadata_values, resolve_table
+from outbox_pipelines.defs.common import (
+    LaunchConfig,
+    RefusedLaunch,
+    audited_reason,
+    launch_schema,
+    metadata_values,
+    resolve_table,
+)
 from outbox_pipelines.defs.replay import DRY_RUN_TAG
 from outbox_pipelines.defs.resources import OutboxDb
 
@@ -41,11 +47,7 @@ class SkipConfig(LaunchConfig):
     @field_validator("reason")
     @classmethod
     def _reason(cls, value: str) -> str:
-        # Kept in the audit as written: one printable line, never a terminal escape (the CLI's --reason too).
-        try:
-            return free_text(value, "reason")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        return audited_reason(value)
 
     @field_validator("ids")
     @classmethod
