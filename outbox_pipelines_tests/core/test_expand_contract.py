@@ -239,30 +239,44 @@ def test_an_upgrade_killed_at_a_step_leaves_nothing_waiting_and_the_rerun_comple
         assert _indexes(watch, "fresh_events") <= _indexes(watch, "outbox_events")
 
 
+def _applied(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()[0])
+
+
+def _kill_once_it_got_further(upgrading: subprocess.Popen, watch: psycopg.Connection, applied_before: int) -> bool:
+    """SIGKILL ``upgrading`` in the middle of a statement, as soon as it has applied more than ``applied_before``
+    migrations (progress read from the database, not guessed from the clock); False if it finished first."""
+    while upgrading.poll() is None:
+        mid_statement = any(wait != "Client" for _, wait, _ in _upgrade_backends(watch))
+        if _applied(watch) > applied_before and mid_statement:
+            os.kill(upgrading.pid, signal.SIGKILL)
+            upgrading.wait(10)
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def test_an_upgrade_killed_again_and_again_completes_when_let_run(empty_db, cli_env, tmp_path):
-    """SIGKILL at moments spread over the whole upgrade (from before 0006's text to today's), each after the last
-    kill's rerun got further: whatever step each one hit, the final run completes with nothing INVALID."""
+    """SIGKILL at moments spread over the whole upgrade (from before 0006's text to today's), each once the last
+    kill's rerun got one migration further: whatever step each one hit, the final run completes with nothing
+    INVALID."""
     _previous_version(empty_db, tmp_path, at="0005")
     env = {**cli_env, "OUTBOX_DATABASE_URL": empty_db}
     kills = 0
     with psycopg.connect(empty_db, autocommit=True) as watch:
-        for after_s in (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6, 2.0):
+        for _ in range(8):
+            applied_before = _applied(watch)
             upgrading = subprocess.Popen(
                 [*CLI, "db", "upgrade"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
-            try:
-                upgrading.wait(after_s)
-            except subprocess.TimeoutExpired:
-                os.kill(upgrading.pid, signal.SIGKILL)
-                upgrading.wait(10)
-                kills += 1
-                assert _wait_for(lambda: not _upgrade_backends(watch), 5.0), _upgrade_backends(watch)
-            if not migrate.pending(empty_db):
+            if not _kill_once_it_got_further(upgrading, watch, applied_before):
                 break
+            kills += 1
+            assert _wait_for(lambda: not _upgrade_backends(watch), 5.0), _upgrade_backends(watch)
         final = run_cli(env, "db", "upgrade", timeout=120)
         assert final.returncode == 0, final.stderr
         print(f"killed {kills} times")
-        assert kills >= 2, "the upgrade finished before it could be killed: load more rows"
+        assert kills >= 2, "the upgrade finished before it could be killed twice: load more rows"
         assert _invalid(watch) == [] and migrate.pending(empty_db) == []
         watch.execute("SELECT outbox_create_table('fresh_events')")
         assert _indexes(watch, "fresh_events") <= _indexes(watch, "outbox_events")
