@@ -70,7 +70,7 @@ def database_url() -> str:
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Serve this process's outbox metrics (``outbox_enqueue_total{table,topic}`` of what it enqueued) on
     ``http://host:port/metrics``, from a background thread (prometheus_client's server)."""
-    from outbox_pipelines.core.oncall import metrics
+    from outbox_pipelines.core.telemetry import metrics
 
     metrics.serve(port, host)
 
@@ -81,7 +81,7 @@ def expose_metrics(registry: Any = None) -> None:
     already serves that registry."""
     from prometheus_client import REGISTRY as DEFAULT
 
-    from outbox_pipelines.core.oncall import metrics
+    from outbox_pipelines.core.telemetry import metrics
 
     metrics.expose_in(DEFAULT if registry is None else registry)
 

@@ -30,7 +30,7 @@ from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.settings import load_settings_or_problem
 from outbox_pipelines.core.storage import db
 from outbox_pipelines.core.storage.database_url import refuse_two_way_url
-from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
+from outbox_pipelines.defs.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 
 # Set once the message is out: the webserver, daemon and run workers a command starts inherit
 # it and stay quiet, so one command says it once.

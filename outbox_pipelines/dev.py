@@ -28,7 +28,7 @@ from outbox_pipelines.core.listen import is_loopback
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.settings import load_settings_or_problem
 from outbox_pipelines.core.storage import db
-from outbox_pipelines.dagster_home import prepare_dagster_home
+from outbox_pipelines.defs.dagster_home import prepare_dagster_home
 from outbox_pipelines.defs.links import ONCALL_URL_ENV, UI_URL_ENV
 
 if TYPE_CHECKING:

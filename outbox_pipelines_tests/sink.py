@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from outbox_pipelines.broker_sim import BackgroundServer
+from outbox_pipelines.orders.broker_sim import BackgroundServer
 
 Answer = tuple[int, dict[str, str], bytes]
 Script = Callable[[str, int, Any], "Answer | None"]

@@ -83,3 +83,44 @@ def test_every_room_of_the_engine_says_what_it_owns() -> None:
         if not ast.get_docstring(ast.parse(init.read_text()))
     ]
     assert not silent, f"packages without a docstring: {silent}"
+
+
+def _contracts() -> list[dict]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _layered(container: str) -> set[str]:
+    """The names a layers contract over ``container`` lists (``a | b`` names both)."""
+    (contract,) = [c for c in _contracts() if c["type"] == "layers" and c.get("containers") == [container]]
+    return {name.strip() for layer in contract["layers"] for name in layer.replace(":", "|").split("|")}
+
+
+def _packages(directory: Path) -> set[str]:
+    return {p.parent.name for p in directory.glob("*/__init__.py")}
+
+
+def test_every_room_of_the_engine_and_of_the_package_is_in_a_layers_contract() -> None:
+    """A room added under core/ (or a package added at the top) is placed in the layers before it can import
+    anything: no room outside the fences, so no cycle between rooms can grow unseen."""
+    assert _packages(REPO / "outbox_pipelines/core") - _layered("outbox_pipelines.core") == set()
+    assert _packages(REPO / "outbox_pipelines") - _layered("outbox_pipelines") == set()
+
+
+def test_each_destination_transport_is_a_folder_and_the_transports_stand_alone() -> None:
+    """destinations/ holds one folder per transport (no name prefix standing in for a folder), and the
+    independence contract lists every one of them."""
+    destinations = REPO / "outbox_pipelines/core/destinations"
+    transports = _packages(destinations)
+    prefixed = sorted(p.name for p in destinations.glob("*_*.py") if p.name.split("_")[0] in transports)
+    assert not prefixed, f"modules named after a transport outside its folder: {prefixed}"
+    (independent,) = [c for c in _contracts() if c["type"] == "independence"]
+    assert {m.rsplit(".", 1)[1] for m in independent["modules"]} == transports
+
+
+def test_the_package_top_holds_only_entry_points() -> None:
+    """Modules at the package's top are what users and Dagster name (the API, the Definitions, the dev command,
+    the testing helpers, the instance storage dagster.yaml names); everything else lives in a room."""
+    top = {p.stem for p in (REPO / "outbox_pipelines").glob("*.py")}
+    assert top == {"__init__", "definitions", "dev", "testing", "dagster_storage"}, top

@@ -28,8 +28,8 @@ from psycopg import sql
 from outbox_pipelines import dagster_storage
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage import db
-from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV
 from outbox_pipelines.dagster_storage import resolve_storage_url
+from outbox_pipelines.defs.dagster_home import DAGSTER_PG_URL_ENV
 from outbox_pipelines.defs.relay_group import relay_group_job_name
 from outbox_pipelines_tests.conftest import REPO
 from outbox_pipelines_tests.helpers import free_port, stop_project_server

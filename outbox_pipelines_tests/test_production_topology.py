@@ -53,7 +53,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage.db import DATABASE_URL_ENV
-from outbox_pipelines.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
+from outbox_pipelines.defs.dagster_home import DAGSTER_PG_URL_ENV, dagster_storage_url
 from outbox_pipelines.defs.relay import DEFAULT_RUN_MINUTES, OVERLAP_S, RUN_MINUTES_ENV
 from outbox_pipelines.defs.relay_group import GROUP_TAG, hosted_tag, relay_group_job_name
 from outbox_pipelines.defs.resources import TABLE_TAG

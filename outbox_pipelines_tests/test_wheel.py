@@ -215,7 +215,7 @@ def test_the_wheel_holds_every_file_the_package_reads(installed, tmp_path):
             "-c",
             "import json, sys, importlib.resources as r, outbox_pipelines as p\n"
             "from outbox_pipelines.core.storage.queries import named_queries, sql_dir\n"
-            "from outbox_pipelines.dagster_home import dagster_yaml_source\n"
+            "from outbox_pipelines.defs.dagster_home import dagster_yaml_source\n"
             "print(json.dumps({'package': p.__file__, 'version': p.__version__, 'sql': str(sql_dir()),\n"
             "  'migrations': sorted(f.name for f in (sql_dir() / 'migrations').glob('*.sql')),\n"
             "  'queries': len(named_queries()), 'dagster_yaml': str(dagster_yaml_source()),\n"

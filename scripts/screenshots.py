@@ -5,7 +5,7 @@ Everything happens on 127.0.0.1 and under one temporary directory, so the
 user's ./.outbox/ and Dagster home are never touched:
 
 1. an embedded PostgreSQL in the temp dir, migrated, with Dagster's storage on it;
-2. ``outbox_pipelines.demo.run_demo``: samples relayed through the Dagster relay
+2. ``outbox_pipelines.demo.run.run_demo``: samples relayed through the Dagster relay
    jobs (broker simulator with 503 / 429 / 400 faults), then the checks job;
 3. ``dagster-webserver`` on a free loopback port (no daemon: nothing new runs);
 4. headless Chromium driven over the Chrome DevTools Protocol: each page is
@@ -130,7 +130,7 @@ def wait_http(url: str, name: str, proc: subprocess.Popen[bytes], timeout_s: flo
 def isolated_environment(tmp: Path, started: Started) -> str:
     """Embedded PostgreSQL, migrations and a Dagster home, all under tmp, in os.environ; returns the outbox URL."""
     from outbox_pipelines.core.storage import db, migrate
-    from outbox_pipelines.dagster_home import prepare_dagster_home
+    from outbox_pipelines.defs.dagster_home import prepare_dagster_home
 
     for name in [n for n in os.environ if n.startswith(ISOLATED_ENV_PREFIX) or n == "DAGSTER_HOME"]:
         del os.environ[name]
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     written: list[Path] = []
     try:
         url = isolated_environment(started.tmp, started)
-        from outbox_pipelines.demo import run_demo
+        from outbox_pipelines.demo.run import run_demo
 
         print("running the demo (relay runs and checks into the temporary Dagster instance)...")
         run_demo(url, quiet=True)

@@ -111,7 +111,7 @@ def relay_drain(db_url: str, bootstrap: str | None, prefix: str, batch: int, bar
 
     from obench.common import NoopDestination
     from outbox_pipelines.core.destinations.base import Destination
-    from outbox_pipelines.core.destinations.kafka import KafkaDestination
+    from outbox_pipelines.core.destinations.kafka.destination import KafkaDestination
     from outbox_pipelines.core.models import ClaimedMessage
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
@@ -145,7 +145,7 @@ def destination_only(bootstrap: str, topic_prefix: str, messages: int, barrier: 
     time, as the relay calls it, without the relay's database work; msg/s like the client loop's."""
     from datetime import UTC, datetime
 
-    from outbox_pipelines.core.destinations.kafka import KafkaDestination
+    from outbox_pipelines.core.destinations.kafka.destination import KafkaDestination
     from outbox_pipelines.core.models import ClaimedMessage
 
     now = datetime.now(UTC)

@@ -133,7 +133,7 @@ def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str
     """The relay draining the loaded rows into its NATS JetStream destination (in a spawned process)."""
     from dataclasses import replace
 
-    from outbox_pipelines.core.destinations.nats_jetstream import build
+    from outbox_pipelines.core.destinations.nats.jetstream import build
     from outbox_pipelines.core.redaction import url_origin
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings
@@ -170,7 +170,7 @@ def destination_alone(url: str, messages: int, run: int, barrier: Barrier) -> di
     messages made before the clock, as the relay would pass them; what it costs on its own."""
     from datetime import UTC, datetime
 
-    from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination
+    from outbox_pipelines.core.destinations.nats.jetstream import NatsJetStreamDestination
     from outbox_pipelines.core.models import ClaimedMessage
 
     _, prefix = _stream(ALONE)

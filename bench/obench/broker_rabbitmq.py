@@ -167,7 +167,7 @@ def destination_alone(url: str, exchange: str, messages: int, barrier: Barrier) 
     from the relay's (claim, settle: the database's work)."""
     from datetime import UTC, datetime
 
-    from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination
+    from outbox_pipelines.core.destinations.rabbitmq.destination import RabbitMQDestination
     from outbox_pipelines.core.models import ClaimedMessage
 
     now = datetime.now(UTC)
@@ -202,7 +202,7 @@ def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[
     """The relay draining the loaded rows into its RabbitMQ destination (in a spawned process)."""
     from dataclasses import replace
 
-    from outbox_pipelines.core.destinations.rabbitmq import build
+    from outbox_pipelines.core.destinations.rabbitmq.destination import build
     from outbox_pipelines.core.redaction import url_origin
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import load_settings

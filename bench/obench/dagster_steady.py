@@ -119,7 +119,7 @@ class DagsterDev:
     """`outbox-pipelines dev` on a database, in a temp dir; stopped by its pid and process group."""
 
     def __init__(self, url: str, label: str, extra_env: dict[str, str] | None = None) -> None:
-        from outbox_pipelines.dagster_home import dagster_storage_url
+        from outbox_pipelines.defs.dagster_home import dagster_storage_url
 
         self.url = url
         self.tmp = Path(tempfile.mkdtemp(prefix=f"outbox-bench-{label}-"))

@@ -78,7 +78,7 @@ def _one_relay_rate(url: str, rows: list[Any], worker: Any, args: tuple[Any, ...
 
 
 def http_worker(url: str, sink_url: str, in_flight: int, barrier: Barrier) -> tuple[float, int]:
-    from outbox_pipelines.core.destinations.http import HttpDestination
+    from outbox_pipelines.core.destinations.http.destination import HttpDestination
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import TableSettings
 

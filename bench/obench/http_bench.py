@@ -232,7 +232,7 @@ def bare_client(kind: str, url: str, inflight: int, seconds: float, barrier: Bar
 def ours_relay(
     url: str, sink_url: str, transport: str, inflight: int, batch: int, seconds: float, barrier: Barrier
 ) -> dict[str, Any]:
-    from outbox_pipelines.core.destinations.http import HttpDestination
+    from outbox_pipelines.core.destinations.http.destination import HttpDestination
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines.core.settings import TableSettings
 
@@ -258,7 +258,7 @@ def ours_relay(
 
 
 def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
-    from outbox_pipelines.core.destinations.http import DEFAULT_TRANSPORT, TRANSPORTS
+    from outbox_pipelines.core.destinations.http.destination import DEFAULT_TRANSPORT, TRANSPORTS
 
     result = ScenarioResult()
     rows = make_rows(sizes.http_messages, "order.created", "http")

@@ -14,11 +14,11 @@ from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import TableStatus
 from outbox_pipelines.core.oncall.lock_holders import holders_text
-from outbox_pipelines.core.oncall.paused import paused_text
 from outbox_pipelines.core.oncall.table_status import read_table_status, undeclared_tables
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.settings import URL_FROM_ENV, TableSettings
 from outbox_pipelines.core.storage import db
+from outbox_pipelines.core.storage.paused_topics import paused_text
 
 LAG_LEGEND = (
     "messages still waiting counted with their age so far; "

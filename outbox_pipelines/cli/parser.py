@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from outbox_pipelines import __version__
-from outbox_pipelines.argument_types import (
+from outbox_pipelines.cli.argument_types import (
     bind_host,
     death_time,
     duration,
@@ -19,7 +19,6 @@ from outbox_pipelines.argument_types import (
     server_port,
     whole_number,
 )
-from outbox_pipelines.broker_faults import CONTROL_HELP, add_fault_options
 from outbox_pipelines.cli.db_commands import (
     cmd_db_create_table,
     cmd_db_grant,
@@ -36,6 +35,7 @@ from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_
 from outbox_pipelines.cli.relay_commands import cmd_relay
 from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_oncall_page, cmd_order_api
 from outbox_pipelines.core.storage import roles
+from outbox_pipelines.orders.broker_faults import CONTROL_HELP, add_fault_options
 
 Handler = Callable[[argparse.Namespace], int]
 

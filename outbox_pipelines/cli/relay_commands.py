@@ -8,11 +8,12 @@ from dataclasses import replace
 
 from outbox_pipelines.cli.inputs import database_url, say_left_out, settings_of
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
-from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.oncall import table_metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
+from outbox_pipelines.core.telemetry import metrics
 
 
 def print_progress(report: RelayReport) -> None:
@@ -42,7 +43,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
     url = database_url()
     if args.metrics_port:
-        metrics.watch_tables(url, [table.name])
+        table_metrics.watch_tables(url, [table.name])
         metrics.serve(args.metrics_port)
         say(f"Prometheus metrics on http://127.0.0.1:{args.metrics_port}/metrics")
 

@@ -6,20 +6,20 @@ Each imports its stack (Starlette, aiohttp, Dagster) inside its command: a relay
 
 import argparse
 
-from outbox_pipelines.broker_faults import faults_from_args
 from outbox_pipelines.cli.inputs import database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.operations import upgrade
 from outbox_pipelines.core.storage import migrate
+from outbox_pipelines.orders.broker_faults import faults_from_args
 
 # The order product's part (pyproject.toml, entry points "outbox_pipelines.parts"): the Order API needs it declared.
 ORDERS_PART = "orders"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from outbox_pipelines.demo import run_demo  # Dagster: only for this command
-    from outbox_pipelines.demo_data import prepare_demo
+    from outbox_pipelines.demo.data import prepare_demo
+    from outbox_pipelines.demo.run import run_demo  # Dagster: only for this command
 
     # Unlike every other command, the demo runs outside any project too: its data then goes to a directory of
     # the user's (the line it prints says where).
@@ -56,7 +56,7 @@ def cmd_order_api(args: argparse.Namespace) -> int:
 def cmd_broker_sim(args: argparse.Namespace) -> int:
     from aiohttp import web  # the server stack: only for this command, so a relay starts faster
 
-    from outbox_pipelines.broker_sim import BrokerSim
+    from outbox_pipelines.orders.broker_sim import BrokerSim
 
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)

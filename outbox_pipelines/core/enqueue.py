@@ -10,7 +10,6 @@ from outbox_pipelines.core.enqueue_guard import async_endpoint, sync_endpoint
 from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.models import EnqueueResult, Message
 from outbox_pipelines.core.names import validate_table_name
-from outbox_pipelines.core.oncall.metrics import count_enqueued, count_enqueued_one
 from outbox_pipelines.core.prepare import (  # noqa: F401 (_prepare: the tests and bench/ import it from here too)
     BatchPlan,
     _plain_event_ids,
@@ -28,6 +27,7 @@ from outbox_pipelines.core.storage.table_enqueue_async import (
     insert_many_async,
     insert_row_async,
 )
+from outbox_pipelines.core.telemetry.metrics import count_enqueued, count_enqueued_one
 
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM
 # unnest is faster (COPY costs three more round trips). Measured: bench/results.md, "enqueue_many".

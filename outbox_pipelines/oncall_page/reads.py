@@ -35,7 +35,7 @@ class TableLine:
     sent: int = 0
     blocked_keys: int = 0
     blocked_messages: int = 0
-    # Paused on purpose ({"topic", "by", "since"}: core/oncall/paused.py) and the pending messages they hold;
+    # Paused on purpose ({"topic", "by", "since"}: core/storage/paused_topics.py) and the pending messages they hold;
     # relay_enabled false pauses the whole table.
     paused_topics: list[dict[str, Any]] = field(default_factory=list)
     paused_waiting: int = 0

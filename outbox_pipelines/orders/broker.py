@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.http import Attempt, HttpDestination, HttpRequest
-from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
+from outbox_pipelines.core.destinations.http.destination import Attempt, HttpDestination, HttpRequest
 from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import url_origin
+from outbox_pipelines.core.settings.already_processed import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.orders.failures import caller_reason, failure_code
 from outbox_pipelines.orders.ledger import SettledOrder, record_outcomes
 from outbox_pipelines.orders.metrics import ORDER_BROKER_LATENCY

@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter, Histogram
 
-from outbox_pipelines.core.oncall.metrics import REGISTRY
+from outbox_pipelines.core.telemetry.metrics import REGISTRY
 
 ORDER_REQUESTS = Counter("order_requests_total", "Order API requests, by HTTP status", ["status"], registry=REGISTRY)
 ORDER_CONFLICTS = Counter("order_idempotency_conflicts_total", "Same key, different body (409)", registry=REGISTRY)

@@ -22,10 +22,10 @@ import pytest
 import uvicorn
 from opentelemetry import trace
 
-from outbox_pipelines.broker_sim import BrokerSim, Faults
-from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.core.telemetry import metrics
 from outbox_pipelines.orders.api.app import ApiSettings, create_app
+from outbox_pipelines.orders.broker_sim import BrokerSim, Faults
 from outbox_pipelines_tests.helpers import order_payload, rows
 
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from outbox_pipelines.broker_sim import BackgroundServer
 from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
 from outbox_pipelines.core.oncall.sweep import sweep
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.orders.broker_sim import BackgroundServer
 from outbox_pipelines_tests.api.conftest import order, post_order
 from outbox_pipelines_tests.conftest import run_cli
 

@@ -14,11 +14,11 @@ import httpx
 import psycopg
 import pytest
 
-from outbox_pipelines.broker_sim import BrokerSim, Faults
-from outbox_pipelines.core.oncall import metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, run_table_relay
+from outbox_pipelines.core.telemetry import metrics
 from outbox_pipelines.orders.api.app import ACCEPTANCE_STATUS
 from outbox_pipelines.orders.broker import OrderBroker
+from outbox_pipelines.orders.broker_sim import BrokerSim, Faults
 from outbox_pipelines.orders.ledger import KeyReused, SettledOrder, record_outcomes
 from outbox_pipelines.orders.model import broker_request, broker_timeout_s, result_digest
 from outbox_pipelines_tests.api.conftest import (

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.kafka import REPORT_GRACE_S, KafkaDestination
+from outbox_pipelines.core.destinations.kafka.destination import REPORT_GRACE_S, KafkaDestination
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.brokers.kafka_cluster import PRODUCE, KafkaCluster, read_topic
@@ -306,7 +306,7 @@ def test_a_full_local_queue_is_waited_out_not_lost(cluster):
 
 
 def test_librdkafka_complaints_are_logged_once_per_kind_and_broker(caplog):
-    from outbox_pipelines.core.destinations.kafka_producer import _ClientLog
+    from outbox_pipelines.core.destinations.kafka.producer import _ClientLog
 
     client_log = _ClientLog()
     with caplog.at_level("DEBUG", logger="outbox_pipelines.kafka"):

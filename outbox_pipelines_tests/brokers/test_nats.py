@@ -12,7 +12,7 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination, build
+from outbox_pipelines.core.destinations.nats.jetstream import NatsJetStreamDestination, build
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.relay import Relay

@@ -16,8 +16,8 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations import rabbitmq_outcomes as answers
-from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination, build
+from outbox_pipelines.core.destinations.rabbitmq import outcomes as answers
+from outbox_pipelines.core.destinations.rabbitmq.destination import RabbitMQDestination, build
 from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.relay import Relay
@@ -25,7 +25,7 @@ from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.settings.brokers import BrokerSettings
 from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue, drain_queue, installed
 from outbox_pipelines_tests.conftest import run_cli, table_settings
-from outbox_pipelines_tests.core.destinations.test_http import claimed
+from outbox_pipelines_tests.core.destinations.http.test_http import claimed
 from outbox_pipelines_tests.helpers import rows, statuses
 from outbox_pipelines_tests.processes import free_port, silent_port
 
@@ -195,7 +195,7 @@ def test_a_message_over_the_max_size_is_dead_and_the_rest_of_its_batch_is_sent(n
 def test_a_refusal_that_names_no_size_is_traced_to_its_message_by_publishing_one_at_a_time(node, exchange, monkeypatch):
     """Should the broker's words change (another version, another 406), the culprit is still found: the
     unconfirmed rest goes one publish at a time, and the one whose publish closes the channel is dead."""
-    import outbox_pipelines.core.destinations.rabbitmq_outcomes as rabbitmq
+    import outbox_pipelines.core.destinations.rabbitmq.outcomes as rabbitmq
 
     monkeypatch.setattr(rabbitmq, "_TOO_LARGE", re.compile(r"(?!)"))  # understands no refusal text
     bind_queue(node.url, exchange, exchange)

@@ -15,9 +15,9 @@ from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage import migrate, roles, schema_version
 from outbox_pipelines.core.storage.db import sqlalchemy_url
+from outbox_pipelines_tests.core.storage.test_roles import granted, login_as  # noqa: F401 (fixtures)
 from outbox_pipelines_tests.core.test_enqueue_async import STACKS
 from outbox_pipelines_tests.core.test_enqueue_django import _run as run_django
-from outbox_pipelines_tests.core.test_roles import granted, login_as  # noqa: F401 (fixtures)
 
 OUTBOX = Outbox("outbox_events")
 NEWEST, NEWEST_NAME = schema_version.needed()[-1]

@@ -184,14 +184,14 @@ def test_a_destination_url_that_reads_two_ways_is_refused_at_load(kind, password
 
 def build_by_hand(kind: str, url: str) -> object:
     if kind == "http":
-        from outbox_pipelines.core.destinations.http import HttpDestination
+        from outbox_pipelines.core.destinations.http.destination import HttpDestination
 
         return HttpDestination(url)
     if kind == "nats":
-        from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination
+        from outbox_pipelines.core.destinations.nats.jetstream import NatsJetStreamDestination
 
         return NatsJetStreamDestination(url)
-    from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination
+    from outbox_pipelines.core.destinations.rabbitmq.destination import RabbitMQDestination
 
     return RabbitMQDestination(url, exchange="x")
 
@@ -200,7 +200,7 @@ def build_by_hand(kind: str, url: str) -> object:
     "servers", ["alice:{pw}@k1:9092", "k1:9092,alice:{pw}@k2:9092", "SASL_SSL://alice:{pw}@k1:9092"]
 )
 def test_kafka_bootstrap_servers_holding_a_credential_are_refused_masked(servers, tmp_path):
-    from outbox_pipelines.core.destinations.kafka import KafkaDestination
+    from outbox_pipelines.core.destinations.kafka.destination import KafkaDestination
 
     password = "Hq7Lm2Xv9"  # as pasted from a console: no delimiter, still never shown
     servers = servers.format(pw=password)

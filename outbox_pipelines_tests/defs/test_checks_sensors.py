@@ -197,7 +197,7 @@ def test_a_failed_relay_run_whose_relay_died_is_told_once_as_relay_died(
     """Dagster may mark a SIGKILLed relay run failed before its heartbeat goes silent: one alert, rows back now."""
     import subprocess
 
-    from outbox_pipelines.core.oncall import liveness
+    from outbox_pipelines.core.relay import liveness
 
     monkeypatch.setenv("OUTBOX_ALERT_WEBHOOK_URL", http_sink.url)
     failed = run_relay_job_declaring(["missing"], resources, instance, {"ops": {"relay_table": {"config": {}}}})

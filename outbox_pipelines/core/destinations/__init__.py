@@ -9,15 +9,15 @@ from outbox_pipelines.core.destinations.base import Destination
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
-    from outbox_pipelines.core.destinations.http import HttpDestination, HttpRequest
+    from outbox_pipelines.core.destinations.http.destination import HttpDestination, HttpRequest
     from outbox_pipelines.core.destinations.paper import PaperBroker
 
 # Imported on first use: a relay of in-process handlers need not load httpx (a relay process starts faster).
 _HOMES = {
     "HandlerDestination": "handlers",
     "HandlerRegistry": "handlers",
-    "HttpDestination": "http",
-    "HttpRequest": "http",
+    "HttpDestination": "http.destination",
+    "HttpRequest": "http.destination",
     "PaperBroker": "paper",
 }
 

@@ -17,7 +17,7 @@ A handler receives the ClaimedMessage and may return a reference string.
 
 import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -26,6 +26,7 @@ from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.loop_thread import LoopThread
 from outbox_pipelines.core.errors import PermanentError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.settings.handler_specs import FACTORY_MARK
 
 Handler = Callable[[ClaimedMessage], object]
 
@@ -57,35 +58,9 @@ def check_handler(topic: str, handler: Any) -> None:
 
 
 # The attribute ``HandlerRegistry.factory`` sets on a function: a ``handlers`` spec may name it.
-FACTORY_MARK = "__outbox_registry_factory__"
-
-
-def spec_target_problem(target: object) -> str | None:
-    """Why what a ``handlers = "module:attr"`` spec names cannot be used (None when it can): a HandlerRegistry, or
-    a function marked ``@HandlerRegistry.factory``. Nothing is called to tell: ``sys:exit``, ``os:abort``, a plain
-    function, a class or a module is refused as it is named, before anything runs it."""
-    if isinstance(target, HandlerRegistry):
-        return None
-    own = getattr(target, "__dict__", None)  # the mark set on the object itself, not one a __getattr__ makes up
-    if callable(target) and isinstance(own, Mapping) and own.get(FACTORY_MARK) is True:
-        return None
-    if inspect.ismodule(target):
-        kind = "a module"
-    elif inspect.isclass(target):
-        kind = f"a class ({target.__name__})"
-    elif inspect.isbuiltin(target):
-        kind = f"a built-in function ({_name(target)})"
-    elif callable(target):
-        kind = f"a function ({_name(target)}) not marked @HandlerRegistry.factory"
-    else:
-        kind = f"a {type(target).__name__}"
-    return (
-        f"it is {kind}, not a HandlerRegistry; name the registry (registry = HandlerRegistry()) or a function "
-        "marked @HandlerRegistry.factory that returns one. Nothing was called"
-    )
-
-
 class HandlerRegistry:
+    __outbox_handler_registry__ = True  # settings/handler_specs.py: what a spec may name
+
     @staticmethod
     def factory(function: Callable[[], "HandlerRegistry"]) -> Callable[[], "HandlerRegistry"]:
         """Mark a function of no arguments that returns a HandlerRegistry, so that a table's ``handlers`` spec

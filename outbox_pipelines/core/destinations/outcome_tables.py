@@ -21,10 +21,10 @@ class _Table:
 
 # Imported when rendered: a broker's client is an extra, and the HTTP table needs none of them.
 TABLES = {
-    "http": _Table("answer", ("http_outcomes", "http_failures")),
-    "nats": _Table("the server's answer", ("nats_outcomes",)),
-    "rabbitmq": _Table("the broker's answer", ("rabbitmq_outcomes",)),
-    "kafka": _Table("librdkafka's report", ("kafka_outcomes",)),
+    "http": _Table("answer", ("http.outcomes", "http.failures")),
+    "nats": _Table("the server's answer", ("nats.outcomes",)),
+    "rabbitmq": _Table("the broker's answer", ("rabbitmq.outcomes",)),
+    "kafka": _Table("librdkafka's report", ("kafka.outcomes",)),
 }
 
 

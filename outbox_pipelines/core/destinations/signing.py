@@ -15,14 +15,14 @@ no ``.``, the separator of the signed content.
 """
 
 import base64
-import binascii
 import hashlib
 import hmac
 import re
 import time
 from collections.abc import Callable
 
-PREFIX = "whsec_"
+from outbox_pipelines.core.settings.signing_secret import signing_keys
+
 # Printable ASCII but "%" (and "."), inner spaces allowed: what header_id leaves as it is.
 _PLAIN_WITH_DOTS = re.compile(r"[!-$&-~]+(?: +[!-$&-~]+)*")
 _PLAIN = re.compile(r"[!-$&-\-/-~]+(?: +[!-$&-\-/-~]+)*")
@@ -43,27 +43,6 @@ def header_id(event_id: str, *, keep_dots: bool = True) -> str:
         else:
             out.append("".join(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass")))
     return "".join(out)
-
-
-def signing_keys(secret: str) -> tuple[bytes, ...]:
-    """The HMAC keys a secret names (one, or several for a rotation); ValueError saying what is wrong,
-    without the secret."""
-    keys = []
-    for part in secret.split():
-        encoded = part[len(PREFIX) :] if part.startswith(PREFIX) else part
-        try:
-            key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(
-                "a webhook signing secret is whsec_ followed by base64 (as Standard Webhooks "
-                "libraries generate it); this one is not base64"
-            ) from None
-        if len(key) < 16:
-            raise ValueError(f"a webhook signing secret must hold at least 16 bytes of key; this one holds {len(key)}")
-        keys.append(key)
-    if not keys:
-        raise ValueError("the webhook signing secret is empty")
-    return tuple(keys)
 
 
 class WebhookSigner:

@@ -7,10 +7,11 @@ the engine never imports a wing.
 
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry, spec_target_problem
+from outbox_pipelines.core.destinations.handlers import HandlerDestination, HandlerRegistry
 from outbox_pipelines.core.destinations.paper import PaperBroker
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.settings import Settings, TableSettings, import_attribute
+from outbox_pipelines.core.settings.handler_specs import spec_target_problem
 
 
 def load_registry(spec: str) -> HandlerRegistry:
@@ -53,9 +54,9 @@ def build_wing_destination(table: TableSettings, settings: Settings) -> Destinat
 
 # Each broker's destination module, imported only when a table uses it (its client library is an extra).
 BROKER_MODULES = {
-    "nats": "outbox_pipelines.core.destinations.nats_jetstream",
-    "rabbitmq": "outbox_pipelines.core.destinations.rabbitmq",
-    "kafka": "outbox_pipelines.core.destinations.kafka",
+    "nats": "outbox_pipelines.core.destinations.nats.jetstream",
+    "rabbitmq": "outbox_pipelines.core.destinations.rabbitmq.destination",
+    "kafka": "outbox_pipelines.core.destinations.kafka.destination",
 }
 
 
@@ -72,7 +73,7 @@ def build_broker_destination(table: TableSettings) -> Destination:
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
     if table.destination == "http":
         # httpx only for an HTTP table: a relay of in-process handlers starts without it.
-        from outbox_pipelines.core.destinations.http import HttpDestination
+        from outbox_pipelines.core.destinations.http.destination import HttpDestination
 
         assert table.url  # settings refuse an http table without one
         # The table's own credential (settings: token_env, or OUTBOX_BROKER_TOKEN at the broker's origin), never

@@ -8,11 +8,11 @@ from typing import Any, Literal
 
 from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
 from outbox_pipelines.core.oncall.lock_holders import holders_text
-from outbox_pipelines.core.oncall.paused import paused_names, paused_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.destination_health import DestinationHealth
 from outbox_pipelines.core.settings import CheckThresholds
+from outbox_pipelines.core.storage.paused_topics import paused_names, paused_text
 
 Severity = Literal["ok", "warn", "error"]
 CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys")

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
-from outbox_pipelines.core.oncall import liveness
 from outbox_pipelines.core.oncall.alerts import (
     NO_LINKS,
     Condition,
@@ -24,6 +23,7 @@ from outbox_pipelines.core.oncall.alerts import (
 from outbox_pipelines.core.oncall.database_health import vacuum_condition, vacuum_verdicts
 from outbox_pipelines.core.oncall.health import CheckVerdict, TableStatus, evaluate_checks
 from outbox_pipelines.core.oncall.table_status import read_table_status, undeclared_tables
+from outbox_pipelines.core.relay import liveness
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.oncall.lock_holders import held_long
-from outbox_pipelines.core.oncall.paused import paused_topics
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage.paused_topics import paused_topics
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.core.storage.table_owners import owners
@@ -138,7 +138,7 @@ def read_table_status(
     conn: psycopg.Connection, table: TableSettings, *, now: datetime | None = None, count_sent: bool = False
 ) -> TableStatus:
     """A declared table's status with what its settings add: its paused topics (its settings' and those its
-    relay recorded its handlers pausing: core/oncall/paused.py), left out of lag; whether relaying is on."""
+    relay recorded its handlers pausing: core/storage/paused_topics.py), left out of lag; whether relaying is on."""
     status = read_status(
         OutboxTable(conn, table.name),
         now=now,

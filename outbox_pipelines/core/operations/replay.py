@@ -45,7 +45,7 @@ REPLAY_WORKER = "replay"
 LIST_LIMIT = 100
 
 # The codes a dead row can carry, from core/models.py (docs/design.md §3.4) and the
-# places that write codes of their own: http_outcomes.py ("CONFLICT", a 409
+# places that write codes of their own: http/outcomes.py ("CONFLICT", a 409
 # without "already processed"), relay.py ("DB_ERROR"), the stuck requeue
 # ("LEASE_EXPIRED") and PermanentError's default ("PERMANENT"). Handlers may
 # declare other codes; those are accepted when the table has dead rows with them.

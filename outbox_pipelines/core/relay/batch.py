@@ -5,7 +5,6 @@ from contextlib import AbstractContextManager, nullcontext
 
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.counting import count_delivered_batch, count_settled_batch
 from outbox_pipelines.core.relay.destination_health import CIRCUIT_WAIT, DestinationGuard
 from outbox_pipelines.core.relay.dispatch import (
@@ -27,6 +26,7 @@ from outbox_pipelines.core.relay.settlement import (
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
+from outbox_pipelines.core.telemetry import tracing
 
 
 def held(batch: list[ClaimedMessage]) -> list[tuple[int, int]]:

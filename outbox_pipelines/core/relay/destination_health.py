@@ -21,8 +21,8 @@ import psycopg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome, cap_error
-from outbox_pipelines.core.oncall.paused import BY_HANDLERS, BY_SETTINGS
 from outbox_pipelines.core.redaction import redact_text
+from outbox_pipelines.core.storage.paused_topics import BY_HANDLERS, BY_SETTINGS
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.destination_health")
@@ -120,7 +120,7 @@ class DestinationGuard:
 
     def note_paused(self, conn: psycopg.Connection, configured: Sequence[str], switched_off: Sequence[str]) -> None:
         """The topics this relay leaves paused (its settings', its handlers' switched off), recorded when they
-        change (and once at start), for the lag check and ``status`` (core/oncall/paused.py)."""
+        change (and once at start), for the lag check and ``status`` (core/storage/paused_topics.py)."""
         paused = {topic: BY_HANDLERS for topic in switched_off} | {topic: BY_SETTINGS for topic in configured}
         if (
             paused != self._paused

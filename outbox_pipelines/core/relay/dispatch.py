@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.spans import SendSpans
 from outbox_pipelines.core.storage.table import OutboxTable
+from outbox_pipelines.core.telemetry import tracing
 
 log = logging.getLogger("outbox_pipelines.relay")
 

@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError, OutboxError
-from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.budget import check_budget
 from outbox_pipelines.core.relay.group_places import Places
 from outbox_pipelines.core.relay.group_tables import GroupReport, TableWorker, clear_problem, tell_problem
@@ -49,6 +48,7 @@ from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 from outbox_pipelines.core.storage import pooler, schema_version
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
+from outbox_pipelines.core.telemetry import tracing
 
 log = logging.getLogger("outbox_pipelines.relay")
 

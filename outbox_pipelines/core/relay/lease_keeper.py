@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from outbox_pipelines.core.oncall import liveness
+from outbox_pipelines.core.relay import liveness
 from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, bigint_array
 

@@ -27,8 +27,7 @@ import psycopg
 
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage
-from outbox_pipelines.core.oncall import liveness, metrics, tracing
-from outbox_pipelines.core.relay import ordering, single_active
+from outbox_pipelines.core.relay import liveness, ordering, single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
 from outbox_pipelines.core.relay.destination_health import DestinationGuard
@@ -44,6 +43,7 @@ from outbox_pipelines.core.relay.stop import StopRequest
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
+from outbox_pipelines.core.telemetry import metrics, tracing
 
 log = logging.getLogger("outbox_pipelines.relay")
 

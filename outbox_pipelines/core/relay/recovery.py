@@ -13,8 +13,7 @@ import psycopg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
-from outbox_pipelines.core.oncall import liveness
-from outbox_pipelines.core.relay import single_active
+from outbox_pipelines.core.relay import liveness, single_active
 from outbox_pipelines.core.relay.invocation import Invocation
 from outbox_pipelines.core.relay.session import RelaySession, open_relay_session, open_session
 from outbox_pipelines.core.relay.stop import StopRequest

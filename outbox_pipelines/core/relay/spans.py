@@ -6,7 +6,7 @@ from dataclasses import replace
 from opentelemetry import trace
 
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.oncall import metrics, tracing
+from outbox_pipelines.core.telemetry import metrics, tracing
 
 
 class SendSpans:

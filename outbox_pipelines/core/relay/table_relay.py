@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.wiring import build_destination
-from outbox_pipelines.core.oncall import tracing
 from outbox_pipelines.core.relay.budget import check_budget
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
@@ -17,6 +16,7 @@ from outbox_pipelines.core.relay.stop import StopDeadline
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 from outbox_pipelines.core.storage import pooler, schema_version
+from outbox_pipelines.core.telemetry import tracing
 
 
 def run_table_relay(

@@ -11,8 +11,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.destinations.handlers import spec_target_problem
-from outbox_pipelines.core.destinations.signing import signing_keys
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo
 from outbox_pipelines.core.retry import RetryPolicy
@@ -25,7 +23,9 @@ from outbox_pipelines.core.settings.brokers import (
     split_url,
 )
 from outbox_pipelines.core.settings.environment import BROKER_TOKEN_ENV, GlobalSettings, bearer_token
+from outbox_pipelines.core.settings.handler_specs import spec_target_problem
 from outbox_pipelines.core.settings.registry import keys_in
+from outbox_pipelines.core.settings.signing_secret import signing_keys
 from outbox_pipelines.core.settings.tables import destination_kinds, url_destinations
 from outbox_pipelines.core.settings.values import one_of
 

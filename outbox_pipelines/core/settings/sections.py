@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.destinations.http_outcomes import DEFAULT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.errors import ConfigError, InvalidTableName
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.retry import RetryPolicy, preset
+from outbox_pipelines.core.settings.already_processed import DEFAULT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.settings.destination import table_destination
 from outbox_pipelines.core.settings.environment import GlobalSettings
 from outbox_pipelines.core.settings.registry import TABLE_KEYS, TABLE_KEYS_BY_NAME

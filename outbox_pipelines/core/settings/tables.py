@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.destinations.http_outcomes import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.retry import RetryPolicy, preset
+from outbox_pipelines.core.settings.already_processed import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.core.settings.brokers import BROKERS, BrokerSettings
 from outbox_pipelines.core.settings.registry import choices, keys_in
 from outbox_pipelines.core.storage.table_claims import DEFAULT_BATCH_BYTES

@@ -10,8 +10,8 @@ keeping a useless one. The migration is recorded once every step has run; a reru
 must be idempotent.
 
 ``blocking_statements`` names what in a migration would hold the application's writes for as long as the table
-is large (docs: CONTRIBUTING.md, "Writing a migration"); outbox_pipelines_tests/core/test_online_steps.py runs it
-over every migration added after the ones shipped before it existed.
+is large (docs: CONTRIBUTING.md, "Writing a migration"); outbox_pipelines_tests/core/storage/test_online_steps.py
+runs it over every migration added after the ones shipped before it existed.
 """
 
 import re

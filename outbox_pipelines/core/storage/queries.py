@@ -2,7 +2,7 @@
 
 Loading and composing only: ``OutboxTable`` and ``SharedTables`` (core/storage/table*.py,
 shared_tables.py) run them (bootstrap.sql's aside, which run before the schema exists:
-core/storage/embedded.py, core/storage/migrate.py and dagster_home.py), and the order wing
+core/storage/embedded.py, core/storage/migrate.py and defs/dagster_home.py), and the order wing
 runs ledger.sql's.
 """
 

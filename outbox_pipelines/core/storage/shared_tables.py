@@ -159,7 +159,7 @@ class SharedTables:
         return self._count("outbox_relay_problem_clear", {"table_name": table_name, "now": now}) > 0
 
     def record_paused_topics(self, table_name: str, paused: dict[str, str], *, now: datetime | None = None) -> None:
-        """The topics the table's relay leaves paused now, each with who paused it (core/oncall/paused.py)."""
+        """The topics the table's relay leaves paused now, each with who paused it (core/storage/paused_topics.py)."""
         self._run("outbox_paused_topics_record", {"table_name": table_name, "paused": Jsonb(paused), "now": now})
 
     def read_paused_topics(self, table_name: str) -> dict[str, dict[str, Any]]:

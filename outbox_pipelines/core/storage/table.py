@@ -12,7 +12,7 @@
 on ``statements.TableStatements``, which validates the name and runs a statement. ``SharedTables`` is
 shared_tables.py's. These modules are the engine's only ones that name queries (sql/queries/*.sql). The
 order wing's ledger keeps its own (ledger.sql), and the statements that run before the schema exists are
-bootstrap.sql's, read by core/storage/embedded.py, core/storage/migrate.py and dagster_home.py. ``now``
+bootstrap.sql's, read by core/storage/embedded.py, core/storage/migrate.py and defs/dagster_home.py. ``now``
 parameters exist for tests that move database time; production passes None and every statement uses the
 server's ``now()``.
 """

@@ -8,7 +8,7 @@ table gauges for /metrics.
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
-from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.oncall import table_metrics
 from outbox_pipelines.orders.api import tracing
 from outbox_pipelines.orders.api.auth import Tokens
 from outbox_pipelines.orders.api.callers import Callers
@@ -38,7 +38,7 @@ class OrderApi:
         # A scrape while a table is locked gives up after the API's timeout (the gauges are left out)
         # instead of hanging on the lock.
         scrape_url = with_session_timeouts(settings.database_url, int(settings.db_timeout_s * 1000))
-        self.state_metrics.register(metrics.OutboxStateCollector(scrape_url, settings.watch_tables))
+        self.state_metrics.register(table_metrics.OutboxStateCollector(scrape_url, settings.watch_tables))
 
     def database_rejection(self, trouble: DatabaseTrouble, what: str) -> Rejection:
         """503 for a busy or unreachable database: Retry-After, and a retry with the same key is safe."""

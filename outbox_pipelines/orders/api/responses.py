@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter
 from starlette.responses import JSONResponse
 
-from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.telemetry import metrics
 from outbox_pipelines.orders.api.dbguard import DatabaseTrouble
 
 ORDER_DATABASE_REJECTIONS = Counter(

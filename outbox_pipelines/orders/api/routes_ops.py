@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from outbox_pipelines.core.oncall import metrics
+from outbox_pipelines.core.telemetry import metrics
 from outbox_pipelines.orders.api.openapi import document
 from outbox_pipelines.orders.api.resources import OrderApi
 from outbox_pipelines.orders.api.responses import Rejection

@@ -1,7 +1,7 @@
 """OpenTelemetry for the Order API (seed 001 §7): the ``do.order`` span, and its W3C traceparent.
 
 The shared pieces (parsing and writing ``traceparent``, OTLP set-up from the ``OTEL_*``
-variables) live in outbox_pipelines.core.oncall.tracing, which the relay uses too: the
+variables) live in outbox_pipelines.core.telemetry.tracing, which the relay uses too: the
 traceparent of ``do.order`` goes into the accepted order's outbox headers
 (``headers["traceparent"]``), and the relay's send span becomes its child.
 The API takes its tracer from the provider it is given (tests pass an SDK provider
@@ -14,8 +14,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from outbox_pipelines.core.oncall import tracing as core_tracing
-from outbox_pipelines.core.oncall.tracing import traceparent
+from outbox_pipelines.core.telemetry import tracing as core_tracing
+from outbox_pipelines.core.telemetry.tracing import traceparent
 
 __all__ = ["DEFAULT_SERVICE_NAME", "configure_from_env", "incoming_context", "trace_id_hex", "traceparent", "tracer"]
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from outbox_pipelines.broker_sim import BackgroundServer
-from outbox_pipelines.core.destinations.http import MAX_BODY_BYTES, TRANSPORTS
+from outbox_pipelines.core.destinations.http.destination import MAX_BODY_BYTES, TRANSPORTS
 from outbox_pipelines.core.redaction import Scrubber, mask_credentials, url_origin
-from outbox_pipelines_tests.core.destinations.test_http import claimed, deliver_one
+from outbox_pipelines.orders.broker_sim import BackgroundServer
+from outbox_pipelines_tests.core.destinations.http.test_http import claimed, deliver_one
 
 TOKEN = "tok-3f9a1c77e2b4d0aa"
 USER, PASSWORD = "svc-outbox", "pw-9d8c7b6a5f"

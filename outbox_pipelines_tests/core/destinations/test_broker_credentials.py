@@ -17,13 +17,13 @@ import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.destinations.http import TRANSPORTS
+from outbox_pipelines.core.destinations.http.destination import TRANSPORTS
 from outbox_pipelines.core.destinations.wiring import build_destination
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import GlobalSettings, load_settings
 from outbox_pipelines.orders.broker import OrderBroker
-from outbox_pipelines_tests.core.destinations.test_http import claimed
+from outbox_pipelines_tests.core.destinations.http.test_http import claimed
 from outbox_pipelines_tests.helpers import accept_order, order_payload, rows
 from outbox_pipelines_tests.scratch import DEMO_PARTS
 

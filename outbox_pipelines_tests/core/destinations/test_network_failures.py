@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from outbox_pipelines.core.destinations.http import TRANSPORTS
-from outbox_pipelines.core.destinations.nats_jetstream import NatsJetStreamDestination
-from outbox_pipelines.core.destinations.rabbitmq import RabbitMQDestination
+from outbox_pipelines.core.destinations.http.destination import TRANSPORTS
+from outbox_pipelines.core.destinations.nats.jetstream import NatsJetStreamDestination
+from outbox_pipelines.core.destinations.rabbitmq.destination import RabbitMQDestination
 from outbox_pipelines.core.relay.destination_health import DESTINATION_FAILURES
-from outbox_pipelines_tests.core.destinations.test_http import claimed, deliver_one
+from outbox_pipelines_tests.core.destinations.http.test_http import claimed, deliver_one
 from outbox_pipelines_tests.processes import free_port
 
 

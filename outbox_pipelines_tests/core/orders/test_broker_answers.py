@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core.destinations import HttpDestination
-from outbox_pipelines.core.destinations.http import TRANSPORTS, HttpRequest, _exception_outcome
+from outbox_pipelines.core.destinations.http.destination import TRANSPORTS, HttpRequest, _exception_outcome
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.orders.broker import OrderBroker
+from outbox_pipelines.orders.broker_sim import BrokerSim, Faults
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import accept_order, order_payload
 from outbox_pipelines_tests.rows import make_due

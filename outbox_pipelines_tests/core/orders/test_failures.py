@@ -20,10 +20,10 @@ import dataclasses
 
 import pytest
 
-from outbox_pipelines.broker_sim import BrokerSim, Faults
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay import run_table_relay
 from outbox_pipelines.core.settings import Settings, load_settings
+from outbox_pipelines.orders.broker_sim import BrokerSim, Faults
 from outbox_pipelines.orders.failures import (
     BROKER_DOWN,
     BROKER_REJECTED,

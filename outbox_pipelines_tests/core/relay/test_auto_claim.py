@@ -9,8 +9,7 @@ import psycopg
 import pytest
 
 from outbox_pipelines import Outcome
-from outbox_pipelines.core.oncall import liveness
-from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay import Relay, liveness
 from outbox_pipelines.core.relay.lease_keeper import runs_of
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, db_now, enqueue_n, rows, statuses

@@ -8,8 +8,7 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.errors import DatabaseUnavailable
 from outbox_pipelines.core.models import Outcome
-from outbox_pipelines.core.oncall import liveness
-from outbox_pipelines.core.relay import LeaseKeeper, Relay
+from outbox_pipelines.core.relay import LeaseKeeper, Relay, liveness
 from outbox_pipelines.core.relay import session as relay_session
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
 from outbox_pipelines_tests.conftest import table_settings

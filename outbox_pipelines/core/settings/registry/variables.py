@@ -23,7 +23,7 @@ class EnvVariable:
 
 
 _SETTINGS = "core/settings/environment.py"
-_TRACING = "core/oncall/tracing.py"
+_TRACING = "core/telemetry/tracing.py"
 _NETWORK = "core/storage/network_limits.py"
 
 # fmt: off
@@ -111,7 +111,7 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "meets it too", "core/prepare.py"),
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
-                "core/oncall/metrics.py"),
+                "core/telemetry/metrics.py"),
     EnvVariable("OUTBOX_ALERT_WEBHOOK_URL", None, "where alerts are posted (JSON with a Slack-compatible `text`)",
                 "core/oncall/alerts.py", "unset: alerts are logged only"),
     EnvVariable("OUTBOX_ALERT_REPEAT", "30m", "the reminder interval of an alert that lasts", "core/oncall/alerts.py"),

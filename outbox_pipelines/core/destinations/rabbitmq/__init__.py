@@ -1,0 +1,2 @@
+"""The RabbitMQ destination (publisher confirms): the connection, the destination and what each confirm or return
+means (outcomes)."""
