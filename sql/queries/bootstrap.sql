@@ -1,6 +1,6 @@
 -- Statements that run before the outbox's schema exists: the embedded server's
 -- database, Dagster's storage next to it, and the migration runner's own
--- bookkeeping. core/storage/embedded.py, dagster_home.py and core/storage/migrate.py read them through
+-- bookkeeping. core/storage/embedded.py, defs/dagster_home.py and core/storage/migrate.py read them through
 -- queries.py (not OutboxTable in core/storage/, whose statements need the schema these create).
 
 -- name: pg_database_exists
@@ -12,7 +12,7 @@ CREATE DATABASE {database}
 
 -- name: dagster_schema_create
 -- Dagster's storage when the role may not create a database: a schema of its own in the outbox's
--- database (dagster_home.py puts it on the storage URL's search_path).
+-- database (defs/dagster_home.py puts it on the storage URL's search_path).
 CREATE SCHEMA IF NOT EXISTS dagster
 
 -- name: outbox_schema_migrations_lock
