@@ -221,7 +221,7 @@ class Process:
 
     def __init__(self, label: str, args: Sequence[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
         self.label, self.log_path = label, log_path
-        self._log = open(log_path, "w")  # noqa: SIM115  # closed in stop()
+        self._log = open(log_path, "w")  # closed in stop()
         self.popen = subprocess.Popen(
             list(args), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True
         )

@@ -198,7 +198,7 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
                 try:
                     instance.run_launcher.terminate(run.run_id)
                     terminated.add(run.run_id)
-                except Exception as exc:  # noqa: BLE001 - the others must still be stopped
+                except Exception as exc:  # the others must still be stopped
                     print(f"could not terminate run {run.run_id[:8]}: {exc}", file=sys.stderr)
             time.sleep(0.5)
 
@@ -332,7 +332,7 @@ def run_dev(
                 left = cancel_active_runs(env)
                 if left:
                     print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
-            except Exception as exc:  # noqa: BLE001 - stopping must go on
+            except Exception as exc:  # stopping must go on
                 print(f"could not cancel runs in progress: {exc}", file=sys.stderr)
             proc.send_signal(signal.SIGINT)  # dagster dev shuts down its webserver, daemon and code server
             try:

@@ -49,7 +49,7 @@ def test_on_psycopgs_defaults_the_applications_own_statement_fails_on_the_next_s
         for n in range(6):
             with app.transaction():
                 app.execute("SELECT %s::int", (n,))
-        with pytest.raises(psycopg.errors.InvalidSqlStatementName, match=MISSING):  # noqa: PT012
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName, match=MISSING):
             _switch_server_connection(app, other, lambda: _in_transaction(app, "SELECT %s::int", (9,)))
 
 

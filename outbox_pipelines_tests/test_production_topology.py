@@ -460,7 +460,7 @@ def topology(pg_server: TemplateDatabases, tmp_path_factory: pytest.TempPathFact
         if len(processes) == 3:
             try:
                 topology.quiesce()
-            except Exception as exc:  # noqa: BLE001 - the processes are stopped below in any case
+            except Exception as exc:  # the processes are stopped below in any case
                 print(f"\ncould not terminate the active runs through GraphQL: {exc}")
         for process in reversed(processes):  # daemon, webserver, then the code server and its runs
             process.stop()

@@ -24,8 +24,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from obench import peers  # noqa: E402
-from obench.common import BenchServer, NoopDestination, copy_rows, make_rows, reset_table, settle_server  # noqa: E402
+from obench import peers
+from obench.common import BenchServer, NoopDestination, copy_rows, make_rows, reset_table, settle_server
 
 TABLE = "outbox_orders"
 MESSAGES = 100_000

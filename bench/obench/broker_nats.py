@@ -40,9 +40,9 @@ if __name__ == "__main__":  # run as a script: the obench package and the reposi
         if entry not in sys.path:
             sys.path.insert(0, entry)
 
-import psycopg  # noqa: E402
+import psycopg
 
-from obench.common import (  # noqa: E402
+from obench.common import (
     Barrier,
     copy_rows,
     count_by_status,

@@ -35,13 +35,13 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from obench import ceiling_sql  # noqa: E402
-from obench.common import BenchServer, sample_payload  # noqa: E402
-from obench.enqueue import BLOCK, BUSINESS_DDL, BUSINESS_INSERT, TABLE, TOPIC  # noqa: E402
-from outbox_pipelines.core.enqueue import Outbox, _prepare_one  # noqa: E402
-from outbox_pipelines.core.models import EnqueueResult, Message  # noqa: E402
-from outbox_pipelines.core.storage.queries import table_query  # noqa: E402
-from outbox_pipelines.core.telemetry.metrics import count_enqueued_one  # noqa: E402
+from obench import ceiling_sql
+from obench.common import BenchServer, sample_payload
+from obench.enqueue import BLOCK, BUSINESS_DDL, BUSINESS_INSERT, TABLE, TOPIC
+from outbox_pipelines.core.enqueue import Outbox, _prepare_one
+from outbox_pipelines.core.models import EnqueueResult, Message
+from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.telemetry.metrics import count_enqueued_one
 
 PLAIN = ceiling_sql.PLAIN_INSERT.strip()
 ON_CONFLICT = " ON CONFLICT (event_id) DO NOTHING"

@@ -82,7 +82,7 @@ def _block_a_key(url: str) -> None:
     _load(url, "stuck-", BLOCKED_BEHIND + 1, keys=1, key_prefix="stuck-")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BAD_REQUEST' "  # noqa: S608 (constant)
+            f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BAD_REQUEST' "  # constant
             f"WHERE id = (SELECT min(id) FROM {TABLE} WHERE ordering_key = 'stuck-0')"
         )
 
@@ -103,8 +103,7 @@ def drain_worker(url: str, index: int, barrier: Barrier) -> Any:
                 url, settings, TABLE, once=True, worker_id=f"bench-ordering-{index}", destination=NoopDestination()
             ).sent
             left = conn.execute(
-                f"SELECT count(*) FROM {TABLE} WHERE status IN ('pending', 'sending') "  # noqa: S608
-                "AND NOT ordering_blocked"
+                f"SELECT count(*) FROM {TABLE} WHERE status IN ('pending', 'sending') AND NOT ordering_blocked"
             ).fetchone()[0]  # type: ignore[index]
             if not left:
                 return started, sent
@@ -136,7 +135,7 @@ def drain(url: str, load: str, messages: int) -> float:
     measured = MEASURED.get(load, "true")
     with psycopg.connect(url, autocommit=True) as conn:
         count, unsent, last = conn.execute(
-            f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status <> 'sent'), "  # noqa: S608
+            f"SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status <> 'sent'), "
             f"max(published_at) FROM {TABLE} WHERE {measured}"
         ).fetchone()  # type: ignore[misc]
     if unsent:

@@ -161,7 +161,7 @@ def _relay_in_thread(
     def target() -> None:
         try:
             results.append(start(relays.register))
-        except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
+        except BaseException as exc:  # handed to the op's thread
             errors.append(exc)
         finally:
             done.set()

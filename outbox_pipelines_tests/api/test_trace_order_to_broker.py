@@ -33,7 +33,7 @@ class Collector:
         spans = self.spans
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)

@@ -414,7 +414,7 @@ class Consumer:
         while not self._stop.is_set():
             try:
                 connection = await asyncio.wait_for(aiormq.connect(self.url), 5)
-            except Exception:  # noqa: BLE001 - the broker is away: try again
+            except Exception:  # the broker is away: try again
                 await asyncio.sleep(0.2)
                 continue
             try:
@@ -423,7 +423,7 @@ class Consumer:
                 await channel.basic_consume(self.queue, self._on_message)
                 while not self._stop.is_set() and not connection.is_closed:
                     await asyncio.sleep(0.05)
-            except Exception:  # noqa: BLE001 - the connection went mid-way
+            except Exception:  # the connection went mid-way
                 pass
             finally:
                 if not connection.is_closed:

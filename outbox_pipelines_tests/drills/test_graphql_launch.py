@@ -86,11 +86,11 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     assert by_status(stack, [*dead, other]) == {"dead": DEAD + 1}
 
     namespace: dict[str, Any] = {"__name__": "deploy_md_example"}
-    exec(with_values(helpers, HOST="127.0.0.1", PORT=stack.dev.port), namespace)  # noqa: S102 - the doc's code
+    exec(with_values(helpers, HOST="127.0.0.1", PORT=stack.dev.port), namespace)  # the doc's code
     assert namespace["LOCATION"] == "outbox_pipelines.definitions" and namespace["TABLE"] == TABLE
 
     # the dry run, then the real replay: the doc's block as written
-    exec(replay, namespace)  # noqa: S102
+    exec(replay, namespace)
     dry, real = namespace["dry"], namespace["real"]
     assert namespace["dry_status"] == "SUCCESS" and namespace["real_status"] == "SUCCESS"
     assert dry["dry_run"] is True and dry["would_replay"] == DEAD and dry["replayed"] == 0, dry
@@ -119,7 +119,7 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
     )
     assert sent_that_day >= WARM + DEAD
     namespace["DAY"] = day  # the block reads DAY from the helpers' block: give it the day the rows were sent
-    exec(backfill, namespace)  # noqa: S102
+    exec(backfill, namespace)
     would = namespace["would"]  # the dry run first: counted, delivered nothing
     assert namespace["would_status"] == "SUCCESS" and would["dry_run"] is True, would
     assert would["found"] == sent_that_day and sum(would["by_topic"].values()) == sent_that_day, would
@@ -140,7 +140,7 @@ def test_the_documented_graphql_launches_replay_and_backfill_against_dev(stack: 
 
     # refused launches: each ends FAILURE naming what was missing, or starts no run; nothing moves
     before = stack.statuses()
-    exec(refused, namespace)  # noqa: S102
+    exec(refused, namespace)
     no_filter, no_day = namespace["refused"], namespace["no_day"]
     assert "filter" in no_filter["error"] and "all: true" in no_filter["error"], no_filter
     assert "partition" in no_day["error"], no_day

@@ -50,7 +50,7 @@ class LiveConsumer:
         while not self._stop.is_set():
             try:
                 batch = self.server.fetch(self.stream, self.durable, batch=50, timeout_s=0.5)
-            except Exception:  # noqa: BLE001 - the server is down: read again when it is back
+            except Exception:  # the server is down: read again when it is back
                 time.sleep(0.2)
                 continue
             self.deliveries += len(batch)

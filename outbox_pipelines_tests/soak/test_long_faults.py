@@ -272,7 +272,7 @@ def run_side_by_side(scenarios: dict[str, Callable[[], dict[str, Any]]]) -> dict
     def run(name: str, scenario: Callable[[], dict[str, Any]]) -> None:
         try:
             results[name] = scenario()
-        except BaseException as exc:  # noqa: BLE001 - reported after both have finished
+        except BaseException as exc:  # reported after both have finished
             errors[name] = exc
 
     threads = [threading.Thread(target=run, args=item, name=f"soak-{item[0]}") for item in scenarios.items()]

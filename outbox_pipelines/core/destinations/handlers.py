@@ -132,7 +132,7 @@ class HandlerRegistry:
             except HandlerTimedOut as exc:
                 timed_out = True
                 failures.append(_text(f"{name}: {exc}"))
-            except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: this message's failure
+            except BaseException as exc:  # SystemExit and the like: this message's failure
                 failures.append(_text(f"{name}: {type(exc).__name__}: {exc}"))
             else:
                 if isinstance(result, str):

@@ -29,7 +29,7 @@ def load_registry(spec: str) -> HandlerRegistry:
         registry = target()
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 (SystemExit too: a factory that exits is its table's problem)
+    except BaseException as exc:  # SystemExit too: a factory that exits is its table's problem
         raise ConfigError(f"handlers = {spec!r}: the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(registry, HandlerRegistry):
         raise ConfigError(

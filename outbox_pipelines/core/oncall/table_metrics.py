@@ -65,5 +65,5 @@ class OutboxStateCollector(Collector):
 
 def watch_tables(url: str, table_names: Iterable[str]) -> None:
     """Add the per-table gauges to this process's /metrics (once)."""
-    if not any(isinstance(c, OutboxStateCollector) for c in list(REGISTRY._collector_to_names)):  # noqa: SLF001
+    if not any(isinstance(c, OutboxStateCollector) for c in list(REGISTRY._collector_to_names)):
         REGISTRY.register(OutboxStateCollector(url, table_names))

@@ -80,7 +80,7 @@ def deliver_planned(
         outcomes = destination.deliver(messages)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - a destination must not raise; if it does, nothing is lost
+    except BaseException as exc:  # a destination must not raise; if it does, nothing is lost
         log.exception("destination %s raised", destination.name)
         outcomes = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(messages)
     if spans is not None:

@@ -283,7 +283,7 @@ class GroupRelay:
                 once=once,
                 release=None if once else self._release,
             )
-        except Exception as exc:  # noqa: BLE001 - one table's relay must not take its group down
+        except Exception as exc:  # one table's relay must not take its group down
             worker.failures += 1
             wait = RETRY_BACKOFF_S[min(worker.failures, len(RETRY_BACKOFF_S)) - 1]
             worker.not_before = time.monotonic() + wait

@@ -64,7 +64,7 @@ class Watcher:
                         break
                 self._follow(conn)
                 self._wake_the_due(conn)
-            except Exception as exc:  # noqa: BLE001 - the watcher wakes every table: it must outlive any error
+            except Exception as exc:  # the watcher wakes every table: it must outlive any error
                 log.warning("relay group %s: its watcher lost the database (%s); reconnecting", self.group, exc)
                 conn.close()
                 fresh = self._reconnect()

@@ -48,7 +48,7 @@ class HeldBatch:
                 return
             try:
                 self._lease()
-            except BaseException as exc:  # noqa: BLE001 - handed to the relay's thread, which settles or recovers
+            except BaseException as exc:  # handed to the relay's thread, which settles or recovers
                 self.error = exc
                 self.state = HoldState.FAILED
             else:

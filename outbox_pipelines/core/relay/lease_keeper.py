@@ -137,7 +137,7 @@ class LeaseKeeper:
                         self._beat()
                     if due:
                         self._renew(held)
-                except Exception as exc:  # noqa: BLE001 - any failure: drop the connection, try again next turn
+                except Exception as exc:  # any failure: drop the connection, try again next turn
                     log.warning("relay %s: lease keeper could not reach the database: %s", self.table_name, exc)
                     if self._conn is not None:
                         self._conn.close()

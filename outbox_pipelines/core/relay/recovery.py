@@ -41,7 +41,7 @@ class Recovery:
                 return None
             try:
                 new = open_relay_session(self.url, self.table, self.direct_url)
-            except Exception as exc:  # noqa: BLE001 - any failure to connect: try again after a backoff
+            except Exception as exc:  # any failure to connect: try again after a backoff
                 log.warning("relay %s: reconnect failed (%s); retrying in %.1fs", self.table.name, exc, delay)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 5.0)
@@ -99,7 +99,7 @@ class Recovery:
                     single_active.unlock(OutboxTable(conn, self.table.name))
                 liveness.stopped(conn, self.worker, reason)
                 break
-            except Exception as exc:  # noqa: BLE001 - a stop must always finish
+            except Exception as exc:  # a stop must always finish
                 log.warning("relay %s: could not record its stop (%s)", self.table.name, exc)
                 conn.close()
                 unlock = False  # a fresh session holds no lock

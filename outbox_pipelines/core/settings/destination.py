@@ -234,7 +234,7 @@ def _check_handlers(spec: Any, where: str) -> None:
         raise ConfigError(f"{exc}. To fix it, {fix}") from None
     except ConfigError:  # the spec's shape, or a module it imports that is not installed: said as it is
         raise
-    except Exception as exc:  # noqa: BLE001 (the module's own code failed at import: say what it raised)
+    except Exception as exc:  # the module's own code failed at import: say what it raised
         raise ConfigError(f"{where} handlers = {spec!r}: importing it raised {type(exc).__name__}: {exc}") from None
     if registry is None:
         module_name, _, attribute = str(spec).partition(":")

@@ -222,7 +222,7 @@ class HealthProbe:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql(f"SET LOCAL statement_timeout = {HEALTH_STATEMENT_TIMEOUT_MS}")
                 conn.exec_driver_sql("SELECT 1")
-        except Exception as exc:  # noqa: BLE001 - classified below; the probe reports, never raises
+        except Exception as exc:  # classified below; the probe reports, never raises
             trouble = classify(exc)
             timed_out = trouble is not None and (trouble.busy or trouble.reason.endswith("timeout"))
             return Health("timeout" if timed_out else "unreachable")

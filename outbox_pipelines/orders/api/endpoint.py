@@ -65,7 +65,7 @@ async def _answer(handler: Handler, request: Request) -> tuple[Response, str, Re
     except ClientDisconnect:
         # The client went away mid-body: nothing was read whole, nothing stored, nobody to answer.
         return Response(status_code=CLIENT_CLOSED), "CLIENT_DISCONNECTED", None, None
-    except Exception:  # noqa: BLE001 - any bug is a 500 with its one log line (and traceback)
+    except Exception:  # any bug is a 500 with its one log line (and traceback)
         exc_info = sys.exc_info()
         response = error_response(500, "INTERNAL_ERROR", "unexpected error; retry with the same key")
         return response, "INTERNAL_ERROR", None, exc_info

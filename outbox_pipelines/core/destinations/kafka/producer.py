@@ -71,7 +71,7 @@ class _ClientLog:
             self._last[key] = (now, 0)
             more = f" ({skipped} more like it in the last {now - last:.0f} s)" if skipped else ""
             log.log(level, "librdkafka %s: %s%s", facility, text, more)
-        except Exception:  # noqa: BLE001, S110 - logging must never fail a delivery
+        except Exception:  # logging must never fail a delivery
             pass
 
 
@@ -142,7 +142,7 @@ class ProducerKeeper:
                 producer.flush(timeout_s)
             else:
                 producer.poll(timeout_s)
-        except Exception as exc:  # noqa: BLE001 - confluent-kafka raises the fatal error from poll/flush
+        except Exception as exc:  # confluent-kafka raises the fatal error from poll/flush
             cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc
             error = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
             self.broken = self._text(
@@ -163,5 +163,5 @@ def _let_go(producer: Producer, *, in_flight: bool, flush_s: float, doing: str) 
     try:
         producer.purge(in_queue=True, in_flight=in_flight, blocking=False)
         producer.flush(flush_s)
-    except Exception:  # noqa: BLE001 - see the docstring
+    except Exception:  # see the docstring
         log.debug("%s the Kafka producer raised", doing, exc_info=True)

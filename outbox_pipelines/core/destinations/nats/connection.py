@@ -124,7 +124,7 @@ class Connector:
 
             try:
                 await asyncio.wait_for(self._open(conn, self._options(error_cb, closed_cb)), self.timeout_s + 1)
-            except Exception as exc:  # noqa: BLE001 - every failure to connect is an outcome
+            except Exception as exc:  # every failure to connect is an outcome
                 await self.discard(nc)
                 raise ConnectFailed(self.outcomes.connect_failed(exc, errors, url_origin(self._server))) from None
             if conn.denied is not None:
@@ -211,5 +211,5 @@ class Connector:
     async def discard(nc: Client) -> None:
         try:
             await asyncio.wait_for(nc.close(), 2.0)
-        except Exception:  # noqa: BLE001 - a connection being discarded may fail to close; nothing to do
+        except Exception:  # a connection being discarded may fail to close; nothing to do
             pass

@@ -208,7 +208,7 @@ class NatsJetStreamDestination(Destination):
             waiting[token] = future
             try:
                 await nc.publish(subject, payload, reply=inbox + token, headers=headers)
-            except Exception as exc:  # noqa: BLE001 - a refused publish is this message's outcome
+            except Exception as exc:  # a refused publish is this message's outcome
                 waiting.pop(token, None)
                 outcome = outcomes[index] = self._outcomes.exception(exc)
                 if outcome.code in m.NETWORK_FAILURES:

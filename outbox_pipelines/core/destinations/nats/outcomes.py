@@ -219,7 +219,7 @@ class NatsOutcomes:
                 f"JetStream on NATS {self.name} is not answering (no responders to a "
                 "publish or to its API: shutting down, or not enabled for this account)"
             )
-        except Exception as exc:  # noqa: BLE001 - the check itself failed (connection lost ...)
+        except Exception as exc:  # the check itself failed (connection lost ...)
             return self.exception(exc)
         return NOT_ANSWERING.outcome(
             f"stream {stream!r} on NATS {self.name} takes subject {subject!r} but did not "

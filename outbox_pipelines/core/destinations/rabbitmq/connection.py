@@ -64,7 +64,7 @@ class ChannelKeeper:
                 channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
                 assert isinstance(channel, aiormq.Channel)  # the concrete class: its basic_publish takes wait=
                 await channel.exchange_declare(self.exchange, exchange_type="topic", durable=True)
-        except Exception as exc:  # noqa: BLE001 - an outcome for every pending message
+        except Exception as exc:  # an outcome for every pending message
             raise Ended(connect_outcome(exc, self.exchange, self.timeout_s), drop_connection=True) from None
         self._channel = channel
         return channel
@@ -81,5 +81,5 @@ class ChannelKeeper:
             return
         try:
             await asyncio.wait_for(connection.close(), 1.0)
-        except Exception:  # noqa: BLE001 - a connection that will not close politely is abandoned
+        except Exception:  # a connection that will not close politely is abandoned
             log.debug("closing the RabbitMQ connection failed", exc_info=True)

@@ -254,7 +254,7 @@ class RabbitMQDestination(Destination):
                     publish.outcome = answers.returned(exc, self._channels.reconnected_s())
                 except aiormq.exceptions.DeliveryError:
                     publish.outcome = answers.NACKED
-                except Exception as exc:  # noqa: BLE001 - the channel or the connection is gone
+                except Exception as exc:  # the channel or the connection is gone
                     publish.error = exc
                     ended.append(exc)
                 answered[0] = loop.time()

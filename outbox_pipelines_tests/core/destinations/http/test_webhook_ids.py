@@ -54,7 +54,7 @@ class Latin1Receiver:
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 headers = {name: value for name, value in self.headers.items()}
                 try:
