@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from outbox_pipelines.core.errors import InvalidMessage
 
-# What users and the CLI see (docs/design.md §3.2).
+# What users and the CLI see (docs/explanation/tables-and-states.md, "Stored and shown states").
 STATES = ("pending", "retrying", "sending", "sent", "dead")
 
 AUDIT_SUCCESS = "outbox_flush_success"
@@ -18,7 +18,7 @@ AUDIT_DEDUP_HIT = "outbox_flush_dedup_hit"
 AUDIT_DB_TIMEOUT = "outbox_flush_db_timeout"
 AUDIT_DB_ERROR = "outbox_flush_db_error"
 
-# Error codes (docs/design.md §3.4).
+# Error codes (docs/explanation/outcomes.md, "Outcomes and error codes").
 CONFLICT_PROCESSED = "CONFLICT_PROCESSED"
 RATE_LIMITED = "RATE_LIMITED"
 BROKER_5XX = "BROKER_5XX"

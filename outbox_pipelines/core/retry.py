@@ -1,4 +1,4 @@
-"""Backoff and retry horizons (docs/design.md §3.5)."""
+"""Backoff and retry horizons (docs/explanation/outcomes.md, "Backoff and retry horizons")."""
 
 import random
 from collections.abc import Callable

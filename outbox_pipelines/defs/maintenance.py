@@ -56,7 +56,7 @@ class CleanConfig(TablesConfig):
             "parks its ordering key is always kept."
         ),
     )
-    tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows (seed 004 §10.3).")
+    tenant_id: str | None = Field(default=None, description="Only this tenant's sent rows.")
     force: bool = Field(
         default=False,
         description=(

@@ -1,4 +1,7 @@
-"""Relay groups: one run relays every table of its group (docs/design.md \"Relay groups\"); the jobs and tags."""
+"""Relay groups' jobs and tags: one run relays every table of its group.
+
+Why: docs/explanation/front-ends.md, "Relay groups".
+"""
 
 import os
 import time
@@ -25,7 +28,7 @@ from outbox_pipelines.defs.relay import (
 )
 from outbox_pipelines.defs.resources import OutboxDb
 
-# -- relay groups: one run relays every table of its group (docs/design.md "Relay groups") ---------------------
+# -- relay groups: one run relays every table of its group (docs/explanation/front-ends.md, "Relay groups") --
 GROUP_TAG = "outbox/group"
 # Every relay run (a group's or one table's) carries it: dagster.yaml caps relay runs with it so that maintenance,
 # checks and replays always find a slot.

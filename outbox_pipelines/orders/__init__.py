@@ -1,7 +1,7 @@
 """The order product (seeds 000 and 001), a wing on the engine.
 
 The engine never imports this package (an import-linter contract in pyproject.toml):
-it builds the order broker from ``settings.WING_DESTINATIONS`` ("module:factory",
+it builds the order broker from the factory this wing declares (``wings.destinations()``, "module:factory",
 imported when a table uses it), talks to it only through the ``Destination``
 protocol, and reads the shipped orders table from ``SHIPPED_TABLES``.
 

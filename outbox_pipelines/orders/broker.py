@@ -1,4 +1,4 @@
-"""The order broker, a Destination (seed 000 §4): OrderRequest → broker request, ExecResult → ledger.
+"""The order broker, a Destination (docs/explanation/orders.md): OrderRequest → broker request, ExecResult → ledger.
 
 Every attempt carries the same Idempotency-Key (the message's event id); the
 timeout follows the order's time in force (2.5 s IOC, 5 s FOK/GTC). After the
@@ -168,7 +168,7 @@ def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _
 
 
 def build_order_broker(table: "TableSettings", settings: "Settings") -> OrderBroker:
-    """The destination of a table whose settings say ``destination = "orders"`` (settings.WING_DESTINATIONS)."""
+    """The destination of a table whose settings say ``destination = "orders"`` (``wings.destinations()``)."""
     return OrderBroker(
         table.url,
         token=table.token,

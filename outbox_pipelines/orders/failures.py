@@ -1,4 +1,4 @@
-"""Why an order failed, as the ledger (and GET /do/order/{key}) tells it: seed 001 §3.1's error map.
+"""Why an order failed, as the ledger (and GET /do/order/{key}) tells it: the Order API's error map.
 
 The HTTP status returned with each code is stored in the ledger row (``http_status``,
 and in the replayed ``response``): for most failures it is the broker's own status

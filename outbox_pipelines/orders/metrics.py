@@ -1,4 +1,4 @@
-"""The order product's metrics (seed 001 §7), on the engine's registry: one /metrics serves both."""
+"""The order product's metrics, on the engine's registry: one /metrics serves both."""
 
 from prometheus_client import Counter, Histogram
 

@@ -1,4 +1,4 @@
-"""The stored order and what the broker sees of it (seed 000 §4): digests, request, ExecResult."""
+"""The stored order and what the broker sees of it: digests, request, ExecResult."""
 
 from decimal import Decimal
 from typing import Any
@@ -30,7 +30,7 @@ def request_digest(order: dict[str, Any]) -> str:
 
 
 def broker_request(order: dict[str, Any], broker_key: str, trace_id: str | None) -> dict[str, Any]:
-    """OrderRequest → the broker's request (seed 000 §4.1)."""
+    """OrderRequest → the broker's request."""
     units = int(Decimal(str(order["qty"])) * UNITS_PER_LOT)
     return {
         "idempotency_key": broker_key,

@@ -1,4 +1,4 @@
--- Named queries of the guards of issue 42 (migrations 0017 and 0018): who holds a table's ordering locks.
+-- Named queries of the guards of migrations 0017 and 0018: who holds a table's ordering locks.
 
 -- name: outbox_ordering_lock_holders
 -- The sessions holding this table's ordering lock stripes (outbox_ordering_lock_holders, migration 0018), with for

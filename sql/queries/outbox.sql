@@ -25,7 +25,7 @@ RETURNING id
 -- name: outbox_insert_many
 -- The text arrays are bound in binary (the b placeholders): psycopg's text form of an array quotes and escapes every
 -- element, every '"' of every JSON payload, which took 30 of the 57 ms of a 1,000-message batch
--- (bench/results.md, issue 39). asyncpg binds binary whatever the placeholder.
+-- (bench/results.md). asyncpg binds binary whatever the placeholder.
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at)
 SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
        coalesce(m.available_at, %(now)s::timestamptz, now())
@@ -616,7 +616,7 @@ WITH clock AS (
     FROM {table} AS t, clock
     WHERE t.status = 'sent'
       AND t.published_at < clock.now - make_interval(secs => %(retention_s)s)
-      -- seed 004 §10.3: a clean-up can be scoped to one tenant (its own index)
+      -- a clean-up can be scoped to one tenant (its own index)
       AND (%(tenant_id)s::text IS NULL OR t.tenant_id = %(tenant_id)s::text)
     ORDER BY t.published_at, t.id
     LIMIT %(limit)s

@@ -1,4 +1,4 @@
-"""Sessions holding a table's ordering locks for long (issue 42): named by ``status`` and the blocked-keys check.
+"""Sessions holding a table's ordering locks for long: named by ``status`` and the blocked-keys check.
 
 Any login may take an advisory lock. The outbox's own holders keep a key's stripe for milliseconds (a writer's
 commit-time check, a settle's release); a session that keeps stripes longer holds back the release of every key of

@@ -44,7 +44,7 @@ REPLAY_WORKER = "replay"
 # Rows listed (with their details) in a report; every row is counted.
 LIST_LIMIT = 100
 
-# The codes a dead row can carry, from core/models.py (docs/design.md §3.4) and the
+# The codes a dead row can carry, from core/models.py (docs/reference/outcomes.md) and the
 # places that write codes of their own: http/outcomes.py ("CONFLICT", a 409
 # without "already processed"), relay.py ("DB_ERROR"), the stuck requeue
 # ("LEASE_EXPIRED") and PermanentError's default ("PERMANENT"). Handlers may
@@ -229,7 +229,7 @@ def resolve_error_code(code: str, dead_codes: list[str], table_name: str) -> str
 def _resolve_times(selection: ReplayFilter, conn: psycopg.Connection, now: datetime | None) -> ReplayFilter:
     if not isinstance(selection.since, timedelta) and not isinstance(selection.until, timedelta):
         return selection
-    if now is None:  # the database's clock, never the application's (docs/design.md §3.2)
+    if now is None:  # the database's clock, never the application's (docs/explanation/tables-and-states.md)
         now = SharedTables(conn).database_now()
     since, until = (now - v if isinstance(v, timedelta) else v for v in (selection.since, selection.until))
     resolved = replace(selection, since=since, until=until)

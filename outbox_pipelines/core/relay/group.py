@@ -52,7 +52,7 @@ from outbox_pipelines.core.telemetry import tracing
 
 log = logging.getLogger("outbox_pipelines.relay")
 
-# Defaults (a relay group's knobs; docs/design.md "Relay groups").
+# Defaults (a relay group's knobs; docs/explanation/front-ends.md, "Relay groups").
 PLACES = 16  # tables active at once: each holds the relay's session and its lease keeper's connection
 LINGER_S = 15.0  # an active table with nothing to do keeps its relay this long (a trickle stays warm)
 SLICE_S = 60.0  # while another table waits for a place, an active one gives its place up after this long

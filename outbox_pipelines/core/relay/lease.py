@@ -2,7 +2,7 @@
 
 Every state change succeeds only for the lease holder at the attempt it
 claimed; otherwise it returns False and an ``outbox_flush_conflict`` row is
-written to the audit (the seed's §4.3), never an exception.
+written to the audit, never an exception (docs/explanation/relay.md, "Fencing").
 
     items = claim_outbox(conn, "memory_outbox", "worker-1", limit=10, lease_seconds=120)
     for item in items:

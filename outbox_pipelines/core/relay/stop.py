@@ -4,7 +4,7 @@ Why not a ``threading.Event``: a Python signal handler runs in the main thread b
 possibly while that same thread is inside ``Event.wait`` and holds the Event's internal lock (just before
 or after its timed sleep). ``Event.set()`` from the handler then waits for that lock forever: the relay
 neither stops nor relays, and a second SIGTERM only stacks another blocked handler on top (reproduced on
-CPython 3.11; CPython issue 126434 describes it for ``multiprocessing.Event``). So a request is one plain
+CPython 3.11; python/cpython#126434 describes it for ``multiprocessing.Event``). So a request is one plain
 attribute store, which takes no lock and is safe from a signal handler and from any thread, and a wait
 on it is a sleep cut in slices of ``SLICE_S``: whoever asks, a wait ends within a slice.
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# What a 409's body must say to count as "this idempotency key was already executed" (seed 000 §5), unless a
-# table names its destination's own words (``already_processed`` in outbox.toml). Each rule is either
+# What a 409's body must say to count as "this idempotency key was already executed"
+# (docs/reference/outcomes.md), unless a table names its destination's own words (``already_processed`` in
+# outbox.toml). Each rule is either
 # ``field=value`` (a JSON object's field, dotted for nesting, equal to the value) or a bare phrase (the whole
 # body, as plain text, equal to it); compared without case, with spaces, hyphens and underscores alike and a
 # trailing full stop ignored. Strict on purpose: a word found somewhere in the body ("duplicate rejected:

@@ -70,7 +70,7 @@ def bearer_token(env: Mapping[str, str], name: str) -> str | None:
 
 @dataclass(frozen=True)
 class GlobalSettings:
-    """The seeds' environment variables (docs/design.md §4.4) with their defaults."""
+    """The seeds' environment variables (docs/reference/configuration.md) with their defaults."""
 
     batch_size: int = 100
     # OUTBOX_BATCH_BYTES: a claim's byte budget, unless a table's section sets ``batch_bytes`` (16 MiB).

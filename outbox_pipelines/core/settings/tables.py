@@ -32,9 +32,10 @@ def url_destinations() -> tuple[str, ...]:
 
 MODES = choices("mode")
 SUCCESS_POLICIES = choices("on_success")
-# What a dead message with an ordering key does to its key's later messages (docs/design.md "Ordering keys").
+# What a dead message with an ordering key does to its key's later messages
+# (docs/explanation/ordering-keys.md, "A dead head parks its key").
 ORDERING_POLICIES = choices("ordering")
-# How a relay holds a claimed batch (docs/design.md "Claim modes").
+# How a relay holds a claimed batch (docs/explanation/relay.md, "Claim modes").
 CLAIM_MODES = choices("claim")
 # What the audit trail keeps.
 AUDIT_MODES = choices("audit")
@@ -97,7 +98,8 @@ class TableSettings:
     transport: str = "aiohttp-native"
     preset: str = "generic"
     retry: RetryPolicy = field(default_factory=lambda: preset("generic"))
-    # Seed 004 / docs/design.md §2: one active relay per table unless a table says competing.
+    # One active relay per table unless a table says competing
+    # (docs/explanation/relay.md, "Single-active and competing").
     mode: str = "single-active"
     on_success: str = "mark_sent"
     ordering: str = "park"
@@ -107,14 +109,15 @@ class TableSettings:
     group: str = DEFAULT_GROUP
     dedup: bool = False
     batch_size: int = 100
-    # A claim's byte budget: its messages' payloads and headers (JSON text) fit in it, or it holds one (issue 42).
+    # A claim's byte budget: its messages' payloads and headers (JSON text) fit in it, or it holds one.
     batch_bytes: int = DEFAULT_BATCH_BYTES
     # Threads running an in-process handlers destination (the ``parallelism`` key, OUTBOX_PARALLELISM).
     handler_threads: int = 4
     # Requests in flight at once for an HTTP destination (the ``concurrency`` key).
     requests_in_flight: int = 32
     lease_s: float = 60.0
-    # claim = "auto": a batch still in dispatch after this long has its lease written (docs/design.md §3.3).
+    # claim = "auto": a batch still in dispatch after this long has its lease written
+    # (docs/explanation/relay.md, "Claim modes").
     hold_s: float = 1.0
     stuck_threshold_s: float = 600.0
     retention_s: float = 168 * 3600.0

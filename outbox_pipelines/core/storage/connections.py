@@ -97,7 +97,7 @@ _STATEMENT_CURSORS = (psycopg.Cursor, psycopg.ClientCursor)
 def statement_cursor(conn: Any) -> psycopg.Cursor | None:
     """The application's own cursor when ``conn`` is one an enqueue can run on (saving the cursor it
     would otherwise open: about 10 µs of the 50 or so the one-row enqueue adds to a transaction,
-    bench/results.md, issue 28's fourth pass); else None."""
+    bench/results.md); else None."""
     return conn if type(conn) in _STATEMENT_CURSORS else None
 
 

@@ -66,7 +66,7 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
 # Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
 PLAN_REUSE_MAX_ROWS = 16
 # A claim's byte budget by default (a table's ``batch_bytes``): its rows' bodies (payload and headers as JSON text)
-# fit in this many bytes, or it holds one message, larger (outbox_claim's "taken", issue 42).
+# fit in this many bytes, or it holds one message, larger (outbox_claim's "taken").
 DEFAULT_BATCH_BYTES = 16 * 1024 * 1024
 
 

@@ -85,7 +85,7 @@ def insert_row(
 
     A function, not an ``EnqueueStatements`` method: it runs inside the application's own transaction,
     once per message, where building the table's statement object and _run's dicts are part of what
-    the enqueue adds to that transaction (bench/results.md, issue 28's third pass). ``prepare``: psycopg's, False
+    the enqueue adds to that transaction (bench/results.md). ``prepare``: psycopg's, False
     behind a transaction pooler (core/enqueue_guard.py)."""
     query, params = insert_row_params(row, now)
     statement = table_query(query, table_name)

@@ -1,4 +1,4 @@
-"""Prometheus metrics with the seeds' names (docs/design.md §4.5).
+"""Prometheus metrics with the seeds' names (docs/explanation/on-call.md, "Metrics").
 
 Counters and histograms are updated where things happen; the per-table
 gauges (pending, locked, lag) are read from the database when scraped.
@@ -24,7 +24,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 # puts ids into topics cannot blow up Prometheus.
 TOPIC_LIMIT = 50
 TENANT_LIMIT = 50
-TENANT_LABEL_ENV = "OUTBOX_TENANT_LABEL"  # plain (default) | hash | off (seed 004 §7: allow masking)
+TENANT_LABEL_ENV = "OUTBOX_TENANT_LABEL"  # plain (default) | hash | off (tenants may be masked)
 
 
 class BoundedLabels:
@@ -102,7 +102,7 @@ class EnqueueCounts(Collector):
 
     Not a prometheus_client Counter: the one-row enqueue counts inside the application's transaction,
     after a round trip, where a Counter's labelled child costs 5.5 µs an increment (four calls before
-    its lock) against about 2.5 µs for this (bench/results.md, issue 28).
+    its lock) against about 2.5 µs for this (bench/results.md).
     """
 
     def __init__(self) -> None:

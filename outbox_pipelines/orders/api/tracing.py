@@ -1,4 +1,4 @@
-"""OpenTelemetry for the Order API (seed 001 §7): the ``do.order`` span, and its W3C traceparent.
+"""OpenTelemetry for the Order API: the ``do.order`` span, and its W3C traceparent.
 
 The shared pieces (parsing and writing ``traceparent``, OTLP set-up from the ``OTEL_*``
 variables) live in outbox_pipelines.core.telemetry.tracing, which the relay uses too: the

@@ -1,4 +1,4 @@
-"""The mapping of HTTP answers to outcomes (docs/design.md §3.4, seed 000 §5 and §7). Pure functions.
+"""The mapping of HTTP answers to outcomes (docs/explanation/outcomes.md, "Outcomes and error codes"). Pure functions.
 
 ``ROWS`` is the table: each answer ``classify_response`` tells apart, and the outcome and code it makes (an
 attempt that got no answer is ``http_failures``'s). docs/reference/outcomes.md shows it, rendered by
@@ -180,7 +180,7 @@ def classify_response(
     if status == 409:
         if already_processed.says_so(body):
             return ALREADY_PROCESSED.outcome(ref=_reference(body))
-        # Seed 000 §5: a duplicate rejection is not retried (only "already processed" counts as sent).
+        # A duplicate rejection is not retried (only "already processed" counts as sent).
         return CONFLICT.outcome(f"HTTP 409 that does not say already processed: {snippet!r}")
     retry_after = parse_retry_after(headers.get("retry-after"), now_epoch=now_epoch, date_header=headers.get("date"))
     if status == 429:
@@ -194,7 +194,7 @@ def classify_response(
             "OUTBOX_BROKER_TOKEN at the broker's origin, or user:password in its URL)"
         )
     if 400 <= status < 500:
-        # Seed 000 §5: every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
+        # Every other 4xx (400, 404, 405, 410, 413, 422 ...) is final: retrying cannot help.
         return CLIENT_ERROR.outcome(f"HTTP {status}: {snippet!r}")
     if 500 <= status < 600:
         return SERVER_ERROR.outcome(f"HTTP {status}: {snippet!r}", delay_s=retry_after)
