@@ -86,25 +86,59 @@ ORDER BY id
 -- name: outbox_find_by_event_ids
 SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s::text[])
 
+-- name: claim_gate_open
+-- Part of both claims (outbox_claim, outbox_claim_held): with gated, a claim takes rows only while the table's
+-- destination is plainly open (not paused, no throttle to end with a probe, circuit closed), so the relay needs
+-- no gate read first.
+(NOT %(gated)s OR NOT EXISTS (
+    SELECT 1 FROM outbox_destination_health AS h
+    WHERE h.table_name = %(table_name)s
+      AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
+           OR h.paused_until > coalesce(%(now)s::timestamptz, now()))))
+
+-- name: claim_due
+-- Part of both claims: a pending row (alias t) a claim may take, its time come aside (each claim compares
+-- available_at with its clock). Not held behind an earlier message of its key (ordering_blocked), nor of a
+-- paused topic; a keyed message goes only as its key's head, and never beside a message of its key in flight.
+t.status = 'pending' AND NOT t.ordering_blocked
+AND t.topic <> ALL(%(paused_topics)s::text[])
+AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
+     OR (NOT EXISTS (SELECT 1 FROM {table} AS p
+                     WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
+                       AND p.status IN ('pending', 'sending', 'dead'))
+         AND NOT EXISTS (SELECT 1 FROM {table} AS f
+                         WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
+
+-- name: claim_byte_budget
+-- Part of both claims, over their "chosen" rows (id, json_bytes): the last id the batch's byte budget takes. The
+-- chosen rows, in id order, while the bytes of their payloads and headers as JSON text (json_bytes, which the
+-- table's trigger keeps: migration 0020) fit in max_bytes; the first whatever its size. A row the budget leaves
+-- out is not claimed. A row stored before 0020 has no json_bytes: its JSON is measured here, for the first 16
+-- rows of the batch only (their ids are the lowest), so that a backlog of large old rows is not read 100 at a
+-- time to take one; a batch stops before the 17th such row.
+SELECT max(b.id) AS last_id
+FROM (SELECT s.id, row_number() OVER w AS n, sum(s.bytes) OVER w AS total
+      FROM (SELECT c.id,
+                   coalesce(c.json_bytes,
+                            CASE WHEN c.id <= (SELECT max(f.id) FROM (SELECT id FROM chosen ORDER BY id LIMIT 16) AS f)
+                                 THEN (SELECT octet_length(o.payload::text) + octet_length(o.headers::text)
+                                       FROM {table} AS o WHERE o.id = c.id)
+                                 ELSE %(max_bytes)s::bigint + 1 END) AS bytes
+            FROM chosen AS c OFFSET 0) AS s
+      WINDOW w AS (ORDER BY s.id)) AS b
+WHERE b.n = 1 OR b.total <= %(max_bytes)s
+
 -- name: outbox_claim
--- Due pending rows, and sending rows whose lease expired (their relay died: seed
--- 003 §2.1, so a worker needs no separate sweep), oldest first. A re-taken row's
--- attempt number moves on, which fences its old holder out of settling it; a row
--- already on its last attempt is left to requeue-stuck, which marks it dead. A batch has a byte budget
--- (max_bytes, issue 42): see "cut".
+-- Due pending rows, and sending rows whose lease expired (their relay died, so a worker needs no separate
+-- sweep), oldest first. A re-taken row's attempt number moves on, which fences its old holder out of settling
+-- it; a row already on its last attempt is left to requeue-stuck, which marks it dead.
 WITH clock AS (
     -- The relay's claim (autocommit: this statement is its transaction) commits without waiting
     -- for the WAL flush. A claim a database crash loses only sends its rows again, which
     -- at-least-once delivery allows; the settle that records an outcome still waits.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode,
-           -- gated: claim only while the table's destination is plainly open (not paused, no
-           -- throttle to end with a probe, circuit closed): the relay then needs no gate read first.
-           NOT %(gated)s OR NOT EXISTS (
-               SELECT 1 FROM outbox_destination_health AS h
-               WHERE h.table_name = %(table_name)s
-                 AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
-                      OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
+           {claim_gate_open} AS gate_open
 ), expired AS (
     SELECT t.id, t.status AS was, t.locked_by AS previous_holder, t.json_bytes
     FROM {table} AS t
@@ -118,39 +152,15 @@ WITH clock AS (
 ), due AS (
     SELECT t.id, t.status AS was, NULL::text AS previous_holder, t.json_bytes
     FROM {table} AS t
-    WHERE t.status = 'pending' AND NOT t.ordering_blocked
+    WHERE {claim_due}
       AND t.available_at <= (SELECT now FROM clock WHERE (commit_mode IS NOT NULL OR NOT %(fast_commit)s) AND gate_open)
-      AND t.topic <> ALL(%(paused_topics)s::text[])
-      -- A keyed message goes only as its key's head, and never beside a message of its key in flight.
-      AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
-           OR (NOT EXISTS (SELECT 1 FROM {table} AS p
-                           WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
-                             AND p.status IN ('pending', 'sending', 'dead'))
-               AND NOT EXISTS (SELECT 1 FROM {table} AS f
-                               WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), chosen AS (
     SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c ORDER BY id LIMIT %(limit)s
 ), cut AS (
-    -- The byte budget: the chosen rows, in id order, while the bytes of their payloads and headers as JSON text
-    -- (json_bytes, which the table's trigger keeps: migration 0020) fit in max_bytes; the first whatever its size.
-    -- The last id taken; a row the budget leaves out stays as it was, for the next claim. A row stored before 0020
-    -- has no json_bytes: its JSON is measured here, for the first 16 rows of the batch only (those rows come first:
-    -- their ids are the lowest), so that a backlog of large old rows is not read 100 at a time to take one; a batch
-    -- stops before the 17th such row.
-    SELECT max(b.id) AS last_id
-    FROM (SELECT s.id, row_number() OVER w AS n, sum(s.bytes) OVER w AS total
-          FROM (SELECT c.id,
-                       coalesce(c.json_bytes,
-                                CASE WHEN c.id <= (SELECT max(f.id) FROM (SELECT id FROM chosen ORDER BY id LIMIT 16) AS f)
-                                     THEN (SELECT octet_length(o.payload::text) + octet_length(o.headers::text)
-                                           FROM {table} AS o WHERE o.id = c.id)
-                                     ELSE %(max_bytes)s::bigint + 1 END) AS bytes
-                FROM chosen AS c OFFSET 0) AS s
-          WINDOW w AS (ORDER BY s.id)) AS b
-    WHERE b.n = 1 OR b.total <= %(max_bytes)s
+    {claim_byte_budget}
 ), claimed AS (
     UPDATE {table} AS t
     SET status = 'sending',
@@ -182,59 +192,35 @@ SELECT id, event_id, tenant_id, topic,
 FROM claimed ORDER BY id
 
 -- name: outbox_claim_held
--- claim = "transaction": due pending rows are locked, not written, inside the relay's open
--- transaction, which the settle of the batch commits. A relay that dies leaves them as they
--- were; one that hangs is ended by the server after the lease (the transaction's own
--- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too).
--- The attempt is counted when the batch settles, so the number returned is the one it will have.
--- payload and headers as in outbox_claim: one JSON array, decoded by the relay. The byte budget as in
--- outbox_claim: a held row it leaves out stays locked, unchanged, until the batch's transaction ends.
+-- claim = "transaction" (and "auto"): the rows outbox_claim would take from the pending ones are locked, not
+-- written, inside the relay's open transaction, which the settle of the batch commits. A relay that dies leaves
+-- them as they were; one that hangs is ended by the server after the lease (the transaction's own
+-- idle_in_transaction_session_timeout, set here so it passes a transaction pooler too). The attempt is counted
+-- when the batch settles, so the number returned is the one it will have. A held row the byte budget leaves
+-- out stays locked, unchanged, until the batch's transaction ends.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            set_config('idle_in_transaction_session_timeout', %(hold_timeout_ms)s::text, true) AS hold_timeout,
-           -- gated: as in outbox_claim.
-           NOT %(gated)s OR NOT EXISTS (
-               SELECT 1 FROM outbox_destination_health AS h
-               WHERE h.table_name = %(table_name)s
-                 AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
-                      OR h.paused_until > coalesce(%(now)s::timestamptz, now()))) AS gate_open
-), held AS MATERIALIZED (
+           {claim_gate_open} AS gate_open
+), chosen AS MATERIALIZED (
     -- Only columns here: an expression in this list is computed for every row the scan reads,
     -- before the lock is tried, so with relays competing it would run for the rows they hold too
     -- (4 rows in 5 with 4 relays: measured, the text of their payloads cost the server a third more).
     SELECT t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers, t.attempts, t.created_at,
            t.ordering_key, t.json_bytes
     FROM {table} AS t
-    WHERE t.status = 'pending' AND NOT t.ordering_blocked
+    WHERE {claim_due}
       AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
-      AND t.topic <> ALL(%(paused_topics)s::text[])
-      -- A keyed message goes only as its key's head, and never beside a message of its key in flight.
-      AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
-           OR (NOT EXISTS (SELECT 1 FROM {table} AS p
-                           WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
-                             AND p.status IN ('pending', 'sending', 'dead'))
-               AND NOT EXISTS (SELECT 1 FROM {table} AS f
-                               WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), cut AS (
-    -- The byte budget, as outbox_claim's.
-    SELECT max(b.id) AS last_id
-    FROM (SELECT s.id, row_number() OVER w AS n, sum(s.bytes) OVER w AS total
-          FROM (SELECT h.id,
-                       coalesce(h.json_bytes,
-                                CASE WHEN h.id <= (SELECT max(f.id) FROM (SELECT id FROM held ORDER BY id LIMIT 16) AS f)
-                                     THEN octet_length(h.payload::text) + octet_length(h.headers::text)
-                                     ELSE %(max_bytes)s::bigint + 1 END) AS bytes
-                FROM held AS h OFFSET 0) AS s
-          WINDOW w AS (ORDER BY s.id)) AS b
-    WHERE b.n = 1 OR b.total <= %(max_bytes)s
+    {claim_byte_budget}
 )
 SELECT id, event_id, tenant_id, topic,
        convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
        payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at, ordering_key
-FROM held
+FROM chosen
 WHERE id <= (SELECT last_id FROM cut)
 ORDER BY id
 
@@ -269,10 +255,30 @@ WITH clock AS (
 )
 SELECT id, attempts FROM leased ORDER BY id
 
+-- name: settle_fence
+-- Part of every settle (outbox_settle, outbox_settle_sent), over the row (alias t) and its input (alias i, whose
+-- attempts is the attempt being settled): a leased row must still be this worker's at this attempt (the fencing
+-- token: a relay that paused past its lease cannot settle a row another relay has since claimed); a held row
+-- (held: locked by this transaction since outbox_claim_held) is still pending, its attempt counted by the settle.
+t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
+AND (%(held)s OR t.locked_by = %(worker)s)
+AND t.attempts = i.attempts - %(held)s::int
+
+-- name: settle_conflict_audit
+-- Part of every settle and of the lease renewal: the rows it could not settle ("unsettled": id, attempts,
+-- to_status, error_code, detail_prefix) are audited as conflicts, with where the row is now and who holds it.
+INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status, attempts, code,
+                          error_code, worker, trace_id, detail)
+SELECT %(table_name)s, u.id, cur.event_id, cur.tenant_id, cur.status, u.to_status, u.attempts,
+       'outbox_flush_conflict', u.error_code, %(worker)s, cur.headers->>'trace_id',
+       outbox_lease_lost_detail(u.detail_prefix, cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+FROM unsettled AS u
+LEFT JOIN {table} AS cur ON cur.id = u.id
+
 -- name: outbox_settle
--- One statement settles a whole batch: sent / retry / dead rows are updated,
--- rows whose table deletes on success are deleted, and every row that is no
--- longer held by this worker at this attempt is audited as a conflict.
+-- One statement settles a whole batch, leased or held: sent / retry / dead rows are updated, rows whose table
+-- deletes on success are deleted, and every row the fence no longer lets this settle write is audited as a
+-- conflict.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ), input AS (
@@ -286,7 +292,7 @@ WITH clock AS (
     SET status = i.status,
         -- Throttling, and failures while the circuit is open, are not the message's fault:
         -- the attempt counted at claim is given back. (i.attempts is the attempt being settled:
-        -- counted on the row at claim under a lease, written here under claim = "transaction".)
+        -- counted on the row at claim under a lease, written here for a held row.)
         attempts = CASE WHEN i.refund THEN i.attempts - 1 ELSE i.attempts END,
         available_at = CASE WHEN i.status = 'pending'
                             THEN clock.now + make_interval(secs => i.delay_s)
@@ -306,10 +312,7 @@ WITH clock AS (
     -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
     WHERE t.id = ANY(%(ids)s::bigint[])
       AND t.id = i.id
-      -- A leased row is this worker's at this attempt; a held row is locked by this transaction.
-      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
-      AND (%(held)s OR t.locked_by = %(worker)s)
-      AND t.attempts = i.attempts - %(held)s::int
+      AND {settle_fence}
     RETURNING t.id, t.event_id, i.attempts, t.headers, i.status, i.error_code, i.audit_code, t.tenant_id,
               t.ordering_key
 ), deleted AS (
@@ -317,25 +320,27 @@ WITH clock AS (
     -- neither part of the statement scans the other's rows.
     DELETE FROM {table} AS t
     USING unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_audit_codes)s::text[],
-                 %(delete_error_codes)s::text[]) AS d(id, attempts, audit_code, error_code)
+                 %(delete_error_codes)s::text[]) AS i(id, attempts, audit_code, error_code)
     WHERE t.id = ANY(%(delete_ids)s::bigint[])
-      AND t.id = d.id
-      AND t.status = CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END
-      AND (%(held)s OR t.locked_by = %(worker)s)
-      AND t.attempts = d.attempts - %(held)s::int
-    RETURNING t.id, t.event_id, d.attempts, t.headers, 'deleted'::text AS status, d.error_code, d.audit_code,
+      AND t.id = i.id
+      AND {settle_fence}
+    RETURNING t.id, t.event_id, i.attempts, t.headers, 'deleted'::text AS status, i.error_code, i.audit_code,
               t.tenant_id, t.ordering_key
-), all_input AS (
-    SELECT id, attempts, status, error_code FROM input
-    UNION ALL
-    SELECT id, attempts, 'deleted', error_code
-    FROM unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_error_codes)s::text[])
-         AS d(id, attempts, error_code)
 ), settled AS (
     SELECT * FROM updated UNION ALL SELECT * FROM deleted
+), unsettled AS (
+    SELECT i.id, i.attempts, i.status AS to_status, i.error_code, '' AS detail_prefix
+    FROM (SELECT id, attempts, status, error_code FROM input
+          UNION ALL
+          SELECT id, attempts, 'deleted', error_code
+          FROM unnest(%(delete_ids)s::bigint[], %(delete_attempts)s::int[], %(delete_error_codes)s::text[])
+               AS d(id, attempts, error_code)) AS i
+    WHERE i.id NOT IN (SELECT id FROM settled)
+), conflicts AS (
+    {settle_conflict_audit}
 ), audit AS (
-    -- Seed 000 §8.1: detail holds the error text of a retry or a death (capped at 2000
-    -- characters), and the destination's reference of a delivery ("ref=<broker order id>").
+    -- detail holds the error text of a retry or a death (capped at 2000 characters), and the destination's
+    -- reference of a delivery ("ref=<broker order id>").
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, error_code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, s.id, s.event_id, s.tenant_id,
@@ -348,13 +353,6 @@ WITH clock AS (
     LEFT JOIN input AS i ON i.id = s.id
     -- audit = "failures": a delivery leaves no audit row (the sent row keeps when it went).
     WHERE %(audit_successes)s OR s.status NOT IN ('sent', 'deleted')
-    UNION ALL
-    SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, i.status, i.attempts,
-           'outbox_flush_conflict', i.error_code, %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
-    FROM all_input AS i
-    LEFT JOIN {table} AS cur ON cur.id = i.id
-    WHERE i.id NOT IN (SELECT id FROM settled)
 ), release AS (
     -- The keys these rows held and no longer hold: their next messages may go (migration 0010). Keys a
     -- committing writer held come back in ``contended``, for the relay to release again.
@@ -367,12 +365,12 @@ WITH clock AS (
 SELECT s.id, r.contended FROM settled AS s CROSS JOIN release AS r
 
 -- name: outbox_settle_sent
--- The common leased batch, every message delivered with nothing more to record: the same checks and
--- audit as outbox_settle, from two arrays instead of thirteen (their parameters cost more to
--- build than the update costs to run), and the destination's references when it gave any (a broker's
--- stream:seq or offset; NULL: none), answering with the ids it could not settle.
+-- The common batch, leased or held, every message delivered with nothing more to record: the fence and the
+-- audit of outbox_settle, from two arrays instead of thirteen (their parameters cost more to build than the
+-- update costs to run), and the destination's references when it gave any (a broker's stream:seq or offset;
+-- NULL: none), answering with the ids it could not settle.
 WITH clock AS (
-    -- fast_commit (a batch that emptied the queue, on the relay's autocommit session): this
+    -- fast_commit (a leased batch that emptied the queue, on the relay's autocommit session): this
     -- statement's transaction commits without waiting for the WAL flush, as the claim does. A
     -- settle a database crash loses sends its rows again, which at-least-once allows.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
@@ -397,24 +395,22 @@ WITH clock AS (
     WHERE t.id = ANY(%(ids)s::bigint[])
       AND (clock.commit_mode IS NOT NULL OR NOT %(fast_commit)s)
       AND t.id = i.id
-      AND t.status = 'sending'
-      AND t.locked_by = %(worker)s
-      AND t.attempts = i.attempts
+      AND {settle_fence}
     RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key, i.ref
+), unsettled AS (
+    SELECT i.id, i.attempts, 'sent' AS to_status, NULL::text AS error_code, '' AS detail_prefix
+    FROM input AS i
+    WHERE i.id NOT IN (SELECT id FROM updated)
+), conflicts AS (
+    {settle_conflict_audit}
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail, claimed_at)
-    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'sending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996), %(claimed_at)s::timestamptz
+    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, CASE WHEN %(held)s THEN 'pending' ELSE 'sending' END,
+           'sent', u.attempts, %(audit_code)s, %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996),
+           %(claimed_at)s::timestamptz
     FROM updated AS u
     WHERE %(audit_successes)s
-    UNION ALL
-    SELECT %(table_name)s, i.id, cur.event_id, cur.tenant_id, cur.status, 'sent', i.attempts,
-           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
-    FROM input AS i
-    LEFT JOIN {table} AS cur ON cur.id = i.id
-    WHERE i.id NOT IN (SELECT id FROM updated)
 ), release AS (
     -- As in outbox_settle: the keys of the delivered rows are released.
     SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
@@ -422,54 +418,8 @@ WITH clock AS (
           FROM updated AS u WHERE u.ordering_key IS NOT NULL) AS r
 )
 -- The ids not settled (lost leases), usually none: one row, not a row per settled message.
-SELECT coalesce((SELECT array_agg(i.id) FROM input AS i WHERE i.id NOT IN (SELECT id FROM updated)),
-                ARRAY[]::bigint[]) AS lost, (SELECT contended FROM release) AS contended
-
--- name: outbox_settle_held_sent
--- outbox_settle_sent for claim = "transaction": the rows are locked by this transaction since
--- outbox_claim_held, so nobody changed them and no attempt needs checking; the attempt is counted
--- here. A row not found pending (which the lock rules out) is still audited as a conflict.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-), updated AS (
-    UPDATE {table} AS t
-    SET status = 'sent',
-        attempts = t.attempts + 1,
-        locked_by = NULL,
-        locked_at = NULL,
-        lease_expires_at = NULL,
-        last_error = NULL,
-        last_error_code = NULL,
-        result_ref = coalesce(i.ref, t.result_ref),
-        published_at = clock.now,
-        updated_at = clock.now
-    FROM clock, unnest(%(ids)s::bigint[], %(refs)s::text[]) AS i(id, ref)
-    WHERE t.id = ANY(%(ids)s::bigint[])
-      AND t.id = i.id
-      AND t.status = 'pending'
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, t.attempts, t.ordering_key, i.ref
-), lost AS (
-    SELECT i.id FROM unnest(%(ids)s::bigint[]) AS i(id) WHERE i.id NOT IN (SELECT id FROM updated)
-), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
-                              attempts, code, worker, trace_id, detail, claimed_at)
-    SELECT %(table_name)s, u.id, u.event_id, u.tenant_id, 'pending', 'sent', u.attempts, %(audit_code)s,
-           %(worker)s, u.headers->>'trace_id', 'ref=' || left(u.ref, 1996), %(claimed_at)s::timestamptz
-    FROM updated AS u
-    WHERE %(audit_successes)s
-    UNION ALL
-    SELECT %(table_name)s, l.id, cur.event_id, cur.tenant_id, cur.status, 'sent', cur.attempts,
-           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts), NULL
-    FROM lost AS l
-    LEFT JOIN {table} AS cur ON cur.id = l.id
-), release AS (
-    -- As in outbox_settle: the keys of the delivered rows are released.
-    SELECT CASE WHEN r.keys IS NOT NULL THEN outbox_release_keys(%(table_name)s, r.keys, r.ids) END AS contended
-    FROM (SELECT array_agg(u.ordering_key) AS keys, array_agg(u.id) AS ids
-          FROM updated AS u WHERE u.ordering_key IS NOT NULL) AS r
-)
-SELECT coalesce((SELECT array_agg(id) FROM lost), ARRAY[]::bigint[]) AS lost, (SELECT contended FROM release) AS contended
+SELECT coalesce((SELECT array_agg(id) FROM unsettled), ARRAY[]::bigint[]) AS lost,
+       (SELECT contended FROM release) AS contended
 
 -- name: outbox_renew_leases
 WITH clock AS (
@@ -487,15 +437,12 @@ WITH clock AS (
       AND t.locked_by = %(worker)s
       AND t.attempts = i.attempts
     RETURNING t.id
-), audit AS (
-    INSERT INTO outbox_audit (outbox_table, message_id, event_id, from_status, to_status,
-                              attempts, code, worker, trace_id, detail)
-    SELECT %(table_name)s, i.id, cur.event_id, cur.status, 'sending', i.attempts,
-           'outbox_flush_conflict', %(worker)s, cur.headers->>'trace_id',
-           outbox_lease_lost_detail('renew: ', cur.id IS NOT NULL, cur.status, cur.locked_by, cur.attempts)
+), unsettled AS (
+    SELECT i.id, i.attempts, 'sending' AS to_status, NULL::text AS error_code, 'renew: ' AS detail_prefix
     FROM input AS i
-    LEFT JOIN {table} AS cur ON cur.id = i.id
     WHERE i.id NOT IN (SELECT id FROM renewed)
+), conflicts AS (
+    {settle_conflict_audit}
 )
 SELECT id FROM renewed
 

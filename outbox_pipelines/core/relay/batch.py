@@ -80,12 +80,7 @@ class BatchRunner:
     def run(
         self, outbox_table: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport
     ) -> None:
-        """One batch, start to end, on this thread: plan, deliver, settle."""
-        if self.table.claim == "transaction":
-            # The batch's rows are locked by the open transaction, not leased: nothing to renew.
-            plan = self.plan(outbox_table, batch)
-            self.finish(outbox_table, batch, combine_outcomes(plan, self.deliver(batch, plan)), report, held=True)
-            return
+        """One leased batch, start to end, on this thread: plan, deliver, settle (a held one: relay/hold.py)."""
         keeper.hold(held(batch))
         try:
             plan = self.plan(outbox_table, batch)

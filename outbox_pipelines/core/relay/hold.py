@@ -1,16 +1,9 @@
-"""claim = "auto": a batch held in the relay's transaction, leased once its dispatch outlasts ``hold``.
+"""A batch held in the relay's transaction (claim = "transaction", and "auto" while its dispatch lasts).
 
-The batch is claimed as ``claim = "transaction"`` claims it (rows locked, nothing written) and dispatched on
-the relay's own thread, as any batch is. Delivered within ``hold`` (the common case), it is settled in that
-transaction: each row is written once, as the simplest loop writes it. Still in dispatch at ``hold``, the
-lease keeper's thread leases it (``OutboxTable.lease_held``: sending, holder, attempt counted) on the relay's
-connection and commits: a slow destination keeps no transaction open on the application's database, and a
-relay that dies from then on has its attempt counted, as under ``lease``. The dispatch goes on meanwhile;
-the batch then settles as a leased one.
-
-The relay's connection is used by one thread at a time: the keeper leases only while the relay's thread is
-in the destination (after the batch was planned, before it is settled), and the one who moves the batch
-out of ``held`` first, under the lock, decides how it ends.
+Its rows are locked, nothing written, and settled in that transaction. Under "auto", a batch still in dispatch at
+``hold`` is leased by the lease keeper's thread (sending, holder, attempt counted) and committed, and then settles
+as a leased batch. The relay's connection is used by one thread at a time: the keeper leases only while the
+relay's thread is in the destination, and whoever moves the batch out of ``held`` first, under the lock, decides.
 """
 
 import contextlib
@@ -80,10 +73,11 @@ def relay_held_first(
     claim_next: Callable[[], list[ClaimedMessage]],
     claimed: list[ClaimedMessage],
 ) -> None:
-    """One batch under claim = "auto": claimed in a transaction of the relay's session (``claim_next`` claims
-    held rows in this mode), noted on the relay's worker row, dispatched on this thread, then settled in that
-    transaction, or, once the keeper leased it at ``hold``, as a leased batch. ``claimed`` receives the batch as
-    soon as it is claimed, so a database error's recovery knows which batch it abandoned."""
+    """One held batch: claimed in a transaction of the relay's session (``claim_next`` claims held rows), dispatched
+    on this thread, then settled in that transaction. Under claim = "auto" it is also noted on the relay's worker
+    row (a relay that dies holding it has its attempt counted) and, once the keeper leased it at ``hold``, settled
+    as a leased batch. ``claimed`` receives the batch as soon as it is claimed, so a database error's recovery
+    knows which batch it abandoned."""
     conn = run.conn
     conn.execute("BEGIN")  # committed by the settle, or by the keeper when it leases the batch
     try:
@@ -93,6 +87,12 @@ def relay_held_first(
             conn.rollback()
             return
         plan = batches.plan(run.outbox_table, batch)
+        if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
+            batches.finish(
+                run.outbox_table, batch, combine_outcomes(plan, batches.deliver(batch, plan)), run.report, held=True
+            )
+            conn.commit()
+            return
         run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
 
         def lease() -> None:  # on the keeper's thread, at `hold`

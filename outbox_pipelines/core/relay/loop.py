@@ -193,12 +193,7 @@ class Relay:
         batch: list[ClaimedMessage] = []
         try:
             self._requeue_expired_if_due(run)
-            if self.table.claim == "transaction":
-                with run.conn.transaction():
-                    batch = self._claim_next(run)
-                    if batch:
-                        self.batches.run(run.outbox_table, run.keeper, batch, run.report)
-            elif self._holds_first(run):
+            if self._holds_first(run):
                 # relay/hold.py; it fills batch as soon as it is claimed
                 relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
             else:
@@ -282,11 +277,13 @@ class Relay:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
     def _holds_first(self, run: Invocation) -> bool:
-        """claim = "auto": each batch is held in a transaction, and leased if its dispatch takes longer than
-        ``hold`` (relay/hold.py). Leased from the claim on instead: a pipelined destination, which keeps two
-        batches in flight where one transaction holds one; and a relay session through a transaction pooler,
-        where a held transaction would pin the pool's server connection through the dispatch, and the
-        keeper's connection, which notes the held batch, could wait for that very connection."""
+        """Each batch is held in a transaction (relay/hold.py): always under claim = "transaction"; under "auto",
+        leased if its dispatch takes longer than ``hold``, and leased from the claim on for a pipelined
+        destination (two batches in flight, where one transaction holds one) or a relay session through a
+        transaction pooler (a held transaction would pin the pool's server connection through the dispatch,
+        and the keeper's connection, which notes the held batch, could wait for that very connection)."""
+        if self.table.claim == "transaction":
+            return True
         return self.table.claim == "auto" and not self.destination.pipelined and run.session.listening
 
     def _end(self, run: Invocation) -> None:
@@ -334,7 +331,7 @@ class Relay:
     def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
-            if self.table.claim == "transaction" or self._holds_first(run):
+            if self._holds_first(run):
                 claimed = run.outbox_table.claim_held(
                     limit,
                     self.table.lease_s,

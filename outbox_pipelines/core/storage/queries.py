@@ -52,12 +52,22 @@ def named_queries() -> dict[str, str]:
 
 @lru_cache(maxsize=1024)
 def table_query(name: str, table_name: str) -> str:
-    """The named query with ``{table}`` bound to the quoted table name (validated by ``OutboxTable``).
+    """The named query with ``{table}`` bound to the quoted table name (validated by ``OutboxTable``), and each
+    ``{other_name}`` it holds bound to that named query (a part written once, such as ``claim_key_head``).
 
     Rendered to text once: psycopg then reuses its parse of the query (and its
     server-side prepared statement) instead of re-composing it on every call.
     """
-    return sql.SQL(named_queries()[name]).format(table=table_identifier(table_name)).as_string(None)
+    return _composed(name, table_identifier(table_name)).as_string(None)
+
+
+_PART = re.compile(r"(?<!\{)\{(\w+)\}(?!\})")
+
+
+def _composed(name: str, table: sql.Identifier) -> sql.Composed:
+    text = named_queries()[name]
+    parts = {part: _composed(part, table) for part in _PART.findall(text) if part != "table"}
+    return sql.SQL(text).format(table=table, **parts)
 
 
 def shared_query(name: str) -> sql.SQL:

@@ -232,22 +232,17 @@ class ClaimStatements(TableStatements):
         params = {
             "worker": worker,
             "now": now,
+            "held": held,
             "audit_successes": audit_successes,
             "audit_code": audit_code,
             "claimed_at": claimed_at,
             "ids": bigint_array(ids),
+            "attempts": bigint_array(attempts),
             "refs": list(refs) if refs is not None else None,
+            "fast_commit": fast_commit and not held,
         }
         # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
-        reuse_plan = len(ids) <= PLAN_REUSE_MAX_ROWS
-        if held:  # locked since the claim in this transaction: nothing to check, the attempt is counted now
-            rows = self._run("outbox_settle_held_sent", params, reuse_plan=reuse_plan)
-        else:
-            rows = self._run(
-                "outbox_settle_sent",
-                {**params, "attempts": bigint_array(attempts), "fast_commit": fast_commit},
-                reuse_plan=reuse_plan,
-            )
+        rows = self._run("outbox_settle_sent", params, reuse_plan=len(ids) <= PLAN_REUSE_MAX_ROWS)
         self._note_contended(rows[0]["contended"])
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
