@@ -1,21 +1,8 @@
 """Dagster's own storage on PostgreSQL, found the way `outbox-pipelines dev` finds it.
 
-The repository's dagster.yaml names ``OutboxDagsterStorage``, so a Dagster command typed in
-the project with nothing set (`dagster dev`, `dagster definitions validate`, `dg dev`,
-`dg check defs`) needs no variable: the storage resolves its own URL. In order:
-
-1. ``OUTBOX_DAGSTER_PG_URL`` (what `outbox-pipelines dev` sets, and what a deployment sets);
-2. a database of its own next to the outbox's: ``<outbox db>_dagster`` on the server of
-   ``OUTBOX_DATABASE_URL``, else on the embedded server under the project's ``.outbox/``
-   (started if needed and left running, as every CLI command does). The embedded default
-   is the project's own, so its outbox schema is brought up to date here, as
-   `outbox-pipelines dev` does: the sensors find their tables on a fresh clone. A server
-   named by OUTBOX_DATABASE_URL is migrated by its owner (`outbox-pipelines db upgrade`);
-   Dagster may run there under a role that cannot.
-
-Every Dagster process (webserver, daemon, run workers) builds the storage from the same
-dagster.yaml, so each resolves the URL itself; they agree because they share the
-environment and the project root.
+dagster.yaml names ``OutboxDagsterStorage``, so a Dagster command typed in the project needs no variable:
+``OUTBOX_DAGSTER_PG_URL``, else ``<outbox db>_dagster`` beside the outbox's database (the embedded one brought
+up to date). Why: docs/explanation/front-ends.md, "Dagster's own storage".
 """
 
 import os

@@ -24,7 +24,7 @@ NOT_PYTHON = {"py", "md", "toml", "yaml", "yml", "sql", "json", "txt", "png", "c
 FILE_PATH = re.compile(
     r"(?<![\w/.-])((?:outbox_pipelines|outbox_pipelines_tests)/[\w/-]*\w\.py|[\w-]+(?:/[\w-]+)*/\w+\.py)"
 )
-CITATION = re.compile(r"docs/explanation/([\w-]+\.md),? [\"'“]([^\"'”\n]+)[\"'”]")
+CITATION = re.compile(r"docs/explanation/([\w-]+\.md),?\s+(?:\"([^\"\n]+)\"|'([^'\n]+)'|“([^”\n]+)”)")
 # A section sign (but an RFC's), an internal issue number, or the design notes that were folded into docs/explanation/.
 SEED_OR_ISSUE = re.compile(r"(?<!RFC \d{4} )§|\bissues? #?\d+\b|design\.md", re.IGNORECASE)
 # Names in backticks that read as ours but are a variable of the sentence, not an attribute path.
@@ -153,7 +153,8 @@ def _prose_files() -> list[Path]:
 def test_every_page_and_heading_a_comment_cites_exists():
     missing = []
     for path in _prose_files():
-        for page, heading in CITATION.findall(path.read_text()):
+        for page, *quoted in CITATION.findall(path.read_text()):
+            heading = next(text for text in quoted if text)
             if not (ROOT / "docs" / "explanation" / page).is_file():
                 missing.append(f"{path.relative_to(ROOT)}: docs/explanation/{page} (no such page)")
             elif heading.lower().replace("`", "") not in _headings(page):

@@ -1,21 +1,8 @@
 """outbox-pipelines: the command line of the outbox.
 
-Exit codes: 0 done; 1 failed (database unreachable, migration error, ...);
-2 bad input or usage (nothing was written).
-
-The package, one job a module:
-- ``parser.py``: the argparse tree (every command, its options and help texts);
-- ``output.py``: the exit codes, the usage error, stderr, short durations, suggested command lines;
-- ``inputs.py``: the database URL, the table settings and the tables a command works on;
-- ``db_commands.py``: ``db upgrade | create-table | grant | url | stop``;
-- ``enqueue_command.py``: ``enqueue``;
-- ``oncall_commands.py``: ``status``;
-- ``relay_commands.py``: ``relay --table | --group``;
-- ``operations_commands.py``: ``requeue-stuck``, ``clean``, ``replay``, ``skip``;
-- ``servers.py``: ``order-api``, ``broker-sim``, ``dev``, ``demo``;
-- here: ``main``, which parses, runs the command and turns its errors into exit codes.
-
-The rules each command applies are the core's; a command passes its options and prints the outcome.
+Exit codes: 0 done; 1 failed (database unreachable, migration error, ...); 2 bad input or usage (nothing was
+written). Here: ``main``, which parses, runs the command and turns its errors into exit codes; the rules are the
+core's. The modules: docs/explanation/codebase.md, "The command line's modules".
 """
 
 import logging

@@ -1,20 +1,8 @@
 """The first enqueue of a process on a database: the schema checked, and how enqueue speaks through a pooler.
 
-Once per database and process (the database as the client reaches it: host, port and name, read from the
-connection without a query), before anything is written, every path (psycopg, SQLAlchemy and Django's connection;
-psycopg's AsyncConnection, asyncpg and SQLAlchemy's asyncio) reads on the caller's connection, in its transaction,
-what ``judge`` needs: the engine migrations applied (core/storage/schema_version.py, readable by every login) and
-the server's pid for the session. ``judge`` refuses a schema older than the code, with the one sentence the relay
-and ``db status`` say, and nothing is remembered, so the first enqueue after ``db upgrade`` goes through; otherwise
-it remembers the database, and every later enqueue looks it up in a dict (a quarter of a microsecond).
-
-Behind a transaction pooler (the pid the client was given is not the server's, core/storage/pooler.py) a
-statement prepared on one server connection does not exist on the next: psycopg prepares a statement from its
-fifth run (``prepare_threshold``), and one transaction in eight failed with 'prepared statement "_pg3_0" does not
-exist'. Enqueue's own statements then run unprepared (``Endpoint.prepare``), and a one-time warning names the fix
-for the application's own statements on that connection (``prepare_threshold=None``). asyncpg names and caches
-every statement, with no way to run one unprepared: an asyncio enqueue through a pooler on a connection that
-caches statements is refused with the settings that stop it (docs/how-to/enqueue-from-your-stack.md).
+Once per database and process, before anything is written, ``judge`` refuses a schema older than the code (and
+remembers nothing then); behind a transaction pooler enqueue's statements run unprepared.
+Why: docs/explanation/enqueue.md, "The first enqueue".
 """
 
 from collections.abc import Hashable

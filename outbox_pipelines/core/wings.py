@@ -1,18 +1,9 @@
 """Wings: products built on the engine (the order product, the examples), plugged in without the engine
 naming them.
 
-A wing is one ``Wing`` value in a module of its own (``outbox_pipelines/orders/wing.py``), registered under a
-part name in the entry-point group ``outbox_pipelines.parts`` (pyproject.toml). Nothing is on by default: a
-project opts into a part in its declaration (``parts = ["orders"]``), and reading that declaration declares
-it here (``declare``), so ``import outbox_pipelines`` loads no wing. The engine then asks what the declared
-wings bring: a destination kind and the factory building it, shipped tables, retry presets, the shared
-tables of their own (never a name for an outbox table) and the migrations creating them, their database
-roles and the rights the engine's roles need on their tables, and the shared clean-up of their tables. So
-the engine knows what a wing brings, never which wing it is (an import-linter contract and
-``outbox_pipelines_tests/test_architecture.py`` keep it so).
-
-A wing module must import only the engine's values (no Dagster, no web framework): it is loaded while
-settings are read.
+A wing is one ``Wing`` value registered under a part name (entry points ``outbox_pipelines.parts``); a project's
+declaration turns it on. The engine knows what a wing brings, never which wing it is; a wing module imports only
+the engine's values. How: docs/explanation/orders.md, "Wings and parts".
 """
 
 import functools

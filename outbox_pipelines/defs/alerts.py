@@ -1,16 +1,8 @@
 """On-call in Dagster: the sensor that tells people about failed runs (the one that keeps the checks current
 is defs/oncall_sensor.py).
 
-``outbox_run_failure_alert`` tells about any failed run (the runs of dead relays are failed by
-``outbox_oncall``), with its root cause and a link. A cancelled run (Terminate, a clean stop of
-``outbox-pipelines dev``) is not a failure and alerts nobody.
-
-A *refused launch* (an operator's mistake in a launch: no replay filter, ``since: yesterday``, a table that
-does not exist, no partition; ``RefusedLaunch`` in defs/common.py) never pages as ``[error]``: nothing was
-changed and nothing is broken, and the person who launched it sees why on the run. It is told once as a note, severity
-``info`` (``kind`` ``run_failure``, ``figures.refused_input`` naming the field; the text reads ``*NOTE*
-[info]``), so a channel still shows who tried what, and the run is tagged ``outbox/failure=refused_launch``.
-Every other failure pages as ``[error]`` as before.
+``outbox_run_failure_alert`` tells about any failed run with its root cause; a cancelled run alerts nobody, and a
+refused launch is one ``info`` note, never a page. Why: docs/explanation/on-call.md, "Failed runs".
 """
 
 from dataclasses import dataclass

@@ -1,16 +1,8 @@
 """Each outbox table is an asset with its checks: lag, dead letters, stuck, backlog, destination, relay,
 blocked keys.
 
-Where open-source Dagster 1.13's UI shows a table's health (drills/test_catalog_health.py checks it):
-- Catalog: no health column (it and GraphQL's ``assetHealth`` are Dagster+ only: null here). Each table's state
-  as its checks saw it is recorded as a materialization, its checks after it (defs/table_health.py), so the
-  Status column reads red "Materialized <time>" while an ERROR check fails, else green, with the time.
-- The asset's page: the latest materialization's ``health`` (healthy / warning / failing) and figures.
-- Lineage: the table's "Asset checks" row, ✗ while an ERROR check fails, ⚠ while only WARN ones fail, else ✓ n/n.
-- Checks tab: the checks sorted by name, opened on the first (backlog) unless the link names one
-  (``?view=checks&checkDetail=dead_letters``); declaration order does not count. dead_letters and
-  blocked_keys list their messages.
-The asset stays an external spec: an observable one would read "Observed <time>" in the Catalog and lose the red.
+The asset stays an external spec, its state recorded by defs/table_health.py. Where Dagster's UI shows each
+part: docs/explanation/front-ends.md, "Where the UI shows it".
 """
 
 from collections.abc import Iterator

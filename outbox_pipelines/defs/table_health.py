@@ -1,18 +1,7 @@
 """A table's health where open-source Dagster shows it: the table's state as the checks saw it, recorded as a
 materialization of its asset just before its check evaluations, and the messages behind a failing check.
 
-Dagster 1.13 OSS has no asset health (Dagster+ only). Its Catalog's Status column reads an external asset's
-latest materialization and the checks evaluated *after* it: red "Materialized <time>" while an ERROR check
-fails, else green; a never materialized asset reads "Never materialized" (red on an ERROR check) or "–".
-So each table is "materialized" with its figures (counts per state, oldest waiting age, blocked keys, paused
-topics) and a ``health`` word, ``healthy`` / ``warning`` / ``failing`` (its worst check), and its checks
-are recorded after that: the Catalog marks a failing table and says when the checks saw it; a warning shows
-on the asset's page (its latest materialization's ``health``) and on the Lineage graph (⚠), not in the
-Catalog's column, which looks at ERROR checks only.
-
-The dead_letters and blocked_keys checks carry the messages themselves, ``messages``: an inline table of
-the newest ``MESSAGE_ROWS`` (event id, topic, key, tenant, attempts, error code and text, time), read only
-while the table has some (core/oncall/message_rows.py).
+Why a materialization: docs/explanation/front-ends.md, "A table's health in Dagster's UI".
 """
 
 from collections.abc import Iterable

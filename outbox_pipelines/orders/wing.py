@@ -1,21 +1,8 @@
 """What the order product brings to the engine (core/wings.py): the part ``orders`` a project declares.
 
-- The ``orders`` destination: the order broker (``broker.build_order_broker``), at a URL.
-- The shipped ``outbox_orders`` table, and seed 000's retry preset ``orders`` (2, 4, ... 256 s, ±10 %,
-  8 attempts; ``OUTBOX_RETRY_MAX`` sets its attempts).
-- Its shared tables: ``idempo_ledger`` and ``outbox_api_secret``, made with ``outbox_orders`` by its own
-  migrations (sql/parts/orders/).
-- Its role ``outbox_order_api`` (the Order API), and its rights beside the engine's roles:
-
-  - The producer has no right at all on ``outbox_orders``: an order is placed through the Order API,
-    which validates it, authenticates its caller and records it in the ledger; the table's event ids
-    are the callers' scoped keys. Only the Order API role inserts there (the message columns only).
-  - In ``idempo_ledger`` the relay UPDATEs only the outcome columns the order broker's settle writes
-    (``LEDGER_OUTCOME_COLUMNS``: status, result, its digest, the response a replay answers, its HTTP
-    status, the reason, updated_at); the request's identity (key, scope, request digest, event id) and
-    its lifetime (created_at, expires_at) are not its to change. It still can rewrite the outcome of any
-    ledger row, including one already ``succeeded``: the settle writes those very columns, and a grant
-    cannot limit the rows it may touch. The maintainer also deletes expired ledger rows (the cleaner).
+The ``orders`` destination, the shipped ``outbox_orders`` table and its ``orders`` retry preset, its shared
+tables (``idempo_ledger``, ``outbox_api_secret``), its role ``outbox_order_api`` and its rights beside the
+engine's roles. Why those rights: docs/explanation/orders.md, "What the wing brings".
 """
 
 from outbox_pipelines.core.retry import RetryPolicy

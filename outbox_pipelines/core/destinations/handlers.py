@@ -1,18 +1,8 @@
 """In-process handlers: topic → handlers, every handler runs, errors aggregate.
 
-A handler receives the ClaimedMessage and may return a reference string.
-- an exception is a retry (HANDLER_ERROR; several are reported together), and so is any
-  ``BaseException`` a handler raises (``SystemExit``, a library's own): it is that message's
-  failure, never the relay's, so the batch's other messages are handled and settled. Only
-  ``KeyboardInterrupt`` (Ctrl-C of a relay run without the CLI's signal handlers) goes on up:
-  it stops the relay, which gives its batch back;
-- ``PermanentError`` is dead with its code (a payload it cannot parse, say);
-- a topic with no handler is ``NO_SUBSCRIBERS`` — an error that retries and
-  ends dead, never a silent drop;
-- a topic switched off is not claimed at all: its messages wait as pending;
-- an ``async def`` handler (or one that returns an awaitable) is awaited on the destination's own event loop,
-  at most the table's ``timeout``; past it, it is cancelled and the message retries (HANDLER_TIMEOUT). What the
-  relay could not run is refused at ``register``: a generator, an async generator, anything not callable.
+A handler receives the ClaimedMessage and may return a reference string. Any exception (but
+``KeyboardInterrupt``) is that message's retry, ``PermanentError`` its death, a topic without handler a
+``NO_SUBSCRIBERS`` retry. Every rule: docs/explanation/outcomes.md, "In-process handlers".
 """
 
 import inspect

@@ -1,11 +1,9 @@
 """Why a destination could not be reached, read from what a client raised: one answer for every client.
 
-Clients wrap the operating system's error in their own (httpx in httpcore's, aiohttp in ClientConnectorError,
-anyio in exception groups); the cause stays in the chain. ``network_code`` walks it and names the cause
-(models.NETWORK_FAILURES): a refused connection (nothing listens there), a name that does not resolve, a
-TLS handshake that failed (a self-signed or expired certificate, another host's, a server that does not
-speak TLS), a timeout, or a connection reset or closed. Each library's own classification (http_failures,
-nats_outcomes, rabbitmq_outcomes; kafka_outcomes reads librdkafka's codes) asks it, on every path.
+Clients wrap the operating system's error in their own; the cause stays in the chain. ``network_code`` walks it
+and names the cause (``models.NETWORK_FAILURES``): refused, unresolved name, TLS, timeout, reset or closed.
+Every transport's classification (http/failures.py, nats/outcomes.py, rabbitmq/outcomes.py) asks it; Kafka's
+reads librdkafka's codes.
 """
 
 import socket

@@ -1,8 +1,8 @@
 """A destination's outcome table as data: one row per kind of answer (or of failure to get one), with the
 outcome it makes and that outcome's code.
 
-The classifiers (``http_outcomes``, ``http_failures``, ``nats_outcomes``, ``rabbitmq_outcomes``,
-``kafka_outcomes``) make every outcome from a row of their table (``row.outcome(error)``), so the table
+The classifiers (``http/outcomes.py``, ``http/failures.py``, ``nats/outcomes.py``, ``rabbitmq/outcomes.py``,
+``kafka/outcomes.py``) make every outcome from a row of their table (``row.outcome(error)``), so the table
 cannot say one thing while they do another; ``outcome_tables`` renders the tables the docs show.
 """
 

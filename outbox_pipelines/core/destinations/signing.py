@@ -1,17 +1,8 @@
 """Standard Webhooks signatures (https://www.standardwebhooks.com) for an HTTP table that names a secret.
 
-Each delivery carries ``webhook-id`` (the message's event_id as ``header_id`` writes it, the same on every
-attempt, so a receiver drops a redelivery), ``webhook-timestamp`` (the attempt's Unix seconds) and
-``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, the id exactly as sent). The secret
-is ``whsec_<base64>`` as the spec and its libraries write it; several secrets separated by spaces (a rotation)
-each sign, so a receiver that knows either verifies. The secret comes from the environment
-(``signing_secret_env``), never the file.
-
-An HTTP header carries ASCII: a receiver reads any other byte as Latin-1 (WSGI, ASGI, http.server), so an id
-sent as UTF-8 would reach its verifier as other characters and never verify. ``header_id`` keeps an event_id of
-printable ASCII as it is and percent-encodes (RFC 3986) the UTF-8 bytes of anything else, ``%`` itself
-included (so two ids never share a header), and, in ``webhook-id``, ``.`` too: the spec asks that the id hold
-no ``.``, the separator of the signed content.
+Each delivery carries ``webhook-id`` (the event_id, ASCII as ``header_id`` writes it), ``webhook-timestamp`` and
+``webhook-signature`` over the exact bytes sent; the secret comes from the environment, never the file.
+Why the id is encoded so: docs/explanation/transports.md, "Signed webhooks".
 """
 
 import base64

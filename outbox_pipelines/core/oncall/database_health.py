@@ -1,19 +1,8 @@
 """The database side of an outbox table's health: the vacuum check.
 
-A queue table lives on vacuum. Every claim and settle leaves an old row version behind (a dead tuple), every
-cleaned row another; autovacuum removes them, unless something older than them may still see them: a
-transaction left open (a report, a session idle in transaction), a prepared transaction nobody finished, a
-replication slot or a standby's feedback. Then the dead tuples pile up, the claim walks over them, and a
-claim of 3 ms becomes 300 ms (PlanetScale, "Keeping a Postgres queue healthy"; Brandur Leach, "Postgres job
-queues & failure by MVCC"). This reads, per outbox table, its dead tuples against its live rows and its table
-and index bytes, and, for the database, the oldest thing holding vacuum back; it grades them against the
-table's thresholds (``vacuum_held_warn``/``_error``, ``dead_tuples_warn``, ``dead_tuples_ratio_warn``) into
-one verdict, ``vacuum``, whose sentence says what holds vacuum back, how bad, and what to do. The on-call
-sweep records it on each table and tells it once for the database (``vacuum_condition``): one transaction
-holds every table back, so it is one alert, not one per table.
-
-Never the text of a statement: its literals may hold secrets or personal data. The pid, the application's
-name, the state and how long are enough to find it and end it.
+Per table, dead tuples against live rows and its bytes; for the database, the oldest thing holding vacuum back:
+one verdict, ``vacuum``, told once for the database. Never the text of a statement (its literals may hold
+secrets). Why a queue table lives on vacuum: docs/explanation/on-call.md, "The vacuum check".
 """
 
 from dataclasses import dataclass

@@ -1,18 +1,8 @@
 """Replay of dead messages: an explicit operator action, filtered, with a dry run.
 
-Used by ``outbox-pipelines replay`` and by Dagster's ``replay_dead_job``; both
-share the checks below, so a tired operator gets the same answers from either:
-
-- no filter is refused unless ``allow_all`` (``--all`` / ``all: true``): ``check_filter``, ``NEEDS_A_FILTER``;
-- error codes are matched case-insensitively, and a code that is neither a
-  known one (``KNOWN_ERROR_CODES``) nor present among the table's dead rows is
-  refused with the list of both;
-- ``since`` / ``until`` are the time of death (the row's ``updated_at`` when it
-  went dead): ISO 8601 (``2026-11-21T10:00:00Z``; no offset means UTC), a date
-  (``2026-11-21``, midnight UTC) or a time ago (``30m``, ``2h``, ``7d``,
-  measured from the database's clock);
-- the report lists the first ``LIST_LIMIT`` rows that moved (or would move in a
-  dry run) and counts every row.
+``outbox-pipelines replay`` and Dagster's ``replay_dead_job`` share these checks: a filter is needed unless
+``allow_all``; an unknown error code is refused with the known ones; ``since``/``until`` are the time of death in
+database time. The rules: docs/how-to/replay.md.
 """
 
 from dataclasses import dataclass, field, replace

@@ -1,29 +1,8 @@
 """A relay group: one process relays many outbox tables, and what it costs grows with the work, not the tables.
 
-A platform has one outbox table per module, 10 to 50 of them, most of them quiet most of the time. A
-group relays all of its tables in one process (one Dagster run, or one ``outbox-pipelines relay --group``):
-
-- A quiet table holds nothing: no connection, no relay, no thread but the one that waits for it. One
-  *watcher* connection LISTENs on every table's channel (an enqueue wakes its table at once) and asks,
-  once a second and in one statement, which quiet tables have rows that became due (a retry's backoff,
-  a replay, a requeue).
-- A table with work gets an *activation*: its ``Relay`` runs as a relay of its own would (its session,
-  its lease keeper, the single-active lock, LISTEN), until it has been idle for ``linger_s``, or until
-  another table waits for a place and it has had its turn (``slice_s``, or idle for a moment). Then it
-  lets go of everything and waits again.
-- At most ``places`` tables are active at once (each holds two connections): the group's connections
-  are bounded whatever its number of tables.
-- A table that cannot be relayed (it does not exist, its destination cannot be built, its handlers cannot
-  be imported, its relay keeps raising) is left aside and its problem recorded once, in the table's row
-  of ``outbox_destination_health`` (its ``relay`` check and one alert say it); the other tables go on. A
-  relay that raised is tried again with a growing backoff; the first activation that relays clears the
-  problem. The group run itself fails only when it cannot relay at all (its watcher cannot connect).
-
-A stop request (SIGTERM, Dagster's Terminate) stops every active relay after it settles its batch.
-
-Its parts: relay/group_places.py (the places), relay/group_tables.py (what the group knows of each table, and
-its report), relay/group_watcher.py (the watcher). This module runs them: the run, each table's thread, and
-the tables' problems.
+A quiet table holds nothing but a waiting thread; a table with work gets an activation (its ``Relay``) while a
+place is free; one table's trouble is recorded for it alone. Parts: group_places.py, group_tables.py,
+group_watcher.py; this module runs them. Why: docs/explanation/front-ends.md, "Relay groups: how a run shares".
 """
 
 import gc

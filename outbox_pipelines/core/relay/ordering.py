@@ -1,16 +1,8 @@
 """Ordered delivery per key, the parts that run beside the relay's cycle (the claim and the settle do the rest:
-sql/queries/outbox.sql, migration 0010).
+sql/queries/outbox.sql, migration 0010): ``release_contended`` (keys a settle could not release), ``sweep``
+(the backstop) and ``skip_dead_heads`` (the operator's skip).
 
-A message "holds" its ordering key while it is pending, sending or dead and not passed over; the next
-message of the key waits (``ordering_blocked``) until the one before it is released: delivered, or
-dead and passed over (the table's ``ordering = "skip"``, or an operator's ``skip``). Here:
-
-* ``release_contended``: keys a settle could not release while a writer was committing a message of
-  theirs, released again once the relay's transaction is over;
-* ``sweep``: the backstop, one page of the keys with waiting messages at a time, and the table's
-  ``skip`` policy applied to dead heads that died elsewhere (a lease that expired on the last attempt
-  under the liveness sweep);
-* ``skip_dead_heads``: the operator's action on a parked key (CLI ``skip``, Dagster ``skip_dead_job``).
+The rule they keep: docs/explanation/ordering-keys.md, "Writer, claim, settle, sweep".
 """
 
 import time

@@ -1,18 +1,8 @@
 """A stop request (SIGTERM, Ctrl-C, Dagster's termination, a relay group letting go), and waiting on it.
 
-Why not a ``threading.Event``: a Python signal handler runs in the main thread between two bytecodes,
-possibly while that same thread is inside ``Event.wait`` and holds the Event's internal lock (just before
-or after its timed sleep). ``Event.set()`` from the handler then waits for that lock forever: the relay
-neither stops nor relays, and a second SIGTERM only stacks another blocked handler on top (reproduced on
-CPython 3.11; python/cpython#126434 describes it for ``multiprocessing.Event``). So a request is one plain
-attribute store, which takes no lock and is safe from a signal handler and from any thread, and a wait
-on it is a sleep cut in slices of ``SLICE_S``: whoever asks, a wait ends within a slice.
-
-A stop request is honoured at the relay's next wait, which a call that never returns (a database behind a
-network partition, a destination or handler that hangs) never reaches: ``StopDeadline`` bounds the stop of a
-relay process (the CLI's) whatever it waits on. ``OUTBOX_RELAY_STOP_TIMEOUT_S`` after the request, a process
-still running says why in one logged sentence and exits at once with code 1; the rows it held go back to
-pending when their lease expires, taken back by any other relay (docs/reference/cli.md, "relay").
+A request is one plain attribute store (safe from a signal handler and any thread); a wait is a sleep cut in
+slices of ``SLICE_S``. ``StopDeadline`` bounds a relay process's stop by ``OUTBOX_RELAY_STOP_TIMEOUT_S``.
+Why not a ``threading.Event``: docs/explanation/relay.md, "Stopping".
 """
 
 import logging

@@ -1,19 +1,7 @@
 """Settings: the environment and a project's tables, read once and checked at start-up.
 
-The tables are declared in one file a user edits (TOML, found through ``OUTBOX_CONFIG`` or the project's
-``outbox.toml``; or an OutboxComponent's ``defs.yaml``); without one, built-in defaults cover the shipped
-tables. See outbox.example.toml. Its rooms:
-
-- ``registry/``: every table key and environment variable, with its default and meaning (the one source the
-  accepted keys and the docs' tables are read from);
-- ``environment``: the seeds' environment variables (``GlobalSettings``);
-- ``values``: reading one written value (durations, choices, numbers);
-- ``tables``: a table's settings (``TableSettings``, ``CheckThresholds``) and the shipped tables;
-- ``declarations``: where a project declares its tables, read; ``sections``: one section checked and read;
-- ``destination``: where a table's messages go; ``brokers``: a broker table's connection;
-- ``loading``: ``load_settings`` and ``Settings``.
-
-Every name below is importable from ``outbox_pipelines.core.settings``.
+Every name below is importable from ``outbox_pipelines.core.settings``; every key and variable is in
+``registry/``. The modules: docs/explanation/codebase.md, "The settings room".
 """
 
 from outbox_pipelines.core.settings.brokers import (

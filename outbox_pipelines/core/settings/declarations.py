@@ -1,17 +1,8 @@
 """Where a project declares its outbox tables, and that declaration read: one model, two spellings.
 
-* ``outbox.toml`` (``OUTBOX_CONFIG`` names another file): ``[tables.NAME]`` sections, and
-  ``parts = ["orders", "examples"]`` for the opt-in parts whose tables come with them (core/wings.py);
-* an ``OutboxComponent`` in a Dagster project's ``defs.yaml`` (``type: outbox_pipelines.OutboxComponent``):
-  ``attributes.tables`` and ``attributes.parts`` hold the same.
-
-Both default to the tables written and no part. ``shipped_tables = true``, the earlier spelling, means every
-installed part. ``embedded = true`` (outbox.toml only) asks for the embedded server where OUTBOX_DATABASE_URL is
-unset (core/storage/project_dir.py reads it).
-
-Both are found from the project's root (the nearest directory above the working directory holding
-pyproject.toml, outbox.toml or .outbox/), so every command and Dagster process reads the same tables from
-any sub-directory. The sections' keys and values are core.settings' to read.
+``outbox.toml``'s ``[tables.NAME]`` and ``parts``, or an ``OutboxComponent``'s ``tables`` and ``parts`` in a
+Dagster project's ``defs.yaml``; both found from the project's root, so every process reads the same tables.
+More: docs/explanation/front-ends.md, "Dagster".
 """
 
 import os

@@ -1,25 +1,8 @@
 """Per-table autovacuum settings for the outbox tables and the audit, which ``db upgrade`` applies.
 
-PostgreSQL's defaults suit a table that mostly grows: autovacuum visits it once a fifth of its rows are dead
-(``autovacuum_vacuum_scale_factor`` 0.2), at a cost budget of 200 a round. An outbox table churns: every
-message is inserted, updated when claimed and when settled, and deleted by the cleaner, so its dead tuples
-(and its partial indexes' dead entries, which every claim walks) grow by thousands a second at a few hundred
-messages a second. Queue projects tune their tables for it: pgqueuer's maintainer measured 0.01 + 1,000 with
-10,000 of cost budget on its queue table (janbjorge/pgqueuer#389); pgmq-ruby ships 0.01 + 50; PlanetScale's
-"Keeping a Postgres queue healthy" 0.05 + 50; Oban prunes and reindexes on a schedule and River's users
-vacuum by hand when autovacuum starves (riverqueue/river#59). Here (docs/how-to/retention.md says why):
-
-- an outbox table: vacuumed after 1 % of its rows + 1,000 dead tuples, analyzed after 2 %, with ten times the
-  default cost budget (2,000; the delay between rounds stays the server's), so a big table is visited often
-  and finishes quickly. No fillfactor: a claim or settle changes ``status``, which the partial indexes'
-  predicates name, so those updates are never HOT and free space in the page would not be used for them.
-- the audit (insert-only, old rows deleted in batches): after 2 % + 10,000, the same budget.
-
-``OUTBOX_AUTOVACUUM`` (GlobalSettings.autovacuum) overrides: ``default``; ``off`` (``db upgrade`` leaves the
-tables' settings as they are: a DBA's own); or ``name=value,...`` laid over the defaults, for every table.
-``ALTER TABLE ... SET (...)`` takes a SHARE UPDATE EXCLUSIVE lock: reads and writes go on beside it; it waits
-only behind a VACUUM or a DDL of the table, for at most ``LOCK_TIMEOUT_S``, and a table it could not get is
-left for the next ``db upgrade``. A table whose settings already match is not touched at all.
+An outbox table churns (every message inserted, updated twice, deleted): it is vacuumed far more often than
+PostgreSQL's defaults would. ``OUTBOX_AUTOVACUUM`` overrides. The figures and what other queues chose:
+docs/explanation/storage.md, "Autovacuum".
 """
 
 import re

@@ -1,20 +1,8 @@
 """What bounds a connection's waits on the network: a connect timeout, TCP keepalives and a TCP user timeout.
 
-Every connection the package opens (``connections.connect``, the SQLAlchemy engines of the Dagster resources
-and of the Order API) gets them, unless its URL sets them itself (the URL wins: ``?connect_timeout=3``,
-``?keepalives=0``), so a server that stops answering is noticed instead of waited for forever:
-
-- ``connect_timeout``: a connect that gets no answer (a black-holed address, a server that accepts and says
-  nothing) fails after it, with "connection timeout expired" in the message;
-- ``keepalives_idle`` / ``keepalives_interval`` / ``keepalives_count``: a connection idle on the wire for the
-  first is probed every second, and declared dead after the third unanswered probe (30 + 3 x 10 s);
-- ``tcp_user_timeout``: data sent that the peer does not acknowledge within it kills the connection (a
-  partition in the middle of a statement), as it bounds the keepalive probes too.
-
-None of these cuts a statement that runs long on a healthy server (its kernel answers the probes): that is
-``statement_timeout``'s job (the relay's sessions set one, core/relay/session.py). Unix-socket connections
-(the embedded server) ignore the TCP ones. The defaults are settings, environment variables in libpq's units
-(``LIMITS``; docs/reference/configuration.md).
+Every connection the package opens gets them unless its URL sets them itself (the URL wins); none cuts a long
+statement on a healthy server (``statement_timeout`` does). Each limit: docs/explanation/storage.md,
+"Network limits".
 """
 
 import os

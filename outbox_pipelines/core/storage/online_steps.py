@@ -1,17 +1,8 @@
 """Migration steps that must run outside a transaction, and the rules that keep a new migration online.
 
-A migration file whose first line is ``-- outbox: no transaction`` runs statement by statement, each on its own
-(``CREATE INDEX CONCURRENTLY`` cannot run in a transaction block); a statement ends a line with ``;`` outside a
-dollar-quoted body. A query preceded by the line ``-- outbox: run each statement this query returns`` is run
-first and each text it returns is then a step (one concurrent build per outbox table, whatever tables the
-database has). Before ``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name``, an INVALID index of that name
-(what an interrupted concurrent build leaves) is dropped concurrently, so the rerun builds it again instead of
-keeping a useless one. The migration is recorded once every step has run; a rerun repeats them all, so each
-must be idempotent.
-
-``blocking_statements`` names what in a migration would hold the application's writes for as long as the table
-is large (docs: CONTRIBUTING.md, "Writing a migration"); outbox_pipelines_tests/core/storage/test_online_steps.py
-runs it over every migration added after the ones shipped before it existed.
+A file starting ``-- outbox: no transaction`` runs statement by statement; every step must be idempotent (a rerun
+repeats them all). ``blocking_statements`` names what would hold the application's writes.
+How: docs/explanation/storage.md, "Migrations that stay online".
 """
 
 import re

@@ -1,18 +1,8 @@
 """The payload limit the database holds for each outbox table (migration 0020), and enqueue's sentence when it refuses.
 
-Each outbox table has a trigger, ``outbox_payload_limit``, that keeps the size of each row's payload and headers as
-JSON text (``json_bytes``, what the relay's byte budget reads) and refuses a payload or headers over the table's limit
-with SQLSTATE check_violation naming the constraint ``outbox_payload_max_<N>_bytes``. A producer that writes the table
-by SQL, not through enqueue, is refused by the database; enqueue's own check comes first, on its canonical text (more
-compact by a space after each ``,`` and ``:``), and a message it passes that the database refuses gets the same
-InvalidMessage naming the limit (``refusal``).
-
-N is OUTBOX_MAX_PAYLOAD_BYTES, and a project's. Migration 0020 gives each table the size ``db upgrade`` runs with
-(``migration_settings``); after the migrations, ``db upgrade`` gives each table the project declares and owns the size
-it is configured with where that differs (``apply``): the table's trigger function is replaced, which locks no table
-(a table without the trigger gets it, and its column, by one short statement under the migration lock timeout,
-retried behind a long transaction as a migration is: storage/migration_safety.py). A table another project owns keeps
-the size that project gives it. ``db upgrade --sql`` prints the same (``plan_sql``).
+A trigger per table refuses a payload or headers over OUTBOX_MAX_PAYLOAD_BYTES (as JSON text), whoever writes;
+enqueue checks first and gives the same InvalidMessage. ``apply`` sets each declared table's size at ``db upgrade``.
+How: docs/explanation/storage.md, "The payload limit".
 """
 
 import re

@@ -1,16 +1,8 @@
 """Connection poolers (PgBouncer and its kind) between us and PostgreSQL: telling one is there, and what changes.
 
-A transaction pooler hands each transaction to whichever server connection is free, so nothing that
-lives in a session survives between two transactions: server-side prepared statements, LISTEN, session
-advisory locks, and settings given at connect (PgBouncer refuses the ``options`` startup parameter
-outright). A pooler answers the client's startup itself and makes up the backend pid it reports; the
-server's own ``pg_backend_pid()`` then differs, which is how ``behind_pooler`` tells.
-
-What the engine does about it (docs/deploy.md, "Behind PgBouncer"):
-- its own connections stop preparing statements (``db.connect``);
-- a relay's session (LISTEN wake-ups, the single-active lock) goes to ``OUTBOX_DIRECT_DATABASE_URL``
-  when it is set; without it a competing table's relay polls, and a single-active table's relay refuses
-  to start (its lock would be held by whichever client the pooler pairs with that server connection).
+``behind_pooler`` tells one by the backend pid it makes up. Behind a transaction pooler nothing of a session
+survives: the engine stops preparing statements and a relay's session needs ``OUTBOX_DIRECT_DATABASE_URL``.
+Why: docs/explanation/storage.md, "Behind a pooler"; how: docs/deploy.md, "Behind PgBouncer".
 """
 
 import logging

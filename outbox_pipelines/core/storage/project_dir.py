@@ -1,19 +1,8 @@
-"""The project's root and its private ``.outbox/``, where the embedded server's data lives.
+"""The project's root and its private ``.outbox/`` (mode 0700), where the embedded server's data lives.
 
-The root is the nearest directory at or above the working directory that holds
-``pyproject.toml``, ``outbox.toml`` or ``.outbox`` (``OUTBOX_EMBEDDED_DIR``
-overrides where the data goes), so every sub-directory of a project shares one
-server.
-
-An embedded server is started only where it was asked for: by ``dev`` and ``demo`` (which create it), or
-where ``.outbox/`` already exists or OUTBOX_EMBEDDED_DIR names a directory (``refuse_an_unasked_server``).
-Anywhere else a missing OUTBOX_DATABASE_URL is an error naming it: in an application's container a
-misspelt variable must not become a database that dies with the container. Outside any project only
-``outbox-pipelines demo`` keeps a server, in a directory of the user's (``user_data_dir``:
-``~/.local/share/outbox-pipelines/demo``).
-
-``.outbox/`` is private: mode 0700, so nobody else can enter it (the files
-``dev``, its Dagster home and the example mailer write there are 0600).
+The root is the nearest directory holding ``pyproject.toml``, ``outbox.toml`` or ``.outbox``. An embedded server
+starts only where it was asked for; elsewhere a missing OUTBOX_DATABASE_URL is an error naming it.
+Why: docs/explanation/storage.md, "The embedded server's home".
 """
 
 import difflib

@@ -1,37 +1,8 @@
 """What each of the engine's group roles may do in the database: the rights ``db grant`` applies (``roles``).
 
-The rights follow the statements each part runs (sql/queries/*.sql), including what PostgreSQL checks
-beneath them, and where a statement writes only some columns the grant names only those (column
-privileges). What no grant can say (which values a column may take, who wrote a row) the database's
-triggers hold (migrations 0017 and 0018; docs/explanation/security.md):
-
-- A producer writes messages, never their delivery nor their place: INSERT on the columns an enqueue
-  writes (``ENQUEUE_COLUMNS``: the message and its ordering key), so it cannot set ``id`` (an identity
-  column is overridden only by a role that may write it: a chosen low id jumped a parked key),
-  ``status``, ``attempts``, ``ordering_blocked`` (the insert trigger says whether the message waits),
-  ``published_at`` and the rest, and it cannot UPDATE or DELETE a row. Without ``id``, enqueue_many's COPY
-  (which writes the ids it reserved) is not the producer's: its batches go by INSERT.
-- ``INSERT ... ON CONFLICT (event_id) ... RETURNING id`` needs SELECT on ``event_id`` and ``id``;
-  ``Outbox.enqueue``'s duplicate path reads ``id``, ``event_id`` and ``payload_sha``. The producer gets
-  SELECT on those three columns only: it can tell a duplicate, but it reads no message, no ordering key
-  and no state.
-- The producer has no right at all on an outbox table a wing writes itself
-  (``Wing.producer_excluded_tables``): the wing's own role inserts there.
-- The relay (and the maintainer, which relays too) UPDATEs only the delivery columns
-  (``DELIVERY_COLUMNS``): never a message's payload, digest, topic, event id, headers, tenant or creation
-  time. Column privileges cannot say which *values* a column may take: a relay login can still mark a
-  row ``sent`` or send a dead one back to ``pending``; the database audits every such change that the
-  statement making it did not audit, with the login that made it (migration 0018).
-- Audit rows are written, never changed: INSERT on ``AUDIT_COLUMNS`` only, so the row's ``login``,
-  ``xact`` and ``created_at`` are the database's (their defaults); an audit row naming another login's
-  relay worker is refused (migration 0017). The maintainer deletes old ones (the audit's retention).
-- A wing's shared tables get the rights its ``engine_role_grants`` declare for each engine role, no more.
-- The relay's settle statement carries its DELETE branch (tables that delete on success) whatever the
-  table's setting, so the relay holds DELETE on the outbox tables; cleaning sent rows adds no right on
-  them, only on the shared tables. PostgreSQL checks SELECT on every column an UPDATE reads (SET
-  expressions, WHERE, RETURNING) and UPDATE on a column for ``FOR UPDATE``: the relay reads the whole row
-  anyway, so it keeps SELECT on the outbox tables.
-- The NOTIFY trigger, ``pg_notify``, LISTEN and advisory locks need no grant (the functions are PUBLIC).
+The rights follow the statements each part runs (sql/queries/*.sql), column by column where a statement writes
+only some columns; what no grant can say (values, who wrote a row) the database's triggers hold.
+Role by role, and why: docs/explanation/storage.md, "The roles' rights".
 """
 
 from collections.abc import Sequence

@@ -1,16 +1,8 @@
 """Drift: where a database that has every migration still differs from what they define, each with what it
 breaks and what to do (``db status`` prints the sentences; the code location's ``schema_drift`` check fails on them).
 
-- A declared outbox table that does not exist, or lacks an index ``outbox_create_table`` gives every table (the
-  set read from that function's text in the applied migrations, schema_definitions.py; never listed twice), with
-  the statement that builds it concurrently. An INVALID index anywhere in the schema, with its REINDEX.
-- An ``outbox_*`` function a migration defines that was dropped or changed: ``pg_proc.prosrc`` against the body in
-  the last applied migration that defines it. Computed from the files, nothing recorded at upgrade: a database
-  upgraded by ``db upgrade --sql`` through a team's own tool is checked alike. A migration applied with an earlier
-  text of its file (migrate.EARLIER_CHECKSUMS) is not compared: what it defined then is not on disk. Functions a
-  function makes per table at run time (the ordering functions) are not compared either.
-- A right one of the package's roles (roles.py), where the role exists, should hold on a declared table, a shared
-  table, a table's id sequence or the schema, and does not.
+Missing tables or indexes, changed ``outbox_*`` functions, missing rights, each computed from the migration
+files: docs/explanation/storage.md, "Schema drift".
 """
 
 from collections import defaultdict

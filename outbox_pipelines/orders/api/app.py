@@ -1,28 +1,8 @@
 """The Order API: POST /do/order, GET /do/order/{key}, /healthz, /metrics, /openapi.json.
 
-Order of checks (nothing is stored for a rejected request): failed
-authentications from this address (429, before the token costs anything), bearer
-token (401), rate limit per client (429), content type (415), body size (413), JSON (400),
-header/body key (422 IDEMPOTENCY_MISMATCH), OrderRequest v1.1 (422
-VALIDATION_ERROR, every violation), then the ledger row and the outbox row in
-one transaction: 201 first time, 200 identical repeat, 409 different body.
-
-A database that is busy (a lock, a full pool: past OUTBOX_API_DB_TIMEOUT, 2 s)
-answers 503 DATABASE_BUSY, one that cannot be reached 503 DATABASE_UNAVAILABLE,
-both with Retry-After and nothing stored; /healthz answers within 1 s on a
-connection of its own (see dbguard).
-
-Every request to /do/order (and every failed one elsewhere) gives exactly one log
-line on ``outbox_pipelines.orders.api``: method, route, status, reason_code (the error
-code, OK for success), trace_id, idempotency_key, latency_ms — the same fields as
-``extra`` for structured handlers — and nothing from the body. A client that goes
-away mid-request is status 499 (nginx's convention) at INFO, never a 500.
-POST /do/order runs in a ``do.order`` span (see tracing).
-
-This module assembles the Starlette app from the rooms of the package: its settings (config), what
-it holds (resources), who may call (callers), the body (body), the routes (routes_order, routes_ops),
-the wrapper every route runs in (endpoint), the log line (request_log) and the error bodies
-(responses). The names below were this module's before it was split and are still imported from here.
+Assembles the Starlette app from the package's modules (config, resources, callers, body, routes_order,
+routes_ops, endpoint, request_log, responses). Nothing is stored for a rejected request; one log line per
+request, nothing from the body. The order of checks and the answers: docs/explanation/orders.md, "The Order API".
 """
 
 import contextlib

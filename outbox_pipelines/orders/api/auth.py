@@ -1,18 +1,8 @@
 """Who may call the Order API, and how a caller's idempotency keys are kept apart from another's.
 
-- ``OUTBOX_API_TOKEN``: the bearer tokens the API accepts (comma-separated). They
-  are only ever compared here; they are never sent anywhere, stored, logged or
-  turned into the broker's credential (that one is ``OUTBOX_BROKER_TOKEN``).
-- The ledger scope of a caller is ``h:`` + HMAC-SHA256(server secret, token)
-  (32 hex characters): the broker sees ``<scope>:<key>``, and without the secret
-  nobody can tell which token it came from or test a guess against it. The secret
-  is ``OUTBOX_API_SCOPE_SECRET`` when set, otherwise one random secret per database
-  (table ``outbox_api_secret``, created on first use), so every API instance on the
-  database agrees.
-- Keys accepted before this scheme were scoped ``t:`` + sha256(token)[:16]. Such
-  ledger rows keep working: a lookup tries the legacy scope of the caller too, as
-  long as the ledger holds any legacy row (48 h after the upgrade at most), so an
-  old key replayed after the upgrade is a replay (200/409), never a new order.
+Bearer tokens (``OUTBOX_API_TOKEN``) are only compared here, never sent, stored or logged; a caller's ledger
+scope is ``h:`` + HMAC-SHA256(server secret, token). Why, and the legacy ``t:`` scope:
+docs/explanation/orders.md, "Callers and their keys".
 """
 
 import hashlib

@@ -1,16 +1,8 @@
 """The Order API's database under stress: time budgets, busy/unavailable answers, a health probe.
 
-A request's database work (waiting for a pooled connection, then its transaction)
-has one budget, ``OUTBOX_API_DB_TIMEOUT`` (2 s): the pool wait takes from it, and
-what is left becomes the transaction's ``statement_timeout`` and ``lock_timeout``
-(``SET LOCAL``, so they end with the transaction and work through PgBouncer in
-transaction mode too). Past it the transaction rolls back and the client gets 503
-``DATABASE_BUSY`` with ``Retry-After``: retrying with the same Idempotency-Key is
-safe, the ledger turns a repeat into a replay.
-
-``/healthz`` never touches the request pool: a one-connection engine of its own,
-one probe in flight at a time, and an answer within ``HEALTH_BUDGET_S`` whatever
-the probe is doing.
+One budget per request, ``OUTBOX_API_DB_TIMEOUT`` (2 s), pool wait included; past it 503 ``DATABASE_BUSY``
+with ``Retry-After``. ``/healthz`` answers within ``HEALTH_BUDGET_S`` on a connection of its own.
+Why: docs/explanation/orders.md, "The Order API under a busy database".
 """
 
 import asyncio

@@ -1,28 +1,9 @@
 """HTTP destination: one pooled keep-alive client per destination.
 
-Every attempt of a message carries the same ``Idempotency-Key`` (its event_id),
-so the destination can execute it once however often it is delivered.
-
-The relay calls ``HttpDestination``: it builds each request (``HttpRequest``, by ``default_request`` or a
-table's builder), sends it on its ``http_transport.HttpClient`` (the transport a table chose), and maps
-what came back: an answer by ``http_outcomes``'s table, no answer by ``http_failures``.
-
-Credentials: ``token`` is sent as ``Authorization: Bearer <token>``; a URL with
-user-info (``http://user:password@host/...``) is sent as Basic auth instead, with
-the user-info taken out of the URL, so no transport, log or name shows it. Both
-at once is a configuration error. Redirects are not followed (a 3xx is an
-unexpected answer), so the credential goes only to the URL it was configured for.
-The destination is named by its origin (``scheme://host[:port]``): its path and
-query may be a secret too. Every text built from an answer (error snippets,
-exception messages, references) has the destination's credentials scrubbed
-(``redaction.Scrubber``), so an answer that echoes request headers cannot carry
-them into ``last_error``, the audit, the ledger, alerts or run metadata.
-
-An answer's body is read up to ``MAX_BODY_BYTES`` (``http_transport``).
-
-A request the HTTP client refuses to send (a control character in a header, an
-invalid URL built from the message) is dead at once as ``BAD_REQUEST``: sending
-it again cannot succeed.
+Every attempt of a message carries the same ``Idempotency-Key`` (its event_id). The relay calls
+``HttpDestination``: it builds each request, sends it on the table's transport, and maps the answer. No
+credential leaves the URL it was configured for, nor reaches any text stored or shown.
+Why: docs/explanation/transports.md, "HTTP: credentials and refusals".
 """
 
 import asyncio

@@ -3,7 +3,7 @@ alike on every transport (httpx's and aiohttp's errors mapped to one set), and t
 refuse, before anything goes on the wire, what a client would refuse to send.
 
 ``ROWS`` is the table of those failures: what ``exception_outcome`` tells apart, and the outcome and code
-each makes. (An answer's outcome is ``http_outcomes``'s table; docs/reference/outcomes.md shows both, rendered
+each makes. (An answer's outcome is ``http/outcomes.py``'s table; docs/reference/outcomes.md shows both, rendered
 by ``outcome_tables``.)
 """
 

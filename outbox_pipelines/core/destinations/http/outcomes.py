@@ -1,7 +1,7 @@
 """The mapping of HTTP answers to outcomes (docs/explanation/outcomes.md, "Outcomes and error codes"). Pure functions.
 
 ``ROWS`` is the table: each answer ``classify_response`` tells apart, and the outcome and code it makes (an
-attempt that got no answer is ``http_failures``'s). docs/reference/outcomes.md shows it, rendered by
+attempt that got no answer is ``http/failures.py``'s). docs/reference/outcomes.md shows it, rendered by
 ``outcome_tables``.
 """
 

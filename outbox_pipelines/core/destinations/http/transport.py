@@ -1,17 +1,8 @@
 """The HTTP destination's client: one pooled keep-alive client of the transport a table chose, the thread
 (an event loop) or threads (a pool) it runs on, one POST, and an answer's body read up to MAX_BODY_BYTES.
 
-Transports (chosen by measurement, see bench/results.md), all on one pooled keep-alive client per
-destination and all mapping answers and failures alike (``http_failures``):
-- ``aiohttp-native``: an aiohttp ClientSession on a private event-loop thread
-  (the default: about 3x the requests/s of the best httpx option here);
-- ``aiohttp``: httpx's API over the httpx-aiohttp transport;
-- ``httpx-async``: httpx.AsyncClient with its own pool;
-- ``httpx-sync``: httpx.Client from a thread pool.
-
-Redirects are not followed (a 3xx is an unexpected answer), so a credential goes only to the URL it was
-configured for. An answer's body is read up to ``MAX_BODY_BYTES``: the rest is never read, so a destination
-that streams without end cannot exhaust the relay's memory.
+Redirects are never followed. The transports and why ``aiohttp-native`` is the default:
+docs/explanation/transports.md, "HTTP: the transports".
 """
 
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator

@@ -1,30 +1,8 @@
 """Kafka destination (``destination = "kafka"``): one idempotent confluent-kafka Producer per destination.
 
-The relay calls ``KafkaDestination`` (built by ``build``).
-
-Each message becomes one record on ``topic_prefix + message.topic``, keyed by the message's ordering key
-(else its event_id), so every message of one aggregate lands in one partition, in the order the relay
-sends them. Records carry ``idempotency-key`` (the event_id, the same on every attempt: a consumer
-deduplicates by it), ``outbox-topic``, ``outbox-attempt``, ``content-type`` and the trace headers the HTTP
-destination sends (``traceparent``, ``trace-id``, ``tenant-id``). The value is the payload as compact JSON.
-
-Guarantees: ``enable.idempotence`` (and with it ``acks=all``): the broker writes a record once however
-often the producer retries it within one producer session, in order per partition. A message is ``sent``
-only when its delivery report came back without an error, and its reference is ``topic/partition@offset``.
-
-Time: a batch is produced whole, then the delivery reports are awaited. ``message.timeout.ms`` is the
-table's ``timeout``, so librdkafka itself gives up on a record it could not deliver in time and reports it
-as an error (retry NETWORK_TIMEOUT) instead of keeping it queued and delivering it after the relay said
-"retry" (which would send it twice). The wait ends a little after that (``REPORT_GRACE_S``: librdkafka
-checks timeouts about once a second); a record still unreported then is answered retry NETWORK_TIMEOUT
-and left behind, counted in ``abandoned``, and if it is delivered later after all, counted in
-``late_deliveries`` (a duplicate once it is delivered again: allowed, at least once, but counted). A full
-local queue (BufferError) is waited out by serving delivery reports until the batch's deadline, never by
-dropping the record. So a batch never takes much longer than the table's timeout, even when no broker
-answers, and the producer reconnects by itself when the cluster is back.
-
-Outcomes: ``kafka_outcomes``'s table; the producer (settings, creation, recreation after a fatal error,
-librdkafka's log lines): ``kafka_producer``.
+The relay calls ``KafkaDestination`` (built by ``build``). A record per message, keyed by its ordering key (else
+its event_id), ``sent`` only on a delivery report without error; a batch never takes much longer than the
+table's ``timeout``. Why: docs/explanation/transports.md, "Kafka".
 """
 
 import json

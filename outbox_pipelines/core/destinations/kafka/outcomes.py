@@ -1,27 +1,7 @@
 """What each error librdkafka reports means for a record: the Kafka destination's outcome table (``ROWS``;
 docs/destinations.md shows it, rendered by ``outcome_tables``), and the topic names Kafka can hold.
 
-Why the rows are as they are (each decided here, on the error librdkafka reports):
-
-- a message too large (the broker's or the producer's ``message.max.bytes``), an invalid record, or a
-  topic name Kafka cannot hold (checked before producing: ``[A-Za-z0-9._-]``, at most 249 characters,
-  not ``.``/``..``) is the message itself refused: sending it again cannot succeed (replay needs --force,
-  after the message or the limit changed);
-- an unknown topic (the broker does not create topics) is dead: no topic takes this message, while the
-  cluster is fine and the table's other topics still deliver, so it must not open the table's circuit
-  (which would hold every topic); once the topic is created, replay delivers it without --force.
-  ``topic.metadata.propagation.max.ms`` is cut to half the timeout so the verdict comes within the batch
-  (the default 30 s would first time out the message and count a destination failure); librdkafka asks
-  again about a missing topic every second, so a topic created since is seen at once;
-- refused credentials or ACLs (also records that timed out while the client reported an authentication
-  failure) are a problem of the destination, fixed outside the message: the circuit opens, nothing is
-  dead-lettered; so do timeouts, unreachable brokers and the broker's retriable answers;
-- after a fatal idempotent-producer error (the client's ``error.fatal()``: sequence desynchronised,
-  fenced) what was not confirmed is retried, and the producer is recreated before the next batch (a
-  producer in the fatal state accepts nothing again). Anything unforeseen is retried, never dead.
-
-Error texts pass through the destination's ``Scrubber``: the name shows ``kafka://host:port``, never a
-SASL credential given in ``config``.
+Why each row is as it is: docs/explanation/transports.md, "Kafka: what each error means".
 """
 
 import re

@@ -1,13 +1,9 @@
 """The Kafka destination's producer: its settings, its creation, serving its delivery reports, what the
 client reports on its own, and its recreation after a fatal error.
 
-One idempotent confluent-kafka Producer per destination, created with the destination, so it connects and
-obtains its producer id while the relay starts, and a refused setting fails the start, not a delivery.
-``config`` carries extra librdkafka settings (``security.protocol``, ``sasl.*``, ``ssl.*``); the settings
-that carry the destination's guarantees cannot be overridden. A producer in the fatal state accepts
-nothing again: it is dropped (what it still holds purged: it was answered retry) and a new one is created
-before the next batch. librdkafka's own log lines go to the ``outbox_pipelines.kafka`` logger, each kind
-at most once every 30 s (an outage would otherwise log every reconnect of every broker).
+One idempotent Producer per destination, made with it (a refused setting fails the start); the settings that
+carry the guarantees cannot be overridden; a producer in the fatal state is replaced before the next batch.
+Why: docs/explanation/transports.md, "Kafka: the producer".
 """
 
 import logging

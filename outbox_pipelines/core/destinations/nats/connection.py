@@ -1,15 +1,9 @@
 """The NATS destination's connection: opening it, the reply inbox its PubAcks come back on, what waits on
 them, the server's asynchronous complaints, and dropping it.
 
-Connection (nats-py, on the destination's private event loop): one connection kept open across batches,
-opened at the first delivery, with ``allow_reconnect=False``. nats-py's own reconnection would retry in
-the background for minutes and buffer publishes made meanwhile (its pending buffer), flushing them once
-it reconnects; here a lost connection is closed at once, the publishes waiting on it end as
-``retry NETWORK_TIMEOUT`` (never sent: a message counts as sent on its PubAck only), and the next batch
-opens a new connection. So a broker that is down answers every delivery within about the table's
-``timeout`` and the table's circuit opens (no attempt spent, nothing dead-lettered).
-
-Credentials go to nats-py as options, never inside the server URL it keeps, logs and reports.
+One connection kept across batches, never reconnecting by itself: a lost one fails what waits on it (retry) and
+the next batch opens another. Credentials go to nats-py as options, never in the URL.
+Why: docs/explanation/transports.md, "NATS: the connection".
 """
 
 import asyncio

@@ -1,25 +1,8 @@
 """NATS JetStream destination: each message published to a stream, ``sent`` only on the stream's PubAck.
 
-The relay calls ``NatsJetStreamDestination`` (built by ``build``); what it publishes is ``nats_wire``'s,
-the connection is ``nats_connection``'s, and what each answer means is ``nats_outcomes``'s table.
-
-Duplicates: ``Nats-Msg-Id`` is JetStream's deduplication key. A stream drops a second message with an id
-it stored within its ``duplicate_window`` (2 minutes unless the stream says otherwise) and answers a
-PubAck with ``duplicate=True`` naming the first copy: that is *sent* (the message is in the stream, once).
-A retry after the window stores a second copy: consumers that must act once keep deduplicating by the key.
-
-Order: one connection, messages published in batch order; a stream stores them in publish order, and
-a retried message lands after the ones published since. A table's ordering keys are kept by the relay
-(one message of a key in flight at a time), not by this module.
-
-Acknowledgements: each publish carries a reply subject under one inbox subscription of the connection,
-and the PubAck (or JetStream's error) is read from the reply there. nats-py's ``publish_async`` does the
-same but, as of nats-py 2.16, loses every JetStream error reply (its handler raises instead of failing
-the future), which would turn "stream full" or "message too large" into timeouts; ``js.publish`` maps them
-but costs a task and a timer per message. At most the table's ``concurrency`` messages await their acks;
-once that many do, publishing resumes when half have been answered (``_Window``). A batch whose
-acknowledgements stop coming (a peer gone without closing the socket) stops sending the rest of the
-batch, answers retry, and drops the connection.
+The relay calls ``NatsJetStreamDestination`` (built by ``build``); ``Nats-Msg-Id`` is the event_id, at most the
+table's ``concurrency`` publishes await their acks. Duplicates, order and why acks are read this way:
+docs/explanation/transports.md, "NATS JetStream".
 """
 
 import asyncio

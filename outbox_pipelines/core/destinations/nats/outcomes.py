@@ -1,15 +1,8 @@
 """What each answer of a NATS server, and each failure of the client, means for a message: the NATS
 destination's outcome table (``ROWS``; docs/destinations.md shows it, rendered by ``outcome_tables``).
 
-Each outcome's text has the connection's credentials scrubbed. Why some rows are as they are:
-- no responders is resolved against JetStream's API: no stream's subjects match -> dead, replayable once a
-  stream takes the subject; a stream does take it, or the API does not answer either (a server shutting
-  down answers publishes with no responders before it closes the connection) -> retry;
-- what the server would refuse (a message over ``max_payload``, a subject it cannot hold) is refused
-  before sending where the client can tell (``nats_wire``): the server would otherwise close the
-  connection, failing every message in flight, or store a wildcard subject no consumer's filter expects;
-- JetStream's other errors (stream full, store failure, JetStream unavailable: mostly code 503) are the
-  broker's state, not the message's.
+Texts have the connection's credentials scrubbed. Why some rows are as they are:
+docs/explanation/transports.md, "NATS: what each answer means".
 """
 
 import asyncio

@@ -1,12 +1,8 @@
 """What a message is on a NATS wire: its subject (checked before sending), its payload as JSON, its
 headers, and its size against the server's ``max_payload``.
 
-Subject: the message's topic with the table's ``topic_prefix`` in front, as written (``topic_prefix =
-"prod."`` and topic ``order.created`` give ``prod.order.created``; the prefix carries its own dot).
-
-Headers: ``Nats-Msg-Id`` and ``Idempotency-Key`` (both the event_id), ``X-Outbox-Topic`` (the topic without
-the prefix), the trace context (``traceparent``, ``X-Trace-Id``) and ``X-Tenant-Id`` when the message has
-them; the payload is the message's JSON, compact UTF-8.
+The subject is the topic with the table's ``topic_prefix`` in front, as written; the headers and payload:
+docs/explanation/transports.md, "NATS: the message on the wire".
 """
 
 import json

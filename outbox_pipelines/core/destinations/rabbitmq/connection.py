@@ -1,10 +1,8 @@
 """The RabbitMQ destination's connection and its confirm-mode channel: opened (and the exchange declared)
 when a batch needs them, dropped when they fail.
 
-One connection and one confirm-mode channel, opened at the first delivery and kept across batches; a lost
-connection (or a timeout, after which its state is unknown) is dropped, the rest of its batch is not
-attempted, and the next batch opens a new one. The connection is aiormq's own, not aio-pika's robust one,
-which reconnects in the background and replays declarations.
+One connection and one channel kept across batches; a lost one (or a timeout) is dropped, the rest of its batch
+not attempted, and the next batch opens another (docs/explanation/transports.md, "RabbitMQ").
 """
 
 import asyncio

@@ -1,42 +1,8 @@
 """RabbitMQ destination: each message published to the table's exchange, ``sent`` only on the broker's ack.
 
-The relay calls ``RabbitMQDestination`` (built by ``build``).
-
-Client: aiormq, the AMQP 0-9-1 client aio-pika is built on (installed with aio-pika), on a private event
-loop (``LoopThread``). Measured on 2 cores against RabbitMQ 3.10, 10,000 confirmed persistent mandatory
-publishes of ~250 bytes of JSON (serialised in the loop), medians of 4 interleaved runs:
-
-- pika's BlockingConnection in confirm mode: 2,650 msg/s. It waits for each confirm before the next
-  publish (it cannot keep publishes in flight), so it is out;
-- aio-pika's ``Exchange.publish``, 32 in flight: 4,900 msg/s, 150 us of client CPU a message;
-- aiormq's ``Channel.basic_publish``, 32 in flight: 4,660 msg/s, 152 us a message: the same cost.
-
-aiormq, because the destination needs what aio-pika's layer wraps or leaves out: the broker's reason on
-every publish a channel close failed (to find which message a 406 was about), ``wait=False`` (no wait for
-the socket to drain: the confirm is what counts), and a connection of its own making (aio-pika's robust
-connection reconnects in the background and replays declarations; here a lost connection fails the batch
-at once and the next batch connects anew).
-
-Where a message goes: exchange ``BrokerSettings.exchange`` (the table's name unless set), declared
-durable, type ``topic`` at connect (idempotent; an exchange of that name of another type or durability
-is refused by the broker: retry UNKNOWN naming the conflict), routing key the message's topic with the
-table's ``topic_prefix`` in front, as written (``prod.`` + ``order.created``). Published ``mandatory`` and
-persistent (delivery_mode 2), content_type application/json, ``message_id`` = the event_id, and headers
-``Idempotency-Key`` (the event_id again, as the HTTP destination sends it), with ``traceparent``,
-``X-Trace-Id`` and ``X-Tenant-Id`` when the message has them. Nothing more: the topic is in the routing
-key, and every property costs encoding time per message (measured: the HTTP destination's four headers
-and a timestamp cost about a tenth of the publish's CPU).
-
-Outcomes: ``rabbitmq_outcomes``'s table; the connection and its channel: ``rabbitmq_connection``. A batch
-keeps ``requests_in_flight`` publishes awaiting their confirm at once (lanes publishing in batch order on
-the one channel: a sliding window, measured 1.3x a loop that publishes 32 and waits for their confirms).
-
-Duplicates: at least once. A publish whose ack was lost (the connection dropped after the broker took
-it; the channel closed for another message of its batch) is retried and may reach the queue twice;
-consumers deduplicate by ``message_id`` (the event_id).
-Order: publishes go out on one channel in batch order, and RabbitMQ keeps a channel's publish order
-into each queue; a retried message lands after those published since. A table's ordering keys are kept
-by the relay (one message of a key in flight at a time), not here.
+The relay calls ``RabbitMQDestination`` (built by ``build``); publishes are persistent and mandatory, with
+``message_id`` = the event_id, at most ``requests_in_flight`` awaiting their confirm. At least once; order is
+the channel's publish order. Why aiormq, and the message's shape: docs/explanation/transports.md, "RabbitMQ".
 """
 
 import asyncio

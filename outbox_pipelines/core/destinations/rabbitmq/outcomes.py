@@ -1,23 +1,8 @@
 """What each answer of a RabbitMQ broker, and each failure of the AMQP client (aiormq), means for a
 message: the RabbitMQ destination's outcome table (``ROWS``; docs/destinations.md shows it, rendered by
-``outcome_tables``).
+``outcome_tables``). Error texts have the URL's credentials scrubbed.
 
-Each error text has the URL's credentials scrubbed by the destination, which is named by its origin. Why
-some rows are as they are:
-- ``basic.return`` (mandatory: no queue is bound for the routing key) is dead, not a retry: the message
-  would go nowhere again until someone binds a queue, and retries would burn its attempts meanwhile; once
-  the binding exists, replay needs no --force. Except in the first ``RECOVERY_GRACE_S`` of a connection
-  that replaced an earlier one: a restarted RabbitMQ answers AMQP before it has restored its durable queues'
-  bindings, and returned a message published then (seen in 1 of 6 restarts of the test broker); that is
-  a retry, and the message goes at its next attempt;
-- a body over the broker's ``max_message_size`` makes the broker close the channel (406
-  PRECONDITION_FAILED): the rest of the batch is published again on a new connection (publishes queued
-  behind the refused one make the broker close the connection too: 504), and the limit read from the
-  broker's refusal is kept, so later bodies over it are refused before sending; any other 406 on publish
-  (a precondition of this message) likewise, the culprit found by publishing the unconfirmed rest one at
-  a time;
-- a broker that is down or hung answers every delivery within about the table's timeout, and opens the
-  circuit (no attempt spent, nothing dead).
+Why some rows are as they are: docs/explanation/transports.md, "RabbitMQ: what each answer means".
 """
 
 import asyncio
