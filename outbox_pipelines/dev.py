@@ -1,11 +1,8 @@
 """`outbox-pipelines dev`: the embedded default (or OUTBOX_DATABASE_URL), migrations, Dagster
-storage, and the Dagster UI with its daemon (schedules and sensors running). Ctrl-C stops
-everything it started.
+storage, and the Dagster UI with its daemon. Ctrl-C stops everything it started.
 
-The Dagster UI has no login: whoever reaches its port can launch runs, replays and backfills.
-``dev`` therefore serves it on loopback only, unless ``--allow-remote`` says another address is
-meant (then it logs one WARNING line); the rule is the Order API's (core/listen.py). What Dagster
-writes (its instance files, run and compute logs) is made with umask 077: for its user only.
+The UI has no login, so it is served on loopback unless ``--allow-remote`` (core/listen.py); what Dagster writes is
+made with umask 077.
 """
 
 import logging

@@ -172,3 +172,21 @@ def test_prose_cites_pages_not_seed_sections_or_issue_numbers():
             if SEED_OR_ISSUE.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
     assert not found, "cite the docs page instead:\n" + "\n".join(found)
+
+
+# A module docstring says what the module is for and what it keeps true, in a few lines; the why is on an
+# explanation page, cited by page and heading. Docstrings that are a user's usage example are exempt.
+DOCSTRING_MAX_LINES = 6
+USAGE_EXAMPLES = {"outbox_pipelines/__init__.py", "outbox_pipelines/testing.py"}
+
+
+def test_module_docstrings_are_a_few_lines():
+    long = [
+        f"{path}: {len(doc.strip().splitlines())} lines"
+        for path, doc in _module_docstrings().items()
+        if path not in USAGE_EXAMPLES and len(doc.strip().splitlines()) > DOCSTRING_MAX_LINES
+    ]
+    assert not long, (
+        f"module docstrings over {DOCSTRING_MAX_LINES} lines (move the why to docs/explanation/ and cite it):\n"
+        + "\n".join(long)
+    )

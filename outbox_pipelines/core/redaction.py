@@ -1,13 +1,8 @@
 """Secrets never reach people: URLs shown without their credentials, answers without the credential sent.
 
-- ``mask_url``: THE rule that shows a URL, a host list or a libpq conninfo without its credentials (user-info,
-  ``password=`` and other secret parameters); ``redact_text`` applies it to every URL inside free text.
-- ``reads_two_ways`` / ``unencoded_userinfo``: a URL whose user-info holds a raw ``@``, ``#``, ``?`` or ``/``
-  (a client reads a host out of the password): refused where it is loaded, "percent-encode the password".
-- ``url_origin``: ``scheme://host[:port]`` only, how a destination or webhook URL is named in logs,
-  run metadata and alerts (a Slack-style path or an ``?apikey=`` query is a secret too).
-- ``Scrubber``: the credentials one destination was given (a bearer token, Basic user and password,
-  the secret parts of its URL), taken out of any text built from what that destination answered.
+``mask_url`` is the one rule that shows a URL, host list or conninfo (``redact_text`` applies it inside free text);
+``reads_two_ways`` / ``unencoded_userinfo`` find a user-info a client would misread; ``url_origin`` names a
+destination; ``Scrubber`` takes one destination's credentials out of any text built from its answers.
 """
 
 import base64

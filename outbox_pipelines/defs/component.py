@@ -1,14 +1,8 @@
 """``OutboxComponent``: a project's outbox tables declared in its own Dagster project (defs.yaml).
 
-    dg scaffold defs outbox_pipelines.OutboxComponent billing
-
-writes ``defs/billing/defs.yaml``; each entry of ``attributes.tables`` is a table's section exactly as
-outbox.toml writes ``[tables.NAME]`` (the same keys, read by the same rules: core.settings), and the project
-gets those tables' assets, checks, relay jobs with their schedules and backlog sensors, maintenance,
-replay, skip, backfill and alerts (defs.factory.outbox_definitions). Only the declared tables, and those
-of the opt-in parts ``attributes.parts`` names (``[orders, examples]``), as outbox.toml's ``parts``. One
-project may hold several OutboxComponents (one per team, say): their tables are one project's, each table
-declared in one of them; the database is the deployment's (OUTBOX_DATABASE_URL).
+``dg scaffold defs outbox_pipelines.OutboxComponent billing`` writes ``defs/billing/defs.yaml``; each entry of
+``attributes.tables`` is a table's section as outbox.toml writes it, and ``attributes.parts`` its parts. Several
+components in one project are one declaration. More: docs/explanation/front-ends.md, "Dagster".
 """
 
 import os

@@ -1,10 +1,7 @@
 """The database side of each outbox table as an asset check: ``vacuum`` (core/oncall/database_health.py).
 
-WARN or ERROR while a transaction, a prepared transaction or a replication slot holds vacuum back and the
-table's dead tuples pile up (its sentence names the pid and the application, and how to end it), WARN while
-autovacuum falls behind with nothing holding it back; OK with the table's dead tuples, live rows, and table
-and index size. The on-call sensor records it with the other checks every 15 s and alerts once for the
-database (one holder holds every table back); running the check here reads it now.
+WARN or ERROR while something holds vacuum back and dead tuples pile up (the sentence names the pid and how to
+end it), WARN while autovacuum falls behind; the on-call sensor alerts once for the database.
 """
 
 import dagster as dg

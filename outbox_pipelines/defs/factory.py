@@ -1,12 +1,7 @@
-"""The outbox's Dagster definitions for a project: one function, used by this repository's code location,
-by ``OutboxComponent`` (a project's defs.yaml) and by a ``Definitions`` written by hand.
-
-    defs = dg.Definitions.merge(my_defs, outbox_definitions(tables={
-        "billing_outbox": {"destination": "http", "url": "https://billing.example.com/events"},
-    }))
-
-The tables are sections as ``outbox.toml`` writes them (``[tables.NAME]``), read by the same rules
-(core.settings); without ``tables``, OUTBOX_CONFIG's or the project's ``outbox.toml`` with the shipped tables.
+"""The outbox's Dagster definitions for a project: one function, ``outbox_definitions``, used by this
+repository's code location, by ``OutboxComponent`` and by a ``Definitions`` written by hand
+(``outbox_definitions(tables={"billing_outbox": {...}})``). The tables are sections as ``outbox.toml`` writes
+them, read by the same rules; without ``tables``, the project's ``outbox.toml``.
 """
 
 import os

@@ -1,15 +1,8 @@
 """The on-call sensor's cursor: what it last recorded of each table, as a line a person reads on the sensor's
-page (Dagster shows a cursor as it is), and which tables to record on this tick.
+page, and which tables to record on this tick (those whose failing checks changed, then the others in turn,
+at most ``most`` a tick, the worst first).
 
-    failing: ledger_outbox (relay error) | warning: crm_outbox (blocked_keys warn, dead_letters warn) |
-    healthy: mod00_outbox, mod01_outbox, ... | refreshed: mod01_outbox
-
-A table is recorded (its state, then its checks: table_health.py) when the checks that do not pass, or their
-severity, change, or when it was never recorded; the others in turn, so that each is recorded again within
-``every_s`` (``refreshed`` names the last one taken in turn). Dagster stores each event through its storage
-(tens of ms each on PostgreSQL, eight check evaluations a table), so a tick records at most ``most`` tables,
-the worst first: the rest follow on the next ticks (``to record``). A cursor that does not read this way
-(empty, edited, an older version's JSON) records every table again.
+Why so few a tick: docs/explanation/on-call.md, "The on-call sensor's cursor".
 """
 
 import math

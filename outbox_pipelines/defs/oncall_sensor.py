@@ -1,12 +1,8 @@
 """On-call in Dagster: the sensor that keeps the checks current and tells people what changed.
 
-``outbox_oncall`` runs the core's on-call sweep every 15 s (dead relays, every table's checks, fire / remind /
-resolve), records each table's state and check evaluations on its asset (so the UI shows them without a run:
-defs/table_health.py), and marks the runs of dead relays failed (defs/alerts.py tells about the other failed runs).
-
-A table is recorded when its checks' grades change, and otherwise in turn, within ``RECORD_EVERY_S``
-(defs/oncall_cursor.py): Dagster writes each recorded event through its storage (tens of ms each on
-PostgreSQL), so a tick records a few tables, not all of them.
+``outbox_oncall`` runs the core's on-call sweep every 15 s, records each table's state and checks on its asset
+(defs/table_health.py, a few tables a tick: defs/oncall_cursor.py) and marks the runs of dead relays failed
+(defs/alerts.py tells about the other failed runs).
 """
 
 from collections.abc import Mapping

@@ -1,11 +1,8 @@
-"""The database schema as an asset with two checks: ``schema_version`` (core/storage/schema_version.py) and
-``schema_drift`` (core/storage/schema_drift.py), each one core function's sentences, as ``db status`` prints them.
+"""The database schema as an asset with two checks: ``schema_version`` and ``schema_drift`` (core/storage/), each
+one core function's sentences, as ``db status`` prints them.
 
-A schema older than the code fails ``schema_version`` (ERROR, with "run outbox-pipelines db upgrade"): the code
-location loads and shows it, rather than failing to load in a loop; its relay runs refuse to start with the same
-sentence (core/relay). Drift fails ``schema_drift``: ERROR when something fails (a missing table, function or
-grant), WARN when it is only slower (a missing or INVALID index). The asset is external, never materialized, like
-the tables' (defs/checks.py); ``outbox_checks_job`` runs these checks with the tables'.
+An older schema fails ``schema_version`` (ERROR) and the code location still loads; drift is ERROR when something
+fails, WARN when it is only slower. ``outbox_checks_job`` runs them with the tables' checks.
 """
 
 import dagster as dg

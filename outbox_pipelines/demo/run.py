@@ -1,12 +1,7 @@
 """The demo: every shipped table end to end through the Dagster jobs, on the embedded default.
 
-Orders go to a local broker simulator that injects faults (503, 429 with
-Retry-After, 400); memory writes show dedup; events go to in-process handlers
-(a flaky one retries, a malformed payload dies, an unknown topic waits).
-Backoffs are shortened so the demo finishes quickly; nothing else differs
-from production.
-
-Where its data goes: demo/data.py (``prepare_demo``). Everything else it reads comes from the installed package.
+Orders go to a fault-injecting broker simulator, memory writes show dedup, events go to in-process handlers;
+only the backoffs are shortened. Where its data goes: demo/data.py (``prepare_demo``).
 """
 
 import json

@@ -1,14 +1,8 @@
 """Seed 002 (Ghost style): MemberCreatedEvent → a welcome email, recorded in automated_email_recipients.
 
-The registry here serves the shipped ``outbox_members`` table (success deletes
-the row). The mailer is pluggable: the default writes each email as a file
-under ``OUTBOX_MAIL_DIR`` (default ``.outbox/mail``); set ``OUTBOX_MAILER=log``
-to only log it, or call ``use_mailer`` with your own. ``OUTBOX_WELCOME_EMAILS``
-(default on) is the per-topic switch, like Ghost's labs.welcomeEmails.
-
-Exactly-once per member event: the handler skips an event already recorded in
-``automated_email_recipients``; the record is written after the send, so a
-crash in between may send twice (at least once), never zero times.
+Serves the shipped ``outbox_members`` table (success deletes the row). The mailer is pluggable (``OUTBOX_MAILER``,
+``use_mailer``); ``OUTBOX_WELCOME_EMAILS`` switches the topic. An event already recorded is skipped; the record
+is written after the send, so a crash in between may send twice, never zero times.
 """
 
 import logging

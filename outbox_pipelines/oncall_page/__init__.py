@@ -1,11 +1,8 @@
-"""The outbox on-call page: one line per declared table (counts per state, blocked keys, paused topics, the
-oldest waiting message, its health by its worst check), each table's dead and blocked messages, a search by
-event id, ordering key or tenant, and Replay… / Skip… on each dead message, launched as the same Dagster jobs
-(a dry run first, then for real with a reason), so run history stays in Dagster.
+"""The outbox on-call page: one line per declared table, each table's dead and blocked messages, a search, and
+Replay… / Skip… launched as the same Dagster jobs (a dry run first), so run history stays in Dagster.
 
-Served by ``outbox-pipelines oncall-page`` (``serve``) or from another process's thread (``serve_in_thread``);
-``build_app`` is the ASGI app. Not the engine's: it uses Starlette and uvicorn, which the Dagster webserver
-installs.
+Served by ``outbox-pipelines oncall-page`` (``serve``) or a thread (``serve_in_thread``); ``build_app`` is the ASGI
+app. Not the engine's: it uses Starlette and uvicorn.
 """
 
 from outbox_pipelines.oncall_page.app import RunningPage, build_app, serve, serve_in_thread

@@ -1,10 +1,9 @@
 """The on-call page's web app (Starlette) and how it is served: ``build_app`` for any ASGI server,
-``serve_in_thread`` for a process that runs it beside others (``dev``), ``serve`` for ``outbox-pipelines
-oncall-page``.
+``serve_in_thread`` beside others (``dev``), ``serve`` for ``outbox-pipelines oncall-page``.
 
-It launches runs (replays, skips), so it is served on loopback unless ``allow_remote`` says otherwise, answers
-only requests addressed to such a host (a page of another site cannot reach it by a DNS name of its own), and
-takes an action only by POST from one of its own pages (the browser's Origin, or Referer, is its own)."""
+It launches runs, so: loopback unless ``allow_remote``, only requests addressed to such a host, and an action only
+by POST from one of its own pages (Origin or Referer).
+"""
 
 import socket
 import threading

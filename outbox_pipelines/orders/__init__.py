@@ -1,15 +1,8 @@
 """The order product (seeds 000 and 001), a wing on the engine.
 
-The engine never imports this package (an import-linter contract in pyproject.toml):
-it builds the order broker from the factory this wing declares (``wings.destinations()``, "module:factory",
-imported when a table uses it), talks to it only through the ``Destination``
-protocol, and reads the shipped orders table from ``SHIPPED_TABLES``.
-
-- ``validation``: the rules of an OrderRequest v1.1
-- ``model``: the stored order, its digests, the broker's request and answer
-- ``ledger``: the idempotency ledger (accept once per key, look up, record outcomes)
-- ``failures``: seed 001's error code of a failed order
-- ``broker``: ``OrderBroker``, the destination that executes orders and fills the ledger
+The engine never imports this package (an import-linter contract): it builds the order broker from the factory
+this wing declares and talks to it only through the ``Destination`` protocol. Modules: ``validation``, ``model``,
+``ledger``, ``failures``, ``broker``, ``wing``, ``api/`` (docs/explanation/orders.md).
 """
 
 from typing import Any

@@ -1,13 +1,8 @@
 """The order broker, a Destination (docs/explanation/orders.md): OrderRequest → broker request, ExecResult → ledger.
 
-Every attempt carries the same Idempotency-Key (the message's event id); the
-timeout follows the order's time in force (2.5 s IOC, 5 s FOK/GTC). After the
-relay settles a batch, ``after_settle`` records each order's outcome in
-``idempo_ledger`` in the same transaction, found by the message's event id:
-succeeded with the ExecResult and its digest, or failed with seed 001's error
-code, the HTTP status of the failure and the reason (``failures.failure_code``),
-from what the last attempt saw on the wire. Without a broker URL, the paper
-broker executes every order.
+Every attempt carries the same Idempotency-Key; the timeout follows the order's time in force (2.5 s IOC, 5 s
+FOK/GTC). ``after_settle`` records each order's outcome in ``idempo_ledger`` in the settle's transaction (the
+failure's code: ``failures.failure_code``). Without a broker URL, the paper broker executes every order.
 """
 
 import hashlib

@@ -1,15 +1,8 @@
 """A local HTTP broker that executes each idempotency key once, with fault injection.
 
-Used by the demo, drills, tests and soaks. A repeated key answers 409 "already
-processed" with the original result, as a real idempotent broker would.
-Faults are chosen per key and attempt, so runs are repeatable.
-
-Besides the orders (any path), the simulator answers two control endpoints
-(``CONTROL_HELP``): ``GET /_stats`` (what it saw: requests, keys executed,
-repeats = requests for keys already executed, i.e. duplicate deliveries, and
-answers by kind), ``GET /_executed`` (the keys executed) and ``POST /_faults``
-(change the faults of the running simulator). ``python -m
-outbox_pipelines.orders.broker_sim --help`` lists the options.
+Used by the demo, drills, tests and soaks. A repeated key answers 409 "already processed" with the original
+result; faults are chosen per key and attempt, so runs are repeatable. Control endpoints: ``CONTROL_HELP``;
+options: ``python -m outbox_pipelines.orders.broker_sim --help``.
 """
 
 import argparse

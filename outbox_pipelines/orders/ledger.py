@@ -1,10 +1,8 @@
 """The idempotency ledger of the Order API (seed 001): accept an order exactly once per (caller, key).
 
-``accept_order`` runs inside the caller's transaction: the ledger row and the
-``outbox_orders`` row commit together or not at all. The ledger row records the
-event id of that outbox message, so the relay's outcome finds its row by the
-message's own event id (``record_outcomes``). What the API answers (statuses,
-bodies) is the API's business: the ledger says what happened.
+``accept_order`` runs inside the caller's transaction: the ledger row and the ``outbox_orders`` row commit together.
+The ledger row records that message's event id, so the relay's outcome finds it (``record_outcomes``). What the API
+answers is the API's business: the ledger says what happened.
 """
 
 import json

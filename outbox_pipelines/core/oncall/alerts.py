@@ -1,12 +1,8 @@
 """Alerts that on-call can trust: fired once when a condition starts, reminded rarely, resolved once.
 
-A *condition* is what is true now about one thing (a table's check, a relay
-process, a run): its key, severity (ok / warning / error), a one-sentence
-summary saying what, how bad and what to do, the figures, and a link. The
-alerting remembers, per key, what it last announced (``outbox_alert_state``),
-so each change is told exactly once whichever process evaluates it, and a
-restart neither repeats nor loses an alert. Payloads are JSON with a ``text``
-field, so a Slack-compatible incoming webhook shows them as they are.
+A *condition* (a table's check, a relay, a run) has a key, a severity, a one-sentence summary, figures and a
+link. What was last announced per key is kept in ``outbox_alert_state``, so each change is told once whichever
+process evaluates it. Payloads are JSON with a Slack-compatible ``text``.
 """
 
 import logging

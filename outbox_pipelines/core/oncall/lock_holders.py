@@ -1,11 +1,8 @@
 """Sessions holding a table's ordering locks for long: named by ``status`` and the blocked-keys check.
 
-Any login may take an advisory lock. The outbox's own holders keep a key's stripe for milliseconds (a writer's
-commit-time check, a settle's release); a session that keeps stripes longer holds back the release of every key of
-them, and so those keys' later messages. It is named by its pid, application name and login, with for how long at
-least and how many stripes: never what it runs. A lock held outside any transaction is a session lock, which the
-outbox never takes: named whatever its age. The times are the database owner's to read (pg_read_all_stats); where it
-may not, a holder inside a transaction goes unnamed (its age unknown: it may be a settle of this very moment).
+A session keeping stripes longer than the outbox's milliseconds holds back those keys' later messages. Named by pid,
+application, login, how long and how many stripes: never what it runs.
+Why and how: docs/explanation/ordering-keys.md, "Who holds a key's lock".
 """
 
 from dataclasses import dataclass

@@ -1,16 +1,8 @@
 """Maintenance passes in River's style: one batched statement, looped until a batch comes back short.
 
-A cleaner run (``clean_tables``, what ``outbox-pipelines clean`` and Dagster's
-``clean_job`` both run) is ``clean`` once per outbox table whose cleaner is on,
-and ``clean_shared`` exactly once for the tables every outbox table shares (the
-wings' own, such as the order wing's ledger, and the audit), whichever outbox tables are cleaned.
-
-What each keeps (docs/how-to/retention.md): sent rows the table's ``retention`` (168 h), dead rows
-OUTBOX_CLEANER_DEAD_RETENTION (30 days; never one that parks its ordering key), audit rows
-OUTBOX_AUDIT_RETENTION (30 days), a wing's shared rows what the wing says (the order wing's ledger: until
-each row's ``expires_at``, 48 h after its order). Every delete is a batch of at most ``batch_size`` rows
-in a short transaction of its own: row locks only, so the application's writes never wait behind it.
-Every pass takes ``now`` (the clock a test or the churn bench moves; None: the database's).
+``clean_tables`` (the CLI's ``clean``, Dagster's ``clean_job``) runs ``clean`` per outbox table whose cleaner is on
+and ``clean_shared`` once. Every delete is a batch of at most ``batch_size`` rows in a short transaction of its own,
+so the application's writes never wait behind it. What each keeps: docs/how-to/retention.md.
 """
 
 from collections.abc import Callable, Sequence

@@ -1,11 +1,8 @@
 """Whether a maintenance pass has anything to do, asked before a run is launched for it.
 
-A requeue pass every 5 minutes and a cleaner pass every hour that find nothing left a run each: about 310 of
-the 360 runs a day of an idle deployment, the Runs page a list of no-ops. The schedules now ask
-these first (one cheap statement per table, sql/queries/maintenance_due.sql, mirroring what the pass would
-change) and launch a run only for the tables that have work; otherwise their tick is skipped with the reason.
-
-Each answer is a mapping table -> why (a short phrase for the tick and the run's tags); empty: nothing to do.
+The schedules ask first (one cheap statement per table, sql/queries/maintenance_due.sql, mirroring the pass) and
+launch a run only for tables with work, so an idle deployment's Runs page is not a list of no-ops. Each answer
+maps table -> why; empty: nothing to do.
 """
 
 from collections.abc import Sequence

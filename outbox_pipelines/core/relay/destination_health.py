@@ -1,12 +1,8 @@
 """Whether a table's destination is failing, as its relays see it (``outbox_destination_health``).
 
-An outage must show while it lasts. A relay run during a broker outage claims,
-fails and retries; nothing in the message counts looks wrong until messages die
-hours later. So each relay records, after every batch, whether the destination
-itself failed (connection refused, timeout, 5xx, 401, an unreadable answer) and
-nothing was delivered; the first success ends the streak. The ``destination``
-check grades how long the streak has lasted. Throttling (429) and failures of
-one message (400, handler errors) are not destination failures.
+After every batch a relay records whether the destination itself failed with nothing delivered (a streak the
+first success ends); the ``destination`` check grades how long it has lasted. Throttling and one message's
+failures are not destination failures. Why: docs/explanation/on-call.md.
 """
 
 import logging

@@ -1,16 +1,8 @@
-"""Seed 003's lease protocol as functions, over the same fenced SQL the relay uses.
+"""Seed 003's lease protocol as functions (``claim_outbox``, ``renew_lease``, ``ack_sent``, ``fail_retry``,
+``mark_dead_by_worker``, ``check_dedup``), over the same fenced SQL the relay uses.
 
-Every state change succeeds only for the lease holder at the attempt it
-claimed; otherwise it returns False and an ``outbox_flush_conflict`` row is
-written to the audit, never an exception (docs/explanation/relay.md, "Fencing").
-
-    items = claim_outbox(conn, "memory_outbox", "worker-1", limit=10, lease_seconds=120)
-    for item in items:
-        if (hit := check_dedup(conn, "memory_outbox", item.topic, item.payload_sha)):
-            ack_sent(conn, "memory_outbox", item, "worker-1", memory_id=hit["result_ref"], dedup=True)
-            continue
-        renew_lease(conn, "memory_outbox", item, "worker-1", lease_seconds=120)
-        ...
+Every state change succeeds only for the lease holder at the attempt it claimed; otherwise it returns False and
+an ``outbox_flush_conflict`` row is audited, never an exception (docs/explanation/relay.md, "Fencing").
 """
 
 from datetime import datetime

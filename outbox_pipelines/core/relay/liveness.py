@@ -1,10 +1,8 @@
 """Relay liveness: every relay heartbeats in ``outbox_relay_workers``; one that falls silent died.
 
-A relay registers when it starts, heartbeats from its lease-keeper thread and
-records why it stopped when it stops. A relay that stops heartbeating without
-saying goodbye (SIGKILL, OOM, a lost host) is presumed dead: the rows it still
-holds go back to pending at once instead of waiting out their lease, and
-on-call hears about it (the Dagster layer marks its run failed and alerts).
+A relay registers, heartbeats from its lease keeper and records why it stopped. One silent without a goodbye
+(SIGKILL, OOM, a lost host) is presumed dead and buried: its rows go back to pending at once and on-call hears of it
+(docs/explanation/on-call.md).
 """
 
 import logging

@@ -1,15 +1,8 @@
 """The relay: claim → dispatch → settle, over one outbox table, under a budget.
 
-One relay owns one database connection for claims and settles (it also holds
-the single-active lock and LISTENs for wake-ups; behind a transaction pooler it
-is the direct connection, or it polls: relay/session.py), and a lease keeper thread
-that renews the leases of a batch whose dispatch runs long. An invocation runs
-under a time budget and/or an entry budget (what a Dagster run uses), drains
-once (``once``), or runs until stopped; a stop request (SIGTERM) finishes and
-settles the batch in flight, so no lease is left behind.
-
-What one invocation carries from step to step is relay/invocation.py's; reconnecting after a database error,
-and the goodbye, relay/recovery.py's; the stop request (safe from a signal handler) relay/stop.py's.
+One relay owns one connection for claims and settles (the single-active lock, LISTEN) and a lease keeper thread;
+a stop request settles the batch in flight, so no lease is left behind. Beside it: relay/invocation.py (one run's
+state), relay/recovery.py (after a database error), relay/stop.py. How: docs/explanation/relay.md.
 """
 
 import contextlib

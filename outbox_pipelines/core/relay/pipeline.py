@@ -1,14 +1,8 @@
 """Pipelined delivery: deliver batch N on a thread of its own while claiming N+1.
 
-For network destinations, where a batch spends most of its time waiting on the
-wire, this keeps the claim and the settle off the critical path. A batch
-delivered whole (every message plainly sent: nothing can have opened the circuit
-or asked to slow down) lets the next one go on the wire at once, and is settled
-while that one is in flight; a database failure then leaves at most two
-delivered-but-unrecorded batches per relay, sent again once their leases expire
-(at least once; their idempotency keys make the effect happen once). Any other
-batch is settled first, so an outage or a 429 is known before anything more is
-sent.
+A batch delivered whole lets the next go on the wire at once and is settled while it is in flight; any other
+batch is settled first, so an outage or a 429 is known before more is sent. At most two batches are
+delivered-but-unrecorded per relay. Why: docs/explanation/relay.md, "Claim, dispatch, settle".
 """
 
 from collections.abc import Callable

@@ -1,10 +1,8 @@
 """The relay's connection after a database error, and at the end: reconnecting, giving back what it held, the goodbye.
 
-A lost connection or a statement timeout abandons the batch in flight (``Relay._recover`` in relay/loop.py).
-``Recovery`` brings the relay back: a fresh session as soon as the database answers (backing off; the time
-budget or a stop request ends the wait), the single-active lock taken again, the error audited, and every row
-the relay still holds given back to pending now instead of when its lease expires. The goodbye lets go of the
-lock and records the stop whatever state the connection is in.
+After a lost connection or a statement timeout (``Relay._recover`` in relay/loop.py), ``Recovery`` reconnects with a
+backoff, retakes the single-active lock, audits the error and gives back every row the relay still holds. The
+goodbye lets go of the lock and records the stop whatever state the connection is in.
 """
 
 import logging

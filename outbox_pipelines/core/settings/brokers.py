@@ -1,10 +1,8 @@
 """Where a broker table's messages go (``destination = "nats" | "rabbitmq" | "kafka"``), read at load.
 
-Each broker's client library is an optional extra; a table naming a broker whose extra is not installed
-fails when the settings load, with the ``pip install`` line to run, never at its first delivery.
-
-Credentials stay out of ``outbox.toml``: a URL carrying ``user:password@`` (or a NATS token) is read from
-the variable ``url_env`` names (or ``token_env``), and the destination is shown by its origin only.
+A table naming a broker whose extra is not installed fails when the settings load, with the ``pip install`` line.
+Credentials stay out of ``outbox.toml``: read from the variable ``url_env`` (or ``token_env``) names; the
+destination is shown by its origin only.
 """
 
 import importlib.util

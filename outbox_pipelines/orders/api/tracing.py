@@ -1,11 +1,8 @@
 """OpenTelemetry for the Order API: the ``do.order`` span, and its W3C traceparent.
 
-The shared pieces (parsing and writing ``traceparent``, OTLP set-up from the ``OTEL_*``
-variables) live in outbox_pipelines.core.telemetry.tracing, which the relay uses too: the
-traceparent of ``do.order`` goes into the accepted order's outbox headers
-(``headers["traceparent"]``), and the relay's send span becomes its child.
-The API takes its tracer from the provider it is given (tests pass an SDK provider
-with an in-memory exporter) or from the global one.
+The shared pieces live in ``outbox_pipelines.core.telemetry.tracing``; the traceparent of ``do.order`` goes into the
+accepted order's outbox headers, so the relay's send span is its child. The tracer comes from the provider given
+(tests pass one) or the global one.
 """
 
 from collections.abc import Mapping

@@ -1,10 +1,8 @@
 """What an HTTP attempt that got no answer means: the outcome of each exception an HTTP client raises,
-alike on every transport (httpx's and aiohttp's errors mapped to one set), and the request checks that
-refuse, before anything goes on the wire, what a client would refuse to send.
+alike on every transport, and the request checks that refuse what a client would refuse to send.
 
-``ROWS`` is the table of those failures: what ``exception_outcome`` tells apart, and the outcome and code
-each makes. (An answer's outcome is ``http/outcomes.py``'s table; docs/reference/outcomes.md shows both, rendered
-by ``outcome_tables``.)
+``ROWS`` is the table of those failures (``exception_outcome``); an answer's outcome is http/outcomes.py's table;
+docs/reference/outcomes.md shows both, rendered by ``outcome_tables``.
 """
 
 import re

@@ -1,9 +1,6 @@
 """The one settings registry: every key a ``[tables.NAME]`` section may carry (``table_keys``) and every
-environment variable the engine reads (``variables``), each with its default as a user writes it and what it
-means; and the reference's Markdown tables rendered from them (``markdown``).
-
-What a section is checked against is read from here (core/settings/sections.py), and the docs' tables are
-generated from here, so neither can say what the other does not:
+environment variable the engine reads (``variables``), each with its default and meaning; the docs' Markdown tables
+are rendered from them (``markdown``), so the check and the docs cannot disagree.
 ``python -m outbox_pipelines.core.settings.registry [keys|environment]`` prints them.
 """
 

@@ -1,10 +1,8 @@
 """Every key a ``[tables.NAME]`` section may carry: its kind, its default as a user writes it, what it means,
 and the destinations that read it.
 
-The keys a section is checked against (``TABLE_KEYS``), the words a choice accepts, the check thresholds and
-the Kafka security keys are all read from here, so a key cannot be accepted without being documented.
-A wing's destination (core/wings.py) may read keys too: its URL destinations take ``url`` and ``token_env``
-as ``http`` does.
+Sections are checked against ``TABLE_KEYS``, so a key cannot be accepted without being documented. A wing's URL
+destinations take ``url`` and ``token_env`` as ``http`` does.
 """
 
 from dataclasses import dataclass
