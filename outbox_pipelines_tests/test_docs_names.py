@@ -152,7 +152,7 @@ def _prose_files() -> list[Path]:
 
 def test_every_page_and_heading_a_comment_cites_exists():
     missing = []
-    for path in _prose_files():
+    for path in [*_prose_files(), *sorted((ROOT / "outbox_pipelines_tests").rglob("*.py"))]:
         for page, *quoted in CITATION.findall(path.read_text()):
             heading = next(text for text in quoted if text)
             if not (ROOT / "docs" / "explanation" / page).is_file():

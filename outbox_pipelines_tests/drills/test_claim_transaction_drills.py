@@ -1,5 +1,5 @@
 """Drills of the per-table settings ``claim = "transaction"`` and ``audit = "failures"``, run the way
-users run them (docs/design.md §3.3 "Claim modes" and "Audit setting"):
+users run them (docs/explanation/relay.md, "Claim modes"; docs/explanation/audit.md, "The audit setting"):
 
 1. the real Dagster relay path: ``outbox-pipelines dev`` (the drill stack of conftest.py) with an
    outbox.toml that sets both on ``outbox_orders``; the relay run the sensor launches delivers to

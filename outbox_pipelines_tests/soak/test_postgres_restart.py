@@ -24,7 +24,8 @@ DOWN_S = 10.0
 # A relay claims the next batch while one is on the wire but settles a batch before sending the
 # next, so a crash can catch at most one delivered-but-unsettled batch per relay. A quarter of the
 # way through every batch is full, and a full batch's settle waits for its WAL flush (only a batch
-# that empties the queue settles without: docs/design.md, claim modes), so none settled is lost.
+# that empties the queue settles without: docs/explanation/relay.md, "Commits and the WAL flush"), so none
+# settled is lost.
 IN_FLIGHT_BATCHES = 1
 
 

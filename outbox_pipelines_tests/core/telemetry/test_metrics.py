@@ -1,4 +1,4 @@
-"""Every metric the seeds name (000 §8.2, 004 §10.2, docs/design.md §4.5) exists, moves, and stays bounded."""
+"""Every metric the seeds name (000 §8.2, 004 §10.2; docs/explanation/on-call.md) exists, moves, and stays bounded."""
 
 import uuid
 
@@ -71,7 +71,7 @@ def test_every_seed_metric_is_exposed_and_counts_what_happened(db_url, conn):
     assert moved("outbox_dispatch_latency_seconds_count", table=EVENTS, topic=topic) == 4
     # seed 000 §8.2: the distribution of attempts of settled messages (sent and dead; the retry is not final)
     assert moved("outbox_retry_count_count", table=EVENTS) == 3
-    # gauges read at scrape time (seed 004 §10.2, seed 000 inflight, docs/design.md §4.5 lag, the circuit)
+    # gauges read at scrape time (seed 004 §10.2, seed 000 inflight, lag, the circuit: docs/explanation/on-call.md)
     for gauge in (
         "outbox_pending_count",
         "outbox_locked_count",

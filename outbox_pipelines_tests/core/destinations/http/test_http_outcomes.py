@@ -1,4 +1,4 @@
-"""The mapping of HTTP answers to outcomes (docs/design.md §3.4), without sockets."""
+"""The mapping of HTTP answers to outcomes (docs/explanation/outcomes.md), without sockets."""
 
 import email.utils
 import json
