@@ -8,7 +8,8 @@ import shlex
 from typing import Any
 
 from outbox_pipelines.cli.inputs import chosen_tables, database_url, settings_of
-from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, fmt_seconds, say, shell_prefix
+from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, say, shell_prefix
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
@@ -90,7 +91,7 @@ def print_status(args: argparse.Namespace, reports: list[TableStatus], tables: l
         print("\nto look at dead rows (changes nothing; drop --dry-run to replay them):")
         for command in status_replay_suggestions(args, reports):
             print(f"  {command}")
-    lag_window = fmt_seconds(reports[0].lag_window_s if reports else 3600)
+    lag_window = duration_words(reports[0].lag_window_s if reports else 3600)
     print(f"\nlag = created → delivered over the last {lag_window}, {LAG_LEGEND}")
     for r in reports:
         print_destination_health(r)
@@ -129,8 +130,8 @@ def print_counts(reports: list[TableStatus]) -> None:
     for r in reports:
         print(
             f"{r.table:<{width}}" + "".join(f"{r.counts.get(s, 0):>10}" for s in STATES) + f"{r.stuck:>8}"
-            f"{fmt_seconds(r.oldest_pending_age_s):>9}{fmt_seconds(r.lag_p50_s):>9}"
-            f"{fmt_seconds(r.lag_p95_s):>8}{fmt_seconds(r.lag_p99_s):>8}"
+            f"{duration_words(r.oldest_pending_age_s):>9}{duration_words(r.lag_p50_s):>9}"
+            f"{duration_words(r.lag_p95_s):>8}{duration_words(r.lag_p99_s):>8}"
         )
 
 
@@ -142,7 +143,7 @@ def print_destination_health(r: TableStatus) -> None:
         codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
         print(
             f"\n{r.table}: deliveries to {health.destination} have failed for "
-            f"{fmt_seconds(health.failing_for_s)} ({codes}); messages retry by themselves"
+            f"{duration_words(health.failing_for_s)} ({codes}); messages retry by themselves"
         )
     if health.circuit_opened_at is not None:
         print(
@@ -150,7 +151,7 @@ def print_destination_health(r: TableStatus) -> None:
             "message at a time, no attempts spent; it closes on the first success"
         )
     if health.paused:
-        print(f"{r.table}: paused {fmt_seconds(health.paused_for_s)} more: the destination asked to slow down (429)")
+        print(f"{r.table}: paused {duration_words(health.paused_for_s)} more: the destination asked to slow down (429)")
     if health.relay_problem:
         since = f" since {health.relay_problem_since:%Y-%m-%d %H:%M:%S %Z}" if health.relay_problem_since else ""
         print(f"{r.table}: cannot be relayed{since}: {health.relay_problem}")
@@ -161,7 +162,7 @@ def print_paused(r: TableStatus) -> None:
     if not r.relay_enabled:
         print(f"\n{r.table}: relaying is switched off (relay_enabled = false): {r.waiting} messages wait, not lag")
     if r.paused_topics:
-        oldest = f", the oldest for {fmt_seconds(r.paused_oldest_s)}" if r.paused_oldest_s else ""
+        oldest = f", the oldest for {duration_words(r.paused_oldest_s)}" if r.paused_oldest_s else ""
         print(
             f"\n{r.table}: paused topics: {paused_text(r.paused_topics)}; {r.paused_waiting} "
             f"message{'' if r.paused_waiting == 1 else 's'} wait there{oldest} (paused, not lag)"

@@ -10,7 +10,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from outbox_pipelines.cli.inputs import chosen_tables, database_url, settings_of
-from outbox_pipelines.cli.output import EXIT_OK, UsageError, command_prefix, fmt_seconds, say
+from outbox_pipelines.cli.output import EXIT_OK, UsageError, command_prefix, say
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.operations.maintenance import (
     SHARED_NOT_DUE,
     clean_tables,
@@ -54,7 +55,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     )
     whose = f" of tenant {args.tenant}" if args.tenant else ""
     for outcome in report.tables:
-        older = f"older than {fmt_seconds(outcome.retention_s)}"
+        older = f"older than {duration_words(outcome.retention_s)}"
         dead = f", {outcome.deleted_dead} dead rows past their retention" if outcome.deleted_dead else ""
         print(f"{outcome.table}: {outcome.skipped or f'deleted {outcome.deleted_sent} sent rows{whose} {older}{dead}'}")
     if report.shared is None:

@@ -22,18 +22,6 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}m"
-    return f"{value / 3600:.1f}h"
-
-
 def command_prefix(args: argparse.Namespace) -> list[str]:
     """The start of a suggested command line: the same --config as this run, so it runs as printed."""
     return ["outbox-pipelines"] + (["--config", args.config] if getattr(args, "config", None) else [])

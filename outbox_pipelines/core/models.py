@@ -46,6 +46,10 @@ MAX_ATTEMPTS = "MAX_ATTEMPTS"
 DEDUP_HIT = "DEDUP_HIT"
 
 ERROR_TEXT_LIMIT = 2000
+# The longest event_id and ordering_key a message may carry, in characters: the one place these limits are
+# written (core/prepare.py checks them on every enqueue path; a test holds that no other module writes 255).
+MAX_EVENT_ID_CHARS = 255
+MAX_ORDERING_KEY_CHARS = 255
 
 
 # Control characters (Unicode category Cc: U+0000-U+001F, U+007F-U+009F) and lone

@@ -15,6 +15,8 @@ from outbox_pipelines.core.canonical import (
 )
 from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.models import (
+    MAX_EVENT_ID_CHARS,
+    MAX_ORDERING_KEY_CHARS,
     Message,
     check_header_values,
     check_printable,
@@ -38,8 +40,8 @@ def _check_identifiers(message: Message, new_event_id: str | None = None) -> str
         raise InvalidMessage("message topic must be a non-empty string")
     check_printable("topic", message.topic)
     event_id = message.event_id if message.event_id is not None else new_event_id or str(uuid.uuid4())
-    if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
-        raise InvalidMessage("event_id must be a non-empty string of at most 255 characters")
+    if not isinstance(event_id, str) or not event_id or len(event_id) > MAX_EVENT_ID_CHARS:
+        raise InvalidMessage(f"event_id must be a non-empty string of at most {MAX_EVENT_ID_CHARS} characters")
     check_printable("event_id", event_id)
     if message.tenant_id is not None:
         if not isinstance(message.tenant_id, str):
@@ -52,8 +54,11 @@ def _check_identifiers(message: Message, new_event_id: str | None = None) -> str
 def _check_ordering_key(key: Any) -> None:
     if key is None:
         return
-    if not isinstance(key, str) or not key or len(key) > 255:
-        raise InvalidMessage("ordering_key must be a non-empty string of at most 255 characters (or None: no order)")
+    if not isinstance(key, str) or not key or len(key) > MAX_ORDERING_KEY_CHARS:
+        raise InvalidMessage(
+            f"ordering_key must be a non-empty string of at most {MAX_ORDERING_KEY_CHARS} characters "
+            "(or None: no order)"
+        )
     check_printable("ordering_key", key)
 
 
@@ -139,11 +144,11 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
     except TypeError:  # an unhashable topic, tenant or key
         return None
     if (
-        _plain_identifiers(event_ids, 255)
+        _plain_identifiers(event_ids, MAX_EVENT_ID_CHARS)
         and _plain_identifiers(topics)
         and all(topic.strip() for topic in topics)
         and _plain_identifiers(tenants)
-        and _plain_identifiers(keys, 255)
+        and _plain_identifiers(keys, MAX_ORDERING_KEY_CHARS)
     ):
         return event_ids
     return None
@@ -185,8 +190,8 @@ def _prepare_one(message: Any, max_bytes: int) -> NewRow:
             type(topic) is str
             and type(event_id) is str
             and (tenant_id is None or type(tenant_id) is str)
-            and (key is None or (type(key) is str and 0 < len(key) <= 255))
-            and 0 < len(event_id) <= 255
+            and (key is None or (type(key) is str and 0 < len(key) <= MAX_ORDERING_KEY_CHARS))
+            and 0 < len(event_id) <= MAX_EVENT_ID_CHARS
             and topic.strip()
             # isprintable() refuses every character check_printable refuses, and more (spaces other
             # than " "): what it refuses takes the full checks, which decide.

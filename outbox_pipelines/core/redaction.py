@@ -19,6 +19,8 @@ _KEY_PARAM = re.compile(
     r"(?i)(?P<key>\b(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token|token|secret|password|signature|sig)"
     r"[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\"'&\s,;}]{3,})"
 )
+# What stands where a credential was: the one mask of the package (a test holds that no other module writes it).
+MASK = "***"
 # Pieces shorter than this are not scrubbed on their own: they would mangle ordinary words.
 _MIN_SECRET = 4
 
@@ -82,10 +84,10 @@ def mask_url(value: str) -> str:
         start, colon, at = span
         if _keeps_user(value, start, colon, at):
             if colon >= 0 and colon + 1 < at:
-                value = value[: colon + 1] + "***" + value[at:]
+                value = value[: colon + 1] + MASK + value[at:]
         elif start < at:
-            value = value[:start] + "***" + value[at:]
-    return _SECRET_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), value)
+            value = value[:start] + MASK + value[at:]
+    return _SECRET_PARAM.sub(lambda m: m.group("key") + (MASK if m.group("value") else ""), value)
 
 
 def secrets_in(value: str) -> set[str]:
@@ -152,16 +154,16 @@ def redact_text(text: str) -> str:
     """Every URL inside free text (error messages, names) shown as ``mask_url`` shows it, and a conninfo's
     ``password=`` (or another secret parameter) masked wherever it is."""
     text = _URL_IN_TEXT.sub(lambda match: mask_url(match.group(0)), text)
-    return _SECRET_PARAM.sub(lambda m: m.group("key") + ("***" if m.group("value") else ""), text)
+    return _SECRET_PARAM.sub(lambda m: m.group("key") + (MASK if m.group("value") else ""), text)
 
 
 def mask_credentials(text: str) -> str:
     """User-info, bearer and basic credentials, Authorization headers and key-like parameters masked, in
     any text: for what a third party wrote (an answer's body), whose secrets we cannot list."""
     text = redact_text(text)
-    text = _AUTH_HEADER.sub(lambda m: m.group("key") + "***", text)
+    text = _AUTH_HEADER.sub(lambda m: m.group("key") + MASK, text)
     text = _AUTH_SCHEME.sub(_mask_scheme_value, text)
-    return _KEY_PARAM.sub(lambda m: m.group("key") + "***", text)
+    return _KEY_PARAM.sub(lambda m: m.group("key") + MASK, text)
 
 
 def _mask_scheme_value(match: re.Match[str]) -> str:
@@ -169,7 +171,7 @@ def _mask_scheme_value(match: re.Match[str]) -> str:
     value = match.group("value")
     if value.isalpha() and value.islower():
         return match.group(0)
-    return match.group("scheme") + match.group("sep") + "***"
+    return match.group("scheme") + match.group("sep") + MASK
 
 
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -218,7 +220,7 @@ class Scrubber:
         for url in self._urls:
             text = text.replace(url, self._origin)
         for secret in self._secrets:
-            text = text.replace(secret, "***")
+            text = text.replace(secret, MASK)
         return mask_credentials(text)
 
 

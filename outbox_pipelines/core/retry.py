@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from outbox_pipelines.core import wings
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import ConfigError
 
 # Receives (low, high) and returns a number in that range; tests inject their own.
@@ -48,8 +49,8 @@ class RetryPolicy:
         horizon = self.horizon_s()
         if horizon >= window_s * 0.5:
             raise ConfigError(
-                f"{table_name or 'table'}: retries may go on for {horizon / 3600:.1f} h, which is not well inside "
-                f"the destination's idempotency window of {window_s / 3600:.0f} h; a late retry could run twice. "
+                f"{table_name or 'table'}: retries may go on for {duration_words(horizon)}, which is not well inside "
+                f"the destination's idempotency window of {duration_words(window_s)}; a late retry could run twice. "
                 "Lower max_attempts or max backoff."
             )
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.oncall.sweep import SweepReport
 from outbox_pipelines.core.storage.db import driver_connection
@@ -78,7 +79,7 @@ def _fail_runs_of_dead_relays(instance: dg.DagsterInstance, report: SweepReport)
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         f"Every {SWEEP_EVERY_S} s: evaluates every table's checks and records them on the table assets with the "
-        f"table's state (healthy / warning / failing; when they change, else every {RECORD_EVERY_S / 60:.0f} min), "
+        f"table's state (healthy / warning / failing; when they change, else every {duration_words(RECORD_EVERY_S)}), "
         "returns the rows of relays that died, and posts alerts to OUTBOX_ALERT_WEBHOOK_URL when a check turns "
         "WARN/ERROR (once), stays so (a reminder every OUTBOX_ALERT_REPEAT, default 30 min) or recovers "
         "(resolved). Its cursor lists the tables that do not pass."

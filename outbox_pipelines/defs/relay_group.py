@@ -11,6 +11,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.relay import by_code
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
@@ -210,7 +211,7 @@ def relay_jobs(groups: dict[str, list[str]], tables: Sequence[str] | None = None
         relay_group_graph.to_job(
             name=relay_group_job_name(group),
             description=f"Relay the tables of group {group} ({len(tables)}: {', '.join(tables)}) for up to "
-            f"{seconds / 60:.0f} min, each on a worker of its own.",
+            f"{duration_words(seconds)}, each on a worker of its own.",
             config={"ops": {"relay_group": {"config": {"group": group, "max_seconds": seconds}}}},
             tags={GROUP_TAG: group, KIND_TAG: RELAY_KIND, **{hosted_tag(table): HOSTED for table in tables}},
             executor_def=dg.in_process_executor,

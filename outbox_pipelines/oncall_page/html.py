@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from html import escape
 from urllib.parse import quote
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.oncall.message_rows import MessageRow
 from outbox_pipelines.oncall_page.reads import SENT_CAP, TableLine
 
@@ -53,22 +54,10 @@ def badge(health: str) -> str:
     return f'<span class="badge {esc(health)}">{esc(health)}</span>'
 
 
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
 def when(at: datetime, now: datetime) -> str:
     """'2026-05-01 10:00:00 UTC (3 min ago)'."""
     utc = at.astimezone(UTC)
-    return f"{utc:%Y-%m-%d %H:%M:%S} UTC ({age(max((now - at).total_seconds(), 0))} ago)"
+    return f"{utc:%Y-%m-%d %H:%M:%S} UTC ({duration_words(max((now - at).total_seconds(), 0))} ago)"
 
 
 def grid(headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = ()) -> str:
@@ -114,7 +103,7 @@ def overview_rows(lines: list[TableLine], dagster_url: dict[str, str]) -> str:
                 ),
                 esc(blocked),
                 esc(paused_cell(line)),
-                esc(age(line.oldest_waiting_age_s)),
+                esc(duration_words(line.oldest_waiting_age_s)),
                 wrong(line),
                 link(dagster_url[line.name], "Dagster"),
             ]

@@ -262,7 +262,7 @@ def test_minimum_retention_is_the_dedup_horizon():
 
 def test_clean_refuses_a_retention_below_the_dedup_horizon(db_url, conn):
     _sent_long_ago(conn, 3)
-    with pytest.raises(RetentionTooShort, match="shorter than the dedup horizon of 60m"):
+    with pytest.raises(RetentionTooShort, match="shorter than the dedup horizon of 60 min"):
         clean(db_url, table_settings(EVENTS), retention_s=0)
     with pytest.raises(RetentionTooShort):
         clean(db_url, table_settings(EVENTS, retention_s=60))  # a configured retention too

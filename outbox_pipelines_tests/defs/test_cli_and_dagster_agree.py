@@ -127,7 +127,7 @@ def test_clean_deletes_the_same_rows_and_skips_the_same_table_from_the_cli_and_d
     assert skipped in cli.stdout and any(skipped in line for line in _user_logs(instance, dagster))
     meta = op_metadata(dagster, "clean_op")
     assert meta["deleted_sent_by_table"] == {EVENTS: 2}  # the skipped table is not among the cleaned
-    assert f"{EVENTS}: deleted 2 sent rows older than 168.0h" in cli.stdout
+    assert f"{EVENTS}: deleted 2 sent rows older than 7 d" in cli.stdout
     assert (meta["deleted_expired_by_table"], meta["deleted_audit"]) == ({"idempo_ledger": 1}, 1)
     assert "idempo_ledger: deleted 1 expired rows; outbox_audit: deleted 1 old rows" in cli.stdout
 
@@ -155,7 +155,7 @@ def test_clean_refuses_a_too_short_retention_in_the_same_words_from_the_cli_and_
     message, field = _dagster_refusal(dagster)
 
     # The first table over the limit names the refusal; nothing was deleted from any table, nor the shared ones.
-    assert field == "retention" and message.startswith(f"retention: {MEMORY}: a retention of 30m is shorter")
+    assert field == "retention" and message.startswith(f"retention: {MEMORY}: a retention of 30 min is shorter")
     [cli_error] = [line for line in cli.stderr.splitlines() if line.startswith("error: ")]
     assert cli_error.removeprefix("error: ") == message.removeprefix("retention: ")
     assert "--force / force: true" in message

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import psycopg
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.redaction import (
     hide_url_paths_in_http_client_logs,
     redact_text,
@@ -117,19 +118,11 @@ def decide(previous: Memory, current: Condition, now: datetime, repeat_s: float)
     return None, replace(previous, severity=current.severity)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def payload(
     action: Action, condition: Condition, severity: Severity, started_at: datetime | None, now: datetime
 ) -> dict[str, Any]:
     """The JSON on-call receives (``severity``: of the alert, also when it resolves). No internal tags, no secrets."""
-    lasted = f" after {_duration((now - started_at).total_seconds())}" if started_at and action != "firing" else ""
+    lasted = f" after {duration_words((now - started_at).total_seconds())}" if started_at and action != "firing" else ""
     summary = redact_text(condition.summary)
     head = {"firing": "FIRING", "reminder": "STILL FIRING", "resolved": "RESOLVED"}[action]
     if severity == "info":

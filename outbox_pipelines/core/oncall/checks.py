@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
 from outbox_pipelines.core.oncall.lock_holders import holders_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
@@ -75,8 +76,9 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     )
     if status.waiting_now:
         numbers = (
-            f"lag p95 {_fmt(status.lag_now_p95_s)} (warn at {_fmt(limits.lag_p95_warn_s)}), oldest waiting "
-            f"message due {_fmt(status.lag_now_s)} ago (warn at {_fmt(limits.oldest_pending_warn_s)}), "
+            f"lag p95 {duration_words(status.lag_now_p95_s)} (warn at {duration_words(limits.lag_p95_warn_s)}), "
+            f"oldest waiting message due {duration_words(status.lag_now_s)} ago "
+            f"(warn at {duration_words(limits.oldest_pending_warn_s)}), "
             f"{status.waiting_now:,} waiting{aside}"
         )
     else:
@@ -87,7 +89,7 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     elif health is not None and health.failing:
         text = (
             f"{status.table}: messages wait too long: {numbers}. This follows from the destination: deliveries "
-            f"to {health.destination or 'it'} have failed for {_fmt(health.failing_for_s)} "
+            f"to {health.destination or 'it'} have failed for {duration_words(health.failing_for_s)} "
             f"({_codes(health.error_codes) or 'no code'}); the destination check's alert tells it, this one stays "
             "quiet until the destination recovers."
         )
@@ -100,7 +102,7 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text += (
             f" Paused on purpose, not lag: {paused_text(status.paused_topics)}; {status.paused_waiting:,} "
             f"message{'' if status.paused_waiting == 1 else 's'} wait there"
-            + (f", the oldest for {_fmt(status.paused_oldest_s)}" if status.paused_oldest_s else "")
+            + (f", the oldest for {duration_words(status.paused_oldest_s)}" if status.paused_oldest_s else "")
             + "."
         )
     return CheckVerdict("lag", grade, text, _lag_metadata(status, limits))
@@ -198,8 +200,8 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text += "."
     elif health is not None and health.failing:
         text += (
-            f". It follows from the destination, failing for {_fmt(health.failing_for_s)}: the destination check's "
-            "alert tells it; the relay drains it once deliveries succeed."
+            f". It follows from the destination, failing for {duration_words(health.failing_for_s)}: "
+            "the destination check's alert tells it; the relay drains it once deliveries succeed."
         )
     else:
         text += ". Relay runs drain it; if it keeps growing, check the destination and add relay processes."
@@ -227,7 +229,7 @@ def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere:
     name = health.destination or "its destination"
     if health.failing:
         text = (
-            f"{status.table}: deliveries to {name} have failed for {_fmt(health.failing_for_s)} "
+            f"{status.table}: deliveries to {name} have failed for {duration_words(health.failing_for_s)} "
             f"({_codes(health.error_codes) or 'no code'}); {status.waiting:,} messages wait and retry by "
             "themselves. Check the destination; nothing is lost and nothing needs replaying."
         )
@@ -241,7 +243,7 @@ def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere:
             "on the first success."
         )
     if health.paused:
-        text += f" The destination asked to slow down: paused for {_fmt(health.paused_for_s)} more."
+        text += f" The destination asked to slow down: paused for {duration_words(health.paused_for_s)} more."
     return CheckVerdict(
         "destination",
         grade,
@@ -364,9 +366,3 @@ def evaluate_checks(
         "relay": partial(_relay, settings_problem=settings_problem),
     }
     return [checks[name](status, limits) for name in CHECK_NAMES]
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}s" if value < 120 else f"{value / 60:.1f} min"

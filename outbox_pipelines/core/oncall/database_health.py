@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.oncall.alerts import NO_LINKS, Condition, Links
 from outbox_pipelines.core.oncall.alerts import Severity as AlertSeverity
 from outbox_pipelines.core.oncall.checks import CheckVerdict, Severity
@@ -40,7 +41,7 @@ class Holder:
         """'a transaction open for 42 min (pid 1234, application 'report', idle in transaction)'."""
         if self.kind == "replication slot":
             return f"replication slot {_quoted(self.name)} ({self.state}, {_count(self.xmin_age)} transactions behind)"
-        how_long = f" open for {_duration(self.held_s)}" if self.held_s is not None else ""
+        how_long = f" open for {duration_words(self.held_s)}" if self.held_s is not None else ""
         if self.kind == "prepared transaction":
             return f"prepared transaction {_quoted(self.name)}{how_long}"
         who = [f"pid {self.pid}", f"application {_quoted(self.application or '')}"]
@@ -220,16 +221,8 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
 def _ago(now: datetime, at: datetime) -> str:
-    return f"{_duration(max((now - at).total_seconds(), 0.0))} ago"
+    return f"{duration_words(max((now - at).total_seconds(), 0.0))} ago"
 
 
 def _quoted(text: str | None) -> str:

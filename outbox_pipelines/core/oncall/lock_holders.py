@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.storage.queries import shared_query
 
 # Held this long, a stripe is nobody's of the outbox's own: its writers and settles hold one for milliseconds.
@@ -29,17 +30,13 @@ class LockHolder:
     held_s: float | None
 
     def described(self) -> str:
-        """e.g. "pid 4242 (application 'psql', login 'bob') holds 512 stripes, exclusively, for 5.0 min"."""
+        """e.g. "pid 4242 (application 'psql', login 'bob') holds 512 stripes, exclusively, for 5 min"."""
         who = f"application {self.application_name or '?'!r}, login {self.login or '?'!r}"
         how = ", exclusively" if self.exclusive else ""
-        held = f" for {_duration(self.held_s)}" if self.held_s is not None else ""
+        held = f" for {duration_words(self.held_s)}" if self.held_s is not None else ""
         where = " outside any transaction" if self.outside_transaction else ""
         plural = "" if self.stripes == 1 else "s"
         return f"pid {self.pid} ({who}) holds {self.stripes} stripe{plural}{how}{held}{where}"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def held_long(conn: psycopg.Connection[Any], table_name: str, now: datetime | None = None) -> list[LockHolder]:

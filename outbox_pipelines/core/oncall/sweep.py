@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
 from outbox_pipelines.core.oncall.alerts import (
     NO_LINKS,
@@ -120,9 +121,10 @@ def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LIN
     # running when it died, and the time is theirs (a run may have been up longer).
     relays_there = "its relay there" if len(relays) == 1 else "its relays there"
     summary = (
-        f"{where}: {who} died ({why}); {relays_there} had been running {max(r.ran_s for r in relays) / 60:.1f} "
-        f"min; it held {held} message{'s' if held != 1 else ''}, {returned} returned to pending for the next "
-        "relay. If it happens again, read the run's logs and check the host's memory (OOM killer)."
+        f"{where}: {who} died ({why}); {relays_there} had been running "
+        f"{duration_words(max(r.ran_s for r in relays))}; it held {held} message{'s' if held != 1 else ''}, "
+        f"{returned} returned to pending for the next relay. If it happens again, read the run's logs and check "
+        "the host's memory (OOM killer)."
     )
     return Condition(
         key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}",

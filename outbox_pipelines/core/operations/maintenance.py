@@ -11,6 +11,7 @@ from datetime import datetime
 from functools import partial
 
 from outbox_pipelines.core import wings
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings
@@ -117,20 +118,12 @@ def check_retention(table: TableSettings, retention_s: float, *, force: bool = F
     minimum = minimum_retention_s(table)
     if retention_s < minimum and not force:
         raise RetentionTooShort(
-            f"{table.name}: a retention of {_human(retention_s)} is shorter than the dedup horizon of "
-            f"{_human(minimum)}: sent rows are what makes a repeated event_id a duplicate (and what a "
+            f"{table.name}: a retention of {duration_words(retention_s)} is shorter than the dedup horizon of "
+            f"{duration_words(minimum)}: sent rows are what makes a repeated event_id a duplicate (and what a "
             "repeated (topic, payload_sha) is answered from), so a message enqueued again, or a copy still "
-            f"retrying, would be delivered twice. Keep at least {_human(minimum)} (default 168h), or force it "
+            f"retrying, would be delivered twice. Keep at least {duration_words(minimum)} (default 168h), or force it "
             "(--force / force: true) if you accept duplicates; nothing was deleted."
         )
-
-
-def _human(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:g}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def clean(

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 
 from outbox_pipelines.core.errors import InvalidDatabaseUrl
-from outbox_pipelines.core.redaction import mask_url, secrets_in, unencoded_userinfo
+from outbox_pipelines.core.redaction import MASK, mask_url, secrets_in, unencoded_userinfo
 
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
 
@@ -73,7 +73,7 @@ def _quoted(quoted: str, secrets: set[str]) -> str:
     """What libpq quoted, as shown: the URL it quotes (masked already) named, not repeated; a piece of the
     password as ``***``."""
     if _holds_a_piece(quoted, secrets):
-        return '"***"'
+        return f'"{MASK}"'
     return "the URL" if "://" in quoted else quoted
 
 

@@ -72,7 +72,7 @@ def test_a_held_snapshot_fires_the_vacuum_check_with_what_to_do_and_ending_it_cl
         error = _verdict(db_url, settings, later_s=2 * 3600)  # the snapshot two hours old: past vacuum_held_error
         assert error.severity == "error" and not error.passed
         text = error.description
-        assert text.startswith(f"{EVENTS}: a transaction open for 2.0 h (pid {pid}, application 'monthly-report'")
+        assert text.startswith(f"{EVENTS}: a transaction open for 2 h (pid {pid}, application 'monthly-report'")
         assert "holds vacuum back" in text and f"SELECT pg_terminate_backend({pid})" in text
         assert error.metadata["dead_tuples"] >= 400 and error.metadata["holder_pid"] == pid
         assert SECRET not in text and SECRET not in str(error.metadata)

@@ -115,8 +115,8 @@ def test_lag_takes_the_worse_of_its_two_figures_and_says_what_to_check():
     )
     assert verdict.severity == "error"
     assert verdict.description == (
-        "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60.0s), oldest waiting message "
-        "due 6.8 min ago (warn at 5.0 min), 5 waiting. Check that a relay run is active for the table and what the "
+        "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60 s), oldest waiting message "
+        "due 6.8 min ago (warn at 5 min), 5 waiting. Check that a relay run is active for the table and what the "
         "destination check says."
     )
     # the other way round: p95 fine, the oldest past its error threshold
@@ -132,7 +132,7 @@ def test_lag_takes_the_worse_of_its_two_figures_and_says_what_to_check():
     quiet = check("lag", status(lag_now_p95_s=2.5, lag_now_s=3.0, waiting_now=1, counts={"pending": 1}, **WINDOW))
     assert quiet.severity == "ok"
     assert quiet.description == (
-        "outbox_events: lag p95 2.5s (warn at 60.0s), oldest waiting message due 3.0s ago (warn at 5.0 min), 1 waiting."
+        "outbox_events: lag p95 2.5 s (warn at 60 s), oldest waiting message due 3 s ago (warn at 5 min), 1 waiting."
     )
 
 
@@ -251,7 +251,7 @@ def test_destination_failing_with_an_open_circuit_and_a_pause_tells_all_three():
         "outbox_events: deliveries to http://broker/orders have failed for 2.5 min (NETWORK_TIMEOUT=10, "
         "BROKER_5XX=2); 42 messages wait and retry by themselves. Check the destination; nothing is lost and "
         "nothing needs replaying. The circuit is open: one probe message at a time, no attempts spent; delivery "
-        "resumes by itself on the first success. The destination asked to slow down: paused for 20.0s more."
+        "resumes by itself on the first success. The destination asked to slow down: paused for 20 s more."
     )
     assert verdict.metadata["circuit"] == "open" and verdict.metadata["paused_for_s"] == 20.0
     assert verdict.metadata["last_success_at"] == "2026-01-01T00:00:00+00:00"

@@ -242,8 +242,8 @@ def test_what_fails_says_how_late_what_waits_now_is_and_what_to_check():
     )
     assert late.severity == "error"
     assert late.description == (
-        "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60.0s), oldest waiting message due "
-        "6.8 min ago (warn at 5.0 min), 5 waiting (2 more not due yet: retrying after a backoff, scheduled, or "
+        "outbox_events: messages wait too long: lag p95 6.7 min (warn at 60 s), oldest waiting message due "
+        "6.8 min ago (warn at 5 min), 5 waiting (2 more not due yet: retrying after a backoff, scheduled, or "
         "behind an earlier message of their key). Check that a relay run is active for the table and what the "
         "destination check says."
     )

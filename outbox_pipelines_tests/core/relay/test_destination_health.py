@@ -125,7 +125,7 @@ def test_the_destination_check_grades_how_long_the_outage_lasted(db_url, conn, c
     assert destination_verdict(conn, now=t0 + timedelta(seconds=301)).severity == "error"  # ..._error: 300 s
 
     shown = closed_url.rstrip("/")  # the origin: no user-info, no path
-    assert warn.description.startswith(f"{EVENTS}: deliveries to {shown} have failed for 31.0s (CONNECTION_REFUSED=3)")
+    assert warn.description.startswith(f"{EVENTS}: deliveries to {shown} have failed for 31 s (CONNECTION_REFUSED=3)")
     assert "3 messages wait and retry by themselves" in warn.description
     assert "nothing needs replaying" in warn.description
     assert warn.metadata["destination"] == shown
