@@ -103,9 +103,26 @@ def _missing_name(dotted: str) -> bool:
     if parts[0] == "outbox_pipelines":
         return not _resolve_from("outbox_pipelines", parts[1:])
     candidates = [name for name in _modules() if name.rsplit(".", 1)[-1] == parts[0]]
-    if not candidates:
-        return False  # not ours: psycopg.sql, gc.freeze, os.environ ...
-    return not any(_resolve_from(name, parts[1:]) for name in candidates)
+    if candidates:
+        return not any(_resolve_from(name, parts[1:]) for name in candidates)
+    owners = _classes().get(parts[0], [])  # Relay.run, OutboxTable.claim: a class of ours, then its attribute
+    if owners:
+        return not any(_resolve_from(owner, parts) for owner in owners)
+    return False  # not ours: psycopg.sql, gc.freeze, os.environ ...
+
+
+@cache
+def _classes() -> dict[str, list[str]]:
+    """The package's classes by name: the modules that define each."""
+    found: dict[str, list[str]] = {}
+    for name in _modules():
+        path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+        if not path.is_file():
+            path = PACKAGE.parent / name.replace(".", "/") / "__init__.py"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(name)
+    return found
 
 
 def _names_in(text: str) -> set[str]:
