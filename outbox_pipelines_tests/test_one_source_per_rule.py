@@ -1,7 +1,9 @@
-"""One source per rule: a URL's credentials are masked, a duration is worded and a message's limits are written
-in one module each, so that changing the rule is one edit; each test below fails when a second copy appears."""
+"""One source per rule: a URL's credentials are masked, a duration is worded, a message's limits are written and
+the states, codes, stop reasons and severities are named in one module each (``StrEnum``s whose values are the
+stored strings), so that changing a rule is one edit; each test below fails when a second copy appears."""
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +117,110 @@ def test_a_messages_limits_are_written_once() -> None:
         if isinstance(node, ast.Constant) and type(node.value) is int and node.value == 255
     ]
     assert not written, f"255 written outside {LIMITS_SOURCE}: {written}"
+
+
+SQL = REPO / "sql"
+
+
+def _quoted(text: str) -> set[str]:
+    return set(re.findall(r"'([^']*)'", text))
+
+
+def test_the_stored_states_are_those_the_migrations_allow() -> None:
+    """``MessageState``'s stored members are exactly what the newest table definition's CHECK constraint allows,
+    and every state the named SQL compares or writes is one of them (or ``deleted``: a settle that deletes the
+    row under ``on_success = "delete"`` answers so; no row holds it)."""
+    from outbox_pipelines.core.models import STATES, STORED_STATES, MessageState
+
+    checks = [
+        match.group(1)
+        for path in sorted((SQL / "migrations").glob("*.sql"))
+        for match in re.finditer(r"CHECK \(status IN \(([^)]*)\)\)", path.read_text(encoding="utf-8"))
+    ]
+    assert checks, "no CHECK (status IN (...)) in sql/migrations: this test reads the wrong place"
+    assert _quoted(checks[-1]) == {state.value for state in STORED_STATES}
+    assert STATES == tuple(MessageState) and set(STORED_STATES) <= set(STATES)
+    written = set()
+    for path in sorted((SQL / "queries").glob("*.sql")):
+        if path.name == "ledger.sql":  # the order product's ledger: states of its own
+            continue
+        text = path.read_text(encoding="utf-8")
+        written |= set(re.findall(r"\bstatus\s*(?:=|<>|!=)\s*'([a-z_]+)'", text, re.IGNORECASE))
+        for listed in re.findall(r"\bstatus\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", text, re.IGNORECASE):
+            written |= _quoted(listed)
+    assert written and written - {"deleted"} <= {state.value for state in STORED_STATES}, written
+
+
+def test_the_codes_the_sql_writes_are_members() -> None:
+    """Every audit code and error code the named SQL writes is a member of ``AuditCode`` or ``ErrorCode``."""
+    from outbox_pipelines.core.models import AuditCode, ErrorCode
+
+    text = (SQL / "queries" / "outbox.sql").read_text(encoding="utf-8")
+    audits = set(re.findall(r"'(outbox_flush_[a-z_]+)'", text))
+    # Upper-case words in quotes, but for PostgreSQL's own (an encoding, a privilege).
+    codes = set(re.findall(r"'([A-Z][A-Z0-9_]{3,})'", text)) - {"UTF8", "USAGE", "SELECT", "INSERT", "UPDATE", "DELETE"}
+    assert audits and audits <= {code.value for code in AuditCode}, audits
+    assert codes and codes <= {code.value for code in ErrorCode}, codes
+
+
+# What a state, an outcome's kind, a severity or a stop reason is read from, where a module compares it.
+_COMPARED = {"status", "kind", "severity", "stopped_because"}
+_WORDS = {
+    *("pending", "retrying", "sending", "sent", "dead", "retry"),
+    *("ok", "info", "warn", "warning", "error", "healthy", "failing"),
+    *("stop requested", "time budget used", "nothing ready", "another relay holds the single-active lock"),
+}
+# Modules another part of the work owns (the claim and settle path): their literals are converted with it.
+_NOT_YET = {
+    "outbox_pipelines/core/relay/loop.py",
+    "outbox_pipelines/core/relay/recovery.py",
+    "outbox_pipelines/core/relay/settlement.py",
+    "outbox_pipelines/core/storage/table_claims.py",
+}
+
+
+def _compared_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
+    return None
+
+
+def test_states_codes_and_severities_are_compared_as_members() -> None:
+    """A module comparing a message's state, an outcome's kind, a check's or an alert's severity or a relay's stop
+    reason compares it with the enum's member (``MessageState.DEAD``), never with a bare string: the string is
+    written once, in the enum."""
+    bare = []
+    for name, tree in _modules():
+        if name in _NOT_YET:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare) or _compared_name(node.left) not in _COMPARED:
+                continue
+            for right in node.comparators:
+                values = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right]
+                if any(isinstance(v, ast.Constant) and v.value in _WORDS for v in values):
+                    bare.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not bare, bare
+
+
+def test_each_kind_of_severity_has_a_name_of_its_own() -> None:
+    """``CheckSeverity`` (ok, warn, error) and ``AlertSeverity`` (ok, info, warning, error): no module defines
+    another type called ``Severity``."""
+    from outbox_pipelines.core.models import CheckSeverity
+    from outbox_pipelines.core.oncall.alerts import AlertSeverity, alert_severity
+
+    named = [
+        f"{name}:{node.lineno}"
+        for name, tree in _modules()
+        for node in tree.body
+        if (isinstance(node, ast.ClassDef) and node.name == "Severity")
+        or (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "Severity" for t in node.targets))
+    ]
+    assert not named, named
+    assert [alert_severity(grade) for grade in CheckSeverity] == [
+        AlertSeverity.OK,
+        AlertSeverity.WARNING,
+        AlertSeverity.ERROR,
+    ]

@@ -4,46 +4,129 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from outbox_pipelines.core.errors import InvalidMessage
 
-# What users and the CLI see (docs/explanation/tables-and-states.md, "Stored and shown states").
-STATES = ("pending", "retrying", "sending", "sent", "dead")
 
-AUDIT_SUCCESS = "outbox_flush_success"
-AUDIT_RETRY = "outbox_flush_retry"
-AUDIT_DEAD = "outbox_flush_dead"
-AUDIT_DEDUP_HIT = "outbox_flush_dedup_hit"
-AUDIT_DB_TIMEOUT = "outbox_flush_db_timeout"
-AUDIT_DB_ERROR = "outbox_flush_db_error"
+class MessageState(StrEnum):
+    """A message's state (docs/explanation/tables-and-states.md, "Stored and shown states"): as stored in its
+    table's ``status`` column (``STORED_STATES``, what the migrations' CHECK constraint allows), and ``retrying``,
+    a pending message after a failed attempt, as users and the CLI see it. A member is its stored text."""
 
-# Error codes (docs/explanation/outcomes.md, "Outcomes and error codes").
-CONFLICT_PROCESSED = "CONFLICT_PROCESSED"
-RATE_LIMITED = "RATE_LIMITED"
-BROKER_5XX = "BROKER_5XX"
-NETWORK_TIMEOUT = "NETWORK_TIMEOUT"  # no answer (or no connection) within the timeout
-# Why a destination could not be reached, told apart where the client tells them apart
-# (core/destinations/network_failures.py): nothing listens, the name does not resolve, TLS failed, the
-# connection was reset or closed before the answer.
-CONNECTION_REFUSED = "CONNECTION_REFUSED"
-DNS_ERROR = "DNS_ERROR"
-TLS_ERROR = "TLS_ERROR"
-CONNECTION_LOST = "CONNECTION_LOST"
+    PENDING = "pending"
+    RETRYING = "retrying"
+    SENDING = "sending"
+    SENT = "sent"
+    DEAD = "dead"
+
+
+# What users and the CLI see, in this order.
+STATES = tuple(MessageState)
+STORED_STATES = (MessageState.PENDING, MessageState.SENDING, MessageState.SENT, MessageState.DEAD)
+
+
+class CheckSeverity(StrEnum):
+    """How a health check grades a table (or the schema, or the database): passes, warns, or fails."""
+
+    OK = "ok"
+    WARN = "warn"
+    ERROR = "error"
+
+
+class TableHealth(StrEnum):
+    """A table's health by its worst check, as the Dagster UI, the on-call page and the sensor's cursor name it."""
+
+    HEALTHY = "healthy"
+    WARNING = "warning"
+    FAILING = "failing"
+
+
+# Each grade's rank (the worse, the higher) and the health it gives a table whose worst check it is.
+SEVERITY_RANK: dict[str, int] = {CheckSeverity.OK: 0, CheckSeverity.WARN: 1, CheckSeverity.ERROR: 2}
+HEALTH_OF: dict[str, TableHealth] = {
+    CheckSeverity.OK: TableHealth.HEALTHY,
+    CheckSeverity.WARN: TableHealth.WARNING,
+    CheckSeverity.ERROR: TableHealth.FAILING,
+}
+
+
+class AuditCode(StrEnum):
+    """What a settle writes in the audit's ``code`` for a delivery's outcome."""
+
+    SUCCESS = "outbox_flush_success"
+    RETRY = "outbox_flush_retry"
+    DEAD = "outbox_flush_dead"
+    DEDUP_HIT = "outbox_flush_dedup_hit"
+    DB_TIMEOUT = "outbox_flush_db_timeout"
+    DB_ERROR = "outbox_flush_db_error"
+    # Written by the settle statement itself when a lease was lost (sql/queries/outbox.sql).
+    CONFLICT = "outbox_flush_conflict"
+
+
+AUDIT_SUCCESS = AuditCode.SUCCESS
+AUDIT_RETRY = AuditCode.RETRY
+AUDIT_DEAD = AuditCode.DEAD
+AUDIT_DEDUP_HIT = AuditCode.DEDUP_HIT
+AUDIT_DB_TIMEOUT = AuditCode.DB_TIMEOUT
+AUDIT_DB_ERROR = AuditCode.DB_ERROR
+
+
+class ErrorCode(StrEnum):
+    """An outcome's code, stored in ``last_error_code`` and the audit (docs/explanation/outcomes.md, "Outcomes
+    and error codes")."""
+
+    CONFLICT_PROCESSED = "CONFLICT_PROCESSED"
+    RATE_LIMITED = "RATE_LIMITED"
+    BROKER_5XX = "BROKER_5XX"
+    # No answer (or no connection) within the timeout.
+    NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
+    # Why a destination could not be reached, told apart where the client tells them apart
+    # (core/destinations/network_failures.py): nothing listens, the name does not resolve, TLS failed, the
+    # connection was reset or closed before the answer.
+    CONNECTION_REFUSED = "CONNECTION_REFUSED"
+    DNS_ERROR = "DNS_ERROR"
+    TLS_ERROR = "TLS_ERROR"
+    CONNECTION_LOST = "CONNECTION_LOST"
+    BAD_REQUEST = "BAD_REQUEST"
+    UNAUTHORIZED = "UNAUTHORIZED"
+    UNKNOWN = "UNKNOWN"
+    NO_SUBSCRIBERS = "NO_SUBSCRIBERS"
+    HANDLER_ERROR = "HANDLER_ERROR"
+    # An async handler still running at its table's timeout (cancelled; the message retries).
+    HANDLER_TIMEOUT = "HANDLER_TIMEOUT"
+    # Claimed past the table's max_attempts (it was lowered while the row waited): dead, not delivered again.
+    MAX_ATTEMPTS = "MAX_ATTEMPTS"
+    DEDUP_HIT = "DEDUP_HIT"
+    # Written by the SQL that takes back a lapsed lease past max_attempts (sql/queries/outbox.sql).
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    # A settle the database refused (core/relay/settlement.py); PermanentError's default (core/errors.py).
+    DB_ERROR = "DB_ERROR"
+    PERMANENT = "PERMANENT"
+
+
+# The codes by their names, as the modules that compare them import them.
+CONFLICT_PROCESSED = ErrorCode.CONFLICT_PROCESSED
+RATE_LIMITED = ErrorCode.RATE_LIMITED
+BROKER_5XX = ErrorCode.BROKER_5XX
+NETWORK_TIMEOUT = ErrorCode.NETWORK_TIMEOUT
+CONNECTION_REFUSED = ErrorCode.CONNECTION_REFUSED
+DNS_ERROR = ErrorCode.DNS_ERROR
+TLS_ERROR = ErrorCode.TLS_ERROR
+CONNECTION_LOST = ErrorCode.CONNECTION_LOST
 NETWORK_FAILURES = frozenset({NETWORK_TIMEOUT, CONNECTION_REFUSED, DNS_ERROR, TLS_ERROR, CONNECTION_LOST})
-BAD_REQUEST = "BAD_REQUEST"
+BAD_REQUEST = ErrorCode.BAD_REQUEST
 # What replay refuses unless forced (--force / force: true): the destination refused the message itself, so
 # the same message would be refused again (sql/queries/outbox.sql outbox_replay_dead says it in SQL).
 REPLAY_NEEDS_FORCE = (BAD_REQUEST,)
-UNAUTHORIZED = "UNAUTHORIZED"
-UNKNOWN = "UNKNOWN"
-NO_SUBSCRIBERS = "NO_SUBSCRIBERS"
-HANDLER_ERROR = "HANDLER_ERROR"
-# An async handler still running at its table's timeout (cancelled; the message retries).
-HANDLER_TIMEOUT = "HANDLER_TIMEOUT"
-# Claimed past the table's max_attempts (it was lowered while the row waited): dead, not delivered again.
-MAX_ATTEMPTS = "MAX_ATTEMPTS"
-DEDUP_HIT = "DEDUP_HIT"
+UNAUTHORIZED = ErrorCode.UNAUTHORIZED
+UNKNOWN = ErrorCode.UNKNOWN
+NO_SUBSCRIBERS = ErrorCode.NO_SUBSCRIBERS
+HANDLER_ERROR = ErrorCode.HANDLER_ERROR
+HANDLER_TIMEOUT = ErrorCode.HANDLER_TIMEOUT
+MAX_ATTEMPTS = ErrorCode.MAX_ATTEMPTS
+DEDUP_HIT = ErrorCode.DEDUP_HIT
 
 ERROR_TEXT_LIMIT = 2000
 # The longest event_id and ordering_key a message may carry, in characters: the one place these limits are
@@ -214,7 +297,12 @@ class ClaimedMessage:
         return message
 
 
-OutcomeKind = Literal["sent", "retry", "dead"]
+class OutcomeKind(StrEnum):
+    """What a destination made of one delivery: delivered, to try again, or never to be delivered."""
+
+    SENT = "sent"
+    RETRY = "retry"
+    DEAD = "dead"
 
 
 @dataclass(frozen=True)
@@ -230,12 +318,12 @@ class Outcome:
 
     @classmethod
     def sent(cls, ref: str | None = None, code: str | None = None) -> "Outcome":
-        return cls("sent", code=code, ref=ref)
+        return cls(OutcomeKind.SENT, code=code, ref=ref)
 
     @classmethod
     def retry(cls, code: str, error: str | None = None, delay_s: float | None = None) -> "Outcome":
-        return cls("retry", code=code, error=cap_error(error), delay_s=delay_s)
+        return cls(OutcomeKind.RETRY, code=code, error=cap_error(error), delay_s=delay_s)
 
     @classmethod
     def dead(cls, code: str, error: str | None = None) -> "Outcome":
-        return cls("dead", code=code, error=cap_error(error))
+        return cls(OutcomeKind.DEAD, code=code, error=cap_error(error))

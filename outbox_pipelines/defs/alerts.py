@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.oncall.alerts import Condition, announce_event
+from outbox_pipelines.core.oncall.alerts import AlertSeverity, Condition, announce_event
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.defs.common import REFUSED_INPUT, refused_config_text
 from outbox_pipelines.defs.links import DagsterLinks
@@ -67,7 +67,7 @@ def _refused_launch_note(context: dg.RunFailureSensorContext, cause: RootCause) 
     announce_event(
         Condition(
             key=f"run:{run.run_id}",
-            severity="info",
+            severity=AlertSeverity.INFO,
             kind="run_failure",
             **run_link(run.run_id),
             table=run.tags.get(TABLE_TAG),
@@ -125,7 +125,7 @@ def run_failure_alert(context: dg.RunFailureSensorContext, outbox_db: OutboxDb) 
     where = f" of {table_name}" if table_name else f" of relay group {group}" if group else ""
     condition = Condition(
         key=f"run:{run.run_id}",
-        severity="error",
+        severity=AlertSeverity.ERROR,
         kind="run_failure",
         **run_link(run.run_id),
         table=table_name,

@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.models import CheckSeverity
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import CHECK_NAMES
 from outbox_pipelines.core.oncall.sweep import table_verdicts
@@ -19,7 +20,7 @@ from outbox_pipelines.defs.links import oncall_page_url
 from outbox_pipelines.defs.resources import OutboxDb
 from outbox_pipelines.defs.table_health import health_materialization, message_rows_metadata
 
-SEVERITY = {"warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR}
+SEVERITY = {CheckSeverity.WARN: dg.AssetCheckSeverity.WARN, CheckSeverity.ERROR: dg.AssetCheckSeverity.ERROR}
 CHECK_DESCRIPTIONS = {
     "lag": "how late what waits now is: the p95 and the oldest of the messages due and not yet delivered "
     "(pending and due, or in flight), each timed from when it became due (a retry when its backoff ends, a "

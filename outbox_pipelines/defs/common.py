@@ -9,6 +9,7 @@ message names the field, what was wrong and what to write instead, and its metad
 import difflib
 import re
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any
 
 import dagster as dg
@@ -165,10 +166,24 @@ def resolve_table(settings: Settings, table_name: str, field: str = "table") -> 
         ) from None
 
 
+def plain(value: Any) -> Any:
+    """``value`` with every enum member (a state, a code, a severity: core's ``StrEnum``s) as its plain text, in
+    dicts and lists too: Dagster serializes only the enums it knows."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {plain(key): plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    return value
+
+
 def metadata_values(values: dict[str, Any]) -> dict[str, Any]:
     """Dagster metadata from plain values: None becomes the text '-', dicts become JSON."""
     out: dict[str, Any] = {}
-    for key, value in values.items():
+    for key, value in plain(values).items():
         if value is None:
             out[key] = dg.MetadataValue.text("-")
         elif isinstance(value, (dict, list)):

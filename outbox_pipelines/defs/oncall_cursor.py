@@ -10,12 +10,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from outbox_pipelines.core.models import SEVERITY_RANK, CheckSeverity, TableHealth
 from outbox_pipelines.core.oncall.checks import CheckVerdict
 
 # What a table's checks looked like when recorded: (check, severity) of those that did not pass, worst first.
 Signature = tuple[tuple[str, str], ...]
 
-_RANK = {"error": 0, "warn": 1}
 _ENTRY = re.compile(r"(\w+) \(([^)]*)\)")
 _CHECK = re.compile(r"(\w+) (warn|error)\b")
 _NAME = re.compile(r"\w+")
@@ -24,8 +24,8 @@ _REFRESHED = re.compile(r"(?:^| \| )refreshed: (\w+)")
 
 def signature(verdicts: Iterable[CheckVerdict]) -> Signature:
     """The checks that do not pass, worst first then by name (as the cursor lists them)."""
-    found = ((v.name, v.severity) for v in verdicts if v.severity != "ok")
-    return tuple(sorted(found, key=lambda c: (_RANK[c[1]], c[0])))
+    found = ((v.name, v.severity) for v in verdicts if v.severity != CheckSeverity.OK)
+    return tuple(sorted(found, key=lambda c: (-SEVERITY_RANK[c[1]], c[0])))
 
 
 @dataclass
@@ -64,9 +64,9 @@ class Recorded:
         parts = [
             f"{word}: {listed}"
             for word, listed in (
-                ("failing", entries("error")),
-                ("warning", entries("warn")),
-                ("healthy", healthy),
+                (TableHealth.FAILING, entries(CheckSeverity.ERROR)),
+                (TableHealth.WARNING, entries(CheckSeverity.WARN)),
+                (TableHealth.HEALTHY, healthy),
                 ("to record", ", ".join(self.waiting)),
                 ("refreshed", self.refreshed or ""),
             )
@@ -90,7 +90,7 @@ def tables_to_record(
     now = {table: signature(verdicts[table]) for table in tables}
     changed = sorted(
         (t for t in tables if before.states.get(t) != now[t]),
-        key=lambda t: (_RANK[now[t][0][1]] if now[t] else 2, t),
+        key=lambda t: (-SEVERITY_RANK[now[t][0][1]] if now[t] else 0, t),
     )
     due = changed[:most]
     per_tick = min(len(tables), math.ceil(len(tables) * tick_s / every_s), most - len(due))

@@ -10,14 +10,15 @@ from typing import Any
 
 import dagster as dg
 
+from outbox_pipelines.core.models import HEALTH_OF, SEVERITY_RANK, CheckSeverity
 from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.oncall.message_rows import MessageRow, blocked_messages, dead_messages
 from outbox_pipelines.defs.common import metadata_values, table_asset_key
 from outbox_pipelines.defs.links import oncall_page_url
 
 # A table's health by its worst check.
-HEALTH = {"ok": "healthy", "warn": "warning", "error": "failing"}
-_RANK = {"ok": 0, "warn": 1, "error": 2}
+HEALTH = HEALTH_OF
+_RANK = SEVERITY_RANK
 # The most messages a check's page lists (newest first): the on-call page has them all.
 MESSAGE_ROWS = 20
 ERROR_TEXT_CHARS = 300
@@ -38,18 +39,20 @@ FIGURES = (
 )
 
 
-def worst_severity(verdicts: Iterable[CheckVerdict]) -> str:
-    return max((v.severity for v in verdicts), key=_RANK.__getitem__, default="ok")
+def worst_severity(verdicts: Iterable[CheckVerdict]) -> CheckSeverity:
+    return max((v.severity for v in verdicts), key=_RANK.__getitem__, default=CheckSeverity.OK)
 
 
 def table_health(verdicts: Iterable[CheckVerdict]) -> str:
     """``healthy``, ``warning`` or ``failing``: the table's worst check."""
-    return HEALTH[worst_severity(verdicts)]
+    return HEALTH[worst_severity(verdicts)].value
 
 
 def not_passing(verdicts: Iterable[CheckVerdict]) -> str:
     """The checks that do not pass, worst first: ``dead_letters error, lag warn``; empty when all pass."""
-    failing = sorted((v for v in verdicts if v.severity != "ok"), key=lambda v: (-_RANK[v.severity], v.name))
+    failing = sorted(
+        (v for v in verdicts if v.severity != CheckSeverity.OK), key=lambda v: (-_RANK[v.severity], v.name)
+    )
     return ", ".join(f"{v.name} {v.severity}" for v in failing)
 
 

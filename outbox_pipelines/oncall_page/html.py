@@ -7,6 +7,7 @@ from html import escape
 from urllib.parse import quote
 
 from outbox_pipelines.core.durations import duration_words
+from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.oncall.message_rows import MessageRow
 from outbox_pipelines.oncall_page.reads import SENT_CAP, TableLine
 
@@ -171,7 +172,7 @@ def message_rows(rows: list[MessageRow], now: datetime, *, with_table: bool = Fa
     out = []
     for r in rows:
         actions = ""
-        if r.status == "dead":
+        if r.status == MessageState.DEAD:
             actions = action_button("replay", r, "Replay…")
             if r.ordering_key is not None and (blocked or r.waiting_behind):
                 actions += " " + action_button("skip", r, "Skip…")

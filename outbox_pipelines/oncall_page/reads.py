@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
+from outbox_pipelines.core.models import HEALTH_OF, SEVERITY_RANK, CheckSeverity, MessageState, TableHealth
 from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.message_rows import (
@@ -21,8 +22,8 @@ from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.storage.db import connect
 
 # Each check's grade as the page names a table's health; worst first.
-HEALTH = {"error": "failing", "warn": "warning", "ok": "healthy"}
-_RANK = {"failing": 0, "warning": 1, "healthy": 2}
+HEALTH = HEALTH_OF
+_RANK = {TableHealth.FAILING: 0, TableHealth.WARNING: 1, TableHealth.HEALTHY: 2}
 # Sent rows are counted up to this many (a bounded read): more shows as "≥ 10,000".
 SENT_CAP = 10_000
 
@@ -30,7 +31,7 @@ SENT_CAP = 10_000
 @dataclass
 class TableLine:
     name: str
-    health: str  # healthy / warning / failing
+    health: TableHealth
     counts: dict[str, int] = field(default_factory=dict)
     sent: int = 0
     blocked_keys: int = 0
@@ -50,14 +51,12 @@ class TableLine:
         return (_RANK[self.health], self.name)
 
 
-def _health(verdicts: list[CheckVerdict]) -> str:
-    severities = {v.severity for v in verdicts}
-    return HEALTH["error"] if "error" in severities else HEALTH["warn"] if "warn" in severities else HEALTH["ok"]
+def _health(verdicts: list[CheckVerdict]) -> TableHealth:
+    return HEALTH_OF[max((v.severity for v in verdicts), key=SEVERITY_RANK.__getitem__, default=CheckSeverity.OK)]
 
 
 def _problems(verdicts: list[CheckVerdict]) -> list[tuple[str, str, str]]:
-    order = {"error": 0, "warn": 1}
-    failing = sorted((v for v in verdicts if not v.passed), key=lambda v: order.get(v.severity, 2))
+    failing = sorted((v for v in verdicts if not v.passed), key=lambda v: -SEVERITY_RANK[v.severity])
     return [(v.name, v.severity, v.description) for v in failing]
 
 
@@ -77,14 +76,14 @@ def overview(url: str, settings: Settings) -> list[TableLine]:
 
 
 def _table_line(conn: Any, settings: Settings, name: str, vacuum: CheckVerdict | None = None) -> TableLine:
-    line = TableLine(name, HEALTH["ok"])
+    line = TableLine(name, TableHealth.HEALTHY)
     try:
         # One read of the table: the figures shown and the sensor's and the asset checks' verdicts on them (and
         # the vacuum check's, read for every table at once).
         status, verdicts = table_status_and_verdicts(conn, settings, name)
     except (UnknownTable, InvalidTableName) as exc:
-        line.health, line.missing = HEALTH["error"], True
-        line.problems = [("table", "error", str(exc))]
+        line.health, line.missing = TableHealth.FAILING, True
+        line.problems = [("table", CheckSeverity.ERROR, str(exc))]
         return line
     verdicts += [vacuum] if vacuum else []
     line.health, line.problems = _health(verdicts), _problems(verdicts)
@@ -141,4 +140,4 @@ def dead_message(url: str, settings: Settings, table: str, event_id: str) -> Mes
         return None
     with connect(url) as conn:
         found = find_messages(conn, [table], event_id=event_id, limit=1)
-    return found[0] if found and found[0].status == "dead" else None
+    return found[0] if found and found[0].status == MessageState.DEAD else None

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.models import TableHealth
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.settings.values import free_text
@@ -46,7 +47,10 @@ class Pages:
     async def overview(self, request: Request) -> Response:
         now_settings = self.settings()
         lines = await run_in_threadpool(reads.overview, self.url, now_settings)
-        counts = {k: sum(1 for line in lines if line.health == k) for k in ("failing", "warning", "healthy")}
+        counts = {
+            k: sum(1 for line in lines if line.health == k)
+            for k in (TableHealth.FAILING, TableHealth.WARNING, TableHealth.HEALTHY)
+        }
         summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no table declared"
         problem = f'<p class="bad">{h.esc(now_settings.problem)}</p>' if now_settings.problem else ""
         runs = h.link(self.dagster.base + "/runs", "Dagster")

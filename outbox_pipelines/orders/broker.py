@@ -19,7 +19,7 @@ import psycopg
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.http.destination import Attempt, HttpDestination, HttpRequest
 from outbox_pipelines.core.destinations.trace_context import trace_headers
-from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.models import ClaimedMessage, MessageState, Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.settings.already_processed import STRICT_ALREADY_PROCESSED, AlreadyProcessed
 from outbox_pipelines.orders.failures import caller_reason, failure_code
@@ -93,11 +93,11 @@ class OrderBroker(Destination):
         with self._lock:
             delivery = self._delivery(message)
             started, delivery.started = delivery.started, None
-            if outcome.kind != "sent":
+            if outcome.kind != OutcomeKind.SENT:
                 delivery.failed_attempt = attempt
         if started is not None:
             ORDER_BROKER_LATENCY.observe((time.perf_counter() - started) * 1000)
-        if outcome.kind != "sent":
+        if outcome.kind != OutcomeKind.SENT:
             return outcome
         try:
             answer = json.loads(body) if body else {}
@@ -149,12 +149,12 @@ def _client_key(message: ClaimedMessage) -> str | None:
 
 def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _Delivery) -> SettledOrder | None:
     """The ledger's outcome of a settled message; None while it is still to be retried."""
-    if settlement.status in ("sent", "deleted"):
+    if settlement.status in (MessageState.SENT, "deleted"):
         # The broker saw the caller-scoped key; the caller gets its own key back.
         result = delivery.result or exec_result({}, message.event_id)
         result = {**result, "idempotency_key": _client_key(message) or result["idempotency_key"]}
         return SettledOrder(message.event_id, "succeeded", result, result_digest(result))
-    if settlement.status == "dead":
+    if settlement.status == MessageState.DEAD:
         attempt = delivery.failed_attempt or Attempt()
         code, http_status = failure_code(settlement.error_code, settlement.error, attempt.status, attempt.failure)
         reason = caller_reason(code, settlement.error_code, http_status, attempt.failure, settlement.attempts)

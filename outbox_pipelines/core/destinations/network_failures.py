@@ -22,7 +22,7 @@ _CAUSES: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
 )
 
 # What each code says of a destination, in an outcome's text.
-WORDS = {
+WORDS: dict[str, str] = {
     m.TLS_ERROR: "the TLS handshake failed",
     m.DNS_ERROR: "the host name does not resolve",
     m.CONNECTION_REFUSED: "refused, nothing listens at that host and port",

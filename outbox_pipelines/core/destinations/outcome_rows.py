@@ -22,7 +22,7 @@ class OutcomeRow:
     then: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind != "sent" and self.code is None:
+        if self.kind != OutcomeKind.SENT and self.code is None:
             raise ValueError(f"a {self.kind} row needs a code: {self.answer!r}")
 
     @property
@@ -33,9 +33,9 @@ class OutcomeRow:
     def outcome(self, error: str | None = None, *, ref: str | None = None, delay_s: float | None = None) -> Outcome:
         """This row's outcome for one answer: ``error`` says what came back (retry and dead), ``ref`` what the
         destination named the delivery (sent), ``delay_s`` how long a retry waits at least (Retry-After)."""
-        if self.kind == "sent":
+        if self.kind == OutcomeKind.SENT:
             return Outcome.sent(ref=ref, code=self.code)
         assert self.code is not None  # __post_init__: every retry and dead row has one
-        if self.kind == "dead":
+        if self.kind == OutcomeKind.DEAD:
             return Outcome.dead(self.code, error)
         return Outcome.retry(self.code, error, delay_s=delay_s)

@@ -10,11 +10,13 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 import psycopg
 
 from outbox_pipelines.core.durations import duration_words
+from outbox_pipelines.core.models import CheckSeverity
 from outbox_pipelines.core.redaction import (
     hide_url_paths_in_http_client_logs,
     redact_text,
@@ -31,11 +33,31 @@ ALERT_WEBHOOK_ENV = "OUTBOX_ALERT_WEBHOOK_URL"
 ALERT_REPEAT_ENV = "OUTBOX_ALERT_REPEAT"
 DEFAULT_REPEAT_S = 30 * 60.0
 
+
 # "info": a note nobody has to act on (a launch refused for its input, told to whoever launched it); only ever
 # a one-off event (announce_event), never a condition that fires and resolves.
-Severity = Literal["ok", "info", "warning", "error"]
+class AlertSeverity(StrEnum):
+    """How loud an alert is: ``ok`` (nothing wrong, or resolved), ``info``, ``warning``, ``error``."""
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 Action = Literal["firing", "reminder", "resolved"]
-_RANK = {"ok": 0, "info": 1, "warning": 2, "error": 3}
+_RANK = {AlertSeverity.OK: 0, AlertSeverity.INFO: 1, AlertSeverity.WARNING: 2, AlertSeverity.ERROR: 3}
+# A check's grade as an alert's severity.
+_OF_CHECK = {
+    CheckSeverity.OK: AlertSeverity.OK,
+    CheckSeverity.WARN: AlertSeverity.WARNING,
+    CheckSeverity.ERROR: AlertSeverity.ERROR,
+}
+
+
+def alert_severity(grade: CheckSeverity) -> AlertSeverity:
+    """The severity of the alert a check's grade raises ("warn" is a "warning")."""
+    return _OF_CHECK[grade]
 
 
 def repeat_every_s() -> float:
@@ -75,7 +97,7 @@ NO_LINKS = NoLinks()
 @dataclass(frozen=True)
 class Condition:
     key: str
-    severity: Severity
+    severity: AlertSeverity
     summary: str
     kind: str  # check | relay_died | run_failure | settings | undeclared_table
     link: str  # "" when the sweep was given no UI (Links)
@@ -95,7 +117,7 @@ class Condition:
 class Memory:
     """What was last announced about a condition."""
 
-    severity: Severity = "ok"
+    severity: AlertSeverity = AlertSeverity.OK
     started_at: datetime | None = None
     notified_at: datetime | None = None
     summary: str | None = None
@@ -103,11 +125,11 @@ class Memory:
 
 def decide(previous: Memory, current: Condition, now: datetime, repeat_s: float) -> tuple[Action | None, Memory]:
     """What to announce, and what to remember. Pure: the whole alert policy is here."""
-    if current.severity == "ok":
-        if previous.severity == "ok":
+    if current.severity == AlertSeverity.OK:
+        if previous.severity == AlertSeverity.OK:
             return None, previous
-        return "resolved", Memory("ok", previous.started_at, now, current.summary)
-    if previous.severity == "ok":
+        return "resolved", Memory(AlertSeverity.OK, previous.started_at, now, current.summary)
+    if previous.severity == AlertSeverity.OK:
         return "firing", Memory(current.severity, now, now, current.summary)
     if _RANK[current.severity] > _RANK[previous.severity]:
         return "firing", Memory(current.severity, previous.started_at, now, current.summary)
@@ -119,13 +141,13 @@ def decide(previous: Memory, current: Condition, now: datetime, repeat_s: float)
 
 
 def payload(
-    action: Action, condition: Condition, severity: Severity, started_at: datetime | None, now: datetime
+    action: Action, condition: Condition, severity: AlertSeverity, started_at: datetime | None, now: datetime
 ) -> dict[str, Any]:
     """The JSON on-call receives (``severity``: of the alert, also when it resolves). No internal tags, no secrets."""
     lasted = f" after {duration_words((now - started_at).total_seconds())}" if started_at and action != "firing" else ""
     summary = redact_text(condition.summary)
     head = {"firing": "FIRING", "reminder": "STILL FIRING", "resolved": "RESOLVED"}[action]
-    if severity == "info":
+    if severity == AlertSeverity.INFO:
         head = "NOTE"  # nothing fires: a note is told once and has nothing to resolve
     text = f"*{head}*{lasted} [{severity}] {summary}"
     if condition.link:
@@ -183,7 +205,7 @@ def post_alert(body: dict[str, Any], url: str | None = None, timeout_s: float = 
 
 def _read(shared: SharedTables, keys: Sequence[str]) -> dict[str, Memory]:
     return {
-        row["alert_key"]: Memory(row["severity"], row["started_at"], row["notified_at"], row["summary"])
+        row["alert_key"]: Memory(AlertSeverity(row["severity"]), row["started_at"], row["notified_at"], row["summary"])
         for row in shared.read_alert_states(keys)
     }
 
@@ -223,12 +245,16 @@ def announce(
     severity_of = {c.key: c.severity for c in conditions}
     sent = []
     for condition in conditions:
-        if condition.held_by and condition.severity != "ok" and severity_of.get(condition.held_by, "ok") != "ok":
+        if (
+            condition.held_by
+            and condition.severity != AlertSeverity.OK
+            and severity_of.get(condition.held_by, AlertSeverity.OK) != AlertSeverity.OK
+        ):
             continue  # its cause's alert tells it; nothing remembered, so it fires if it outlasts the cause
         previous = memories.get(condition.key, Memory())
         action, memory = decide(previous, condition, now, repeat_s)
         if action is not None:
-            shown: Severity = previous.severity if action == "resolved" else condition.severity
+            shown: AlertSeverity = previous.severity if action == "resolved" else condition.severity
             body = payload(action, condition, shown, memory.started_at, now)
             if not post_alert(body, url) and url:
                 continue  # not delivered: keep the old memory, try again next time

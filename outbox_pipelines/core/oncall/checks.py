@@ -4,10 +4,10 @@ says what, how bad and what to do, with its figures. What the asset checks show 
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from outbox_pipelines.core.durations import duration_words
-from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE
+from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE, CheckSeverity
 from outbox_pipelines.core.oncall.lock_holders import holders_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
 from outbox_pipelines.core.redaction import redact_text
@@ -15,35 +15,34 @@ from outbox_pipelines.core.relay.destination_health import DestinationHealth
 from outbox_pipelines.core.settings import CheckThresholds
 from outbox_pipelines.core.storage.paused_topics import paused_names, paused_text
 
-Severity = Literal["ok", "warn", "error"]
 CHECK_NAMES = ("lag", "dead_letters", "stuck", "backlog", "destination", "relay", "blocked_keys")
 
 
 @dataclass(frozen=True)
 class CheckVerdict:
     name: str
-    severity: Severity
+    severity: CheckSeverity
     # One sentence a person can act on: what, how bad, what to do.
     description: str
     metadata: dict[str, Any]
 
     @property
     def passed(self) -> bool:
-        return self.severity == "ok"
+        return self.severity == CheckSeverity.OK
 
 
-def _grade(value: float | None, warn: float, error: float) -> Severity:
+def _grade(value: float | None, warn: float, error: float) -> CheckSeverity:
     if value is None:
-        return "ok"
+        return CheckSeverity.OK
     if value >= error:
-        return "error"
+        return CheckSeverity.ERROR
     if value >= warn:
-        return "warn"
-    return "ok"
+        return CheckSeverity.WARN
+    return CheckSeverity.OK
 
 
-def _worst(*severities: Severity) -> Severity:
-    return "error" if "error" in severities else "warn" if "warn" in severities else "ok"
+def _worst(*severities: CheckSeverity) -> CheckSeverity:
+    return next((grade for grade in (CheckSeverity.ERROR, CheckSeverity.WARN) if grade in severities), CheckSeverity.OK)
 
 
 def _codes(counts: dict[str, int]) -> str:
@@ -63,7 +62,7 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
             "on purpose; that is a pause, not lag. Remove relay_enabled = false and reload the code location to "
             "resume."
         )
-        return CheckVerdict("lag", "ok", text, {**_lag_metadata(status, limits), "relay_enabled": False})
+        return CheckVerdict("lag", CheckSeverity.OK, text, {**_lag_metadata(status, limits), "relay_enabled": False})
     grade = _worst(
         _grade(status.lag_now_p95_s, limits.lag_p95_warn_s, limits.lag_p95_error_s),
         _grade(status.lag_now_s, limits.oldest_pending_warn_s, limits.oldest_pending_error_s),
@@ -84,7 +83,7 @@ def _lag(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     else:
         numbers = f"nothing waiting, lag 0s{aside}"
     health = status.destination
-    if grade == "ok":
+    if grade == CheckSeverity.OK:
         text = f"{status.table}: {numbers}."
     elif health is not None and health.failing:
         text = (
@@ -196,7 +195,7 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         f"({status.ready:,} ready now; warn at {limits.backlog_warn:,})"
     )
     health = status.destination
-    if grade == "ok":
+    if grade == CheckSeverity.OK:
         text += "."
     elif health is not None and health.failing:
         text += (
@@ -285,7 +284,7 @@ def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str |
     since = health.relay_problem_since if health is not None and recorded else None
     return CheckVerdict(
         "relay",
-        "error" if settings_problem or recorded else "ok",
+        CheckSeverity.ERROR if settings_problem or recorded else CheckSeverity.OK,
         text,
         {
             "problem": settings_problem or recorded,
@@ -297,9 +296,9 @@ def _relay(status: TableStatus, limits: CheckThresholds, settings_problem: str |
 
 def _blocked_keys(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     keys = status.blocked_keys
-    grade = _grade(keys, limits.blocked_keys_warn, limits.blocked_keys_error) if keys else "ok"
+    grade = _grade(keys, limits.blocked_keys_warn, limits.blocked_keys_error) if keys else CheckSeverity.OK
     held = holders_text(status.table, status.lock_holders)  # who holds the keys' locks back (lock_holders.py)
-    grade = "warn" if held and grade == "ok" else grade
+    grade = CheckSeverity.WARN if held and grade == CheckSeverity.OK else grade
     if not keys:
         text = f"{status.table}: no ordering key is blocked."
     else:

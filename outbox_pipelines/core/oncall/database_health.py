@@ -13,16 +13,15 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.durations import duration_words
-from outbox_pipelines.core.oncall.alerts import NO_LINKS, Condition, Links
-from outbox_pipelines.core.oncall.alerts import Severity as AlertSeverity
-from outbox_pipelines.core.oncall.checks import CheckVerdict, Severity
+from outbox_pipelines.core.models import CheckSeverity
+from outbox_pipelines.core.oncall.alerts import NO_LINKS, Condition, Links, alert_severity
+from outbox_pipelines.core.oncall.checks import CheckVerdict
 from outbox_pipelines.core.settings import CheckThresholds, Settings
 from outbox_pipelines.core.storage.queries import shared_query
 
 CHECK = "vacuum"
 CONDITION_KEY = "database:vacuum"
-_ALERT_SEVERITY: dict[str, AlertSeverity] = {"ok": "ok", "warn": "warning", "error": "error"}
-_RANK = {"ok": 0, "warn": 1, "error": 2}
+_RANK = {CheckSeverity.OK: 0, CheckSeverity.WARN: 1, CheckSeverity.ERROR: 2}
 
 
 @dataclass(frozen=True)
@@ -128,17 +127,19 @@ def vacuum_verdict(health: DatabaseHealth, table: str, limits: CheckThresholds) 
         else f"{_count(t.dead)} dead tuples and no live row"
     )
     size = f"{_bytes(t.table_bytes + t.index_bytes)} with its indexes"
-    severity: Severity = "ok"
+    severity = CheckSeverity.OK
     long_held = held_s is not None and held_s >= limits.vacuum_held_warn_s
     blamed = holder is not None and many and (long_held or (held_s is None and piling))
     if blamed and holder is not None:
-        severity = "error" if held_s is not None and held_s >= limits.vacuum_held_error_s else "warn"
+        severity = (
+            CheckSeverity.ERROR if held_s is not None and held_s >= limits.vacuum_held_error_s else CheckSeverity.WARN
+        )
         text = (
             f"{table}: {holder.describe()} holds vacuum back: {figures} ({size}), and every claim walks over "
             f"them. {holder.remedy()[0].upper()}{holder.remedy()[1:]}; vacuum then removes them by itself."
         )
     elif piling:
-        severity = "warn"
+        severity = CheckSeverity.WARN
         last = f"last vacuumed {_ago(health.now, t.last_vacuum_at)}" if t.last_vacuum_at else "never vacuumed"
         text = (
             f"{table}: vacuum is falling behind: {figures} (warn at {limits.dead_tuples_ratio_warn:g} per live row), "
@@ -188,13 +189,15 @@ def vacuum_condition(verdicts: dict[str, CheckVerdict], links: Links = NO_LINKS)
     """One alert for the database: the worst table's sentence (one holder holds every table back), the others
     named. Fired once, reminded rarely, resolved once, by ``alerts.announce``."""
     ranked = sorted(verdicts.items(), key=lambda kv: (-_RANK[kv[1].severity], kv[0]))
-    worst_table, worst = ranked[0] if ranked else ("", CheckVerdict(CHECK, "ok", "no outbox table", {}))
-    others = [name for name, verdict in ranked[1:] if verdict.severity != "ok"]
-    summary = worst.description + (f" Also: {', '.join(others)}." if others and worst.severity != "ok" else "")
+    worst_table, worst = ranked[0] if ranked else ("", CheckVerdict(CHECK, CheckSeverity.OK, "no outbox table", {}))
+    others = [name for name, verdict in ranked[1:] if verdict.severity != CheckSeverity.OK]
+    summary = worst.description + (
+        f" Also: {', '.join(others)}." if others and worst.severity != CheckSeverity.OK else ""
+    )
     return Condition(
         key=CONDITION_KEY,
-        severity=_ALERT_SEVERITY[worst.severity],
-        summary=summary if worst.severity != "ok" else "vacuum keeps up with every outbox table again",
+        severity=alert_severity(worst.severity),
+        summary=summary if worst.severity != CheckSeverity.OK else "vacuum keeps up with every outbox table again",
         kind="database",
         link=links.table(worst_table, check=CHECK) if worst_table else "",
         link_label=links.label,

@@ -4,7 +4,7 @@ Two parts: reading a table's state (``table_status``) and grading it into the ch
 (``checks``); this module gives both under one name.
 """
 
-from outbox_pipelines.core.oncall.checks import CHECK_NAMES, CheckVerdict, Severity, evaluate_checks
+from outbox_pipelines.core.oncall.checks import CHECK_NAMES, CheckVerdict, evaluate_checks
 from outbox_pipelines.core.oncall.table_status import (
     LAG_SAMPLE,
     LAG_WINDOW_S,
@@ -18,7 +18,6 @@ __all__ = [
     "LAG_SAMPLE",
     "LAG_WINDOW_S",
     "CheckVerdict",
-    "Severity",
     "TableStatus",
     "evaluate_checks",
     "read_status",

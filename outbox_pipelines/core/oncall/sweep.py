@@ -15,9 +15,10 @@ from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import InvalidTableName, UnknownTable
 from outbox_pipelines.core.oncall.alerts import (
     NO_LINKS,
+    AlertSeverity,
     Condition,
     Links,
-    Severity,
+    alert_severity,
     announce,
     announce_event,
 )
@@ -30,9 +31,6 @@ from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
 
 log = logging.getLogger("outbox_pipelines.oncall")
-
-# A check's grade as an alert's severity.
-SEVERITY: dict[str, Severity] = {"ok": "ok", "warn": "warning", "error": "error"}
 
 
 @dataclass
@@ -51,7 +49,7 @@ HELD_BY_DESTINATION = frozenset({"lag", "backlog"})
 def check_condition(table_name: str, verdict: CheckVerdict, links: Links = NO_LINKS) -> Condition:
     return Condition(
         key=f"check:{table_name}:{verdict.name}",
-        severity=SEVERITY[verdict.severity],
+        severity=alert_severity(verdict.severity),
         summary=verdict.description,
         kind="check",
         link=links.table(table_name, check=verdict.name),
@@ -68,7 +66,7 @@ def settings_condition(settings: Settings, links: Links = NO_LINKS) -> Condition
     relayed or checked), ok once it can (which resolves the alert)."""
     return Condition(
         key="settings",
-        severity="error" if settings.problem else "ok",
+        severity=AlertSeverity.ERROR if settings.problem else AlertSeverity.OK,
         summary=(
             f"the outbox's table settings cannot be read, so no table is relayed or checked: {settings.problem}. "
             "Fix the file, then reload the code location."
@@ -88,7 +86,7 @@ def undeclared_condition(status: TableStatus) -> Condition:
     waiting = status.waiting
     return Condition(
         key=f"undeclared:{status.table}",
-        severity="warning" if waiting else "ok",
+        severity=AlertSeverity.WARNING if waiting else AlertSeverity.OK,
         summary=(
             f"outbox table {status.table} is in the database but declared by no project: {waiting} message"
             f"{'s' if waiting != 1 else ''} wait there that no relay will deliver. Declare it (a [tables."
@@ -128,7 +126,7 @@ def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LIN
     )
     return Condition(
         key=f"relay:run:{run_id}" if run_id else f"relay:{first.worker}",
-        severity="error",
+        severity=AlertSeverity.ERROR,
         summary=summary,
         kind="relay_died",
         link=links.run(run_id) if run_id else links.table(first.table),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable
 
@@ -69,7 +69,7 @@ def redeliver_sent(
 
 def _tally(report: BackfillReport, messages: list[ClaimedMessage], outcomes: Sequence[Outcome]) -> None:
     for message, outcome in zip(messages, outcomes, strict=False):
-        if outcome.kind == "sent":
+        if outcome.kind == OutcomeKind.SENT:
             report.delivered += 1
         else:
             report.failed += 1

@@ -13,6 +13,7 @@ from functools import partial
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import RetentionTooShort
+from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings
 from outbox_pipelines.core.storage.db import connect
@@ -78,7 +79,7 @@ def requeue_stuck(
             )
             for row in rows:
                 report.ids.append(row["id"])
-                if row["status"] == "dead":
+                if row["status"] == MessageState.DEAD:
                     report.dead += 1
                 else:
                     report.requeued += 1

@@ -51,9 +51,9 @@ KNOWN_ERROR_CODES: tuple[str, ...] = (
     m.HANDLER_ERROR,
     m.HANDLER_TIMEOUT,
     "CONFLICT",
-    "LEASE_EXPIRED",
-    "DB_ERROR",
-    "PERMANENT",
+    m.ErrorCode.LEASE_EXPIRED,
+    m.ErrorCode.DB_ERROR,
+    m.ErrorCode.PERMANENT,
 )
 
 

@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 
 from outbox_pipelines.core.errors import ConfigError
-from outbox_pipelines.core.relay.stop import StopRequest
+from outbox_pipelines.core.relay.stop import StopReason, StopRequest
 
 
 def check_budget(max_seconds: float | None, max_entries: int | None = None) -> None:
@@ -57,9 +57,9 @@ class Budget:
     def used_up(self, claimed: int) -> str | None:
         """Why the time or entry budget ends the invocation now, or None."""
         if self.out_of_time():
-            return "time budget used"
+            return StopReason.TIME_BUDGET
         if self.max_entries is not None and claimed >= self.max_entries:
-            return "entry budget used"
+            return StopReason.ENTRY_BUDGET
         return None
 
     def claim_limit(self, batch_size: int, claimed: int) -> int:

@@ -17,7 +17,7 @@ from outbox_pipelines.core.telemetry import metrics
 log = logging.getLogger("outbox_pipelines.relay")
 
 # The metric's result label of a delivered message, by outcome code (anything else: "success").
-_DELIVERED_RESULTS = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_processed"}
+_DELIVERED_RESULTS: dict[str, str] = {m.DEDUP_HIT: "dedup", m.CONFLICT_PROCESSED: "conflict_processed"}
 # Retries and deaths logged one by one per batch; the rest of a batch are one line by code. A batch of 1,000
 # messages that all die of one cause (a payload the destination cannot take) is one story, not 1,000 lines.
 LOGGED_PER_BATCH = 10
@@ -42,17 +42,17 @@ def count_settled_batch(
             counts.conflicts += 1
             tally.add(message, "conflict", in_dispatch)
             continue
-        if settlement.status in ("sent", "deleted"):
+        if settlement.status in (m.MessageState.SENT, "deleted"):
             counts.sent += 1
             counts.dedup_hits += outcome.code == m.DEDUP_HIT
             if message.claimed_at is not None and in_dispatch is not None:
                 lag.add(_waited_s(message) + in_dispatch)
             result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
-        elif settlement.status == "pending":
+        elif settlement.status == m.MessageState.PENDING:
             result = _count_retry(table_name, message, settlement, outcome, counts)
         else:
             result = _count_dead(table_name, message, settlement, counts)
-        tally.add(message, result, in_dispatch, final=settlement.status != "pending")
+        tally.add(message, result, in_dispatch, final=settlement.status != m.MessageState.PENDING)
     tally.flush()
     _log_the_rest(table_name, counts)
     _, failures = destination_failures(outcomes)

@@ -39,8 +39,8 @@ def display_name(name: str) -> str:
 
 def destination_failures(outcomes: Sequence[Outcome]) -> tuple[int, Counter[str]]:
     """(deliveries that succeeded, destination failures by code) of one batch."""
-    delivered = sum(1 for o in outcomes if o.kind == "sent" and o.code != m.DEDUP_HIT)
-    failures = Counter(o.code for o in outcomes if o.kind != "sent" and o.code in DESTINATION_FAILURES)
+    delivered = sum(1 for o in outcomes if o.kind == m.OutcomeKind.SENT and o.code != m.DEDUP_HIT)
+    failures = Counter(o.code for o in outcomes if o.kind != m.OutcomeKind.SENT and o.code in DESTINATION_FAILURES)
     return delivered, failures
 
 

@@ -97,5 +97,5 @@ def combine_outcomes(plan: DispatchPlan, delivered: list[Outcome]) -> list[Outco
     for index, leader in plan.followers.items():
         lead = outcomes[leader]
         assert lead is not None
-        outcomes[index] = Outcome.sent(ref=lead.ref, code=m.DEDUP_HIT) if lead.kind == "sent" else lead
+        outcomes[index] = Outcome.sent(ref=lead.ref, code=m.DEDUP_HIT) if lead.kind == m.OutcomeKind.SENT else lead
     return [o if o is not None else Outcome.retry(m.UNKNOWN, "no outcome") for o in outcomes]

@@ -20,7 +20,7 @@ from outbox_pipelines.core.relay.group_tables import GroupReport, TableWorker, c
 from outbox_pipelines.core.relay.group_watcher import Watcher
 from outbox_pipelines.core.relay.loop import Relay
 from outbox_pipelines.core.relay.report import RelayReport
-from outbox_pipelines.core.relay.stop import StopDeadline, StopRequest, stop_timeout_s
+from outbox_pipelines.core.relay.stop import StopDeadline, StopReason, StopRequest, stop_timeout_s
 from outbox_pipelines.core.relay.table_relay import freeze_startup_objects
 from outbox_pipelines.core.settings import Settings, TableSettings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
@@ -40,9 +40,7 @@ POLL_S = 1.0  # how often the quiet tables are asked for rows that became due
 RETRY_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)
 # A table whose single-active lock another relay holds is tried again after this long.
 LOCK_HELD_RETRY_S = 10.0
-GAVE_WAY = "gave its place to a waiting table"
 _THREAD_PREFIX = "outbox-group-table-"  # a table's thread (the watcher's is outbox-group-<group>)
-IDLE = "idle"
 
 Progress = Callable[["GroupRelay"], None]
 
@@ -175,11 +173,11 @@ class GroupRelay:
         next_progress = started + self.progress_every_s
         while True:
             if self._stop.requested:
-                return "stop requested"
+                return StopReason.STOP_REQUESTED
             if once and not any(thread.is_alive() for thread in threads):
-                return "drained what was ready"
+                return StopReason.DRAINED
             if self._time_left() <= 0:
-                return "time budget used"
+                return StopReason.TIME_BUDGET
             if self.progress is not None and time.monotonic() >= next_progress:
                 self.progress(self)
                 next_progress = time.monotonic() + self.progress_every_s
@@ -279,17 +277,17 @@ class GroupRelay:
         self._add(worker, part)
         if worker.problem is not None:  # it ran without failing: the problem is over
             self._clear_problem(worker)
-        if part.stopped_because == GAVE_WAY:
+        if part.stopped_because == StopReason.GAVE_WAY:
             worker.wake.set()  # it still has work: back in the queue for a place
-        elif part.stopped_because == "another relay holds the single-active lock":
+        elif part.stopped_because == StopReason.LOCK_HELD_ELSEWHERE:
             worker.not_before = time.monotonic() + LOCK_HELD_RETRY_S
 
     def _release(self, idle_s: float, active_s: float) -> str | None:
         """Ends a table's activation: idle for linger_s, or its turn is over while another table waits."""
         if idle_s >= self.linger_s or (idle_s >= 0.5 and self.places.contended):
-            return IDLE  # quiet again: the watcher wakes it when it has work
+            return StopReason.IDLE  # quiet again: the watcher wakes it when it has work
         if active_s >= self.slice_s and idle_s < active_s and self.places.contended:
-            return GAVE_WAY  # busy (it claimed rows): back in the queue, behind the tables that waited
+            return StopReason.GAVE_WAY  # busy (it claimed rows): back in the queue, behind the tables that waited
         return None
 
     def _add(self, worker: TableWorker, part: RelayReport) -> None:

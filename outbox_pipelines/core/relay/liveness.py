@@ -14,6 +14,7 @@ from datetime import datetime
 import psycopg
 
 from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
 log = logging.getLogger("outbox_pipelines.liveness")
@@ -133,7 +134,9 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
                 "liveness", stuck_after_s=10 * 365 * 86400.0, max_attempts=max_attempts, dead_holder=relay.worker
             )
             # Only this relay's rows that went back to pending (others' expired leases ride along).
-            returned += sum(1 for r in rows if r["status"] == "pending" and r["previous_holder"] == relay.worker)
+            returned += sum(
+                1 for r in rows if r["status"] == MessageState.PENDING and r["previous_holder"] == relay.worker
+            )
             if len(rows) < 1000:
                 break
         # claim = "auto": the batch it held unwritten in its transaction, if it died with one.
@@ -148,7 +151,7 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
                 max_attempts=max_attempts,
             )
             held += len(rows)
-            returned += sum(1 for r in rows if r["status"] == "pending")
+            returned += sum(1 for r in rows if r["status"] == MessageState.PENDING)
     except UnknownTable:
         pass  # the table is gone: nothing to return
     log.warning("relay %s of %s presumed dead; %d held rows returned", relay.worker, relay.table, returned)

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from opentelemetry import trace
 
-from outbox_pipelines.core.models import ClaimedMessage, Outcome
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind
 from outbox_pipelines.core.telemetry import metrics, tracing
 
 
@@ -44,6 +44,6 @@ class SendSpans:
             span.set_attribute("outbox.outcome", outcome.kind)
             if outcome.code:
                 span.set_attribute("outbox.code", outcome.code)
-            if outcome.kind != "sent":
+            if outcome.kind != OutcomeKind.SENT:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.code or outcome.kind))
             span.end()

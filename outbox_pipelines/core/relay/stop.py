@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 
 from outbox_pipelines.core.deadlines import exit_saying, seconds_from_env
 
@@ -22,6 +23,22 @@ STOP_TIMEOUT_ENV = "OUTBOX_RELAY_STOP_TIMEOUT_S"
 # and past a batch that settles normally (a destination's timeout is 5 s by default).
 DEFAULT_STOP_TIMEOUT_S = 30
 EXIT_NOT_STOPPED = 1
+
+
+class StopReason(StrEnum):
+    """Why a relay invocation ended: its report's ``stopped_because``, as run metadata, the CLI and the relays
+    table show it. Some reasons carry detail after the member's text ("stop requested; ... (left running)")."""
+
+    STOP_REQUESTED = "stop requested"
+    TIME_BUDGET = "time budget used"
+    ENTRY_BUDGET = "entry budget used"
+    NOTHING_READY = "nothing ready"
+    DRAINED = "drained what was ready"
+    LOCK_HELD_ELSEWHERE = "another relay holds the single-active lock"
+    LOCK_LOST = "lost the single-active lock while reconnecting"
+    UNREACHABLE_PAST_BUDGET = "time budget used while the database was unreachable"
+    GAVE_WAY = "gave its place to a waiting table"
+    IDLE = "idle"
 
 
 class StopRequest:

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core.models import CheckSeverity
 from outbox_pipelines.core.storage import migrate, roles
 from outbox_pipelines.core.storage.queries import shared_query
 from outbox_pipelines.core.storage.schema_definitions import (
@@ -23,7 +24,7 @@ from outbox_pipelines.core.storage.schema_definitions import (
 )
 from outbox_pipelines.core.storage.schema_version import read_applied
 
-WARN, ERROR = "warn", "error"
+WARN, ERROR = CheckSeverity.WARN, CheckSeverity.ERROR
 SCHEMA = ""  # the relation of a schema-wide right (USAGE on the schema)
 SEQUENCE_USAGE = "SEQUENCE USAGE"  # USAGE on the id sequence of the table
 

@@ -13,7 +13,7 @@ import httpx
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
-from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.models import Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import mask_url, redact_text
 
 # Control characters (CR, LF, NUL ...; TAB is allowed in header values) that no HTTP client sends in a header
@@ -33,23 +33,30 @@ CLIENT_REFUSALS: tuple[type[BaseException], ...] = (
 )
 
 # The table, in the docs' order (after the answers'). Each branch of exception_outcome answers with one of these.
-NO_ANSWER_IN_TIME = OutcomeRow("no answer within the table's `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-CONNECTION_REFUSED = OutcomeRow(
-    "connection refused: nothing listens at the URL's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
+NO_ANSWER_IN_TIME = OutcomeRow(
+    "no answer within the table's `timeout`", OutcomeKind.RETRY, m.NETWORK_TIMEOUT, " (circuit)"
 )
-NAME_NOT_RESOLVED = OutcomeRow("the URL's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+CONNECTION_REFUSED = OutcomeRow(
+    "connection refused: nothing listens at the URL's host and port",
+    OutcomeKind.RETRY,
+    m.CONNECTION_REFUSED,
+    " (circuit)",
+)
+NAME_NOT_RESOLVED = OutcomeRow(
+    "the URL's host name does not resolve (DNS)", OutcomeKind.RETRY, m.DNS_ERROR, " (circuit)"
+)
 TLS_FAILED = OutcomeRow(
     "the TLS handshake failed: a certificate that cannot be verified (self-signed, expired, another host's), "
     "a server that does not speak TLS",
-    "retry",
+    OutcomeKind.RETRY,
     m.TLS_ERROR,
     " (circuit)",
 )
 CONNECTION_FAILED = OutcomeRow(
-    "connection reset or closed (connecting, sending or reading)", "retry", m.CONNECTION_LOST, " (circuit)"
+    "connection reset or closed (connecting, sending or reading)", OutcomeKind.RETRY, m.CONNECTION_LOST, " (circuit)"
 )
 # A connection error's row, by its cause (network_failures.network_code).
-_BY_CAUSE = {
+_BY_CAUSE: dict[str, OutcomeRow] = {
     m.CONNECTION_REFUSED: CONNECTION_REFUSED,
     m.DNS_ERROR: NAME_NOT_RESOLVED,
     m.TLS_ERROR: TLS_FAILED,
@@ -57,19 +64,19 @@ _BY_CAUSE = {
 CLIENT_REFUSED = OutcomeRow(
     "a request that cannot be built, or that the HTTP client refuses to send (a control "
     "character in a header, an invalid URL)",
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
     " at once, nothing sent",
 )
 UNUSABLE_ANSWER = OutcomeRow(
     "garbage: an answer that is not HTTP (a bad status line), or a server that closed the "
     "connection before answering or mid-answer",
-    "retry",
+    OutcomeKind.RETRY,
     m.UNKNOWN,
     " (circuit), bounded by max attempts",
 )
 OTHER_ERROR = OutcomeRow(
-    "any other error of the HTTP client", "retry", m.UNKNOWN, " (circuit), bounded by max attempts"
+    "any other error of the HTTP client", OutcomeKind.RETRY, m.UNKNOWN, " (circuit), bounded by max attempts"
 )
 ROWS = (
     NO_ANSWER_IN_TIME,

@@ -14,7 +14,7 @@ from datetime import UTC
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
-from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.models import Outcome, OutcomeKind
 from outbox_pipelines.core.settings.already_processed import (
     DEFAULT_ALREADY_PROCESSED,
     STRICT_ALREADY_PROCESSED,
@@ -40,48 +40,48 @@ def _evidence(rules: Sequence[str]) -> str:
 # The table, in the docs' order. Each branch of classify_response answers with one of these rows.
 SENT = OutcomeRow(
     "2xx",
-    "sent",
+    OutcomeKind.SENT,
     then=" (reference from the body's "
     + " / ".join(f"`{key}`" for key in REF_KEYS)
     + ", else the body's sha256 digest)",
 )
 NOT_THE_JSON_IT_DECLARES = OutcomeRow(
-    "2xx declaring JSON with a body that is not JSON", "retry", m.UNKNOWN, " (circuit)"
+    "2xx declaring JSON with a body that is not JSON", OutcomeKind.RETRY, m.UNKNOWN, " (circuit)"
 )
 ALREADY_PROCESSED = OutcomeRow(
     '409 whose body says "already processed" explicitly: '
     + _evidence(DEFAULT_ALREADY_PROCESSED)
     + " (a table's `already_processed` names its destination's own evidence instead)",
-    "sent",
+    OutcomeKind.SENT,
     m.CONFLICT_PROCESSED,
 )
 CONFLICT = OutcomeRow(
     '409 otherwise (a duplicate rejection, "duplicate rejected: different order", anything unclear)',
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
     " at once",
 )
-REQUEST_TIMEOUT = OutcomeRow("408", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+REQUEST_TIMEOUT = OutcomeRow("408", OutcomeKind.RETRY, m.NETWORK_TIMEOUT, " (circuit)")
 TOO_MANY_REQUESTS = OutcomeRow(
     "429",
-    "retry",
+    OutcomeKind.RETRY,
     m.RATE_LIMITED,
     " not before `Retry-After` (seconds or HTTP date, "
     "capped by `max_retry_after`), no attempt spent; every relay of the table pauses",
 )
 SERVER_ERROR = OutcomeRow(
-    "5xx", "retry", m.BROKER_5XX, " (circuit); with `Retry-After` not before it, no attempt spent"
+    "5xx", OutcomeKind.RETRY, m.BROKER_5XX, " (circuit); with `Retry-After` not before it, no attempt spent"
 )
-UNAUTHORIZED = OutcomeRow("401, 403", "dead", m.UNAUTHORIZED, " at once (circuit)")
+UNAUTHORIZED = OutcomeRow("401, 403", OutcomeKind.DEAD, m.UNAUTHORIZED, " at once (circuit)")
 CLIENT_ERROR = OutcomeRow(
     "any other 4xx (400, 404, 405, 410, 413, 422 …)",
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
     " at once (a poison pill never blocks the rest)",
 )
 UNEXPECTED_STATUS = OutcomeRow(
     "an unexpected status (1xx, 3xx: redirects are not followed, so the credential goes nowhere else; > 599)",
-    "retry",
+    OutcomeKind.RETRY,
     m.UNKNOWN,
     " (circuit), bounded by max attempts",
 )

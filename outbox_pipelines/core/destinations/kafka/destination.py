@@ -158,7 +158,7 @@ class KafkaDestination(Destination):
         self._await_reports(producer, batch, deadline)
         batch.answered = True
         result = [outcome or self._outcome_of(batch.reports[i], started) for i, outcome in enumerate(outcomes)]
-        if any(outcome.kind == "sent" for outcome in result):
+        if any(outcome.kind == m.OutcomeKind.SENT for outcome in result):
             # The cluster takes records: what the client complained of before is over. (Kept until then:
             # librdkafka reports a repeated connection or authentication failure once, not at every batch.)
             keeper.client_error = None

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
-from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.models import Outcome, OutcomeKind
 
 # What Kafka accepts as a topic name (its Topic.validate): these characters, 1 to 249 of them, not "."/"..".
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -67,54 +67,59 @@ _PRODUCER_BROKEN = frozenset(
 _THE_MESSAGES = _TOO_LARGE | _BAD_MESSAGE | _NO_TOPIC
 
 # The table, in the docs' order. Every outcome here is one of these rows'.
-DELIVERED = OutcomeRow("delivered", "sent", then=", ref `topic/partition@offset`")
+DELIVERED = OutcomeRow("delivered", OutcomeKind.SENT, then=", ref `topic/partition@offset`")
 BAD_RECORD = OutcomeRow(
     "`MSG_SIZE_TOO_LARGE` (the broker's or the producer's limit), `INVALID_RECORD`, "
     "`POLICY_VIOLATION`, a topic name Kafka cannot hold (refused before producing)",
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
 )
 NO_TOPIC = OutcomeRow(
     "`UNKNOWN_TOPIC_OR_PART` (the cluster does not create topics)",
-    "dead",
+    OutcomeKind.DEAD,
     m.NO_SUBSCRIBERS,
     " (replay once the topic exists); not the circuit, which would hold the table's other topics",
 )
-REFUSED = OutcomeRow("topic or cluster authorization failed, SASL refused", "retry", m.UNAUTHORIZED, " (circuit)")
+REFUSED = OutcomeRow(
+    "topic or cluster authorization failed, SASL refused", OutcomeKind.RETRY, m.UNAUTHORIZED, " (circuit)"
+)
 TLS_FAILED = OutcomeRow(
     "`_SSL`: the TLS handshake failed (a certificate that cannot be verified), also as the client's last report",
-    "retry",
+    OutcomeKind.RETRY,
     m.TLS_ERROR,
     " (circuit)",
 )
 NAME_NOT_RESOLVED = OutcomeRow(
     "`_RESOLVE`: a broker's host name does not resolve, also as the client's last report",
-    "retry",
+    OutcomeKind.RETRY,
     m.DNS_ERROR,
     " (circuit)",
 )
 CONNECTION_REFUSED = OutcomeRow(
     "timed out or unreachable while the client reported a refused connection (nothing listens there)",
-    "retry",
+    OutcomeKind.RETRY,
     m.CONNECTION_REFUSED,
     " (circuit)",
 )
 UNREACHABLE = OutcomeRow(
-    "timed out, brokers unreachable, transport errors, local queue full", "retry", m.NETWORK_TIMEOUT, " (circuit)"
+    "timed out, brokers unreachable, transport errors, local queue full",
+    OutcomeKind.RETRY,
+    m.NETWORK_TIMEOUT,
+    " (circuit)",
 )
 BROKER_FAILED = OutcomeRow(
     "other retriable broker errors (not enough replicas, leader moving, storage error)",
-    "retry",
+    OutcomeKind.RETRY,
     m.BROKER_5XX,
     " (circuit)",
 )
 PRODUCER_FAILED = OutcomeRow(
     "a fatal idempotent-producer error (the producer is recreated before the next batch)",
-    "retry",
+    OutcomeKind.RETRY,
     m.UNKNOWN,
     " (circuit)",
 )
-UNFORESEEN = OutcomeRow("anything unforeseen", "retry", m.UNKNOWN, " (circuit)")
+UNFORESEEN = OutcomeRow("anything unforeseen", OutcomeKind.RETRY, m.UNKNOWN, " (circuit)")
 ROWS = (
     DELIVERED,
     BAD_RECORD,

@@ -20,7 +20,7 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.nats.wire import MAX_SUBJECT_BYTES
 from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
-from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.models import Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import Scrubber
 
 # JetStream error codes that are the message's own problem (the same message is refused again):
@@ -32,17 +32,19 @@ _PERMISSION = re.compile(r"permissions violation for (publish|subscription) to \
 
 # The table, in the docs' order. Every outcome here (and NO_RESPONDERS) is one of these rows'.
 PUBACK = OutcomeRow(
-    "PubAck (also with `duplicate: true`: the stream already holds it, once)", "sent", then=", ref `stream:seq`"
+    "PubAck (also with `duplicate: true`: the stream already holds it, once)",
+    OutcomeKind.SENT,
+    then=", ref `stream:seq`",
 )
 NO_STREAM = OutcomeRow(
     "no responders, and JetStream confirms no stream takes the subject",
-    "dead",
+    OutcomeKind.DEAD,
     m.NO_SUBSCRIBERS,
     " (replay once a stream takes it)",
 )
 NOT_ANSWERING = OutcomeRow(
     "no responders while a stream does take the subject, or JetStream's API silent (a server shutting down)",
-    "retry",
+    OutcomeKind.RETRY,
     m.BROKER_5XX,
     " (circuit)",
 )
@@ -50,23 +52,33 @@ MESSAGE_REFUSED = OutcomeRow(
     "payload and headers over the server's `max_payload`; a subject that is empty, has an empty token, whitespace, "
     f"`*`, `>`, a `$` prefix or is over {MAX_SUBJECT_BYTES:,} bytes (refused before sending); a stream's "
     "`max_msg_size` exceeded",
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
 )
 DENIED = OutcomeRow(
-    "authorization violation at connect, a denied publish or reply subscription", "retry", m.UNAUTHORIZED, " (circuit)"
+    "authorization violation at connect, a denied publish or reply subscription",
+    OutcomeKind.RETRY,
+    m.UNAUTHORIZED,
+    " (circuit)",
 )
-NO_ANSWER = OutcomeRow("no connection or no PubAck within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
+NO_ANSWER = OutcomeRow(
+    "no connection or no PubAck within `timeout`", OutcomeKind.RETRY, m.NETWORK_TIMEOUT, " (circuit)"
+)
 REFUSED = OutcomeRow(
-    "connection refused: nothing listens at the server's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
+    "connection refused: nothing listens at the server's host and port",
+    OutcomeKind.RETRY,
+    m.CONNECTION_REFUSED,
+    " (circuit)",
 )
-NAME_NOT_RESOLVED = OutcomeRow("the server's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+NAME_NOT_RESOLVED = OutcomeRow(
+    "the server's host name does not resolve (DNS)", OutcomeKind.RETRY, m.DNS_ERROR, " (circuit)"
+)
 TLS_FAILED = OutcomeRow(
-    "the TLS handshake failed (a certificate that cannot be verified)", "retry", m.TLS_ERROR, " (circuit)"
+    "the TLS handshake failed (a certificate that cannot be verified)", OutcomeKind.RETRY, m.TLS_ERROR, " (circuit)"
 )
-CONNECTION_LOST = OutcomeRow("connection closed or lost", "retry", m.CONNECTION_LOST, " (circuit)")
+CONNECTION_LOST = OutcomeRow("connection closed or lost", OutcomeKind.RETRY, m.CONNECTION_LOST, " (circuit)")
 # A network failure's row, by its cause (network_failures.network_code).
-_BY_CAUSE = {
+_BY_CAUSE: dict[str, OutcomeRow] = {
     m.NETWORK_TIMEOUT: NO_ANSWER,
     m.CONNECTION_REFUSED: REFUSED,
     m.DNS_ERROR: NAME_NOT_RESOLVED,
@@ -74,12 +86,12 @@ _BY_CAUSE = {
 }
 JETSTREAM_ERROR = OutcomeRow(
     "any other JetStream error (stream full with `discard: new`, store failure, JetStream off)",
-    "retry",
+    OutcomeKind.RETRY,
     m.BROKER_5XX,
     " (circuit)",
 )
 NOT_JETSTREAMS = OutcomeRow(
-    "a reply that is not JetStream's; any other error of the client", "retry", m.UNKNOWN, " (circuit)"
+    "a reply that is not JetStream's; any other error of the client", OutcomeKind.RETRY, m.UNKNOWN, " (circuit)"
 )
 ROWS = (
     PUBACK,

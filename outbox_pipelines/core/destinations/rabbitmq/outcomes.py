@@ -13,7 +13,7 @@ import aiormq
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.network_failures import WORDS, network_code
 from outbox_pipelines.core.destinations.outcome_rows import OutcomeRow
-from outbox_pipelines.core.models import Outcome
+from outbox_pipelines.core.models import Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import redact_text
 
 # RabbitMQ's refusal of a body over max_message_size (it closes the channel with 406).
@@ -22,10 +22,10 @@ _TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size 
 MESSAGE_REFUSED = aiormq.exceptions.ChannelPreconditionFailed
 
 # The table, in the docs' order. Every outcome here is one of these rows'.
-ACK = OutcomeRow("`basic.ack`", "sent")
+ACK = OutcomeRow("`basic.ack`", OutcomeKind.SENT)
 RETURN = OutcomeRow(
     "`basic.return` (mandatory: no queue bound for the routing key)",
-    "dead",
+    OutcomeKind.DEAD,
     m.NO_SUBSCRIBERS,
     " (replay once a queue is bound)",
 )
@@ -34,40 +34,50 @@ RECOVERY_GRACE_S = 30.0
 RETURN_WHILE_RECOVERING = OutcomeRow(
     f"`basic.return` in the first {RECOVERY_GRACE_S:g} s of a connection that replaced an earlier one (the broker "
     "may have restarted, and still be restoring its queues' bindings)",
-    "retry",
+    OutcomeKind.RETRY,
     m.NO_SUBSCRIBERS,
 )
 NACK = OutcomeRow(
     "`basic.nack` (an internal error, a full queue with `x-overflow: reject-publish`)",
-    "retry",
+    OutcomeKind.RETRY,
     m.BROKER_5XX,
     " (circuit)",
 )
 BAD_MESSAGE = OutcomeRow(
     "a body over the broker's `max_message_size` (406, the channel is reopened and the rest of the batch goes on), "
     "any other 406 on publish; a routing key or message id over 255 bytes (refused before sending)",
-    "dead",
+    OutcomeKind.DEAD,
     m.BAD_REQUEST,
 )
 DENIED = OutcomeRow(
     "login refused (`ACCESS_REFUSED`), no access to the vhost or the exchange (403)",
-    "retry",
+    OutcomeKind.RETRY,
     m.UNAUTHORIZED,
     " (circuit)",
 )
-NO_ANSWER = OutcomeRow("no connection or no confirm within `timeout`", "retry", m.NETWORK_TIMEOUT, " (circuit)")
-REFUSED = OutcomeRow(
-    "connection refused: nothing listens at the broker's host and port", "retry", m.CONNECTION_REFUSED, " (circuit)"
+NO_ANSWER = OutcomeRow(
+    "no connection or no confirm within `timeout`", OutcomeKind.RETRY, m.NETWORK_TIMEOUT, " (circuit)"
 )
-NAME_NOT_RESOLVED = OutcomeRow("the broker's host name does not resolve (DNS)", "retry", m.DNS_ERROR, " (circuit)")
+REFUSED = OutcomeRow(
+    "connection refused: nothing listens at the broker's host and port",
+    OutcomeKind.RETRY,
+    m.CONNECTION_REFUSED,
+    " (circuit)",
+)
+NAME_NOT_RESOLVED = OutcomeRow(
+    "the broker's host name does not resolve (DNS)", OutcomeKind.RETRY, m.DNS_ERROR, " (circuit)"
+)
 TLS_FAILED = OutcomeRow(
-    "the TLS handshake failed (`amqps`: a certificate that cannot be verified)", "retry", m.TLS_ERROR, " (circuit)"
+    "the TLS handshake failed (`amqps`: a certificate that cannot be verified)",
+    OutcomeKind.RETRY,
+    m.TLS_ERROR,
+    " (circuit)",
 )
 UNREACHABLE = OutcomeRow(
-    "connection lost or closed; a server that does not speak AMQP", "retry", m.CONNECTION_LOST, " (circuit)"
+    "connection lost or closed; a server that does not speak AMQP", OutcomeKind.RETRY, m.CONNECTION_LOST, " (circuit)"
 )
 # A network failure's row, by its cause (network_failures.network_code).
-_BY_CAUSE = {
+_BY_CAUSE: dict[str, OutcomeRow] = {
     m.NETWORK_TIMEOUT: NO_ANSWER,
     m.CONNECTION_REFUSED: REFUSED,
     m.DNS_ERROR: NAME_NOT_RESOLVED,
@@ -75,7 +85,7 @@ _BY_CAUSE = {
 }
 OTHER = OutcomeRow(
     "anything else (an exchange of that name with another type; the exchange deleted: 404)",
-    "retry",
+    OutcomeKind.RETRY,
     m.UNKNOWN,
     " (circuit)",
 )
