@@ -1,4 +1,4 @@
-"""What a claim computes, it computes for the rows it locks only.
+"""What a claim computes, it computes for the rows it locks only; each rule the claim modes share is written once.
 
 With relays competing for a table, a claim's scan reads the rows the other relays hold and skips
 them at the row lock (SKIP LOCKED): with 4 relays, 4 rows in 5. Anything computed below the lock
@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.queries import named_queries, sql_dir, table_query
 
 ORDERS = "outbox_orders"
+CLAIMS = ("outbox_claim", "outbox_claim_held")
+SETTLES = ("outbox_settle", "outbox_settle_sent")
 # A column of the claimed table, or a constant: nothing the server computes per row.
 PLAIN_OUTPUT = re.compile(r"t(_\d+)?\.\w+|NULL::text")
 
@@ -40,7 +42,7 @@ def lock_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize("query", ["outbox_claim", "outbox_claim_held"])
+@pytest.mark.parametrize("query", CLAIMS)
 def test_a_claim_reads_only_plain_columns_below_its_row_locks(conn, query):
     statement = table_query(query, ORDERS)
     params = {name: value for name, value in PARAMS.items() if f"%({name})s" in statement}
@@ -51,3 +53,24 @@ def test_a_claim_reads_only_plain_columns_below_its_row_locks(conn, query):
         for scan in lock["Plans"]:
             computed = [output for output in scan["Output"] if not PLAIN_OUTPUT.fullmatch(output)]
             assert computed == [], f"{query} computes {computed} for every row it reads, held or not"
+
+
+# Each rule the claim modes share, as written once in sql/queries, and the statements that must name it.
+SHARED_PARTS = {
+    "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
+    "claim_due": ("p.ordering_key = t.ordering_key AND p.id < t.id", CLAIMS),
+    "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
+    "settle_fence": ("AND (%(held)s OR t.locked_by = %(worker)s)", SETTLES),
+    "settle_conflict_audit": ("'outbox_flush_conflict'", (*SETTLES, "outbox_renew_leases")),
+}
+
+
+@pytest.mark.parametrize("part", sorted(SHARED_PARTS))
+def test_a_rule_the_claim_modes_share_is_written_once_and_named_by_each_statement(part):
+    rule, statements = SHARED_PARTS[part]
+    files = "\n".join(path.read_text() for path in sorted((sql_dir() / "queries").glob("*.sql")))
+    assert files.count(rule) == 1, f"{rule!r} is written more than once in sql/queries"
+    assert rule in named_queries()[part]
+    for name in statements:
+        assert "{" + part + "}" in named_queries()[name], f"{name} does not name {part}"
+        assert rule in table_query(name, ORDERS)
