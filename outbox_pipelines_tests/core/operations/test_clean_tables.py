@@ -24,7 +24,7 @@ def _old_sent(conn, table: str, n: int = 2) -> None:
 
 def test_a_retention_too_short_for_any_table_deletes_nothing_and_chooses_no_database(conn):
     _old_sent(conn, EVENTS)
-    with pytest.raises(RetentionTooShort, match=f"^{MEMORY}: a retention of 2.0h is shorter"):
+    with pytest.raises(RetentionTooShort, match=f"^{MEMORY}: a retention of 2 h is shorter"):
         clean_tables(_no_database, [table_settings(EVENTS), table_settings(MEMORY)], retention_s=7200)
     with pytest.raises(RetentionTooShort, match=f"^{EVENTS}: "):  # a table's own retention is checked too
         clean_tables(_no_database, [table_settings(EVENTS, retention_s=60)])
