@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines import InvalidMessage, InvalidTableName, Message, Outbox, UnknownTable
 from outbox_pipelines.core.canonical import canonical_json, digest
+from outbox_pipelines.core.models import MAX_EVENT_ID_CHARS, MAX_ORDERING_KEY_CHARS
 from outbox_pipelines.core.storage.db import sqlalchemy_url
 
 
@@ -489,8 +490,8 @@ def test_a_large_batch_into_an_unknown_table_keeps_the_callers_transaction(db_ur
 
 _EDGE_MESSAGES = [
     Message(topic="t", payload={"a": 1}, event_id="plain"),
-    Message(topic="t", payload={"a": 1}, event_id="x" * 255),
-    Message(topic="t", payload={"a": 1}, event_id="x" * 256),
+    Message(topic="t", payload={"a": 1}, event_id="x" * MAX_EVENT_ID_CHARS),
+    Message(topic="t", payload={"a": 1}, event_id="x" * (MAX_EVENT_ID_CHARS + 1)),
     Message(topic="t", payload={"a": 1}, event_id=""),
     Message(topic="  ", payload={"a": 1}, event_id="blank-topic"),
     Message(topic="t\u00a0nbsp", payload={"a": 1}, event_id="no-break-space"),  # not isprintable(), still valid
@@ -502,8 +503,8 @@ _EDGE_MESSAGES = [
     Message(topic="t", payload={"a": 1}, event_id="tenant", tenant_id="acme"),
     Message(topic="t", payload={"a": 1}, event_id="tenant-lf", tenant_id="ac\nme"),
     Message(topic="t", payload={"a": 1}, event_id="tenant-int", tenant_id=7),  # type: ignore[arg-type]
-    Message(topic="t", payload={"a": 1}, event_id="key", ordering_key="k" * 255),
-    Message(topic="t", payload={"a": 1}, event_id="long-key", ordering_key="k" * 256),
+    Message(topic="t", payload={"a": 1}, event_id="key", ordering_key="k" * MAX_ORDERING_KEY_CHARS),
+    Message(topic="t", payload={"a": 1}, event_id="long-key", ordering_key="k" * (MAX_ORDERING_KEY_CHARS + 1)),
     Message(topic="t", payload={"a": 1}, event_id="empty-key", ordering_key=""),
     Message(topic=7, payload={"a": 1}, event_id="int-topic"),  # type: ignore[arg-type]
     Message(topic="t", payload={"a": 1}, event_id=7),  # type: ignore[arg-type]
@@ -531,6 +532,23 @@ def test_the_one_row_shortcut_gives_the_full_checks_row_or_error(message):
             return f"InvalidMessage: {exc}"
 
     assert outcome(_prepare_one) == outcome(_prepare)
+
+
+@pytest.mark.parametrize("message", _EDGE_MESSAGES, ids=lambda m: str(m.event_id)[:20])
+def test_the_batch_shortcut_gives_the_full_checks_rows_or_error(message):
+    """enqueue_many checks a batch's identifiers a column at a time (_plain_event_ids); whatever it accepts or
+    refuses, the full walk over each message does the same: one rule, whichever path a message takes."""
+    from outbox_pipelines.core.enqueue import _plain_event_ids, _prepared_rows
+
+    batch = [Message(topic="t", payload={"a": 1}, event_id="first"), message]
+
+    def outcome(event_ids):
+        try:
+            return list(_prepared_rows(batch, 1 << 20, event_ids))
+        except InvalidMessage as exc:
+            return f"InvalidMessage: {exc}"
+
+    assert outcome(_plain_event_ids(batch)) == outcome(None)
 
 
 def test_the_one_row_shortcut_gives_a_message_without_event_id_a_new_uuid():
