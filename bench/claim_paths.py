@@ -1,6 +1,6 @@
 """The drain before and after a change to the claim and settle statements (issue 44: one source for the claim modes).
 
-    .venv/bin/python bench/claim_paths.py BEFORE_TREE AFTER_TREE [runs] [messages]
+    .venv/bin/python bench/claim_paths.py BEFORE_TREE AFTER_TREE [runs] [messages] [drains, e.g. 0 or 0,1]
 
 Each tree is a copy of the package (``git archive <commit> | tar -x -C /tmp/before``). One embedded server; each
 tree migrates a database of its own. Then, ``runs`` times, the trees take turns (the first one alternates) at each
@@ -61,7 +61,7 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
 
 
-def main(before: str, after: str, runs: int, messages: int) -> None:
+def main(before: str, after: str, runs: int, messages: int, only: list[int]) -> None:
     sys.path.insert(0, str(HERE.parents[1]))
     import psycopg
 
@@ -78,9 +78,10 @@ def main(before: str, after: str, runs: int, messages: int) -> None:
         trees = {"before": before, "after": after}
         for name, tree in trees.items():
             _run_child(tree, urls[name], "migrate", messages)
-        rates: dict[str, dict[str, list[float]]] = {label: {"before": [], "after": []} for label, _, _ in DRAINS}
+        chosen = [(index, DRAINS[index][0]) for index in only]
+        rates: dict[str, dict[str, list[float]]] = {label: {"before": [], "after": []} for _, label in chosen}
         for run in range(runs):
-            for index, (label, _, _) in enumerate(DRAINS):
+            for index, label in chosen:
                 order = list(trees) if (run + index) % 2 == 0 else list(reversed(list(trees)))
                 for name in order:
                     found = _run_child(trees[name], urls[name], str(index), messages)
@@ -110,4 +111,5 @@ if __name__ == "__main__":
             str(Path(sys.argv[2]).resolve()),
             int(sys.argv[3]) if len(sys.argv) > 3 else 3,
             int(sys.argv[4]) if len(sys.argv) > 4 else 100_000,
+            [int(n) for n in sys.argv[5].split(",")] if len(sys.argv) > 5 else list(range(len(DRAINS))),
         )
