@@ -21,12 +21,9 @@ SELECT (SELECT count(*)
                    WHERE t.status = 'dead' AND t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL)
            AS dead_heads,
        EXISTS (SELECT 1
-               FROM {table} AS b
-               WHERE b.status = 'pending' AND b.ordering_blocked
-                 AND NOT EXISTS (SELECT 1 FROM {table} AS h
-                                 WHERE h.ordering_key = b.ordering_key AND h.id < b.id
-                                   AND h.ordering_skipped_at IS NULL
-                                   AND h.status IN ('pending', 'sending', 'dead'))) AS orphaned_keys
+               FROM {table} AS t
+               WHERE t.status = 'pending' AND t.ordering_blocked
+                 AND {key_head}) AS orphaned_keys
 
 -- name: maintenance_clean_due
 -- What outbox_clean_sent and outbox_clean_dead would delete: a sent row past the retention, a dead row past

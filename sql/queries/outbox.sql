@@ -96,6 +96,13 @@ SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s
       AND (h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL
            OR h.paused_until > coalesce(%(now)s::timestamptz, now()))))
 
+-- name: key_head
+-- The keyed row (alias t) is its key's head: no earlier message of its key still holds the key (pending, in
+-- flight, or dead and not skipped). Part of claim_due and of maintenance_requeue_due.
+NOT EXISTS (SELECT 1 FROM {table} AS p
+            WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
+              AND p.status IN ('pending', 'sending', 'dead'))
+
 -- name: claim_due
 -- Part of both claims: a pending row (alias t) a claim may take, its time come aside (each claim compares
 -- available_at with its clock). Not held behind an earlier message of its key (ordering_blocked), nor of a
@@ -103,9 +110,7 @@ SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s
 t.status = 'pending' AND NOT t.ordering_blocked
 AND t.topic <> ALL(%(paused_topics)s::text[])
 AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
-     OR (NOT EXISTS (SELECT 1 FROM {table} AS p
-                     WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
-                       AND p.status IN ('pending', 'sending', 'dead'))
+     OR ({key_head}
          AND NOT EXISTS (SELECT 1 FROM {table} AS f
                          WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
 

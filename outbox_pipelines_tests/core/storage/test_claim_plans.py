@@ -58,7 +58,8 @@ def test_a_claim_reads_only_plain_columns_below_its_row_locks(conn, query):
 # Each rule the claim modes share, as written once in sql/queries, and the statements that must name it.
 SHARED_PARTS = {
     "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
-    "claim_due": ("p.ordering_key = t.ordering_key AND p.id < t.id", CLAIMS),
+    "key_head": ("p.ordering_key = t.ordering_key AND p.id < t.id", ("claim_due", "maintenance_requeue_due")),
+    "claim_due": ("AND NOT t.ordering_blocked\nAND t.topic <> ALL(%(paused_topics)s::text[])", CLAIMS),
     "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
     "settle_fence": ("AND (%(held)s OR t.locked_by = %(worker)s)", SETTLES),
     "settle_conflict_audit": ("'outbox_flush_conflict'", (*SETTLES, "outbox_renew_leases")),
