@@ -11,6 +11,7 @@ import dagster as dg
 from pydantic import Field
 
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.stop import stop_timeout_s
@@ -247,7 +248,7 @@ def relay_table(
     context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
     values = _report_metadata(report, table.mode)
     status = outbox_db.table_status(table)
-    values.update({"backlog_after": status.backlog, "dead_total": status.counts.get("dead", 0)})
+    values.update({"backlog_after": status.backlog, "dead_total": status.counts.get(MessageState.DEAD, 0)})
     if report.outcome == "destination_failing":
         context.log.warning(
             f"{table.name}: nothing was delivered: the destination failed "

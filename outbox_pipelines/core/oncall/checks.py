@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from outbox_pipelines.core.durations import duration_words
-from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE, CheckSeverity
+from outbox_pipelines.core.models import REPLAY_NEEDS_FORCE, CheckSeverity, MessageState
 from outbox_pipelines.core.oncall.lock_holders import holders_text
 from outbox_pipelines.core.oncall.table_status import TableStatus
 from outbox_pipelines.core.redaction import redact_text
@@ -131,7 +131,7 @@ def _lag_metadata(status: TableStatus, limits: CheckThresholds) -> dict[str, Any
 
 
 def _dead_letters(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
-    dead = status.counts.get("dead", 0)
+    dead = status.counts.get(MessageState.DEAD, 0)
     grade = _grade(dead, limits.dead_warn, limits.dead_error)
     text = f"{status.table}: {dead:,} dead message{'' if dead == 1 else 's'}"
     if dead:
@@ -181,7 +181,7 @@ def _stuck(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text,
         {
             "stuck": status.stuck,
-            "sending": status.counts.get("sending", 0),
+            "sending": status.counts.get(MessageState.SENDING, 0),
             "stuck_warn": limits.stuck_warn,
             "stuck_error": limits.stuck_error,
         },
@@ -212,8 +212,8 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
         text,
         {
             "backlog": status.backlog,
-            "pending": status.counts.get("pending", 0),
-            "retrying": status.counts.get("retrying", 0),
+            "pending": status.counts.get(MessageState.PENDING, 0),
+            "retrying": status.counts.get(MessageState.RETRYING, 0),
             "ready": status.ready,
             "backlog_warn": limits.backlog_warn,
             "backlog_error": limits.backlog_error,

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.oncall.health import read_status
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable
@@ -43,8 +44,8 @@ class OutboxStateCollector(Collector):
                 for table_name in self.table_names:
                     status = read_status(OutboxTable(conn, table_name))
                     pending.add_metric([table_name], status.backlog)
-                    locked.add_metric([table_name], status.counts.get("sending", 0))
-                    inflight.add_metric([table_name], status.counts.get("sending", 0))
+                    locked.add_metric([table_name], status.counts.get(MessageState.SENDING, 0))
+                    inflight.add_metric([table_name], status.counts.get(MessageState.SENDING, 0))
                     quantiles = (("0.5", status.lag_p50_s), ("0.95", status.lag_p95_s), ("0.99", status.lag_p99_s))
                     for quantile, value in quantiles:
                         if value is not None:

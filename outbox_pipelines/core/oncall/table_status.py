@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from outbox_pipelines.core.models import STATES, MessageState
 from outbox_pipelines.core.oncall.lock_holders import held_long
 from outbox_pipelines.core.relay.destination_health import DestinationHealth, read_health
 from outbox_pipelines.core.settings import TableSettings
@@ -66,12 +67,12 @@ class TableStatus:
 
     @property
     def backlog(self) -> int:
-        return self.counts.get("pending", 0) + self.counts.get("retrying", 0)
+        return self.counts.get(MessageState.PENDING, 0) + self.counts.get(MessageState.RETRYING, 0)
 
     @property
     def waiting(self) -> int:
         """Not yet delivered: backlog plus in flight."""
-        return self.backlog + self.counts.get("sending", 0)
+        return self.backlog + self.counts.get(MessageState.SENDING, 0)
 
     @property
     def oldest_pending_age_s(self) -> float | None:
@@ -105,15 +106,10 @@ def read_status(
         paused_topics=[p["topic"] for p in paused_topics],
     )
     status = TableStatus(outbox_table.table_name, lag_window_s=window_s)
-    status.counts = {
-        "pending": int(snap["pending"]),
-        "retrying": int(snap["retrying"]),
-        "sending": int(snap["sending"]),
-        "sent": 0,
-        "dead": int(snap["dead"]),
-    }
+    # Every state the snapshot counts; sent rows only when asked (a full scan).
+    status.counts = {state: int(snap[state]) if state != MessageState.SENT else 0 for state in STATES}
     if count_sent:
-        status.counts["sent"] = outbox_table.sent_count()
+        status.counts[MessageState.SENT] = outbox_table.sent_count()
     status.ready = int(snap["ready"])
     status.oldest_waiting_age_s = snap["oldest_waiting_age_s"]
     status.next_due_in_s = snap["next_due_in_s"]
