@@ -92,7 +92,7 @@ def _count_retry(
     if outcome.code == m.RATE_LIMITED:
         counts.rate_limited += 1
         counts.slow_down_s = max(counts.slow_down_s, settlement.delay_s)
-    return "retry"
+    return m.OutcomeKind.RETRY
 
 
 def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement, counts: BatchCounts) -> str:
@@ -101,7 +101,7 @@ def _count_dead(table_name: str, message: ClaimedMessage, settlement: Settlement
     counts.dead_by_code[code] = counts.dead_by_code.get(code, 0) + 1
     if counts.dead <= LOGGED_PER_BATCH:
         _log_one(logging.WARNING, table_name, message, "is dead after %d attempts: %s", message.attempts, code)
-    return "dead"
+    return m.OutcomeKind.DEAD
 
 
 def _log_one(level: int, table_name: str, message: ClaimedMessage, what: str, *args: object) -> None:

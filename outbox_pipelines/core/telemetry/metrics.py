@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from outbox_pipelines.core.models import OutcomeKind
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Label values that come from messages are bounded: a table's first TOPIC_LIMIT topics (and
@@ -213,7 +215,7 @@ class BatchTally:
     def flush(self) -> None:
         for (topic, tenant, result), n in self._counts.items():
             DISPATCHED.labels(self.table_name, topic, tenant, result).inc(n)
-            if result == "dead":
+            if result == OutcomeKind.DEAD:
                 DEAD.labels(self.table_name, topic).inc(n)
         for (topic, result), values in self._latency.items():
             child = DISPATCH_LATENCY.labels(self.table_name, topic, result)
