@@ -163,12 +163,13 @@ def test_the_codes_the_sql_writes_are_members() -> None:
     assert codes and codes <= {code.value for code in ErrorCode}, codes
 
 
-# What a state, an outcome's kind, a severity or a stop reason is read from, where a module compares it.
-_COMPARED = {"status", "kind", "severity", "stopped_because"}
+# What a state, an outcome's kind, a severity, a stop reason or a run's outcome is read from, where compared.
+_COMPARED = {"status", "kind", "severity", "stopped_because", "outcome"}
 _WORDS = {
     *("pending", "retrying", "sending", "sent", "dead", "retry"),
     *("ok", "info", "warn", "warning", "error", "healthy", "failing"),
     *("stop requested", "time budget used", "nothing ready", "another relay holds the single-active lock"),
+    *("destination_failing", "dead_letters", "delivered", "idle", "table_problems"),
 }
 # Modules another part of the work owns (the claim and settle path): their literals are converted with it.
 _NOT_YET = {

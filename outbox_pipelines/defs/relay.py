@@ -14,6 +14,7 @@ from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.relay import RelayReport, by_code, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
+from outbox_pipelines.core.relay.report import RunOutcome
 from outbox_pipelines.core.relay.stop import stop_timeout_s
 from outbox_pipelines.core.settings.values import MAX_DURATION_S, MAX_WHOLE
 from outbox_pipelines.defs.common import LaunchConfig, launch_schema, metadata_values, resolve_table, table_asset_key
@@ -245,11 +246,11 @@ def relay_table(
         )
     finally:
         destination.close()
-    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome.value})
     values = _report_metadata(report, table.mode)
     status = outbox_db.table_status(table)
     values.update({"backlog_after": status.backlog, "dead_total": status.counts.get(MessageState.DEAD, 0)})
-    if report.outcome == "destination_failing":
+    if report.outcome == RunOutcome.DESTINATION_FAILING:
         context.log.warning(
             f"{table.name}: nothing was delivered: the destination failed "
             f"({values['destination_failures']}); {report.retried} messages wait and retry with backoff. "

@@ -161,7 +161,7 @@ def relay_group(
     except ConfigError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
     observer.observe(report, final=True)
-    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome})
+    context.instance.add_run_tags(context.run_id, {OUTCOME_TAG: report.outcome.value})
     for name, problem in sorted(report.problems.items()):
         context.log.warning(f"cannot relay {name}: {problem}")
     summary = {

@@ -12,7 +12,7 @@ from outbox_pipelines.core.errors import OutboxError
 from outbox_pipelines.core.models import cap_error
 from outbox_pipelines.core.redaction import redact_text
 from outbox_pipelines.core.relay.loop import Relay
-from outbox_pipelines.core.relay.report import RelayReport
+from outbox_pipelines.core.relay.report import RelayReport, RunOutcome
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
@@ -67,15 +67,15 @@ class GroupReport:
         return sum(r.sent for r in self.tables.values())
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> RunOutcome:
         """The run's outcome in one word (its Dagster tag): the worst that happened to any table."""
         outcomes = {report.outcome for report in self.tables.values()}
-        for outcome in ("destination_failing", "dead_letters"):
+        for outcome in (RunOutcome.DESTINATION_FAILING, RunOutcome.DEAD_LETTERS):
             if outcome in outcomes:
                 return outcome
         if self.problems:
-            return "table_problems"
-        return "delivered" if "delivered" in outcomes else "idle"
+            return RunOutcome.TABLE_PROBLEMS
+        return RunOutcome.DELIVERED if RunOutcome.DELIVERED in outcomes else RunOutcome.IDLE
 
 
 def tell_problem(url: str, group: str, worker: TableWorker, text: str, shared: SharedTables | None = None) -> None:

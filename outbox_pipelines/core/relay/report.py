@@ -4,9 +4,20 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+class RunOutcome(StrEnum):
+    """What a relay's (or a relay group's) time amounted to, in one word: its run's ``outbox/outcome`` tag."""
+
+    DESTINATION_FAILING = "destination_failing"
+    DEAD_LETTERS = "dead_letters"
+    TABLE_PROBLEMS = "table_problems"
+    DELIVERED = "delivered"
+    IDLE = "idle"
 
 
 class LagSample:
@@ -127,15 +138,15 @@ class RelayReport:
         return self.settled / self.seconds if self.seconds > 0 else 0.0
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> RunOutcome:
         """What this relay's time amounted to, in one word (Dagster tags runs with it)."""
         if self.destination_failures and not self.sent:
-            return "destination_failing"
+            return RunOutcome.DESTINATION_FAILING
         if self.dead:
-            return "dead_letters"
+            return RunOutcome.DEAD_LETTERS
         if self.sent:
-            return "delivered"
-        return "idle"
+            return RunOutcome.DELIVERED
+        return RunOutcome.IDLE
 
     def progress_line(self) -> str:
         """The running counts, as the CLI's progress and the Dagster run log show them."""
