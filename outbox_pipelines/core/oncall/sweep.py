@@ -109,7 +109,9 @@ def relay_died_condition(relays: list[liveness.DeadRelay], links: Links = NO_LIN
     run_id = first.run_id
     who = f"relay run {run_id[:8]}" if run_id else f"relay {first.worker}"
     why = (
-        f"no heartbeat for {first.silent_s:.0f} s and its process is gone" if first.silent_s else "its process is gone"
+        f"no heartbeat for {duration_words(first.silent_s)} and its process is gone"
+        if first.silent_s
+        else "its process is gone"
     )
     held, returned = sum(r.held for r in relays), sum(r.returned for r in relays)
     tables = sorted({relay.table for relay in relays})

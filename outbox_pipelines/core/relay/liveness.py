@@ -13,6 +13,7 @@ from datetime import datetime
 
 import psycopg
 
+from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
@@ -68,8 +69,8 @@ class DeadRelay:
     def describe(self) -> str:
         where = f"pid {self.pid} on {self.host}" if self.pid else self.worker
         return (
-            f"relay {self.worker} of {self.table} ({where}) stopped heartbeating {self.silent_s:.0f}s ago "
-            f"after running {self.ran_s:.0f}s; it held {self.held} message{'s' if self.held != 1 else ''}, "
+            f"relay {self.worker} of {self.table} ({where}) stopped heartbeating {duration_words(self.silent_s)} ago "
+            f"after running {duration_words(self.ran_s)}; it held {self.held} message{'s' if self.held != 1 else ''}, "
             f"{self.returned} returned to pending"
         )
 
@@ -123,7 +124,7 @@ def bury(conn: psycopg.Connection, relay: DeadRelay, max_attempts: int) -> DeadR
     None if somebody else (another sweep, the relay itself) recorded its end first: then
     they tell on-call, not us.
     """
-    if not stopped(conn, relay.worker, f"presumed dead: no heartbeat for {relay.silent_s:.0f}s"):
+    if not stopped(conn, relay.worker, f"presumed dead: no heartbeat for {duration_words(relay.silent_s)}"):
         return None
     outbox_table = OutboxTable(conn, relay.table)
     held = returned = 0
