@@ -45,6 +45,33 @@ def test_only_redaction_writes_the_mask_that_hides_a_credential() -> None:
     assert not elsewhere, f"a credential masked outside core/redaction.py (use mask_url or MASK): {elsewhere}"
 
 
+_RE_FUNCTIONS = {"compile", "sub", "subn", "match", "fullmatch", "search", "split", "findall", "finditer"}
+
+
+def test_only_redaction_reads_a_urls_user_info() -> None:
+    """No module but core/redaction.py holds a pattern that reads a URL's user-info or a password (an "@" with a
+    ":", or a password= key): one algorithm decides where a password ends, for every URL the package shows."""
+    patterns = []
+    for name, tree in _modules():
+        if name == "outbox_pipelines/core/redaction.py":
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "re"
+                and node.func.attr in _RE_FUNCTIONS
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                pattern = node.args[0].value
+                if ("@" in pattern and ":" in pattern) or "password" in pattern.lower():
+                    patterns.append(f"{name}:{node.lineno}: {pattern}")
+    assert not patterns, f"a URL's credentials read outside core/redaction.py: {patterns}"
+
+
 _UNIT_WORDS = {"ms", "s", "min", "m", "h", "d"}
 _UNIT_SIZES = {60, 3600, 86400}
 DURATION_SOURCE = "outbox_pipelines/core/durations.py"

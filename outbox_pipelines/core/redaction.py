@@ -105,6 +105,14 @@ def secrets_in(value: str) -> set[str]:
     return {s for v in found for s in (v, unquote(v)) if s}
 
 
+def with_pieces(secrets: set[str], shortest: int = 3) -> set[str]:
+    """``secrets`` and every piece of them between URL delimiters, of ``shortest`` characters or more: libpq's
+    reading of a password with a raw "?", "/" or "#" splits it (a host "u", a port "Sec", a query "retPw@..."),
+    and its error text then quotes a piece."""
+    pieces = {piece for value in secrets for piece in re.split(r"[/?#@:&=]", value)}
+    return {s for s in secrets | pieces if len(s) >= shortest}
+
+
 def reads_two_ways(url: str) -> bool:
     """Whether a client would read ``url``'s user-info otherwise than ``mask_url`` shows it: a raw "@", "#", "?"
     or "/" in the password (``user:Zq@7x/Kp9@host``: libpq and httpx read the host ``7x``, and send the rest

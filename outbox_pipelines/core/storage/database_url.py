@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 
 from outbox_pipelines.core.errors import InvalidDatabaseUrl
-from outbox_pipelines.core.redaction import MASK, mask_url, secrets_in, unencoded_userinfo
+from outbox_pipelines.core.redaction import MASK, mask_url, secrets_in, unencoded_userinfo, with_pieces
 
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
 
@@ -58,10 +58,7 @@ def _secrets_of(url: str) -> set[str]:
         password = None
     if password:
         found.add(str(password))
-    # libpq's own reading of a password with a raw "?", "/" or "#" splits it (a host "u", a port "Sec", a query
-    # "retPw@..."); its error text then quotes a piece: every piece of 3 characters or more is a secret too.
-    pieces = {piece for value in found for piece in re.split(r"[/?#@:&=]", value)}
-    return {s for s in found | pieces if len(s) >= 3}
+    return with_pieces(found)
 
 
 def _holds_a_piece(text: str, secrets: set[str], shortest: int = 3) -> bool:
