@@ -19,9 +19,10 @@ import psycopg
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.destinations.http.destination import Attempt, HttpDestination, HttpRequest
 from outbox_pipelines.core.destinations.trace_context import trace_headers
-from outbox_pipelines.core.models import ClaimedMessage, MessageState, Outcome, OutcomeKind
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.settings.already_processed import STRICT_ALREADY_PROCESSED, AlreadyProcessed
+from outbox_pipelines.core.storage.table_claims import SettleStatus
 from outbox_pipelines.orders.failures import caller_reason, failure_code
 from outbox_pipelines.orders.ledger import SettledOrder, record_outcomes
 from outbox_pipelines.orders.metrics import ORDER_BROKER_LATENCY
@@ -149,12 +150,12 @@ def _client_key(message: ClaimedMessage) -> str | None:
 
 def settled_order(message: ClaimedMessage, settlement: "Settlement", delivery: _Delivery) -> SettledOrder | None:
     """The ledger's outcome of a settled message; None while it is still to be retried."""
-    if settlement.status in (MessageState.SENT, "deleted"):
+    if settlement.status in (SettleStatus.SENT, SettleStatus.DELETED):
         # The broker saw the caller-scoped key; the caller gets its own key back.
         result = delivery.result or exec_result({}, message.event_id)
         result = {**result, "idempotency_key": _client_key(message) or result["idempotency_key"]}
         return SettledOrder(message.event_id, "succeeded", result, result_digest(result))
-    if settlement.status == MessageState.DEAD:
+    if settlement.status == SettleStatus.DEAD:
         attempt = delivery.failed_attempt or Attempt()
         code, http_status = failure_code(settlement.error_code, settlement.error, attempt.status, attempt.failure)
         reason = caller_reason(code, settlement.error_code, http_status, attempt.failure, settlement.attempts)

@@ -12,6 +12,7 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.destination_health import destination_failures
 from outbox_pipelines.core.relay.report import BatchCounts, LagSample, by_code
 from outbox_pipelines.core.storage.table import Settlement
+from outbox_pipelines.core.storage.table_claims import SettleStatus
 from outbox_pipelines.core.telemetry import metrics
 
 log = logging.getLogger("outbox_pipelines.relay")
@@ -48,11 +49,11 @@ def count_settled_batch(
             if message.claimed_at is not None and in_dispatch is not None:
                 lag.add(_waited_s(message) + in_dispatch)
             result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
-        elif settlement.status == m.MessageState.PENDING:
+        elif settlement.status == SettleStatus.PENDING:
             result = _count_retry(table_name, message, settlement, outcome, counts)
         else:
             result = _count_dead(table_name, message, settlement, counts)
-        tally.add(message, result, in_dispatch, final=settlement.status != m.MessageState.PENDING)
+        tally.add(message, result, in_dispatch, final=settlement.status != SettleStatus.PENDING)
     tally.flush()
     _log_the_rest(table_name, counts)
     _, failures = destination_failures(outcomes)

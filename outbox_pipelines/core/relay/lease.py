@@ -13,6 +13,7 @@ import psycopg
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement, SharedTables
+from outbox_pipelines.core.storage.table_claims import SettleStatus
 
 
 def claim_outbox(
@@ -39,7 +40,9 @@ def ack_sent(
         conn,
         table_name,
         worker_id,
-        Settlement(item.id, item.attempts, "sent", audit, error_code=m.DEDUP_HIT if dedup else None, ref=memory_id),
+        Settlement(
+            item.id, item.attempts, SettleStatus.SENT, audit, error_code=m.DEDUP_HIT if dedup else None, ref=memory_id
+        ),
     )
 
 
@@ -61,7 +64,7 @@ def fail_retry(
         Settlement(
             item.id,
             item.attempts,
-            "pending",
+            SettleStatus.PENDING,
             m.AUDIT_RETRY,
             delay_s=delay,
             error_code=error_code,
@@ -82,7 +85,9 @@ def mark_dead_by_worker(
         conn,
         table_name,
         worker_id,
-        Settlement(item.id, item.attempts, "dead", m.AUDIT_DEAD, error_code=error_code, error=cap_error(error)),
+        Settlement(
+            item.id, item.attempts, SettleStatus.DEAD, m.AUDIT_DEAD, error_code=error_code, error=cap_error(error)
+        ),
     )
 
 

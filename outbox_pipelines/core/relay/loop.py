@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.destinations.base import Destination
-from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.models import ClaimedMessage, MessageState
 from outbox_pipelines.core.relay import liveness, ordering, single_active
 from outbox_pipelines.core.relay.batch import BatchRunner
 from outbox_pipelines.core.relay.budget import Budget
@@ -32,7 +32,7 @@ from outbox_pipelines.core.relay.pipeline import Pipeline
 from outbox_pipelines.core.relay.recovery import Recovery
 from outbox_pipelines.core.relay.report import RelayReport
 from outbox_pipelines.core.relay.session import open_relay_session, take_wakeups, wait_for_wakeup
-from outbox_pipelines.core.relay.stop import StopRequest
+from outbox_pipelines.core.relay.stop import StopReason, StopRequest
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
@@ -164,7 +164,7 @@ class Relay:
             # (asked as if it had just worked: standing by is not idleness).
             given_up = run.release is not None and run.release(0.0, time.monotonic() - run.started)
             if run.budget.once or run.budget.stop_requested or run.budget.out_of_time() or given_up:
-                report.stopped_because = "another relay holds the single-active lock"
+                report.stopped_because = StopReason.LOCK_HELD_ELSEWHERE
                 return False
             # Standby: take over as soon as the holder stops (checked for stop requests every second).
             wait_s = min(self.table.poll_interval_s, 1.0, run.budget.time_left())
@@ -204,7 +204,7 @@ class Relay:
 
     def _reason_to_end(self, run: Invocation) -> str | None:
         if run.budget.stop_requested:
-            return "stop requested"
+            return StopReason.STOP_REQUESTED
         if run.keeper.declared_dead:
             return DECLARED_DEAD
         if run.release is not None:
@@ -247,7 +247,7 @@ class Relay:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""
         if run.budget.once:
             run.report.stopped_because = (
-                f"{self.pause.reason}; the rest waits as pending" if self.pause.active else "nothing ready"
+                f"{self.pause.reason}; the rest waits as pending" if self.pause.active else StopReason.NOTHING_READY
             )
             return False
         if take_wakeups(run.session):
@@ -363,7 +363,7 @@ class Relay:
             max_attempts=self.table.retry.max_attempts,
             pass_over_dead=self.table.ordering == "skip",
         )
-        run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
+        run.report.requeued += sum(1 for r in rows if r["status"] == MessageState.PENDING)
         ordering.sweep(run.outbox_table, self.table, run.ordering_sweep, worker=self.worker)
         run.next_requeue = now + run.requeue_every
 

@@ -14,7 +14,7 @@ from outbox_pipelines.core.models import ClaimedMessage, cap_error
 from outbox_pipelines.core.relay import liveness, single_active
 from outbox_pipelines.core.relay.invocation import Invocation
 from outbox_pipelines.core.relay.session import RelaySession, open_relay_session, open_session
-from outbox_pipelines.core.relay.stop import StopRequest
+from outbox_pipelines.core.relay.stop import StopReason, StopRequest
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import OutboxTable
 
@@ -35,7 +35,7 @@ class Recovery:
         report, delay = run.report, 0.1
         while not self.stop.requested:
             if run.budget.out_of_time():
-                report.stopped_because = "time budget used while the database was unreachable"
+                report.stopped_because = StopReason.UNREACHABLE_PAST_BUDGET
                 return None
             try:
                 new = open_relay_session(self.url, self.table, self.direct_url)
@@ -46,11 +46,11 @@ class Recovery:
                 continue
             if run.single_active and not single_active.try_lock(OutboxTable(new.conn, self.table.name)):
                 report.lock_held = False
-                report.stopped_because = "lost the single-active lock while reconnecting"
+                report.stopped_because = StopReason.LOCK_LOST
                 new.conn.close()
                 return None
             return new
-        report.stopped_because = "stop requested"
+        report.stopped_because = StopReason.STOP_REQUESTED
         return None
 
     def audit_db_problem(self, outbox_table: OutboxTable, batch: list[ClaimedMessage], exc: BaseException) -> None:
@@ -85,7 +85,7 @@ class Recovery:
         mine = sum(1 for r in rows if r["previous_holder"] == self.worker)
         if mine:
             log.warning("relay %s: gave back %d rows held when the database failed", self.table.name, mine)
-        run.report.requeued += sum(1 for r in rows if r["status"] == "pending")
+        run.report.requeued += sum(1 for r in rows if r["status"] == m.MessageState.PENDING)
 
     def say_goodbye(self, conn: psycopg.Connection, unlock: bool, reason: str) -> None:
         """Let go of the single-active lock and record the stop, so nobody takes this relay for dead."""

@@ -14,11 +14,12 @@ from typing import TypedDict
 import psycopg
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.models import ClaimedMessage, Outcome, cap_error
+from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind, cap_error
 from outbox_pipelines.core.relay.destination_health import DESTINATION_FAILURES
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
+from outbox_pipelines.core.storage.table_claims import SettleStatus
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -37,21 +38,21 @@ def plan_settlement(
     Retry-After) and destination failures while the table's circuit is open give the
     attempt back: a broker that throttles or is down for an hour dead-letters nothing.
     """
-    if outcome.kind == "sent":
+    if outcome.kind == OutcomeKind.SENT:
         audit = m.AUDIT_DEDUP_HIT if outcome.code == m.DEDUP_HIT else m.AUDIT_SUCCESS
-        status = "deleted" if table.on_success == "delete" else "sent"
+        status = SettleStatus.DELETED if table.on_success == "delete" else SettleStatus.SENT
         return Settlement(
             message.id, message.attempts, status, audit, error_code=outcome.code, ref=m.storable_text(outcome.ref)
         )
     code = m.storable_text(outcome.code) or m.UNKNOWN
     error = cap_error(outcome.error)
-    if outcome.kind == "dead":
-        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=error)
+    if outcome.kind == OutcomeKind.DEAD:
+        return Settlement(message.id, message.attempts, SettleStatus.DEAD, m.AUDIT_DEAD, error_code=code, error=error)
     if outcome.code == m.RATE_LIMITED or outcome.delay_s is not None:
         return Settlement(
             message.id,
             message.attempts,
-            "pending",
+            SettleStatus.PENDING,
             m.AUDIT_RETRY,
             error_code=code,
             error=error,
@@ -61,15 +62,17 @@ def plan_settlement(
     if circuit_open and outcome.code in DESTINATION_FAILURES:
         # The circuit paces the retries (one probe at a time): due again at once, attempt given back.
         return Settlement(
-            message.id, message.attempts, "pending", m.AUDIT_RETRY, error_code=code, error=error, refund=True
+            message.id, message.attempts, SettleStatus.PENDING, m.AUDIT_RETRY, error_code=code, error=error, refund=True
         )
     if message.attempts >= table.retry.max_attempts:
         error = f"gave up after {message.attempts} of {table.retry.max_attempts} attempts: {outcome.error or code}"
-        return Settlement(message.id, message.attempts, "dead", m.AUDIT_DEAD, error_code=code, error=cap_error(error))
+        return Settlement(
+            message.id, message.attempts, SettleStatus.DEAD, m.AUDIT_DEAD, error_code=code, error=cap_error(error)
+        )
     return Settlement(
         message.id,
         message.attempts,
-        "pending",
+        SettleStatus.PENDING,
         m.AUDIT_RETRY,
         error_code=code,
         error=error,
@@ -178,7 +181,7 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Cal
 def plainly_sent(outcomes: Sequence[Outcome]) -> bool:
     """Every outcome a delivery with nothing more to record than its reference (no dedup hit): what
     ``settle_delivered`` settles, for a table that marks sent rows."""
-    return all(o.kind == "sent" and o.code is None for o in outcomes)
+    return all(o.kind == OutcomeKind.SENT and o.code is None for o in outcomes)
 
 
 class SettleOptions(TypedDict):
@@ -221,12 +224,12 @@ def settle_row_by_row(
 def _unrecordable(settlement: Settlement, exc: psycopg.Error) -> Settlement:
     """Delivered but not recordable (a delete-on-success the database refused): completed, as seed
     002 says; dead would make a replay run the handler again. Anything else: dead, visible."""
-    delivered = settlement.status in ("sent", "deleted")
+    delivered = settlement.status in (SettleStatus.SENT, SettleStatus.DELETED)
     return Settlement(
         settlement.id,
         settlement.attempts,
-        "sent" if delivered else "dead",
+        SettleStatus.SENT if delivered else SettleStatus.DEAD,
         m.AUDIT_DB_ERROR,
-        error_code="DB_ERROR",
+        error_code=m.ErrorCode.DB_ERROR,
         error=cap_error(f"could not record the outcome ({settlement.status}, {settlement.error_code}): {exc}"),
     )

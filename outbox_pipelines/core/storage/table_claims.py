@@ -4,24 +4,34 @@ holds, release ordering keys) and the reads it makes between cycles."""
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import psycopg
 from psycopg.rows import RowMaker
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
-from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.models import ClaimedMessage, MessageState
 from outbox_pipelines.core.storage.queries import table_query
 from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
 
 
+class SettleStatus(StrEnum):
+    """What a settle writes: a message's stored state, or ``deleted`` (a table whose sent rows are deleted)."""
+
+    PENDING = MessageState.PENDING.value
+    SENT = MessageState.SENT.value
+    DEAD = MessageState.DEAD.value
+    DELETED = "deleted"
+
+
 @dataclass(frozen=True)
 class Settlement:
-    """How one claimed row ends: new status ('sent', 'deleted', 'pending', 'dead')."""
+    """How one claimed row ends: its new status."""
 
     id: int
     attempts: int
-    status: str
+    status: SettleStatus
     audit_code: str
     delay_s: float = 0.0
     error_code: str | None = None
@@ -271,7 +281,7 @@ class ClaimStatements(TableStatements):
             return set()
         audit_code = settlements[0].audit_code
         if all(
-            s.status == "sent"
+            s.status == SettleStatus.SENT
             and s.error is None
             and s.error_code is None
             and not s.refund
@@ -290,8 +300,8 @@ class ClaimStatements(TableStatements):
                 claimed_at=claimed_at,
                 now=now,
             )
-        kept = [s for s in settlements if s.status != "deleted"]
-        gone = [s for s in settlements if s.status == "deleted"]
+        kept = [s for s in settlements if s.status != SettleStatus.DELETED]
+        gone = [s for s in settlements if s.status == SettleStatus.DELETED]
         rows = self._run(
             "outbox_settle",
             {
