@@ -22,7 +22,7 @@ from outbox_pipelines.core.destinations.trace_context import trace_headers
 from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind
 from outbox_pipelines.core.redaction import url_origin
 from outbox_pipelines.core.settings.already_processed import STRICT_ALREADY_PROCESSED, AlreadyProcessed
-from outbox_pipelines.core.storage.table_claims import SettleStatus
+from outbox_pipelines.core.storage.settlements import SettleStatus
 from outbox_pipelines.orders.failures import caller_reason, failure_code
 from outbox_pipelines.orders.ledger import SettledOrder, record_outcomes
 from outbox_pipelines.orders.metrics import ORDER_BROKER_LATENCY

@@ -11,8 +11,8 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.destination_health import destination_failures
 from outbox_pipelines.core.relay.report import BatchCounts, LagSample, by_code
+from outbox_pipelines.core.storage.settlements import SettleStatus
 from outbox_pipelines.core.storage.table import Settlement
-from outbox_pipelines.core.storage.table_claims import SettleStatus
 from outbox_pipelines.core.telemetry import metrics
 
 log = logging.getLogger("outbox_pipelines.relay")

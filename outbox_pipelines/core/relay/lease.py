@@ -12,8 +12,8 @@ import psycopg
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
+from outbox_pipelines.core.storage.settlements import SettleStatus
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement, SharedTables
-from outbox_pipelines.core.storage.table_claims import SettleStatus
 
 
 def claim_outbox(

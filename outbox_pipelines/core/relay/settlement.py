@@ -18,8 +18,8 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome, OutcomeKind, c
 from outbox_pipelines.core.relay.destination_health import DESTINATION_FAILURES
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage.settlements import SettleStatus
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
-from outbox_pipelines.core.storage.table_claims import SettleStatus
 
 log = logging.getLogger("outbox_pipelines.relay")
 

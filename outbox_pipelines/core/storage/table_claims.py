@@ -2,43 +2,17 @@
 holds, release ordering keys) and the reads it makes between cycles."""
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 import psycopg
 from psycopg.rows import RowMaker
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
-from outbox_pipelines.core.models import ClaimedMessage, MessageState
+from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
 from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
-
-
-class SettleStatus(StrEnum):
-    """What a settle writes: a message's stored state, or ``deleted`` (a table whose sent rows are deleted)."""
-
-    PENDING = MessageState.PENDING.value
-    SENT = MessageState.SENT.value
-    DEAD = MessageState.DEAD.value
-    DELETED = "deleted"
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """How one claimed row ends: its new status."""
-
-    id: int
-    attempts: int
-    status: SettleStatus
-    audit_code: str
-    delay_s: float = 0.0
-    error_code: str | None = None
-    error: str | None = None
-    ref: str | None = None
-    # Give back the attempt counted at claim (throttling, or the circuit was open): not the message's fault.
-    refund: bool = False
 
 
 def bigint_array(values: Iterable[int]) -> str:
