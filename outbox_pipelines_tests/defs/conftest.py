@@ -7,6 +7,15 @@ from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 @pytest.fixture
 def instance():
+    """Dagster's in-memory instance: a job run in process, its run, tags and logs read back, in a tenth of a second
+    and no process (one on disk takes one to two seconds, and starts two processes a step to capture its logs)."""
+    with dg.DagsterInstance.ephemeral() as test_instance:
+        yield test_instance
+
+
+@pytest.fixture
+def persistent_instance():
+    """An instance on disk, for what must refer to it (a sensor's evaluation)."""
     with dg.instance_for_test() as test_instance:
         yield test_instance
 

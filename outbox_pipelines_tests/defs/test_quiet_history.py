@@ -4,6 +4,7 @@ not a wall on the Runs page. Real PostgreSQL; the schedules evaluated as Dagster
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+import pytest
 
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
@@ -14,6 +15,12 @@ from outbox_pipelines_tests.helpers import enqueue_n, statuses
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 
 DAY_START = datetime(2026, 3, 2, tzinfo=UTC)
+
+
+@pytest.fixture
+def instance(persistent_instance):
+    """What is evaluated here (schedules, sensors) refers to its instance: one on disk."""
+    return persistent_instance
 
 
 def _definitions(resources: dict) -> dg.Definitions:

@@ -67,6 +67,12 @@ query ($keys: [AssetKeyInput!]) {
 }"""
 
 
+@pytest.fixture
+def instance(persistent_instance):
+    """What is evaluated here (schedules, sensors) refers to its instance: one on disk."""
+    return persistent_instance
+
+
 def enqueue(conn, table: str, event_id: str, key: str | None = None, tenant: str | None = None) -> int:
     message = Message(
         topic="orders.placed", payload={"e": event_id}, event_id=event_id, ordering_key=key, tenant_id=tenant
