@@ -28,6 +28,7 @@ from outbox_pipelines.core.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations import Destination, HandlerRegistry
+    from outbox_pipelines.core.inbox.receive import Inbox
     from outbox_pipelines.defs.component import OutboxComponent
     from outbox_pipelines.defs.factory import outbox_definitions
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 _ON_FIRST_USE = {
     "Destination": "outbox_pipelines.core.destinations",
     "HandlerRegistry": "outbox_pipelines.core.destinations",
+    # The receiving side: a consumer's record of the messages it handled (docs/how-to/inbox.md).
+    "Inbox": "outbox_pipelines.core.inbox.receive",
     # For a project's defs.yaml (`type: outbox_pipelines.OutboxComponent`) and a Definitions written by hand.
     "OutboxComponent": "outbox_pipelines.defs.component",
     "outbox_definitions": "outbox_pipelines.defs.factory",
@@ -135,6 +138,8 @@ __all__ = [
     "EnqueueResult",
     "set_payload_encoder",
     "database_url",
+    # Receiving messages
+    "Inbox",
     # Errors
     "OutboxError",
     "InvalidMessage",

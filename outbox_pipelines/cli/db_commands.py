@@ -32,7 +32,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         print(f"applied {name}")
     for name in report.created:
         print(f"created outbox table {name}")
-    if not report.applied and not report.created:
+    for name in report.inboxes_created:
+        print(f"created inbox table {name}")
+    if not report.applied and not report.created and not report.inboxes_created:
         print("database is up to date")
     for owner in report.owned_elsewhere.values():
         say(f"error: {owner.refusal(settings.project)}")
@@ -48,6 +50,8 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
             "this project declares no outbox table yet: add a [tables.NAME] section to outbox.toml "
             "(or parts = [...]) and run db upgrade again"
         )
+    if report.inboxes:
+        print(f"inbox tables of this project: {', '.join(report.inboxes)}")
     return EXIT_FAILED if report.owned_elsewhere else EXIT_OK
 
 
@@ -66,7 +70,7 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
     if as_sql:
         print(plan.as_sql(project, LockWaits.from_env().lock_timeout_s), end="")
         return EXIT_OK
-    if not plan.migrations and not plan.new_tables and not plan.storage and not plan.limits:
+    if not plan.migrations and not plan.new_tables and not plan.storage and not plan.limits and not plan.new_inboxes:
         print("database is up to date: nothing would be done")
     for migration in plan.migrations:
         if migration.version in plan.steps:
@@ -76,6 +80,8 @@ def _show_plan(plan: upgrade.UpgradePlan, project: str, *, as_sql: bool) -> int:
             print(f"-- would apply {migration.name} (in one transaction)\n{migration.sql.strip()}\n")
     for name in plan.new_tables:
         print(f"would create outbox table {name} (owned by {project})")
+    for name in plan.new_inboxes:
+        print(f"would create inbox table {name}")
     if plan.storage:  # docs/how-to/retention.md
         print("-- would set the tables' autovacuum settings (OUTBOX_AUTOVACUUM)\n" + "\n".join(plan.storage))
     if plan.limits:

@@ -133,6 +133,9 @@ ERROR_TEXT_LIMIT = 2000
 # written (core/prepare.py checks them on every enqueue path; a test holds that no other module writes 255).
 MAX_EVENT_ID_CHARS = 255
 MAX_ORDERING_KEY_CHARS = 255
+# The longest message id and consumer name an inbox records (core/inbox/receive.py: Inbox.receive).
+MAX_INBOX_MESSAGE_ID_CHARS = 255
+MAX_INBOX_CONSUMER_CHARS = 255
 
 
 # Control characters (Unicode category Cc: U+0000-U+001F, U+007F-U+009F) and lone

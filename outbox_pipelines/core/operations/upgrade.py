@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from outbox_pipelines.core.inbox.schema import create_inbox, list_inboxes
 from outbox_pipelines.core.names import is_valid_table_name
 from outbox_pipelines.core.prepare import payload_limit as configured_payload_limit
 from outbox_pipelines.core.settings import Settings
@@ -24,6 +25,8 @@ class ProjectUpgrade:
     owned_elsewhere: dict[str, Owner] = field(default_factory=dict)  # declared here, owned by another project
     autovacuum: AutovacuumReport | None = None  # the tables' autovacuum settings (storage/autovacuum.py)
     payload_limit: PayloadLimitReport | None = None  # the tables' payload limit (storage/payload_limit.py)
+    inboxes_created: list[str] = field(default_factory=list)  # declared inbox tables created now
+    inboxes: list[str] = field(default_factory=list)  # every declared inbox table, created now or before
 
 
 def declared_tables(settings: Settings) -> dict[str, bool]:
@@ -56,6 +59,11 @@ def upgrade_project(url: str, settings: Settings, *, said: Callable[[str], None]
     ours = [name for name in report.tables if name not in report.owned_elsewhere]
     report.autovacuum = autovacuum.apply(url, [*ours, autovacuum.AUDIT], settings.env.autovacuum)
     report.payload_limit = payload_limit.apply(url, ours, max_payload_bytes, waits)
+    existing_inboxes = set(list_inboxes(url)) if settings.inboxes else set()
+    for name in sorted(settings.inboxes):
+        if name not in existing_inboxes and create_inbox(url, name):
+            report.inboxes_created.append(name)
+        report.inboxes.append(name)
     return report
 
 
@@ -86,6 +94,7 @@ class UpgradePlan:
     steps: dict[str, list[str]] = field(default_factory=dict)  # a no-transaction migration's statements, here
     storage: list[str] = field(default_factory=list)  # the tables' autovacuum settings (storage/autovacuum.py)
     limits: list[str] = field(default_factory=list)  # the tables' payload limit (storage/payload_limit.py)
+    new_inboxes: list[str] = field(default_factory=list)  # declared inbox tables not in the database yet
 
     def as_sql(self, project: str, lock_timeout_s: float) -> str:
         """One script for a team's own migration tool (Alembic, Flyway, Django): the migrations as ``upgrade``
@@ -98,6 +107,7 @@ class UpgradePlan:
                 f"VALUES ('{name}', {_literal(project)}) ON CONFLICT (outbox_table) DO NOTHING;"
             )
         lines += self.storage + self.limits
+        lines += [f"SELECT outbox_create_inbox('{name}');" for name in self.new_inboxes]
         return "\n".join(lines) + "\n" if lines else "-- nothing to do: the database is up to date\n"
 
 
@@ -119,7 +129,11 @@ def plan_project(url: str, settings: Settings, *, contract: bool = False) -> Upg
     max_payload_bytes = configured_payload_limit()
     limits = payload_limit.plan_sql(url, sorted(declared), max_payload_bytes)
     sized = payload_limit.migration_settings(max_payload_bytes, settings.project)
-    return UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending, sized), storage, limits)
+    plan = UpgradePlan(pending, new_tables, migrate.concrete_steps(url, pending, sized), storage, limits)
+    fresh = any(m.version == "0001" for m in pending)
+    existing_inboxes = set(list_inboxes(url)) if settings.inboxes and not fresh else set()
+    plan.new_inboxes = [name for name in sorted(settings.inboxes) if name not in existing_inboxes]
+    return plan
 
 
 def contract_project(url: str, settings: Settings, *, said: Callable[[str], None] | None = None) -> list[str]:

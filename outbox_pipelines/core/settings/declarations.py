@@ -17,7 +17,7 @@ from outbox_pipelines.core.errors import ConfigError
 
 CONFIG_ENV = "OUTBOX_CONFIG"
 COMPONENT_TYPE = "outbox_pipelines.OutboxComponent"
-TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables", "embedded")
+TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables", "embedded", "inboxes")
 # Directories of a defs folder a search for a component's defs.yaml never enters.
 _SKIPPED_DIRS = {"__pycache__", "node_modules"}
 # The one template a declaration's values take (as dg resolves it): {{ env.NAME }}, empty when unset.
@@ -33,6 +33,8 @@ class Declaration:
     source: Path | None = None
     # Where each table is declared when that is not ``source`` (several OutboxComponents in one project).
     table_sources: Mapping[str, Path] = field(default_factory=dict)
+    # The inbox tables' sections (``[inboxes.NAME]``, core/settings/inboxes.py reads them).
+    inboxes: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: Path | None) -> "Declaration":
@@ -49,7 +51,8 @@ class Declaration:
         tables = data.get("tables") or {}
         if not isinstance(tables, Mapping) or not all(isinstance(s, Mapping) for s in tables.values()):
             raise ConfigError(f"{where}tables must be a table of tables: one [tables.NAME] section per table")
-        return cls({name: dict(section) for name, section in tables.items()}, _parts(data, where), source)
+        tables_read = {name: dict(section) for name, section in tables.items()}
+        return cls(tables_read, _parts(data, where), source, inboxes=data.get("inboxes") or {})
 
 
 def _parts(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
@@ -107,6 +110,7 @@ def load_components(paths: list[Path], env: Mapping[str, str]) -> Declaration:
     tables: dict[str, Mapping[str, Any]] = {}
     sources: dict[str, Path] = {}
     parts: list[str] = []
+    inboxes: dict[str, Any] = {}
     for path in paths:
         declaration = load_component_file(path, env)
         for name, section in declaration.tables.items():
@@ -117,7 +121,8 @@ def load_components(paths: list[Path], env: Mapping[str, str]) -> Declaration:
                 )
             tables[name], sources[name] = section, path
         parts += declaration.parts
-    return Declaration(tables, tuple(dict.fromkeys(parts)), paths[0], sources)
+        inboxes.update(declaration.inboxes)
+    return Declaration(tables, tuple(dict.fromkeys(parts)), paths[0], sources, inboxes)
 
 
 def component_files(root: Path) -> Iterator[Path]:

@@ -12,6 +12,7 @@ from outbox_pipelines.core.errors import ConfigError, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.settings.environment import GlobalSettings
+from outbox_pipelines.core.settings.inboxes import InboxSettings, inbox_settings
 from outbox_pipelines.core.settings.sections import build_table_settings, check_section
 from outbox_pipelines.core.settings.tables import DEFAULT_GROUP, TableSettings, shipped_tables
 from outbox_pipelines.core.storage.project_dir import project_name
@@ -36,6 +37,9 @@ class Settings:
     # The project whose tables these are (core/storage/project_dir.py: project_name): a table another project
     # owns is not its to relay (core/settings/owners.py).
     project: str = ""
+    # The inbox tables the project declares ([inboxes.NAME]), by name: db upgrade creates them, the cleaner empties
+    # them past their window.
+    inboxes: dict[str, InboxSettings] = field(default_factory=dict)
 
     def table(self, name: str) -> TableSettings:
         if name in self.broken:
@@ -100,8 +104,16 @@ def load_settings(
             broken[name] = text if where is None or text.startswith(str(where)) else f"{where}: {text}"
             group = section.get("group", DEFAULT_GROUP)
             broken_groups[name] = group if isinstance(group, str) else None
+    inboxes = inbox_settings(declaration.inboxes, source, sections, global_settings.cleaner_enabled)
     return Settings(
-        global_settings, tables, source, broken, broken_groups, parts=declaration.parts, project=project_name()
+        global_settings,
+        tables,
+        source,
+        broken,
+        broken_groups,
+        parts=declaration.parts,
+        project=project_name(),
+        inboxes=inboxes,
     )
 
 

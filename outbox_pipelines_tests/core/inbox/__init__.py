@@ -1,0 +1,1 @@
+"""The receiving side: the inbox (outbox_pipelines.Inbox)."""
