@@ -29,6 +29,18 @@ from outbox_pipelines.core.retry import RetryPolicy
 if TYPE_CHECKING:
     from outbox_pipelines.core.destinations import Destination, HandlerRegistry
     from outbox_pipelines.core.inbox.receive import Inbox
+    from outbox_pipelines.core.inbox.webhook_verification import (
+        WebhookHeaderMissing,
+        WebhookSecretInvalid,
+        WebhookSignatureMalformed,
+        WebhookSignatureMismatch,
+        WebhookTimestampMalformed,
+        WebhookTimestampTooNew,
+        WebhookTimestampTooOld,
+        WebhookVerificationError,
+        WebhookVerifier,
+        verify_webhook,
+    )
     from outbox_pipelines.defs.component import OutboxComponent
     from outbox_pipelines.defs.factory import outbox_definitions
 
@@ -42,6 +54,17 @@ _ON_FIRST_USE = {
     # For a project's defs.yaml (`type: outbox_pipelines.OutboxComponent`) and a Definitions written by hand.
     "OutboxComponent": "outbox_pipelines.defs.component",
     "outbox_definitions": "outbox_pipelines.defs.factory",
+    # A receiver's check of our signed webhooks (standard library only): loaded when a receiver asks.
+    "verify_webhook": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookVerifier": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookVerificationError": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookHeaderMissing": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookTimestampMalformed": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookTimestampTooOld": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookTimestampTooNew": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookSignatureMalformed": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookSignatureMismatch": "outbox_pipelines.core.inbox.webhook_verification",
+    "WebhookSecretInvalid": "outbox_pipelines.core.inbox.webhook_verification",
 }
 
 # Names this package once exported that are the engine's, not the public API: still found here, with a
@@ -161,4 +184,15 @@ __all__ = [
     # Metrics
     "serve_metrics",
     "expose_metrics",
+    # Receiving signed webhooks
+    "verify_webhook",
+    "WebhookVerifier",
+    "WebhookVerificationError",
+    "WebhookHeaderMissing",
+    "WebhookTimestampMalformed",
+    "WebhookTimestampTooOld",
+    "WebhookTimestampTooNew",
+    "WebhookSignatureMalformed",
+    "WebhookSignatureMismatch",
+    "WebhookSecretInvalid",
 ]

@@ -41,6 +41,20 @@ def test_importing_the_package_loads_no_dagster_no_http_client_and_no_wing():
     assert [m for m in loaded if m.startswith(wings)] == []
 
 
+def test_a_webhook_receiver_verifies_with_the_standard_library_alone():
+    """A receiver installs the package to verify our signatures: it loads no Dagster, no HTTP or broker client."""
+    script = (
+        "import sys\n"
+        "from outbox_pipelines import WebhookVerificationError, WebhookVerifier, verify_webhook\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert "outbox_pipelines.core.inbox.webhook_verification" in loaded
+    unwanted = ("dagster", "aiohttp", "httpx", "nats", "aiormq", "confluent_kafka", "starlette", "uvicorn", "django")
+    assert [m for m in loaded if m.split(".")[0] in unwanted] == []
+    assert [m for m in loaded if m.startswith("outbox_pipelines.core.destinations")] == []
+
+
 @pytest.mark.parametrize(
     ("name", "home"),
     [
