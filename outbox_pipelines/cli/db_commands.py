@@ -203,7 +203,12 @@ def cmd_db_grant(args: argparse.Namespace) -> int:
         print(f"created roles: {', '.join(plan.missing_roles)}")
     print(
         f"granted on schema {plan.schema} and its {len(plan.outbox_tables)} outbox tables "
-        f"({', '.join(plan.outbox_tables) or 'none'}):"
+        f"({', '.join(plan.outbox_tables) or 'none'})"
+        + (
+            f" and {len(plan.inbox_tables)} inbox tables ({', '.join(plan.inbox_tables)}):"
+            if plan.inbox_tables
+            else ":"
+        )
     )
     for spec in roles.all_roles():
         print(f"  {spec.name}: {spec.job}")

@@ -15,6 +15,8 @@ READER = "outbox_reader"
 
 # Stands for every outbox table of the schema (those carrying the notify trigger) in a Grant.
 EVERY_OUTBOX_TABLE = "*"
+# Stands for every inbox table of the schema (migration 0022's; core/inbox/): a consumer's record of what it handled.
+EVERY_INBOX_TABLE = "inbox:*"
 # What an enqueue writes of a message (sql/queries/outbox.sql, outbox_insert and outbox_insert_many).
 MESSAGE_COLUMNS = ("event_id", "tenant_id", "topic", "payload", "payload_sha", "headers", "available_at")
 # What an application's enqueue writes: the message and its ordering key (migration 0010; whether it waits
@@ -99,8 +101,10 @@ class Grant:
         if self.except_tables and self.table != EVERY_OUTBOX_TABLE:
             raise ValueError("except_tables only narrows EVERY_OUTBOX_TABLE")
 
-    def tables_among(self, outbox_tables: Sequence[str]) -> list[str]:
-        """The tables this grant is on, given the database's outbox tables."""
+    def tables_among(self, outbox_tables: Sequence[str], inbox_tables: Sequence[str] = ()) -> list[str]:
+        """The tables this grant is on, given the database's outbox tables (and inbox tables)."""
+        if self.table == EVERY_INBOX_TABLE:
+            return list(inbox_tables)
         if self.table != EVERY_OUTBOX_TABLE:
             return [self.table]
         return [name for name in outbox_tables if name not in self.except_tables]
@@ -142,6 +146,8 @@ ENGINE_ROLES: tuple[RoleSpec, ...] = (
                 EVERY_OUTBOX_TABLE,
                 columns=(OnColumns("INSERT", ENQUEUE_COLUMNS), OnColumns("SELECT", ENQUEUE_READ_COLUMNS)),
             ),
+            # Inbox.receive: INSERT ... ON CONFLICT DO NOTHING reads the key it conflicts on.
+            Grant(EVERY_INBOX_TABLE, ("SELECT", "INSERT")),
         ),
     ),
     RoleSpec(RELAY, "standalone relays (outbox-pipelines relay)", (_RELAY_OUTBOX, *_RELAY_SHARED)),
@@ -156,6 +162,7 @@ ENGINE_ROLES: tuple[RoleSpec, ...] = (
             Grant("outbox_alert_state", _READ_AND_WRITE),
             Grant("outbox_schema_migrations", ("SELECT",)),
             Grant("outbox_table_owners", ("SELECT",)),
+            Grant(EVERY_INBOX_TABLE, ("SELECT", "DELETE")),  # the cleaner: entries past the inbox's window
         ),
     ),
     RoleSpec(
@@ -163,6 +170,7 @@ ENGINE_ROLES: tuple[RoleSpec, ...] = (
         "outbox-pipelines status, dashboards and metrics scrapers (read only)",
         (
             Grant(EVERY_OUTBOX_TABLE, ("SELECT",)),
+            Grant(EVERY_INBOX_TABLE, ("SELECT",)),
             *(
                 Grant(name, ("SELECT",))
                 for name in (

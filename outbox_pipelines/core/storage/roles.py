@@ -24,6 +24,7 @@ from outbox_pipelines.core.storage.role_grants import (
     ENGINE_ROLES,
     ENQUEUE_COLUMNS,
     ENQUEUE_READ_COLUMNS,
+    EVERY_INBOX_TABLE,
     EVERY_OUTBOX_TABLE,
     MAINTAINER,
     MESSAGE_COLUMNS,
@@ -43,6 +44,7 @@ __all__ = [
     "ENGINE_ROLES",
     "ENQUEUE_COLUMNS",
     "ENQUEUE_READ_COLUMNS",
+    "EVERY_INBOX_TABLE",
     "EVERY_OUTBOX_TABLE",
     "MAINTAINER",
     "MESSAGE_COLUMNS",
@@ -96,6 +98,7 @@ class GrantPlan:
     missing_roles: list[str]
     statements: list[sql.Composed] = field(default_factory=list)
     absent_tables: list[str] = field(default_factory=list)  # shared tables this database does not have
+    inbox_tables: list[str] = field(default_factory=list)  # the inbox tables (migration 0022) it has
 
     def sql_text(self, conn: psycopg.Connection) -> list[str]:
         """Every statement as SQL text, as psql could run it: role creation, then the transaction (--dry-run)."""
@@ -135,7 +138,8 @@ def _grant_statements(
     role = sql.Identifier(spec.name)
     statements = []
     for table_name in tables:
-        table = table_identifier(table_name) if grant.table == EVERY_OUTBOX_TABLE else sql.Identifier(table_name)
+        every = (EVERY_OUTBOX_TABLE, EVERY_INBOX_TABLE)
+        table = table_identifier(table_name) if grant.table in every else sql.Identifier(table_name)
         if grant.privileges:
             privileges = sql.SQL(", ").join(sql.SQL(p) for p in grant.privileges)  # keywords from PRIVILEGES
             statements.append(_composed("role_table_grant", privileges=privileges, table=table, role=role))
@@ -176,27 +180,34 @@ def plan_grants(conn: psycopg.Connection) -> GrantPlan:
     else only warns, and would change nothing).
     """
     outbox_tables = [validate_table_name(name) for name in SharedTables(conn).outbox_table_names()]
+    with conn.cursor(row_factory=dict_row) as cur:
+        inbox_tables = [
+            validate_table_name(row["table_name"]) for row in cur.execute(shared_query("inbox_tables_list"))
+        ]
     specs = all_roles()
-    shared = sorted(
-        {g.table for spec in specs for g in spec.grants if g.table != EVERY_OUTBOX_TABLE} - set(outbox_tables)
-    )
+    every = (EVERY_OUTBOX_TABLE, EVERY_INBOX_TABLE)
+    shared = sorted({g.table for spec in specs for g in spec.grants if g.table not in every} - set(outbox_tables))
     present = [name for name in shared if _fetch_one(conn, "role_table_exists", {"table_name": name})["found"]]
-    schema = _check_grantable(conn, [*outbox_tables, *present])
+    schema = _check_grantable(conn, [*outbox_tables, *inbox_tables, *present])
     names = [spec.name for spec in specs]
     missing = [role for role in names if not _fetch_one(conn, "role_exists", {"role": role})["found"]]
-    plan = GrantPlan(schema, outbox_tables, missing)
+    plan = GrantPlan(schema, outbox_tables, missing, inbox_tables=inbox_tables)
     plan.absent_tables = [name for name in shared if name not in present]
     sequences = {name: _id_sequence(conn, name) for name in outbox_tables}
     roles = sql.SQL(", ").join(sql.Identifier(role) for role in names)
     plan.statements.append(_composed("role_schema_usage", schema=sql.Identifier(schema), roles=roles))
-    for table_name in [*outbox_tables, *present]:
+    for table_name in [*outbox_tables, *inbox_tables, *present]:
         plan.statements.append(_composed("role_table_revoke", table=sql.Identifier(table_name), roles=roles))
     for sequence in sequences.values():
         if sequence is not None:
             plan.statements.append(_composed("role_sequence_revoke", sequence=sequence, roles=roles))
     for spec in specs:
         for grant in spec.grants:
-            tables = [t for t in grant.tables_among(outbox_tables) if t in outbox_tables or t in present]
+            tables = [
+                t
+                for t in grant.tables_among(outbox_tables, inbox_tables)
+                if t in outbox_tables or t in inbox_tables or t in present
+            ]
             plan.statements += _grant_statements(spec, grant, tables, sequences)
     return plan
 
@@ -235,7 +246,8 @@ def rights(spec: RoleSpec) -> list[str]:
     'SELECT, DELETE, UPDATE (status, attempts, ...) on every outbox table'."""
     lines = []
     for grant in spec.grants:
-        where = "every outbox table" if grant.table == EVERY_OUTBOX_TABLE else grant.table
+        names = {EVERY_OUTBOX_TABLE: "every outbox table", EVERY_INBOX_TABLE: "every inbox table"}
+        where = names.get(grant.table, grant.table)
         if grant.except_tables:
             where += f" except {', '.join(grant.except_tables)}"
         granted = [*grant.privileges, *(f"{on.privilege} ({', '.join(on.columns)})" for on in grant.columns)]

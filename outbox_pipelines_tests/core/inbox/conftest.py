@@ -1,6 +1,7 @@
 import pytest
 
 from outbox_pipelines.core.inbox.schema import create_inbox
+from outbox_pipelines_tests.core.storage.test_roles import login_as  # noqa: F401 (a fixture: a login in a group role)
 
 
 @pytest.fixture

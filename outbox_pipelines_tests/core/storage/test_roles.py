@@ -559,6 +559,7 @@ def test_the_printed_rights_say_which_columns() -> None:
     assert roles.rights(by_name[roles.PRODUCER]) == [
         "INSERT (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key), "
         "SELECT (id, event_id, payload_sha) on every outbox table except outbox_orders",
+        "SELECT, INSERT on every inbox table",
     ]
     relay = roles.rights(by_name[roles.RELAY])
     assert relay[0] == (
