@@ -44,14 +44,16 @@ def cmd_requeue_stuck(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     # The run's rules (which tables, the retention check before any delete, --force, the shared tables) are
     # clean_tables'; this prints its report.
+    settings = settings_of(args)
     report = clean_tables(
         database_url,
-        chosen_tables(args, settings_of(args)),
+        chosen_tables(args, settings),
         retention_s=args.retention,
         audit_retention_s=args.audit_retention,
         force=args.force,
         tenant_id=args.tenant,
         progress=say,
+        inboxes=[] if args.table else [settings.inboxes[name] for name in sorted(settings.inboxes)],
     )
     whose = f" of tenant {args.tenant}" if args.tenant else ""
     for outcome in report.tables:
@@ -64,6 +66,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
         lines = [f"{table}: deleted {n} expired rows" for table, n in report.shared.deleted_expired.items()]
         lines += [f"outbox_audit: deleted {report.shared.deleted_audit} old rows"]
         print("; ".join(lines))
+    for name, deleted in report.inboxes.items():  # docs/how-to/inbox.md
+        window = duration_words(settings.inboxes[name].window_s)
+        print(f"{name}: deleted {deleted} inbox entries older than {window} (its window)")
+    for name, why in report.inboxes_skipped.items():
+        print(f"{name}: {why}")
     return EXIT_OK
 
 

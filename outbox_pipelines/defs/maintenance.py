@@ -104,6 +104,7 @@ def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Ou
     core's ``clean_tables``, the CLI's ``clean`` too; this logs its report and yields its figures.
     """
     tables = _chosen_tables(outbox_db, config.tables)
+    inboxes = outbox_db.settings().inboxes if not config.tables else {}  # every declared inbox (docs/how-to/inbox.md)
     retention = _duration(config.retention, "retention")
     audit_retention = _duration(config.audit_retention, "audit_retention")
     dead_retention = _duration(config.dead_retention, "dead_retention")
@@ -117,6 +118,7 @@ def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Ou
             force=config.force,
             tenant_id=config.tenant_id,
             progress=context.log.info,
+            inboxes=[inboxes[name] for name in sorted(inboxes)],
         )
     except RetentionTooShort as exc:
         if retention is None:  # each table's own retention: the settings are wrong, not this launch
@@ -133,6 +135,10 @@ def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Ou
         expired, audit = report.shared.deleted_expired, report.shared.deleted_audit
     changed, dead = report.deleted_sent_by_table, report.deleted_dead_by_table
     context.log.info(f"deleted sent rows {changed}, dead rows {dead}, expired rows {expired}, audit rows {audit}")
+    for name, why in report.inboxes_skipped.items():
+        context.log.info(f"{name}: {why}; skipped")
+    if report.inboxes:
+        context.log.info(f"deleted inbox entries past their window {report.inboxes}")
     yield dg.Output(
         None,
         metadata=metadata_values(
@@ -142,6 +148,7 @@ def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Ou
                 "deleted_dead_by_table": dead,
                 "deleted_expired_by_table": expired,
                 "deleted_audit": audit,
+                "deleted_inbox_entries_by_inbox": report.inboxes,
             }
         ),
     )

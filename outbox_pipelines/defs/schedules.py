@@ -129,7 +129,11 @@ def clean_schedule(job: dg.JobDefinition) -> dg.ScheduleDefinition:
             conn = driver_connection(pooled)
             tables = _existing(outbox_db, conn)
             due = clean_due(
-                conn, tables, dead_retention_s=env.cleaner_dead_retention_s, audit_retention_s=env.audit_retention_s
+                conn,
+                tables,
+                dead_retention_s=env.cleaner_dead_retention_s,
+                audit_retention_s=env.audit_retention_s,
+                inboxes=list(outbox_db.settings().inboxes.values()),
             )
         if not due and wings.shared_cleanups() and any(table.cleaner_enabled for table in tables):
             since = datetime.now(UTC) - timedelta(seconds=SHARED_PASS_EVERY_S)

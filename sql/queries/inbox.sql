@@ -34,8 +34,9 @@ DELETE FROM {table} AS t USING old
 WHERE t.consumer = old.consumer AND t.message_id = old.message_id
 
 -- name: inbox_clean_due
--- Whether the cleaner has anything to delete from this inbox.
-SELECT EXISTS (
+-- How many entries the cleaner would delete from this inbox, counted up to %(cap)s (the received_at index).
+SELECT count(*) AS due FROM (
     SELECT 1 FROM {table}
     WHERE received_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_s)s)
-) AS due
+    LIMIT %(cap)s
+) AS old

@@ -13,9 +13,11 @@ from functools import partial
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import RetentionTooShort
+from outbox_pipelines.core.inbox import cleaner as inbox_cleaner
 from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings
+from outbox_pipelines.core.settings.inboxes import InboxSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables
 
@@ -196,6 +198,9 @@ class CleanRunReport:
 
     tables: list[TableCleanOutcome] = field(default_factory=list)
     shared: SharedCleanReport | None = None
+    # Inbox entries deleted past their window, per inbox cleaned; and the inboxes left alone, with why.
+    inboxes: dict[str, int] = field(default_factory=dict)
+    inboxes_skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def deleted_sent_by_table(self) -> dict[str, int]:
@@ -223,6 +228,7 @@ def clean_tables(
     tenant_id: str | None = None,
     now: datetime | None = None,
     progress: Progress | None = None,
+    inboxes: Sequence[InboxSettings] = (),
 ) -> CleanRunReport:
     """One cleaner run over ``tables``: the rules of ``outbox-pipelines clean`` and of Dagster's ``clean_job``.
 
@@ -242,6 +248,7 @@ def clean_tables(
       rows deleted to that tenant's; the shared tables are cleaned regardless.
     - ``database_url`` is called once the run is allowed and has something to delete, so a refused run
       (or one with every cleaner off) never chooses a database, nor starts the embedded one.
+    - Each of ``inboxes`` whose cleaner is on (or ``force``) loses its entries older than its window, last.
     """
     report = CleanRunReport(
         [
@@ -256,7 +263,9 @@ def clean_tables(
     to_clean = [(table, outcome) for table, outcome in zip(tables, report.tables, strict=True) if not outcome.skipped]
     for table, outcome in to_clean:
         check_retention(table, outcome.retention_s, force=force)
-    if not to_clean:
+    report.inboxes_skipped = {i.name: CLEANER_DISABLED for i in inboxes if not (i.cleaner_enabled or force)}
+    to_empty = [inbox for inbox in inboxes if inbox.name not in report.inboxes_skipped]
+    if not to_clean and not to_empty:
         return report
     env = GlobalSettings.from_env()  # what a run does not give: OUTBOX_CLEANER_DEAD_RETENTION, OUTBOX_AUDIT_RETENTION
     dead_kept = env.cleaner_dead_retention_s if dead_retention_s is None else dead_retention_s
@@ -274,7 +283,14 @@ def clean_tables(
             progress=progress,
         )
         outcome.deleted_sent, outcome.deleted_dead = cleaned.deleted_sent, cleaned.deleted_dead
-    report.shared = clean_shared(url, audit_retention_s=audit_kept, now=now)
+    if to_clean:
+        report.shared = clean_shared(url, audit_retention_s=audit_kept, now=now)
+    if to_empty:
+        with connect(url) as conn:
+            found, missing = inbox_cleaner.existing(conn, to_empty)
+            report.inboxes_skipped |= dict.fromkeys(missing, inbox_cleaner.NOT_CREATED)
+            for inbox in found:
+                report.inboxes[inbox.name] = inbox_cleaner.clean_inbox(conn, inbox, now=now, progress=progress)
     return report
 
 

@@ -11,8 +11,10 @@ from datetime import datetime
 import psycopg
 from psycopg.rows import dict_row
 
+from outbox_pipelines.core.inbox.cleaner import inboxes_due
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.settings.inboxes import InboxSettings
 from outbox_pipelines.core.storage.queries import shared_query, table_query
 
 AUDIT = "outbox_audit"
@@ -58,9 +60,11 @@ def clean_due(
     dead_retention_s: float,
     audit_retention_s: float,
     now: datetime | None = None,
+    inboxes: Sequence[InboxSettings] = (),
 ) -> dict[str, str]:
     """The tables a cleaner run (``clean_tables``) would delete rows from, and why; ``outbox_audit`` too when
-    its old rows are due. Only tables whose cleaner is on: the run skips the others."""
+    its old rows are due, and each of ``inboxes`` with entries past its window. Only those whose cleaner is on:
+    the run skips the others."""
     due: dict[str, str] = {}
     for table in tables:
         if not table.cleaner_enabled:
@@ -80,4 +84,4 @@ def clean_due(
             audit = cur.fetchone()
         if audit and audit["due"]:
             due[AUDIT] = "audit rows past their retention"
-    return due
+    return due | inboxes_due(conn, inboxes, now=now)
