@@ -28,10 +28,10 @@ def inbox_settings(
     """Each ``[inboxes.NAME]`` section read; ConfigError naming the file and the inbox for the first one wrong.
     ``cleaner_enabled``: the default of the key (OUTBOX_CLEANER_ENABLED), as for the outbox tables."""
     where = f"{source}: " if source else ""
-    if not isinstance(sections, Mapping) or not all(isinstance(s, Mapping) for s in sections.values()):
+    if not isinstance(sections, Mapping) or not all(isinstance(keys, Mapping) for keys in sections.values()):
         raise ConfigError(f"{where}inboxes must be a table of tables: one [inboxes.NAME] section per inbox")
     inboxes = {}
-    for name, section in sections.items():
+    for name, keys in sections.items():
         what = f"{where}[inboxes.{name}]"
         try:
             validate_table_name(name)
@@ -39,13 +39,13 @@ def inbox_settings(
             raise ConfigError(f"{what}: {str(exc).replace('outbox table', 'inbox table')}") from None
         if name in outbox_tables:
             raise ConfigError(f"{what}: {name!r} is declared as an outbox table too ([tables.{name}]); name one other")
-        unknown = sorted(set(section) - set(INBOX_KEYS))
+        unknown = sorted(set(keys) - set(INBOX_KEYS))
         if unknown:
             raise ConfigError(f"{what}: unknown keys {unknown}; an inbox takes {', '.join(INBOX_KEYS)}")
-        cleaner = section.get("cleaner_enabled", cleaner_enabled)
+        cleaner = keys.get("cleaner_enabled", cleaner_enabled)
         if not isinstance(cleaner, bool):
             raise ConfigError(f"{what}: cleaner_enabled must be true or false, got {cleaner!r}")
-        window = parse_duration(section.get("window", DEFAULT_WINDOW_S), f"{what} window")
+        window = parse_duration(keys.get("window", DEFAULT_WINDOW_S), f"{what} window")
         if window <= 0:
             raise ConfigError(f'{what} window must be more than 0, like "7d"')
         inboxes[name] = InboxSettings(name, window, cleaner)
