@@ -7,7 +7,6 @@ inbox.sql); the connection is resolved as enqueue's is (core/storage/app_connect
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.enqueue_guard import async_endpoint, sync_endpoint
 from outbox_pipelines.core.errors import InvalidMessage, InvalidTableName, NoTransaction, UnknownTable
@@ -107,11 +106,10 @@ class Inbox:
     def __init__(self, table_name: str) -> None:
         self.table_name = inbox_name(table_name)
 
-    def _params(self, message_id: object, consumer: object) -> dict[str, str]:
-        return {
-            "consumer": _checked("consumer", consumer, MAX_INBOX_CONSUMER_CHARS),
-            "message_id": _checked("message_id", message_id, MAX_INBOX_MESSAGE_ID_CHARS),
-        }
+    def _params(self, message_id: object, consumer: object) -> tuple[str, str]:
+        """inbox_receive's parameters, (consumer, message_id), once both are found fit to record."""
+        checked_id = _checked("message_id", message_id, MAX_INBOX_MESSAGE_ID_CHARS)
+        return _checked("consumer", consumer, MAX_INBOX_CONSUMER_CHARS), checked_id
 
     def receive(self, conn: Any, message_id: str, *, consumer: str) -> bool:
         """Record ``message_id`` as received by ``consumer`` in the caller's transaction: True the first time (do
@@ -130,17 +128,10 @@ class Inbox:
         statement = table_query(RECEIVE, self.table_name)
         cursor = statement_cursor(target)
         try:
-            if cursor is not None:
-                factory = cursor.row_factory
-                cursor.row_factory = tuple_row
-                try:
-                    cursor.execute(statement, params, prepare=prepare)
-                    return cursor.fetchone() is not None
-                finally:
-                    cursor.row_factory = factory
-            with driver_connection(target).cursor(row_factory=tuple_row) as cur:
-                cur.execute(statement, params, prepare=prepare)
-                return cur.fetchone() is not None
+            if cursor is not None:  # the application's own cursor: its result replaced, its rows untouched
+                return cursor.execute(statement, params, prepare=prepare).rowcount == 1
+            with driver_connection(target).cursor() as cur:
+                return cur.execute(statement, params, prepare=prepare).rowcount == 1
         except psycopg.Error as exc:
             if _sqlstate(exc) in _NOT_AN_INBOX:
                 raise self._refusal(exc) from None
@@ -163,18 +154,16 @@ class Inbox:
                 raise self._refusal(exc) from None
             raise
 
-    async def _claim_async(self, target: AsyncTarget, params: dict[str, str], prepare: bool | None) -> bool:
+    async def _claim_async(self, target: AsyncTarget, params: tuple[str, str], prepare: bool | None) -> bool:
         if target.driver == "psycopg":
             pg = target.conn if isinstance(target.conn, psycopg.AsyncConnection) else target.conn.connection
-            async with pg.cursor(row_factory=tuple_row) as cur:
+            async with pg.cursor() as cur:
                 await cur.execute(table_query(RECEIVE, self.table_name), params, prepare=prepare)
-                return await cur.fetchone() is not None
-        statement, order = numbered_table_query(RECEIVE, self.table_name)
-        assert isinstance(order, tuple)  # inbox_receive's parameters are named
-        args = tuple(params[name] for name in order)
+                return cur.rowcount == 1
+        statement, _ = numbered_table_query(RECEIVE, self.table_name)  # $1, $2: consumer, message_id
         if target.driver == "asyncpg":
-            return await target.conn.fetchrow(statement, *args) is not None
-        return (await target.conn.exec_driver_sql(statement, args)).first() is not None
+            return str(await target.conn.execute(statement, *params)) == "INSERT 0 1"  # the command's tag
+        return int((await target.conn.exec_driver_sql(statement, params)).rowcount) == 1
 
     def _refusal(self, exc: BaseException) -> UnknownTable:
         return _unknown(self.table_name, _NOT_AN_INBOX[_sqlstate(exc) or "42P01"])
