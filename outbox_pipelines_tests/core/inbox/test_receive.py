@@ -111,3 +111,20 @@ def test_a_concurrent_redelivery_waits_for_the_first_and_answers_by_its_end(db_u
         thread.join(timeout=10)
     assert answers == {"second": first_ends == "rollback"}
     assert _entries(conn) == [("billing", "m-1")]
+
+
+def test_under_repeatable_read_a_delivery_committed_after_the_snapshot_is_a_serialization_failure(
+    db_url, conn, inbox_table
+):
+    """The transaction cannot see the other delivery's entry, so it is not told False: PostgreSQL refuses it, and a
+    consumer that retries its transaction then gets False."""
+    with psycopg.connect(db_url) as late, psycopg.connect(db_url) as other:
+        late.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        late.execute("SELECT 1")  # the snapshot is taken
+        assert INBOX.receive(other, "m-1", consumer="billing")
+        other.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            INBOX.receive(late, "m-1", consumer="billing")
+        late.rollback()
+        assert INBOX.receive(late, "m-1", consumer="billing") is False
+    assert _entries(conn) == [("billing", "m-1")]
