@@ -9,7 +9,14 @@ from typing import Any
 import psycopg
 
 from outbox_pipelines.core.enqueue_guard import async_endpoint, sync_endpoint
-from outbox_pipelines.core.errors import InvalidMessage, InvalidTableName, NoTransaction, UnknownTable
+from outbox_pipelines.core.errors import (
+    ConfigError,
+    InvalidMessage,
+    InvalidTableName,
+    MigrationError,
+    NoTransaction,
+    UnknownTable,
+)
 from outbox_pipelines.core.models import MAX_INBOX_CONSUMER_CHARS, MAX_INBOX_MESSAGE_ID_CHARS, unprintable_problem
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.storage.app_connections import (
@@ -78,6 +85,13 @@ def _no_transaction(asyncio: bool) -> NoTransaction:
     )
 
 
+def _behind(exc: MigrationError | ConfigError) -> MigrationError | ConfigError:
+    """enqueue's refusal of a schema behind the code (or of asyncpg's named statements behind a pooler), said of
+    the inbox."""
+    text = str(exc).replace("enqueue_async refused, nothing was written", "receive_async refused, nothing was recorded")
+    return type(exc)(text.replace("enqueue refused, nothing was written", "receive refused, nothing was recorded"))
+
+
 def _wrong_kind(conn: Any, exc: TypeError, asyncio: bool) -> TypeError:
     if "psycopg2" in str(exc):
         return TypeError(str(exc).replace("enqueue runs", "the inbox runs"))
@@ -124,7 +138,10 @@ class Inbox:
             raise _no_transaction(asyncio=False) from None
         except TypeError as exc:
             raise _wrong_kind(conn, exc, asyncio=False) from None
-        prepare = sync_endpoint(target).prepare
+        try:
+            prepare = sync_endpoint(target).prepare  # the schema checked once per process, as enqueue's
+        except MigrationError as exc:
+            raise _behind(exc) from None
         statement = table_query(RECEIVE, self.table_name)
         cursor = statement_cursor(target)
         try:
@@ -146,7 +163,10 @@ class Inbox:
             raise _no_transaction(asyncio=True) from None
         except TypeError as exc:
             raise _wrong_kind(conn, exc, asyncio=True) from None
-        prepare = (await async_endpoint(target)).prepare
+        try:
+            prepare = (await async_endpoint(target)).prepare
+        except (MigrationError, ConfigError) as exc:
+            raise _behind(exc) from None
         try:
             return await self._claim_async(target, params, prepare)
         except Exception as exc:

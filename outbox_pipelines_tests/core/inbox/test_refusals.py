@@ -87,3 +87,20 @@ def test_an_asyncio_connection_given_to_receive_says_which_call_to_use(db_url, i
     said = asyncio.run(scenario())
     assert said.startswith("Inbox.receive needs a psycopg 3 Connection or Cursor")
     assert "await inbox.receive_async(conn, ...)" in said
+
+
+def test_a_schema_older_than_the_code_is_refused_with_the_fix_and_nothing_recorded(db_url, conn, inbox_table):
+    from outbox_pipelines.core.errors import MigrationError
+    from outbox_pipelines_tests.core.test_enqueue_schema_check import BEHIND, NEWEST
+
+    row = conn.execute("DELETE FROM outbox_schema_migrations WHERE version = %s RETURNING *", (NEWEST,)).fetchone()
+    try:
+        with psycopg.connect(db_url) as pg, pg.transaction(), pytest.raises(MigrationError) as refused:
+            INBOX.receive(pg, "m-1", consumer="billing")
+    finally:
+        conn.execute(
+            "INSERT INTO outbox_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+            (row["version"], row["name"], row["checksum"]),
+        )
+    assert str(refused.value) == f"receive refused, nothing was recorded: {BEHIND}"
+    assert _count(conn) == 0
