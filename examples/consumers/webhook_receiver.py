@@ -1,0 +1,81 @@
+"""A webhook receiver that makes each delivery's effect happen once: the signature verified, then the inbox record
+and the effect committed in one transaction, and 200 answered only after it (any failure: 5xx, and the relay sends
+the message again). Standard library and psycopg only. docs/how-to/consumers.md.
+
+Run: DATABASE_URL=postgresql://... WEBHOOK_SECRET=whsec_... PORT=8080 python webhook_receiver.py
+"""
+
+import os
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psycopg
+
+from outbox_pipelines import Inbox, WebhookVerificationError, WebhookVerifier
+
+INBOX = Inbox("shipping_inbox")  # declared in outbox.toml as [inboxes.shipping_inbox], created by `db upgrade`
+CONSUMER = "shipping"
+VERIFIER = WebhookVerifier(os.environ["WEBHOOK_SECRET"])  # the sender's signing_secret_env value
+CONNECTIONS: "queue.Queue[psycopg.Connection]" = queue.Queue()
+
+
+@contextmanager
+def connection() -> Iterator[psycopg.Connection]:
+    conn = CONNECTIONS.get()
+    try:
+        yield conn
+    finally:
+        CONNECTIONS.put(conn)
+
+
+def handle(conn: psycopg.Connection, event_id: str, body: bytes) -> bool:
+    """Record the message and do its work in one transaction; False (and nothing done) for a repeat."""
+    with conn.transaction():
+        if not INBOX.receive(conn, event_id, consumer=CONSUMER):
+            return False  # handled before: the relay sent it again (its answer was lost, or the relay restarted)
+        conn.execute("INSERT INTO shipments (event_id, payload) VALUES (%s, %s::jsonb)", (event_id, body.decode()))
+        return True
+
+
+class Receiver(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # the relay keeps its connections open between deliveries
+    disable_nagle_algorithm = True  # the answer goes out at once, not after the client's delayed ACK
+
+    def do_POST(self) -> None:  # http.server's naming
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            VERIFIER.verify(self.headers.items(), body)  # the raw bytes, before any parsing
+        except WebhookVerificationError as exc:
+            return self.answer(400, str(exc))
+        event_id = self.headers["webhook-id"]  # the relay's message id (also sent as Idempotency-Key)
+        with connection() as conn:
+            new = handle(conn, event_id, body)  # committed when it returns; an exception: no answer, sent again
+        print(f"{'new' if new else 'duplicate'} {event_id}\n", end="", flush=True)  # one write: threads share stdout
+        self.answer(200, "handled" if new else "already handled")
+
+    def answer(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    for _ in range(8):  # at most 8 deliveries handled at once, each on a connection of its own
+        CONNECTIONS.put(psycopg.connect(os.environ["DATABASE_URL"], autocommit=True))
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "8080"))), Receiver)
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
