@@ -92,7 +92,8 @@ def destination(kind: str, tmp_path: Path) -> Iterator[Destination]:
         server = NatsServer().start()
         try:
             server.add_stream("INBOX", ["inbox.>"])
-            server.add_consumer("INBOX", "shipping", ack_wait_s=2.0)  # a crash's unacked messages: again in 2 s
+            # A short ack wait: what a crashed or stalled consumer had not acknowledged comes again within it.
+            server.add_consumer("INBOX", "shipping", ack_wait_s=0.5)
             yield Destination(
                 kind,
                 f'destination = "nats"\nurl = "{server.url}"\ntopic_prefix = "inbox."\n',
@@ -119,6 +120,7 @@ class Fleet:
     consumer: "subprocess.Popen[Any] | None" = None
     relay_kills: int = 0
     consumer_kills: int = 0
+    consumer_pauses: int = 0
     consumer_starts: list[float] = field(default_factory=list)
 
     def start_relay(self) -> None:
@@ -146,6 +148,15 @@ class Fleet:
         if process is not None and process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+
+    def pause_consumer(self, seconds: float) -> None:
+        """SIGSTOP the consumer for ``seconds``, then SIGCONT: a consumer stalled past its ack wait (a long GC
+        pause, a slow disk) gets what it had fetched but not acknowledged again once it goes on."""
+        assert self.consumer is not None
+        os.kill(self.consumer.pid, signal.SIGSTOP)
+        time.sleep(seconds)  # the stall is what is drilled
+        os.kill(self.consumer.pid, signal.SIGCONT)
+        self.consumer_pauses += 1
 
     def kill_relay(self) -> None:
         self._kill(self.relay)

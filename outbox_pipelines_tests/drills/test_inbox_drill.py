@@ -5,7 +5,8 @@ processes: ``outbox-pipelines relay`` killed with SIGKILL every 2.5 s (or once i
 messages) and started again (a batch sent but not settled is sent again), and the consumer killed with SIGKILL
 every 10 s (or once it has handled a fifth) after its own first commit: what it had read but not acknowledged
 comes again (Kafka from the last committed offset once the group's 6 s session ends, RabbitMQ's unacked
-messages, JetStream's after its 2 s ack wait; the relay sends a webhook again when no 200 came). The consumer's
+messages, JetStream's after its 0.5 s ack wait, also once the NATS consumer is stalled 1 s with SIGSTOP at
+each relay kill; the relay sends a webhook again when no 200 came). The consumer's
 effect is a row in its own ``shipments`` table, which has no unique key: only the inbox keeps it to one row a message.
 
 Asserted, as a user would check: every message sent, the consumer saw duplicates, and ``shipments`` holds one row
@@ -55,6 +56,8 @@ def _drill(kind: str, messages: int, db_url, cli_env, conn, tmp_path) -> dict:  
                     if progress:
                         print(f"{now - started:6.1f}s sent {done_sent} effects {done_effects}: relay killed")
                     fleet.kill_relay()
+                    if dest.kind == "nats" and done_effects < messages:
+                        fleet.pause_consumer(1.0)  # past its 0.5 s ack wait: JetStream delivers again
                     relay_mark = (time.monotonic(), done_sent)
                 # The consumer, once it has handled some since its start (a Kafka consumer first waits for its
                 # group to hand it the partitions of the one killed before).
@@ -85,6 +88,7 @@ def _drill(kind: str, messages: int, db_url, cli_env, conn, tmp_path) -> dict:  
             "inbox_entries": inbox,
             "relay_kills": fleet.relay_kills,
             "consumer_kills": fleet.consumer_kills,
+            "consumer_pauses": fleet.consumer_pauses,
             "seconds": round(done - started, 1),
         }
     print(f"\ninbox drill ({kind}): {json.dumps(figures)}")
