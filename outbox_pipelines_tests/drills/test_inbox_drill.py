@@ -3,8 +3,8 @@
 For each kind (HTTP webhooks, Kafka on librdkafka's mock cluster, a RabbitMQ node, NATS JetStream), all real
 processes: ``outbox-pipelines relay`` killed with SIGKILL every 2.5 s (or once it has sent a tenth of the
 messages) and started again (a batch sent but not settled is sent again), and the consumer killed with SIGKILL
-every 10 s (or once it has handled a fifth) after its own first commit: what it had read but not acknowledged
-comes again (Kafka from the last committed offset once the group's 6 s session ends, RabbitMQ's unacked
+every 10 s (or once it has handled a fifth) after its own first commit, 6 times at most: what it had read but not
+acknowledged comes again (Kafka from the last committed offset once the group's 6 s session ends, RabbitMQ's unacked
 messages, JetStream's after its 0.5 s ack wait, also once the NATS consumer is stalled 1 s with SIGSTOP at
 each relay kill; the relay sends a webhook again when no 200 came). The consumer's
 effect is a row in its own ``shipments`` table, which has no unique key: only the inbox keeps it to one row a message.
@@ -25,6 +25,7 @@ from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.processes import wait_until
 
 KILL_EVERY_S = 2.5
+CONSUMER_KILLS = 6  # at most: a Kafka consumer that replaces a killed one waits out the group's 6 s session
 RESULTS_ENV = "OUTBOX_DRILL_RESULTS"
 
 
@@ -61,8 +62,10 @@ def _drill(kind: str, messages: int, db_url, cli_env, conn, tmp_path) -> dict:  
                     relay_mark = (time.monotonic(), done_sent)
                 # The consumer, once it has handled some since its start (a Kafka consumer first waits for its
                 # group to hand it the partitions of the one killed before).
-                if consumer_mark[1] < done_effects < messages and (
-                    now - consumer_mark[0] > 4 * KILL_EVERY_S or done_effects - consumer_mark[1] >= messages // 5
+                if (
+                    fleet.consumer_kills < CONSUMER_KILLS
+                    and consumer_mark[1] < done_effects < messages
+                    and (now - consumer_mark[0] > 4 * KILL_EVERY_S or done_effects - consumer_mark[1] >= messages // 5)
                 ):
                     fleet.kill_consumer()
                     consumer_mark = (time.monotonic(), effects(conn)[1])  # after the kill: its last commits in
