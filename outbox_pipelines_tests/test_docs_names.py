@@ -33,6 +33,7 @@ SPELLINGS = {
     "body.idempotency_key": "the Order API request body's field",
     "errors.Join": "Go's errors.Join, as seed 004 names it",
     "registry.set_enabled": "a HandlerRegistry instance's method",
+    "session.timeout.ms": "librdkafka's consumer setting (the Kafka consumer example)",
 }
 
 
