@@ -6,13 +6,11 @@ Why the id is encoded so: docs/explanation/transports.md, "Signed webhooks".
 """
 
 import base64
-import hashlib
-import hmac
 import re
 import time
 from collections.abc import Callable
 
-from outbox_pipelines.core.settings.signing_secret import signing_keys
+from outbox_pipelines.core.settings.signing_secret import signing_keys, v1_signature
 
 # Printable ASCII but "%" (and "."), inner spaces allowed: what header_id leaves as it is.
 _PLAIN_WITH_DOTS = re.compile(r"[!-$&-~]+(?: +[!-$&-~]+)*")
@@ -48,8 +46,8 @@ class WebhookSigner:
         the ``webhook-id`` header carries it (ASCII, no ``.``), the bytes a receiver's verifier reads."""
         sent_id = header_id(message_id, keep_dots=False)
         timestamp = str(int(self._clock()))
-        signed = sent_id.encode("ascii") + b"." + timestamp.encode() + b"." + body
         signatures = " ".join(
-            "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in self._keys
+            "v1," + base64.b64encode(v1_signature(key, sent_id.encode("ascii"), timestamp.encode(), body)).decode()
+            for key in self._keys
         )
         return {"webhook-id": sent_id, "webhook-timestamp": timestamp, "webhook-signature": signatures}

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from outbox_pipelines.core.errors import OutboxError
-from outbox_pipelines.core.settings.signing_secret import PREFIX, signing_keys
+from outbox_pipelines.core.settings.signing_secret import PREFIX, signing_keys, v1_signature
 
 TOLERANCE = timedelta(minutes=5)  # what the Standard Webhooks libraries allow, either side of the receiver's clock
 ID, TIMESTAMP, SIGNATURE = "webhook-id", "webhook-timestamp", "webhook-signature"
@@ -96,8 +96,8 @@ class WebhookVerifier:
                 "webhook-signature holds no v1 (HMAC-SHA256) signature; this verifier checks the symmetric "
                 f"signatures a {PREFIX} secret makes"
             )
-        tail = b"." + found[TIMESTAMP].encode("ascii") + b"." + bytes(body)
-        if not self._matches(_id_bytes(found[ID]), tail, signatures):
+        timestamp = found[TIMESTAMP].encode("ascii")
+        if not self._matches(_id_bytes(found[ID]), timestamp, bytes(body), signatures):
             raise WebhookSignatureMismatch(
                 f"none of the {len(signatures)} v1 signature(s) in webhook-signature matches the receiver's "
                 f"{len(self._keys)} secret(s): the sender signs with another secret, or the body, the id or the "
@@ -105,10 +105,10 @@ class WebhookVerifier:
             )
         self._check_time(sent_at, now)
 
-    def _matches(self, ids: Iterable[bytes], tail: bytes, signatures: list[bytes]) -> bool:
+    def _matches(self, ids: Iterable[bytes], timestamp: bytes, body: bytes, signatures: list[bytes]) -> bool:
         for sent_id in ids:
             for key in self._keys:
-                expected = hmac.new(key, sent_id + tail, hashlib.sha256).digest()
+                expected = v1_signature(key, sent_id, timestamp, body)
                 # Every comparison in constant time: compare_digest, never ==.
                 if any(hmac.compare_digest(expected, signature) for signature in signatures):
                     return True

@@ -1,8 +1,11 @@
 """A webhook signing secret as Standard Webhooks writes it (``whsec_<base64>``, several separated by spaces for
-a rotation): read when the settings load and by the signer (destinations/signing.py)."""
+a rotation), and the v1 signature it makes: one rule for the signer (destinations/signing.py) and the receiver's
+verifier (inbox/webhook_verification.py)."""
 
 import base64
 import binascii
+import hashlib
+import hmac
 
 PREFIX = "whsec_"
 
@@ -26,3 +29,9 @@ def signing_keys(secret: str) -> tuple[bytes, ...]:
     if not keys:
         raise ValueError("the webhook signing secret is empty")
     return tuple(keys)
+
+
+def v1_signature(key: bytes, sent_id: bytes, timestamp: bytes, body: bytes) -> bytes:
+    """The v1 signature: HMAC-SHA256 of ``id.timestamp.body``, the id and timestamp exactly as their headers
+    carry them."""
+    return hmac.new(key, sent_id + b"." + timestamp + b"." + body, hashlib.sha256).digest()
