@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.kafka.destination import REPORT_GRACE_S, KafkaDestination
+from outbox_pipelines.core.destinations.kafka.producer import ProducerKeeper
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.brokers.kafka_cluster import PRODUCE, KafkaCluster, read_topic
@@ -176,6 +177,17 @@ def test_a_sasl_failure_retries_unauthorized_and_shows_no_credential(cluster):
     assert [(o.kind, o.code) for o in outcomes] == [("retry", m.UNAUTHORIZED)]
     assert "SASL" in (outcomes[0].error or "") and "pw-Very-Secret-123" not in (outcomes[0].error or "")
     assert destination.name.startswith("kafka://127.0.0.1:") and "svc" not in destination.name
+
+
+def test_all_brokers_down_keeps_the_reason_the_client_reported_before_it():
+    """librdkafka follows every failed connection with "all brokers are down": a record that times out after
+    it is still explained by the refusal (credentials, a refused connect), not by its consequence."""
+    keeper = ProducerKeeper("127.0.0.1:1", {}, name="k", timeout_s=1.0, text=str)
+    keeper._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert keeper.client_error is not None and keeper.client_error.code() == KafkaError._ALL_BROKERS_DOWN
+    keeper._on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL Handshake not supported by broker"))
+    keeper._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert keeper.client_error.code() == KafkaError._AUTHENTICATION
 
 
 def test_a_fatal_producer_error_retries_unknown_and_the_next_batch_gets_a_new_producer(cluster):

@@ -121,6 +121,8 @@ class Fleet:
     relay_kills: int = 0
     consumer_kills: int = 0
     consumer_pauses: int = 0
+    # NATS: the first consumer stalls before its ack of this many messages, and is killed there (dies_before_ack.py).
+    stall_at_ack: int | None = None
     consumer_starts: list[float] = field(default_factory=list)
 
     def start_relay(self) -> None:
@@ -133,8 +135,11 @@ class Fleet:
     def start_consumer(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
         env.update(self.dest.consumer_env, DATABASE_URL=self.db_url, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-        script = EXAMPLES / SCRIPTS[self.dest.kind]
-        self.consumer = start_logged([sys.executable, str(script)], self.consumer_log, env=env, cwd=self.project)
+        command = [sys.executable, str(EXAMPLES / SCRIPTS[self.dest.kind])]
+        if self.stall_at_ack is not None:
+            env["DRILL_STALL_AT_ACK"] = str(self.stall_at_ack)
+            command.insert(1, str(Path(__file__).with_name("dies_before_ack.py")))
+        self.consumer = start_logged(command, self.consumer_log, env=env, cwd=self.project)
         self.consumer_starts.append(time.monotonic())
         if self.dest.port is not None:
             deadline = time.monotonic() + 30
@@ -157,6 +162,14 @@ class Fleet:
         time.sleep(seconds)  # the stall is what is drilled
         os.kill(self.consumer.pid, signal.SIGCONT)
         self.consumer_pauses += 1
+
+    def kill_if_stalled_before_ack(self) -> bool:
+        """Kill the consumer once it stalls between a commit and its ack (started again without the stall)."""
+        if self.stall_at_ack is None or "\nstalled-before-ack " not in self.consumer_log.read_text():
+            return False
+        self.stall_at_ack = None
+        self.kill_consumer()
+        return True
 
     def kill_relay(self) -> None:
         self._kill(self.relay)
@@ -202,7 +215,10 @@ def prepare(dest: Destination, db_url: str, cli_env: dict[str, str], tmp_path: P
             [Message(topic=TOPIC, payload={"n": i}, event_id=f"inbox-{i}") for i in range(messages)],
             outside_transaction=True,
         )
-    return Fleet(dest, db_url, relay_env, project, project / "relay.log", project / "consumer.log")
+    fleet = Fleet(dest, db_url, relay_env, project, project / "relay.log", project / "consumer.log")
+    if dest.kind == "nats":  # the relay's resends are deduplicated by JetStream: the consumer makes the duplicate
+        fleet.stall_at_ack = 30
+    return fleet
 
 
 def effects(conn: psycopg.Connection[Any]) -> tuple[int, int]:

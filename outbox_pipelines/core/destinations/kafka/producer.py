@@ -128,7 +128,10 @@ class ProducerKeeper:
             _let_go(producer, in_flight=True, flush_s=0, doing="dropping")
 
     def _on_error(self, err: KafkaError) -> None:
-        """The client's own errors (not about one record): kept to explain records that time out."""
+        """The client's own errors (not about one record): kept to explain records that time out. "All
+        brokers are down" follows each failed connection: it keeps the reason they are down it follows."""
+        if err.code() == KafkaError._ALL_BROKERS_DOWN and self.client_error is not None:
+            return
         self.client_error = err
 
     def serve(self, producer: Producer, timeout_s: float, *, flush: bool = False) -> None:
