@@ -43,6 +43,15 @@ WHERE stopped_at IS NULL
   AND heartbeat_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(silent_after_s)s)
 ORDER BY heartbeat_at
 
+-- name: outbox_relay_workers_alive
+-- Relays of each table that heartbeat within %(within_s)s seconds and have not stopped (outbox_relays_alive).
+SELECT table_name, count(*)::int AS alive
+FROM outbox_relay_workers
+WHERE stopped_at IS NULL
+  AND table_name = ANY(%(tables)s::text[])
+  AND heartbeat_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(within_s)s)
+GROUP BY table_name
+
 -- name: outbox_relay_workers_by_run
 SELECT worker, table_name, run_id, job, pid, host, started_at, heartbeat_at, stopped_at, stop_reason
 FROM outbox_relay_workers

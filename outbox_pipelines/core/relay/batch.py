@@ -26,7 +26,7 @@ from outbox_pipelines.core.relay.settlement import (
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
-from outbox_pipelines.core.telemetry import tracing
+from outbox_pipelines.core.telemetry import metrics, tracing
 
 
 def held(batch: list[ClaimedMessage]) -> list[tuple[int, int]]:
@@ -57,6 +57,7 @@ class BatchRunner:
         self._after_settle_overridden = type(destination).after_settle is not Destination.after_settle
         # When each claimed batch was claimed (time.monotonic()), by its first id, for the dispatch latency metric.
         self.claimed_at: dict[int, float] = {}
+        self.metrics = metrics.TableRelayMetrics(table.name, destination.messaging_system)
 
     def note_claimed(self, batch: list[ClaimedMessage]) -> None:
         if batch:
@@ -75,7 +76,11 @@ class BatchRunner:
 
     def deliver(self, batch: list[ClaimedMessage], plan: DispatchPlan) -> list[Outcome]:
         """No database work here: this may run on the pipeline thread."""
-        return deliver_planned(self.destination, self.table.name, batch, plan)
+        started = time.perf_counter()
+        outcomes = deliver_planned(self.destination, self.table.name, batch, plan)
+        if outcomes:  # the destination was called
+            self.metrics.operation.observe(time.perf_counter() - started)
+        return outcomes
 
     def run(
         self, outbox_table: OutboxTable, keeper: LeaseKeeper, batch: list[ClaimedMessage], report: RelayReport
@@ -108,19 +113,22 @@ class BatchRunner:
         claimed_mono = self.forget(batch)
         if self._delivered_plainly(outcomes):
             # The common batch, delivered whole: settled and counted without a plan per message.
-            with self._settle_span(batch):
+            with self._settle_span(batch), self.metrics.settle.time():
                 settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table, held=held)
             if settled is not None and len(settled) == len(batch):
-                report.add_batch(count_delivered_batch(self.table.name, batch, claimed_mono, report.lag))
+                counts = count_delivered_batch(self.table.name, batch, claimed_mono, report.lag, self.metrics)
+                report.add_batch(counts)
                 return
             settlements = self._plan(batch, outcomes)
             if settled is None:
                 settled = self._settle_refused(outbox_table, settlements, report, held)
         else:
             settlements = self._plan(batch, outcomes)
-            with self._settle_span(batch):
+            with self._settle_span(batch), self.metrics.settle.time():
                 settled = self._settle(outbox_table, batch, settlements, report, held)
-        counts = count_settled_batch(self.table.name, batch, settlements, outcomes, settled, claimed_mono, report.lag)
+        counts = count_settled_batch(
+            self.table.name, batch, settlements, outcomes, settled, claimed_mono, report.lag, self.metrics
+        )
         report.add_batch(counts)
         if counts.slow_down_s > 0:
             # 429: the destination is overloaded; hold the whole table, in every relay of it, not just this row.

@@ -32,10 +32,13 @@ def count_settled_batch(
     settled: set[int],
     claimed_mono: float | None,
     lag: LagSample,
+    relay_metrics: metrics.TableRelayMetrics | None = None,
 ) -> BatchCounts:
     """Count how each message ended; ``claimed_mono`` is time.monotonic() when the batch was claimed (None:
-    unknown), and ``lag`` gains each delivered message's created → delivered seconds."""
+    unknown), and ``lag`` (and the delivery latency metric) gains each delivered message's created → delivered
+    seconds."""
     counts = BatchCounts()
+    latencies: list[float] = []
     in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
     tally = metrics.BatchTally(table_name)
     for message, settlement, outcome in zip(batch, settlements, outcomes, strict=True):
@@ -47,7 +50,8 @@ def count_settled_batch(
             counts.sent += 1
             counts.dedup_hits += outcome.code == m.DEDUP_HIT
             if message.claimed_at is not None and in_dispatch is not None:
-                lag.add(_waited_s(message) + in_dispatch)
+                latencies.append(_waited_s(message) + in_dispatch)
+                lag.add(latencies[-1])
             result = _DELIVERED_RESULTS.get(outcome.code or "", "success")
         elif settlement.status == SettleStatus.PENDING:
             result = _count_retry(table_name, message, settlement, outcome, counts)
@@ -55,6 +59,8 @@ def count_settled_batch(
             result = _count_dead(table_name, message, settlement, counts)
         tally.add(message, result, in_dispatch, final=settlement.status != SettleStatus.PENDING)
     tally.flush()
+    if relay_metrics is not None:
+        relay_metrics.settled(counts.sent, latencies, counts.retried_by_code, counts.dead_by_code)
     _log_the_rest(table_name, counts)
     _, failures = destination_failures(outcomes)
     counts.destination_failures.update(failures)
@@ -62,14 +68,21 @@ def count_settled_batch(
 
 
 def count_delivered_batch(
-    table_name: str, batch: Sequence[ClaimedMessage], claimed_mono: float | None, lag: LagSample
+    table_name: str,
+    batch: Sequence[ClaimedMessage],
+    claimed_mono: float | None,
+    lag: LagSample,
+    relay_metrics: metrics.TableRelayMetrics | None = None,
 ) -> BatchCounts:
     """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit) and
     settled: the same counts, metrics and lag, without looking at each outcome."""
     in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
+    latencies: list[float] = []
     if in_dispatch is not None:
-        dispatched = in_dispatch
-        lag.add_each([msg for msg in batch if msg.claimed_at is not None], lambda msg: _waited_s(msg) + dispatched)
+        latencies = [_waited_s(msg) + in_dispatch for msg in batch if msg.claimed_at is not None]
+        lag.add_each(latencies, float)
+    if relay_metrics is not None:
+        relay_metrics.settled(len(batch), latencies)
     tally = metrics.BatchTally(table_name)
     tally.add_all(batch, "success", in_dispatch)
     tally.flush()

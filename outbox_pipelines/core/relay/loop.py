@@ -323,6 +323,7 @@ class Relay:
 
     def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
+        started = time.perf_counter()
         with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
             if self._holds_first(run):
                 claimed = run.outbox_table.claim_held(
@@ -347,6 +348,7 @@ class Relay:
                     max_bytes=self.table.batch_bytes,
                 )
             span.set_attribute("outbox.claimed", len(claimed))
+        self.batches.metrics.claim.observe(time.perf_counter() - started)
         return claimed
 
     def _paused_topics(self) -> tuple[str, ...]:

@@ -87,6 +87,11 @@ class SharedTables:
         """Relays not stopped whose last heartbeat is older than ``silent_after_s``."""
         return self._run("outbox_relay_workers_silent", {"silent_after_s": silent_after_s, "now": now})
 
+    def relays_alive(self, tables: Sequence[str], *, within_s: float, now: datetime | None = None) -> dict[str, int]:
+        """How many relays of each table heartbeat within ``within_s`` (tables with none are left out)."""
+        rows = self._run("outbox_relay_workers_alive", {"tables": list(tables), "within_s": within_s, "now": now})
+        return {row["table_name"]: int(row["alive"]) for row in rows}
+
     def relays_of_run(self, run_id: str) -> list[Row]:
         return self._run("outbox_relay_workers_by_run", {"run_id": run_id})
 

@@ -4,6 +4,7 @@ Counters and histograms are updated where things happen; the per-table
 gauges (pending, locked, lag) are read from the database when scraped.
 """
 
+import bisect
 import collections
 import hashlib
 import operator
@@ -13,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -96,6 +97,41 @@ RETRY_COUNT = Histogram(
     registry=REGISTRY,
     buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 25, 50),
 )
+DELIVERY_LATENCY = Histogram(
+    "outbox_delivery_latency_seconds",
+    "Created (the enqueuing transaction's start) to settled as delivered, by destination kind",
+    ["table", "destination"],
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+_STATEMENT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+CLAIM_DURATION = Histogram(
+    "outbox_claim_duration_seconds", "One claim statement", ["table"], registry=REGISTRY, buckets=_STATEMENT_BUCKETS
+)
+SETTLE_DURATION = Histogram(
+    "outbox_settle_duration_seconds", "One batch's settle", ["table"], registry=REGISTRY, buckets=_STATEMENT_BUCKETS
+)
+DESTINATION_INFO = Gauge(
+    "outbox_destination_info",
+    "1 for the destination kind a relay delivers the table to",
+    ["table", "destination"],
+    registry=REGISTRY,
+)
+# OpenTelemetry's messaging metrics (messaging.client.sent.messages, messaging.client.operation.duration) under
+# their Prometheus names; the table stands for the destination name, which may hold ids (a subject, a URL path).
+SENT_MESSAGES = Counter(
+    "messaging_client_sent_messages",
+    "Messages the relay handed to the destination; error_type: the outcome code of those not delivered",
+    ["messaging_system", "messaging_operation_name", "table", "error_type"],
+    registry=REGISTRY,
+)
+OPERATION_DURATION = Histogram(
+    "messaging_client_operation_duration_seconds",
+    "One call to the destination (a batch)",
+    ["messaging_system", "messaging_operation_name", "table"],
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
+)
 
 
 class EnqueueCounts(Collector):
@@ -152,6 +188,21 @@ def count_claim(table_name: str, claimed: int) -> None:
         DEQUEUED.labels(table_name, "success").inc(claimed)
     else:
         DEQUEUED.labels(table_name, "empty").inc()
+
+
+def observe_many(child: Any, values: Sequence[float]) -> None:
+    """Each of ``values`` observed, the buckets and the sum added to once each (as ``observe_repeated``)."""
+    bounds, buckets, total = (getattr(child, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            child.observe(value)
+        return
+    if not values:
+        return
+    total.inc(sum(values))
+    last = len(bounds) - 1  # +Inf
+    for index, times in collections.Counter(bisect.bisect_left(bounds, value) for value in values).items():
+        buckets[min(index, last)].inc(times)
 
 
 def observe_repeated(child: Any, value: float, times: int) -> None:
@@ -225,6 +276,33 @@ class BatchTally:
             child = RETRY_COUNT.labels(self.table_name)
             for attempts, times in self._attempts.items():
                 observe_repeated(child, attempts, times)
+
+
+_error_types = BoundedLabels(TOPIC_LIMIT)
+
+
+class TableRelayMetrics:
+    """A relay's metrics of its table bound once (a ``labels`` lookup costs microseconds), each observed once
+    per claim, settle or destination call; ``destination``: the destination's kind (its messaging_system)."""
+
+    def __init__(self, table_name: str, destination: str) -> None:
+        self.table_name, self.destination = table_name, destination
+        self.claim = CLAIM_DURATION.labels(table_name)
+        self.settle = SETTLE_DURATION.labels(table_name)
+        self.operation = OPERATION_DURATION.labels(destination, "send", table_name)
+        self.delivery = DELIVERY_LATENCY.labels(table_name, destination)
+        self._sent = SENT_MESSAGES.labels(destination, "send", table_name, "")
+        DESTINATION_INFO.labels(table_name, destination).set(1)
+
+    def settled(self, delivered: int, latencies: Sequence[float], *failed_by_code: dict[str, int]) -> None:
+        """A settled batch: how many were delivered and their latencies (created → settled, where known), the
+        messages not delivered by outcome code."""
+        observe_many(self.delivery, latencies)
+        if delivered:
+            self._sent.inc(delivered)
+        for code, n in (item for counts in failed_by_code for item in counts.items()):
+            error_type = _error_types(self.table_name, code)
+            SENT_MESSAGES.labels(self.destination, "send", self.table_name, error_type).inc(n)
 
 
 def exposition() -> bytes:
