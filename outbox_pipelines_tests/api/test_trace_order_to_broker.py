@@ -2,8 +2,8 @@
 
 The API runs here with an in-memory span exporter; the relay runs as its own process and
 exports over OTLP/HTTP (configured only by OTEL_* variables) to a collector on loopback that
-decodes the protobuf. The relay's send span must be the child of ``do.order`` across the
-process boundary, and the broker must receive the send span's ``traceparent``.
+decodes the protobuf. The relay's ``send`` span must be the child of ``do.order`` (the order's creation
+context) across the process boundary and link to it, and the broker must receive that context unchanged.
 """
 
 import subprocess
@@ -92,20 +92,23 @@ def test_one_trace_from_the_post_to_the_broker(start_api, conn, cli_env, http_si
     assert [r["status"] for r in rows(conn, "outbox_orders")] == ["sent"]
 
     deadline = time.monotonic() + 10  # the relay flushes its spans on exit; the collector may lag a moment
-    while time.monotonic() < deadline and not any(s.name.startswith("outbox.send") for _, s in collector.spans):
+    while time.monotonic() < deadline and not any(s.name.startswith("send ") for _, s in collector.spans):
         time.sleep(0.05)
-    sends = [s for service, s in collector.spans if s.name.startswith("outbox.send")]
+    sends = [s for service, s in collector.spans if s.name.startswith("send ")]
     assert len(sends) == 1, [s.name for _, s in collector.spans]
     [send] = sends
     # the child of do.order, across the process boundary
     assert int.from_bytes(send.trace_id, "big") == trace_id
     assert int.from_bytes(send.parent_span_id, "big") == api_span_id
+    assert send.name == "send order.submitted"
+    assert [int.from_bytes(link.span_id, "big") for link in send.links] == [api_span_id]
     attributes = {a.key: a.value for a in send.attributes}
     assert attributes["outbox.table"].string_value == "outbox_orders"
     assert attributes["outbox.outcome"].string_value == "sent"
+    assert attributes["messaging.operation.type"].string_value == "send"
     assert {service for service, _ in collector.spans} == {"relay-under-test"}
     assert {"outbox.claim", "outbox.settle"} <= {s.name for _, s in collector.spans}
-    # the broker received the send span's traceparent: its own spans would continue the trace
+    # the broker received the order's creation context unchanged: its own spans continue the trace from do.order
     [received] = http_sink.received
     traceparent = received.headers.get("traceparent") or received.headers.get("Traceparent")
-    assert traceparent is not None and traceparent.split("-")[1:3] == [f"{trace_id:032x}", send.span_id.hex()]
+    assert traceparent is not None and traceparent.split("-")[1:3] == [f"{trace_id:032x}", f"{api_span_id:016x}"]

@@ -13,7 +13,7 @@ from outbox_pipelines.core.relay.session import (
     STATEMENT_TIMEOUT_MS,
 )
 from outbox_pipelines.core.relay.settlement import plan_settlement
-from outbox_pipelines.core.relay.spans import SendSpans
+from outbox_pipelines.core.relay.spans import SendSpan
 from outbox_pipelines.core.relay.table_relay import run_table_relay
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
     "LeaseKeeper",
     "Relay",
     "RelayReport",
-    "SendSpans",
+    "SendSpan",
     "by_code",
     "default_worker_id",
     "plan_settlement",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.relay.spans import SendSpans
+from outbox_pipelines.core.relay.spans import SendSpan
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.core.telemetry import tracing
 
@@ -73,9 +73,9 @@ def deliver_planned(
     if not plan.to_send:
         return []
     messages = [batch[i] for i in plan.to_send]
-    spans = SendSpans(table_name, messages) if tracing.enabled() else None
-    if spans is not None:
-        messages = spans.messages
+    span = SendSpan(destination, table_name, messages) if tracing.enabled() else None  # off: no work at all
+    if span is not None:
+        messages = span.messages
     try:
         outcomes = destination.deliver(messages)
     except KeyboardInterrupt:
@@ -83,8 +83,8 @@ def deliver_planned(
     except BaseException as exc:  # a destination must not raise; if it does, nothing is lost
         log.exception("destination %s raised", destination.name)
         outcomes = [Outcome.retry(m.UNKNOWN, f"destination raised {type(exc).__name__}: {exc}")] * len(messages)
-    if spans is not None:
-        spans.end(outcomes)
+    if span is not None:
+        span.end(outcomes)
     return outcomes
 
 

@@ -1,9 +1,8 @@
-"""OpenTelemetry for the outbox: spans that follow a message from the request that wrote it to
-the broker that received it.
+"""OpenTelemetry for the outbox: spans that follow a message from the request that wrote it to its consumer.
 
-The writer stores its span's ``traceparent`` in the message headers; the relay's send span is its child and
-passes its own on. Export follows the ``OTEL_*`` variables; unset, nothing is installed and the relay skips
-per-message spans.
+A message's creation context (W3C ``traceparent`` / ``tracestate``) travels in its headers; the relay's
+``send`` span links to it and forwards it unchanged (docs/how-to/traces.md). Export follows the ``OTEL_*``
+variables; unset, nothing is installed and the relay makes no span and reads no header.
 """
 
 import logging
@@ -19,6 +18,7 @@ log = logging.getLogger("outbox_pipelines.tracing")
 
 TRACER_NAME = "outbox_pipelines"
 TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
@@ -26,17 +26,40 @@ def tracer(provider: "trace.TracerProvider | None" = None) -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME, tracer_provider=provider)
 
 
+_installed = False
+
+
 def enabled() -> bool:
-    """Whether an SDK provider is installed (else every span is a no-op)."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """Whether an SDK provider is installed (else every span is a no-op). Remembered once True: a global
+    provider is set once and never replaced, and the look-up costs an ``os.environ`` read until then."""
+    global _installed
+    if _installed:
+        return True
+    _installed = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _installed
 
 
 def context_of(headers: Mapping[str, Any] | None) -> Context:
     """The trace context carried by ``traceparent`` / ``tracestate`` in headers (empty if none or malformed)."""
     if not headers:
         return Context()
-    carrier = {name: str(headers[name]) for name in (TRACEPARENT, "tracestate") if headers.get(name)}
+    carrier = {name: str(headers[name]) for name in (TRACEPARENT, TRACESTATE) if headers.get(name)}
     return _PROPAGATOR.extract(carrier) if carrier else Context()
+
+
+def span_context_of(headers: Mapping[str, Any] | None) -> trace.SpanContext | None:
+    """The valid span context carried by headers, else None."""
+    if not headers or TRACEPARENT not in headers:
+        return None
+    found = trace.get_current_span(context_of(headers)).get_span_context()
+    return found if found.is_valid else None
+
+
+def carrier_of(span: trace.Span) -> dict[str, str]:
+    """``span``'s context as W3C headers: ``traceparent``, and ``tracestate`` when it has one ({} for a no-op)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
 
 
 def traceparent(span: trace.Span) -> str | None:

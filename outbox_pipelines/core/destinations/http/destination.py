@@ -18,7 +18,7 @@ import aiohttp
 import httpx
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.base import Destination, server_of
 from outbox_pipelines.core.destinations.http.failures import check_request
 from outbox_pipelines.core.destinations.http.failures import exception_outcome as _exception_outcome
 from outbox_pipelines.core.destinations.http.outcomes import classify_response
@@ -94,6 +94,7 @@ _TOKEN = re.compile(r"^[\x21-\x7e]+$")
 class HttpDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
+    messaging_system = "http"
 
     def __init__(
         self,
@@ -144,6 +145,7 @@ class HttpDestination(Destination):
         hide_url_paths_in_http_client_logs()  # the httpx transports log each request's full URL at INFO
         self.already_processed = already_processed
         self.url = url.rstrip("/") if build_request is not default_request else url
+        self.server = server_of(url, 443 if url.startswith("https://") else 80)
         self.timeout_s = timeout_s
         self.max_in_flight = max(1, max_in_flight)
         self.transport = transport

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.base import Destination, server_of
 from outbox_pipelines.core.destinations.kafka.outcomes import (
     breaks_producer,
     client_hint,
@@ -23,7 +23,7 @@ from outbox_pipelines.core.destinations.kafka.outcomes import (
     topic_problem,
 )
 from outbox_pipelines.core.destinations.kafka.producer import ProducerKeeper, config_scrubber
-from outbox_pipelines.core.destinations.trace_context import valid_traceparent
+from outbox_pipelines.core.destinations.trace_context import valid_traceparent, valid_tracestate
 from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.redaction import mask_url, redact_text
@@ -46,7 +46,8 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 def record_headers(message: ClaimedMessage) -> list[tuple[str, str | bytes | None]]:
     """The record's headers: the idempotency key first, then what the HTTP destination sends (the outbox
-    topic, the attempt, a well-formed traceparent, the trace and tenant ids)."""
+    topic, the attempt, a well-formed traceparent and tracestate, the trace and tenant ids). Ours come before
+    any a Kafka client instrumentation appends: its getters read a header's first value."""
     headers: list[tuple[str, str | bytes | None]] = [
         ("idempotency-key", message.event_id),
         ("outbox-topic", message.topic),
@@ -58,6 +59,9 @@ def record_headers(message: ClaimedMessage) -> list[tuple[str, str | bytes | Non
         traceparent = valid_traceparent(extra.get("traceparent"))
         if traceparent:
             headers.append(("traceparent", traceparent))
+            tracestate = valid_tracestate(extra.get("tracestate"))
+            if tracestate:
+                headers.append(("tracestate", tracestate))
         trace_id = extra.get("trace_id")
         if trace_id is not None:
             headers.append(("trace-id", str(trace_id)))
@@ -93,6 +97,7 @@ class _Batch:
 class KafkaDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles the next batch meanwhile.
     pipelined = True
+    messaging_system = "kafka"
 
     def __init__(
         self,
@@ -111,6 +116,7 @@ class KafkaDestination(Destination):
         config = dict(config or {})
         self.name = name or f"kafka://{bootstrap_servers.split(',')[0]}"
         self.topic_prefix = topic_prefix
+        self.server = server_of(bootstrap_servers.split(",")[0].strip(), 9092)
         self.timeout_s = timeout_s
         self.scrub = config_scrubber(bootstrap_servers, config)
         self._keeper = ProducerKeeper(bootstrap_servers, config, name=self.name, timeout_s=timeout_s, text=self._text)
@@ -125,6 +131,9 @@ class KafkaDestination(Destination):
             self._keeper.ready()
         except KafkaException as exc:
             raise ValueError(f"{self.name}: the Kafka client refused its settings: {self._text(str(exc))}") from None
+
+    def destination_name(self, message: ClaimedMessage) -> str:
+        return self.topic_prefix + message.topic
 
     @property
     def producers_created(self) -> int:

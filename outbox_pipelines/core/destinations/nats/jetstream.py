@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.base import Destination, server_of
 from outbox_pipelines.core.destinations.loop_thread import LoopThread, backstop_s
 from outbox_pipelines.core.destinations.nats.connection import Batch, ConnectFailed, Connection, Connector, Sent
 from outbox_pipelines.core.destinations.nats.outcomes import NO_RESPONDERS, NatsOutcomes
@@ -69,6 +69,7 @@ class _Window:
 class NatsJetStreamDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
+    messaging_system = "nats"
 
     def __init__(
         self,
@@ -99,6 +100,7 @@ class NatsJetStreamDestination(Destination):
         self.name = redact_text(name) if name else url_origin(server)
         self.scrub = Scrubber(url, token=token, credentials=credentials)
         self.topic_prefix = topic_prefix
+        self.server = server_of(server, 4222)
         self.timeout_s = timeout_s
         self.max_in_flight = max(1, max_in_flight)
         self.client_name = client_name
@@ -114,6 +116,9 @@ class NatsJetStreamDestination(Destination):
         )
         self._loop = LoopThread("outbox-nats")
         self._loop.loop.set_exception_handler(self._loop_exception)
+
+    def destination_name(self, message: ClaimedMessage) -> str:
+        return self.topic_prefix + message.topic  # the subject
 
     # -- one delivery ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ import aiormq
 from pamqp import commands as spec
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.destinations.base import Destination
+from outbox_pipelines.core.destinations.base import Destination, server_of
 from outbox_pipelines.core.destinations.loop_thread import LoopThread, backstop_s
 from outbox_pipelines.core.destinations.rabbitmq import outcomes as answers
 from outbox_pipelines.core.destinations.rabbitmq.connection import ChannelKeeper, Ended
@@ -47,6 +47,7 @@ class _Publish:
 class RabbitMQDestination(Destination):
     # Deliveries wait on the network: the relay claims and settles other batches meanwhile.
     pipelined = True
+    messaging_system = "rabbitmq"
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class RabbitMQDestination(Destination):
         self.scrub = Scrubber(url, credentials=split_credentials(url)[1])
         self.exchange = exchange
         self.topic_prefix = topic_prefix
+        self.server = server_of(url, 5671 if url.startswith("amqps://") else 5672)
         self.timeout_s = timeout_s
         self.max_in_flight = max(1, max_in_flight)
         # The broker's max_message_size once a refusal named it: bodies over it are dead before sending.
@@ -90,6 +92,13 @@ class RabbitMQDestination(Destination):
 
     def close(self) -> None:
         self._loop.stop(self._channels.drop())
+
+    def destination_name(self, message: ClaimedMessage) -> str:
+        """``{exchange}:{routing key}``, as the messaging conventions name a RabbitMQ destination."""
+        routing_key = self.topic_prefix + message.topic
+        if self.exchange and routing_key:
+            return f"{self.exchange}:{routing_key}"
+        return self.exchange or routing_key or "amq.default"
 
     # -- a batch ----------------------------------------------------------------------
 
