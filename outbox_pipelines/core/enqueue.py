@@ -27,6 +27,7 @@ from outbox_pipelines.core.storage.table_enqueue_async import (
     insert_many_async,
     insert_row_async,
 )
+from outbox_pipelines.core.telemetry.creation import Creation, creation, producer
 from outbox_pipelines.core.telemetry.metrics import count_enqueued, count_enqueued_one
 
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM
@@ -68,21 +69,45 @@ class Outbox:
     ``enqueue_async`` and ``enqueue_many_async`` its asyncio one (psycopg, SQLAlchemy, asyncpg). Each joins
     the caller's transaction; one with none open is refused unless the call says ``outside_transaction=True``
     (core/storage/app_connections.py).
+
+    Inside an OpenTelemetry span, each message gets a ``create {topic}`` span, its context stored in the
+    message's headers (docs/explanation/enqueue.md, "Trace context"); ``messaging_system`` names the broker
+    the table feeds on those spans (default ``outbox``), ``tracer_provider`` their provider (default: the
+    global one).
     """
 
-    def __init__(self, table_name: str, *, max_payload_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        table_name: str,
+        *,
+        max_payload_bytes: int | None = None,
+        messaging_system: str | None = None,
+        tracer_provider: Any = None,
+    ) -> None:
         # Checked here, not at the first enqueue: a bad name is the application's bug, found at start-up.
         self.table_name = validate_table_name(table_name)
         self.max_payload_bytes = max_payload_bytes or payload_limit()
+        self._producer = producer(self.table_name, messaging_system, tracer_provider)
 
     def enqueue(
         self, conn: Any, message: Message, *, now: datetime | None = None, outside_transaction: bool = False
     ) -> EnqueueResult:
         """Insert ``message`` in the caller's transaction; a duplicate event_id returns the stored row."""
-        row = _prepare_one(message, self.max_payload_bytes)
+        created = creation(self._producer)
+        if created is None:
+            return self._enqueue(conn, message, now, outside_transaction, None)
+        with created:
+            return self._enqueue(conn, message, now, outside_transaction, created)
+
+    def _enqueue(
+        self, conn: Any, message: Message, now: datetime | None, outside_transaction: bool, created: Creation | None
+    ) -> EnqueueResult:
+        row = _prepare_one(message, self.max_payload_bytes, created)
         target = sync_target(conn, outside_transaction=outside_transaction)
         prepare = sync_endpoint(target).prepare  # the schema checked at the process's first enqueue
         row_id = insert_row(target, self.table_name, row, now, prepare)
+        if created is not None:
+            created.written(() if row_id is None else (row.event_id,))
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult.new(row_id, row.event_id)
@@ -95,10 +120,21 @@ class Outbox:
         self, conn: Any, message: Message, *, now: datetime | None = None, outside_transaction: bool = False
     ) -> EnqueueResult:
         """``enqueue`` on the caller's asyncio connection, in its transaction, without blocking the event loop."""
-        row = _prepare_one(message, self.max_payload_bytes)
+        created = creation(self._producer)
+        if created is None:
+            return await self._enqueue_async(conn, message, now, outside_transaction, None)
+        with created:
+            return await self._enqueue_async(conn, message, now, outside_transaction, created)
+
+    async def _enqueue_async(
+        self, conn: Any, message: Message, now: datetime | None, outside_transaction: bool, created: Creation | None
+    ) -> EnqueueResult:
+        row = _prepare_one(message, self.max_payload_bytes, created)
         target = await async_target(conn, outside_transaction=outside_transaction)
         prepare = (await async_endpoint(target)).prepare
         row_id = await insert_row_async(target, self.table_name, row, now, prepare)
+        if created is not None:
+            created.written(() if row_id is None else (row.event_id,))
         if row_id is not None:
             count_enqueued_one(self.table_name, row.topic)
             return EnqueueResult.new(row_id, row.event_id)
@@ -117,6 +153,20 @@ class Outbox:
         All or nothing: one bad message raises InvalidMessage and writes nothing.
         """
         batch = list(messages)
+        created = creation(self._producer)
+        if created is None:
+            return self._enqueue_many(conn, batch, now, outside_transaction, None)
+        with created:
+            return self._enqueue_many(conn, batch, now, outside_transaction, created)
+
+    def _enqueue_many(
+        self,
+        conn: Any,
+        batch: list[Message],
+        now: datetime | None,
+        outside_transaction: bool,
+        created: Creation | None,
+    ) -> list[EnqueueResult]:
         target = sync_target(conn, outside_transaction=outside_transaction)
         outbox_table = OutboxTable(driver_connection(target), self.table_name)
         outbox_table.enqueue_prepare = sync_endpoint(target).prepare
@@ -129,13 +179,15 @@ class Outbox:
             and len(set(event_ids)) == len(event_ids)
             and all(message.ordering_key is None for message in batch)
         ):
-            copied = self._copy(outbox_table, batch, event_ids)
+            copied = self._copy(outbox_table, batch, event_ids, created)
             if copied is not None:
                 return copied
-        plan = BatchPlan(batch, self.max_payload_bytes, event_ids)
+        plan = BatchPlan(batch, self.max_payload_bytes, event_ids, created)
         if not plan.prepared:
             return []
         inserted = outbox_table.insert_many(_columns(plan.unique), now=now)
+        if created is not None:
+            created.written(inserted)
         missing = plan.missing(inserted)
         return self._results(plan, inserted, outbox_table.find_by_event_ids(missing) if missing else {})
 
@@ -149,12 +201,28 @@ class Outbox:
     ) -> list[EnqueueResult]:
         """``enqueue_many`` on the caller's asyncio connection: one statement for the batch, all or nothing."""
         batch = list(messages)
-        plan = BatchPlan(batch, self.max_payload_bytes, _plain_event_ids(batch))
+        created = creation(self._producer)
+        if created is None:
+            return await self._enqueue_many_async(conn, batch, now, outside_transaction, None)
+        with created:
+            return await self._enqueue_many_async(conn, batch, now, outside_transaction, created)
+
+    async def _enqueue_many_async(
+        self,
+        conn: Any,
+        batch: list[Message],
+        now: datetime | None,
+        outside_transaction: bool,
+        created: Creation | None,
+    ) -> list[EnqueueResult]:
+        plan = BatchPlan(batch, self.max_payload_bytes, _plain_event_ids(batch), created)
         target = await async_target(conn, outside_transaction=outside_transaction)
         prepare = (await async_endpoint(target)).prepare
         if not plan.prepared:
             return []
         inserted = await insert_many_async(target, self.table_name, _columns(plan.unique), now, prepare)
+        if created is not None:
+            created.written(inserted)
         missing = plan.missing(inserted)
         existing = await find_by_event_ids_async(target, self.table_name, missing, prepare) if missing else {}
         return self._results(plan, inserted, existing)
@@ -166,7 +234,7 @@ class Outbox:
         return [_result(row, plan.first_of[row.event_id], inserted, existing) for row in plan.prepared]
 
     def _copy(
-        self, outbox_table: OutboxTable, batch: list[Message], event_ids: list[str]
+        self, outbox_table: OutboxTable, batch: list[Message], event_ids: list[str], created: Creation | None
     ) -> list[EnqueueResult] | None:
         """Write a batch of new messages, due now, with COPY; None, having written nothing, when an event_id
         is already stored (the INSERT that reports duplicates runs instead).
@@ -175,9 +243,11 @@ class Outbox:
         next is encoded (a bare COPY of rows made one by one gets the same overlap). A bad message
         stops the COPY and undoes it: nothing is written, and the error is the one ``_prepare`` gives.
         """
-        ids = outbox_table.copy_new(_prepared_rows(batch, self.max_payload_bytes, event_ids), len(batch))
+        ids = outbox_table.copy_new(_prepared_rows(batch, self.max_payload_bytes, event_ids, created), len(batch))
         if ids is None:
             return None
+        if created is not None:
+            created.written(event_ids)
         count_enqueued(self.table_name, [message.topic for message in batch])
         return [EnqueueResult.new(row_id, event_id) for row_id, event_id in zip(ids, event_ids, strict=True)]
 

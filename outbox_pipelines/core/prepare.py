@@ -24,6 +24,7 @@ from outbox_pipelines.core.models import (
 )
 from outbox_pipelines.core.settings.environment import env_int
 from outbox_pipelines.core.storage.table_enqueue import NewRow
+from outbox_pipelines.core.telemetry.creation import Creation
 
 MAX_PAYLOAD_ENV = "OUTBOX_MAX_PAYLOAD_BYTES"
 
@@ -94,8 +95,11 @@ def _headers_text(headers: dict[str, Any], max_bytes: int) -> str:
     return checked_canonical_payload(headers, max_bytes, what="headers")[0]
 
 
-def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) -> NewRow:
-    """The row to insert for ``message``, or InvalidMessage saying what is wrong."""
+def _prepare(
+    message: Message, max_bytes: int, new_event_id: str | None = None, created: Creation | None = None
+) -> NewRow:
+    """The row to insert for ``message``, or InvalidMessage saying what is wrong; ``created``: the call's
+    creation contexts (core/telemetry/creation.py), None when there is no trace to follow."""
     if not isinstance(message, Message):
         raise InvalidMessage(f"expected a Message, got {type(message).__name__}")
     event_id = _check_identifiers(message, new_event_id)
@@ -103,13 +107,16 @@ def _prepare(message: Message, max_bytes: int, new_event_id: str | None = None) 
         raise InvalidMessage("headers must be a JSON object")
     _check_available_at(message)
     payload_text, payload_sha = checked_canonical_payload(message.payload, max_bytes)
+    headers = message.headers
+    if created is not None:
+        headers = created.headers(headers, message.topic, event_id, message.ordering_key)
     return NewRow(
         event_id,
         message.tenant_id,
         message.topic,
         payload_text,
         payload_sha,
-        _headers_text(message.headers, max_bytes),
+        _headers_text(headers, max_bytes),
         message.available_at,
         message.ordering_key,
     )
@@ -154,11 +161,13 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
     return None
 
 
-def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
+def _prepare_checked(message: Message, event_id: str, max_bytes: int, created: Creation | None = None) -> NewRow:
     """``_prepare`` for a message whose identifiers ``_plain_event_ids`` passed: payload and headers in
     one orjson call each when they plainly pass, or ``_prepare``'s full checks (and its error)."""
     headers, payload = message.headers, message.payload
     if type(headers) is dict and type(payload) is dict:
+        if created is not None:
+            headers = created.headers(headers, message.topic, event_id, message.ordering_key)
         headers_text = _plain_headers_text(headers, max_bytes)
         data = plain_canonical_bytes(payload)
         if data is not None and headers_text is not None and len(data) <= max_bytes:
@@ -172,10 +181,10 @@ def _prepare_checked(message: Message, event_id: str, max_bytes: int) -> NewRow:
                 None,
                 message.ordering_key,
             )
-    return _prepare(message, max_bytes, event_id)
+    return _prepare(message, max_bytes, event_id, created)
 
 
-def _prepare_one(message: Any, max_bytes: int) -> NewRow:
+def _prepare_one(message: Any, max_bytes: int, created: Creation | None = None) -> NewRow:
     """``_prepare`` for the one-row enqueue: a Message due now whose identifiers are printable strings
     of the right lengths is checked in one test of their joined text and goes on to
     ``_prepare_checked``; any other message, and any doubt, gets ``_prepare``'s full checks and error.
@@ -197,19 +206,21 @@ def _prepare_one(message: Any, max_bytes: int) -> NewRow:
             # than " "): what it refuses takes the full checks, which decide.
             and f"{topic}{event_id}{tenant_id or ''}{key or ''}".isprintable()
         ):
-            return _prepare_checked(message, event_id, max_bytes)
-    return _prepare(message, max_bytes)
+            return _prepare_checked(message, event_id, max_bytes, created)
+    return _prepare(message, max_bytes, None, created)
 
 
-def _prepared_rows(messages: list[Any], max_bytes: int, event_ids: list[str] | None) -> Iterator[NewRow]:
+def _prepared_rows(
+    messages: list[Any], max_bytes: int, event_ids: list[str] | None, created: Creation | None = None
+) -> Iterator[NewRow]:
     """Every message's row, in order, or InvalidMessage saying which message of the batch is bad, in the words
     ``enqueue`` would use for it alone. ``event_ids``: what ``_plain_event_ids`` found for the batch."""
     for index, message in enumerate(messages):
         try:
             if event_ids is None:
-                yield _prepare(message, max_bytes)
+                yield _prepare(message, max_bytes, None, created)
             else:
-                yield _prepare_checked(message, event_ids[index], max_bytes)
+                yield _prepare_checked(message, event_ids[index], max_bytes, created)
         except InvalidMessage as exc:
             event_id = getattr(message, "event_id", None)
             which = f"message at index {index} of the batch" + (
@@ -228,8 +239,10 @@ class BatchPlan:
     insert: an event_id repeated in the batch is written once, as its first occurrence; the later ones are
     duplicates of it, compared with its payload (not with each other)."""
 
-    def __init__(self, batch: list[Any], max_bytes: int, event_ids: list[str] | None) -> None:
-        self.prepared = list(_prepared_rows(batch, max_bytes, event_ids))
+    def __init__(
+        self, batch: list[Any], max_bytes: int, event_ids: list[str] | None, created: Creation | None = None
+    ) -> None:
+        self.prepared = list(_prepared_rows(batch, max_bytes, event_ids, created))
         self.first_of: dict[str, NewRow] = {}
         for row in self.prepared:
             self.first_of.setdefault(row.event_id, row)

@@ -40,7 +40,7 @@ from outbox_pipelines.core.settings.registry import (
 )
 from outbox_pipelines.core.storage import network_limits
 from outbox_pipelines.core.storage.migration_safety import LockWaits
-from outbox_pipelines.core.telemetry import metrics, tracing
+from outbox_pipelines.core.telemetry import creation, metrics, tracing
 
 PACKAGE = Path(outbox_pipelines.__file__).parent
 ENGINE = PACKAGE / "core"
@@ -224,6 +224,8 @@ def test_a_variable_left_unset_gets_the_registrys_default(variable, monkeypatch)
         assert int(default) == canonical.DEFAULT_MAX_PAYLOAD_BYTES
     elif name == "OUTBOX_ALERT_REPEAT":
         assert _alert_repeat(name, default, monkeypatch) == _alert_repeat(name, None, monkeypatch)
+    elif name == "OUTBOX_TRACE_CREATE":
+        assert creation.create_spans_enabled({name: default}) == creation.create_spans_enabled({})
     elif name == "OUTBOX_TENANT_LABEL":
         assert _tenant_label(name, default, monkeypatch) == _tenant_label(name, None, monkeypatch)
     elif name.startswith("OTEL_"):

@@ -109,6 +109,9 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OUTBOX_MAX_PAYLOAD_BYTES", "1048576", "the largest payload (and headers) enqueue accepts, in bytes; "
                 "`db upgrade` gives the project's tables this limit in the database, so a producer writing by SQL "
                 "meets it too", "core/prepare.py"),
+    EnvVariable("OUTBOX_TRACE_CREATE", "on", "inside an OpenTelemetry span, enqueue gives each message a `create "
+                "{topic}` span and stores its context in the headers; `off` stores the span's own context, without "
+                "create spans (docs/explanation/enqueue.md, \"Trace context\")", "core/telemetry/creation.py"),
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
                 "core/telemetry/metrics.py"),
