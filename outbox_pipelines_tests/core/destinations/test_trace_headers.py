@@ -89,7 +89,7 @@ def test_rabbitmq_puts_the_context_in_the_application_headers():
 def test_each_destination_names_its_system_destination_and_server_without_a_credential():
     message = claimed({})
     http = HttpDestination("https://user:secret@hooks.example.com/in?token=x")
-    kafka = KafkaDestination("127.0.0.1:1,127.0.0.1:2", topic_prefix="inbox.")
+    kafka = KafkaDestination("127.0.0.1:1,127.0.0.1:2", topic_prefix="inbox.", timeout_s=0.2)
     nats = NatsJetStreamDestination("nats://user:secret@127.0.0.1:1", topic_prefix="inbox.")
     try:
         found = [(d.messaging_system, d.destination_name(message), d.server) for d in (http, kafka, nats)]
