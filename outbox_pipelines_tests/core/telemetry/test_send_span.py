@@ -156,3 +156,32 @@ def test_enabled_is_remembered_once_a_provider_is_installed(monkeypatch):
     monkeypatch.setattr(trace, "get_tracer_provider", provider)
     assert tracing.enabled() and tracing.enabled()
     assert len(asked) == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"traceparent": CREATED},
+        {"traceparent": CREATED, "tracestate": "rojo=1,congo=2"},
+        {"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"},  # an invalid trace id
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01"},
+        {"traceparent": "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-later"},  # a later version
+        {"traceparent": "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        {"traceparent": CREATED + "-more"},
+        {"traceparent": CREATED.upper()},
+        {"traceparent": 7},
+        {"tracestate": "rojo=1"},
+        {},
+    ],
+)
+def test_the_quick_parse_of_a_creation_context_reads_what_the_w3c_propagator_reads(headers):
+    extracted = trace.get_current_span(tracing.context_of(headers)).get_span_context()
+    found = tracing.span_context_of(headers)
+    if not extracted.is_valid:
+        assert found is None
+    else:
+        assert found is not None
+        assert (found.trace_id, found.span_id, found.trace_flags, found.is_remote) == (
+            extracted.trace_id, extracted.span_id, extracted.trace_flags, extracted.is_remote,
+        )  # fmt: skip
+        assert found.trace_state.to_header() == extracted.trace_state.to_header()
