@@ -30,6 +30,7 @@ from outbox_pipelines.cli.db_commands import (
 )
 from outbox_pipelines.cli.enqueue_command import cmd_enqueue
 from outbox_pipelines.cli.init_command import cmd_init
+from outbox_pipelines.cli.metrics_command import cmd_metrics
 from outbox_pipelines.cli.oncall_commands import cmd_status
 from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.relay_commands import cmd_relay
@@ -210,7 +211,8 @@ def add_message_commands(sub: Any) -> None:
     p.add_argument("--worker-id", type=operator_text, help="lease holder name (default: host:pid:random)")
     p.add_argument("--force", action="store_true", help="run even if the relay is disabled for the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.add_argument("--metrics-port", type=port, metavar="PORT", help="serve Prometheus /metrics on PORT")
+    p.add_argument("--metrics-host", type=bind_host, help="its address (default: $OUTBOX_METRICS_HOST, else 127.0.0.1)")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
     p = add("replay", cmd_replay, "move dead messages back to pending (attempts reset), by filter")
@@ -376,6 +378,11 @@ def add_service_commands(sub: Any) -> None:
         help="where the page reaches the Dagster webserver to launch runs, when not at OUTBOX_UI_URL (the address "
         "its links use), e.g. http://webserver:3000 in a container",
     )
+
+    p = add("metrics", cmd_metrics, "serve the tables' state for Prometheus (relays run by Dagster serve none)")
+    p.add_argument("--host", type=bind_host, help="address (default: $OUTBOX_METRICS_HOST, else 127.0.0.1)")
+    p.add_argument("--port", type=server_port, default=9464, help="port to listen on (default 9464)")
+    p.add_argument("--table", action="append", help="this table only (repeatable; default: every declared table)")
 
     p = add("demo", cmd_demo, "run the outbox end to end on the embedded default and print what happened")
     p.add_argument("--quiet", action="store_true")

@@ -7,13 +7,13 @@ import json
 from dataclasses import replace
 
 from outbox_pipelines.cli.inputs import database_url, say_left_out, settings_of
+from outbox_pipelines.cli.metrics_command import metrics_host, serve_metrics
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
 from outbox_pipelines.core.oncall import table_metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
 from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
-from outbox_pipelines.core.telemetry import metrics
 
 
 def print_progress(report: RelayReport) -> None:
@@ -43,9 +43,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
         settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
     url = database_url()
     if args.metrics_port:
-        table_metrics.watch_tables(url, [table.name])
-        metrics.serve(args.metrics_port)
-        say(f"Prometheus metrics on http://127.0.0.1:{args.metrics_port}/metrics")
+        table_metrics.watch_tables(url, [table.name], {table.name: table.relay_enabled})
+        say(f"Prometheus metrics on {serve_metrics(args.metrics_port, metrics_host(args.metrics_host))}")
 
     def started(relay: Relay) -> None:
         say(
@@ -77,10 +76,10 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 def relay_group(args: argparse.Namespace) -> int:
     """``relay --group G``: every table of the group in this one process (what a Dagster group run does)."""
-    if args.max_entries or args.batch_size or args.worker_id or args.metrics_port or args.force:
+    if args.max_entries or args.batch_size or args.worker_id or args.metrics_port or args.metrics_host or args.force:
         raise UsageError(
             "--group takes --once or --max-seconds (and --quiet, --json); --max-entries, --batch-size, "
-            "--worker-id, --metrics-port and --force are for one --table"
+            "--worker-id, --metrics-port, --metrics-host and --force are for one --table"
         )
     url = database_url()
     settings = without_tables_owned_elsewhere(url, settings_of(args))

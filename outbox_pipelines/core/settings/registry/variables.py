@@ -115,6 +115,9 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
                 "core/telemetry/metrics.py"),
+    EnvVariable("OUTBOX_METRICS_HOST", None, "the address `relay --metrics-port` and `metrics` serve /metrics on "
+                "(`0.0.0.0`: every interface, for a Prometheus on another host)", "cli/metrics_command.py",
+                "unset: `127.0.0.1`, this machine only"),
     EnvVariable("OUTBOX_ALERT_WEBHOOK_URL", None, "where alerts are posted (JSON with a Slack-compatible `text`)",
                 "core/oncall/alerts.py", "unset: alerts are logged only"),
     EnvVariable("OUTBOX_ALERT_REPEAT", "30m", "the reminder interval of an alert that lasts", "core/oncall/alerts.py"),
