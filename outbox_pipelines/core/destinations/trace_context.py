@@ -13,7 +13,7 @@ TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 TRACESTATE_MAX_CHARS = 512
 TRACESTATE_MAX_MEMBERS = 32
 _MEMBER = re.compile(
-    r"(?:[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13}|[a-z][a-z0-9_\-*/]{0,255})"
+    r"(?:[a-z0-9][a-z0-9_\-*/]{0,240}\x40[a-z][a-z0-9_\-*/]{0,13}|[a-z][a-z0-9_\-*/]{0,255})"  # \x40: tenant@system
     r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
 )
 
