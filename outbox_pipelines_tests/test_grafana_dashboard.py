@@ -19,7 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox_pipelines_tests.helpers import enqueue_n
-from outbox_pipelines_tests.processes import free_port, start_relay, stop_process, wait_until
+from outbox_pipelines_tests.processes import free_port, start_cli, start_relay, stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -192,3 +192,24 @@ def test_every_metric_the_dashboard_reads_is_served_by_a_real_relay(cli_env, con
         for label in sorted(labels - labelled):
             missing.append(f"{where}: no metric of {sorted(names)} has the label {label}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_tables_now_panel_needs_only_the_exporter(cli_env, conn):
+    """Relays run by Dagster serve no /metrics: ``outbox-pipelines metrics`` alone fills the overview table."""
+    enqueue_n(conn, "outbox_events", 2, topic="org.changed", payload=lambda i: {"org_id": i})
+    port = free_port()
+    exporter = start_cli(cli_env, "metrics", "--port", str(port), "--table", "outbox_events")
+
+    def serving() -> str:
+        text = scrape(port)
+        return text if "outbox_pending_count{" in text else ""
+
+    try:
+        text = wait_until(serving, 30, "the exporter's /metrics", process=exporter)
+    finally:
+        stop_process(exporter, grace_s=20)
+    served = samples(text)
+    assert served["outbox_pending_count"] >= {"table"}
+    overview = next(panel for panel in query_panels() if panel["type"] == "table")
+    read = set().union(*(metrics_and_labels(t["expr"])[0] for t in overview["targets"]))
+    assert len(read) == len(overview["targets"]) and not read - served.keys(), sorted(read - served.keys())
