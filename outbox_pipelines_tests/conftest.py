@@ -89,6 +89,7 @@ STARTS_ITS_OWN = (
     "test_docs.py::test_the_docs_site_builds_with_no_broken_link",  # mkdocs build
     "test_extras.py::test_database_url_without_the_embedded_server_names_the_extra_and_the_variable",
     "test_project_boundaries.py::test_a_missing_database_url_is_an_error_not_a_throwaway_database",
+    "test_prometheus_rules.py::test_promtool_checks_the_rules_and_every_alert_passes_its_tests",  # promtool
     "test_project_root.py::test_commands_in_sub_directories_share_the_projects_server",
     "test_public_api.py::test_importing_the_package_loads_no_dagster_no_http_client_and_no_wing",
 )
