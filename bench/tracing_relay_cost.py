@@ -70,10 +70,10 @@ def child(url: str, table: str, traced: bool) -> None:
             rounds += 1
             conn.execute(fill, {"tag": f"r{rounds}", "count": count})
             conn.execute(f"VACUUM ANALYZE {table}")
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             report = Relay(url, settings, PaperBroker(), worker_id=f"bench-{table}").run(once=True)
-            seconds = time.perf_counter() - started
-            print(json.dumps({"s": seconds, "sent": report.sent}), flush=True)
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            print(json.dumps({"s": seconds, "cpu": cpu, "sent": report.sent}), flush=True)
 
 
 def start(tree: str, url: str, table: str, traced: bool) -> "subprocess.Popen[str]":
@@ -91,8 +91,11 @@ def start(tree: str, url: str, table: str, traced: bool) -> "subprocess.Popen[st
     return process
 
 
-def one_run(children: dict[str, "subprocess.Popen[str]"], count: int, rng: random.Random) -> dict[str, float]:
-    """µs per message of each variant's drain of ``count`` messages, the variants in a shuffled order."""
+def one_run(
+    children: dict[str, "subprocess.Popen[str]"], count: int, rng: random.Random
+) -> dict[str, dict[str, float]]:
+    """µs per message of each variant's drain of ``count`` messages (wall ``s``, and ``cpu``: the relay process's
+    CPU, all its threads, which other work on the machine disturbs less), the variants in a shuffled order."""
     figures = {}
     order = list(children)
     rng.shuffle(order)
@@ -103,7 +106,7 @@ def one_run(children: dict[str, "subprocess.Popen[str]"], count: int, rng: rando
         answer = json.loads(process.stdout.readline())  # type: ignore[union-attr]
         if answer["sent"] != count:
             raise RuntimeError(f"{name}: sent {answer['sent']} of {count}")
-        figures[name] = answer["s"] / count * 1e6
+        figures[name] = {key: answer[key] / count * 1e6 for key in ("s", "cpu")}
     return {name: figures[name] for name in children}
 
 
@@ -164,22 +167,25 @@ def main() -> None:
         for run in range(args.runs):
             figures = one_run(children, args.messages, rng)
             runs.append(figures)
-            print(f"run {run + 1}: " + ", ".join(f"{k} {v:.2f} us" for k, v in figures.items()), flush=True)
-        medians = {v: statistics.median(r[v] for r in runs) for v in VARIANTS}
-
-        def cell(a: str, b: str) -> str:
-            values = sorted(r[a] / r[b] for r in runs)
-            return f"{statistics.median(values):.3f} [{values[0]:.3f}–{values[-1]:.3f}]"
-
+            print(
+                f"run {run + 1}: " + ", ".join(f"{k} {v['s']:.2f} us ({v['cpu']:.2f} CPU)" for k, v in figures.items()),
+                flush=True,
+            )
         print(f"\nrelay gate alone (tracing.enabled(), no SDK): {gate_cost():.2f} us per batch\n")
         print(f"µs per message drained ({args.messages} a drain, paper broker), medians of {args.runs} runs:\n")
-        print("| before | off | off / before | before + SDK | on | on / before + SDK | on / off |")
-        print("|---|---|---|---|---|---|---|")
-        m = medians
-        print(
-            f"| {m['before']:.2f} | {m['off']:.2f} | {cell('off', 'before')} | {m['before+sdk']:.2f} | {m['on']:.2f} "
-            f"| {cell('on', 'before+sdk')} | {cell('on', 'off')} |"
-        )
+        print("| time | before | off | off / before | before + SDK | on | on / before + SDK | on / off |")
+        print("|---|---|---|---|---|---|---|---|")
+        for key, label in (("s", "wall"), ("cpu", "relay CPU")):
+            m = {v: statistics.median(r[v][key] for r in runs) for v in VARIANTS}
+
+            def cell(a: str, b: str) -> str:
+                values = sorted(r[a][key] / r[b][key] for r in runs)  # noqa: B023 (used at once)
+                return f"{statistics.median(values):.3f} [{values[0]:.3f}–{values[-1]:.3f}]"
+
+            print(
+                f"| {label} | {m['before']:.2f} | {m['off']:.2f} | {cell('off', 'before')} | {m['before+sdk']:.2f} "
+                f"| {m['on']:.2f} | {cell('on', 'before+sdk')} | {cell('on', 'off')} |"
+            )
     finally:
         for process in children.values():
             process.stdin.close()  # type: ignore[union-attr]
