@@ -112,3 +112,22 @@ def test_metrics_listen_where_outbox_metrics_host_says_and_a_bad_one_is_refused(
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
     finally:
         assert stop_process(exporter) == 0
+
+
+def test_a_relay_group_serves_the_state_of_each_of_its_tables(cli_env):
+    port = free_port()
+    group = start_cli(cli_env, "relay", "--group", "default", "--quiet", "--metrics-port", str(port))
+    try:
+        text = wait_until(lambda: _served(port), 60, "the group's /metrics", process=group)
+    finally:
+        stop_process(group)
+    up = dict(re.findall(r'outbox_state_up\{table="([a-z_]+)"\} ([0-9.]+)', text))
+    assert up.get("outbox_events") == "1.0", text
+
+
+def _served(port: int) -> str | None:
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    except httpx.TransportError:
+        return None
+    return answer.text if "outbox_state_up{" in answer.text else None

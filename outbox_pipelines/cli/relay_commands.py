@@ -76,13 +76,17 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 def relay_group(args: argparse.Namespace) -> int:
     """``relay --group G``: every table of the group in this one process (what a Dagster group run does)."""
-    if args.max_entries or args.batch_size or args.worker_id or args.metrics_port or args.metrics_host or args.force:
+    if args.max_entries or args.batch_size or args.worker_id or args.force:
         raise UsageError(
-            "--group takes --once or --max-seconds (and --quiet, --json); --max-entries, --batch-size, "
-            "--worker-id, --metrics-port, --metrics-host and --force are for one --table"
+            "--group takes --once or --max-seconds (and --quiet, --json, --metrics-port); --max-entries, "
+            "--batch-size, --worker-id and --force are for one --table"
         )
     url = database_url()
     settings = without_tables_owned_elsewhere(url, settings_of(args))
+    if args.metrics_port:
+        names = settings.groups().get(args.group, [])
+        table_metrics.watch_tables(url, names, {name: settings.tables[name].relay_enabled for name in names})
+        say(f"Prometheus metrics on {serve_metrics(args.metrics_port, metrics_host(args.metrics_host))}")
     # This group's tables whose section cannot be used or that another project owns (another group's are its
     # relay's to tell): said now, so
     # that a long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
