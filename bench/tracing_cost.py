@@ -2,16 +2,18 @@
 
     git archive <commit before> outbox_pipelines sql | tar -x -C /tmp/tc-before
     .venv/bin/python bench/tracing_cost.py /tmp/tc-before [--runs 7] [--transactions 2000] [--batches 200]
+    .venv/bin/python bench/tracing_cost.py --in-process RUNS TRANSACTIONS BATCHES   # this tree alone (in_process)
 
 One embedded server (or OUTBOX_TEST_DATABASE_URL's); each tree migrates a database of its own, one table per
-variant. Four processes, each on one psycopg connection with synchronous_commit off (the client's and the
+variant. Five processes, each on one psycopg connection with synchronous_commit off (the client's and the
 server's work without the WAL flush, where an added cost shows most):
 
 - ``before``: the tree before (BEFORE_TREE), no OpenTelemetry SDK, no span: what an enqueue cost;
 - ``off``: this tree, the same: the gate alone (one context variable read);
 - ``before+span``: the tree before, an SDK TracerProvider (BatchSpanProcessor, an exporter that drops every
   span) installed, each transaction inside a request span: an application that traces, before;
-- ``on``: this tree, the same: the create span per message and its context in the headers.
+- ``on``: this tree, the same: the create span per message and its context in the headers;
+- ``create-off``: ``on`` with OUTBOX_TRACE_CREATE=off: the request span's context stored, no create span.
 
 Two operations: ``one`` (one ``enqueue`` per transaction) and ``many`` (one ``enqueue_many`` of 100 messages per
 transaction: the COPY path). Each run does ``transactions`` (``batches``) of each variant in blocks of 25 (5),
@@ -33,11 +35,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 AFTER_TREE = str(HERE.parents[1])
+# variant: (tree, SDK and a request span, OUTBOX_TRACE_CREATE)
 VARIANTS = {
-    "before": ("before", False),
-    "off": ("after", False),
-    "before+span": ("before", True),
-    "on": ("after", True),
+    "before": ("before", False, "on"),
+    "off": ("after", False, "on"),
+    "before+span": ("before", True, "on"),
+    "on": ("after", True, "on"),
+    "create-off": ("after", True, "off"),
 }
 BLOCKS = {"one": 25, "many": 5}
 BATCH = 100
@@ -103,9 +107,10 @@ def _transaction(conn: object, outbox: object, op: str, tag: str, sent: int) -> 
         return sent + BATCH
 
 
-def start(tree: str, url: str, table: str, traced: bool) -> subprocess.Popen[str]:
+def start(tree: str, url: str, table: str, traced: bool, create: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = tree
+    env["OUTBOX_TRACE_CREATE"] = create
     process = subprocess.Popen(
         [sys.executable, str(HERE), "--child", url, table, "traced" if traced else "plain"],
         env=env,
@@ -132,6 +137,10 @@ def one_run(children: dict[str, subprocess.Popen[str]], op: str, count: int, rng
             spent[name] += json.loads(process.stdout.readline())["s"]  # type: ignore[union-attr]
     done = count // block * block
     return {name: seconds / done * 1e6 for name, seconds in spent.items()}
+
+
+def _table(variant: str) -> str:
+    return "bench_" + variant.replace("+", "_").replace("-", "_")
 
 
 def gate_cost() -> float:
@@ -172,7 +181,7 @@ def main() -> None:
                 admin.execute(f"CREATE DATABASE bench_tracing_{name}")
                 urls[name] = psycopg.conninfo.make_conninfo(server.admin_url, dbname=f"bench_tracing_{name}")
         for name, tree in trees.items():
-            tables = [f"bench_{v.replace('+', '_')}" for v, (t, _) in VARIANTS.items() if t == name]
+            tables = [_table(v) for v, (t, _, _) in VARIANTS.items() if t == name]
             script = (
                 "import sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
                 "with psycopg.connect(sys.argv[1], autocommit=True) as c:\n"
@@ -184,8 +193,8 @@ def main() -> None:
                 check=True,
                 cwd="/",
             )
-        for variant, (tree, traced) in VARIANTS.items():
-            children[variant] = start(trees[tree], urls[tree], f"bench_{variant.replace('+', '_')}", traced)
+        for variant, (tree, traced, create) in VARIANTS.items():
+            children[variant] = start(trees[tree], urls[tree], _table(variant), traced, create)
         rng = random.Random(46)
         medians: dict[str, dict[str, float]] = {}
         ratios: dict[str, dict[str, list[float]]] = {}
@@ -199,12 +208,15 @@ def main() -> None:
             ratios[op] = {
                 "off/before": sorted(r["off"] / r["before"] for r in runs),
                 "on/before+span": sorted(r["on"] / r["before+span"] for r in runs),
-                "on/off": sorted(r["on"] / r["off"] for r in runs),
+                "create-off/before+span": sorted(r["create-off"] / r["before+span"] for r in runs),
             }
         print(f"\ngate alone (no span current, no SDK): {gate_cost():.2f} us per call\n")
         print(f"µs per transaction, medians of {args.runs} runs (synchronous_commit off):\n")
-        print("| operation | before | off | off / before | before + span | on | on / before + span | added |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| operation | before | off | off / before | before + span | on | on / before + span "
+            "| added per message | create off | create off / before + span |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for op in medians:
             m, r = medians[op], ratios[op]
             per_message = (m["on"] - m["before+span"]) / (1 if op == "one" else BATCH)
@@ -215,7 +227,8 @@ def main() -> None:
             label = "enqueue (1 per transaction)" if op == "one" else f"enqueue_many ({BATCH} per transaction)"
             print(
                 f"| {label} | {m['before']:.0f} | {m['off']:.0f} | {cell(r['off/before'])} | {m['before+span']:.0f} "
-                f"| {m['on']:.0f} | {cell(r['on/before+span'])} | {per_message:.1f} µs |"
+                f"| {m['on']:.0f} | {cell(r['on/before+span'])} | {per_message:.1f} µs | {m['create-off']:.0f} "
+                f"| {cell(r['create-off/before+span'])} |"
             )
     finally:
         for process in children.values():
@@ -224,8 +237,79 @@ def main() -> None:
         server.stop()
 
 
+def in_process(runs: int, count: int, batches: int) -> None:
+    """This tree alone, one process, one connection (no noise of several processes): an SDK installed, the
+    variants in shuffled blocks: no span current (the gate), a request span with OUTBOX_TRACE_CREATE off (its
+    context stored), and on (a create span per message). Prints µs per transaction, medians over the runs."""
+    sys.path.insert(0, AFTER_TREE)
+    import psycopg
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from outbox_pipelines.core.enqueue import Outbox
+    from outbox_pipelines.core.storage import migrate
+    from outbox_pipelines_tests.scratch import ScratchServer
+
+    class Dropped(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    request = provider.get_tracer("bench.app")
+    server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-tracing-")
+    try:
+        with psycopg.connect(server.admin_url, autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS bench_tracing_in_process")
+            admin.execute("CREATE DATABASE bench_tracing_in_process")
+        url = psycopg.conninfo.make_conninfo(server.admin_url, dbname="bench_tracing_in_process")
+        migrate.upgrade(url)
+        os.environ["OUTBOX_TRACE_CREATE"] = "off"
+        outboxes = {"no span": Outbox("bench_gate", tracer_provider=provider)}
+        outboxes["span, create off"] = Outbox("bench_create_off", tracer_provider=provider)
+        os.environ["OUTBOX_TRACE_CREATE"] = "on"
+        outboxes["span, create on"] = Outbox("bench_create_on", tracer_provider=provider)
+        rng, tag, sent = random.Random(46), uuid.uuid4().hex[:8], 0
+        with psycopg.connect(url) as conn:
+            for outbox in outboxes.values():
+                conn.execute("SELECT outbox_create_table(%s)", (outbox.table_name,))
+            conn.execute("SET synchronous_commit = off")
+            conn.commit()
+            for op, total in (("one", count), ("many", batches)):
+                per_run = []
+                for _ in range(runs):
+                    spent = dict.fromkeys(outboxes, 0.0)
+                    for _ in range(total // BLOCKS[op]):
+                        order = list(outboxes)
+                        rng.shuffle(order)
+                        for name in order:
+                            started = time.perf_counter()
+                            for _ in range(BLOCKS[op]):
+                                if name == "no span":
+                                    sent = _transaction(conn, outboxes[name], op, tag, sent)
+                                else:
+                                    with request.start_as_current_span("POST /orders"):
+                                        sent = _transaction(conn, outboxes[name], op, tag, sent)
+                            spent[name] += time.perf_counter() - started
+                    done = total // BLOCKS[op] * BLOCKS[op]
+                    per_run.append({name: seconds / done * 1e6 for name, seconds in spent.items()})
+                medians = {name: statistics.median(r[name] for r in per_run) for name in outboxes}
+                added = statistics.median(r["span, create on"] - r["span, create off"] for r in per_run)
+                print(
+                    f"{op}: "
+                    + ", ".join(f"{name} {us:.0f} us" for name, us in medians.items())
+                    + f"; the create spans add {added / (1 if op == 'one' else BATCH):.1f} us per message",
+                    flush=True,
+                )
+    finally:
+        provider.shutdown()
+        server.stop()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4] == "traced")
+    elif sys.argv[1] == "--in-process":
+        in_process(*(int(arg) for arg in sys.argv[2:5]))
     else:
         main()
