@@ -22,7 +22,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusC
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core.errors import ConfigError, NoTransaction
+from outbox_pipelines.core.errors import ConfigError, InvalidMessage, NoTransaction
 from outbox_pipelines.core.storage.db import sqlalchemy_url
 from outbox_pipelines.core.telemetry.creation import create_spans_enabled
 from outbox_pipelines_tests.core.test_enqueue_django import _django_settings
@@ -226,6 +226,19 @@ def test_a_refused_enqueue_ends_its_span_with_the_error(db_url, traces):
     [create] = traces.creates()
     assert create.attributes["error.type"] == "NoTransaction"
     assert create.status.status_code is StatusCode.ERROR
+
+
+def test_the_stored_context_counts_toward_the_payload_limit(db_url, conn, traces):
+    outbox = traces.outbox(max_payload_bytes=80)  # {"traceparent":"00-…-01","tracestate":"vendor=abc"}: 99 bytes
+    message = Message(topic="t", payload={"n": 1}, event_id="limit")
+    with psycopg.connect(db_url) as tx:
+        with traces.request(), pytest.raises(InvalidMessage, match="headers"):
+            outbox.enqueue(tx, message)
+        outbox.enqueue(tx, message)  # no span: nothing added, the message fits
+        tx.commit()
+    [create] = traces.creates()
+    assert create.attributes["error.type"] == "InvalidMessage"
+    assert headers_of(conn, "limit") == {}
 
 
 def _asyncpg_url(db_url: str) -> str:
