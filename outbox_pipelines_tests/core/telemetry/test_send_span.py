@@ -172,6 +172,7 @@ def test_enabled_is_remembered_once_a_provider_is_installed(monkeypatch):
         {"traceparent": 7},
         {"tracestate": "rojo=1"},
         {},
+        ["traceparent"],  # a row's headers written by SQL may be any JSON
     ],
 )
 def test_the_quick_parse_of_a_creation_context_reads_what_the_w3c_propagator_reads(headers):
@@ -185,3 +186,12 @@ def test_the_quick_parse_of_a_creation_context_reads_what_the_w3c_propagator_rea
             extracted.trace_id, extracted.span_id, extracted.trace_flags, extracted.is_remote,
         )  # fmt: skip
         assert found.trace_state.to_header() == extracted.trace_state.to_header()
+
+
+def test_headers_that_are_not_an_object_get_the_send_spans_context_without_failing_the_batch(exporter):
+    destination = RecordingDestination()
+    [outcome] = deliver(destination, [claimed("ev-1", headers=["written", "by", "SQL"])])  # type: ignore[arg-type]
+    assert outcome.kind == m.OutcomeKind.SENT
+    [span] = exporter.get_finished_spans()
+    assert span.kind == trace.SpanKind.PRODUCER and not span.links
+    assert destination.delivered[0].headers["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
