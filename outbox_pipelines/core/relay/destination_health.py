@@ -118,11 +118,12 @@ class DestinationGuard:
         """The topics this relay leaves paused (its settings', its handlers' switched off), recorded when they
         change (and once at start), for the lag check and ``status`` (core/storage/paused_topics.py)."""
         paused = {topic: BY_HANDLERS for topic in switched_off} | {topic: BY_SETTINGS for topic in configured}
-        if (
-            paused != self._paused
-            and self._quietly(lambda: SharedTables(conn).record_paused_topics(self.table_name, paused)) is not None
-        ):
-            self._paused = paused
+        if paused != self._paused and self._quietly(lambda: self._record_paused(conn, paused)):
+            self._paused = paused  # not written again (a write per claim before: its None read as "refused")
+
+    def _record_paused(self, conn: psycopg.Connection, paused: dict[str, str]) -> bool:
+        SharedTables(conn).record_paused_topics(self.table_name, paused)
+        return True
 
     def saw_open(self) -> None:
         """A claim found the destination plainly open (a gated claim returned rows)."""

@@ -1,0 +1,232 @@
+"""Small backlogs: the CLI relay and a running relay at their defaults against the simple loop, two trees in turns.
+
+    git archive HEAD outbox_pipelines sql | tar -x -C /tmp/sb-before      # the tree before a change
+    .venv/bin/python bench/small_backlogs.py /tmp/sb-before [AFTER_TREE] [--runs 5] [--messages 1000 10000]
+
+One embedded server (or OUTBOX_TEST_DATABASE_URL's); each tree migrates a database of its own with an outbox table
+for itself and one for the simple loop (the loop's own partial index on pending ids, as obench/peers.py). Per run,
+in an order shuffled per run, each variant drains ``messages`` rows (loaded untimed, then VACUUM ANALYZE):
+
+- ``cli``: ``python -m outbox_pipelines.cli relay --table T --once --quiet`` (paper destination, every default),
+  from the process's spawn to its exit, against the simple loop's process (``python -c`` of a 30-line loop:
+  connect, ``SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED``, ``UPDATE … WHERE id = ANY``, commit) likewise;
+- ``running``: a relay already running (``relay --table T --quiet``, idle, woken by the insert trigger's NOTIFY)
+  and the simple loop likewise (LISTEN on the same channel, draining until a claim comes back empty), from the
+  commit of the transaction that inserts the rows to the moment the parent sees no pending or sending row left
+  (polled every 2 ms, the same for both).
+
+Prints each run, then per variant the medians (seconds) and the median of the per-run ratios loop / ours [min–max]
+(≥ 1 means ours is as fast as the loop).
+"""
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+THIS_TREE = str(HERE.parents[1])
+OURS, LOOP = "bench_small", "bench_small_loop"
+FILL = (
+    "INSERT INTO {table} (event_id, topic, payload, payload_sha, headers) "
+    "SELECT %(tag)s || '-' || n, 'order.created', jsonb_build_object('order', n, 'lines', '[1,2,3]'::jsonb), "
+    "'sha256:' || md5(n::text), '{{}}'::jsonb FROM generate_series(1, %(count)s) n"
+)
+SIMPLE_LOOP = """
+import sys, psycopg
+url, table, batch, running = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "running"
+claim = (f"SELECT id, event_id, topic, payload, headers FROM {table} WHERE status = 'pending' "
+         "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED")
+settle = f"UPDATE {table} SET status = 'sent', published_at = now(), updated_at = now() WHERE id = ANY(%s)"
+def drain(conn):
+    with conn.cursor() as cur:
+        while True:
+            cur.execute(claim, (batch,))
+            rows = cur.fetchall()
+            if not rows:
+                conn.commit()
+                return
+            cur.execute(settle, ([r[0] for r in rows],))
+            conn.commit()
+with psycopg.connect(url) as conn:
+    if not running:
+        drain(conn)
+    else:
+        listen = psycopg.connect(url, autocommit=True)
+        listen.execute(f'LISTEN "outbox:{table}"')
+        print("ready", flush=True)
+        while True:
+            for _ in listen.notifies(timeout=1.0, stop_after=1):
+                pass
+            drain(conn)
+"""
+
+
+def env_for(tree: str, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OUTBOX_"))}
+    env.update(extra, PYTHONPATH=tree)
+    return env
+
+
+def fill(url: str, table: str, count: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(FILL.format(table=table), {"tag": f"r{time.time_ns()}", "count": count})  # bench table names
+        conn.execute(f"VACUUM ANALYZE {table}")
+
+
+def left(url: str, table: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table} WHERE status IN ('pending', 'sending')").fetchone()
+        return int(row[0]) if row else -1
+
+
+def cli_once(tree: str, url: str, project: str, count: int, loop: bool) -> float:
+    table = LOOP if loop else OURS
+    fill(url, table, count)
+    if loop:
+        command = [sys.executable, "-c", SIMPLE_LOOP, url, table, "100", "once"]
+    else:
+        command = [sys.executable, "-m", "outbox_pipelines.cli", "relay", "--table", OURS, "--once", "--quiet"]
+    env = env_for(tree, {"OUTBOX_DATABASE_URL": url, "OUTBOX_CONFIG": str(Path(project, "outbox.toml"))})
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=project, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0 or left(url, table) != 0:
+        raise RuntimeError(f"{command[2:5]}: rc {done.returncode}, {left(url, table)} left: {done.stderr[-2000:]}")
+    return seconds
+
+
+def start_running(tree: str, url: str, project: str, loop: bool) -> "subprocess.Popen[str]":
+    if loop:
+        command = [sys.executable, "-u", "-c", SIMPLE_LOOP, url, LOOP, "100", "running"]
+    else:
+        command = [sys.executable, "-u", "-m", "outbox_pipelines.cli", "relay", "--table", OURS, "--quiet"]
+    env = env_for(tree, {"OUTBOX_DATABASE_URL": url, "OUTBOX_CONFIG": str(Path(project, "outbox.toml"))})
+    process = subprocess.Popen(command, env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if loop:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    else:
+        time.sleep(3.0)  # its start-up: imports, session, first (empty) claim, then idle on LISTEN
+    return process
+
+
+def running_once(url: str, table: str, count: int) -> float:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as poll, psycopg.connect(url) as writer:
+        writer.execute(FILL.format(table=table), {"tag": f"w{time.time_ns()}", "count": count})
+        writer.commit()
+        committed = time.perf_counter()
+        statement = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'sending'))"
+        while poll.execute(statement).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.002)
+            if time.perf_counter() - committed > 120:
+                raise RuntimeError(f"{table}: not drained in 120 s")
+        return time.perf_counter() - committed
+
+
+def prepare(tree: str, admin_url: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    url = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
+    script = (
+        "import sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
+        "with psycopg.connect(sys.argv[1], autocommit=True) as c:\n"
+        f"    c.execute('SELECT outbox_create_table(%s)', ('{OURS}',))\n"
+        f"    c.execute('SELECT outbox_create_table(%s)', ('{LOOP}',))\n"
+        f"    c.execute(\"CREATE INDEX simple_loop_pending ON {LOOP} (id) WHERE status = 'pending'\")\n"
+    )
+    subprocess.run([sys.executable, "-c", script, url], env=env_for(tree, {}), check=True, cwd="/")
+    return url
+
+
+def report(name: str, results: list[dict[str, float]], trees: list[str]) -> None:
+    print(f"\n{name}: medians in seconds; ratio = loop / ours (its throughput against the loop's), median [min–max]")
+    for tree in trees:
+        ours = statistics.median(r[f"{tree}"] for r in results)
+        loop = statistics.median(r[f"{tree}-loop"] for r in results)
+        ratios = sorted(r[f"{tree}-loop"] / r[tree] for r in results)
+        print(
+            f"  {tree:7s} ours {ours:.3f} s, loop {loop:.3f} s, ratio {statistics.median(ratios):.2f} "
+            f"[{ratios[0]:.2f}–{ratios[-1]:.2f}]"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before_tree")
+    parser.add_argument("after_tree", nargs="?", default=THIS_TREE)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--messages", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--skip-running", action="store_true", help="only the CLI relay (process start to exit)")
+    args = parser.parse_args()
+    sys.path.insert(0, THIS_TREE)
+    from outbox_pipelines_tests.scratch import ScratchServer
+
+    trees = {"before": os.path.abspath(args.before_tree), "after": os.path.abspath(args.after_tree)}
+    server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-small-")
+    rng = random.Random(47)
+    running: list[subprocess.Popen[str]] = []
+    try:
+        urls = {name: prepare(tree, server.admin_url, f"bench_small_{name}") for name, tree in trees.items()}
+        print(f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
+        with tempfile.TemporaryDirectory() as project:
+            Path(project, "outbox.toml").write_text(
+                f'shipped_tables = false\n[tables.{OURS}]\ndestination = "paper"\n', encoding="utf-8"
+            )
+            for count in args.messages:
+                variants = [(t, loop) for t in trees for loop in (False, True)]
+                cli_once(trees["after"], urls["after"], project, 200, False)  # warm-up: caches, pyc files
+                results = []
+                for run in range(args.runs):
+                    rng.shuffle(variants)
+                    figures = {}
+                    for tree, loop in variants:
+                        seconds = cli_once(trees[tree], urls[tree], project, count, loop)
+                        figures[f"{tree}-loop" if loop else tree] = seconds
+                    results.append(figures)
+                    print(f"cli {count} run {run + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()))
+                report(f"CLI relay --once, {count:,} messages, process spawn to exit", results, list(trees))
+            if not args.skip_running:
+                for tree in trees:
+                    for loop in (False, True):
+                        running.append(start_running(trees[tree], urls[tree], project, loop))
+                for count in args.messages:
+                    results = []
+                    for run in range(args.runs):
+                        variants = [(t, loop) for t in trees for loop in (False, True)]
+                        rng.shuffle(variants)
+                        figures = {}
+                        for tree, loop in variants:
+                            seconds = running_once(urls[tree], LOOP if loop else OURS, count)
+                            figures[f"{tree}-loop" if loop else tree] = seconds
+                        results.append(figures)
+                        print(
+                            f"running {count} run {run + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
+                        )
+                    report(f"running relay, {count:,} messages, enqueue commit to last settle", results, list(trees))
+        print(f"\nload average {os.getloadavg()[0]:.2f} at end")
+    finally:
+        for process in running:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

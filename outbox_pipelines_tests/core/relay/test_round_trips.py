@@ -1,0 +1,43 @@
+"""The relay's statements per batch (bench/relay_fixed_costs.py counts them): what it writes once per run stays
+once, and the savepoint a held batch's settle runs under still lets a refused row be settled on its own."""
+
+import psycopg
+
+from outbox_pipelines.core.models import AUDIT_DB_ERROR
+from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.storage.paused_topics import BY_SETTINGS
+from outbox_pipelines.core.storage.shared_tables import SharedTables
+from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
+from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, statuses
+
+
+def test_the_paused_topics_are_recorded_once_per_run_not_at_every_claim(db_url, conn, monkeypatch):
+    enqueue_n(conn, EVENTS, 25, topic="order.created")
+    recorded: list[dict[str, str]] = []
+    record = SharedTables.record_paused_topics
+
+    def counted(self, table_name, paused, **kwargs):
+        recorded.append(dict(paused))
+        return record(self, table_name, paused, **kwargs)
+
+    monkeypatch.setattr(SharedTables, "record_paused_topics", counted)
+    settings = events_settings(batch_size=5, paused_topics=["order.cancelled"])
+    report = Relay(db_url, settings, ScriptedDestination()).run(once=True)
+    assert report.sent == 25
+    assert recorded == [{"order.cancelled": BY_SETTINGS}]  # six claims, one write
+    assert set(SharedTables(conn).read_paused_topics(EVENTS)) == {"order.cancelled"}
+
+
+def test_a_held_batch_whose_settle_is_refused_settles_the_other_rows_and_records_the_refused_one(db_url, conn):
+    kept, *others = enqueue_n(conn, EVENTS, 4)
+    # Something of the application's refers to one message's row: deleting it on success is refused.
+    conn.execute(f"CREATE TABLE app_refs (message_id bigint REFERENCES {EVENTS} (id))")  # test's own names
+    conn.execute("INSERT INTO app_refs VALUES (%s)", (kept,))
+    settings = events_settings(claim="transaction", on_success="delete")
+    report = Relay(db_url, settings, ScriptedDestination()).run(once=True)
+    assert report.sent == 4 and report.db_errors == 1
+    assert statuses(conn, EVENTS) == {"sent": 1}  # the others deleted, as the table says
+    assert audit_codes(conn, EVENTS, kept)[-1] == AUDIT_DB_ERROR
+    with psycopg.connect(db_url) as check:  # nothing left locked or in a transaction
+        assert len(check.execute(f"SELECT id FROM {EVENTS} FOR UPDATE NOWAIT").fetchall()) == 1
+    assert all(audit_codes(conn, EVENTS, other) for other in others)
