@@ -1,6 +1,7 @@
 """The relay's fixed costs: its database round trips per batch and per invocation, and the CLI relay's start-up.
 
     .venv/bin/python bench/relay_fixed_costs.py [--tree /tmp/before] [--messages 2000] [--batch 100] [--runs 3]
+    .venv/bin/python bench/relay_fixed_costs.py --compare /tmp/before --messages 20000 --runs 5   # two trees in turns
 
 One embedded server (or OUTBOX_TEST_DATABASE_URL's), a database migrated by the tree measured (``--tree``, this
 one by default). Every round trip a relay process makes is counted by wrapping ``psycopg.Connection.wait`` (each
@@ -115,7 +116,7 @@ def summary(batches: int) -> list[dict[str, Any]]:
     ]
 
 
-def child_relay(url: str, kind: str, messages: int, batch: int) -> None:
+def child_relay(url: str, kind: str, messages: int, batch: int, counted: bool = True) -> None:
     import psycopg
 
     from outbox_pipelines.core.destinations.base import Destination
@@ -136,7 +137,8 @@ def child_relay(url: str, kind: str, messages: int, batch: int) -> None:
         conn.execute(FILL, {"tag": f"{kind}-{time.time_ns()}", "count": messages})
         conn.execute("VACUUM ANALYZE bench_fixed")
     settings = TableSettings(name=TABLE, batch_size=batch)
-    install_counter()
+    if counted:
+        install_counter()
     started = time.perf_counter()
     report = Relay(url, settings, Noop(), worker_id=f"bench-{kind}").run(once=True)
     seconds = time.perf_counter() - started
@@ -238,12 +240,63 @@ def importtime(tree: str) -> list[str]:
     return lines
 
 
+def migrate(tree: str, admin_url: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")  # the bench's own names
+        admin.execute(f"CREATE DATABASE {name}")
+    url = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
+    script = (
+        "import sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
+        "with psycopg.connect(sys.argv[1], autocommit=True) as c:\n"
+        "    c.execute('SELECT outbox_create_table(%s)', ('bench_fixed',))\n"
+    )
+    subprocess.run([sys.executable, "-c", script, url], env={**os.environ, "PYTHONPATH": tree}, check=True, cwd="/")
+    return url
+
+
+def compare(before: str, after: str, admin_url: str, messages: int, runs: int) -> None:
+    """The relay into a no-op destination (held, the default path; pipelined, the brokers' path) at batch 100 and
+    1,000, the two trees in a rotating order, each drain a fresh process; msg/s medians and after / before."""
+    import random
+
+    trees = {"before": before, "after": after}
+    urls = {name: migrate(tree, admin_url, f"bench_fixed_{name}") for name, tree in trees.items()}
+    variants = [(t, k, b) for t in trees for k in ("held", "pipelined") for b in (100, 1000)]
+    rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    rng = random.Random(47)
+    print(f"load average {os.getloadavg()[0]:.2f} at start")
+    for run in range(runs):
+        rng.shuffle(variants)
+        for tree, kind, batch in variants:
+            result = run_child(
+                trees[tree], ["--child-relay", urls[tree], kind, str(messages), str(batch), "plain"], "/", {}
+            )
+            rates[(tree, kind, batch)].append(result["sent"] / result["seconds"])
+        print(f"run {run + 1} done", flush=True)
+    print(f"\n| path, batch | before msg/s | after msg/s | after / before | ({messages:,} messages, {runs} runs) |")
+    print("|---|---|---|---|---|")
+    for kind in ("held", "pipelined"):
+        for batch in (100, 1000):
+            b, a = rates[("before", kind, batch)], rates[("after", kind, batch)]
+            ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+            print(
+                f"| {kind}, {batch} | {statistics.median(b):,.0f} | {statistics.median(a):,.0f} "
+                f"| {statistics.median(ratios):.2f} [{ratios[0]:.2f}–{ratios[-1]:.2f}] | |"
+            )
+    print(f"load average {os.getloadavg()[0]:.2f} at end")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", default=THIS_TREE, help="the tree whose relay is measured (default: this one)")
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--compare", metavar="BEFORE_TREE", help="no counting: drains of BEFORE_TREE and --tree in turns"
+    )
     args = parser.parse_args()
     sys.path.insert(0, THIS_TREE)
     import psycopg
@@ -252,6 +305,12 @@ def main() -> None:
 
     tree = os.path.abspath(args.tree)
     server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-fixed-")
+    if args.compare:
+        try:
+            compare(os.path.abspath(args.compare), tree, server.admin_url, args.messages, args.runs)
+        finally:
+            server.stop()
+        return
     try:
         with psycopg.connect(server.admin_url, autocommit=True) as admin:
             admin.execute("DROP DATABASE IF EXISTS bench_fixed_costs")
@@ -296,7 +355,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child-relay":
-        child_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        child_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] != "plain")
     elif len(sys.argv) > 1 and sys.argv[1] == "--child-cli":
         child_cli(float(sys.argv[2]))
     else:

@@ -4,6 +4,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import psycopg
 
@@ -12,6 +13,7 @@ from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage.table import OutboxTable, SharedTables, bigint_array
 
 log = logging.getLogger("outbox_pipelines.relay")
+Written = TypeVar("Written")
 
 
 def runs_of(held: Sequence[tuple[int, int]]) -> tuple[list[int], list[int], list[int]]:
@@ -81,6 +83,18 @@ class LeaseKeeper:
                 )
         except psycopg.Error as exc:
             log.warning("relay %s: could not note the batch it holds: %s", self.table_name, exc)
+
+    def on_connection(self, work: Callable[[psycopg.Connection], Written]) -> Written:
+        """Run ``work`` on this keeper's connection (a pipelined relay's settle: relay/pipeline.py), between its
+        heartbeats and renewals. A lost connection is dropped, for the next turn to open anew, and raised."""
+        with self._conn_lock:
+            try:
+                return work(self._connection())
+            except psycopg.OperationalError:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                raise
 
     def at(self, seconds: float, action: Callable[[], None]) -> None:
         """Run ``action`` on this thread in ``seconds``, unless ``cancel_at`` comes first."""

@@ -1,12 +1,14 @@
 """Pipelined delivery: deliver batch N on a thread of its own while claiming N+1.
 
-A batch delivered whole lets the next go on the wire at once and is settled while it is in flight; any other
-batch is settled first, so an outage or a 429 is known before more is sent. At most two batches are
-delivered-but-unrecorded per relay. Why: docs/explanation/relay.md, "Claim, dispatch, settle".
+A batch delivered whole lets the next go on the wire at once and is settled while it is in flight, on the lease
+keeper's connection while the next claim runs on the relay's; any other batch is settled first, so an outage or a
+429 is known before more is sent. Why: docs/explanation/relay.md, "Claim, dispatch, settle".
 """
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import psycopg
 
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.batch import BatchRunner, held
@@ -22,6 +24,9 @@ class Pipeline:
         self.batches = batches
         self._thread: ThreadPoolExecutor | None = None
         self._in_flight: Future[list[Outcome]] | None = None
+        # The settle of a batch delivered whole, on its own thread and the keeper's connection: one at a time.
+        self._settler: ThreadPoolExecutor | None = None
+        self._settling: Future[set[str]] | None = None
 
     def run(
         self,
@@ -35,6 +40,7 @@ class Pipeline:
         a stop or a 429 pause); every batch in flight is settled before this returns."""
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-deliver-{self.batches.table.name}")
+            self._settler = ThreadPoolExecutor(1, thread_name_prefix=f"outbox-settle-{self.batches.table.name}")
         plan = self.batches.plan(outbox_table, first)
         self._in_flight = self._thread.submit(self.batches.deliver, first, plan)
         keeper.hold(held(first))
@@ -43,12 +49,47 @@ class Pipeline:
         except BaseException:
             # Nothing may be given back while it is still on the wire: wait for the delivery in flight.
             wait([self._in_flight])
+            if self._settling is not None:
+                wait([self._settling])
+            self._settling = None
             raise
+        finally:
+            self._settled(outbox_table)
 
     def shutdown(self) -> None:
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
+        for pool in (self._thread, self._settler):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._thread = self._settler = None
+
+    def _settle_behind(
+        self,
+        outbox_table: OutboxTable,
+        keeper: LeaseKeeper,
+        batch: list[ClaimedMessage],
+        outcomes: list[Outcome],
+        report: RelayReport,
+    ) -> None:
+        """Settle a batch delivered whole on the settle thread, over the keeper's connection, while this thread
+        claims the next on the relay's: a settle and a claim of one relay at once, as two competing relays' are
+        (each row is the settle's or the claim's, per-key order is the claim's to keep). The settle before it
+        has finished first, so batches settle in order, one at a time."""
+        self._settled(outbox_table)
+        assert self._settler is not None
+        name = outbox_table.table_name
+
+        def settle(conn: psycopg.Connection) -> set[str]:
+            table = OutboxTable(conn, name)
+            self.batches.finish(table, batch, outcomes, report, held=False)
+            return table.contended_keys
+
+        self._settling = self._settler.submit(keeper.on_connection, settle)
+
+    def _settled(self, outbox_table: OutboxTable) -> None:
+        """Wait for the settle in flight (raising what it raised); the keys it left contended are the relay's."""
+        settling, self._settling = self._settling, None
+        if settling is not None:
+            outbox_table.contended_keys.update(settling.result())
 
     def _loop(
         self,
@@ -69,12 +110,13 @@ class Pipeline:
                 # Delivered whole: the next batch goes on the wire now, and this one is settled meanwhile.
                 next_plan = self.batches.plan(outbox_table, upcoming)
                 self._in_flight = self._thread.submit(self.batches.deliver, upcoming, next_plan)
-                self.batches.finish(outbox_table, current, outcomes, report, held=False)
                 keeper.hold(held(upcoming))
+                self._settle_behind(outbox_table, keeper, current, outcomes, report)
                 current, plan = upcoming, next_plan
                 continue
             # Anything else is settled before the next batch goes on the wire: a failure that opens the
             # circuit or a 429 holds back the batch claimed ahead.
+            self._settled(outbox_table)
             self.batches.finish(outbox_table, current, outcomes, report, held=False)
             if upcoming and self._must_wait():
                 self._release_unsent(outbox_table, upcoming, report)

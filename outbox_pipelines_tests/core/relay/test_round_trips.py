@@ -1,8 +1,11 @@
 """The relay's statements per batch (bench/relay_fixed_costs.py counts them): what it writes once per run stays
 once, and the savepoint a held batch's settle runs under still lets a refused row be settled on its own."""
 
+import time
+
 import psycopg
 
+from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import AUDIT_DB_ERROR
 from outbox_pipelines.core.relay import Relay
 from outbox_pipelines.core.storage.paused_topics import BY_SETTINGS
@@ -41,3 +44,33 @@ def test_a_held_batch_whose_settle_is_refused_settles_the_other_rows_and_records
     with psycopg.connect(db_url) as check:  # nothing left locked or in a transaction
         assert len(check.execute(f"SELECT id FROM {EVENTS} FOR UPDATE NOWAIT").fetchall()) == 1
     assert all(audit_codes(conn, EVENTS, other) for other in others)
+
+
+class Pipelined(ScriptedDestination):
+    """A broker-like destination: the relay claims the next batch while this one is on the wire."""
+
+    pipelined = True
+
+    def deliver(self, messages):
+        time.sleep(0.01)  # on the wire long enough for the next claim and the settle behind it
+        return super().deliver(messages)
+
+
+def test_a_pipelined_relay_settles_behind_the_next_claim_each_row_once_in_key_order(db_url, conn):
+    """The settle of a batch delivered whole runs on the keeper's connection while the next claim runs on the
+    relay's: every row ends sent with one audit row from sending, no lease lost, each key's messages in order."""
+    messages = [Message(topic="t", payload={"n": i}, event_id=f"k{i}", ordering_key=f"key-{i % 3}") for i in range(30)]
+    Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
+    destination = Pipelined()
+    report = Relay(db_url, events_settings(batch_size=4), destination).run(once=True)
+    assert report.sent == 30 and report.conflicts == 0 and report.db_errors == 0
+    assert statuses(conn, EVENTS) == {"sent": 30}
+    for key in ("key-0", "key-1", "key-2"):
+        delivered = [m.event_id for m in destination.calls if m.ordering_key == key]
+        assert delivered == [m.event_id for m in messages if m.ordering_key == key]
+    audited = conn.execute(
+        "SELECT from_status, to_status, count(*) AS n FROM outbox_audit WHERE outbox_table = %s "
+        "AND to_status = 'sent' GROUP BY 1, 2",
+        (EVENTS,),
+    ).fetchall()
+    assert [(a["from_status"], a["n"]) for a in audited] == [("sending", 30)]
