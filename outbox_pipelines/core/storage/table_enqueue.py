@@ -94,9 +94,7 @@ def insert_row(
         if cursor is not None:
             found = _run_on_cursor(cursor, statement, params, prepare)
         else:
-            with driver_connection(conn).cursor(row_factory=tuple_row) as cur:
-                cur.execute(statement, params, prepare=prepare)
-                found = cur.fetchone()
+            found = _run_on_connection(driver_connection(conn), statement, params, prepare)
     except psycopg.errors.UndefinedTable:
         raise unknown_table(table_name) from None
     except psycopg.errors.CheckViolation as exc:
@@ -104,6 +102,27 @@ def insert_row(
             raise
         raise refused from None
     return int(found[0]) if found else None
+
+
+# Where a connection keeps the cursor its one-row enqueues run on (in the connection's own __dict__: a cursor
+# refers to its connection, so a map from connections to cursors would keep every connection alive).
+KEPT_CURSOR = "_outbox_enqueue_cursor"
+
+
+def _run_on_connection(pg: psycopg.Connection, statement: Any, params: tuple[Any, ...], prepare: bool | None) -> Any:
+    """The statement's row, on the cursor this connection keeps for enqueues: a new cursor per call (its
+    adapters, its dumpers and loaders looked up again, then closed) cost 8-17 µs of client CPU a transaction
+    (bench/results.md, issue 47). Taken out while in use: a second thread on the same connection makes its own."""
+    kept: dict[str, Any] | None = getattr(pg, "__dict__", None)
+    cur = kept.pop(KEPT_CURSOR, None) if kept is not None else None
+    if cur is None or cur.closed:
+        cur = pg.cursor(row_factory=tuple_row)
+    try:
+        cur.execute(statement, params, prepare=prepare)
+        return cur.fetchone()
+    finally:
+        if kept is not None:
+            kept[KEPT_CURSOR] = cur
 
 
 def _run_on_cursor(cur: psycopg.Cursor, statement: Any, params: tuple[Any, ...], prepare: bool | None) -> Any:

@@ -13,7 +13,7 @@ from outbox_pipelines.core.storage.app_connections import AsyncTarget
 from outbox_pipelines.core.storage.payload_limit import refusal
 from outbox_pipelines.core.storage.queries import numbered_table_query, table_query
 from outbox_pipelines.core.storage.statements import unknown_table
-from outbox_pipelines.core.storage.table_enqueue import NewRow, insert_many_params, insert_row_params
+from outbox_pipelines.core.storage.table_enqueue import KEPT_CURSOR, NewRow, insert_many_params, insert_row_params
 
 _UNDEFINED_TABLE = "42P01"
 # The cursors a statement runs on as they are (as connections.statement_cursor's, for asyncio).
@@ -71,9 +71,18 @@ async def _psycopg_rows(
         finally:
             cursor.row_factory = row_factory
     pg = conn if isinstance(conn, psycopg.AsyncConnection) else conn.connection
-    async with pg.cursor(row_factory=tuple_row) as cur:
+    # The connection's kept cursor (table_enqueue._run_on_connection), taken out while in use: a coroutine
+    # enqueueing on the same connection meanwhile makes its own.
+    kept: dict[str, Any] | None = getattr(pg, "__dict__", None)
+    cur = kept.pop(KEPT_CURSOR, None) if kept is not None else None
+    if cur is None or cur.closed:
+        cur = pg.cursor(row_factory=tuple_row)
+    try:
         await cur.execute(statement, params, prepare=prepare)
         return await cur.fetchall()
+    finally:
+        if kept is not None:
+            kept[KEPT_CURSOR] = cur
 
 
 async def insert_row_async(
