@@ -1,5 +1,6 @@
 """The relay's second thread: heartbeats, and renews the leases of a batch whose dispatch runs long."""
 
+import contextlib
 import logging
 import threading
 import time
@@ -125,6 +126,10 @@ class LeaseKeeper:
         return self._conn
 
     def _run(self) -> None:
+        # Connected now, beside the relay's own start-up, instead of by the first batch's note (claim = "auto") or
+        # settle (a pipelined destination) on the relay's thread; any failure is retried there (as below).
+        with self._conn_lock, contextlib.suppress(Exception):
+            self._connection()
         while True:
             with self._cond:
                 if self._closed:
