@@ -46,6 +46,7 @@ WORKERS = 4
 KEYS = 10_000
 HOT_KEYS = 10
 BLOCKED_BEHIND = 1_000
+BLOCKED_KEYS = 100  # hot keys, each blocked by a dead head with BLOCKED_BEHIND waiting (issue 47)
 
 # Rows loaded the way enqueue leaves them: a keyed message waits (ordering_blocked) when an earlier
 # one of its key is there. n: the position; key: its ordering key or NULL.
@@ -77,13 +78,13 @@ def _load(url: str, prefix: str, count: int, *, keys: int, key_prefix: str = "k-
         )
 
 
-def _block_a_key(url: str) -> None:
-    """One key whose head died (BAD_REQUEST) with BLOCKED_BEHIND messages waiting behind it."""
-    _load(url, "stuck-", BLOCKED_BEHIND + 1, keys=1, key_prefix="stuck-")
+def _block_a_key(url: str, keys: int = 1) -> None:
+    """``keys`` keys whose head died (BAD_REQUEST), BLOCKED_BEHIND messages waiting behind each."""
+    _load(url, "stuck-", (BLOCKED_BEHIND + 1) * keys, keys=keys, key_prefix="stuck-")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             f"UPDATE {TABLE} SET status = 'dead', last_error_code = 'BAD_REQUEST' "  # constant
-            f"WHERE id = (SELECT min(id) FROM {TABLE} WHERE ordering_key = 'stuck-0')"
+            f"WHERE id IN (SELECT min(id) FROM {TABLE} WHERE ordering_key LIKE 'stuck-%' GROUP BY ordering_key)"
         )
 
 
@@ -112,6 +113,7 @@ def drain_worker(url: str, index: int, barrier: Barrier) -> Any:
 # Which messages a drain's rate counts (constants, never input).
 MEASURED = {
     "keyed beside a blocked key": "coalesce(ordering_key, '') NOT LIKE 'stuck-%'",
+    "keyed beside 100 blocked keys": "coalesce(ordering_key, '') NOT LIKE 'stuck-%'",
     "healthy beside hot keys": "ordering_key NOT LIKE 'hot-%'",
 }
 
@@ -121,10 +123,10 @@ def drain(url: str, load: str, messages: int) -> float:
     reset_table(url, TABLE)
     if load == "unkeyed":
         _load(url, "u-", messages, keys=0)
-    elif load in ("keyed", "keyed beside a blocked key"):
+    elif load in ("keyed", "keyed beside a blocked key", "keyed beside 100 blocked keys"):
         _load(url, "k-", messages, keys=KEYS)
         if load != "keyed":
-            _block_a_key(url)
+            _block_a_key(url, BLOCKED_KEYS if load == "keyed beside 100 blocked keys" else 1)
     elif load == "healthy alone":
         _load(url, "h-", messages // 10, keys=messages // 10)
     elif load == "healthy beside hot keys":
@@ -200,6 +202,7 @@ CLAIM_PARAMS: dict[str, Any] = {
     "fast_commit": False,
     "gated": False,
     "now": None,
+    "max_bytes": 64 * 1024 * 1024,
 }
 
 

@@ -6,6 +6,7 @@ The rule they keep: docs/explanation/ordering-keys.md, "Writer, claim, settle, s
 """
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,12 +21,20 @@ _RELEASE_TRIES = 20
 _RELEASE_PAUSE_S = 0.005
 # A relay with keys still held waits at most this long before it tries them again (relay/loop.py's idle).
 CONTENDED_RETRY_S = 0.005
+# A running relay tries its held keys again at most this often: with 4 relays draining keys, another relay's settle
+# held a stripe of a fifth of each batch's keys, and a try after every batch cost a statement per batch.
+CONTENDED_EVERY_S = 0.025
+_last_try: "weakref.WeakKeyDictionary[OutboxTable, float]" = weakref.WeakKeyDictionary()
 SWEEP_PAGE = 500
 SKIP_POLICY_REASON = "the table's ordering policy is skip"
 
 
 def release_contended(
-    outbox_table: OutboxTable, *, patient: bool = True, sleep: Callable[[float], None] = time.sleep
+    outbox_table: OutboxTable,
+    *,
+    patient: bool = True,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[str]:
     """Release the keys the settles left contended; the keys still held after a few tries stay for the
     next call (and the sweep). Run outside a transaction: a writer's commit waits for ours.
@@ -33,8 +42,18 @@ def release_contended(
     Not ``patient`` (a running relay): one try and no wait; the relay tries the rest after its next batch,
     or after a short idle (CONTENDED_RETRY_S). Most contended keys were held by another relay's settle,
     not by a writer, and that settle has committed by then; waiting here cost a 4-relay keyed drain a
-    fifth of its time and every keyed message at a trickle a few milliseconds. Patient when a relay
-    ends, and in maintenance."""
+    fifth of its time and every keyed message at a trickle a few milliseconds. Not patient, at most one
+    try per CONTENDED_EVERY_S: the keys wait for the next (the sweep's backstop is unchanged). Patient when
+    a relay ends, and in maintenance."""
+    if not outbox_table.contended_keys:
+        return []
+    if patient:
+        _last_try.pop(outbox_table, None)
+    else:
+        now = clock()
+        if now - _last_try.get(outbox_table, float("-inf")) < CONTENDED_EVERY_S:
+            return sorted(outbox_table.contended_keys)
+        _last_try[outbox_table] = now
     for attempt in range(_RELEASE_TRIES if patient else 1):
         if not outbox_table.release_contended():
             return []

@@ -309,7 +309,8 @@ class ClaimStatements(TableStatements):
         makes); the keys a committing writer still holds come back. Run outside a transaction."""
         if not keys:
             return []
-        return list(self._run("outbox_release_keys_again", {"keys": list(keys)})[0]["contended"] or [])
+        params = {"keys": list(keys), "fast_commit": self.conn.autocommit}
+        return list(self._run("outbox_release_keys_again", params)[0]["contended"] or [])
 
     def release_contended(self) -> list[str]:
         """``release_keys`` for the keys settles left in ``contended_keys``; those still held stay there."""
