@@ -14,7 +14,11 @@ limit trigger, its NOTIFY trigger (= c), ``ON CONFLICT``, ``RETURNING id``, the 
 JSON (``_prepare_one``), then ``Outbox.enqueue`` itself. Asyncio: the same (a), (b), (c) on a psycopg
 ``AsyncConnection`` and on asyncpg. Variants take turns in blocks of 25 transactions, shuffled per block; each
 run starts from emptied, vacuumed tables and a checkpoint. µs per transaction (mean of the run), medians over
-runs; ratios: medians of per-run ratios of throughput (reference time / ours) [lowest–highest].
+runs; ratios: medians of per-run ratios of throughput (reference time / ours) [lowest–highest]. Beside each
+wall time, the CPU it took: this process's (``time.thread_time``) and the server backend's (Linux's
+/proc/PID/schedstat; 0 for a server elsewhere), which a busy machine inflates far less than wall times. Then the
+server's share alone: a DO block per table shape, each iteration a business row, an outbox row and a COMMIT.
+Results and their reading: bench/results.md, "Issue 47, item 4".
 """
 
 import argparse
@@ -51,8 +55,11 @@ CREATE INDEX IF NOT EXISTS user_outbox_unpublished ON user_outbox (id) WHERE pub
 CREATE TABLE IF NOT EXISTS orders_biz (id bigserial PRIMARY KEY, body jsonb NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox_bare (LIKE outbox_events INCLUDING ALL);
 CREATE TABLE IF NOT EXISTS outbox_limit (LIKE outbox_events INCLUDING ALL);
+CREATE TABLE IF NOT EXISTS outbox_keys (LIKE outbox_events INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS);
+ALTER TABLE outbox_keys DROP CONSTRAINT IF EXISTS outbox_keys_pkey, DROP CONSTRAINT IF EXISTS outbox_keys_event_id_key;
+ALTER TABLE outbox_keys ADD PRIMARY KEY (id), ADD UNIQUE (event_id);
 """
-TABLES = ("outbox_events", "outbox_bare", "outbox_limit", "user_outbox", "orders_biz")
+TABLES = ("outbox_events", "outbox_bare", "outbox_limit", "outbox_keys", "user_outbox", "orders_biz")
 BUSINESS = "INSERT INTO orders_biz (body) VALUES (%s::jsonb)"
 USER_INSERT = "INSERT INTO user_outbox (event_id, topic, payload, headers) VALUES (%s, %s, %s::jsonb, %s::jsonb)"
 PLAIN = 'INSERT INTO "{t}" (event_id, topic, payload, payload_sha, headers) VALUES (%s, %s, %s::jsonb, %s, %s::jsonb)'
@@ -202,41 +209,58 @@ def async_variants(pg: Any, apg: Any, mod: Any) -> dict[str, Callable[[Any], Awa
     }
 
 
-def _per_transaction(totals: dict[str, float], cpu: dict[str, float], count: int) -> dict[str, float]:
-    """µs per transaction: wall time by variant name, and this process's CPU time by ``name|cpu``."""
+def _server_ns(pid: int) -> int:
+    """The CPU time (ns) the server process ``pid`` has run, from Linux's /proc/PID/schedstat; 0 where unreadable
+    (a server on another machine): the server column then reads 0."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _per_transaction(
+    totals: dict[str, float], cpu: dict[str, float], server: dict[str, float], count: int
+) -> dict[str, float]:
+    """µs per transaction: wall time by variant name, this process's CPU time by ``name|cpu``, the server
+    backend's by ``name|server``."""
     figures = {name: total / count * 1e6 for name, total in totals.items()}
     figures.update({f"{name}|cpu": total / count * 1e6 for name, total in cpu.items()})
+    figures.update({f"{name}|server": total / count / 1e3 for name, total in server.items()})
     return figures
 
 
-def _blocks(variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int) -> dict[str, float]:
-    totals, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
+def _blocks(
+    variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int, pids: dict[str, int]
+) -> dict[str, float]:
+    totals, cpu, server = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     order = random.Random(seed)
     for start in range(0, count, BLOCK):
         for name in order.sample(list(variants), len(variants)):
             txn, items = variants[name], work[name]
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, s0 = time.perf_counter(), time.thread_time(), _server_ns(pids[name])
             for n in range(start, min(start + BLOCK, count)):
                 txn(items[n])
             totals[name] += time.perf_counter() - t0
             cpu[name] += time.thread_time() - c0
-    return _per_transaction(totals, cpu, count)
+            server[name] += _server_ns(pids[name]) - s0
+    return _per_transaction(totals, cpu, server, count)
 
 
 async def _async_blocks(
-    variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int
+    variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int, pids: dict[str, int]
 ) -> dict[str, float]:
-    totals, cpu = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
+    totals, cpu, server = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
     order = random.Random(seed)
     for start in range(0, count, BLOCK):
         for name in order.sample(list(variants), len(variants)):
             txn, items = variants[name], work[name]
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, s0 = time.perf_counter(), time.thread_time(), _server_ns(pids[name])
             for n in range(start, min(start + BLOCK, count)):
                 await txn(items[n])
             totals[name] += time.perf_counter() - t0
             cpu[name] += time.thread_time() - c0
-    return _per_transaction(totals, cpu, count)
+            server[name] += _server_ns(pids[name]) - s0
+    return _per_transaction(totals, cpu, server, count)
 
 
 def _reset(url: str, mod: Any) -> None:
@@ -309,7 +333,9 @@ def run(url: str, mod: Any, runs: int, count: int, synchronous_commit: str) -> d
                     name: _items(count, f"a{i}r{run_index}", mod.sample_payload, mod.Message)
                     for i, name in enumerate(variants)
                 }
-                return await _async_blocks(variants, work, count, 1000 + run_index)
+                backends = {"psycopg": apsy.info.backend_pid, "asyncpg": apg_conn.get_server_pid()}
+                pids = {name: backends[name.split(" ")[0].rstrip(":")] for name in variants}
+                return await _async_blocks(variants, work, count, 1000 + run_index, pids)
             finally:
                 await apsy.close()
                 await apg_conn.close()
@@ -322,7 +348,7 @@ def run(url: str, mod: Any, runs: int, count: int, synchronous_commit: str) -> d
             work = {
                 name: _items(count, f"s{i}r{run_index}", mod.sample_payload, mod.Message) for i, name in enumerate(sync)
             }
-            figures = _blocks(sync, work, count, run_index)
+            figures = _blocks(sync, work, count, run_index, dict.fromkeys(sync, pg.info.backend_pid))
             _reset(url, mod)
             figures.update(asyncio.run(async_run(run_index)))
             for name, value in figures.items():
@@ -360,7 +386,8 @@ def _server_insert(table: str, clauses: str = "") -> str:
 
 SERVER_SHAPES = {
     "user_outbox (b's table)": _server_insert("user_outbox"),
-    "outbox columns and indexes, no trigger": _server_insert("outbox_bare"),
+    "outbox columns, only the id and event_id keys": _server_insert("outbox_keys"),
+    "+ the relay's and the on-call's partial indexes, no trigger": _server_insert("outbox_bare"),
     "+ payload-limit trigger": _server_insert("outbox_limit"),
     "+ NOTIFY trigger (the outbox table)": _server_insert("outbox_events"),
     "+ ON CONFLICT … RETURNING id (the enqueue's clauses)": _server_insert(
@@ -408,28 +435,39 @@ def report_server(per_run: dict[str, list[float]]) -> None:
         previous = values
 
 
+def _median(per_run: dict[str, list[float]], name: str) -> float:
+    return statistics.median(per_run[name])
+
+
+def _step(per_run: dict[str, list[float]], name: str, previous: str | None) -> str:
+    """The median, over runs, of this line's figure less the previous line's."""
+    if previous is None:
+        return f"{_median(per_run, name):.0f}"
+    steps = [v - p for v, p in zip(per_run[name], per_run[previous], strict=True)]
+    return f"{_median(per_run, name):.0f} ({statistics.median(steps):+.1f})"
+
+
 def report(per_run: dict[str, list[float]]) -> None:
     base = per_run[SYNC_VARIANTS[0]]
     print(
-        "\n| sync psycopg, one cursor | µs per transaction | over the line above, µs | throughput / user's (b) "
-        "| client CPU µs |"
+        "\n| sync psycopg, one cursor (the last line: on the connection) | µs per transaction | throughput / (b) "
+        "| client CPU µs (step) | server CPU µs (step) |"
     )
     print("|---|---|---|---|---|")
-    previous = None
+    previous: str | None = None
     for name in SYNC_VARIANTS:
-        values = per_run[name]
-        step = "–"
-        if previous is not None and name != SYNC_VARIANTS[-1]:
-            step = f"{statistics.median([v - p for v, p in zip(values, previous, strict=True)]):+.0f}"
-        elif name == SYNC_VARIANTS[-1]:
-            over = [v - p for v, p in zip(values, per_run[SYNC_VARIANTS[-2]], strict=True)]
-            step = f"{statistics.median(over):+.0f} over (a)"
-        ratios = [b / v for v, b in zip(values, base, strict=True)]
-        cpu = statistics.median(per_run[f"{name}|cpu"])
-        print(f"| {name} | {statistics.median(values):.0f} | {step} | {statistics.median(ratios):.2f}× | {cpu:.0f} |")
-        previous = values
-    print("\n| ours | µs | against (b) user | against (c) reference | client CPU µs: ours, b, c |")
-    print("|---|---|---|---|---|")
+        before = SYNC_VARIANTS[-2] if name == SYNC_VARIANTS[-1] else previous
+        ratios = [b / v for v, b in zip(per_run[name], base, strict=True)]
+        print(
+            f"| {name} | {_median(per_run, name):.0f} | {statistics.median(ratios):.2f}× "
+            f"| {_step(per_run, name + '|cpu', before and before + '|cpu')} "
+            f"| {_step(per_run, name + '|server', before and before + '|server')} |"
+        )
+        previous = name
+    print(
+        "\n| ours | µs: ours (b, c) | throughput against (b) | against (c) | client CPU µs: ours, b, c | server CPU |"
+    )
+    print("|---|---|---|---|---|---|")
     pairs = (
         (SYNC_VARIANTS[7], SYNC_VARIANTS[0], SYNC_VARIANTS[3]),
         (SYNC_VARIANTS[8], SYNC_VARIANTS[0], SYNC_VARIANTS[3]),
@@ -437,11 +475,14 @@ def report(per_run: dict[str, list[float]]) -> None:
         (ASYNC_VARIANTS[5], ASYNC_VARIANTS[3], ASYNC_VARIANTS[4]),
     )
     for ours, user, reference in pairs:
+        trio = (ours, user, reference)
         print(
-            f"| {ours} | {statistics.median(per_run[ours]):.0f} (b {statistics.median(per_run[user]):.0f}, "
-            f"c {statistics.median(per_run[reference]):.0f}) | {_ratio(per_run, ours, user)} "
-            f"| {_ratio(per_run, ours, reference)} | "
-            + ", ".join(f"{statistics.median(per_run[name + '|cpu']):.0f}" for name in (ours, user, reference))
+            f"| {ours} | {_median(per_run, ours):.0f} ("
+            + ", ".join(f"{_median(per_run, name):.0f}" for name in trio[1:])
+            + f") | {_ratio(per_run, ours, user)} | {_ratio(per_run, ours, reference)} | "
+            + ", ".join(f"{_median(per_run, name + '|cpu'):.0f}" for name in trio)
+            + " | "
+            + ", ".join(f"{_median(per_run, name + '|server'):.0f}" for name in trio)
             + " |"
         )
 
