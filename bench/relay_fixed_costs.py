@@ -136,7 +136,7 @@ def child_relay(url: str, kind: str, messages: int, batch: int, counted: bool = 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(FILL, {"tag": f"{kind}-{time.time_ns()}", "count": messages})
         conn.execute("VACUUM ANALYZE bench_fixed")
-    settings = TableSettings(name=TABLE, batch_size=batch)
+    settings = TableSettings(name=TABLE, batch_size=batch, audit=os.environ.get("BENCH_AUDIT", "all"))
     if counted:
         install_counter()
     started = time.perf_counter()
@@ -155,7 +155,7 @@ def child_cli(spawned: float) -> None:
     code = cli_main(["relay", "--table", TABLE, "--once", "--quiet"])
     STAMPS["returned"] = time.time() - spawned
     claims = [e for e in EVENTS if "outbox_claim" in e[2]]
-    settles = [e for e in EVENTS if "settle" in e[2]]
+    settles = [e for e in EVENTS if "outbox_settle" in e[2] and not e[2].startswith("SAVEPOINT")]
     if EVENTS:
         STAMPS["first round trip"] = EVENTS[0][0] - spawned
     if claims:
@@ -294,6 +294,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--audit", default="all", help="the table's audit setting (all, the default; failures)")
     parser.add_argument(
         "--compare", metavar="BEFORE_TREE", help="no counting: drains of BEFORE_TREE and --tree in turns"
     )
@@ -304,6 +305,7 @@ def main() -> None:
     from outbox_pipelines_tests.scratch import ScratchServer
 
     tree = os.path.abspath(args.tree)
+    os.environ["BENCH_AUDIT"] = args.audit  # the relay children's table setting
     server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-fixed-")
     if args.compare:
         try:
