@@ -8,6 +8,7 @@ import psycopg
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import AUDIT_DB_ERROR
 from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.storage.paused_topics import BY_SETTINGS
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
@@ -74,3 +75,24 @@ def test_a_pipelined_relay_settles_behind_the_next_claim_each_row_once_in_key_or
         (EVENTS,),
     ).fetchall()
     assert [(a["from_status"], a["n"]) for a in audited] == [("sending", 30)]
+
+
+def test_a_settle_behind_that_loses_its_connection_gives_its_batch_back_and_the_run_goes_on(db_url, conn, monkeypatch):
+    """The keeper's connection fails under a pipelined batch's settle: the relay recovers as for any database error,
+    the batch delivered but not recorded goes back to pending at once and is delivered again, nothing strands."""
+    enqueue_n(conn, EVENTS, 20)
+    real, failed = LeaseKeeper.on_connection, []
+
+    def failing_once(self, work):
+        if not failed:
+            failed.append(True)
+            raise psycopg.OperationalError("the keeper's connection was lost (test)")
+        return real(self, work)
+
+    monkeypatch.setattr(LeaseKeeper, "on_connection", failing_once)
+    destination = Pipelined()
+    report = Relay(db_url, events_settings(batch_size=4), destination).run(once=True)
+    assert failed and report.db_errors == 1
+    assert statuses(conn, EVENTS) == {"sent": 20}
+    assert {m.event_id for m in destination.calls} == {f"e{i}" for i in range(20)}
+    assert len(destination.calls) >= 24  # the batch whose settle was lost went out again
