@@ -19,7 +19,8 @@ from outbox_pipelines.core.storage.table import OutboxTable
 # A writer holds a key's lock from its commit-time check to the end of its commit: a few milliseconds.
 _RELEASE_TRIES = 20
 _RELEASE_PAUSE_S = 0.005
-# A relay with keys still held waits at most this long before it tries them again (relay/loop.py's idle).
+# A relay with keys still held idles at most this long (relay/loop.py's idle), and tries them again once
+# CONTENDED_EVERY_S has passed since its last try.
 CONTENDED_RETRY_S = 0.005
 # A running relay tries its held keys again at most this often: with 4 relays draining keys, another relay's settle
 # held a stripe of a fifth of each batch's keys, and a try after every batch cost a statement per batch.
