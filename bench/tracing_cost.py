@@ -56,17 +56,10 @@ def child(url: str, table: str, traced: bool) -> None:
 
     request = None
     if traced:
+        from obench.tracing_sdk import install_dropping_provider
         from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-        class Dropped(SpanExporter):
-            def export(self, spans: object) -> SpanExportResult:
-                return SpanExportResult.SUCCESS
-
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(Dropped()))
-        trace.set_tracer_provider(provider)
+        install_dropping_provider()
         request = trace.get_tracer("bench.app")
     outbox = Outbox(table)
     tag = uuid.uuid4().hex[:8]
@@ -243,19 +236,13 @@ def in_process(runs: int, count: int, batches: int) -> None:
     context stored), and on (a create span per message). Prints µs per transaction, medians over the runs."""
     sys.path.insert(0, AFTER_TREE)
     import psycopg
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from obench.tracing_sdk import install_dropping_provider
 
     from outbox_pipelines.core.enqueue import Outbox
     from outbox_pipelines.core.storage import migrate
     from outbox_pipelines_tests.scratch import ScratchServer
 
-    class Dropped(SpanExporter):
-        def export(self, spans: object) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    provider = install_dropping_provider(install=False)
     request = provider.get_tracer("bench.app")
     server = ScratchServer.from_env("OUTBOX_TEST_DATABASE_URL", dir_prefix="outbox-bench-tracing-")
     try:

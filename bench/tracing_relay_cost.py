@@ -49,17 +49,9 @@ def child(url: str, table: str, traced: bool) -> None:
     from outbox_pipelines.core.settings import TableSettings
 
     if traced:
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        from obench.tracing_sdk import install_dropping_provider
 
-        class Dropped(SpanExporter):
-            def export(self, spans: object) -> SpanExportResult:
-                return SpanExportResult.SUCCESS
-
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(Dropped()))
-        trace.set_tracer_provider(provider)
+        install_dropping_provider()
     settings = TableSettings(name=table, mode="competing", on_success="delete")
     fill = FILL.replace("{table}", table)  # the bench's own table name, not input
     rounds = 0
