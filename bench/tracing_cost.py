@@ -101,19 +101,10 @@ def _transaction(conn: object, outbox: object, op: str, tag: str, sent: int) -> 
 
 
 def start(tree: str, url: str, table: str, traced: bool, create: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = tree
-    env["OUTBOX_TRACE_CREATE"] = create
-    process = subprocess.Popen(
-        [sys.executable, str(HERE), "--child", url, table, "traced" if traced else "plain"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
-    assert json.loads(process.stdout.readline())["ready"]  # type: ignore[union-attr]
-    return process
+    from obench.child_process import start_child
+
+    args = [url, table, "traced" if traced else "plain"]
+    return start_child(HERE, tree, args, drop_env=("OTEL_",), env={"OUTBOX_TRACE_CREATE": create})
 
 
 def one_run(children: dict[str, subprocess.Popen[str]], op: str, count: int, rng: random.Random) -> dict[str, float]:

@@ -69,18 +69,9 @@ def child(url: str, table: str, traced: bool) -> None:
 
 
 def start(tree: str, url: str, table: str, traced: bool) -> "subprocess.Popen[str]":
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OUTBOX_"))}
-    env["PYTHONPATH"] = tree
-    process = subprocess.Popen(
-        [sys.executable, str(HERE), "--child", url, table, "traced" if traced else "plain"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
-    assert json.loads(process.stdout.readline())["ready"]  # type: ignore[union-attr]
-    return process
+    from obench.child_process import start_child
+
+    return start_child(HERE, tree, [url, table, "traced" if traced else "plain"], drop_env=("OTEL_", "OUTBOX_"))
 
 
 def one_run(
