@@ -30,6 +30,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A port ``p`` with ``p + 1`` free as well: for a server that takes the port after the one it is given."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1 in 50 tries")
+
+
 @contextmanager
 def silent_port(backlog: int = 64) -> Iterator[int]:
     """A port that accepts TCP connections (the kernel completes the handshake) and never says a word: a hung

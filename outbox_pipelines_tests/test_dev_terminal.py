@@ -17,7 +17,8 @@ import pytest
 
 from outbox_pipelines.dev import http_url, link_environment, relay_output
 from outbox_pipelines_tests.conftest import REPO
-from outbox_pipelines_tests.helpers import enqueue_n, free_port, statuses
+from outbox_pipelines_tests.helpers import enqueue_n, statuses
+from outbox_pipelines_tests.processes import free_port_pair
 from outbox_pipelines_tests.scratch import DEMO_PARTS
 
 T = "2026-11-29 11:21:01 +0000 - dagster - "
@@ -117,7 +118,7 @@ def test_dev_serves_the_oncall_page_links_to_its_port_and_stops_on_ctrl_c_withou
     project.mkdir()
     (project / "outbox.toml").write_text(DEMO_PARTS)
     env.update(OUTBOX_DATABASE_URL=db_url, OUTBOX_EMBEDDED_DIR=str(project / ".outbox"), PYTHONPATH=str(REPO))
-    port = free_port()
+    port = free_port_pair()  # dev takes --port + 1 for the on-call page when it is free
     log_path = tmp_path / "dev.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
