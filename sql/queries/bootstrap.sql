@@ -96,3 +96,18 @@ ORDER BY w.started_at
 -- A killed `db upgrade` leaves no backend behind: the server checks every second that its client is still there,
 -- also while a statement waits for a lock or for older transactions (a concurrent build), and ends it if not.
 SET client_connection_check_interval = 1000
+
+-- name: migration_blockers
+-- The transactions a waiting migration statement waits for (core/storage/lock_blockers.py), each known by its
+-- virtual transaction id: pg_locks shows every session's to any login, pg_stat_activity's details may be hidden.
+SELECT l.pid, l.virtualxid, a.application_name, a.state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS xact_s
+FROM pg_locks l
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted
+  AND l.pid = ANY (pg_blocking_pids(%(pid)s))
+
+-- name: migration_blockers_open
+-- How many of those transactions are still open: each holds its own virtual transaction id until it ends.
+SELECT count(*)::int AS open FROM pg_locks
+WHERE locktype = 'virtualxid' AND mode = 'ExclusiveLock' AND granted AND virtualxid = ANY (%(virtualxids)s)

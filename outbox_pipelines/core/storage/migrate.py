@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.lock_blockers import BlockerWatch
 from outbox_pipelines.core.storage.migration_safety import (
     LockWaits,
     check_server_version,
@@ -127,7 +128,9 @@ def _apply(conn: psycopg.Connection, migration: Migration) -> None:
         raise MigrationError(f"migration {migration.name} failed and was rolled back: {exc}") from exc
 
 
-def _apply_outside_a_transaction(conn: psycopg.Connection, migration: Migration, waits: LockWaits) -> None:
+def _apply_outside_a_transaction(
+    conn: psycopg.Connection, migration: Migration, waits: LockWaits, watch: BlockerWatch | None = None
+) -> None:
     """A ``-- outbox: no transaction`` migration: each statement on its own under the lock waits, then the record.
     Interrupted, it is not recorded, and a rerun repeats its (idempotent) statements."""
     try:
@@ -135,7 +138,12 @@ def _apply_outside_a_transaction(conn: psycopg.Connection, migration: Migration,
             conn,
             migration.sql,
             lambda step, concurrent: run_with_lock_waits(
-                conn, migration.name, step, waits.for_concurrent() if concurrent else waits, clock=time.monotonic
+                conn,
+                migration.name,
+                step,
+                waits.for_concurrent() if concurrent else waits,
+                clock=time.monotonic,
+                watch=watch,
             ),
         )
         _run(
@@ -178,7 +186,7 @@ def upgrade(
     with connect(url) as probe:
         check_server_version(_run(probe, "server_version_num")[0]["num"])
         url = direct_connection_url(probe, url)
-    with connect(url, application_name=UPGRADE_APPLICATION_NAME) as conn:
+    with connect(url, application_name=UPGRADE_APPLICATION_NAME) as conn, BlockerWatch.open(url) as watch:
         _run(conn, "migration_session_set")
         _set(conn, settings)
         _take_the_migration_lock(conn)
@@ -195,24 +203,24 @@ def upgrade(
                     _check_unchanged(migration, checksums[migration.version])
                     continue
                 if runs_outside_a_transaction(migration.sql):
-                    _apply_outside_a_transaction(conn, migration, waits)
+                    _apply_outside_a_transaction(conn, migration, waits, watch)
                 else:
                     run_with_lock_waits(
-                        conn, migration.name, partial(_apply, conn, migration), waits, clock=time.monotonic
+                        conn, migration.name, partial(_apply, conn, migration), waits, clock=time.monotonic, watch=watch
                     )
                 applied_now.append(migration.name)
             if not contract and directory is None and "0001" not in checksums and applied_now:
-                _contract_a_new_database(conn, waits)
+                _contract_a_new_database(conn, waits, watch)
         finally:
             _run(conn, "outbox_schema_migrations_unlock", {"key": MIGRATION_LOCK_KEY})
     return applied_now
 
 
-def _contract_a_new_database(conn: psycopg.Connection, waits: LockWaits) -> None:
+def _contract_a_new_database(conn: psycopg.Connection, waits: LockWaits, watch: BlockerWatch) -> None:
     """A database created now has nothing of an earlier version to keep: its contract steps are recorded with the
     expand (each finds nothing to do), so that db status does not ask for one."""
     for step in contract_steps():
-        _apply_outside_a_transaction(conn, step, waits)
+        _apply_outside_a_transaction(conn, step, waits, watch)
 
 
 def _check_ready_to_contract(conn: psycopg.Connection, expand: list[Migration], applied: dict[str, str]) -> None:

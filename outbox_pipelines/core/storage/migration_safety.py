@@ -1,13 +1,14 @@
 """What keeps ``db upgrade`` from hurting the application that shares the database (core/storage/migrate.py).
 
 PostgreSQL 14 to 18 only (``SUPPORTED``); no upgrade through a transaction pooler unless
-OUTBOX_DIRECT_DATABASE_URL is set; each migration under a short ``lock_timeout``, retried with a backoff.
+OUTBOX_DIRECT_DATABASE_URL is set; each migration under a short ``lock_timeout``, retried once what held it ends.
 Why: docs/explanation/storage.md, "Upgrading beside the application".
 """
 
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -15,6 +16,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage import pooler
+from outbox_pipelines.core.storage.lock_blockers import Blocker, BlockerWatch, describe
 from outbox_pipelines.core.storage.queries import shared_query
 
 SUPPORTED = (14, 18)  # the oldest and newest PostgreSQL majors CI runs on
@@ -76,25 +78,37 @@ def direct_connection_url(conn: psycopg.Connection, url: str) -> str:
 
 
 def run_with_lock_waits(
-    conn: psycopg.Connection, name: str, apply: Callable[[], None], waits: LockWaits, *, clock: Callable[[], float]
+    conn: psycopg.Connection,
+    name: str,
+    apply: Callable[[], None],
+    waits: LockWaits,
+    *,
+    clock: Callable[[], float],
+    watch: BlockerWatch | None = None,
 ) -> None:
-    """``apply`` (one migration, in its own transaction) under ``lock_timeout``, tried again after a backoff each
-    time a lock is not granted in time, until ``waits.give_up_after_s``; then MigrationError naming what held it."""
+    """``apply`` (one migration, in its own transaction) under ``lock_timeout``, tried again each time a lock is not
+    granted in time, until ``waits.give_up_after_s``; then MigrationError naming what held it. With a ``watch``,
+    the next try waits for the transactions the statement waited for to end (none queues in front of the
+    application's writes meanwhile); without one, or when it saw none, after a backoff."""
     started, backoff, tries = clock(), FIRST_BACKOFF_S, 0
+    give_up_at = started + waits.give_up_after_s
     while True:
         tries += 1
+        blockers: dict[str, Blocker] = {}
         try:
             conn.execute(shared_query("migration_lock_timeout_set"), {"ms": f"{round(waits.lock_timeout_s * 1000)}ms"})
-            apply()
+            watched = watch is not None and waits.lock_timeout_s < waits.give_up_after_s  # not a concurrent build
+            looking = watch.watching(conn.info.backend_pid) if watch is not None and watched else nullcontext(blockers)
+            with looking as blockers:
+                apply()
             return
         except psycopg.errors.LockNotAvailable:
+            if watch is not None and blockers:
+                _wait_for_blockers(watch, name, waits, dict(blockers), tries, give_up_at, clock)
+                continue
             holders = _lock_holders(conn)
-            if clock() - started + backoff > waits.give_up_after_s:
-                raise MigrationError(
-                    f"migration {name} could not take its locks in {waits.give_up_after_s:.0f} s ({tries} tries, "
-                    f"{waits.lock_timeout_s:g} s each); {holders}. Nothing of it was applied; run db upgrade "
-                    "again once that transaction ends."
-                ) from None
+            if clock() + backoff > give_up_at:
+                raise _gave_up(name, waits, tries, holders) from None
             if waits.said is not None:
                 waits.said(
                     f"migration {name}: a lock was not granted in {waits.lock_timeout_s:g} s ({holders}); "
@@ -104,6 +118,34 @@ def run_with_lock_waits(
             backoff = min(backoff * 2, MAX_BACKOFF_S)
         finally:
             conn.execute(shared_query("migration_lock_timeout_reset"))
+
+
+def _wait_for_blockers(
+    watch: BlockerWatch,
+    name: str,
+    waits: LockWaits,
+    blockers: dict[str, Blocker],
+    tries: int,
+    give_up_at: float,
+    clock: Callable[[], float],
+) -> None:
+    """Wait, holding no lock, for the transactions a try waited for; MigrationError if one outlasts the budget."""
+    holders = "held by " + describe(blockers)
+    if waits.said is not None:
+        waits.said(
+            f"migration {name}: a lock was not granted in {waits.lock_timeout_s:g} s ({holders}); the "
+            "application's writes go on; trying again when that transaction ends"
+        )
+    if not watch.wait_for_end(blockers, give_up_at, clock):
+        raise _gave_up(name, waits, tries, holders)
+
+
+def _gave_up(name: str, waits: LockWaits, tries: int, holders: str) -> MigrationError:
+    return MigrationError(
+        f"migration {name} could not take its locks in {waits.give_up_after_s:.0f} s ({tries} tries, "
+        f"{waits.lock_timeout_s:g} s each); {holders}. Nothing of it was applied; run db upgrade again once that "
+        "transaction ends."
+    )
 
 
 def _lock_holders(conn: psycopg.Connection) -> str:

@@ -116,3 +116,48 @@ def test_the_supported_servers_pass_the_version_gate(conn):
         conn.execute("SHOW server_version_num").fetchone()["server_version_num"],
     ):
         check_server_version(int(version_num))
+
+
+def test_behind_a_long_transaction_the_upgrade_waits_for_it_to_end_without_queuing_then_tries_once_more(
+    db_url, tmp_path
+):
+    migrations = _with_a_new_migration(tmp_path)
+    report = psycopg.connect(db_url, application_name="nightly-report")
+    report.execute("SELECT count(*) FROM outbox_events")  # holds a lock the ALTER must wait for, until it ends
+    said: list[str] = []
+    heard = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hear(line: str) -> None:
+        said.append(line)
+        heard.set()
+
+    def upgrade() -> None:
+        outcome["applied"] = migrate.upgrade(db_url, migrations, waits=LockWaits(0.2, said=hear))
+
+    upgrading = threading.Thread(target=upgrade, daemon=True)
+    upgrading.start()
+    try:
+        assert heard.wait(30), "the upgrade never met the report's lock"
+        outbox, slowest, queued = Outbox("outbox_events"), 0.0, 0
+        with psycopg.connect(db_url, autocommit=True) as probe:
+            for n in range(15):  # 3 s while the report stays open: a backoff would have tried again 2 or 3 times
+                queued += probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).fetchone()[0]
+                started = time.monotonic()
+                outbox.enqueue(probe, Message(topic="t", payload={"n": n}), outside_transaction=True)
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.2)
+        assert queued == 0, "a session waited for a lock while the report was still open"
+        assert slowest < 0.15, f"an enqueue waited {slowest:.2f} s while the upgrade waited for the report"
+        assert "applied" not in outcome
+    finally:
+        report.rollback()
+        report.close()
+    upgrading.join(30)
+    assert outcome["applied"] == ["0099_upgrade_drill.sql"]
+    assert len(said) == 1, said
+    assert "held by pid " in said[0] and "(nightly-report, idle in transaction" in said[0], said
+    assert "trying again when that transaction ends" in said[0], said
