@@ -9,19 +9,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from outbox_pipelines.cli.db_commands import cmd_db_create_table, cmd_db_grant, cmd_db_stop, cmd_db_upgrade, cmd_db_url
-from outbox_pipelines.cli.enqueue_command import cmd_enqueue
 from outbox_pipelines.cli.inputs import unusable_tables
-from outbox_pipelines.cli.oncall_commands import blocked_keys_text, cmd_status
-from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say
-from outbox_pipelines.cli.parser import GRANT_HELP, Handler, build_parser
+from outbox_pipelines.cli.parser import Handler, build_parser
 from outbox_pipelines.cli.read_only import read_only_deadline
-from outbox_pipelines.cli.relay_commands import cmd_relay
-from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
 from outbox_pipelines.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -32,6 +28,44 @@ from outbox_pipelines.core.errors import (
 )
 from outbox_pipelines.core.extras import missing_extra
 from outbox_pipelines.core.redaction import redact_text
+
+if TYPE_CHECKING:
+    from outbox_pipelines.cli.db_commands import (
+        cmd_db_create_table,
+        cmd_db_grant,
+        cmd_db_stop,
+        cmd_db_upgrade,
+        cmd_db_url,
+    )
+    from outbox_pipelines.cli.enqueue_command import cmd_enqueue
+    from outbox_pipelines.cli.oncall_commands import blocked_keys_text, cmd_status
+    from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
+    from outbox_pipelines.cli.relay_commands import cmd_relay
+    from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
+
+# The commands' functions, found here as before, each module imported on first use (cli/handlers.py: a relay
+# process imports none of the other commands' modules).
+_ON_FIRST_USE = {
+    **dict.fromkeys(
+        ("cmd_db_create_table", "cmd_db_grant", "cmd_db_stop", "cmd_db_upgrade", "cmd_db_url"), "db_commands"
+    ),
+    "cmd_enqueue": "enqueue_command",
+    **dict.fromkeys(("blocked_keys_text", "cmd_status"), "oncall_commands"),
+    **dict.fromkeys(("cmd_clean", "cmd_replay", "cmd_requeue_stuck", "cmd_skip"), "operations_commands"),
+    "cmd_relay": "relay_commands",
+    **dict.fromkeys(("cmd_broker_sim", "cmd_demo", "cmd_dev", "cmd_order_api"), "servers"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GRANT_HELP":
+        from outbox_pipelines.cli.late_help import grant_help
+
+        return grant_help()
+    if name in _ON_FIRST_USE:
+        return getattr(import_module(f"outbox_pipelines.cli.{_ON_FIRST_USE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EXIT_FAILED",
@@ -64,7 +98,7 @@ __all__ = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"

@@ -1,14 +1,14 @@
 """The command line's grammar: the argparse tree of every command, its options, help texts and value types.
 
-Each command's parser names its function (``handler``) from the command modules; ``main`` parses and calls it.
+Each command's parser names its function (``handler``, cli/handlers.py: its module is imported when it runs);
+``main`` parses and calls it.
 """
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from outbox_pipelines import __version__
 from outbox_pipelines.cli.argument_types import (
     bind_host,
     death_time,
@@ -19,7 +19,9 @@ from outbox_pipelines.cli.argument_types import (
     server_port,
     whole_number,
 )
-from outbox_pipelines.cli.db_commands import (
+from outbox_pipelines.cli.handlers import (
+    cmd_broker_sim,
+    cmd_clean,
     cmd_db_create_table,
     cmd_db_grant,
     cmd_db_hand_over,
@@ -27,26 +29,24 @@ from outbox_pipelines.cli.db_commands import (
     cmd_db_stop,
     cmd_db_upgrade,
     cmd_db_url,
+    cmd_demo,
+    cmd_dev,
+    cmd_enqueue,
+    cmd_init,
+    cmd_metrics,
+    cmd_oncall_page,
+    cmd_order_api,
+    cmd_relay,
+    cmd_replay,
+    cmd_requeue_stuck,
+    cmd_skip,
+    cmd_status,
 )
-from outbox_pipelines.cli.enqueue_command import cmd_enqueue
-from outbox_pipelines.cli.init_command import cmd_init
-from outbox_pipelines.cli.metrics_command import cmd_metrics
-from outbox_pipelines.cli.oncall_commands import cmd_status
-from outbox_pipelines.cli.operations_commands import cmd_clean, cmd_replay, cmd_requeue_stuck, cmd_skip
-from outbox_pipelines.cli.relay_commands import cmd_relay
-from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_oncall_page, cmd_order_api
-from outbox_pipelines.core.storage import roles
+from outbox_pipelines.cli.late_help import GRANT_HELP_LATER, GrantHelpFormatter, ShowVersion
+from outbox_pipelines.cli.one_command import OneCommand, named_command
 from outbox_pipelines.orders.broker_faults import CONTROL_HELP, add_fault_options
 
 Handler = Callable[[argparse.Namespace], int]
-
-GRANT_HELP = (
-    "create the least-privilege group roles (NOLOGIN) and grant each its rights on the outbox tables: "
-    f"{', '.join(roles.role_names())}. Run it as the tables' owner with CREATEROLE (or a superuser), after "
-    "'db upgrade', and again after every 'db create-table' so the roles reach the new table; safe to repeat "
-    "(each run revokes and grants the declared set). Then put each login role in its group, e.g. "
-    "GRANT outbox_relay TO relay_login."
-)
 
 
 # -- the tree: the top-level options, then each command's parser, in the order --help lists them ------------
@@ -56,7 +56,9 @@ def command(sub: Any, name: str, handler: Handler, help_text: str, **kwargs: Any
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole tree; given the command line, only the command it names (cli/one_command.py)."""
+    wanted = None if argv is None else named_command(argv)
     parser = argparse.ArgumentParser(
         prog="outbox-pipelines",
         description=(
@@ -74,13 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         "outbox.toml or OutboxComponent defs.yaml",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay does")
-    parser.add_argument("--version", action="version", version=f"outbox-pipelines {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action=ShowVersion, help="show program's version number and exit")
+    sub = OneCommand(parser.add_subparsers(dest="command", metavar="COMMAND", required=True), wanted)
     add_db_commands(sub)
     add_message_commands(sub)
     add_maintenance_commands(sub)
     add_service_commands(sub)
-    return parser
+    return parser if sub.built else build_parser()
 
 
 def add_db_commands(sub: Any) -> None:
@@ -141,7 +143,8 @@ def add_db_commands(sub: Any) -> None:
     p = dbsub.add_parser(
         "grant",
         help="create the least-privilege database roles and grant their rights (re-run after create-table)",
-        description=GRANT_HELP,
+        description=GRANT_HELP_LATER,
+        formatter_class=GrantHelpFormatter,
     )
     p.add_argument("--dry-run", action="store_true", help="print the SQL it would run; change nothing")
     p.set_defaults(handler=cmd_db_grant)

@@ -5,9 +5,7 @@
 import argparse
 from contextlib import AbstractContextManager, nullcontext
 
-from outbox_pipelines.cli.db_commands import cmd_db_status
-from outbox_pipelines.cli.oncall_commands import cmd_status
-from outbox_pipelines.cli.operations_commands import cmd_replay, cmd_skip
+from outbox_pipelines.cli.handlers import cmd_db_status, cmd_replay, cmd_skip, cmd_status
 from outbox_pipelines.core.deadlines import command_deadline
 
 

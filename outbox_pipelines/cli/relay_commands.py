@@ -5,15 +5,24 @@ with the command's options and prints their progress and final report."""
 import argparse
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from outbox_pipelines.cli.inputs import database_url, say_left_out, settings_of
-from outbox_pipelines.cli.metrics_command import metrics_host, serve_metrics
 from outbox_pipelines.cli.output import EXIT_OK, UsageError, say
-from outbox_pipelines.core.oncall import table_metrics
 from outbox_pipelines.core.relay import Relay, RelayReport, by_code, default_worker_id, run_table_relay
 from outbox_pipelines.core.relay.destination_health import display_name
-from outbox_pipelines.core.relay.group import GroupRelay, run_group_relay
-from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
+
+if TYPE_CHECKING:
+    from outbox_pipelines.core.relay.group import GroupRelay
+
+
+def serve_table_metrics(url: str, args: argparse.Namespace, tables: dict[str, bool]) -> None:
+    """``--metrics-port``: the tables' gauges and this process's counters on /metrics (imported only then)."""
+    from outbox_pipelines.cli.metrics_command import metrics_host, serve_metrics
+    from outbox_pipelines.core.oncall import table_metrics
+
+    table_metrics.watch_tables(url, list(tables), tables)
+    say(f"Prometheus metrics on {serve_metrics(args.metrics_port, metrics_host(args.metrics_host))}")
 
 
 def print_progress(report: RelayReport) -> None:
@@ -43,8 +52,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
     url = database_url()
     if args.metrics_port:
-        table_metrics.watch_tables(url, [table.name], {table.name: table.relay_enabled})
-        say(f"Prometheus metrics on {serve_metrics(args.metrics_port, metrics_host(args.metrics_host))}")
+        serve_table_metrics(url, args, {table.name: table.relay_enabled})
 
     def started(relay: Relay) -> None:
         say(
@@ -81,22 +89,24 @@ def relay_group(args: argparse.Namespace) -> int:
             "--group takes --once or --max-seconds (and --quiet, --json, --metrics-port); --max-entries, "
             "--batch-size, --worker-id and --force are for one --table"
         )
+    from outbox_pipelines.core.relay.group import run_group_relay
+    from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
+
     url = database_url()
     settings = without_tables_owned_elsewhere(url, settings_of(args))
     if args.metrics_port:
         names = settings.groups().get(args.group, [])
-        table_metrics.watch_tables(url, names, {name: settings.tables[name].relay_enabled for name in names})
-        say(f"Prometheus metrics on {serve_metrics(args.metrics_port, metrics_host(args.metrics_host))}")
+        serve_table_metrics(url, args, {name: settings.tables[name].relay_enabled for name in names})
     # This group's tables whose section cannot be used or that another project owns (another group's are its
     # relay's to tell): said now, so
     # that a long-running relay's log shows it from the start, and in the exit code (2) when the relay ends.
     left_out = settings.broken_in_group(args.group)
     exit_code = say_left_out(left_out)
 
-    def started(group: GroupRelay) -> None:
+    def started(group: "GroupRelay") -> None:
         say(f"relaying group {group.group}: {len(group.workers)} tables ({', '.join(sorted(group.workers))})")
 
-    def progress(group: GroupRelay) -> None:
+    def progress(group: "GroupRelay") -> None:
         report = group.report()
         say(
             f"[group {report.group}] sent {report.sent}; active: "

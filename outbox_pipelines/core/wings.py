@@ -70,10 +70,9 @@ def installed_parts() -> dict[str, str]:
 def check_parts(parts: Iterable[str], where: str = "") -> tuple[str, ...]:
     """``parts`` as given, each a known part name or a "module:attribute"; ConfigError naming the installed ones."""
     names = tuple(dict.fromkeys(parts))
-    installed = installed_parts()
-    for name in names:
-        if not isinstance(name, str) or (":" not in name and name not in installed):
-            known = ", ".join(sorted(installed)) or "none"
+    for name in names:  # the installed parts are read only for a name (a scan of every package's entry points)
+        if not isinstance(name, str) or (":" not in name and name not in installed_parts()):
+            known = ", ".join(sorted(installed_parts())) or "none"
             raise ConfigError(
                 f"{where}unknown part {name!r} in parts; the installed parts are: {known} "
                 f'(or give a "module:attribute" naming a Wing)'
