@@ -17,7 +17,8 @@ run starts from emptied, vacuumed tables and a checkpoint. µs per transaction (
 runs; ratios: medians of per-run ratios of throughput (reference time / ours) [lowest–highest]. Beside each
 wall time, the CPU it took: this process's (``time.thread_time``) and the server backend's (Linux's
 /proc/PID/schedstat; 0 for a server elsewhere), which a busy machine inflates far less than wall times. Then the
-server's share alone: a DO block per table shape, each iteration a business row, an outbox row and a COMMIT.
+server's share alone: a DO block per table shape, each iteration a business row, an outbox row and a COMMIT; and,
+in turns, the payload-limit and NOTIFY triggers as migrations 0020/0001 wrote them against the tree's (0023 on).
 Results and their reading: bench/results.md, "Issue 47, item 4".
 """
 
@@ -55,11 +56,54 @@ CREATE INDEX IF NOT EXISTS user_outbox_unpublished ON user_outbox (id) WHERE pub
 CREATE TABLE IF NOT EXISTS orders_biz (id bigserial PRIMARY KEY, body jsonb NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox_bare (LIKE outbox_events INCLUDING ALL);
 CREATE TABLE IF NOT EXISTS outbox_limit (LIKE outbox_events INCLUDING ALL);
+CREATE TABLE IF NOT EXISTS triggers_then (LIKE outbox_events INCLUDING ALL);
+CREATE TABLE IF NOT EXISTS triggers_now (LIKE outbox_events INCLUDING ALL);
 CREATE TABLE IF NOT EXISTS outbox_keys (LIKE outbox_events INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS);
 ALTER TABLE outbox_keys DROP CONSTRAINT IF EXISTS outbox_keys_pkey, DROP CONSTRAINT IF EXISTS outbox_keys_event_id_key;
 ALTER TABLE outbox_keys ADD PRIMARY KEY (id), ADD UNIQUE (event_id);
 """
-TABLES = ("outbox_events", "outbox_bare", "outbox_limit", "outbox_keys", "user_outbox", "orders_biz")
+TABLES = (
+    "outbox_events",
+    "outbox_bare",
+    "outbox_limit",
+    "outbox_keys",
+    "user_outbox",
+    "orders_biz",
+    "triggers_then",
+    "triggers_now",
+)
+# The payload-limit trigger (limit 1 MiB) and the NOTIFY trigger as migrations 0020 and 0001 wrote them, before
+# 0023: on triggers_then, against the tree's own on triggers_now, in the same runs (the server's share, below).
+TRIGGERS_THEN = """
+CREATE OR REPLACE FUNCTION bench_payload_limit_0020() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+    payload_bytes pg_catalog.int4 := pg_catalog.octet_length(NEW.payload::pg_catalog.text);
+    headers_bytes pg_catalog.int4 := pg_catalog.octet_length(NEW.headers::pg_catalog.text);
+BEGIN
+    IF pg_catalog.int4gt(payload_bytes, 1048576) OR pg_catalog.int4gt(headers_bytes, 1048576) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = 'outbox_payload_max_1048576_bytes',
+            MESSAGE = pg_catalog.format('%s of %s bytes over the limit of 1048576 bytes of outbox table %s',
+                CASE WHEN pg_catalog.int4gt(payload_bytes, 1048576) THEN 'payload' ELSE 'headers' END,
+                CASE WHEN pg_catalog.int4gt(payload_bytes, 1048576) THEN payload_bytes ELSE headers_bytes END,
+                'outbox_events');
+    END IF;
+    NEW.json_bytes := pg_catalog.int4pl(payload_bytes, headers_bytes);
+    RETURN NEW;
+END
+$body$;
+CREATE OR REPLACE FUNCTION bench_notify_0001() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    PERFORM pg_notify('outbox:' || TG_TABLE_NAME, '');
+    RETURN NULL;
+END
+$body$;
+CREATE OR REPLACE TRIGGER outbox_payload_limit BEFORE INSERT ON triggers_then FOR EACH ROW
+    EXECUTE FUNCTION bench_payload_limit_0020();
+CREATE OR REPLACE TRIGGER outbox_notify_insert AFTER INSERT ON triggers_then FOR EACH STATEMENT
+    EXECUTE FUNCTION bench_notify_0001();
+CREATE OR REPLACE TRIGGER outbox_notify_insert AFTER INSERT ON triggers_now FOR EACH STATEMENT
+    EXECUTE FUNCTION outbox_notify_insert();
+"""
 BUSINESS = "INSERT INTO orders_biz (body) VALUES (%s::jsonb)"
 USER_INSERT = "INSERT INTO user_outbox (event_id, topic, payload, headers) VALUES (%s, %s, %s::jsonb, %s::jsonb)"
 PLAIN = 'INSERT INTO "{t}" (event_id, topic, payload, payload_sha, headers) VALUES (%s, %s, %s::jsonb, %s, %s::jsonb)'
@@ -283,10 +327,12 @@ def _setup(url: str) -> None:
         ).fetchone()
         assert function is not None, "the outbox table has its payload-limit trigger"
         name = function[0].removesuffix("()")
-        conn.execute(
-            "CREATE OR REPLACE TRIGGER outbox_payload_limit BEFORE INSERT ON outbox_limit FOR EACH ROW "
-            f"EXECUTE FUNCTION {name}()"  # a name read from the catalogue, not an input
-        )
+        for table in ("outbox_limit", "triggers_now"):
+            conn.execute(
+                f"CREATE OR REPLACE TRIGGER outbox_payload_limit BEFORE INSERT ON {table} FOR EACH ROW "
+                f"EXECUTE FUNCTION {name}()"  # a name read from the catalogue, not an input; constant tables
+            )
+        conn.execute(TRIGGERS_THEN)
 
 
 def _modules(tree: str | None) -> Any:
@@ -394,6 +440,13 @@ SERVER_SHAPES = {
         "outbox_events", " ON CONFLICT (event_id) DO NOTHING RETURNING id INTO kept"
     ),
 }
+# The outbox columns and indexes with only the payload-limit and NOTIFY triggers: as 0020 and 0001 wrote them, and as
+# the tree's migrations do (0023 on). Each run times them TRIGGER_TURNS times each, alternating.
+TRIGGER_SHAPES = {
+    "payload-limit and NOTIFY triggers of 0020/0001 (before 0023)": _server_insert("triggers_then"),
+    "the same triggers as this tree's migrations write them": _server_insert("triggers_now"),
+}
+TRIGGER_TURNS = 3
 
 
 def server_share(url: str, mod: Any, runs: int, count: int) -> dict[str, list[float]]:
@@ -401,19 +454,30 @@ def server_share(url: str, mod: Any, runs: int, count: int) -> dict[str, list[fl
     import psycopg
 
     per_run: dict[str, list[float]] = defaultdict(list)
+    shapes = {**SERVER_SHAPES, **TRIGGER_SHAPES}
     for run_index in range(runs):
         _reset(url, mod)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SET synchronous_commit = off")
-            for number, name in enumerate(random.Random(run_index).sample(list(SERVER_SHAPES), len(SERVER_SHAPES))):
+            order = random.Random(run_index).sample(list(SERVER_SHAPES), len(SERVER_SHAPES))
+            then_now = list(TRIGGER_SHAPES)
+            for turn in range(TRIGGER_TURNS):
+                order += then_now if (run_index + turn) % 2 else then_now[::-1]
+            wall, server = defaultdict(float), defaultdict(float)
+            for number, name in enumerate(order):
                 body = (
                     f"DO $$ DECLARE kept bigint; tag text := 'srv{run_index}-{number}-'; BEGIN "
                     f"FOR i IN 1..{count} LOOP INSERT INTO orders_biz (body) VALUES ('{{}}'); "
-                    f"{SERVER_SHAPES[name]}; COMMIT; END LOOP; END $$"
+                    f"{shapes[name]}; COMMIT; END LOOP; END $$"
                 )
-                t0 = time.perf_counter()
+                t0, s0 = time.perf_counter(), _server_ns(conn.info.backend_pid)
                 conn.execute(body.encode())  # constant text: no input goes into it
-                per_run[name].append((time.perf_counter() - t0) / count * 1e6)
+                wall[name] += time.perf_counter() - t0
+                server[name] += _server_ns(conn.info.backend_pid) - s0
+            for name in shapes:
+                turns = order.count(name) * count
+                per_run[name].append(wall[name] / turns * 1e6)
+                per_run[f"{name}|server"].append(server[name] / turns / 1e3)
     return per_run
 
 
@@ -433,6 +497,16 @@ def report_server(per_run: dict[str, list[float]]) -> None:
         )
         print(f"| {name} | {statistics.median(values):.1f} [{min(values):.1f}–{max(values):.1f}] | {step} |")
         previous = values
+    print("\n| the two insert triggers, same runs | µs per transaction | server CPU µs | against the first line |")
+    print("|---|---|---|---|")
+    first = list(TRIGGER_SHAPES)[0]
+    for name in TRIGGER_SHAPES:
+        cpu, cpu_first = per_run[f"{name}|server"], per_run[f"{first}|server"]
+        steps = [v - f for v, f in zip(cpu, cpu_first, strict=True)]
+        print(
+            f"| {name} | {statistics.median(per_run[name]):.1f} | {statistics.median(cpu):.2f} "
+            f"| {statistics.median(steps):+.2f} [{min(steps):+.2f}–{max(steps):+.2f}] |"
+        )
 
 
 def _median(per_run: dict[str, list[float]], name: str) -> float:
