@@ -66,10 +66,12 @@ class LeaseKeeper:
         self._thread.start()
 
     def hold(self, held: Sequence[tuple[int, int]]) -> None:
+        """Renew these leases from now on, ``interval`` after now. The thread is not woken: its wait already ends
+        by then (``_run``), and a pipelined relay holds twice a batch (a wake-up each cost the relay's threads
+        the GIL, bench/results.md, issue 47 item 2)."""
         with self._cond:
             self._held = list(held)
             self._last = time.monotonic()
-            self._cond.notify()
 
     def note_held(self, held: Sequence[tuple[int, int]]) -> None:
         """claim = "auto": note the batch the relay holds unwritten, with each row's attempts at the claim, on
@@ -135,6 +137,9 @@ class LeaseKeeper:
                 if self._closed:
                     return
                 wait_s = min(self.interval, self.heartbeat_s)
+                renew_in = self._last + self.interval - time.monotonic()
+                if self._held and renew_in > 0:  # overdue (a failed renewal): the next try an interval on
+                    wait_s = min(wait_s, renew_in)
                 if self._deadline is not None:
                     wait_s = min(wait_s, max(self._deadline - time.monotonic(), 0.0))
                 if wait_s > 0:
