@@ -98,10 +98,16 @@ BEGIN
 END
 $$;
 
+-- Each table's own function (the one its trigger calls), where this login may replace it. One another login owns
+-- (another project's table, made by its upgrade) keeps its 0020 body, which checks the same: its owner's next
+-- outbox_set_payload_limit writes the new one.
 -- outbox: run each statement this query returns
 SELECT format('SELECT outbox_write_payload_limit(%L, outbox_payload_limit_of(%L))', c.relname, c.relname)
 FROM pg_class AS c
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_trigger AS tg ON tg.tgrelid = c.oid AND tg.tgname = 'outbox_payload_limit'
+JOIN pg_proc AS p ON p.oid = tg.tgfoid
 WHERE c.relkind = 'r' AND n.nspname = current_schema()
-  AND EXISTS (SELECT 1 FROM pg_trigger AS tg WHERE tg.tgrelid = c.oid AND tg.tgname = 'outbox_payload_limit')
+  AND p.proname = outbox_ordering_function('payload_limit', c.relname::text)
+  AND pg_has_role(p.proowner, 'USAGE')
 ORDER BY c.relname;

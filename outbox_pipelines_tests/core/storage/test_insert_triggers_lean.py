@@ -8,12 +8,13 @@ import time
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 
-LIMITED, UNLIMITED = "limited_outbox", "unlimited_outbox"
+LIMITED, UNLIMITED, BORROWING = "limited_outbox", "unlimited_outbox", "borrowing_outbox"
 
 
 def _function_source(conn, table):
@@ -55,6 +56,14 @@ def migrated_from_0022(empty_db, tmp_path):
     migrate.upgrade(empty_db, before)
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute(f"SELECT outbox_create_table('{LIMITED}'), outbox_create_table('{UNLIMITED}')")
+        # A copy whose trigger calls another table's function (as bench/enqueue_vs_insert.py makes): not its own.
+        conn.execute(f"CREATE TABLE {BORROWING} (LIKE {LIMITED} INCLUDING ALL)")
+        fn = conn.execute("SELECT outbox_ordering_function('payload_limit', %s)", (LIMITED,)).fetchone()[0]
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER outbox_payload_limit BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
+            ).format(sql.Identifier(BORROWING), sql.Identifier(fn))
+        )
         conn.execute(
             f"SELECT outbox_set_payload_limit('{LIMITED}', 1000), outbox_set_payload_limit('{UNLIMITED}', NULL)"
         )
@@ -85,6 +94,15 @@ def test_a_database_of_the_version_before_gets_the_functions_a_new_table_gets_wi
         )
         assert _function_source(conn, LIMITED) == _function_source(conn, "fresh_limited") != before
         assert _function_source(conn, UNLIMITED) == _function_source(conn, "fresh_unlimited")
+        # The copy's trigger calls the limited table's function, now the new one; no function of its own was made.
+        assert conn.execute(
+            "SELECT to_regprocedure(quote_ident(outbox_ordering_function('payload_limit', %s)) || '()') AS fn",
+            (BORROWING,),
+        ).fetchone() == {"fn": None}
+        with pytest.raises(
+            psycopg.errors.CheckViolation, match=f"over the limit of 1000 bytes of outbox table {LIMITED}"
+        ):
+            _insert(conn, BORROWING, "too-big", _text_of(1001))
         assert "PERFORM" in notify_before["prosrc"]
         assert (
             "PERFORM"
