@@ -16,7 +16,10 @@ in an order shuffled per run, each variant drains ``messages`` rows (loaded unti
   drain in id order; polled by primary key every 2 ms, the same for both).
 
 Prints each run, then per variant the medians (seconds) and the median of the per-run ratios loop / ours [min–max]
-(≥ 1 means ours is as fast as the loop).
+(≥ 1 means ours is as fast as the loop), and after / before (ours, the same runs). First, the start-up alone
+(``--imports N`` rounds, 0 to skip): the wall time of ``python -c`` importing what ``relay`` imports before its first
+statement (``outbox_pipelines.cli`` and the relay command's module), each tree in turns, beside ``import psycopg``
+(the loop's own floor).
 """
 
 import argparse
@@ -157,6 +160,26 @@ def prepare(tree: str, admin_url: str, name: str) -> str:
     return url
 
 
+def imports(trees: dict[str, str], rounds: int) -> None:
+    """The start-up's imports, timed as whole processes: each tree's, and psycopg's alone, in a shuffled order."""
+    relay_imports = "import outbox_pipelines.cli, outbox_pipelines.cli.relay_commands"
+    variants = [("psycopg alone", THIS_TREE, "import psycopg")] + [(t, trees[t], relay_imports) for t in trees]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    rng = random.Random(7)
+    for _ in range(rounds):
+        rng.shuffle(variants)
+        for name, tree, code in variants:
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env_for(tree, {}), cwd="/", check=True)
+            times[name].append(time.perf_counter() - started)
+    print(f"\nstart-up: python -c '{relay_imports}', process spawn to exit, medians of {rounds} [min–max]")
+    for name, values in times.items():
+        low, high = min(values) * 1000, max(values) * 1000
+        print(f"  {name:13s} {statistics.median(values) * 1000:5.0f} ms [{low:.0f}–{high:.0f}]")
+    ratios = sorted(a / b for a, b in zip(times["after"], times["before"], strict=True))
+    print(f"  after / before {statistics.median(ratios):.2f} [{ratios[0]:.2f}–{ratios[-1]:.2f}]", flush=True)
+
+
 def report(name: str, results: list[dict[str, float]], trees: list[str]) -> None:
     print(f"\n{name}: medians in seconds; ratio = loop / ours (its throughput against the loop's), median [min–max]")
     for tree in trees:
@@ -167,6 +190,8 @@ def report(name: str, results: list[dict[str, float]], trees: list[str]) -> None
             f"  {tree:7s} ours {ours:.3f} s, loop {loop:.3f} s, ratio {statistics.median(ratios):.2f} "
             f"[{ratios[0]:.2f}–{ratios[-1]:.2f}]"
         )
+    gains = sorted(r["after"] / r["before"] for r in results)
+    print(f"  ours after / before (time): {statistics.median(gains):.2f} [{gains[0]:.2f}–{gains[-1]:.2f}]", flush=True)
 
 
 def main() -> None:
@@ -176,6 +201,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--messages", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--skip-running", action="store_true", help="only the CLI relay (process start to exit)")
+    parser.add_argument(
+        "--imports", type=int, default=15, metavar="N", help="rounds of the start-up's imports (0: none)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, THIS_TREE)
     from outbox_pipelines_tests.scratch import ScratchServer
@@ -187,6 +215,8 @@ def main() -> None:
     try:
         urls = {name: prepare(tree, server.admin_url, f"bench_small_{name}") for name, tree in trees.items()}
         print(f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
+        if args.imports:
+            imports(trees, args.imports)
         with tempfile.TemporaryDirectory() as project:
             Path(project, "outbox.toml").write_text(
                 f'shipped_tables = false\n[tables.{OURS}]\ndestination = "paper"\n', encoding="utf-8"
