@@ -68,7 +68,7 @@ class LeaseKeeper:
     def hold(self, held: Sequence[tuple[int, int]]) -> None:
         """Renew these leases from now on, ``interval`` after now. The thread is not woken: its wait already ends
         by then (``_run``), and a pipelined relay holds twice a batch (a wake-up each cost the relay's threads
-        the GIL, bench/results.md, issue 47 item 2)."""
+        the GIL: bench/broker_paths.py)."""
         with self._cond:
             self._held = list(held)
             self._last = time.monotonic()
