@@ -380,14 +380,18 @@ WITH clock AS (
     -- settle a database crash loses sends its rows again, which at-least-once allows.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
-), input AS (
-    -- unnest pads a NULL refs array with NULLs.
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(refs)s::text[]) AS i(id, attempts, ref)
+), runs AS (
+    -- The batch as runs of consecutive ids at one attempt count: each run's first and last id, attempts, and
+    -- where its first id sits in ids (refs are in that order; NULL refs: none). A row finds its run by range:
+    -- a batch claimed in id order is one run or a few, where pairing rows to ids one by one was a nested loop
+    -- of batch × batch comparisons (the planner expects one row of the table: 1 ms of a 2.4 ms settle at 100).
+    SELECT * FROM unnest(%(run_first)s::bigint[], %(run_last)s::bigint[], %(run_attempts)s::int[],
+                         %(run_at)s::int[]) AS i(first_id, last_id, attempts, at)
 ), updated AS (
     UPDATE {table} AS t
     SET status = 'sent',
         attempts = i.attempts,
-        result_ref = coalesce(i.ref, t.result_ref),
+        result_ref = coalesce((%(refs)s::text[])[i.at + (t.id - i.first_id)::int], t.result_ref),
         locked_by = NULL,
         locked_at = NULL,
         lease_expires_at = NULL,
@@ -395,17 +399,19 @@ WITH clock AS (
         last_error_code = NULL,
         published_at = clock.now,
         updated_at = clock.now
-    FROM input AS i, clock
+    FROM runs AS i, clock
     -- Rows found by primary key: joined on the input alone, the planner may scan every pending row.
     WHERE t.id = ANY(%(ids)s::bigint[])
       AND (clock.commit_mode IS NOT NULL OR NOT %(fast_commit)s)
-      AND t.id = i.id
+      AND t.id BETWEEN i.first_id AND i.last_id
       AND {settle_fence}
-    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key, i.ref
+    RETURNING t.id, t.event_id, t.tenant_id, t.headers, i.attempts, t.ordering_key,
+              (%(refs)s::text[])[i.at + (t.id - i.first_id)::int] AS ref
 ), unsettled AS (
-    SELECT i.id, i.attempts, 'sent' AS to_status, NULL::text AS error_code, '' AS detail_prefix
-    FROM input AS i
-    WHERE i.id NOT IN (SELECT id FROM updated)
+    SELECT x.id, i.attempts, 'sent' AS to_status, NULL::text AS error_code, '' AS detail_prefix
+    FROM unnest(%(ids)s::bigint[]) AS x(id)
+    JOIN runs AS i ON x.id BETWEEN i.first_id AND i.last_id
+    WHERE x.id NOT IN (SELECT id FROM updated)
 ), conflicts AS (
     {settle_conflict_audit}
 ), audit AS (

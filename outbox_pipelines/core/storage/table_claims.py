@@ -21,6 +21,24 @@ def bigint_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
+def id_runs(ids: Sequence[int], attempts: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A batch's ids and attempts as runs of consecutive ids at one attempt count: each run's first id, last id,
+    attempts, and the 1-based place of its first id in ``ids`` (outbox_settle_sent pairs rows to runs)."""
+    first: list[int] = []
+    last: list[int] = []
+    runs_attempts: list[int] = []
+    at: list[int] = []
+    for place, (row_id, attempt) in enumerate(zip(ids, attempts, strict=True), start=1):
+        if last and row_id == last[-1] + 1 and attempt == runs_attempts[-1]:
+            last[-1] = row_id
+        else:
+            first.append(row_id)
+            last.append(row_id)
+            runs_attempts.append(attempt)
+            at.append(place)
+    return first, last, runs_attempts, at
+
+
 def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
     return _claimed_message
 
@@ -213,6 +231,7 @@ class ClaimStatements(TableStatements):
         ``fast_commit`` (leased rows, autocommit connection): as for ``claim``, the settle commits without
         waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
         """
+        first, last, run_attempts, at = id_runs(ids, attempts)
         params = {
             "worker": worker,
             "now": now,
@@ -221,7 +240,10 @@ class ClaimStatements(TableStatements):
             "audit_code": audit_code,
             "claimed_at": claimed_at,
             "ids": bigint_array(ids),
-            "attempts": bigint_array(attempts),
+            "run_first": bigint_array(first),
+            "run_last": bigint_array(last),
+            "run_attempts": bigint_array(run_attempts),
+            "run_at": bigint_array(at),
             "refs": list(refs) if refs is not None else None,
             "fast_commit": fast_commit and not held,
         }
