@@ -16,6 +16,7 @@ from outbox_pipelines.core.relay.stop import StopDeadline
 from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.settings.owners import without_tables_owned_elsewhere
 from outbox_pipelines.core.storage import pooler, schema_version
+from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.telemetry import tracing
 
 
@@ -39,8 +40,9 @@ def run_table_relay(
     check_budget(max_seconds, max_entries)
     freeze_startup_objects()
     tracing.configure_from_env("outbox-relay")  # no-op unless OTEL_EXPORTER_OTLP_ENDPOINT is set
-    schema_version.require_current_schema(url)  # new code on an old schema: one clear refusal, before anything runs
-    table = without_tables_owned_elsewhere(url, settings).table(table_name)  # another project's: refused
+    with connect(url) as conn:  # both checks on one connection (a connection costs a relay's start milliseconds)
+        schema_version.require_current_schema(url, conn)  # new code on an old schema: one clear refusal, at once
+        table = without_tables_owned_elsewhere(url, settings, conn).table(table_name)  # another project's: refused
     owned = destination is None
     destination = destination or build_destination(table, settings)
     relay = Relay(

@@ -6,6 +6,7 @@ reads can abort the transaction it runs in (an enqueue's, core/enqueue_guard.py)
 """
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -108,13 +109,14 @@ def schema_behind(conn: psycopg.Connection[Any]) -> str | None:
 _current: set[str] = set()
 
 
-def require_current_schema(url: str) -> None:
+def require_current_schema(url: str, conn: psycopg.Connection | None = None) -> None:
     """MigrationError with ``behind``'s sentence when the database at ``url`` lacks an engine migration this code
-    needs; checked once per database and process (a relay's or a command's start, not each message)."""
+    needs; checked once per database and process (a relay's or a command's start, not each message); on ``conn``
+    (a connection to ``url``) if given."""
     if url in _current:
         return
-    with connect(url) as conn:
-        sentence = schema_behind(conn)
+    with nullcontext(conn) if conn is not None else connect(url) as on:
+        sentence = schema_behind(on)
     if sentence is not None:
         raise MigrationError(sentence)
     _current.add(url)
