@@ -55,10 +55,32 @@ def test_a_claim_reads_only_plain_columns_below_its_row_locks(conn, query):
             assert computed == [], f"{query} computes {computed} for every row it reads, held or not"
 
 
+def aliases(node: dict[str, Any]) -> set[str]:
+    found = {node["Alias"]} if "Alias" in node else set()
+    for child in node.get("Plans", []):
+        found |= aliases(child)
+    return found
+
+
+@pytest.mark.parametrize("query", CLAIMS)
+def test_a_claim_looks_up_a_key_s_earlier_messages_for_the_rows_it_locked_only(conn, query):
+    """The key's head and in-flight probes (claim_key_free: aliases p and f) sit above the row lock, not in the
+    scan below it: the rows other relays hold are skipped at the lock before any probe is made for their keys."""
+    statement = table_query(query, ORDERS)
+    params = {name: value for name, value in PARAMS.items() if f"%({name})s" in statement}
+    (plan,) = conn.execute("EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON) " + statement, params).fetchone().values()
+    locks = lock_nodes(plan[0]["Plan"])
+    assert locks
+    for lock in locks:
+        assert not aliases(lock) & {"p", "f"}, f"{query} probes the keys of rows it has not locked"
+    assert {"p", "f"} <= aliases(plan[0]["Plan"]), f"{query} checks no key's head"
+
+
 # Each rule the claim modes share, as written once in sql/queries, and the statements that must name it.
 SHARED_PARTS = {
     "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
-    "key_head": ("p.ordering_key = t.ordering_key AND p.id < t.id", ("claim_due", "maintenance_requeue_due")),
+    "key_head": ("p.ordering_key = t.ordering_key AND p.id < t.id", ("claim_key_free", "maintenance_requeue_due")),
+    "claim_key_free": ("WHERE f.ordering_key = t.ordering_key AND f.status = 'sending'", CLAIMS),
     "claim_due": ("AND NOT t.ordering_blocked\nAND t.topic <> ALL(%(paused_topics)s::text[])", CLAIMS),
     "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
     "settle_fence": ("AND (%(held)s OR t.locked_by = %(worker)s)", SETTLES),
