@@ -50,7 +50,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.batch_size:
         settings = replace(settings, tables={**settings.tables, table.name: replace(table, batch_size=args.batch_size)})
-    url = database_url()
+    url = database_url(schema_checked=False)  # run_table_relay checks it, on the connection of its owners check
     if args.metrics_port:
         serve_table_metrics(url, args, {table.name: table.relay_enabled})
 
