@@ -151,6 +151,7 @@ def test_on_djangos_psycopg2_backend_it_is_refused_with_the_switch(db_url, conn)
     # Django takes psycopg2 when psycopg 3 cannot be imported: hidden while its backend loads.
     prelude = """
     import sys
+    import psycopg
     import outbox_pipelines
     saved, sys.modules["psycopg"] = sys.modules["psycopg"], None
     import django.db.backends.postgresql.base
