@@ -33,7 +33,8 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -273,38 +274,55 @@ def _per_transaction(
     return figures
 
 
+class _Meter:
+    """Wall, this thread's CPU and the server backend's CPU per variant, over the blocks of a run: the one
+    schedule and tally of ``_blocks`` and ``_async_blocks``."""
+
+    def __init__(self, variants: dict[str, Any], count: int, seed: int, pids: dict[str, int]) -> None:
+        self.variants, self.count, self.seed, self.pids = variants, count, seed, pids
+        self.totals, self.cpu, self.server = (dict.fromkeys(variants, 0.0) for _ in range(3))
+
+    def schedule(self) -> Iterator[tuple[str, range]]:
+        """Each block's variants in a random order, each with the indexes of its items in the block."""
+        order = random.Random(self.seed)
+        for start in range(0, self.count, BLOCK):
+            for name in order.sample(list(self.variants), len(self.variants)):
+                yield name, range(start, min(start + BLOCK, self.count))
+
+    @contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        t0, c0, s0 = time.perf_counter(), time.thread_time(), _server_ns(self.pids[name])
+        yield
+        self.totals[name] += time.perf_counter() - t0
+        self.cpu[name] += time.thread_time() - c0
+        self.server[name] += _server_ns(self.pids[name]) - s0
+
+    def figures(self) -> dict[str, float]:
+        return _per_transaction(self.totals, self.cpu, self.server, self.count)
+
+
 def _blocks(
     variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int, pids: dict[str, int]
 ) -> dict[str, float]:
-    totals, cpu, server = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
-    order = random.Random(seed)
-    for start in range(0, count, BLOCK):
-        for name in order.sample(list(variants), len(variants)):
-            txn, items = variants[name], work[name]
-            t0, c0, s0 = time.perf_counter(), time.thread_time(), _server_ns(pids[name])
-            for n in range(start, min(start + BLOCK, count)):
+    meter = _Meter(variants, count, seed, pids)
+    for name, block in meter.schedule():
+        txn, items = variants[name], work[name]
+        with meter.timing(name):
+            for n in block:
                 txn(items[n])
-            totals[name] += time.perf_counter() - t0
-            cpu[name] += time.thread_time() - c0
-            server[name] += _server_ns(pids[name]) - s0
-    return _per_transaction(totals, cpu, server, count)
+    return meter.figures()
 
 
 async def _async_blocks(
     variants: dict[str, Any], work: dict[str, list[Any]], count: int, seed: int, pids: dict[str, int]
 ) -> dict[str, float]:
-    totals, cpu, server = dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0), dict.fromkeys(variants, 0.0)
-    order = random.Random(seed)
-    for start in range(0, count, BLOCK):
-        for name in order.sample(list(variants), len(variants)):
-            txn, items = variants[name], work[name]
-            t0, c0, s0 = time.perf_counter(), time.thread_time(), _server_ns(pids[name])
-            for n in range(start, min(start + BLOCK, count)):
+    meter = _Meter(variants, count, seed, pids)
+    for name, block in meter.schedule():
+        txn, items = variants[name], work[name]
+        with meter.timing(name):
+            for n in block:
                 await txn(items[n])
-            totals[name] += time.perf_counter() - t0
-            cpu[name] += time.thread_time() - c0
-            server[name] += _server_ns(pids[name]) - s0
-    return _per_transaction(totals, cpu, server, count)
+    return meter.figures()
 
 
 def _reset(url: str, mod: Any) -> None:
