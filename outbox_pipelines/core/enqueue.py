@@ -27,8 +27,8 @@ from outbox_pipelines.core.storage.table_enqueue_async import (
     insert_many_async,
     insert_row_async,
 )
+from outbox_pipelines.core.telemetry.counts import count_enqueued, count_enqueued_one
 from outbox_pipelines.core.telemetry.creation import Creation, creation, producer
-from outbox_pipelines.core.telemetry.metrics import count_enqueued, count_enqueued_one
 
 # From this many new rows on, enqueue_many writes with COPY; below, one INSERT ... SELECT FROM
 # unnest is faster (COPY costs three more round trips). Measured: bench/results.md, "enqueue_many".

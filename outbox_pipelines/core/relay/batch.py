@@ -26,7 +26,8 @@ from outbox_pipelines.core.relay.settlement import (
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import OutboxTable, Settlement
-from outbox_pipelines.core.telemetry import metrics, tracing
+from outbox_pipelines.core.telemetry import tracing
+from outbox_pipelines.core.telemetry.counts import TableRelayMetrics
 
 
 def held(batch: list[ClaimedMessage]) -> list[tuple[int, int]]:
@@ -57,7 +58,7 @@ class BatchRunner:
         self._after_settle_overridden = type(destination).after_settle is not Destination.after_settle
         # When each claimed batch was claimed (time.monotonic()), by its first id, for the dispatch latency metric.
         self.claimed_at: dict[int, float] = {}
-        self.metrics = metrics.TableRelayMetrics(table.name, destination.messaging_system)
+        self.metrics = TableRelayMetrics(table.name, destination.messaging_system)
 
     def note_claimed(self, batch: list[ClaimedMessage]) -> None:
         if batch:

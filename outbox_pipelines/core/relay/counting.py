@@ -1,6 +1,6 @@
 """Counting a settled batch: its counts for the report, the Prometheus metrics, a log line per retry and dead.
 
-One pass over the batch; metrics are added once per label set (``metrics.BatchTally``).
+One pass over the batch; metrics are added once per label set (``counts.BatchTally``).
 """
 
 import logging
@@ -13,7 +13,7 @@ from outbox_pipelines.core.relay.destination_health import destination_failures
 from outbox_pipelines.core.relay.report import BatchCounts, LagSample, by_code
 from outbox_pipelines.core.storage.settlements import SettleStatus
 from outbox_pipelines.core.storage.table import Settlement
-from outbox_pipelines.core.telemetry import metrics
+from outbox_pipelines.core.telemetry.counts import BatchTally, TableRelayMetrics, tenant_label
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -32,7 +32,7 @@ def count_settled_batch(
     settled: set[int],
     claimed_mono: float | None,
     lag: LagSample,
-    relay_metrics: metrics.TableRelayMetrics | None = None,
+    relay_metrics: TableRelayMetrics | None = None,
 ) -> BatchCounts:
     """Count how each message ended; ``claimed_mono`` is time.monotonic() when the batch was claimed (None:
     unknown), and ``lag`` (and the delivery latency metric) gains each delivered message's created → delivered
@@ -40,7 +40,7 @@ def count_settled_batch(
     counts = BatchCounts()
     latencies: list[float] = []
     in_dispatch = time.monotonic() - claimed_mono if claimed_mono is not None else None
-    tally = metrics.BatchTally(table_name)
+    tally = BatchTally(table_name)
     for message, settlement, outcome in zip(batch, settlements, outcomes, strict=True):
         if settlement.id not in settled:
             counts.conflicts += 1
@@ -72,7 +72,7 @@ def count_delivered_batch(
     batch: Sequence[ClaimedMessage],
     claimed_mono: float | None,
     lag: LagSample,
-    relay_metrics: metrics.TableRelayMetrics | None = None,
+    relay_metrics: TableRelayMetrics | None = None,
 ) -> BatchCounts:
     """``count_settled_batch`` for a batch whose every message was delivered plainly (no dedup hit) and
     settled: the same counts, metrics and lag, without looking at each outcome."""
@@ -88,7 +88,7 @@ def count_delivered_batch(
         lag.add_each(latencies, float)
     if relay_metrics is not None:
         relay_metrics.settled(len(batch), latencies)
-    tally = metrics.BatchTally(table_name)
+    tally = BatchTally(table_name)
     tally.add_all(batch, "success", in_dispatch)
     tally.flush()
     return BatchCounts(sent=len(batch))
@@ -158,5 +158,5 @@ def _log_the_rest(table_name: str, counts: BatchCounts) -> None:
 
 def _tenant_part(table_name: str, message: ClaimedMessage) -> str:
     """ ", tenant X" as logs show it (masked or left out by OUTBOX_TENANT_LABEL), or nothing."""
-    tenant = metrics.tenant_label(table_name, message.tenant_id)
+    tenant = tenant_label(table_name, message.tenant_id)
     return f", tenant {tenant}" if tenant else ""

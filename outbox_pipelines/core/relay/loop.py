@@ -36,7 +36,8 @@ from outbox_pipelines.core.relay.stop import StopReason, StopRequest
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
-from outbox_pipelines.core.telemetry import metrics, tracing
+from outbox_pipelines.core.telemetry import tracing
+from outbox_pipelines.core.telemetry.counts import count_claim
 
 log = logging.getLogger("outbox_pipelines.relay")
 
@@ -317,7 +318,7 @@ class Relay:
         if claimed:
             run.last_work = time.monotonic()
         self._claims_are_small = len(claimed) <= PLAN_REUSE_MAX_ROWS
-        metrics.count_claim(self.table.name, len(claimed))
+        count_claim(self.table.name, len(claimed))
         self.batches.note_claimed(claimed)
         return claimed
 

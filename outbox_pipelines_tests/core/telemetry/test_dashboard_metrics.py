@@ -4,13 +4,14 @@ latency from creation, its claims, settles and destination calls, with the OpenT
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import Outcome
 from outbox_pipelines.core.oncall import table_metrics
 from outbox_pipelines.core.relay import Relay, liveness
-from outbox_pipelines.core.telemetry import metrics
+from outbox_pipelines.core.telemetry import counts, metrics
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination
 from outbox_pipelines_tests.processes import free_port
@@ -107,6 +108,14 @@ def test_a_relay_observes_delivery_latency_from_creation_claims_settles_and_send
     assert moved("messaging_client_sent_messages_total", **sent, error_type=m.BROKER_5XX) == 1
 
 
+class _One(Collector):
+    def __init__(self, family: counts.Family) -> None:
+        self.family = family
+
+    def collect(self):
+        yield metrics.family_metric(self.family)
+
+
 def test_many_observations_at_once_expose_what_single_ones_do():
     values = [0.001, 0.01, 0.0100001, 0.3, 0.3, 7.0, 99.0, 1e9]
 
@@ -120,5 +129,13 @@ def test_many_observations_at_once_expose_what_single_ones_do():
         for v in values:
             child.observe(v)
 
-    assert exposition(lambda child: metrics.observe_many(child, values)) == exposition(one_by_one)
-    assert exposition(lambda child: metrics.observe_many(child, [])) == exposition(lambda child: None)
+    def ours(observe) -> bytes:
+        family = counts.HistogramFamily("h", "h", ["table"], buckets=(0.01, 0.1, 1.0, 10.0))
+        observe(family.labels("t"))
+        registry = CollectorRegistry()
+        registry.register(_One(family))
+        return b"\n".join(line for line in generate_latest(registry).splitlines() if b"_created" not in line)
+
+    assert ours(lambda child: child.observe_many(values)) == exposition(one_by_one)
+    assert ours(lambda child: child.observe_many([])) == exposition(lambda child: None)
+    assert ours(one_by_one) == exposition(one_by_one)

@@ -114,7 +114,7 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
                 "create spans (docs/explanation/enqueue.md, \"Trace context\")", "core/telemetry/creation.py"),
     # On call.
     EnvVariable("OUTBOX_TENANT_LABEL", "plain", "tenants in metrics and logs: `plain`, `hash` (masked) or `off`",
-                "core/telemetry/metrics.py"),
+                "core/telemetry/counts.py"),
     EnvVariable("OUTBOX_METRICS_HOST", None, "the address `relay --metrics-port` and `metrics` serve /metrics on "
                 "(`0.0.0.0`: every interface, for a Prometheus on another host)", "cli/metrics_command.py",
                 "unset: `127.0.0.1`, this machine only"),
