@@ -44,7 +44,6 @@ from outbox_pipelines.cli.handlers import (
 )
 from outbox_pipelines.cli.late_help import GRANT_HELP_LATER, GrantHelpFormatter, ShowVersion
 from outbox_pipelines.cli.one_command import OneCommand, named_command
-from outbox_pipelines.orders.broker_faults import CONTROL_HELP, add_fault_options
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -325,6 +324,8 @@ def add_service_commands(sub: Any) -> None:
         action="store_true",
         help="run db upgrade before serving (without it, a database that lacks a migration is refused, saying which)",
     )
+
+    from outbox_pipelines.orders.broker_faults import CONTROL_HELP, add_fault_options  # the demo broker's, here only
 
     p = add(
         "broker-sim",

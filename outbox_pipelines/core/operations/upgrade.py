@@ -12,6 +12,7 @@ from outbox_pipelines.core.settings import Settings
 from outbox_pipelines.core.storage import autovacuum, migrate, payload_limit, schema
 from outbox_pipelines.core.storage.autovacuum import AutovacuumReport
 from outbox_pipelines.core.storage.db import connect
+from outbox_pipelines.core.storage.migration_files import Migration
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 from outbox_pipelines.core.storage.payload_limit import PayloadLimitReport
 from outbox_pipelines.core.storage.table_owners import Owner, claim, owners
@@ -89,7 +90,7 @@ def _record_owners(url: str, tables: list[str], project: str) -> dict[str, Owner
 class UpgradePlan:
     """What ``upgrade_project`` would do now, changing nothing: ``db upgrade --dry-run`` and ``--sql``."""
 
-    migrations: list[migrate.Migration]
+    migrations: list[Migration]
     new_tables: dict[str, bool]  # declared tables not in the database yet -> with the dedup index
     steps: dict[str, list[str]] = field(default_factory=dict)  # a no-transaction migration's statements, here
     storage: list[str] = field(default_factory=list)  # the tables' autovacuum settings (storage/autovacuum.py)

@@ -5,10 +5,8 @@ Its own statements are bootstrap.sql's, run through queries.py rather than core/
 they run before the schema that table.py's statements need exists.
 """
 
-import hashlib
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.lock_blockers import BlockerWatch
+from outbox_pipelines.core.storage.migration_files import Migration, discover
 from outbox_pipelines.core.storage.migration_safety import (
     LockWaits,
     check_server_version,
@@ -52,34 +51,6 @@ EARLIER_CHECKSUMS = {
     "0010": "ceb4a8441b09c86e48d8604352b5297a4b4e6a2521e07d17e927d8be653a94a9",
     "0012": "6044a5154b2aadf7e9554955753ea4afa41a74ad95eb8600680eaa4b93b570df",
 }
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: str
-    name: str
-    path: Path
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
-
-
-def discover(directory: Path | None = None, *, part: str = "") -> list[Migration]:
-    """The migrations in ``directory`` (the engine's by default) in order; a part's versions are "<part>/NNNN"."""
-    directory = directory or sql_dir() / "migrations"
-    found = []
-    for path in sorted(directory.glob("*.sql")):
-        version, _, rest = path.stem.partition("_")
-        if not version.isdigit():
-            raise MigrationError(f"migration file {path.name} must start with a number, like 0003_add_x.sql")
-        prefix = f"{part}/" if part else ""
-        found.append(Migration(prefix + version, prefix + path.name, path, path.read_text()))
-    versions = [m.version for m in found]
-    if len(set(versions)) != len(versions):
-        raise MigrationError(f"two migration files share a version number in {directory}")
-    return found
 
 
 def _run(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox_pipelines.core.storage.migrate import Migration
+from outbox_pipelines.core.storage.migration_files import Migration
 
 # The function that makes an outbox table, and the functions of its own it performs (found in its body).
 CREATE_TABLE = "outbox_create_table"

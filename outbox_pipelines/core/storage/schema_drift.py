@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.models import CheckSeverity
 from outbox_pipelines.core.storage import migrate, roles
+from outbox_pipelines.core.storage.migration_files import Migration
 from outbox_pipelines.core.storage.queries import shared_query
 from outbox_pipelines.core.storage.schema_definitions import (
     FunctionDefinition,
@@ -78,7 +79,7 @@ def _missing_table(name: str) -> Drift:
     )
 
 
-def _index_drift(conn: psycopg.Connection[Any], tables: list[str], migrations: list[migrate.Migration]) -> list[Drift]:
+def _index_drift(conn: psycopg.Connection[Any], tables: list[str], migrations: list[Migration]) -> list[Drift]:
     """The indexes each table lacks of those ``outbox_create_table`` gives, as the applied migrations define it."""
     definitions = {d.suffix: d for d in table_indexes(defined_functions(migrations))}
     if not tables or not definitions:
@@ -102,7 +103,7 @@ def _index_drift(conn: psycopg.Connection[Any], tables: list[str], migrations: l
     return found
 
 
-def _function_drift(conn: psycopg.Connection[Any], migrations: list[migrate.Migration]) -> list[Drift]:
+def _function_drift(conn: psycopg.Connection[Any], migrations: list[Migration]) -> list[Drift]:
     """Each function the applied migrations define, against the database's (``find_drift`` skips this where the
     login may not read the checksums of the applied migrations: a producer's)."""
     checksums = {row["version"]: row["checksum"] for row in _rows(conn, "outbox_schema_migrations_applied")}

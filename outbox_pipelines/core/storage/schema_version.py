@@ -16,7 +16,7 @@ from psycopg.rows import tuple_row
 
 from outbox_pipelines.core.errors import MigrationError
 from outbox_pipelines.core.storage.db import connect
-from outbox_pipelines.core.storage.migrate import discover
+from outbox_pipelines.core.storage.migration_files import discover
 from outbox_pipelines.core.storage.queries import named_queries
 
 # The migration that made the applied versions readable by every login: a database without its view is older.
