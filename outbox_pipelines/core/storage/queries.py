@@ -36,7 +36,25 @@ def parse_named_queries(text: str) -> dict[str, str]:
             current = queries[name] = []
         elif current is not None:
             current.append(line)
-    return {name: "\n".join(lines).strip() for name, lines in queries.items()}
+    return {name: _sent_text(lines) for name, lines in queries.items()}
+
+
+def _sent_text(lines: list[str]) -> str:
+    """A query as sent, without its comments: they explain it here, in sql/; sent, they made the relay's claims and
+    settles longer than the 4 KB psycopg caches its parse of, so each run parsed 5 KB again on both sides; nor the
+    indentation. Lines in a string literal that spans lines are kept as they are, and so is a line that holds a quote.
+    """
+    kept, quotes = [], 0
+    for line in lines:
+        if quotes % 2 == 0:  # not inside a literal: the indentation goes too
+            line = line.strip()
+            if line.startswith("--"):
+                continue
+            if "'" not in line and " --" in line:
+                line = line[: line.index(" --")].rstrip()
+        kept.append(line)
+        quotes += line.count("'")
+    return "\n".join(kept).strip()
 
 
 @cache
@@ -58,7 +76,8 @@ def table_query(name: str, table_name: str) -> str:
     Rendered to text once: psycopg then reuses its parse of the query (and its
     server-side prepared statement) instead of re-composing it on every call.
     """
-    return _composed(name, table_identifier(table_name)).as_string(None)
+    # Its name first: what pg_stat_activity shows of it.
+    return f"-- {name}\n" + _composed(name, table_identifier(table_name)).as_string(None)
 
 
 _PART = re.compile(r"(?<!\{)\{(\w+)\}(?!\})")
@@ -71,7 +90,7 @@ def _composed(name: str, table: sql.Identifier) -> sql.Composed:
 
 
 def shared_query(name: str) -> sql.SQL:
-    return sql.SQL(named_queries()[name])
+    return sql.SQL(f"-- {name}\n" + named_queries()[name])
 
 
 # psycopg's placeholders: %s (positional), %(name)s (named), each also as %b (bound in binary), and %% (a
