@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from outbox_pipelines.cli import handlers
 from outbox_pipelines.cli.inputs import unusable_tables
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say
 from outbox_pipelines.cli.parser import Handler, build_parser
@@ -43,27 +44,21 @@ if TYPE_CHECKING:
     from outbox_pipelines.cli.relay_commands import cmd_relay
     from outbox_pipelines.cli.servers import cmd_broker_sim, cmd_demo, cmd_dev, cmd_order_api
 
-# The commands' functions, found here as before, each module imported on first use (cli/handlers.py: a relay
-# process imports none of the other commands' modules).
-_ON_FIRST_USE = {
-    **dict.fromkeys(
-        ("cmd_db_create_table", "cmd_db_grant", "cmd_db_stop", "cmd_db_upgrade", "cmd_db_url"), "db_commands"
-    ),
-    "cmd_enqueue": "enqueue_command",
-    **dict.fromkeys(("blocked_keys_text", "cmd_status"), "oncall_commands"),
-    **dict.fromkeys(("cmd_clean", "cmd_replay", "cmd_requeue_stuck", "cmd_skip"), "operations_commands"),
-    "cmd_relay": "relay_commands",
-    **dict.fromkeys(("cmd_broker_sim", "cmd_demo", "cmd_dev", "cmd_order_api"), "servers"),
-}
-
 
 def __getattr__(name: str) -> Any:
+    """The commands' functions, found here as before, each module imported on first use: the module cli/handlers.py
+    names for it (a relay process imports none of the other commands' modules)."""
     if name == "GRANT_HELP":
         from outbox_pipelines.cli.late_help import grant_help
 
         return grant_help()
-    if name in _ON_FIRST_USE:
-        return getattr(import_module(f"outbox_pipelines.cli.{_ON_FIRST_USE[name]}"), name)
+    if name == "blocked_keys_text":
+        from outbox_pipelines.cli.oncall_commands import blocked_keys_text
+
+        return blocked_keys_text
+    command = getattr(handlers, name, None)
+    if isinstance(command, handlers.Command):
+        return getattr(import_module(command.module), command.function)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
