@@ -112,7 +112,7 @@ class BatchRunner:
             # open and paused until the next probe: that wait is over, the rest goes now.
             self.pause.lift()
         claimed_mono = self.forget(batch)
-        if self._delivered_plainly(outcomes):
+        if self.delivered_plainly(outcomes):
             # The common batch, delivered whole: settled and counted without a plan per message.
             with self._settle_span(batch), self.metrics.settle.time():
                 settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table, held=held)
@@ -136,7 +136,7 @@ class BatchRunner:
             self.pause.hold(counts.slow_down_s, "the destination answered 429")
             self.guard.pause(outbox_table.conn, counts.slow_down_s, "429 Retry-After")
 
-    def _delivered_plainly(self, outcomes: list[Outcome]) -> bool:
+    def delivered_plainly(self, outcomes: list[Outcome]) -> bool:
         """Whether ``settle_delivered`` can settle the batch: rows marked sent, and no after_settle to tell."""
         return self.table.on_success == "mark_sent" and not self._after_settle_overridden and plainly_sent(outcomes)
 

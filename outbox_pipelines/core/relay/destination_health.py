@@ -114,11 +114,21 @@ class DestinationGuard:
         wait = (row["next_probe_at"] - db_now).total_seconds() if row["next_probe_at"] else self.probe_interval_s
         return Gate(max(wait, 0.05), 0, True, CIRCUIT_WAIT)
 
-    def note_paused(self, conn: psycopg.Connection, configured: Sequence[str], switched_off: Sequence[str]) -> None:
+    def note_paused(
+        self,
+        conn: psycopg.Connection,
+        configured: Sequence[str],
+        switched_off: Sequence[str],
+        before_write: Callable[[], None] = lambda: None,
+    ) -> None:
         """The topics this relay leaves paused (its settings', its handlers' switched off), recorded when they
-        change (and once at start), for the lag check and ``status`` (core/storage/paused_topics.py)."""
+        change (and once at start), for the lag check and ``status`` (core/storage/paused_topics.py);
+        ``before_write`` runs first when they are written."""
         paused = {topic: BY_HANDLERS for topic in switched_off} | {topic: BY_SETTINGS for topic in configured}
-        if paused != self._paused and self._quietly(lambda: self._record_paused(conn, paused)):
+        if paused == self._paused:
+            return
+        before_write()
+        if self._quietly(lambda: self._record_paused(conn, paused)):
             self._paused = paused  # not written again (a write per claim before: its None read as "refused")
 
     def _record_paused(self, conn: psycopg.Connection, paused: dict[str, str]) -> bool:

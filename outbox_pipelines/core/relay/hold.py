@@ -13,10 +13,11 @@ from enum import Enum
 
 import psycopg
 
-from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.batch import BatchRunner, held
 from outbox_pipelines.core.relay.dispatch import combine_outcomes
 from outbox_pipelines.core.relay.invocation import Invocation
+from outbox_pipelines.core.relay.lanes import HeldLanes
 from outbox_pipelines.core.settings import TableSettings
 
 
@@ -72,13 +73,16 @@ def relay_held_first(
     worker: str,
     claim_next: Callable[[], list[ClaimedMessage]],
     claimed: list[ClaimedMessage],
+    lanes: HeldLanes,
 ) -> None:
     """One held batch: claimed in a transaction of the relay's session (``claim_next`` claims held rows), dispatched
     on this thread, then settled in that transaction. Under claim = "auto" it is also noted on the relay's worker
     row (a relay that dies holding it has its attempt counted) and, once the keeper leased it at ``hold``, settled
     as a leased batch. ``claimed`` receives the batch as soon as it is claimed, so a database error's recovery
-    knows which batch it abandoned."""
-    conn = run.conn
+    knows which batch it abandoned. A full batch delivered whole commits behind, while the next is claimed on the
+    other connection of ``lanes`` (relay/lanes.py); the batch before it has committed before this one is sent."""
+    lane = run.outbox_table
+    conn = lane.conn
     conn.execute("BEGIN")  # committed by the settle, or by the keeper when it leases the batch
     try:
         batch = claim_next()
@@ -86,17 +90,24 @@ def relay_held_first(
         if not batch:
             conn.rollback()
             return
-        plan = batches.plan(run.outbox_table, batch)
-        if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
-            batches.finish(
-                run.outbox_table, batch, combine_outcomes(plan, batches.deliver(batch, plan)), run.report, held=True
-            )
+        full = len(batch) >= table.batch_size
+        if full:
+            lanes.open_spare()
+        lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
+        plan = batches.plan(lane, batch)
+
+        def settle() -> None:
+            batches.finish(lane, batch, outcomes, run.report, held=True)
             conn.commit()
+
+        if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
+            outcomes = combine_outcomes(plan, batches.deliver(batch, plan))
+            _settle_held(run, lanes, batch, outcomes, batches, settle, full)
             return
         run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
 
         def lease() -> None:  # on the keeper's thread, at `hold`
-            run.outbox_table.lease_held(
+            lane.lease_held(
                 worker,
                 [msg.id for msg in batch],
                 table.lease_s,
@@ -114,13 +125,27 @@ def relay_held_first(
         finally:
             run.keeper.cancel_at()
         if hold.settle_held():
-            batches.finish(run.outbox_table, batch, outcomes, run.report, held=True)
-            conn.commit()
+            _settle_held(run, lanes, batch, outcomes, batches, settle, full)
         else:
             run.keeper.release()
-            batches.finish(run.outbox_table, batch, outcomes, run.report, held=False)
+            batches.finish(lane, batch, outcomes, run.report, held=False)
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()  # a held batch goes back as it was; a leased one is given back by the caller
         raise
+
+
+def _settle_held(
+    run: Invocation,
+    lanes: HeldLanes,
+    batch: list[ClaimedMessage],
+    outcomes: list[Outcome],
+    batches: BatchRunner,
+    settle: Callable[[], None],
+    full: bool,
+) -> None:
+    """Settle in line, or behind while the next batch is claimed: a full batch (a backlog, where the next claim
+    follows at once) delivered whole (nothing learnt that the next batch must wait for: no failure, no 429)."""
+    if not (full and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, settle)):
+        settle()

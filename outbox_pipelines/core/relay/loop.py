@@ -26,6 +26,7 @@ from outbox_pipelines.core.relay.budget import Budget
 from outbox_pipelines.core.relay.destination_health import DestinationGuard
 from outbox_pipelines.core.relay.hold import relay_held_first
 from outbox_pipelines.core.relay.invocation import Invocation, Release
+from outbox_pipelines.core.relay.lanes import HeldLanes, SettleFailed
 from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines.core.relay.pause import Pause
 from outbox_pipelines.core.relay.pipeline import Pipeline
@@ -87,6 +88,7 @@ class Relay:
         self.pause = Pause()
         self.batches = BatchRunner(table, destination, self.worker, self.guard, self.pause, uniform)
         self.pipeline = Pipeline(self.batches)
+        self.lanes = HeldLanes(direct_url or url, table.name)
         self._stop = StopRequest()
         self.recovery = Recovery(url, direct_url, table, self.worker, self._stop)
         # The last claim took a few rows: the next one likely will too, and keeps its plan (relay/session.py).
@@ -128,6 +130,7 @@ class Relay:
             # Whatever ends the loop this way (Ctrl-C without the signal handlers, a bug), the batch it held
             # is not settled: its rows go back to pending now instead of waiting out their lease.
             run.keeper.release()
+            self.lanes.abandon(run)
             self.recovery.give_back_held(run)
             raise
         finally:
@@ -178,6 +181,11 @@ class Relay:
     def _turn(self, run: Invocation) -> bool:
         """One pass of the loop; False when the invocation ends (``stopped_because`` says why)."""
         reason = self._reason_to_end(run)
+        if self.lanes.settling and (reason or self.pause.active or time.monotonic() >= run.next_requeue):
+            try:  # anything but the next claim waits for the batch committing behind (relay/lanes.py)
+                self.lanes.go_home(run)
+            except SettleFailed as failed:
+                return self._recover(run, failed.batch, failed.error)
         if reason:
             run.report.stopped_because = reason
             return False
@@ -187,9 +195,10 @@ class Relay:
         batch: list[ClaimedMessage] = []
         try:
             self._requeue_expired_if_due(run)
-            if self._holds_first(run):
-                # relay/hold.py; it fills batch as soon as it is claimed
-                relay_held_first(run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch)
+            if self._holds_first(run):  # relay/hold.py; it fills batch as soon as it is claimed
+                relay_held_first(
+                    run, self.table, self.batches, self.worker, lambda: self._claim_next(run), batch, self.lanes
+                )
             else:
                 batch = self._claim_next(run)
                 if batch:
@@ -198,8 +207,11 @@ class Relay:
                 ordering.release_contended(run.outbox_table, patient=False)
             if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
-            take_wakeups(run.session)  # the next claim sees what they announced
+            if not self.lanes.busy(run.session.conn):
+                take_wakeups(run.session)  # the next claim sees what they announced
             return True
+        except SettleFailed as failed:
+            return self._recover(run, failed.batch, failed.error)
         except psycopg.OperationalError as exc:
             return self._recover(run, batch, exc)
 
@@ -230,12 +242,9 @@ class Relay:
         return True
 
     def _emptied_the_queue(self, run: Invocation, batch: list[ClaimedMessage]) -> bool:
-        """The claim took fewer rows than it asked for: nothing else was ready when it ran. A message
-        committed since has sent a NOTIFY (kept in the session's backlog while the batch ran), so the
-        relay waits for one instead of claiming again at once, which at a trickle cost every message an
-        empty claim and a gate read. A pipelined relay's last claim already came back empty; a one-shot
-        run drains until a claim does; a session that cannot LISTEN polls. A batch cut short by the entry
-        budget used the budget up: the invocation ends instead."""
+        """The claim took fewer rows than it asked for: nothing else was ready, and a message committed since has
+        sent a NOTIFY, so the relay waits for one instead of claiming at once (not a pipelined relay, a one-shot
+        run, a session that polls, nor a batch cut short by the entry budget). Why: docs/explanation/relay.md."""
         return (
             run.session.listening
             and not run.budget.once
@@ -246,6 +255,7 @@ class Relay:
 
     def _idle(self, run: Invocation) -> bool:
         """Nothing to claim: a one-shot run ends; otherwise sleep until the next row is due or a NOTIFY."""
+        self.lanes.go_home(run)
         if run.budget.once:
             run.report.stopped_because = (
                 f"{self.pause.reason}; the rest waits as pending" if self.pause.active else StopReason.NOTHING_READY
@@ -271,21 +281,20 @@ class Relay:
             self.batches.run(run.outbox_table, run.keeper, batch, run.report)
 
     def _holds_first(self, run: Invocation) -> bool:
-        """Each batch is held in a transaction (relay/hold.py): always under claim = "transaction"; under "auto",
-        leased if its dispatch takes longer than ``hold``, and leased from the claim on for a pipelined
-        destination (two batches in flight, where one transaction holds one) or a relay session through a
-        transaction pooler (a held transaction would pin the pool's server connection through the dispatch,
-        and the keeper's connection, which notes the held batch, could wait for that very connection)."""
+        """Each batch is held in a transaction (relay/hold.py): under claim = "transaction", and under "auto" but for
+        a pipelined destination or a session through a transaction pooler (docs/explanation/relay.md, "Claim modes")."""
         if self.table.claim == "transaction":
             return True
         return self.table.claim == "auto" and not self.destination.pipelined and run.session.listening
 
     def _end(self, run: Invocation) -> None:
+        self.lanes.abandon(run)
         if run.outbox_table.contended_keys and not run.session.conn.closed:
             with contextlib.suppress(psycopg.Error):  # what stays held is the sweep's (ordering.py)
                 ordering.release_contended(run.outbox_table)
         run.keeper.close()
         self.pipeline.shutdown()
+        self.lanes.shutdown()
         report = run.report
         report.seconds = time.monotonic() - run.started
         report.circuit = "open" if self.guard.circuit_open else report.circuit
@@ -298,7 +307,9 @@ class Relay:
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
         if limit <= 0 or self.pause.active:
             return []
-        self.guard.note_paused(run.outbox_table.conn, self.table.paused_topics, self.destination.paused_topics)
+        # Only the claim goes beside a batch committing behind (relay/lanes.py): a write to the destination's row waits.
+        paused = (self.table.paused_topics, self.destination.paused_topics)
+        self.guard.note_paused(run.outbox_table.conn, *paused, before_write=self.lanes.settled)
         # The table's pause and circuit are read at every claim, by the claim itself while the
         # destination is plainly open (one round trip, not two, before a message reaches its
         # handler). Only a claim that found nothing reads the gate: it may have been closed.
@@ -307,6 +318,7 @@ class Relay:
             self.guard.saw_open()
             report.circuit = "closed"
         else:
+            self.lanes.settled()
             gate = self.guard.gate(run.outbox_table.conn)
             report.circuit = "open" if gate.circuit_open else "closed"
             if gate.limit == 0:
@@ -375,6 +387,7 @@ class Relay:
         """Lost connection or statement timeout: the batch is abandoned at once (its leases are no longer
         renewed), and given back as soon as the database answers again. False: the invocation ends."""
         run.keeper.release()
+        self.lanes.abandon(run)
         self.batches.forget_claims()
         run.report.db_errors += 1
         log.warning("relay %s: database error, reconnecting: %s", self.table.name, exc)
