@@ -90,8 +90,8 @@ def relay_held_first(
         if not batch:
             conn.rollback()
             return
-        full = len(batch) >= table.batch_size
-        if full:
+        ahead = len(batch) >= table.batch_size and lanes.alone(lane)
+        if ahead:  # a backlog, and no other relay of the table claims while this one settles
             lanes.open_spare()
         lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
         plan = batches.plan(lane, batch)
@@ -102,7 +102,7 @@ def relay_held_first(
 
         if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
             outcomes = combine_outcomes(plan, batches.deliver(batch, plan))
-            _settle_held(run, lanes, batch, outcomes, batches, settle, full)
+            _settle_held(run, lanes, batch, outcomes, batches, settle, ahead)
             return
         run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
 
@@ -125,7 +125,7 @@ def relay_held_first(
         finally:
             run.keeper.cancel_at()
         if hold.settle_held():
-            _settle_held(run, lanes, batch, outcomes, batches, settle, full)
+            _settle_held(run, lanes, batch, outcomes, batches, settle, ahead)
         else:
             run.keeper.release()
             batches.finish(lane, batch, outcomes, run.report, held=False)
@@ -143,9 +143,9 @@ def _settle_held(
     outcomes: list[Outcome],
     batches: BatchRunner,
     settle: Callable[[], None],
-    full: bool,
+    ahead: bool,
 ) -> None:
-    """Settle in line, or behind while the next batch is claimed: a full batch (a backlog, where the next claim
-    follows at once) delivered whole (nothing learnt that the next batch must wait for: no failure, no 429)."""
-    if not (full and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, settle)):
+    """Settle in line, or behind while the next batch is claimed: a full batch of the table's only relay (a backlog,
+    where the next claim follows at once) delivered whole (nothing learnt that the next batch must wait for)."""
+    if not (ahead and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, settle)):
         settle()

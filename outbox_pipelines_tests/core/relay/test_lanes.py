@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from outbox_pipelines import Message, Outbox, Outcome
-from outbox_pipelines.core.relay import Relay
+from outbox_pipelines.core.relay import Relay, liveness
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
 
@@ -79,6 +79,27 @@ def test_per_key_order_holds_across_the_two_connections(db_url, conn):
     assert Counter(got) == Counter(f"{k}-{r}" for k in keys for r in range(15))
     for key in keys:
         assert [e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(15)]
+
+
+def test_beside_another_live_relay_of_its_table_a_relay_settles_each_batch_first(db_url, conn):
+    liveness.register(conn, "the-other-relay", EVENTS, None)  # alive: it heartbeat just now
+    enqueue_n(conn, EVENTS, 30)
+    sessions: list[int] = []
+    with psycopg.connect(db_url, autocommit=True) as probe:
+        mine = [conn.info.backend_pid, probe.info.backend_pid]
+
+        def record(msg):
+            sessions.append(
+                probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> ALL(%s)",
+                    (mine,),
+                ).fetchone()[0]
+            )
+            return Outcome.sent()
+
+        report = Relay(db_url, events_settings(batch_size=10), ScriptedDestination(record)).run(once=True)
+    assert report.sent == 30
+    assert set(sessions) == {2}  # its session and its lease keeper: the other relay claims while this one settles
 
 
 @pytest.mark.parametrize("batch_cut", [1, 2], ids=["relay-session", "second-connection"])
