@@ -120,11 +120,7 @@ class HeldLanes:
     def go_home(self, run: Invocation) -> None:
         """Settled, and back on the relay's session (it LISTENs, and the keys left contended are released there)."""
         self.settled()
-        if run.outbox_table.conn is not run.session.conn:
-            home = self._home_of(run)
-            home.contended_keys.update(run.outbox_table.contended_keys)
-            run.outbox_table.contended_keys.clear()
-            run.outbox_table = home
+        self._back_home(run)
 
     def abandon(self, run: Invocation) -> None:
         """The invocation ends or reconnects: wait for the settle in flight (what it raises is logged), drop the
@@ -133,11 +129,7 @@ class HeldLanes:
             self.settled()
         except Exception as exc:  # the caller is already handling an error, or ending
             log.warning("relay %s: the settle in flight failed: %s", self.table_name, exc)
-        spare = self._spare_table()
-        if spare is not None and run.outbox_table is spare:
-            home = self._home_of(run)
-            home.contended_keys.update(spare.contended_keys)
-            run.outbox_table = home
+        self._back_home(run)
         self._drop_spare()
         self._home, self._peers_asked = None, float("-inf")
 
@@ -146,6 +138,13 @@ class HeldLanes:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+
+    def _back_home(self, run: Invocation) -> None:
+        if run.outbox_table.conn is not run.session.conn:
+            home = self._home_of(run)
+            home.contended_keys.update(run.outbox_table.contended_keys)
+            run.outbox_table.contended_keys.clear()
+            run.outbox_table = home
 
     def _home_of(self, run: Invocation) -> OutboxTable:
         if self._home is None or self._home.conn is not run.session.conn:
