@@ -17,7 +17,7 @@ from outbox_pipelines.core.models import ClaimedMessage, Outcome
 from outbox_pipelines.core.relay.batch import BatchRunner, held
 from outbox_pipelines.core.relay.dispatch import combine_outcomes
 from outbox_pipelines.core.relay.invocation import Invocation
-from outbox_pipelines.core.relay.lanes import HeldLanes
+from outbox_pipelines.core.relay.lanes import HeldLanes, SettleFailed
 from outbox_pipelines.core.settings import TableSettings
 
 
@@ -93,7 +93,12 @@ def relay_held_first(
         ahead = len(batch) >= table.batch_size and lanes.alone(lane)
         if ahead:  # a backlog, and no other relay of the table claims while this one settles
             lanes.open_spare()
-        lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
+        try:
+            lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
+        except SettleFailed:
+            run.report.claimed -= len(batch)  # given back untouched: none of it spent from the budget
+            batches.forget(batch)
+            raise
         plan = batches.plan(lane, batch)
 
         def settle() -> None:

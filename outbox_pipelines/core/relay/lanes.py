@@ -122,16 +122,20 @@ class HeldLanes:
         self.settled()
         self._back_home(run)
 
-    def abandon(self, run: Invocation) -> None:
-        """The invocation ends or reconnects: wait for the settle in flight (what it raises is logged), drop the
-        spare, and point the run at its session."""
+    def abandon(self, run: Invocation) -> list[ClaimedMessage]:
+        """The invocation ends or reconnects: wait for the settle in flight, drop the spare, and point the run at its
+        session. The batch whose settle failed on a lost connection, if one did (what else it raised is logged)."""
+        failed: list[ClaimedMessage] = []
         try:
             self.settled()
+        except SettleFailed as exc:
+            failed = exc.batch
         except Exception as exc:  # the caller is already handling an error, or ending
             log.warning("relay %s: the settle in flight failed: %s", self.table_name, exc)
         self._back_home(run)
         self._drop_spare()
         self._home, self._peers_asked = None, float("-inf")
+        return failed
 
     def shutdown(self) -> None:
         self._drop_spare()

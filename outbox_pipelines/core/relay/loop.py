@@ -387,7 +387,7 @@ class Relay:
         """Lost connection or statement timeout: the batch is abandoned at once (its leases are no longer
         renewed), and given back as soon as the database answers again. False: the invocation ends."""
         run.keeper.release()
-        self.lanes.abandon(run)
+        batch = batch + self.lanes.abandon(run)  # and the batch committing behind, if its settle failed too
         self.batches.forget_claims()
         run.report.db_errors += 1
         log.warning("relay %s: database error, reconnecting: %s", self.table.name, exc)
