@@ -101,13 +101,19 @@ def relay_held_first(
             raise
         plan = batches.plan(lane, batch)
 
-        def settle() -> None:
-            batches.finish(lane, batch, outcomes, run.report, held=True)
-            conn.commit()
+        def settle_held(outcomes: list[Outcome]) -> None:
+            """In this transaction: now, or behind while the next batch is claimed, for a full batch of the table's
+            only relay (the next claim follows at once) delivered whole (nothing the next batch must wait for)."""
+
+            def commit() -> None:
+                batches.finish(lane, batch, outcomes, run.report, held=True)
+                conn.commit()
+
+            if not (ahead and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, commit)):
+                commit()
 
         if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
-            outcomes = combine_outcomes(plan, batches.deliver(batch, plan))
-            _settle_held(run, lanes, batch, outcomes, batches, settle, ahead)
+            settle_held(combine_outcomes(plan, batches.deliver(batch, plan)))
             return
         run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
 
@@ -130,7 +136,7 @@ def relay_held_first(
         finally:
             run.keeper.cancel_at()
         if hold.settle_held():
-            _settle_held(run, lanes, batch, outcomes, batches, settle, ahead)
+            settle_held(outcomes)
         else:
             run.keeper.release()
             batches.finish(lane, batch, outcomes, run.report, held=False)
@@ -139,18 +145,3 @@ def relay_held_first(
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()  # a held batch goes back as it was; a leased one is given back by the caller
         raise
-
-
-def _settle_held(
-    run: Invocation,
-    lanes: HeldLanes,
-    batch: list[ClaimedMessage],
-    outcomes: list[Outcome],
-    batches: BatchRunner,
-    settle: Callable[[], None],
-    ahead: bool,
-) -> None:
-    """Settle in line, or behind while the next batch is claimed: a full batch of the table's only relay (a backlog,
-    where the next claim follows at once) delivered whole (nothing learnt that the next batch must wait for)."""
-    if not (ahead and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, settle)):
-        settle()

@@ -37,6 +37,10 @@ class Invocation:
     # Where the ordering sweep goes on from (core/relay/ordering.py), at the requeue's pace.
     ordering_sweep: ordering.SweepCursor = field(default_factory=ordering.SweepCursor)
 
+    def requeue_due(self, now: float) -> bool:
+        """Whether the periodic requeue of stuck rows (and the ordering sweep) is due at ``now`` (time.monotonic())."""
+        return now >= self.next_requeue
+
     @property
     def conn(self) -> psycopg.Connection:
         return self.session.conn

@@ -181,7 +181,7 @@ class Relay:
     def _turn(self, run: Invocation) -> bool:
         """One pass of the loop; False when the invocation ends (``stopped_because`` says why)."""
         reason = self._reason_to_end(run)
-        if self.lanes.settling and (reason or self.pause.active or time.monotonic() >= run.next_requeue):
+        if self.lanes.settling and (reason or self.pause.active or run.requeue_due(time.monotonic())):
             try:  # anything but the next claim waits for the batch committing behind (relay/lanes.py)
                 self.lanes.go_home(run)
             except SettleFailed as failed:
@@ -370,7 +370,7 @@ class Relay:
 
     def _requeue_expired_if_due(self, run: Invocation) -> None:
         now = time.monotonic()
-        if now < run.next_requeue:
+        if not run.requeue_due(now):
             return
         rows = run.outbox_table.requeue_stuck(
             self.worker,
