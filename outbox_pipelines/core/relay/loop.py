@@ -36,7 +36,7 @@ from outbox_pipelines.core.relay.session import open_relay_session, take_wakeups
 from outbox_pipelines.core.relay.stop import StopReason, StopRequest
 from outbox_pipelines.core.retry import UniformSource
 from outbox_pipelines.core.settings import TableSettings
-from outbox_pipelines.core.storage.table import PLAN_REUSE_MAX_ROWS, OutboxTable
+from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.core.telemetry import tracing
 from outbox_pipelines.core.telemetry.counts import count_claim
 
@@ -91,8 +91,6 @@ class Relay:
         self.lanes = HeldLanes(direct_url or url, table.name)
         self._stop = StopRequest()
         self.recovery = Recovery(url, direct_url, table, self.worker, self._stop)
-        # The last claim took a few rows: the next one likely will too, and keeps its plan (relay/session.py).
-        self._claims_are_small = False
 
     # -- control -------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
@@ -329,7 +327,6 @@ class Relay:
         report.claimed += len(claimed)
         if claimed:
             run.last_work = time.monotonic()
-        self._claims_are_small = len(claimed) <= PLAN_REUSE_MAX_ROWS
         count_claim(self.table.name, len(claimed))
         self.batches.note_claimed(claimed)
         return claimed
@@ -344,7 +341,7 @@ class Relay:
                     self.table.lease_s,
                     paused_topics=self._paused_topics(),
                     gated=gated,
-                    reuse_plan=self._claims_are_small,
+                    reuse_plan=True,
                     max_bytes=self.table.batch_bytes,
                 )
             else:
@@ -357,7 +354,7 @@ class Relay:
                     audit_claims=self.table.audit == "all",
                     fast_commit=True,
                     gated=gated,
-                    reuse_plan=self._claims_are_small,
+                    reuse_plan=True,
                     max_bytes=self.table.batch_bytes,
                 )
             span.set_attribute("outbox.claimed", len(claimed))

@@ -16,16 +16,14 @@ from outbox_pipelines.core.storage import pooler
 from outbox_pipelines.core.storage.db import connect, mask_url
 
 STATEMENT_TIMEOUT_MS = 30_000
-# Plans. By default every statement of the relay's sessions is planned for its own parameters: a
-# generic plan guesses a handful of input rows and turns the batched settle into a nested loop,
-# quadratic in the batch size (measured: 264 ms instead of 23 ms for 1,000 rows). Planning costs
-# 0.4-0.5 ms a statement, though, a third of a message's way from commit to handler at a trickle.
-# So a statement over at most PLAN_REUSE_MAX_ROWS rows (core/storage/table.py: a claim after a short one,
-# the settle of a small batch, the next-due read) asks to keep its plan (``reuse_plan``: prepared,
-# and PostgreSQL may then choose a generic plan); nothing is prepared by count. No sequential
-# scans: a generic plan made while a table was small would otherwise keep reading it whole as it
-# grows.
-RELAY_SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=auto -c enable_seqscan=off"
+# Plans. The claim, the settle of a batch delivered whole and the next-due read are prepared once per session
+# and run a generic plan: parsing and planning them anew cost about 1 ms each a batch, a fifth of a batch of 100
+# (bench/results.md), and their generic plans run as fast as planned ones from 1 to 5,000 rows. The other settles
+# (a retry or a death in the batch) are planned for their parameters each time. No sequential scans:
+# a generic plan made while a table was small would otherwise keep reading it whole as it grows.
+RELAY_SESSION_OPTIONS = (
+    f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_generic_plan -c enable_seqscan=off"
+)
 _PREPARED_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: None would refuse prepare=True too
 
 

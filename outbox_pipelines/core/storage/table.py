@@ -9,14 +9,13 @@ The families: docs/explanation/codebase.md, "The storage room".
 from outbox_pipelines.core.storage.settlements import Settlement
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.statements import Row, Statement, unknown_table
-from outbox_pipelines.core.storage.table_claims import PLAN_REUSE_MAX_ROWS, ClaimStatements, bigint_array
+from outbox_pipelines.core.storage.table_claims import ClaimStatements, bigint_array
 from outbox_pipelines.core.storage.table_enqueue import EnqueueStatements, NewRow
 from outbox_pipelines.core.storage.table_lock_and_audit import LockAndAuditStatements
 from outbox_pipelines.core.storage.table_maintenance import MaintenanceStatements
 from outbox_pipelines.core.storage.table_reads import StatusReads, ready_tables
 
 __all__ = [
-    "PLAN_REUSE_MAX_ROWS",
     "NewRow",
     "OutboxTable",
     "Row",

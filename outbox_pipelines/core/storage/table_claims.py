@@ -65,8 +65,6 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
     )
 
 
-# Up to this many rows, a relay's statement keeps its plan (``reuse_plan``; why: core/relay/session.py).
-PLAN_REUSE_MAX_ROWS = 16
 # A claim's byte budget by default (a table's ``batch_bytes``): its rows' bodies (payload and headers as JSON text)
 # fit in this many bytes, or it holds one message, larger (outbox_claim's "taken").
 DEFAULT_BATCH_BYTES = 16 * 1024 * 1024
@@ -107,7 +105,7 @@ class ClaimStatements(TableStatements):
         flush (the relay's; a lost claim means a redelivery). Inside a caller's transaction it would
         make the whole transaction so: leave it False there. ``gated``: nothing unless the table's
         destination is plainly open (not paused, no throttle probe due, circuit closed).
-        ``reuse_plan``: a few rows are expected; keep the statement's plan (relay/session.py).
+        ``reuse_plan``: keep the statement's plan for the session (a relay's: generic, relay/session.py).
         ``max_bytes``: the batch's byte budget: its rows' payloads and headers (JSON text) fit in it, or it holds
         the first row alone; the rows left out are not claimed.
         """
@@ -247,8 +245,8 @@ class ClaimStatements(TableStatements):
             "refs": list(refs) if refs is not None else None,
             "fast_commit": fast_commit and not held,
         }
-        # A few rows: the statement's plan is kept (relay/session.py); a big batch is planned for its size.
-        rows = self._run("outbox_settle_sent", params, reuse_plan=len(ids) <= PLAN_REUSE_MAX_ROWS)
+        # Its plan is kept, generic in a relay's session (relay/session.py).
+        rows = self._run("outbox_settle_sent", params, reuse_plan=True)
         self._note_contended(rows[0]["contended"])
         lost = rows[0]["lost"]
         return set(ids).difference(lost) if lost else set(ids)
