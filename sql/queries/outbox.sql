@@ -106,9 +106,11 @@ NOT EXISTS (SELECT 1 FROM {table} AS p
 -- name: claim_due
 -- Part of both claims: a pending row (alias t) a claim may take, its time come aside (each claim compares
 -- available_at with its clock). Not held behind an earlier message of its key (ordering_blocked), nor of a
--- paused topic. Its key's turn is claim_key_free's, checked on the rows the claim locked.
+-- paused topic. Its key's turn is claim_key_free's, checked on the rows the claim locked. The topic is compared as
+-- an expression (t.topic || ''), which has no statistics: on a table of one topic, the column's made the relay's kept
+-- (generic) plan expect no row to pass "<> ALL(paused topics)", and read every due row into a bitmap to sort them.
 t.status = 'pending' AND NOT t.ordering_blocked
-AND t.topic <> ALL(%(paused_topics)s::text[])
+AND (t.topic || '') <> ALL(%(paused_topics)s::text[])
 
 -- name: claim_key_free
 -- Part of both claims, over the rows claim_due found and the claim locked (alias t): a keyed message goes only
@@ -158,7 +160,7 @@ WITH clock AS (
     WHERE t.status = 'sending'
       AND t.lease_expires_at < (SELECT now FROM clock WHERE gate_open)
       AND t.attempts < %(max_attempts)s
-      AND t.topic <> ALL(%(paused_topics)s::text[])
+      AND (t.topic || '') <> ALL(%(paused_topics)s::text[])  -- as in claim_due
     ORDER BY t.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED

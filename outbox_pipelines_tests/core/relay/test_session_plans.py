@@ -49,3 +49,26 @@ def test_claims_and_delivered_settles_keep_a_generic_plan_at_every_size(db_url, 
         assert kept_plans(relay_conn) == {"claim": (3, 0), "settle": (2, 0), "next due": (2, 0)}
         assert relay_conn.execute("SHOW enable_seqscan").fetchone()["enable_seqscan"] == "off"
     assert statuses(conn, EVENTS) == {"sent": 1 + 300 + 2, "pending": 1}
+
+
+def rows_fetched(conn, table: str) -> int:
+    """Rows the open transaction has read from ``table`` through its indexes so far."""
+    row = conn.execute("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = %s", (table,)).fetchone()
+    return int(row["idx_tup_fetch"])
+
+
+def test_a_kept_claim_plan_reads_a_batch_not_the_whole_backlog_of_a_one_topic_table(db_url, conn):
+    """A table of one topic, its statistics fresh: its kept claim plans read about a batch of rows, not every due
+    one (they once expected no row to pass the paused-topics test and sorted the whole backlog for each claim)."""
+    enqueue_n(conn, EVENTS, 3000)
+    conn.execute(f"ANALYZE {EVENTS}")
+    with open_session(db_url) as relay_conn:
+        table = OutboxTable(relay_conn, EVENTS)
+        with relay_conn.transaction():
+            assert len(table.claim_held(100, 60, gated=True, reuse_plan=True)) == 100
+            held_read = rows_fetched(relay_conn, EVENTS)
+        with relay_conn.transaction():
+            assert len(table.claim("w", 100, 60, gated=True, reuse_plan=True)) == 100
+            leased_read = rows_fetched(relay_conn, EVENTS)
+        assert kept_plans(relay_conn)["claim"] == (1, 0)  # the leased claim ran its generic plan
+    assert held_read < 500 and leased_read < 500, (held_read, leased_read)

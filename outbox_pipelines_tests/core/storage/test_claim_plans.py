@@ -81,7 +81,7 @@ SHARED_PARTS = {
     "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
     "key_head": ("p.ordering_key = t.ordering_key AND p.id < t.id", ("claim_key_free", "maintenance_requeue_due")),
     "claim_key_free": ("WHERE f.ordering_key = t.ordering_key AND f.status = 'sending'", CLAIMS),
-    "claim_due": ("AND NOT t.ordering_blocked\nAND t.topic <> ALL(%(paused_topics)s::text[])", CLAIMS),
+    "claim_due": ("AND NOT t.ordering_blocked\nAND (t.topic || '') <> ALL(%(paused_topics)s::text[])", CLAIMS),
     "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
     "settle_fence": ("AND (%(held)s OR t.locked_by = %(worker)s)", SETTLES),
     "settle_conflict_audit": ("'outbox_flush_conflict'", (*SETTLES, "outbox_renew_leases")),
