@@ -5,6 +5,7 @@ A test that starts a process stops that process, by its pid (or its own process 
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,11 +24,31 @@ CLI = (sys.executable, "-m", "outbox_pipelines.cli")
 """``outbox-pipelines`` as the test's own interpreter runs it (no console script needed on the PATH)."""
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Below the kernel's ephemeral range: a port chosen inside it (what binding port 0 gives) can be taken by any
+# outgoing connection's own port before the server given it binds it (a RabbitMQ node failed so: eaddrinuse).
+# Drawn by the system's generator: pytest-randomly seeds ``random`` alike in each worker.
+_SERVER_PORTS = range(max(1024, _ephemeral_low() - 12000), _ephemeral_low())
+_DRAW = random.SystemRandom()
+
+
 def free_port() -> int:
     """A port nothing listens on now: for a server started in another process, or a connection refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(200):
+        port = _DRAW.choice(_SERVER_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {_SERVER_PORTS} after 200 tries")
 
 
 def free_port_pair() -> int:

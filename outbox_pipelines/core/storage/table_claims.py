@@ -3,7 +3,6 @@ holds, release ordering keys) and the reads it makes between cycles."""
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -11,7 +10,7 @@ from psycopg.rows import RowMaker
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.models import ClaimedMessage
-from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.queries import claim_query
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
 from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
 
@@ -71,22 +70,12 @@ def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
 DEFAULT_BATCH_BYTES = 16 * 1024 * 1024
 
 
-@lru_cache(maxsize=256)
-def claim_statement(query: str, table_name: str, limit: int) -> str:
-    """A claim with its LIMIT written in as a number, so that its kept (generic) plan knows how few rows it takes:
-    with a parameter there, PostgreSQL plans for a tenth of the due rows, and sorting them all can then look cheaper
-    than reading the index in id order (claim_due says why the topic is compared as an expression, likewise)."""
-    if type(limit) is not int or limit < 0:
-        raise ValueError(f"a claim's limit is a count of rows, not {limit!r}")
-    return table_query(query, table_name).replace("%(limit)s", str(limit))
-
-
 class ClaimStatements(TableStatements):
     """Claim, settle and hold messages of one outbox table."""
 
     def _claimed(self, query: str, params: dict[str, Any], reuse_plan: bool) -> list[ClaimedMessage]:
         """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
-        statement = claim_statement(query, self.table_name, params.pop("limit"))
+        statement = claim_query(query, self.table_name, params.pop("limit"))
         try:
             # Binary results: the timestamps cross as integers, not text to format and parse.
             with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
