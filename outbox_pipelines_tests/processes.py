@@ -34,7 +34,8 @@ def _ephemeral_low() -> int:
 # Below the kernel's ephemeral range: a port chosen inside it (what binding port 0 gives) can be taken by any
 # outgoing connection's own port before the server given it binds it (a RabbitMQ node failed so: eaddrinuse).
 # Drawn by the system's generator: pytest-randomly seeds ``random`` alike in each worker.
-_SERVER_PORTS = range(max(1024, _ephemeral_low() - 12000), _ephemeral_low())
+_EPHEMERAL_LOW = _ephemeral_low()
+_SERVER_PORTS = range(max(1024, _EPHEMERAL_LOW - 12000), _EPHEMERAL_LOW)
 _DRAW = random.SystemRandom()
 
 

@@ -107,8 +107,8 @@ NOT EXISTS (SELECT 1 FROM {table} AS p
 -- Part of both claims: a pending row (alias t) a claim may take, its time come aside (each claim compares
 -- available_at with its clock). Not held behind an earlier message of its key (ordering_blocked), nor of a
 -- paused topic. Its key's turn is claim_key_free's, checked on the rows the claim locked. The topic is compared as
--- an expression (t.topic || ''), which has no statistics: on a table of one topic, the column's made the relay's kept
--- (generic) plan expect no row to pass "<> ALL(paused topics)", and read every due row into a bitmap to sort them.
+-- an expression (t.topic || ''), which has no statistics: on a table of one topic, the column's statistics made the
+-- relay's kept (generic) plan expect no row to pass "<> ALL(paused topics)" and sort every due row to claim a batch.
 t.status = 'pending' AND NOT t.ordering_blocked
 AND (t.topic || '') <> ALL(%(paused_topics)s::text[])
 
