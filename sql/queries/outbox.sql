@@ -390,7 +390,7 @@ SELECT s.id, r.contended FROM settled AS s CROSS JOIN release AS r
 -- update costs to run), and the destination's references when it gave any (a broker's stream:seq or offset;
 -- NULL: none), answering with the ids it could not settle.
 WITH clock AS (
-    -- fast_commit (a leased batch that emptied the queue, on the relay's autocommit session): this
+    -- fast_commit (a held batch, or a leased one that emptied the queue: relay/settlement.py): this
     -- statement's transaction commits without waiting for the WAL flush, as the claim does. A
     -- settle a database crash loses sends its rows again, which at-least-once allows.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,

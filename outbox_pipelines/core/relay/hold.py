@@ -93,11 +93,16 @@ def relay_held_first(
         ahead = len(batch) >= table.batch_size and lanes.alone(lane)
         if ahead:  # a backlog, and no other relay of the table claims while this one settles
             lanes.open_spare()
+        noted = table.claim == "auto"
+        if noted:  # while the batch before commits, on the keeper's connection: the two overlap
+            run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
         try:
             lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
         except SettleFailed:
             run.report.claimed -= len(batch)  # given back untouched: none of it spent from the budget
             batches.forget(batch)
+            if noted:
+                run.keeper.note_held([])  # never sent: burying the relay must not count its attempt
             raise
         plan = batches.plan(lane, batch)
 
@@ -112,10 +117,9 @@ def relay_held_first(
             if not (ahead and batches.delivered_plainly(outcomes) and lanes.settle_behind(run, batch, commit)):
                 commit()
 
-        if table.claim != "auto":  # claim = "transaction": no lease, no note; the server ends a hung transaction
+        if not noted:  # claim = "transaction": no lease, no note; the server ends a hung transaction
             settle_held(combine_outcomes(plan, batches.deliver(batch, plan)))
             return
-        run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
 
         def lease() -> None:  # on the keeper's thread, at `hold`
             lane.lease_held(

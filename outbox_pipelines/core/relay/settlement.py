@@ -147,21 +147,23 @@ def settle_delivered(
 
 
 def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int, held: bool) -> bool:
-    """Whether a leased batch of ``delivered`` messages, delivered whole, settles without waiting for its
-    WAL flush.
+    """Whether a batch of ``delivered`` messages, delivered whole, settles without waiting for its WAL flush.
 
-    A batch smaller than ``batch_size`` emptied the queue: the relay is keeping up, each batch is a
-    message or a few, and the next message waits behind each flush (bench/results.md). A settle a
-    database crash loses (at most the last few hundred milliseconds of them) sends its rows again,
-    which at-least-once allows, like a lost claim. A full batch waits: a backlog is being drained,
-    one flush is shared by the whole batch, and a crash then re-sends only what was in flight.
-    Only on the relay's own autocommit session: inside a transaction it would make all of it so.
+    A held batch: always. Its transaction is the relay's own (its claim wrote nothing), and a settle a database
+    crash loses (at most the last few hundred milliseconds of them) puts its rows back as they were, to be sent
+    again, which at-least-once allows: the flush was a third of a small backlog's time per batch
+    (bench/results.md). A leased batch: when smaller than ``batch_size`` (it emptied the queue, and at a trickle
+    each message would wait behind the flush before it), and only on the relay's own autocommit session: inside
+    a caller's transaction it would make all of it so. A full leased batch waits, one flush for the whole batch.
     """
-    return not held and delivered < table.batch_size and conn.autocommit and not _in_transaction(conn)
+    if held:
+        return True
+    return delivered < table.batch_size and conn.autocommit and not _in_transaction(conn)
 
 
 _SAVEPOINT = "SAVEPOINT outbox_settle"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT outbox_settle"
+_PIPELINES = psycopg.Pipeline.is_supported()
 
 
 def _in_transaction(conn: psycopg.Connection) -> bool:
@@ -172,11 +174,16 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Cal
     conn = outbox_table.conn
     savepoint = _in_transaction(conn)
     try:
-        if savepoint:
-            # So that a refused statement does not doom the outer transaction. Never released: the commit that
-            # follows releases it, a round trip less per batch than ``conn.transaction()`` (bench/relay_fixed_costs.py).
+        if not savepoint:
+            return settle()
+        # So that a refused statement does not doom the outer transaction: sent with the settle, in one round
+        # trip where libpq can (14 and later). Never released: the commit that follows releases it.
+        if not _PIPELINES:
             conn.execute(_SAVEPOINT)
-        return settle()
+            return settle()
+        with conn.pipeline():
+            conn.execute(_SAVEPOINT)
+            return settle()
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:

@@ -226,8 +226,8 @@ class ClaimStatements(TableStatements):
         """Mark delivered rows sent (their attempts: the ones claimed): ``settle`` for the common batch with
         nothing else to record. Returns the ids settled; the others lost their lease (audited).
 
-        ``fast_commit`` (leased rows, autocommit connection): as for ``claim``, the settle commits without
-        waiting for the WAL flush; inside a caller's transaction it would make the whole transaction so.
+        ``fast_commit``: the settle's transaction commits without waiting for the WAL flush (for leased rows, on an
+        autocommit connection, as for ``claim``; held rows: the relay's own transaction).
         """
         first, last, run_attempts, at = id_runs(ids, attempts)
         params = {
@@ -243,7 +243,7 @@ class ClaimStatements(TableStatements):
             "run_attempts": bigint_array(run_attempts),
             "run_at": bigint_array(at),
             "refs": list(refs) if refs is not None else None,
-            "fast_commit": fast_commit and not held,
+            "fast_commit": fast_commit,
         }
         # Its plan is kept, generic in a relay's session (relay/session.py).
         rows = self._run("outbox_settle_sent", params, reuse_plan=True)

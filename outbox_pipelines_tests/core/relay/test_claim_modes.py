@@ -226,29 +226,34 @@ def test_a_fast_commit_settle_skips_the_flush_of_its_own_transaction_only(db_url
     assert audit_codes(conn, EVENTS).count(m.AUDIT_SUCCESS) == 2
 
 
-@pytest.mark.parametrize("claim_mode", ["lease", "transaction"])
-def test_only_a_leased_batch_that_empties_the_queue_settles_without_waiting_for_its_flush(
+@pytest.mark.parametrize("claim_mode", ["lease", "transaction", "auto"])
+def test_held_batches_and_a_leased_batch_that_empties_the_queue_settle_without_waiting_for_the_flush(
     db_url, conn, monkeypatch, claim_mode
 ):
     from outbox_pipelines.core.storage.table import OutboxTable
 
-    settles: list[tuple[int, bool]] = []
+    settles: list[tuple[int, bool, str]] = []
     settle_sent = OutboxTable.settle_sent
 
     def noting(self, worker, ids, attempts, **options):
-        settles.append((len(ids), options.get("fast_commit", False)))
-        return settle_sent(self, worker, ids, attempts, **options)
+        settled = settle_sent(self, worker, ids, attempts, **options)
+        commit_mode = self.conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"]
+        settles.append((len(ids), options.get("fast_commit", False), commit_mode))
+        return settled
 
     monkeypatch.setattr(OutboxTable, "settle_sent", noting)
     enqueue_n(conn, EVENTS, 5)
     settings = events_settings(batch_size=2, claim=claim_mode)
     report = Relay(db_url, settings, ScriptedDestination(lambda msg: Outcome.sent())).run(once=True)
     assert report.sent == 5 and statuses(conn, EVENTS) == {"sent": 5}
-    # Full batches drain a backlog and share one flush; the last one emptied the queue. Held rows
-    # commit in the relay's own transaction, which the claim opened: always flushed.
-    assert settles == (
-        [(2, False), (2, False), (1, True)] if claim_mode == "lease" else [(2, False), (2, False), (1, False)]
-    )
+    # Held rows commit in the relay's own transaction, which wrote nothing else: a database crash that loses
+    # that commit puts them back to be sent again. Full leased batches drain a backlog and share one flush;
+    # the last one emptied the queue. The setting is the settle's transaction's own (the last leased batch's
+    # autocommit settle is over when it is read: "on" again).
+    if claim_mode == "lease":
+        assert settles == [(2, False, "on"), (2, False, "on"), (1, True, "on")]
+    else:
+        assert settles == [(2, True, "off"), (2, True, "off"), (1, True, "off")]
 
 
 # -- the claim reads the destination's gate itself -------------------------------------------------

@@ -14,6 +14,7 @@ from psycopg import sql
 
 from outbox_pipelines import Message, Outbox, Outcome
 from outbox_pipelines.core.relay import Relay, liveness
+from outbox_pipelines.core.relay.lease_keeper import LeaseKeeper
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, rows, statuses
 
@@ -111,8 +112,16 @@ def test_beside_another_live_relay_of_its_table_a_relay_settles_each_batch_first
 
 
 @pytest.mark.parametrize("batch_cut", [1, 2], ids=["relay-session", "second-connection"])
-def test_a_settle_whose_connection_dies_is_given_back_and_sent_again(db_url, conn, batch_cut):
+def test_a_settle_whose_connection_dies_is_given_back_and_sent_again(db_url, conn, monkeypatch, batch_cut):
     ids = enqueue_n(conn, EVENTS, 40)
+    notes: list[list[int]] = []  # each batch the relay noted on its worker row, in turn (ids)
+    note_held = LeaseKeeper.note_held
+
+    def noting(keeper, held):
+        notes.append([msg_id for msg_id, _ in held])
+        note_held(keeper, held)
+
+    monkeypatch.setattr(LeaseKeeper, "note_held", noting)
     # The settle of one batch (the first: on the relay's session; the second: on the second connection) waits
     # at its first row once, long enough to have its backend terminated while the next batch is claimed.
     slow_id = ids[(batch_cut - 1) * 10]
@@ -163,6 +172,10 @@ def test_a_settle_whose_connection_dies_is_given_back_and_sent_again(db_url, con
     assert report.db_errors == 1
     assert all("outbox_flush_db_error" in audit_codes(conn, EVENTS, i) for i in cut_batch)
     assert all(r["attempts"] == 1 for r in rows(conn, EVENTS) if r["id"] not in cut_batch)
+    # The batch claimed while the cut one committed was noted, then given back: its note was withdrawn at once,
+    # so burying the relay then would have counted no attempt for it.
+    given_back = ids[batch_cut * 10 : (batch_cut + 1) * 10]
+    assert notes[notes.index(given_back) + 1] == []
 
 
 @pytest.fixture
