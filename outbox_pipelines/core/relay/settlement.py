@@ -5,6 +5,7 @@ Writing falls back to row by row when the database refuses the batch, so one
 unrecordable row cannot hold the others back.
 """
 
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -151,10 +152,10 @@ def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, del
 
     A held batch: always. Its transaction is the relay's own (its claim wrote nothing), and a settle a database
     crash loses (at most the last few hundred milliseconds of them) puts its rows back as they were, to be sent
-    again, which at-least-once allows: the flush was a third of a small backlog's time per batch
-    (bench/results.md). A leased batch: when smaller than ``batch_size`` (it emptied the queue, and at a trickle
-    each message would wait behind the flush before it), and only on the relay's own autocommit session: inside
-    a caller's transaction it would make all of it so. A full leased batch waits, one flush for the whole batch.
+    again, which at-least-once allows: the flush was about a tenth of a small backlog's time (bench/results.md).
+    A leased batch: when smaller than ``batch_size`` (it emptied the queue, and at a trickle each message would
+    wait behind the flush before it), and only on the relay's own autocommit session: inside a caller's
+    transaction it would make all of it so. A full leased batch waits, one flush for the whole batch.
     """
     if held:
         return True
@@ -178,10 +179,7 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Cal
             return settle()
         # So that a refused statement does not doom the outer transaction: sent with the settle, in one round
         # trip where libpq can (14 and later). Never released: the commit that follows releases it.
-        if not _PIPELINES:
-            conn.execute(_SAVEPOINT)
-            return settle()
-        with conn.pipeline():
+        with conn.pipeline() if _PIPELINES else contextlib.nullcontext():
             conn.execute(_SAVEPOINT)
             return settle()
     except psycopg.OperationalError:
