@@ -98,11 +98,12 @@ def relay_held_first(
             run.keeper.note_held([(msg.id, msg.attempts - 1) for msg in batch])  # attempts: as the rows have them
         try:
             lanes.settled()  # the batch before has committed: its dedup keys, circuit and pause are known
-        except SettleFailed:
-            run.report.claimed -= len(batch)  # given back untouched: none of it spent from the budget
-            batches.forget(batch)
+        except BaseException as exc:
             if noted:
                 run.keeper.note_held([])  # never sent: burying the relay must not count its attempt
+            if isinstance(exc, SettleFailed):
+                run.report.claimed -= len(batch)  # given back untouched: none of it spent from the budget
+                batches.forget(batch)
             raise
         plan = batches.plan(lane, batch)
 

@@ -5,7 +5,6 @@ Writing falls back to row by row when the database refuses the batch, so one
 unrecordable row cannot hold the others back.
 """
 
-import contextlib
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -150,9 +149,10 @@ def settle_delivered(
 def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, delivered: int, held: bool) -> bool:
     """Whether a batch of ``delivered`` messages, delivered whole, settles without waiting for its WAL flush.
 
-    A held batch: always. Its transaction is the relay's own (its claim wrote nothing), and a settle a database
-    crash loses (at most the last few hundred milliseconds of them) puts its rows back as they were, to be sent
-    again, which at-least-once allows: the flush was about a tenth of a small backlog's time (bench/results.md).
+    A held batch: always. Its transaction is the relay's own (its claim wrote nothing; the rest is the relay's
+    bookkeeping, such as the destination's health), and a settle a database crash loses (at most the last few
+    hundred milliseconds of them) puts its rows back as they were, to be sent again, which at-least-once allows:
+    the flush was about a tenth of a small backlog's time (bench/results.md).
     A leased batch: when smaller than ``batch_size`` (it emptied the queue, and at a trickle each message would
     wait behind the flush before it), and only on the relay's own autocommit session: inside a caller's
     transaction it would make all of it so. A full leased batch waits, one flush for the whole batch.
@@ -164,7 +164,6 @@ def commits_without_flush(conn: psycopg.Connection, table: TableSettings, *, del
 
 _SAVEPOINT = "SAVEPOINT outbox_settle"
 _ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT outbox_settle"
-_PIPELINES = psycopg.Pipeline.is_supported()
 
 
 def _in_transaction(conn: psycopg.Connection) -> bool:
@@ -175,13 +174,11 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Cal
     conn = outbox_table.conn
     savepoint = _in_transaction(conn)
     try:
-        if not savepoint:
-            return settle()
-        # So that a refused statement does not doom the outer transaction: sent with the settle, in one round
-        # trip where libpq can (14 and later). Never released: the commit that follows releases it.
-        with conn.pipeline() if _PIPELINES else contextlib.nullcontext():
+        if savepoint:
+            # So that a refused statement does not doom the outer transaction. Never released: the commit that
+            # follows releases it, a round trip less per batch than ``conn.transaction()`` (bench/relay_fixed_costs.py).
             conn.execute(_SAVEPOINT)
-            return settle()
+        return settle()
     except psycopg.OperationalError:
         raise
     except psycopg.Error as exc:

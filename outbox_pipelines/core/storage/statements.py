@@ -39,8 +39,7 @@ def _fetch(
     conn: psycopg.Connection, statement: Statement, params: dict[str, Any], prepare: bool | None = None
 ) -> list[Row]:
     with _execute(conn, statement, params, prepare) as cur:
-        # No result yet: the statement went in a pipeline (relay/settlement.py), and fetchall waits for it.
-        return cur.fetchall() if cur.pgresult is None or cur.description else []
+        return cur.fetchall() if cur.description else []
 
 
 def _prepare(reuse_plan: bool) -> bool | None:

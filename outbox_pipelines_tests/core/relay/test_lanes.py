@@ -174,7 +174,7 @@ def test_a_settle_whose_connection_dies_is_given_back_and_sent_again(db_url, con
     assert all("outbox_flush_db_error" in audit_codes(conn, EVENTS, i) for i in cut_batch)
     assert all(r["attempts"] == 1 for r in rows(conn, EVENTS) if r["id"] not in cut_batch)
     # Each batch noted was sent before the next note, or its note was withdrawn (a batch claimed while the cut one
-    # committed is given back unsent): burying the relay at any moment counts attempts only for what it sent.
+    # committed is given back unsent): a note left behind would have burying the relay count an unsent attempt.
     noted: list[int] = []
     for kind, batch in events:
         if kind == "sent" and batch[0] in noted:

@@ -1,12 +1,11 @@
 """A batch settle the database refuses (a team's own trigger on the outbox table) is settled row by row: the refused
 row ends as a database error, the rest of the batch as delivered, in each claim mode (a held batch's savepoint is sent
-in one round trip with the settle, and must still catch the refusal; with a libpq older than 14, which has no
-pipeline, it goes on its own round trip)."""
+in one round trip with the settle, and must still catch the refusal)."""
 
 import pytest
 
 from outbox_pipelines.core import models as m
-from outbox_pipelines.core.relay import Relay, settlement
+from outbox_pipelines.core.relay import Relay
 from outbox_pipelines_tests.core.relay.events import EVENTS, events_settings
 from outbox_pipelines_tests.helpers import ScriptedDestination, audit_codes, enqueue_n, statuses
 
@@ -22,10 +21,8 @@ CREATE TRIGGER refuse_bad_sent BEFORE UPDATE ON outbox_events FOR EACH ROW EXECU
 """
 
 
-@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "libpq-13"])
 @pytest.mark.parametrize("claim", ["auto", "transaction", "lease"])
-def test_a_refused_batch_settle_goes_row_by_row_and_the_rest_is_delivered(db_url, conn, monkeypatch, claim, pipelines):
-    monkeypatch.setattr(settlement, "_PIPELINES", pipelines)
+def test_a_refused_batch_settle_goes_row_by_row_and_the_rest_is_delivered(db_url, conn, claim):
     conn.execute(REFUSE_BAD_SENT)
     ids = enqueue_n(conn, EVENTS, 4)
     conn.execute("UPDATE outbox_events SET event_id = 'bad' WHERE id = %s", (ids[1],))
