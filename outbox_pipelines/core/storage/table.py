@@ -6,10 +6,11 @@ only modules naming queries of sql/queries. ``now`` parameters are for tests; pr
 The families: docs/explanation/codebase.md, "The storage room".
 """
 
+from outbox_pipelines.core.storage.array_literals import bigint_array
 from outbox_pipelines.core.storage.settlements import Settlement
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.statements import Row, Statement, unknown_table
-from outbox_pipelines.core.storage.table_claims import ClaimStatements, bigint_array
+from outbox_pipelines.core.storage.table_claims import ClaimStatements
 from outbox_pipelines.core.storage.table_enqueue import EnqueueStatements, NewRow
 from outbox_pipelines.core.storage.table_lock_and_audit import LockAndAuditStatements
 from outbox_pipelines.core.storage.table_maintenance import MaintenanceStatements

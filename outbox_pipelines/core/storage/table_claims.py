@@ -1,7 +1,7 @@
 """Claims and settles: the relay's cycle on one outbox table (claim, settle, renew or give back what it
 holds, release ordering keys) and the reads it makes between cycles."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -10,15 +10,10 @@ from psycopg.rows import RowMaker
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.models import ClaimedMessage
+from outbox_pipelines.core.storage.array_literals import bigint_array, text_array
 from outbox_pipelines.core.storage.queries import claim_query
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
 from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
-
-
-def bigint_array(values: Iterable[int]) -> str:
-    """An array parameter as PostgreSQL's text literal: psycopg dumps a Python list element by element, which
-    cost a relay as long as the settle statement on a batch of 1,000 (cast it: ``%(ids)s::bigint[]``)."""
-    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
 def id_runs(ids: Sequence[int], attempts: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -242,7 +237,7 @@ class ClaimStatements(TableStatements):
             "run_last": bigint_array(last),
             "run_attempts": bigint_array(run_attempts),
             "run_at": bigint_array(at),
-            "refs": list(refs) if refs is not None else None,
+            "refs": text_array(refs) if refs is not None else None,
             "fast_commit": fast_commit,
         }
         # Its plan is kept, generic in a relay's session (relay/session.py).
@@ -305,19 +300,19 @@ class ClaimStatements(TableStatements):
                 "held": held,
                 "audit_successes": audit_successes,
                 "pass_over_dead": pass_over_dead,
-                "ids": [s.id for s in kept],
-                "attempts": [s.attempts for s in kept],
-                "statuses": [s.status for s in kept],
+                "ids": bigint_array(s.id for s in kept),
+                "attempts": bigint_array(s.attempts for s in kept),
+                "statuses": text_array(s.status for s in kept),
                 "delays": [s.delay_s for s in kept],
-                "error_codes": [s.error_code for s in kept],
-                "errors": [s.error for s in kept],
-                "refs": [s.ref for s in kept],
-                "audit_codes": [s.audit_code for s in kept],
+                "error_codes": text_array(s.error_code for s in kept),
+                "errors": text_array(s.error for s in kept),
+                "refs": text_array(s.ref for s in kept),
+                "audit_codes": text_array(s.audit_code for s in kept),
                 "refunds": [s.refund for s in kept],
-                "delete_ids": [s.id for s in gone],
-                "delete_attempts": [s.attempts for s in gone],
-                "delete_audit_codes": [s.audit_code for s in gone],
-                "delete_error_codes": [s.error_code for s in gone],
+                "delete_ids": bigint_array(s.id for s in gone),
+                "delete_attempts": bigint_array(s.attempts for s in gone),
+                "delete_audit_codes": text_array(s.audit_code for s in gone),
+                "delete_error_codes": text_array(s.error_code for s in gone),
             },
         )
         if rows:
