@@ -20,3 +20,14 @@ def migrations_before_parts(tmp_path, last: str = "0012") -> Path:
             earlier = CHANGED_FOR_PARTS / migration.name
             shutil.copy(earlier if earlier.is_file() else migration.path, folder / migration.name)
     return folder
+
+
+def upgrade_to_before(url: str, tmp_path: Path, version: str) -> None:
+    """Migrate the database at ``url`` as the version before ``version`` did: today's files before it, in a directory
+    of their own (a test of what ``version`` does to a database of the version before)."""
+    folder = tmp_path / f"before_{version}"
+    folder.mkdir()
+    for migration in migrate.discover():
+        if migration.version < version:
+            shutil.copy(migration.path, folder / migration.name)
+    migrate.upgrade(url, folder)

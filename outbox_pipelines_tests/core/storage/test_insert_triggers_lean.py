@@ -3,7 +3,6 @@ version before gets them with each table's limit kept, without a table lock; the
 json_bytes are what they were, at the limit's edges too; the relay's notification still comes at commit."""
 
 import json
-import shutil
 import time
 
 import psycopg
@@ -13,6 +12,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
 from outbox_pipelines.core.storage.migration_safety import LockWaits
+from outbox_pipelines_tests.core.earlier_versions import upgrade_to_before
 
 LIMITED, UNLIMITED, BORROWING = "limited_outbox", "unlimited_outbox", "borrowing_outbox"
 
@@ -48,12 +48,7 @@ def _text_of(size):
 @pytest.fixture
 def migrated_from_0022(empty_db, tmp_path):
     """A database of the version before 0023, with a table limited to 1,000 bytes and one without a limit."""
-    before = tmp_path / "before"
-    before.mkdir()
-    for migration in migrate.discover():
-        if migration.version < "0023":
-            shutil.copy(migration.path, before / migration.path.name)
-    migrate.upgrade(empty_db, before)
+    upgrade_to_before(empty_db, tmp_path, "0023")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute(f"SELECT outbox_create_table('{LIMITED}'), outbox_create_table('{UNLIMITED}')")
         # A copy whose trigger calls another table's function (as bench/enqueue_vs_insert.py makes): not its own.

@@ -3,7 +3,6 @@ queue that was analyzed full and is empty again (drained, cleaned, vacuumed), th
 table once per keyed row, which a burst made quadratic; now no keyed insert scans the table, a database of the
 version before gets the check without a table lock, and a message still waits behind an earlier one of its key."""
 
-import shutil
 import time
 
 import psycopg
@@ -12,6 +11,7 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
 from outbox_pipelines.core.storage.migration_safety import LockWaits
+from outbox_pipelines_tests.core.earlier_versions import upgrade_to_before
 
 TABLE = "keyed_outbox"
 
@@ -19,12 +19,7 @@ TABLE = "keyed_outbox"
 @pytest.fixture
 def migrated_from_0023(empty_db, tmp_path):
     """A database of the version before 0024 with a keyed table."""
-    before = tmp_path / "before"
-    before.mkdir()
-    for migration in migrate.discover():
-        if migration.version < "0024":
-            shutil.copy(migration.path, before / migration.path.name)
-    migrate.upgrade(empty_db, before)
+    upgrade_to_before(empty_db, tmp_path, "0024")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute("SELECT outbox_create_table(%s)", (TABLE,))
         conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")  # the statistics are the test's

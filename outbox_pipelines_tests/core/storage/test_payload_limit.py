@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -22,6 +21,7 @@ from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.storage import migrate, payload_limit, roles, schema
 from outbox_pipelines.core.storage.migration_safety import LockWaits
 from outbox_pipelines_tests.conftest import run_cli
+from outbox_pipelines_tests.core.earlier_versions import upgrade_to_before
 
 EVENTS = "outbox_events"
 PASSWORD = uuid.uuid4().hex  # for a server that checks passwords (OUTBOX_TEST_DATABASE_URL)
@@ -281,12 +281,7 @@ def test_the_migration_gives_the_tables_that_exist_the_size_db_upgrade_runs_with
     """0020 on a database of the previous version: each outbox table gets the limit of the upgrading project at once
     (no moment under a smaller one), except a table another project owns: its rows' size is kept, its limit is left to
     that project's upgrade."""
-    before = tmp_path / "before"
-    before.mkdir()
-    for migration in migrate.discover():
-        if migration.version < "0020":
-            shutil.copy(migration.path, before / migration.path.name)
-    migrate.upgrade(empty_db, before)
+    upgrade_to_before(empty_db, tmp_path, "0020")
     with psycopg.connect(empty_db, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         conn.execute(
             "SELECT outbox_create_table('ours'), outbox_create_table('theirs'), outbox_create_table('nobodys')"
