@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from small_backlogs import env_for, tree_database
+
 HERE = Path(__file__).resolve()
 THIS_TREE = str(HERE.parents[1])
 TABLE = "bench_emptied"
@@ -49,26 +51,14 @@ with psycopg.connect(url) as conn:
 """
 
 
-def env_for(tree: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": tree}
-
-
 def prepare(tree: str, admin_url: str, name: str) -> str:
-    """A database of the tree's schema with the table; its url."""
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.execute(f"CREATE DATABASE {name}")
-    url = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
-    script = (
-        "import sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
-        "with psycopg.connect(sys.argv[1], autocommit=True) as c:\n"
-        f"    c.execute('SELECT outbox_create_table(%s)', ('{TABLE}',))\n"
-        f"    c.execute('ALTER TABLE {TABLE} SET (autovacuum_enabled = false)')\n"
+    """A database of the tree's schema with the table (autovacuum off: the statistics stay as the run leaves them)."""
+    return tree_database(
+        tree,
+        admin_url,
+        name,
+        [f"SELECT outbox_create_table('{TABLE}')", f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)"],
     )
-    subprocess.run([sys.executable, "-c", script, url], env=env_for(tree), check=True, cwd="/")
-    return url
 
 
 def burst(tree: str, url: str, count: int) -> dict[str, float]:
@@ -78,7 +68,7 @@ def burst(tree: str, url: str, count: int) -> dict[str, float]:
         conn.execute(f"TRUNCATE {TABLE}")
     done = subprocess.run(
         [sys.executable, "-c", BURST, url, TABLE, str(count)],
-        env=env_for(tree),
+        env=env_for(tree, {}),
         cwd="/",
         capture_output=True,
         text=True,

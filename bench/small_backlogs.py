@@ -23,6 +23,7 @@ statement (``outbox_pipelines.cli`` and the relay command's module), each tree i
 """
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -142,7 +143,9 @@ def running_once(url: str, table: str, count: int) -> float:
         return time.perf_counter() - committed
 
 
-def prepare(tree: str, admin_url: str, name: str) -> str:
+def tree_database(tree: str, admin_url: str, name: str, statements: list[str]) -> str:
+    """A new database ``name`` migrated by ``tree``'s code (a process of its own), then ``statements`` run on it, each
+    on its own (bench constants, never input); its url. bench/emptied_queue.py's too."""
     import psycopg
 
     with psycopg.connect(admin_url, autocommit=True) as admin:
@@ -150,14 +153,29 @@ def prepare(tree: str, admin_url: str, name: str) -> str:
         admin.execute(f"CREATE DATABASE {name}")
     url = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
     script = (
-        "import sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
+        "import json, sys, psycopg\nfrom outbox_pipelines.core.storage import migrate\nmigrate.upgrade(sys.argv[1])\n"
         "with psycopg.connect(sys.argv[1], autocommit=True) as c:\n"
-        f"    c.execute('SELECT outbox_create_table(%s)', ('{OURS}',))\n"
-        f"    c.execute('SELECT outbox_create_table(%s)', ('{LOOP}',))\n"
-        f"    c.execute(\"CREATE INDEX simple_loop_pending ON {LOOP} (id) WHERE status = 'pending'\")\n"
+        "    for statement in json.loads(sys.argv[2]):\n"
+        "        c.execute(statement)\n"
     )
-    subprocess.run([sys.executable, "-c", script, url], env=env_for(tree, {}), check=True, cwd="/")
+    subprocess.run(
+        [sys.executable, "-c", script, url, json.dumps(statements)], env=env_for(tree, {}), check=True, cwd="/"
+    )
     return url
+
+
+def prepare(tree: str, admin_url: str, name: str) -> str:
+    """The tree's database with our table and the simple loop's (its own index on pending ids)."""
+    return tree_database(
+        tree,
+        admin_url,
+        name,
+        [
+            f"SELECT outbox_create_table('{OURS}')",
+            f"SELECT outbox_create_table('{LOOP}')",
+            f"CREATE INDEX simple_loop_pending ON {LOOP} (id) WHERE status = 'pending'",
+        ],
+    )
 
 
 def imports(trees: dict[str, str], rounds: int) -> None:

@@ -975,9 +975,11 @@ def worktree(commit: str) -> Iterator[Path]:
 
 
 def project(root: Path, name: str) -> Path:
+    """The team's project as one version of the package runs it: a folder per version, one project name for both (a
+    table belongs to its project, migration 0013: the new version's upgrade of another name would be refused)."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pyproject.toml").write_text(f'[project]\nname = "drill-{name}"\nversion = "1"\n')
+    (folder / "pyproject.toml").write_text('[project]\nname = "drill-team"\nversion = "1"\n')
     (folder / "outbox.toml").write_text(TABLE_SECTION)
     return folder
 

@@ -1,9 +1,14 @@
 """The migrations of earlier versions, as the databases they migrated ran them."""
 
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
+
 from outbox_pipelines.core.storage import migrate
+from outbox_pipelines.core.storage.migration_safety import LockWaits
 
 # The engine files that changed since 0.1 as they were before (when the order product and the examples became parts,
 # and when 0010 and 0012 stopped holding the writes): with today's other files up to 0012, what every database
@@ -31,3 +36,18 @@ def upgrade_to_before(url: str, tmp_path: Path, version: str) -> None:
         if migration.version < version:
             shutil.copy(migration.path, folder / migration.name)
     migrate.upgrade(url, folder)
+
+
+def upgrade_beside_a_writer(url: str, write: Callable[[psycopg.Connection], object]) -> list[str]:
+    """``db upgrade`` while a transaction that ran ``write`` holds its locks open, under a short lock timeout: the
+    migrations applied. Raises AssertionError when the upgrade took a second or more (it waited for the writer)."""
+    holder = psycopg.connect(url)
+    try:
+        write(holder)
+        started = time.monotonic()
+        applied = migrate.upgrade(url, waits=LockWaits(lock_timeout_s=0.2, give_up_after_s=1))
+        assert time.monotonic() - started < 1.0, "the upgrade waited for the writer's transaction"
+    finally:
+        holder.rollback()
+        holder.close()
+    return applied

@@ -1,6 +1,6 @@
 """Array parameters as PostgreSQL's text literals, cast in the statement (``%(ids)s::bigint[]``): psycopg dumps a
 Python list element by element (a text element through a quoting check each), which cost a relay as long as the
-settle statement on a batch of 1,000 for ids, and a third of a batch's client time for the references it settles."""
+settle statement on a batch of 1,000 for ids, and 174 µs for 100 references (26 µs as a literal)."""
 
 from collections.abc import Iterable
 

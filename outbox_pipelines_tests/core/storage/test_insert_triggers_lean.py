@@ -3,7 +3,6 @@ version before gets them with each table's limit kept, without a table lock; the
 json_bytes are what they were, at the limit's edges too; the relay's notification still comes at commit."""
 
 import json
-import time
 
 import psycopg
 import pytest
@@ -11,8 +10,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
-from outbox_pipelines.core.storage.migration_safety import LockWaits
-from outbox_pipelines_tests.core.earlier_versions import upgrade_to_before
+from outbox_pipelines_tests.core.earlier_versions import upgrade_beside_a_writer, upgrade_to_before
 
 LIMITED, UNLIMITED, BORROWING = "limited_outbox", "unlimited_outbox", "borrowing_outbox"
 
@@ -71,15 +69,7 @@ def test_a_database_of_the_version_before_gets_the_functions_a_new_table_gets_wi
         before = _function_source(conn, LIMITED)
         notify_before = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'outbox_notify_insert'").fetchone()
         # A transaction writing into the table all along: replacing functions waits for no lock of it.
-        holder = psycopg.connect(url)
-        try:
-            _insert(holder, LIMITED, "held", "{}")
-            started = time.monotonic()
-            applied = migrate.upgrade(url, waits=LockWaits(lock_timeout_s=0.2, give_up_after_s=1))
-            assert time.monotonic() - started < 1.0
-        finally:
-            holder.rollback()
-            holder.close()
+        applied = upgrade_beside_a_writer(url, lambda holder: _insert(holder, LIMITED, "held", "{}"))
         assert [name for name in applied if name.startswith("0023")] == ["0023_insert_triggers_lean.sql"]
         assert (_limit(conn, LIMITED), _limit(conn, UNLIMITED)) == (1000, None)
         # Each table's function is now the one outbox_set_payload_limit writes for a new table of the same limit.

@@ -3,15 +3,12 @@ queue that was analyzed full and is empty again (drained, cleaned, vacuumed), th
 table once per keyed row, which a burst made quadratic; now no keyed insert scans the table, a database of the
 version before gets the check without a table lock, and a message still waits behind an earlier one of its key."""
 
-import time
-
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
-from outbox_pipelines.core.storage.migration_safety import LockWaits
-from outbox_pipelines_tests.core.earlier_versions import upgrade_to_before
+from outbox_pipelines_tests.core.earlier_versions import upgrade_beside_a_writer, upgrade_to_before
 
 TABLE = "keyed_outbox"
 
@@ -86,15 +83,9 @@ def test_a_database_of_the_version_before_gets_the_check_a_new_table_gets_withou
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         assert "enable_seqscan=off" not in _check_config(conn, TABLE)
         # A transaction writing into the table all along: replacing its function waits for no lock of it.
-        holder = psycopg.connect(url)
-        try:
-            holder.execute(INSERT_KEYED, {"tag": "held", "count": 1, "keys": 1})
-            started = time.monotonic()
-            applied = migrate.upgrade(url, waits=LockWaits(lock_timeout_s=0.2, give_up_after_s=1))
-            assert time.monotonic() - started < 1.0
-        finally:
-            holder.rollback()
-            holder.close()
+        applied = upgrade_beside_a_writer(
+            url, lambda holder: holder.execute(INSERT_KEYED, {"tag": "held", "count": 1, "keys": 1})
+        )
         assert [name for name in applied if name.startswith("0024")] == ["0024_keyed_insert_check_by_index.sql"]
         conn.execute("SELECT outbox_create_table('fresh_keyed')")
         assert "enable_seqscan=off" in _check_config(conn, TABLE)
