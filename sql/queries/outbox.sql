@@ -104,11 +104,15 @@ NOT EXISTS (SELECT 1 FROM {table} AS p
               AND p.status IN ('pending', 'sending', 'dead'))
 
 -- name: claim_due
--- Part of both claims: a pending row (alias t) a claim may take, its time come aside (each claim compares
--- available_at with its clock). Not held behind an earlier message of its key (ordering_blocked), nor of a
--- paused topic. Its key's turn is claim_key_free's, checked on the rows the claim locked. The topic is compared as
--- an expression (t.topic || ''), which has no statistics: on a table of one topic, the column's statistics made the
--- relay's kept (generic) plan expect no row to pass "<> ALL(paused topics)" and sort every due row to claim a batch.
+-- Part of both claims: a pending row (alias t) a claim may take, its time come aside. Not held behind an earlier
+-- message of its key (ordering_blocked), nor of a paused topic. Its key's turn is claim_key_free's, checked on the
+-- rows the claim locked. Both claims read ready_by_id in id order whatever statistics their kept (generic) plan was
+-- made with, two tests written so that no other plan fits:
+-- - the topic is compared as an expression (t.topic || ''), which has no statistics: on a table of one topic, the
+--   column's statistics made the plan expect no row to pass "<> ALL(paused topics)" and sort every due row;
+-- - each claim compares available_at with its clock as "(t.available_at <= …) IS TRUE", a filter and never a
+--   condition of the pending_by_available index: a plan made while the queue held a few rows read every due row
+--   by that index and sorted them, for each claim of the burst that followed.
 t.status = 'pending' AND NOT t.ordering_blocked
 AND (t.topic || '') <> ALL(%(paused_topics)s::text[])
 
@@ -168,7 +172,8 @@ WITH clock AS (
     SELECT t.id, t.status AS was, NULL::text AS previous_holder, t.json_bytes, t.ordering_key, t.ordering_skipped_at
     FROM {table} AS t
     WHERE {claim_due}
-      AND t.available_at <= (SELECT now FROM clock WHERE (commit_mode IS NOT NULL OR NOT %(fast_commit)s) AND gate_open)
+      AND (t.available_at <= (SELECT now FROM clock WHERE commit_mode IS NOT NULL OR NOT %(fast_commit)s)) IS TRUE
+      AND (SELECT gate_open FROM clock)
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -228,7 +233,8 @@ WITH clock AS (
            t.ordering_key, t.json_bytes, t.ordering_skipped_at
     FROM {table} AS t
     WHERE {claim_due}
-      AND t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL AND gate_open)
+      AND (t.available_at <= (SELECT now FROM clock WHERE hold_timeout IS NOT NULL)) IS TRUE
+      AND (SELECT gate_open FROM clock)
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED

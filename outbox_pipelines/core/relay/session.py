@@ -19,10 +19,12 @@ STATEMENT_TIMEOUT_MS = 30_000
 # Plans. The claim, the settle of a batch delivered whole and the next-due read are prepared once per session
 # and run a generic plan: parsing and planning them anew cost about 1 ms each a batch, a fifth of a batch of 100
 # (bench/results.md), and their generic plans run as fast as planned ones from 1 to 5,000 rows. The other settles
-# (a retry or a death in the batch) are planned for their parameters each time. No sequential scans:
-# a generic plan made while a table was small would otherwise keep reading it whole as it grows.
+# (a retry or a death in the batch) are planned for their parameters each time. No sequential or bitmap scans:
+# a generic plan made while a table was small, or its pending rows few, would otherwise keep reading them all
+# (and sorting them, for a claim) as they grow: each claim of a burst read the whole burst (bench/results.md).
 RELAY_SESSION_OPTIONS = (
-    f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_generic_plan -c enable_seqscan=off"
+    f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c plan_cache_mode=force_generic_plan"
+    " -c enable_seqscan=off -c enable_bitmapscan=off"
 )
 _PREPARED_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg's prepare_threshold: None would refuse prepare=True too
 

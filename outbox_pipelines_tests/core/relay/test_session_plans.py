@@ -5,9 +5,12 @@ fast as planned ones at every batch size: they keep theirs. The general settle (
 its parameters each time. Nothing is prepared just because it ran often.
 """
 
+import pytest
+
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
+from outbox_pipelines.core.storage.shared_tables import SharedTables
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.core.relay.events import EVENTS
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
@@ -20,6 +23,7 @@ def kept_plans(conn) -> dict[str, tuple[int, int]]:
     for row in rows:
         for name, marker in (
             ("claim", "-- outbox_claim\n"),
+            ("held claim", "-- outbox_claim_held\n"),
             ("settle", "-- outbox_settle_sent"),
             ("next due", "AS next_due_in_s"),
         ):
@@ -72,3 +76,61 @@ def test_a_kept_claim_plan_reads_a_batch_not_the_whole_backlog_of_a_one_topic_ta
             leased_read = rows_fetched(relay_conn, EVENTS)
         assert kept_plans(relay_conn)["claim"] == (1, 0)  # the leased claim ran its generic plan
     assert held_read < 500 and leased_read < 500, (held_read, leased_read)
+
+
+def claim_kept(table: OutboxTable, leased: bool) -> list:
+    """A relay's claim of 100 with its kept plan: leased, or held in the open transaction."""
+    if leased:
+        return table.claim("w", 100, 60, gated=True, reuse_plan=True)
+    return table.claim_held(100, 60, gated=True, reuse_plan=True)
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["held", "leased"])
+@pytest.mark.parametrize("pending_at_analyze", [10, 300])
+def test_a_kept_claim_plan_made_on_a_quiet_queue_reads_a_batch_of_the_burst_that_follows(
+    db_url, conn, leased, pending_at_analyze
+):
+    """A queue that keeps up holds a few pending rows when its statistics are taken. A claim plan kept from then
+    read every due row of the next burst and sorted them, for each claim (through pending_by_available, or the
+    whole of ready_by_id into a bitmap): a burst drained in quadratic time. Each claim reads about a batch."""
+    for round_ in range(3):  # a queue in use: sent rows cleaned, their space filled by new rows in no id order
+        enqueue_n(conn, EVENTS, 2000, prefix=f"old{round_}-")
+        conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now()")
+        conn.execute(f"DELETE FROM {EVENTS} WHERE id % 3 <> 0")
+        conn.execute(f"VACUUM {EVENTS}")
+    kept_pending = enqueue_n(conn, EVENTS, 3000)[pending_at_analyze - 1]
+    conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() WHERE id > %s", (kept_pending,))
+    conn.execute(f"VACUUM ANALYZE {EVENTS}")
+    conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() WHERE status = 'pending'")
+    with open_session(db_url) as relay_conn:
+        table = OutboxTable(relay_conn, EVENTS)
+        with relay_conn.transaction():  # planned now, on the quiet queue, and kept
+            assert claim_kept(table, leased) == []
+        enqueue_n(conn, EVENTS, 6000, prefix="burst-")
+        reads = []
+        for _ in range(3):
+            with relay_conn.transaction():
+                # pg_stat_xact_user_tables counts what the session read and has not reported yet too
+                before = rows_fetched(relay_conn, EVENTS)
+                assert len(claim_kept(table, leased)) == 100
+                reads.append(rows_fetched(relay_conn, EVENTS) - before)
+        generic, custom = kept_plans(relay_conn)["claim" if leased else "held claim"]
+        assert generic == 4 and custom == 0  # the plan made on the quiet queue ran
+    assert max(reads) < 600, reads
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["held", "leased"])
+def test_a_claim_while_the_destination_is_paused_reads_none_of_the_backlog(db_url, conn, leased):
+    """A 429 paused the destination: the claim gives nothing, and reads nothing for it (it once read every due row
+    and kept none, for each claim of a relay waiting out the pause beside a backlog)."""
+    enqueue_n(conn, EVENTS, 3000)
+    conn.execute(f"ANALYZE {EVENTS}")
+    SharedTables(conn).pause_destination(EVENTS, destination="paper", delay_s=600, reason="429 Too Many Requests")
+    with open_session(db_url) as relay_conn:
+        table = OutboxTable(relay_conn, EVENTS)
+        for _ in range(2):
+            with relay_conn.transaction():
+                before = rows_fetched(relay_conn, EVENTS)
+                assert claim_kept(table, leased) == []
+                assert rows_fetched(relay_conn, EVENTS) - before == 0
+    assert statuses(conn, EVENTS) == {"pending": 3000}
