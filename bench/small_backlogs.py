@@ -15,6 +15,10 @@ in an order shuffled per run, each variant drains ``messages`` rows (loaded unti
   commit of the transaction that inserts the rows to the moment the parent sees the last of them settled (both
   drain in id order; polled by primary key every 2 ms, the same for both).
 
+With ``--history``, each table starts as a queue that has kept up (20,000 rows sent, statistics taken while 10 were
+pending), the state in which a running relay's kept claim plan is made in a service; ``--skip-cli`` leaves out the
+CLI variant.
+
 Prints each run, then per variant the medians (seconds) and the median of the per-run ratios loop / ours [min–max]
 (≥ 1 means ours is as fast as the loop), and after / before (ours, the same runs). First, the start-up alone
 (``--imports N`` rounds, 0 to skip): the wall time of ``python -c`` importing what ``relay`` imports before its first
@@ -164,8 +168,20 @@ def tree_database(tree: str, admin_url: str, name: str, statements: list[str]) -
     return url
 
 
-def prepare(tree: str, admin_url: str, name: str) -> str:
-    """The tree's database with our table and the simple loop's (its own index on pending ids)."""
+def quiet_history(table: str) -> list[str]:
+    """A queue that has kept up: 20,000 rows sent, its statistics taken while 10 were pending (bench constants)."""
+    return [
+        f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers) SELECT 'h-' || n, 'order.created', "
+        "jsonb_build_object('order', n), 'sha256:' || md5(n::text), '{}'::jsonb FROM generate_series(1, 20000) n",
+        f"UPDATE {table} SET status = 'sent', published_at = now() WHERE id > 10",
+        f"VACUUM ANALYZE {table}",
+        f"UPDATE {table} SET status = 'sent', published_at = now() WHERE status = 'pending'",
+    ]
+
+
+def prepare(tree: str, admin_url: str, name: str, history: bool = False) -> str:
+    """The tree's database with our table and the simple loop's (its own index on pending ids); with ``history``,
+    each table as a queue that has kept up (``quiet_history``)."""
     return tree_database(
         tree,
         admin_url,
@@ -174,7 +190,8 @@ def prepare(tree: str, admin_url: str, name: str) -> str:
             f"SELECT outbox_create_table('{OURS}')",
             f"SELECT outbox_create_table('{LOOP}')",
             f"CREATE INDEX simple_loop_pending ON {LOOP} (id) WHERE status = 'pending'",
-        ],
+        ]
+        + (quiet_history(OURS) + quiet_history(LOOP) if history else []),
     )
 
 
@@ -219,6 +236,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--messages", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--skip-running", action="store_true", help="only the CLI relay (process start to exit)")
+    parser.add_argument("--skip-cli", action="store_true", help="only the running relay")
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="each table a queue that has kept up: 20,000 rows sent, statistics taken while 10 were pending",
+    )
     parser.add_argument(
         "--imports", type=int, default=15, metavar="N", help="rounds of the start-up's imports (0: none)"
     )
@@ -234,7 +257,9 @@ def main() -> None:
     rng = random.Random(47)
     running: list[subprocess.Popen[str]] = []
     try:
-        urls = {name: prepare(tree, server.admin_url, f"bench_small_{name}") for name, tree in trees.items()}
+        urls = {
+            name: prepare(tree, server.admin_url, f"bench_small_{name}", args.history) for name, tree in trees.items()
+        }
         print(f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
         if args.imports:
             imports(trees, args.imports)
@@ -242,7 +267,7 @@ def main() -> None:
             Path(project, "outbox.toml").write_text(
                 f'shipped_tables = false\n[tables.{OURS}]\ndestination = "paper"\n', encoding="utf-8"
             )
-            for count in args.messages:
+            for count in [] if args.skip_cli else args.messages:
                 variants = [(t, loop) for t in trees for loop in (False, True)]
                 cli_once(trees["after"], urls["after"], project, 200, False)  # warm-up: caches, pyc files
                 results = []
