@@ -98,10 +98,12 @@ SELECT id, event_id, payload_sha FROM {table} WHERE event_id = ANY(%(event_ids)s
 
 -- name: key_head
 -- The keyed row (alias t) is its key's head: no earlier message of its key still holds the key (pending, in
--- flight, or dead and not skipped). Part of claim_key_free and of maintenance_requeue_due.
+-- flight, or dead and not skipped). Part of claim_key_free and of maintenance_requeue_due. "Earlier" is written as
+-- a row comparison, which only <table>_by_ordering_key (ordering_key, id) can take as its condition: a relay's kept
+-- plan made on an empty table went through the primary key on "p.id < t.id", every earlier row read for each probe.
 NOT EXISTS (SELECT 1 FROM {table} AS p
-            WHERE p.ordering_key = t.ordering_key AND p.id < t.id AND p.ordering_skipped_at IS NULL
-              AND p.status IN ('pending', 'sending', 'dead'))
+            WHERE p.ordering_key = t.ordering_key AND (p.ordering_key, p.id) < (t.ordering_key, t.id)
+              AND p.ordering_skipped_at IS NULL AND p.status IN ('pending', 'sending', 'dead'))
 
 -- name: claim_due
 -- Part of both claims: a pending row (alias t) a claim may take, its time come aside. Not held behind an earlier
@@ -193,7 +195,10 @@ WITH clock AS (
         lease_expires_at = clock.now + make_interval(secs => %(lease_s)s),
         updated_at = clock.now
     FROM chosen, clock
-    WHERE t.id = chosen.id AND chosen.id <= (SELECT last_id FROM cut)
+    -- The chosen ids also as an array, the primary key's condition: a kept plan made on an emptied table read the
+    -- whole table through the primary key and joined each row to chosen (seq scans off, nothing else fitted).
+    WHERE t.id = ANY(ARRAY(SELECT c.id FROM chosen AS c))
+      AND t.id = chosen.id AND chosen.id <= (SELECT last_id FROM cut)
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
               t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder, t.ordering_key
 ), audit AS (

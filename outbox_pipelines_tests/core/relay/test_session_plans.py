@@ -2,11 +2,13 @@
 
 Parsing and planning the claim or the settle anew cost about 1 ms each a batch, and their generic plans run as
 fast as planned ones at every batch size: they keep theirs. The general settle (retries, deaths) is planned for
-its parameters each time. Nothing is prepared just because it ran often.
+its parameters each time. Nothing is prepared just because it ran often. A kept plan reads about a batch whatever
+statistics it was made with: a quiet queue's, an emptied queue's, a new table's.
 """
 
 import pytest
 
+from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
@@ -134,3 +136,43 @@ def test_a_claim_while_the_destination_is_paused_reads_none_of_the_backlog(db_ur
                 assert claim_kept(table, leased) == []
                 assert rows_fetched(relay_conn, EVENTS) - before == 0
     assert statuses(conn, EVENTS) == {"pending": 3000}
+
+
+def keyed_messages(count: int, keys: int, prefix: str) -> list[Message]:
+    return [
+        Message(topic="t", payload={"n": n}, event_id=f"{prefix}{n}", ordering_key=f"key-{n % keys}")
+        for n in range(count)
+    ]
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["held", "leased"])
+def test_a_kept_keyed_claim_plan_made_on_an_emptied_queue_probes_each_key_not_the_table(db_url, conn, leased):
+    """A keyed queue analyzed full, then sent and cleaned out (its statistics describe it full, its size says empty):
+    a relay started then keeps the claim plan it makes. Its key-head probe (is there an earlier message of this key?)
+    once went through the primary key and read every earlier row of the table for each row claimed, so that a keyed
+    backlog's claims grew with it. Each claim reads about its batch's keys."""
+    outbox = Outbox(EVENTS)
+    outbox.enqueue_many(conn, keyed_messages(3000, 100, "old-"), outside_transaction=True)
+    conn.execute(f"ANALYZE {EVENTS}")
+    conn.execute(f"DELETE FROM {EVENTS}")
+    conn.execute(f"VACUUM {EVENTS}")
+    with open_session(db_url) as relay_conn:
+        table = OutboxTable(relay_conn, EVENTS)
+        with relay_conn.transaction():  # planned now, on the emptied queue, and kept
+            assert claim_kept(table, leased) == []
+        outbox.enqueue_many(conn, keyed_messages(3000, 100, "new-"), outside_transaction=True)
+        reads, settle_reads = [], []
+        for _ in range(3):  # each batch delivered: the next claim takes the next message of each key
+            with relay_conn.transaction():
+                before = rows_fetched(relay_conn, EVENTS)
+                claimed = claim_kept(table, leased)
+                reads.append(rows_fetched(relay_conn, EVENTS) - before)
+                assert len(claimed) == 100
+                ids, attempts = [c.id for c in claimed], [c.attempts for c in claimed]
+                before = rows_fetched(relay_conn, EVENTS)
+                table.settle_sent("w", ids, attempts, audit_code=m.AUDIT_SUCCESS, held=not leased)
+                settle_reads.append(rows_fetched(relay_conn, EVENTS) - before)
+        generic, custom = kept_plans(relay_conn)["claim" if leased else "held claim"]
+        assert generic == 4 and custom == 0  # the plan made on the emptied queue ran
+    assert max(reads) < 1000, reads
+    assert max(settle_reads) < 1000, settle_reads

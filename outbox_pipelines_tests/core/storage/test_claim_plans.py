@@ -79,7 +79,10 @@ def test_a_claim_looks_up_a_key_s_earlier_messages_for_the_rows_it_locked_only(c
 # Each rule the claim modes share, as written once in sql/queries, and the statements that must name it.
 SHARED_PARTS = {
     "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
-    "key_head": ("p.ordering_key = t.ordering_key AND p.id < t.id", ("claim_key_free", "maintenance_requeue_due")),
+    "key_head": (
+        "p.ordering_key = t.ordering_key AND (p.ordering_key, p.id) < (t.ordering_key, t.id)",
+        ("claim_key_free", "maintenance_requeue_due"),
+    ),
     "claim_key_free": ("WHERE f.ordering_key = t.ordering_key AND f.status = 'sending'", CLAIMS),
     "claim_due": ("AND NOT t.ordering_blocked\nAND (t.topic || '') <> ALL(%(paused_topics)s::text[])", CLAIMS),
     "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
