@@ -10,6 +10,11 @@ autovacuum off so the statistics stay as they were) is loaded with ``messages`` 
 analyzed, emptied (DELETE, VACUUM), then takes ``messages`` keyed messages in one ``Outbox.enqueue_many`` call, in a
 process of its own running that tree's code: the seconds of the call and its commit, and the table's sequential
 scans in that transaction (pg_stat_xact_user_tables). Prints each run and the medians, and after / before.
+
+With ``--drain``, the burst is drained instead, by the relay's own statements with the plans a relay keeps: a relay
+session (relay/session.py) makes them on the emptied queue (one empty claim), then claims and settles the keyed
+burst 100 at a time (held batches, or leased with ``--leased``), each batch's next messages of each key following;
+the seconds of the drain, and the rows its claims read (pg_stat_user_tables, idx_tup_fetch).
 """
 
 import argparse
@@ -50,6 +55,50 @@ with psycopg.connect(url) as conn:
     print(json.dumps({"seconds": time.perf_counter() - started, "seq_scans": scans}))
 """
 
+DRAIN = """
+import json, sys, time, psycopg
+from outbox_pipelines.core.enqueue import Outbox
+from outbox_pipelines.core.models import Message
+from outbox_pipelines.core.relay.session import open_session
+from outbox_pipelines.core.storage.table import OutboxTable
+url, table, count, leased = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "leased"
+keys = max(count // 30, 1)
+def fetched(conn):
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute("SELECT idx_tup_fetch AS n FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()
+    return row["n"]  # the relay's session returns rows as dicts
+with psycopg.connect(url, autocommit=True) as admin:
+    admin.execute(
+        f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key) "
+        "SELECT 'old-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %s) "
+        "FROM generate_series(1, %s) AS n ORDER BY n", (keys, count))
+    admin.execute(f"ANALYZE {table}")
+    admin.execute(f"DELETE FROM {table}")
+    admin.execute(f"VACUUM {table}")
+    with open_session(url) as relay:
+        outbox = OutboxTable(relay, table)
+        def claim():
+            if leased:
+                return outbox.claim("bench", 100, 60, gated=True, reuse_plan=True)
+            return outbox.claim_held(100, 60, gated=True, reuse_plan=True)
+        with relay.transaction():
+            claim()  # the plans the relay keeps, made on the emptied queue
+        messages = [Message(topic="t", payload={"n": i}, event_id=f"new-{i}", ordering_key=f"k-{i % keys}")
+                    for i in range(count)]
+        Outbox(table).enqueue_many(admin, messages, outside_transaction=True)
+        read_before, started, sent = fetched(relay), time.perf_counter(), 0
+        while sent < count:
+            with relay.transaction():
+                batch = claim()
+                if not batch:
+                    raise RuntimeError(f"nothing to claim, {sent} of {count} sent")
+                outbox.settle_sent("bench", [b.id for b in batch], [b.attempts for b in batch], audit_code="sent",
+                                   held=not leased)
+            sent += len(batch)
+        seconds = time.perf_counter() - started
+        print(json.dumps({"seconds": seconds, "rows_read": fetched(relay) - read_before}))
+"""
+
 
 def prepare(tree: str, admin_url: str, name: str) -> str:
     """A database of the tree's schema with the table (autovacuum off: the statistics stay as the run leaves them)."""
@@ -61,20 +110,24 @@ def prepare(tree: str, admin_url: str, name: str) -> str:
     )
 
 
-def burst(tree: str, url: str, count: int) -> dict[str, float]:
+def burst(tree: str, url: str, count: int, drain: str | None = None) -> dict[str, float]:
+    """The burst into the emptied queue (``drain``: None), or its drain by held or leased batches."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {TABLE}")
+    command = ["-c", BURST, url, TABLE, str(count)] if drain is None else ["-c", DRAIN, url, TABLE, str(count), drain]
     done = subprocess.run(
-        [sys.executable, "-c", BURST, url, TABLE, str(count)],
+        [sys.executable, *command],
         env=env_for(tree, {}),
         cwd="/",
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
         timeout=1800,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: {done.stderr[-2000:]}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -85,7 +138,11 @@ def main() -> None:
     parser.add_argument("after_tree", nargs="?", default=THIS_TREE)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--drain", action="store_true", help="drain the burst with a relay's kept plans instead")
+    parser.add_argument("--leased", action="store_true", help="with --drain: leased batches (the brokers' claim)")
     args = parser.parse_args()
+    drain = ("leased" if args.leased else "held") if args.drain else None
+    detail, what = ("rows_read", "rows read by the drain") if drain else ("seq_scans", "sequential scans")
     sys.path.insert(0, THIS_TREE)
     from outbox_pipelines_tests.scratch import ScratchServer
 
@@ -99,20 +156,21 @@ def main() -> None:
             order = list(trees)
             rng.shuffle(order)
             for name in order:
-                results[name].append(burst(trees[name], urls[name], args.messages))
+                results[name].append(burst(trees[name], urls[name], args.messages, drain))
             print(
                 f"run {run + 1}: "
                 + ", ".join(
-                    f"{n} {results[n][-1]['seconds']:.2f} s ({results[n][-1]['seq_scans']} scans)" for n in order
+                    f"{n} {results[n][-1]['seconds']:.2f} s ({results[n][-1][detail]:,} {what})" for n in order
                 ),
                 flush=True,
             )
-        print(f"\n{args.messages:,} keyed messages in one enqueue_many into an emptied queue, medians of {args.runs}:")
+        action = f"drained in {drain} batches of 100" if drain else "in one enqueue_many"
+        print(f"\n{args.messages:,} keyed messages {action}, into an emptied queue, medians of {args.runs}:")
         for name, values in results.items():
             seconds = sorted(v["seconds"] for v in values)
-            scans = statistics.median(v["seq_scans"] for v in values)
+            counted = statistics.median(v[detail] for v in values)
             spread = f"[{seconds[0]:.2f}–{seconds[-1]:.2f}]"
-            print(f"  {name:6s} {statistics.median(seconds):.2f} s {spread}, {scans:.0f} sequential scans")
+            print(f"  {name:6s} {statistics.median(seconds):.2f} s {spread}, {counted:,.0f} {what}")
         ratios = sorted(a["seconds"] / b["seconds"] for a, b in zip(results["after"], results["before"], strict=True))
         print(f"  after / before (time): {statistics.median(ratios):.3f} [{ratios[0]:.3f}–{ratios[-1]:.3f}]")
     finally:
