@@ -31,20 +31,27 @@ from small_backlogs import env_for, tree_database
 HERE = Path(__file__).resolve()
 THIS_TREE = str(HERE.parents[1])
 TABLE = "bench_emptied"
-BURST = """
+EMPTY_AFTER_FULL = """
+import psycopg
+def empty_after_full(url, table, count, keys):
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key) "
+            "SELECT 'old-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %s) "
+            "FROM generate_series(1, %s) AS n ORDER BY n", (keys, count))
+        admin.execute(f"ANALYZE {table}")
+        admin.execute(f"DELETE FROM {table}")
+        admin.execute(f"VACUUM {table}")
+"""
+BURST = (
+    EMPTY_AFTER_FULL
+    + """
 import json, sys, time, psycopg
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
 url, table, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 keys = max(count // 5, 1)
-with psycopg.connect(url, autocommit=True) as admin:
-    admin.execute(
-        f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key) "
-        "SELECT 'old-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %s) "
-        "FROM generate_series(1, %s) AS n ORDER BY n", (keys, count))
-    admin.execute(f"ANALYZE {table}")
-    admin.execute(f"DELETE FROM {table}")
-    admin.execute(f"VACUUM {table}")
+empty_after_full(url, table, count, keys)
 messages = [Message(topic="t", payload={"n": i}, event_id=f"new-{i}", ordering_key=f"k-{i % keys}")
             for i in range(count)]
 with psycopg.connect(url) as conn:
@@ -54,8 +61,11 @@ with psycopg.connect(url) as conn:
     conn.commit()
     print(json.dumps({"seconds": time.perf_counter() - started, "seq_scans": scans}))
 """
+)
 
-DRAIN = """
+DRAIN = (
+    EMPTY_AFTER_FULL
+    + """
 import json, sys, time, psycopg
 from outbox_pipelines.core.enqueue import Outbox
 from outbox_pipelines.core.models import Message
@@ -63,18 +73,12 @@ from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage.table import OutboxTable
 url, table, count, leased = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "leased"
 keys = max(count // 30, 1)
+empty_after_full(url, table, count, keys)
 def fetched(conn):
     conn.execute("SELECT pg_stat_force_next_flush()")
     row = conn.execute("SELECT idx_tup_fetch AS n FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()
     return row["n"]  # the relay's session returns rows as dicts
 with psycopg.connect(url, autocommit=True) as admin:
-    admin.execute(
-        f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key) "
-        "SELECT 'old-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %s) "
-        "FROM generate_series(1, %s) AS n ORDER BY n", (keys, count))
-    admin.execute(f"ANALYZE {table}")
-    admin.execute(f"DELETE FROM {table}")
-    admin.execute(f"VACUUM {table}")
     with open_session(url) as relay:
         outbox = OutboxTable(relay, table)
         def claim():
@@ -98,6 +102,7 @@ with psycopg.connect(url, autocommit=True) as admin:
         seconds = time.perf_counter() - started
         print(json.dumps({"seconds": seconds, "rows_read": fetched(relay) - read_before}))
 """
+)
 
 
 def prepare(tree: str, admin_url: str, name: str) -> str:

@@ -6,6 +6,8 @@ its parameters each time. Nothing is prepared just because it ran often. A kept 
 statistics it was made with: a quiet queue's, an emptied queue's, a new table's.
 """
 
+from collections.abc import Callable
+
 import pytest
 
 from outbox_pipelines import Message, Outbox
@@ -87,6 +89,33 @@ def claim_kept(table: OutboxTable, leased: bool) -> list:
     return table.claim_held(100, 60, gated=True, reuse_plan=True)
 
 
+def reads_of_kept_plans(db_url: str, leased: bool, burst: Callable[[], object]) -> tuple[list[int], list[int]]:
+    """A relay session makes its plans on the table as it is now (one empty claim), then ``burst`` arrives: the rows
+    each of 3 claims of 100 read from the table with those plans, and each of their settles (each batch delivered,
+    so that the next claim takes the next message of each key)."""
+    reads: list[int] = []
+    settle_reads: list[int] = []
+    with open_session(db_url) as relay_conn:
+        table = OutboxTable(relay_conn, EVENTS)
+        with relay_conn.transaction():  # planned now, and kept
+            assert claim_kept(table, leased) == []
+        burst()
+        for _ in range(3):
+            with relay_conn.transaction():
+                # pg_stat_xact_user_tables counts what the session read and has not reported yet too
+                before = rows_fetched(relay_conn, EVENTS)
+                claimed = claim_kept(table, leased)
+                reads.append(rows_fetched(relay_conn, EVENTS) - before)
+                assert len(claimed) == 100
+                before = rows_fetched(relay_conn, EVENTS)
+                ids, attempts = [c.id for c in claimed], [c.attempts for c in claimed]
+                table.settle_sent("w", ids, attempts, audit_code=m.AUDIT_SUCCESS, held=not leased)
+                settle_reads.append(rows_fetched(relay_conn, EVENTS) - before)
+        generic, custom = kept_plans(relay_conn)["claim" if leased else "held claim"]
+        assert generic == 4 and custom == 0  # the plan made before the burst ran
+    return reads, settle_reads
+
+
 @pytest.mark.parametrize("leased", [False, True], ids=["held", "leased"])
 @pytest.mark.parametrize("pending_at_analyze", [10, 300])
 def test_a_kept_claim_plan_made_on_a_quiet_queue_reads_a_batch_of_the_burst_that_follows(
@@ -104,21 +133,9 @@ def test_a_kept_claim_plan_made_on_a_quiet_queue_reads_a_batch_of_the_burst_that
     conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() WHERE id > %s", (kept_pending,))
     conn.execute(f"VACUUM ANALYZE {EVENTS}")
     conn.execute(f"UPDATE {EVENTS} SET status = 'sent', published_at = now() WHERE status = 'pending'")
-    with open_session(db_url) as relay_conn:
-        table = OutboxTable(relay_conn, EVENTS)
-        with relay_conn.transaction():  # planned now, on the quiet queue, and kept
-            assert claim_kept(table, leased) == []
-        enqueue_n(conn, EVENTS, 6000, prefix="burst-")
-        reads = []
-        for _ in range(3):
-            with relay_conn.transaction():
-                # pg_stat_xact_user_tables counts what the session read and has not reported yet too
-                before = rows_fetched(relay_conn, EVENTS)
-                assert len(claim_kept(table, leased)) == 100
-                reads.append(rows_fetched(relay_conn, EVENTS) - before)
-        generic, custom = kept_plans(relay_conn)["claim" if leased else "held claim"]
-        assert generic == 4 and custom == 0  # the plan made on the quiet queue ran
+    reads, settle_reads = reads_of_kept_plans(db_url, leased, lambda: enqueue_n(conn, EVENTS, 6000, prefix="burst-"))
     assert max(reads) < 600, reads
+    assert max(settle_reads) < 600, settle_reads
 
 
 @pytest.mark.parametrize("leased", [False, True], ids=["held", "leased"])
@@ -156,23 +173,8 @@ def test_a_kept_keyed_claim_plan_made_on_an_emptied_queue_probes_each_key_not_th
     conn.execute(f"ANALYZE {EVENTS}")
     conn.execute(f"DELETE FROM {EVENTS}")
     conn.execute(f"VACUUM {EVENTS}")
-    with open_session(db_url) as relay_conn:
-        table = OutboxTable(relay_conn, EVENTS)
-        with relay_conn.transaction():  # planned now, on the emptied queue, and kept
-            assert claim_kept(table, leased) == []
-        outbox.enqueue_many(conn, keyed_messages(3000, 100, "new-"), outside_transaction=True)
-        reads, settle_reads = [], []
-        for _ in range(3):  # each batch delivered: the next claim takes the next message of each key
-            with relay_conn.transaction():
-                before = rows_fetched(relay_conn, EVENTS)
-                claimed = claim_kept(table, leased)
-                reads.append(rows_fetched(relay_conn, EVENTS) - before)
-                assert len(claimed) == 100
-                ids, attempts = [c.id for c in claimed], [c.attempts for c in claimed]
-                before = rows_fetched(relay_conn, EVENTS)
-                table.settle_sent("w", ids, attempts, audit_code=m.AUDIT_SUCCESS, held=not leased)
-                settle_reads.append(rows_fetched(relay_conn, EVENTS) - before)
-        generic, custom = kept_plans(relay_conn)["claim" if leased else "held claim"]
-        assert generic == 4 and custom == 0  # the plan made on the emptied queue ran
+    reads, settle_reads = reads_of_kept_plans(
+        db_url, leased, lambda: outbox.enqueue_many(conn, keyed_messages(3000, 100, "new-"), outside_transaction=True)
+    )
     assert max(reads) < 1000, reads
     assert max(settle_reads) < 1000, settle_reads
