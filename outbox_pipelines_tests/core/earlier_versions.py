@@ -51,3 +51,21 @@ def upgrade_beside_a_writer(url: str, write: Callable[[psycopg.Connection], obje
         holder.rollback()
         holder.close()
     return applied
+
+
+def keyed_table_before(url: str, tmp_path: Path, version: str, table: str) -> str:
+    """A database of the version before ``version`` with ``table``, autovacuum off (the statistics are the test's)."""
+    upgrade_to_before(url, tmp_path, version)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT outbox_create_table(%s)", (table,))
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")  # a test's table name, not input
+    return url
+
+
+def insert_keyed(table: str) -> str:
+    """Keyed rows as any writer inserts them, whatever the version's enqueue (%(tag)s-n, key k-(n %% keys))."""
+    return (
+        f"INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key) "
+        "SELECT %(tag)s || '-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %(keys)s) "
+        "FROM generate_series(1, %(count)s) AS n ORDER BY n"
+    )

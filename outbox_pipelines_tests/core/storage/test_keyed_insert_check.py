@@ -8,7 +8,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from outbox_pipelines.core.storage import migrate
-from outbox_pipelines_tests.core.earlier_versions import upgrade_beside_a_writer, upgrade_to_before
+from outbox_pipelines_tests.core.earlier_versions import insert_keyed, keyed_table_before, upgrade_beside_a_writer
 
 TABLE = "keyed_outbox"
 
@@ -16,19 +16,11 @@ TABLE = "keyed_outbox"
 @pytest.fixture
 def migrated_from_0023(empty_db, tmp_path):
     """A database of the version before 0024 with a keyed table."""
-    upgrade_to_before(empty_db, tmp_path, "0024")
-    with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute("SELECT outbox_create_table(%s)", (TABLE,))
-        conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")  # the statistics are the test's
-    return empty_db
+    return keyed_table_before(empty_db, tmp_path, "0024", TABLE)
 
 
 # Keyed rows as any writer inserts them (the check is the table's trigger, whoever writes): n, then its key.
-INSERT_KEYED = (
-    f"INSERT INTO {TABLE} (event_id, topic, payload, payload_sha, headers, ordering_key) "
-    "SELECT %(tag)s || '-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'k-' || (n %% %(keys)s) "
-    "FROM generate_series(1, %(count)s) AS n ORDER BY n"
-)
+INSERT_KEYED = insert_keyed(TABLE)
 
 
 def _emptied_after_analyze(url: str, rows: int = 2000) -> None:

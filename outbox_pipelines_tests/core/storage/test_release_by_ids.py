@@ -11,7 +11,7 @@ from outbox_pipelines.core import models as m
 from outbox_pipelines.core.relay.session import open_session
 from outbox_pipelines.core.storage import migrate
 from outbox_pipelines.core.storage.table import OutboxTable
-from outbox_pipelines_tests.core.earlier_versions import upgrade_beside_a_writer, upgrade_to_before
+from outbox_pipelines_tests.core.earlier_versions import insert_keyed, keyed_table_before, upgrade_beside_a_writer
 
 TABLE = "keyed_outbox"
 
@@ -19,19 +19,11 @@ TABLE = "keyed_outbox"
 @pytest.fixture
 def migrated_from_0024(empty_db, tmp_path):
     """A database of the version before 0025 with a keyed table."""
-    upgrade_to_before(empty_db, tmp_path, "0025")
-    with psycopg.connect(empty_db, autocommit=True) as conn:
-        conn.execute("SELECT outbox_create_table(%s)", (TABLE,))
-        conn.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")  # the statistics are the test's
-    return empty_db
+    return keyed_table_before(empty_db, tmp_path, "0025", TABLE)
 
 
-# Keyed rows as any writer inserts them (the version before's enqueue is refused by this version's code): n, its key.
-INSERT_KEYED = (
-    f"INSERT INTO {TABLE} (event_id, topic, payload, payload_sha, headers, ordering_key) "
-    "SELECT %(tag)s || '-' || n, 't', '{}'::jsonb, 'sha', '{}'::jsonb, 'key-' || (n %% %(keys)s) "
-    "FROM generate_series(1, %(count)s) AS n ORDER BY n"
-)
+# Keyed rows as any writer inserts them (this version's enqueue refuses the database before db upgrade).
+INSERT_KEYED = insert_keyed(TABLE)
 
 
 def _settle(table: OutboxTable, relay_conn: psycopg.Connection) -> int:
@@ -75,7 +67,7 @@ def _heads_free(url: str) -> dict:
 def test_a_settle_beside_a_keyed_backlog_reads_its_keys_not_the_backlog(migrated_from_0024):
     url = migrated_from_0024
     before = _settles_beside_a_keyed_backlog(url, "before-")
-    assert min(before) >= 100_000, before  # the version before: every blocked row, times the keys released
+    assert max(before) >= 100_000, before  # the version before: every blocked row, times the keys released
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DELETE FROM {TABLE}")
     migrate.upgrade(url)
