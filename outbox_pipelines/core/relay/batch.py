@@ -105,17 +105,13 @@ class BatchRunner:
         held: bool,
     ) -> None:
         """Record what the destination did, settle the batch, count what happened."""
-        was_open = self.guard.circuit_open
-        self.guard.observe(outbox_table.conn, outcomes)  # first: a batch that opens the circuit spends no attempts
-        if was_open and not self.guard.circuit_open and self.pause.reason == CIRCUIT_WAIT:
-            # The probe succeeded. A pipelined relay claimed ahead while it was in flight, found the circuit
-            # open and paused until the next probe: that wait is over, the rest goes now.
-            self.pause.lift()
         claimed_mono = self.forget(batch)
         if self.delivered_plainly(outcomes):
-            # The common batch, delivered whole: settled and counted without a plan per message.
+            # The common batch, delivered whole: settled and counted without a plan per message. Its success is
+            # recorded after the settle, so a held batch's settle is its transaction's first write (settlement.py).
             with self._settle_span(batch), self.metrics.settle.time():
                 settled = settle_delivered(outbox_table, self.worker, batch, outcomes, self.table, held=held)
+            self._observe(outbox_table, outcomes)
             if settled is not None and len(settled) == len(batch):
                 counts = count_delivered_batch(self.table.name, batch, claimed_mono, report.lag, self.metrics)
                 report.add_batch(counts)
@@ -124,6 +120,7 @@ class BatchRunner:
             if settled is None:
                 settled = self._settle_refused(outbox_table, settlements, report, held)
         else:
+            self._observe(outbox_table, outcomes)  # first: a batch that opens the circuit spends no attempts
             settlements = self._plan(batch, outcomes)
             with self._settle_span(batch), self.metrics.settle.time():
                 settled = self._settle(outbox_table, batch, settlements, report, held)
@@ -135,6 +132,15 @@ class BatchRunner:
             # 429: the destination is overloaded; hold the whole table, in every relay of it, not just this row.
             self.pause.hold(counts.slow_down_s, "the destination answered 429")
             self.guard.pause(outbox_table.conn, counts.slow_down_s, "429 Retry-After")
+
+    def _observe(self, outbox_table: OutboxTable, outcomes: list[Outcome]) -> None:
+        """The destination's health: a failure counts towards the circuit, a success closes it."""
+        was_open = self.guard.circuit_open
+        self.guard.observe(outbox_table.conn, outcomes)
+        if was_open and not self.guard.circuit_open and self.pause.reason == CIRCUIT_WAIT:
+            # The probe succeeded. A pipelined relay claimed ahead while it was in flight, found the circuit
+            # open and paused until the next probe: that wait is over, the rest goes now.
+            self.pause.lift()
 
     def delivered_plainly(self, outcomes: list[Outcome]) -> bool:
         """Whether ``settle_delivered`` can settle the batch: rows marked sent, and no after_settle to tell."""

@@ -143,6 +143,7 @@ def settle_delivered(
             claimed_at=batch[0].claimed_at if batch else None,
             **settle_options(table, held),
         ),
+        first_write=held,
     )
 
 
@@ -170,9 +171,18 @@ def _in_transaction(conn: psycopg.Connection) -> bool:
     return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
-def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Callable[[], set[int]]) -> set[int] | None:
+def _unless_refused(
+    outbox_table: OutboxTable, table: TableSettings, settle: Callable[[], set[int]], *, first_write: bool = False
+) -> set[int] | None:
+    """``settle()``, or None when the database refused it for a data reason (the caller goes row by row).
+
+    ``first_write``: the settle is the first write of a held batch's transaction, which holds only the batch's
+    locks. A refusal then rolls that transaction back, and the rows, pending and unchanged, are settled row by
+    row in transactions of their own; no savepoint is sent before each batch (a round trip, and a subtransaction
+    for the server: bench/results.md, "Issue 47").
+    """
     conn = outbox_table.conn
-    savepoint = _in_transaction(conn)
+    savepoint = _in_transaction(conn) and not first_write
     try:
         if savepoint:
             # So that a refused statement does not doom the outer transaction. Never released: the commit that
@@ -184,6 +194,8 @@ def _unless_refused(outbox_table: OutboxTable, table: TableSettings, settle: Cal
     except psycopg.Error as exc:
         if savepoint:
             conn.execute(_ROLLBACK_TO_SAVEPOINT)
+        elif _in_transaction(conn):
+            conn.rollback()  # the held batch's locks go with it: another relay may claim its rows meanwhile
         log.warning("relay %s: batch settle refused (%s); settling row by row", table.name, exc)
         return None
 

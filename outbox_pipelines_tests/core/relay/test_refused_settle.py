@@ -1,6 +1,6 @@
 """A batch settle the database refuses (a team's own trigger on the outbox table) is settled row by row: the refused
-row ends as a database error, the rest of the batch as delivered, in each claim mode (a held batch's savepoint is sent
-in one round trip with the settle, and must still catch the refusal)."""
+row ends as a database error, the rest of the batch as delivered, in each claim mode (a held batch's settle has no
+savepoint: its refusal rolls the batch's transaction back, and the rows are settled one by one)."""
 
 import pytest
 

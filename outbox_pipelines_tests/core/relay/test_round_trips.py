@@ -1,9 +1,10 @@
 """The relay's statements per batch (bench/relay_fixed_costs.py counts them): what it writes once per run stays
-once, and the savepoint a held batch's settle runs under still lets a refused row be settled on its own."""
+once, a held batch settles without a savepoint, and a refused row is still settled on its own."""
 
 import time
 
 import psycopg
+import pytest
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.models import AUDIT_DB_ERROR
@@ -45,6 +46,26 @@ def test_a_held_batch_whose_settle_is_refused_settles_the_other_rows_and_records
     with psycopg.connect(db_url) as check:  # nothing left locked or in a transaction
         assert len(check.execute(f"SELECT id FROM {EVENTS} FOR UPDATE NOWAIT").fetchall()) == 1
     assert all(audit_codes(conn, EVENTS, other) for other in others)
+
+
+@pytest.mark.parametrize("claim", ["auto", "transaction"])
+def test_a_held_batch_settles_as_its_transactions_first_write_without_a_savepoint(db_url, conn, monkeypatch, claim):
+    """A savepoint per batch was a round trip on the path a backlog waits on, and a subtransaction for the server:
+    a held batch's settle is the first write of its transaction, and a refusal rolls that transaction back."""
+    enqueue_n(conn, EVENTS, 12)
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def recorded(self, query, *args, **kwargs):
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", recorded)
+    report = Relay(db_url, events_settings(claim=claim, batch_size=4), ScriptedDestination()).run(once=True)
+    assert report.sent == 12 and report.db_errors == 0
+    assert statuses(conn, EVENTS) == {"sent": 12}
+    assert sum(query.startswith("BEGIN") for query in sent) >= 3  # three held batches
+    assert not [query for query in sent if "SAVEPOINT" in query]
 
 
 class Pipelined(ScriptedDestination):
