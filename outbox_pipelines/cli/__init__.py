@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -18,7 +18,6 @@ from outbox_pipelines.cli import handlers
 from outbox_pipelines.cli.inputs import unusable_tables
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, say
 from outbox_pipelines.cli.parser import Handler, build_parser
-from outbox_pipelines.cli.process_exit import end_process
 from outbox_pipelines.cli.read_only import read_only_deadline
 from outbox_pipelines.core.errors import (
     ConfigError,
@@ -89,15 +88,8 @@ __all__ = [
     "cmd_skip",
     "cmd_status",
     "main",
-    "run",
     "say",
 ]
-
-
-def run() -> NoReturn:
-    """The ``outbox-pipelines`` console script and ``python -m outbox_pipelines.cli``: ``main()``, then the process
-    ends without tearing its modules down (cli/process_exit.py)."""
-    end_process(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """``python -m outbox_pipelines.cli``: the same as the ``outbox-pipelines`` console script (tests and the bench
 start relays this way)."""
 
-from outbox_pipelines.cli import run
+import sys
 
-run()
+from outbox_pipelines.cli import main
+
+sys.exit(main())
