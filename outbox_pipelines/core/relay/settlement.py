@@ -179,7 +179,7 @@ def _unless_refused(
     ``first_write``: the settle is the first write of a held batch's transaction, which holds only the batch's
     locks. A refusal then rolls that transaction back, and the rows, pending and unchanged, are settled row by
     row in transactions of their own; no savepoint is sent before each batch (a round trip, and a subtransaction
-    for the server: bench/results.md, "Issue 47").
+    for the server: bench/relay_fixed_costs.py).
     """
     conn = outbox_table.conn
     savepoint = _in_transaction(conn) and not first_write
