@@ -21,6 +21,7 @@ Then ``python -X importtime`` of the CLI: the heaviest imports.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -139,11 +140,24 @@ def child_relay(url: str, kind: str, messages: int, batch: int, counted: bool = 
     settings = TableSettings(name=TABLE, batch_size=batch, audit=os.environ.get("BENCH_AUDIT", "all"))
     if counted:
         install_counter()
+    machine, own = machine_busy_s(), resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     report = Relay(url, settings, Noop(), worker_id=f"bench-{kind}").run(once=True)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = {
+        "machine_cpu_s": machine_busy_s() - machine,  # every process's: the relay, the server's, anything else
+        "relay_cpu_s": after.ru_utime - own.ru_utime + after.ru_stime - own.ru_stime,
+    }
     batches = -(-report.sent // batch)
-    print(json.dumps({"sent": report.sent, "seconds": seconds, "batches": batches, "rows": summary(batches)}))
+    print(json.dumps({"sent": report.sent, "seconds": seconds, "batches": batches, **cpu, "rows": summary(batches)}))
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core; /proc/stat, less idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def child_cli(spawned: float) -> None:
@@ -258,13 +272,18 @@ def migrate(tree: str, admin_url: str, name: str) -> str:
 
 def compare(before: str, after: str, admin_url: str, messages: int, runs: int) -> None:
     """The relay into a no-op destination (held, the default path; pipelined, the brokers' path) at batch 100 and
-    1,000, the two trees in a rotating order, each drain a fresh process; msg/s medians and after / before."""
+    1,000, the two trees in a rotating order, each drain a fresh process; msg/s medians and after / before, and the
+    CPU milliseconds a batch the machine spent during the drains (/proc/stat), and of it the server's (the machine's
+    less the relay process's own): steadier than msg/s on a machine whose processes' speed varies by a third."""
     import random
 
     trees = {"before": before, "after": after}
     urls = {name: migrate(tree, admin_url, f"bench_fixed_{name}") for name, tree in trees.items()}
     variants = [(t, k, b) for t in trees for k in ("held", "pipelined") for b in (100, 1000)]
     rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    # CPU milliseconds per batch: the whole machine's and the server's (the machine's less the relay process's).
+    machine_ms: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    server_ms: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     rng = random.Random(47)
     print(f"load average {os.getloadavg()[0]:.2f} at start")
     for run in range(runs):
@@ -274,16 +293,24 @@ def compare(before: str, after: str, admin_url: str, messages: int, runs: int) -
                 trees[tree], ["--child-relay", urls[tree], kind, str(messages), str(batch), "plain"], "/", {}
             )
             rates[(tree, kind, batch)].append(result["sent"] / result["seconds"])
+            per_batch = 1000 / max(result["batches"], 1)
+            machine_ms[(tree, kind, batch)].append(result["machine_cpu_s"] * per_batch)
+            server_ms[(tree, kind, batch)].append((result["machine_cpu_s"] - result["relay_cpu_s"]) * per_batch)
         print(f"run {run + 1} done", flush=True)
-    print(f"\n| path, batch | before msg/s | after msg/s | after / before | ({messages:,} messages, {runs} runs) |")
-    print("|---|---|---|---|---|")
+    print(
+        f"\n| path, batch | before msg/s | after msg/s | after / before | machine CPU ms a batch, before → after "
+        f"| of it the server's and the rest, before → after | ({messages:,} messages, {runs} runs) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for kind in ("held", "pipelined"):
         for batch in (100, 1000):
             b, a = rates[("before", kind, batch)], rates[("after", kind, batch)]
             ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+            cpu = [statistics.median(m[(tree, kind, batch)]) for m in (machine_ms, server_ms) for tree in trees]
             print(
                 f"| {kind}, {batch} | {statistics.median(b):,.0f} | {statistics.median(a):,.0f} "
-                f"| {statistics.median(ratios):.2f} [{ratios[0]:.2f}–{ratios[-1]:.2f}] | |"
+                f"| {statistics.median(ratios):.2f} [{ratios[0]:.2f}–{ratios[-1]:.2f}] "
+                f"| {cpu[0]:.2f} → {cpu[1]:.2f} | {cpu[2]:.2f} → {cpu[3]:.2f} | |"
             )
     print(f"load average {os.getloadavg()[0]:.2f} at end")
 
