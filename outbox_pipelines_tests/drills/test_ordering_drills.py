@@ -163,14 +163,15 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
 
 def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_key(db_url, conn):
     """One key's dead head holds only that key: 100,000 other keys drain as fast as they do with no key
-    blocked (two tables of the same shape, each fresh, one relay each in turn)."""
+    blocked (two tables of the same shape, one relay each in turn, two rounds of 50,000 keys each: the best
+    round of each table, so that a moment of load on a shared machine is not taken for the blocked key)."""
     from outbox_pipelines.core import models as m
     from outbox_pipelines.core.models import Outcome
     from outbox_pipelines.core.relay import Relay
     from outbox_pipelines_tests.conftest import table_settings
     from outbox_pipelines_tests.helpers import ScriptedDestination
 
-    n = 100_000
+    n = 50_000
 
     def settings(table: str):
         return table_settings(
@@ -183,11 +184,12 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
             on_success="mark_sent",
         )
 
-    def drain(table: str) -> float:
+    def drain(table: str, round_: int) -> float:
+        keys = range(round_ * n, (round_ + 1) * n)  # keys of their own each round: every one a healthy head
         with conn.transaction():
             Outbox(table).enqueue_many(
                 conn,
-                [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}", ordering_key=f"k{i}") for i in range(n)],
+                [Message(topic="t", payload={"i": i}, event_id=f"{table}-{i}", ordering_key=f"k{i}") for i in keys],
                 outside_transaction=True,
             )
         conn.execute(f"VACUUM ANALYZE {table}")
@@ -206,15 +208,18 @@ def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_ke
     Relay(db_url, settings(beside), ScriptedDestination(lambda msg: Outcome.dead(m.BAD_REQUEST, "HTTP 400"))).run(
         max_entries=1
     )
-    blocked_rate = drain(beside)
-    alone_rate = drain(alone)
-    assert statuses(conn, beside) == {"sent": n, "dead": 1, "pending": 4}
-    assert statuses(conn, alone) == {"sent": n}
+    rates: dict[str, list[float]] = {beside: [], alone: []}
+    for round_, order in enumerate(((beside, alone), (alone, beside))):
+        for table in order:
+            rates[table].append(drain(table, round_))
+    blocked_rate, alone_rate = max(rates[beside]), max(rates[alone])
+    assert statuses(conn, beside) == {"sent": 2 * n, "dead": 1, "pending": 4}
+    assert statuses(conn, alone) == {"sent": 2 * n}
     waiting = conn.execute("SELECT count(*) AS n FROM outbox_events WHERE ordering_blocked").fetchone()["n"]
     assert waiting == 4
     print(
         f"\n100,000 keys beside a blocked key: {blocked_rate:,.0f} msg/s; with none blocked {alone_rate:,.0f} "
-        f"msg/s ({blocked_rate / alone_rate:.2f}x)"
+        f"msg/s ({blocked_rate / alone_rate:.2f}x; rounds {rates})"
     )
     # bench/run.py --scenario ordering measures the ratio properly (medians of interleaved rounds)
     assert blocked_rate >= 0.7 * alone_rate
