@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -29,6 +30,8 @@ from outbox_pipelines.defs.dagster_home import prepare_dagster_home
 from outbox_pipelines.defs.links import ONCALL_URL_ENV, UI_URL_ENV
 
 if TYPE_CHECKING:
+    from dagster import DagsterRunStatus
+
     from outbox_pipelines.oncall_page import RunningPage
 
 log = logging.getLogger("outbox_pipelines.dev")
@@ -161,6 +164,16 @@ def _stop_group(pgid: int) -> None:
             time.sleep(0.2)
 
 
+def _active_statuses() -> "tuple[list[DagsterRunStatus], list[DagsterRunStatus]]":
+    """The statuses of a run in progress, and of one waiting to start."""
+    from dagster import DagsterRunStatus
+
+    return (
+        [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING],
+        [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED],
+    )
+
+
 def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
     """Terminate every run in progress the way the UI's Terminate does, and wait for them to end.
 
@@ -173,8 +186,7 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
     # Imported here: Dagster adds about a second to every CLI command, and only this one needs it.
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-    in_progress = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    waiting = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]
+    in_progress, waiting = _active_statuses()
     deadline = time.monotonic() + timeout_s
     terminated: set[str] = set()
     next_word = time.monotonic() + 5.0
@@ -198,6 +210,37 @@ def cancel_active_runs(env: dict[str, str], timeout_s: float = 60.0) -> int:
                 except Exception as exc:  # the others must still be stopped
                     print(f"could not terminate run {run.run_id[:8]}: {exc}", file=sys.stderr)
             time.sleep(0.5)
+
+
+def end_runs_left_behind(env: dict[str, str], pgid: int, since: float) -> int:
+    """Stop dagster dev's processes (``_stop_group``) and cancel the runs they leave unfinished.
+
+    The daemon runs until dagster dev has stopped it, a few seconds after the last pass of
+    ``cancel_active_runs``: a sensor or schedule may launch a run in between. Left STARTING or
+    STARTED, the next start marks it failed and alerts. Once dagster dev has exited nothing
+    launches runs, so each run this dev's daemon created (since ``since``, a time.time()) and
+    left unfinished is marked cancelling, its worker stopped with the group (a relay run
+    settles its batch), and what is still not ended marked cancelled. Returns how many.
+    """
+    os.environ.update(env)
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    in_progress, waiting = _active_statuses()
+    left = RunsFilter(statuses=in_progress + waiting, created_after=datetime.fromtimestamp(since, UTC))
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs(filters=left)
+        for run in runs:
+            if run.status in waiting:
+                instance.report_run_canceled(run, message="cancelled: outbox-pipelines dev stopped before it started")
+            elif run.status != DagsterRunStatus.CANCELING:
+                instance.report_run_canceling(run, message="cancelling: outbox-pipelines dev is stopping")
+        _stop_group(pgid)
+        for run in instance.get_runs(filters=left):
+            instance.report_run_canceled(run, message="cancelled: outbox-pipelines dev stopped its process")
+    if runs:
+        names = ", ".join(f"{r.job_name} {r.run_id[:8]}" for r in runs)
+        print(f"cancelled runs launched while Dagster was stopping: {names}", flush=True)
+    return len(runs)
 
 
 def http_url(host: str, port: int) -> str:
@@ -303,6 +346,7 @@ def run_dev(
     # ignored the SIGINT it is stopped with (a 48 s stop, ended by SIGKILL).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    started_at = time.time()
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
@@ -331,12 +375,18 @@ def run_dev(
                     print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
             except Exception as exc:  # stopping must go on
                 print(f"could not cancel runs in progress: {exc}", file=sys.stderr)
-            proc.send_signal(signal.SIGINT)  # dagster dev shuts down its webserver, daemon and code server
+            print("stopping Dagster: its webserver, daemon and code server", flush=True)
+            proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        _stop_group(proc.pid)
+        try:
+            db.connect(resolved.url, connect_timeout=3).close()
+            end_runs_left_behind(env, proc.pid, started_at)
+        except Exception as exc:  # stopping must go on
+            print(f"could not cancel runs launched while Dagster was stopping: {exc}", file=sys.stderr)
+            _stop_group(proc.pid)
         if page:
             page.stop()
         if started_embedded:
