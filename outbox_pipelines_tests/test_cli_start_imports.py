@@ -10,7 +10,8 @@ from outbox_pipelines_tests.conftest import run_cli
 
 # Modules a relay at its defaults never uses: the other commands', the enqueue side, the on-call and operations
 # layers, the roles (db grant's help), a relay group, Prometheus's client (no --metrics-port: what the relay counts
-# stays in telemetry/counts.py), and the stacks of Dagster and the HTTP and broker clients.
+# stays in telemetry/counts.py), OpenTelemetry's API (tracing off: no OTEL_* variable), and the stacks of Dagster
+# and the HTTP and broker clients.
 NOT_FOR_A_RELAY = (
     "outbox_pipelines.cli.db_commands",
     "outbox_pipelines.cli.enqueue_command",
@@ -27,6 +28,7 @@ NOT_FOR_A_RELAY = (
     "outbox_pipelines.core.relay.group",
     "outbox_pipelines.core.telemetry.metrics",
     "prometheus_client",
+    "opentelemetry",
     "dagster",
     "aiohttp",
     "httpx",

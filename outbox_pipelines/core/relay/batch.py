@@ -153,9 +153,7 @@ class BatchRunner:
         ]
 
     def _settle_span(self, batch: list[ClaimedMessage]) -> AbstractContextManager[object]:
-        return tracing.tracer().start_as_current_span(
-            "outbox.settle", attributes={"outbox.table": self.table.name, "outbox.batch": len(batch)}
-        )
+        return tracing.span("outbox.settle", {"outbox.table": self.table.name, "outbox.batch": len(batch)})
 
     def _settle(
         self,

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.destinations.base import Destination
 from outbox_pipelines.core.models import ClaimedMessage, Outcome
-from outbox_pipelines.core.relay.spans import SendSpan
 from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines.core.telemetry import tracing
 
@@ -73,8 +72,11 @@ def deliver_planned(
     if not plan.to_send:
         return []
     messages = [batch[i] for i in plan.to_send]
-    span = SendSpan(destination, table_name, messages) if tracing.enabled() else None  # off: no work at all
-    if span is not None:
+    span = None
+    if tracing.enabled():  # off: no work at all, and OpenTelemetry's API never imported
+        from outbox_pipelines.core.relay.spans import SendSpan
+
+        span = SendSpan(destination, table_name, messages)
         messages = span.messages
     try:
         outcomes = destination.deliver(messages)

@@ -334,7 +334,7 @@ class Relay:
     def _claim(self, run: Invocation, limit: int, *, gated: bool) -> list[ClaimedMessage]:
         attributes = {"outbox.table": self.table.name}
         started = time.perf_counter()
-        with tracing.tracer().start_as_current_span("outbox.claim", attributes=attributes) as span:
+        with tracing.span("outbox.claim", attributes) as span:
             if self._holds_first(run):
                 claimed = run.outbox_table.claim_held(
                     limit,

@@ -4,7 +4,6 @@ The keys a section may carry are the registry's (registry/table_keys.py): a key 
 refused, naming the file, the section and the known keys. Where the table's messages go is destination.py's.
 """
 
-import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +58,8 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
 def _did_you_mean(unknown: set[str]) -> str:
     """`` ('max_attemps': did you mean 'max_attempts'?)`` for the keys close to a known one; '' if none is."""
     # A YAML section may hold keys that are not text (1:, yes:): nothing to guess for those.
+    import difflib  # a mistake's path only: not imported by every start
+
     words = sorted(key for key in unknown if isinstance(key, str))
     guesses = {key: difflib.get_close_matches(key, TABLE_KEYS, n=1, cutoff=0.75) for key in words}
     close = [f"{key!r}: did you mean {match[0]!r}?" for key, match in guesses.items() if match]

@@ -5,7 +5,6 @@ starts only where it was asked for; elsewhere a missing OUTBOX_DATABASE_URL is a
 Why: docs/explanation/storage.md, "The embedded server's home".
 """
 
-import difflib
 import os
 import stat
 import tomllib
@@ -88,6 +87,8 @@ def refuse_an_unasked_server(root: Path) -> None:
     outbox.toml says ``embedded = true``."""
     if os.environ.get(EMBEDDED_DIR_ENV) or root.exists() or embedded_asked_for():
         return
+    import difflib  # a mistake's path only: not imported by every start
+
     near = difflib.get_close_matches(DATABASE_URL_ENV, [k for k in os.environ if k != DATABASE_URL_ENV], n=1)
     typo = f" ({near[0]} is set: a typo?)" if near else ""
     raise ConfigError(

@@ -126,6 +126,9 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None, "the same, for traces only", _TRACING),
     EnvVariable("OTEL_TRACES_EXPORTER", "otlp", "`none` turns the export off", _TRACING),
     EnvVariable("OTEL_SDK_DISABLED", "false", "`true` turns tracing off", _TRACING),
+    EnvVariable("OTEL_PYTHON_TRACER_PROVIDER", None, "the tracer provider OpenTelemetry's API loads (an entry "
+                "point, e.g. `sdk_tracer_provider`): spans are made with it", _TRACING,
+                "unset: spans only when the process installs a provider, or exports (above)"),
     EnvVariable("OTEL_SERVICE_NAME", None, "the service name spans carry", _TRACING,
                 "unset: the process's own (a relay's: `outbox-relay`)"),
     EnvVariable("OTEL_RESOURCE_ATTRIBUTES", None, "resource attributes added to every span (read by the "
