@@ -123,6 +123,43 @@ def start_relay(
     return start_cli(env, "relay", "--table", table, *(["--quiet"] if quiet else []), *args, **popen)
 
 
+class DevProject:
+    """``outbox-pipelines dev --port PORT`` (the console script, as a user runs it) for a project of its own (the
+    demo's parts) on ``db_url``, in a session of its own (a Ctrl-C signals its group), its output in ``dev.log``."""
+
+    def __init__(self, tmp_path: Path, db_url: str, port: int, repo: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHONWARNINGS"))}
+        self.project = tmp_path / "project"
+        self.project.mkdir()
+        (self.project / "outbox.toml").write_text(DEMO_PARTS)
+        env.update(OUTBOX_DATABASE_URL=db_url, OUTBOX_EMBEDDED_DIR=str(self.project / ".outbox"), PYTHONPATH=str(repo))
+        self.log = tmp_path / "dev.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [str(repo / ".venv" / "bin" / "outbox-pipelines"), "dev", "--port", str(port)],
+                env=env,
+                cwd=self.project,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, text: str, timeout: float, poll_s: float = 0.5) -> None:
+        """Until ``text`` is in the log; fails (with the log's end) if dev exits or ``timeout`` passes first."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            assert self.proc.poll() is None and time.monotonic() < deadline, (text, self.output()[-3000:])
+            time.sleep(poll_s)
+
+    def kill_if_running(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
 def start_logged(
     command: Sequence[str], log: Path, *, env: dict[str, str], cwd: Path | str | None = None, **popen: Any
 ) -> "subprocess.Popen[bytes]":

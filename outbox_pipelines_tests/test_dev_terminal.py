@@ -8,8 +8,6 @@ The filter on recorded lines, and a real `dev` stopped with SIGINT while a relay
 import io
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -18,8 +16,7 @@ import pytest
 from outbox_pipelines.dev import http_url, link_environment, relay_output
 from outbox_pipelines_tests.conftest import REPO
 from outbox_pipelines_tests.helpers import enqueue_n, statuses
-from outbox_pipelines_tests.processes import free_port_pair
-from outbox_pipelines_tests.scratch import DEMO_PARTS
+from outbox_pipelines_tests.processes import DevProject, free_port_pair
 
 T = "2026-11-29 11:21:01 +0000 - dagster - "
 DAEMON = "\x1b[32m2026-11-29 11:19:19 +0000\x1b[0m - dagster.daemon.SensorDaemon - \x1b[34mINFO\x1b[0m - "
@@ -113,29 +110,9 @@ def _environments(dagster_home: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_dev_serves_the_oncall_page_links_to_its_port_and_stops_on_ctrl_c_without_a_trace(db_url, conn, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHONWARNINGS"))}
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "outbox.toml").write_text(DEMO_PARTS)
-    env.update(OUTBOX_DATABASE_URL=db_url, OUTBOX_EMBEDDED_DIR=str(project / ".outbox"), PYTHONPATH=str(REPO))
     port = free_port_pair()  # dev takes --port + 1 for the on-call page when it is free
-    log_path = tmp_path / "dev.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "outbox-pipelines"), "dev", "--port", str(port)],
-            env=env,
-            cwd=project,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_for(text: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in log_path.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, (text, log_path.read_text()[-3000:])
-            time.sleep(0.5)
-
+    dev = DevProject(tmp_path, db_url, port, REPO)
+    project, proc, log_path, wait_for = dev.project, dev.proc, dev.log, dev.wait_for
     try:
         wait_for(f"Dagster UI: http://127.0.0.1:{port}", 180)
         wait_for(f"On-call page: http://127.0.0.1:{port + 1}", 5)
@@ -149,9 +126,7 @@ def test_dev_serves_the_oncall_page_links_to_its_port_and_stops_on_ctrl_c_withou
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals dev's process group
         assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        dev.kill_if_running()
     out = log_path.read_text()
     assert statuses(conn, "outbox_events") == {"sent": 2}
     assert "RUN_CANCELED" in out and "stopped cleanly; sent 2" in out, out[-3000:]
