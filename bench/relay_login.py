@@ -1,7 +1,7 @@
 """A relay as a least-privilege login against the same relay as the tables' owner, with the audit's check of untold
 changes (0018's outbox_record_changes, which the owner skips) as the version before 0026 had it and as it is now.
 
-    .venv/bin/python bench/relay_login.py [--runs 5] [--messages 20000]
+    .venv/bin/python bench/relay_login.py [--runs 5] [--messages 20000] [--keys 1000]
 
 One embedded server (or OUTBOX_TEST_DATABASE_URL's), one database migrated by this checkout with a table and the
 roles of ``db grant``, a login in ``outbox_relay``. Each run, in an order shuffled per run, ``outbox-pipelines relay
@@ -26,9 +26,9 @@ THIS_TREE = HERE.parents[1]
 TABLE = "bench_login"
 LOGIN = "bench_relay_login"
 FILL = (
-    f"INSERT INTO {TABLE} (event_id, topic, payload, payload_sha, headers) "
+    f"INSERT INTO {TABLE} (event_id, topic, payload, payload_sha, headers, ordering_key) "
     "SELECT %(tag)s || '-' || n, 'order.created', jsonb_build_object('order', n), 'sha256:' || md5(n::text), "
-    "'{}'::jsonb FROM generate_series(1, %(count)s) n"
+    "'{}'::jsonb, CASE WHEN %(keys)s > 0 THEN 'k-' || (n %% %(keys)s) END FROM generate_series(1, %(count)s) n"
 )
 TRIGGERS = ("outbox_audit_mark", "outbox_audit_updates")
 VARIANTS = ("owner", "login", "login, check before 0026", "login, no check")
@@ -65,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=0, help="ordering keys the messages spread over (0: none)")
     args = parser.parse_args()
     sys.path.insert(0, str(THIS_TREE))
     import psycopg
@@ -97,7 +98,8 @@ def main() -> None:
             Path(project, "outbox.toml").write_text(
                 f'shipped_tables = false\n[tables.{TABLE}]\ndestination = "paper"\n', encoding="utf-8"
             )
-            print(f"{args.messages:,} messages a drain, {args.runs} runs; load {os.getloadavg()[0]:.2f} at start")
+            keys = f" over {args.keys:,} ordering keys" if args.keys else ""
+            print(f"{args.messages:,} messages{keys} a drain, {args.runs} runs; load {os.getloadavg()[0]:.2f} at start")
             for run in range(args.runs):
                 for variant in random.sample(VARIANTS, len(VARIANTS)):
                     conn.execute(check_before_0026() if "before" in variant else check_now())
@@ -109,7 +111,7 @@ def main() -> None:
                             )
                         )
                     conn.execute(f"TRUNCATE {TABLE}")
-                    conn.execute(FILL, {"tag": f"r{run}", "count": args.messages})
+                    conn.execute(FILL, {"tag": f"r{run}", "count": args.messages, "keys": args.keys})
                     conn.execute(f"VACUUM ANALYZE {TABLE}")
                     rate = drain(owner_url if variant == "owner" else login_url, project, args.messages)
                     rates[variant].append(rate)

@@ -19,7 +19,7 @@ from psycopg.rows import DictRow, dict_row
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.enqueue import COPY_MIN_ROWS, Outbox
-from outbox_pipelines.core.models import Message, Outcome
+from outbox_pipelines.core.models import ClaimedMessage, Message, Outcome
 from outbox_pipelines.core.oncall.health import evaluate_checks, read_status
 from outbox_pipelines.core.operations import maintenance
 from outbox_pipelines.core.operations.replay import ReplayFilter, replay_dead
@@ -177,6 +177,30 @@ def test_the_engine_s_own_statements_add_nothing_and_their_rows_name_the_login(
     assert _untold(conn) == []
     logins = {r["login"] for r in conn.execute("SELECT DISTINCT login FROM outbox_audit").fetchall()}
     assert logins == {relay_name, maintainer_name}
+
+
+def test_a_relay_login_s_keyed_drain_releases_each_key_in_order_and_adds_no_audit_row(
+    login: Login, conn: DictConnection
+) -> None:
+    """A settle releases each key's next message (an UPDATE of ordering_blocked alone): the check finds that no
+    row's state moved and adds nothing, and the keys still go in order."""
+    _, url = login(roles.RELAY)
+    outbox = Outbox(EVENTS)
+    for n in range(30):
+        outbox.enqueue(conn, Message(topic="t", payload={"n": n}, ordering_key=f"k{n % 3}"), outside_transaction=True)
+    delivered: list[tuple[str, int]] = []
+
+    def record(msg: ClaimedMessage) -> Outcome:
+        delivered.append((str(msg.ordering_key), int(msg.payload["n"])))
+        return Outcome.sent()
+
+    for _ in range(12):  # each pass sends each key's head, and its settle releases the next
+        Relay(url, table_settings(EVENTS), ScriptedDestination(record)).run(once=True)
+    assert sorted(delivered) == sorted((f"k{n % 3}", n) for n in range(30))
+    for key in ("k0", "k1", "k2"):
+        sent = [n for k, n in delivered if k == key]
+        assert sent == sorted(sent), (key, sent)
+    assert _untold(conn) == []
 
 
 def test_under_audit_failures_a_statement_s_unaudited_deliveries_are_one_row(
