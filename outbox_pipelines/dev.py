@@ -284,6 +284,38 @@ def _start_oncall_page(
     return None
 
 
+def _stop_dagster(
+    proc: "subprocess.Popen[str]", url: str, env: dict[str, str], started_at: float, *, failed_to_start: bool
+) -> None:
+    """dev's stop: the runs in progress cancelled, then dagster dev stopped, then what its daemon launched meanwhile
+    (``end_runs_left_behind``). Each step goes on when the one before fails: a stop must end."""
+    if proc.poll() is None:
+        print("stopping: cancelling runs in progress (relay runs settle their batch first)", flush=True)
+        try:
+            # Dagster's storage retries a lost database for minutes: look first, so Ctrl-C stays prompt.
+            db.connect(url, connect_timeout=3).close()
+            left = cancel_active_runs(env)
+            if left:
+                print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
+        except Exception as exc:  # stopping must go on
+            print(f"could not cancel runs in progress: {exc}", file=sys.stderr)
+        print("stopping Dagster: its webserver, daemon and code server", flush=True)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        if failed_to_start:  # its error is the one to read, not a word about runs it never launched
+            _stop_group(proc.pid)
+        else:
+            db.connect(url, connect_timeout=3).close()
+            end_runs_left_behind(env, proc.pid, started_at)
+    except Exception as exc:  # stopping must go on
+        print(f"could not cancel runs launched while Dagster was stopping: {exc}", file=sys.stderr)
+        _stop_group(proc.pid)
+
+
 def run_dev(
     host: str = "127.0.0.1",
     port: int = 3000,
@@ -346,7 +378,7 @@ def run_dev(
     # ignored the SIGINT it is stopped with (a 48 s stop, ended by SIGKILL).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    started_at = time.time()
+    started_at, failed_to_start = time.time(), False
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
@@ -361,32 +393,12 @@ def run_dev(
             )
         elif proc.poll() is not None:
             print("error: dagster dev exited during start-up (see its output above)", file=sys.stderr)
+            failed_to_start = True
             return 1
         while not stopping and proc.poll() is None:
             time.sleep(0.3)
     finally:
-        if proc.poll() is None:
-            print("stopping: cancelling runs in progress (relay runs settle their batch first)", flush=True)
-            try:
-                # Dagster's storage retries a lost database for minutes: look first, so Ctrl-C stays prompt.
-                db.connect(resolved.url, connect_timeout=3).close()
-                left = cancel_active_runs(env)
-                if left:
-                    print(f"{left} runs did not end in time; they are stopped with Dagster", file=sys.stderr)
-            except Exception as exc:  # stopping must go on
-                print(f"could not cancel runs in progress: {exc}", file=sys.stderr)
-            print("stopping Dagster: its webserver, daemon and code server", flush=True)
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            db.connect(resolved.url, connect_timeout=3).close()
-            end_runs_left_behind(env, proc.pid, started_at)
-        except Exception as exc:  # stopping must go on
-            print(f"could not cancel runs launched while Dagster was stopping: {exc}", file=sys.stderr)
-            _stop_group(proc.pid)
+        _stop_dagster(proc, resolved.url, env, started_at, failed_to_start=failed_to_start)
         if page:
             page.stop()
         if started_embedded:

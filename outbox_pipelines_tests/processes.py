@@ -127,10 +127,10 @@ class DevProject:
     """``outbox-pipelines dev --port PORT`` (the console script, as a user runs it) for a project of its own (the
     demo's parts) on ``db_url``, in a session of its own (a Ctrl-C signals its group), its output in ``dev.log``."""
 
-    def __init__(self, tmp_path: Path, db_url: str, port: int, repo: Path) -> None:
+    def __init__(self, tmp_path: Path, db_url: str, port: int, repo: Path, project: Path | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DAGSTER_", "PYTHONWARNINGS"))}
-        self.project = tmp_path / "project"
-        self.project.mkdir()
+        self.project = project or tmp_path / "project"
+        self.project.mkdir(exist_ok=True)
         (self.project / "outbox.toml").write_text(DEMO_PARTS)
         env.update(OUTBOX_DATABASE_URL=db_url, OUTBOX_EMBEDDED_DIR=str(self.project / ".outbox"), PYTHONPATH=str(repo))
         self.log = tmp_path / "dev.log"

@@ -55,3 +55,22 @@ def test_runs_launched_while_dagster_stops_end_cancelled_not_failed_at_the_next_
     out = dev.output()
     assert all(f"launched_late {run_id[:8]}" in out for run_id in late), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_dagster_that_cannot_start_is_told_alone_exit_1(db_url, tmp_path):
+    """dagster dev refusing its configuration (a project's broken dagster.yaml): dev says so and exits 1, with no
+    word about runs, which no daemon launched, and leaves no process behind."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "dagster.yaml").write_text("run_storage: [\n")  # not YAML
+    dev = DevProject(tmp_path, db_url, free_port_pair(), REPO, project=project)
+    try:
+        assert dev.proc.wait(timeout=180) == 1, dev.output()[-3000:]
+    finally:
+        dev.kill_if_running()
+    out = dev.output()
+    assert "error: dagster dev exited during start-up" in out, out[-3000:]
+    assert "could not cancel" not in out and "cancelled runs" not in out, out[-3000:]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(dev.proc.pid, 0)  # dev's group: dagster dev and all it started are gone
