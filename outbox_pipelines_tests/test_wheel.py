@@ -13,12 +13,15 @@ command runs with its working directory outside the checkout and PYTHONPATH unse
 - ``outbox-pipelines demo`` from an empty directory runs end to end, says where it keeps its data (a directory of
   the user's), reuses it on the next run and starts afresh with ``--reset``;
 - the adopter example (``examples/billing_service``) runs the README's walkthrough, ``dg scaffold defs`` and
-  ``dg check defs`` included, with every process of it importing the wheel's outbox_pipelines.
+  ``dg check defs`` included, with every process of it importing the wheel's outbox_pipelines;
+- a team's least-privilege set-up (docs/deploy.md): an owner login that is no superuser makes the schema and the
+  grants, and a producer, a relay and an operator each run as a login of their own group.
 """
 
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -33,7 +36,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from outbox_pipelines_tests.helpers import stop_project_server
 from outbox_pipelines_tests.sink import HttpSink
@@ -372,3 +377,105 @@ def test_the_adopter_example_runs_the_readme_walkthrough_from_the_wheel(installe
     prefix = str(installed.prefix.resolve())
     outside = [r for r in records if not r.split(" ", 1)[1].startswith(prefix)]
     assert not outside, f"processes imported an outbox_pipelines that is not the wheel's: {outside}"
+
+
+PRODUCER = """
+import sys
+import psycopg
+from outbox_pipelines import Message, Outbox
+
+outbox = Outbox("billing_outbox")
+with psycopg.connect(sys.argv[1]) as conn:  # one transaction: the business rows' and the messages'
+    outbox.enqueue_many(
+        conn,
+        [
+            Message(topic="invoice.issued", payload={"invoice": n}, event_id=f"inv-{n}",
+                    ordering_key=f"customer-{n % 40}" if n % 3 == 0 else None)
+            for n in range(int(sys.argv[2]))
+        ],
+    )
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_team_s_logins_run_the_wheel_s_schema_relay_and_hand_fixes_with_no_superuser(installed, tmp_path, pg_server):
+    """A database as the deployment guide sets it up, from the wheel: an owner login that is no superuser runs
+    ``db upgrade`` and ``db grant`` on an empty database of its own; a producer login enqueues, a relay login drains,
+    an operator's login fixes rows by hand, each in its group role. The operator's UPDATE of 2,000 rows, after eight
+    one-row UPDATEs in its session, ends far inside its statement timeout (the audit's check reads its rows once:
+    migration 0026) and leaves one audit row per statement, naming the operator. No password is printed."""
+    tag = f"w{os.getpid()}_{secrets.token_hex(3)}"
+    logins = {who: (f"{tag}_{who}", secrets.token_hex(12)) for who in ("owner", "producer", "relay", "ops")}
+    database = f"{tag}_team"
+    admin_url = pg_server.admin_url
+
+    def url(who: str) -> str:
+        name, password = logins[who]
+        params = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(admin_url).items() if v is not None}
+        params.update(dbname=database, user=name, password=password)
+        return psycopg.conninfo.make_conninfo(**params)
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        for who, (name, password) in logins.items():
+            rights = sql.SQL(" CREATEROLE") if who == "owner" else sql.SQL("")
+            admin.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}{}").format(
+                    sql.Identifier(name), sql.Literal(password), rights
+                )
+            )
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(database), sql.Identifier(tag + "_owner"))
+        )
+    project = tmp_path / "team"
+    project.mkdir()
+    (project / "outbox.toml").write_text('[tables.billing_outbox]\ndestination = "paper"\n')
+    printed = []
+    try:
+        as_owner = _user_env(installed, OUTBOX_DATABASE_URL=url("owner"))
+        printed += [_run(["outbox-pipelines", "db", "upgrade"], project, as_owner)]
+        printed += [_run(["outbox-pipelines", "db", "grant"], project, as_owner)]
+        with psycopg.connect(admin_url, autocommit=True) as admin:  # the DBA, who may grant the groups: their ADMIN
+            for who, group in (
+                ("producer", "outbox_producer"),
+                ("relay", "outbox_relay"),
+                ("ops", "outbox_maintainer"),
+            ):
+                admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(logins[who][0])))
+        _run([installed.python(), "-c", PRODUCER, url("producer"), "3000"], project, _user_env(installed))
+        as_relay = _user_env(installed, OUTBOX_DATABASE_URL=url("relay"))
+        drained = _run(["outbox-pipelines", "relay", "--table", "billing_outbox", "--once"], project, as_relay)
+        printed += [drained]
+        assert "claimed 3000, sent 3000" in drained.stdout, drained.stdout
+
+        with psycopg.connect(url("ops"), autocommit=True) as ops:
+            ops.execute("SET statement_timeout = '20s'")
+            for row_id in range(1, 9):
+                ops.execute("UPDATE billing_outbox SET status = 'pending', attempts = 0 WHERE id = %s", (row_id,))
+            started = time.monotonic()
+            fixed = ops.execute(
+                "UPDATE billing_outbox SET status = 'pending', attempts = 0 WHERE id > 1000 AND id <= 3000"
+            ).rowcount
+            fix_s = time.monotonic() - started
+        assert fixed == 2000
+        assert fix_s < 5, f"a hand UPDATE of 2,000 rows took {fix_s:.1f}s"
+        print(f"an operator's UPDATE of 2,000 rows by hand: {1000 * fix_s:.0f} ms")
+        with psycopg.connect(url("owner"), autocommit=True) as owner:
+            audited = owner.execute(
+                "SELECT login, code, count(*) FROM outbox_audit WHERE outbox_table = 'billing_outbox' "
+                "GROUP BY login, code ORDER BY login, code"
+            ).fetchall()
+        assert audited == [
+            (logins["ops"][0], "outbox_untold_change", 9),  # one a statement: eight of one row, one of 2,000
+            (logins["relay"][0], "outbox_flush_success", 3000),
+        ], audited
+        again = _run(["outbox-pipelines", "relay", "--table", "billing_outbox", "--once"], project, as_relay)
+        printed += [again]
+        assert "claimed 2008, sent 2008" in again.stdout, again.stdout
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+            for name, _ in logins.values():
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+    output = "".join(done.stdout + done.stderr for done in printed)
+    assert not [who for who, (_, password) in logins.items() if password in output]
