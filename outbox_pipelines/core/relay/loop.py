@@ -312,6 +312,9 @@ class Relay:
         # destination is plainly open (one round trip, not two, before a message reaches its
         # handler). Only a claim that found nothing reads the gate: it may have been closed.
         claimed = self._claim(run, limit, gated=True)
+        if not claimed and self.lanes.settling:  # beside a batch whose commit releases its keys' next messages
+            self.lanes.settled()
+            claimed = self._claim(run, limit, gated=True)
         if claimed:
             self.guard.saw_open()
             report.circuit = "closed"

@@ -90,6 +90,28 @@ def test_per_key_order_holds_across_the_two_connections(db_url, conn):
         assert [e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(15)]
 
 
+def test_a_one_shot_run_drains_a_keyed_backlog_whose_full_batch_held_every_key_s_head(db_url, conn):
+    """``relay --once`` (and ``testing.relay_once``) drains what is ready, and a key's next message is ready once the
+    message before it is sent. The claim made while the batch holding every key's head still commits finds nothing,
+    because that batch releases them only at its commit: the run claims again once it has committed, and ends only
+    when a claim beside no commit finds nothing (it ended with 4 of 12 sent)."""
+    keys = [f"k{n}" for n in range(4)]
+    messages = [Message(topic="t", payload={}, event_id=f"{k}-{r}", ordering_key=k) for r in range(3) for k in keys]
+    Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
+    got: list[str] = []
+
+    def record(msg):
+        got.append(msg.event_id)
+        return Outcome.sent()
+
+    report = Relay(db_url, events_settings(batch_size=4), ScriptedDestination(record)).run(once=True)
+    assert report.sent == 12, (report.sent, report.stopped_because)
+    assert report.stopped_because == "nothing ready"
+    for key in keys:
+        assert [e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(3)]
+    assert statuses(conn, EVENTS) == {"sent": 12}
+
+
 def test_beside_another_live_relay_of_its_table_a_relay_settles_each_batch_first(db_url, conn):
     liveness.register(conn, "the-other-relay", EVENTS, None)  # alive: it heartbeat just now
     enqueue_n(conn, EVENTS, 30)
