@@ -49,7 +49,7 @@ GRANT USAGE ON SEQUENCE {sequence} TO {role}
 -- name: role_grantable
 -- Whether this session may grant on the schema and on each table: only an owner (or a member of
 -- the owner, or a superuser) may. Anyone else's GRANT is a mere warning that changes nothing.
-SELECT n.nspname AS schema_name, pg_has_role(current_user, n.nspowner, 'USAGE') AS owns_schema,
+SELECT n.nspname AS schema_name, pg_has_role(current_user, n.nspowner, 'USAGE') AS owns_schema, current_user AS me,
        ARRAY(SELECT c.relname::text FROM pg_class AS c
              WHERE c.relnamespace = n.oid AND c.relname = ANY(%(tables)s::text[])
                AND NOT pg_has_role(current_user, c.relowner, 'USAGE')

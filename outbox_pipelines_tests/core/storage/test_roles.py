@@ -584,3 +584,37 @@ def test_a_grant_refuses_rights_it_cannot_mean() -> None:
         roles.Grant("t", ("UPDATE",), (roles.OnColumns("UPDATE", ("status",)),))
     with pytest.raises(ValueError, match="only narrows"):
         roles.Grant("t", ("SELECT",), except_tables=("u",))
+
+
+def test_db_grant_tells_the_tables_owner_without_schema_public_the_statement_that_gives_it(pg_server) -> None:
+    """PostgreSQL 14's layout (deploy.md): the database's owner ran ``db upgrade`` and owns every table, but not its
+    schema ``public``. ``db grant`` refuses with the statement a superuser runs once, and passes after it."""
+    tag = f"g{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    owner, holder, password = f"{tag}_owner", f"{tag}_holder", secrets.token_hex(12)
+    database = f"{tag}_db"
+    params = {k: v for k, v in psycopg.conninfo.conninfo_to_dict(pg_server.admin_url).items() if v is not None}
+    as_owner = psycopg.conninfo.make_conninfo(**{**params, "dbname": database, "user": owner, "password": password})
+    as_admin = psycopg.conninfo.make_conninfo(**{**params, "dbname": database})
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE PASSWORD {}").format(sql.Identifier(owner), password))
+        admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(holder)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(database), sql.Identifier(owner)))
+    try:
+        migrate.upgrade(as_owner, parts=())
+        with psycopg.connect(as_admin, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(holder)))
+        with pytest.raises(roles.GrantRefused) as refused:
+            roles.grant_roles(as_owner)
+        told = str(refused.value)
+        assert "owns the outbox tables but not schema public" in told
+        statement = f'ALTER SCHEMA "public" OWNER TO "{owner}"'
+        assert statement in told and password not in told
+        with psycopg.connect(as_admin, autocommit=True) as admin:
+            admin.execute(statement)  # as told
+        roles.grant_roles(as_owner)
+    finally:
+        with psycopg.connect(pg_server.admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+            for name in (owner, holder):
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
