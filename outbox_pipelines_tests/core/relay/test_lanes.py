@@ -72,9 +72,15 @@ def test_each_batch_is_committed_before_the_next_is_sent_and_the_second_connecti
     assert all(audit_codes(conn, EVENTS, i) == ["outbox_flush_success"] for i in ids)
 
 
-def test_per_key_order_holds_across_the_two_connections(db_url, conn):
-    keys = [f"k{n}" for n in range(4)]
-    messages = [Message(topic="t", payload={}, event_id=f"{k}-{r}", ordering_key=k) for r in range(15) for k in keys]
+KEYS = [f"k{n}" for n in range(4)]
+
+
+def keyed_backlog(conn, per_key: int) -> tuple[list[str], ScriptedDestination]:
+    """``per_key`` messages of each of KEYS, enqueued key after key (every batch of 4 holds one of each key); the
+    event ids a destination is given, in order, and that destination."""
+    messages = [
+        Message(topic="t", payload={}, event_id=f"{k}-{r}", ordering_key=k) for r in range(per_key) for k in KEYS
+    ]
     Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
     got: list[str] = []
 
@@ -82,12 +88,19 @@ def test_per_key_order_holds_across_the_two_connections(db_url, conn):
         got.append(msg.event_id)
         return Outcome.sent()
 
-    settings = events_settings(batch_size=4)
-    report = Relay(db_url, settings, ScriptedDestination(record)).run(max_seconds=30, max_entries=60)
+    return got, ScriptedDestination(record)
+
+
+def in_key_order(got: list[str], per_key: int) -> bool:
+    return all([e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(per_key)] for key in KEYS)
+
+
+def test_per_key_order_holds_across_the_two_connections(db_url, conn):
+    got, destination = keyed_backlog(conn, 15)
+    report = Relay(db_url, events_settings(batch_size=4), destination).run(max_seconds=30, max_entries=60)
     assert report.sent == 60
-    assert Counter(got) == Counter(f"{k}-{r}" for k in keys for r in range(15))
-    for key in keys:
-        assert [e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(15)]
+    assert Counter(got) == Counter(f"{k}-{r}" for k in KEYS for r in range(15))
+    assert in_key_order(got, 15)
 
 
 def test_a_one_shot_run_drains_a_keyed_backlog_whose_full_batch_held_every_key_s_head(db_url, conn):
@@ -95,20 +108,11 @@ def test_a_one_shot_run_drains_a_keyed_backlog_whose_full_batch_held_every_key_s
     message before it is sent. The claim made while the batch holding every key's head still commits finds nothing,
     because that batch releases them only at its commit: the run claims again once it has committed, and ends only
     when a claim beside no commit finds nothing (it ended with 4 of 12 sent)."""
-    keys = [f"k{n}" for n in range(4)]
-    messages = [Message(topic="t", payload={}, event_id=f"{k}-{r}", ordering_key=k) for r in range(3) for k in keys]
-    Outbox(EVENTS).enqueue_many(conn, messages, outside_transaction=True)
-    got: list[str] = []
-
-    def record(msg):
-        got.append(msg.event_id)
-        return Outcome.sent()
-
-    report = Relay(db_url, events_settings(batch_size=4), ScriptedDestination(record)).run(once=True)
+    got, destination = keyed_backlog(conn, 3)
+    report = Relay(db_url, events_settings(batch_size=4), destination).run(once=True)
     assert report.sent == 12, (report.sent, report.stopped_because)
     assert report.stopped_because == "nothing ready"
-    for key in keys:
-        assert [e for e in got if e.startswith(f"{key}-")] == [f"{key}-{r}" for r in range(3)]
+    assert in_key_order(got, 3)
     assert statuses(conn, EVENTS) == {"sent": 12}
 
 
