@@ -164,7 +164,7 @@ def _check_grantable(conn: psycopg.Connection, tables: list[str]) -> str:
     """The current schema's name, once this session may grant on it and on ``tables`` (GrantRefused if not)."""
     found = _fetch_one(conn, "role_grantable", {"tables": tables})
     not_owned: list[str] = found["not_owned"]
-    if not found["owns_schema"] and not not_owned:  # PostgreSQL 14: a database's owner does not own its schema public
+    if tables and not found["owns_schema"] and not not_owned:  # PostgreSQL 14: its owner does not own schema public
         schema, me = (sql.Identifier(found[k]).as_string(conn) for k in ("schema_name", "me"))
         raise GrantRefused(
             f"this role owns the outbox tables but not schema {found['schema_name']}, and only an owner can grant on "
