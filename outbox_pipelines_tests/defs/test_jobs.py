@@ -70,6 +70,24 @@ def test_relay_job_sends_and_records_metadata(db_url, conn, instance, http_sink,
     assert observations and observations[0].asset_key == dg.AssetKey(["outbox", "outbox_orders"])
 
 
+def test_a_once_relay_run_drains_a_keyed_backlog_whose_first_batch_holds_every_key(db_url, conn, instance, resources):
+    """A Dagster relay run with ``once`` ends when nothing is ready, and a key's next message is ready once the one
+    before it is sent: 100 keys of 3 messages, the first batch of 100 every key's first, all 300 go in one run (the
+    run ended with 100 sent: the claim beside that batch's commit found nothing)."""
+    messages = [
+        Message(topic="t", payload={"key": k, "n": n}, event_id=f"key{k}-{n}", ordering_key=f"key{k}")
+        for n in range(3)
+        for k in range(100)
+    ]
+    Outbox("outbox_memory").enqueue_many(conn, messages, outside_transaction=True)
+    result = run_job(
+        "relay_job", resources, instance, {"ops": {"relay_table": {"config": {"table": "outbox_memory", "once": True}}}}
+    )
+    assert result.success
+    assert op_metadata(result, "relay_table")["sent"] == 300
+    assert statuses(conn, "outbox_memory") == {"sent": 300}
+
+
 def test_relay_job_with_an_unknown_table_fails_clearly_and_touches_nothing(db_url, conn, instance, resources):
     """A typo starts no run (the table is one of the code location's: test_launchpads.py); a table the location
     still offers that the settings no longer declare fails the run, naming it."""
