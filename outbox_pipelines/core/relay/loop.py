@@ -313,13 +313,12 @@ class Relay:
         # handler). Only a claim that found nothing reads the gate: it may have been closed.
         claimed = self._claim(run, limit, gated=True)
         if not claimed and self.lanes.settling:  # beside a batch whose commit releases its keys' next messages
-            self.lanes.settled()
+            self.lanes.settled()  # and before the gate is read: none of it goes beside that commit
             claimed = self._claim(run, limit, gated=True)
         if claimed:
             self.guard.saw_open()
             report.circuit = "closed"
         else:
-            self.lanes.settled()
             gate = self.guard.gate(run.outbox_table.conn)
             report.circuit = "open" if gate.circuit_open else "closed"
             if gate.limit == 0:
