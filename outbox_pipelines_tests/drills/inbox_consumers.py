@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from outbox_pipelines import Message, Outbox
 from outbox_pipelines.core.inbox.schema import create_inbox
@@ -230,3 +231,14 @@ def effects(conn: psycopg.Connection[Any]) -> tuple[int, int]:
 
 def sent(conn: psycopg.Connection[Any]) -> int:
     return statuses(conn, TABLE).get("sent", 0)
+
+
+def unsent(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """What holds the messages not sent, for a drill's failure: counts by status, attempts and last error code."""
+    found = conn.execute(
+        sql.SQL(
+            "SELECT status, attempts, last_error_code AS code, left(min(last_error), 200) AS error, count(*) AS n "
+            "FROM {} WHERE status <> 'sent' GROUP BY 1, 2, 3 ORDER BY n DESC LIMIT 10"
+        ).format(sql.Identifier(TABLE))
+    )
+    return [dict(row) for row in found]

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from outbox_pipelines_tests.drills.inbox_consumers import KINDS, TABLE, destination, effects, prepare, sent
+from outbox_pipelines_tests.drills.inbox_consumers import KINDS, TABLE, destination, effects, prepare, sent, unsent
 from outbox_pipelines_tests.helpers import statuses
 from outbox_pipelines_tests.processes import wait_until
 
@@ -45,7 +45,8 @@ def _drill(kind: str, messages: int, db_url, cli_env, conn, tmp_path) -> dict:  
                 if done_sent == messages and done_effects == messages:
                     break
                 assert now < deadline, (
-                    f"not done in time: {statuses(conn, TABLE)}, effects {effects(conn)}\n{fleet.logs()}"
+                    f"not done in time: {statuses(conn, TABLE)}, effects {effects(conn)}, kills {fleet.relay_kills}, "
+                    f"unsent {unsent(conn)}\n{fleet.logs()}"
                 )
                 assert fleet.consumer is not None and fleet.consumer.poll() is None, (
                     f"the consumer died\n{fleet.logs()}"
