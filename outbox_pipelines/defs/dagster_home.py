@@ -6,7 +6,9 @@ import stat
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
+from outbox_pipelines.core.errors import ConfigError
 from outbox_pipelines.core.storage import db, network_limits
 from outbox_pipelines.core.storage.queries import shared_query
 
@@ -40,10 +42,33 @@ def dagster_storage_url(outbox_url: str) -> str:
         try:
             db.create_database_if_missing(conn, database)
         except psycopg.errors.InsufficientPrivilege:
-            conn.execute(shared_query("dagster_schema_create"))  # the schema "dagster"
+            _dagster_schema(conn, database)
             joiner = "&" if "?" in url else "?"
             return "postgresql+psycopg2://" + url[len("postgresql://") :] + joiner + "options=-csearch_path%3Ddagster"
     return "postgresql+psycopg2://" + db.url_with_database(outbox_url, database)[len("postgresql://") :]
+
+
+def _dagster_schema(conn: psycopg.Connection, database: str) -> None:
+    """The schema "dagster" in the outbox's database, made unless this login may already write in it.
+
+    ConfigError saying what to do when the login may create neither the database nor the schema (a relay's
+    least-privilege login running `dev` on a team's database).
+    """
+    found = conn.execute(shared_query("dagster_schema_usable")).fetchone()
+    assert found is not None  # an aggregate: one row
+    usable, me, here = found
+    if usable:
+        return
+    try:
+        conn.execute(shared_query("dagster_schema_create"))
+    except psycopg.errors.InsufficientPrivilege:
+        login, outbox_db = (sql.Identifier(name).as_string(conn) for name in (me, here))
+        raise ConfigError(
+            f"Dagster's own storage: the login {login} may create neither a database {database!r} nor the schema "
+            f"dagster in the database {outbox_db}. Set {DAGSTER_PG_URL_ENV} to a database Dagster may write in "
+            f"(postgresql+psycopg2://…), or have the database's owner run, in {outbox_db}: "
+            f"CREATE SCHEMA IF NOT EXISTS dagster; GRANT USAGE, CREATE ON SCHEMA dagster TO {login}"
+        ) from None
 
 
 def prepare_dagster_home(outbox_url: str) -> dict[str, str]:

@@ -15,6 +15,14 @@ CREATE DATABASE {database}
 -- database (defs/dagster_home.py puts it on the storage URL's search_path).
 CREATE SCHEMA IF NOT EXISTS dagster
 
+-- name: dagster_schema_usable
+-- Whether this login may make Dagster's tables in a schema "dagster" that exists (made by the database's owner for
+-- a login that may not create schemas: CREATE SCHEMA IF NOT EXISTS asks for that right even when the schema exists).
+SELECT coalesce(bool_and(has_schema_privilege(n.oid, 'CREATE') AND has_schema_privilege(n.oid, 'USAGE')), false)
+       AS usable,
+       current_user AS me, current_database() AS here
+FROM pg_namespace AS n WHERE n.nspname = 'dagster'
+
 -- name: outbox_schema_migrations_lock
 -- A session lock serialises concurrent upgrades; the loser sees the winner's rows. Tried, never waited for in a
 -- statement: a session waiting in one holds a snapshot, which the winner's concurrent index builds wait for.
