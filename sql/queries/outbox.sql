@@ -703,6 +703,13 @@ WHERE status = 'dead'
 GROUP BY 1
 ORDER BY 2 DESC
 
+-- name: outbox_dead_ids
+-- The table's dead messages: the audit's cleaner keeps their rows whatever its retention, since a dead message's
+-- audit is its story for the person who replays it (docs/how-to/retention.md). The dead rows' index covers it.
+SELECT coalesce(array_agg(id), '{{}}') AS ids
+FROM {table}
+WHERE status = 'dead'
+
 -- name: outbox_next_due_in
 -- How long an idle relay may sleep. A paused topic's rows are not its to claim: counted, a due one
 -- would wake it at once, again and again, for a claim that takes nothing.

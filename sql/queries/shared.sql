@@ -4,9 +4,10 @@
 -- One batch of the audit's retention (docs/how-to/retention.md): the next %(limit)s rows by id after
 -- %(after_id)s, a range of the primary key that never walks back over what this run deleted, and of them
 -- those older than the retention deleted. The audit is written in time order, so its old rows are its
--- first ids: the cleaner moves on from last_id while a batch deletes something, and stops at the first
--- batch that deletes nothing (or at the end). Every batch touches at most %(limit)s rows whatever the audit
+-- first ids: the cleaner moves on from last_id while a batch holds an old row, and stops at the first
+-- batch with no old row (or at the end). Every batch touches at most %(limit)s rows whatever the audit
 -- holds, and commits on its own: a DELETE takes row locks only, so writers of the audit never wait on it.
+-- The rows of the messages still dead (kept_tables[i], kept_ids[i]: outbox_dead_ids of each table) are kept.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s) AS cutoff
 ), batch AS (
@@ -16,10 +17,13 @@ WITH clock AS (
     ORDER BY a.id
     LIMIT %(limit)s
 ), gone AS (
-    DELETE FROM outbox_audit AS a USING batch WHERE a.id = batch.id AND batch.old RETURNING a.id
+    DELETE FROM outbox_audit AS a USING batch WHERE a.id = batch.id AND batch.old
+       AND NOT EXISTS (SELECT 1 FROM unnest(%(kept_tables)s::text[], %(kept_ids)s::bigint[]) AS k(t, id)
+                       WHERE k.t = a.outbox_table AND k.id = a.message_id)
+    RETURNING a.id
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM batch) AS seen,
-       (SELECT max(id) FROM batch) AS last_id
+       (SELECT count(*) FROM batch WHERE old) AS old, (SELECT max(id) FROM batch) AS last_id
 
 -- name: outbox_tables_list
 SELECT c.relname AS table_name

@@ -15,6 +15,7 @@ from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import RetentionTooShort
 from outbox_pipelines.core.inbox import cleaner as inbox_cleaner
 from outbox_pipelines.core.models import MessageState
+from outbox_pipelines.core.operations.maintenance_due import audit_kept
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings
 from outbox_pipelines.core.settings.inboxes import InboxSettings
@@ -338,14 +339,16 @@ def delete_old_audit(
     short transaction (``shared``'s connection in autocommit), walking the primary key from the oldest id on:
     no batch re-reads what an earlier one deleted, and none touches more than ``batch_size`` rows however big
     the audit is. The audit is written in time order, so the walk stops at the first batch with nothing old
-    in it (or at the end); the total deleted."""
-    total, after = 0, 0
+    in it (or at the end); the total deleted. The rows of messages still dead are kept (``audit_kept``)."""
+    total, after, kept = 0, 0, audit_kept(shared.conn)
     while True:
-        batch = shared.delete_old_audit_rows(retention_s=retention_s, limit=batch_size, after_id=after, now=now)
+        batch = shared.delete_old_audit_rows(
+            retention_s=retention_s, limit=batch_size, kept=kept, after_id=after, now=now
+        )
         total += int(batch["deleted"])
         if progress and batch["deleted"]:
             progress(f"outbox_audit: deleted {total} rows")
-        if not batch["deleted"] or int(batch["seen"]) < batch_size:
+        if not batch["old"] or int(batch["seen"]) < batch_size:
             return total
         after = int(batch["last_id"])
 

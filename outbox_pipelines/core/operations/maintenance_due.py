@@ -16,6 +16,7 @@ from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings import TableSettings
 from outbox_pipelines.core.settings.inboxes import InboxSettings
 from outbox_pipelines.core.storage.queries import shared_query, table_query
+from outbox_pipelines.core.storage.shared_tables import SharedTables
 
 AUDIT = "outbox_audit"
 
@@ -26,6 +27,19 @@ def _table_row(conn: psycopg.Connection, query: str, table_name: str, params: di
         row = cur.fetchone()
     assert row is not None  # a SELECT of aggregates and EXISTS always returns its row
     return row
+
+
+def audit_kept(conn: psycopg.Connection) -> dict[str, list[str] | list[int]]:
+    """The audit rows no retention deletes, as the audit cleaner's and its due check's parameters: those of the
+    messages still dead, in every outbox table of the schema (docs/how-to/retention.md)."""
+    tables: list[str] = []
+    ids: list[int] = []
+    for name in SharedTables(conn).outbox_table_names():
+        dead = _table_row(conn, "outbox_dead_ids", name, {})["ids"]
+        assert isinstance(dead, list)
+        tables += [name] * len(dead)
+        ids += dead
+    return {"kept_tables": tables, "kept_ids": ids}
 
 
 def requeue_due(
@@ -80,7 +94,8 @@ def clean_due(
             due[table.name] = f"{' and '.join(why)} past their retention"
     if any(table.cleaner_enabled for table in tables):  # the run cleans the shared tables only then
         with conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(shared_query("maintenance_audit_due"), {"now": now, "retention_s": audit_retention_s})
+            params = {"now": now, "retention_s": audit_retention_s, **audit_kept(conn)}
+            cur.execute(shared_query("maintenance_audit_due"), params)
             audit = cur.fetchone()
         if audit and audit["due"]:
             due[AUDIT] = "audit rows past their retention"
