@@ -14,6 +14,7 @@ from outbox_pipelines.cli.output import EXIT_OK, UsageError, command_prefix, say
 from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.operations.maintenance import (
     SHARED_NOT_DUE,
+    check_stuck_threshold,
     clean_tables,
     requeue_stuck,
     shared_tables_cleaned,
@@ -31,10 +32,13 @@ def operator() -> str:
 
 def cmd_requeue_stuck(args: argparse.Namespace) -> int:
     settings = settings_of(args)
+    tables = chosen_tables(args, settings)
+    if args.threshold is not None:
+        for table in tables:  # every table checked before any is changed
+            check_stuck_threshold(table, args.threshold, force=args.force)
+        tables = [replace(table, stuck_threshold_s=args.threshold) for table in tables]
     url = database_url()
-    for table in chosen_tables(args, settings):
-        if args.threshold is not None:
-            table = replace(table, stuck_threshold_s=args.threshold)
+    for table in tables:
         report = requeue_stuck(url, table, progress=say)
         released = f", ordering keys released {report.keys_released}" if report.keys_released else ""
         print(f"{table.name}: requeued {report.requeued}, dead (no attempts left) {report.dead}{released}")

@@ -270,8 +270,12 @@ def add_maintenance_commands(sub: Any) -> None:
     )
     p.add_argument("--table", action="append", help="only this table (repeatable)")
     p.add_argument(
-        "--threshold", type=duration, help="stuck after this long in sending (default OUTBOX_STUCK_THRESHOLD_MIN)"
+        "--threshold",
+        type=duration,
+        help="stuck after this long in sending (default: each table's stuck_threshold, OUTBOX_STUCK_THRESHOLD_MIN); "
+        "one under twice a running relay's lease renewal is refused: it would take that relay's rows",
     )
+    p.add_argument("--force", action="store_true", help="accept a --threshold that short (no relay of it runs)")
 
     p = add("clean", cmd_clean, "delete sent, dead and audit rows past their retention, and expired ledger rows")
     p.add_argument("--table", action="append", help="only this table (repeatable)")

@@ -29,6 +29,10 @@ class RetentionTooShort(ConfigError):
     """A cleaner retention shorter than the dedup horizon (pass force to run anyway)."""
 
 
+class ThresholdTooShort(ConfigError):
+    """A requeue-stuck threshold under which a live relay's rows would look stuck (pass force to run anyway)."""
+
+
 class DatabaseUnavailable(OutboxError):
     pass
 

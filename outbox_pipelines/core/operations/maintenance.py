@@ -12,7 +12,7 @@ from functools import partial
 
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.durations import duration_words
-from outbox_pipelines.core.errors import RetentionTooShort
+from outbox_pipelines.core.errors import RetentionTooShort, ThresholdTooShort
 from outbox_pipelines.core.inbox import cleaner as inbox_cleaner
 from outbox_pipelines.core.models import MessageState
 from outbox_pipelines.core.operations.maintenance_due import audit_kept
@@ -54,6 +54,20 @@ class SharedCleanReport:
 def shared_tables_cleaned() -> list[str]:
     """The shared tables a cleaner run cleans once, after the outbox tables: the wings', then the audit."""
     return [*wings.shared_cleanups(), "outbox_audit"]
+
+
+def check_stuck_threshold(table: TableSettings, threshold_s: float, *, force: bool = False) -> None:
+    """ThresholdTooShort unless ``threshold_s`` (an operator's, for one run) leaves a live relay of ``table`` its
+    rows: they move at each lease renewal, every ``renew_every_s``; twice that is the least (or ``force``)."""
+    least = 2 * table.renew_every_s
+    if threshold_s < least and not force:
+        raise ThresholdTooShort(
+            f"{table.name}: a threshold of {duration_words(threshold_s)} would take rows from a relay that is alive: "
+            f"a running relay renews the rows it holds every {duration_words(table.renew_every_s)}, so they look "
+            f"stuck until then, and a row taken from it is delivered twice. Give at least {duration_words(least)} "
+            "(rows of a relay that died are requeued once their lease expires, without --threshold), or --force "
+            "if no relay of the table is running; nothing was requeued."
+        )
 
 
 def requeue_stuck(

@@ -35,10 +35,16 @@ class LeaseKeeper:
     """
 
     def __init__(
-        self, url: str, table_name: str, worker: str, lease_s: float, heartbeat_s: float = liveness.HEARTBEAT_EVERY_S
+        self,
+        url: str,
+        table_name: str,
+        worker: str,
+        lease_s: float,
+        renew_every_s: float,
+        heartbeat_s: float = liveness.HEARTBEAT_EVERY_S,
     ) -> None:
         self.url, self.table_name, self.worker, self.lease_s = url, table_name, worker, lease_s
-        self.interval = max(lease_s / 3.0, 0.05)
+        self.interval = renew_every_s  # TableSettings.renew_every_s
         self.heartbeat_s = heartbeat_s
         self.lost: set[int] = set()
         self.renewals = 0

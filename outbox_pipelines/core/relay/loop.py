@@ -140,7 +140,7 @@ class Relay:
         session = open_relay_session(self.url, self.table, self.direct_url)
         conn = session.conn
         liveness.register(conn, self.worker, self.table.name, self.run_id, job=self.job)
-        keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s)
+        keeper = LeaseKeeper(self.url, self.table.name, self.worker, self.table.lease_s, self.table.renew_every_s)
         return Invocation(
             budget,
             RelayReport(self.table.name, self.worker),

@@ -134,6 +134,12 @@ class TableSettings:
     circuit_threshold: int = 10
     probe_interval_s: float = 10.0
 
+    @property
+    def renew_every_s(self) -> float:
+        """How often a relay renews the leases of the rows it holds, which also marks them as moving: a third of
+        the lease, or of the stuck threshold when that is shorter, so a live relay's rows are never stuck."""
+        return max(min(self.lease_s, self.stuck_threshold_s) / 3.0, 0.05)
+
 
 def shipped_tables(parts: Iterable[str]) -> dict[str, dict[str, Any]]:
     """The defaults of the tables ``parts`` ship (core/wings.py); a declaration's sections override them. The

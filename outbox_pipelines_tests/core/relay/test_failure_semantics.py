@@ -149,7 +149,7 @@ def test_the_lease_keeper_survives_an_unreachable_database(db_url, conn, monkeyp
         own.execute(
             "UPDATE outbox_relay_workers SET heartbeat_at = now() - interval '1 hour' WHERE worker = 'keeper-test'"
         )
-    keeper = LeaseKeeper(db_url, EVENTS, "keeper-test", lease_s=0.3, heartbeat_s=0.05)
+    keeper = LeaseKeeper(db_url, EVENTS, "keeper-test", lease_s=0.3, renew_every_s=0.1, heartbeat_s=0.05)
     try:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
