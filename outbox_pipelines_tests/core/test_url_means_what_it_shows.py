@@ -360,3 +360,17 @@ def test_a_libpq_message_quoting_the_password_is_not_shown():
     assert (
         db.scrub('could not translate host name "h" to address', url) == 'could not translate host name "h" to address'
     )
+
+
+def test_the_server_s_wrong_password_message_is_shown_whatever_the_password_spells():
+    """A password holding "assw" or "word", as "Passw0rd" does: the message's own word "password" is no piece of it,
+    so the most common login error is shown, not withheld; a piece outside the message's words still is."""
+    url = "postgresql://appuser:S3cretPassw0rd!@/shop?host=/tmp/x"
+    told = (
+        'connection to server on socket "/tmp/x/.s.PGSQL.5432" failed: FATAL:  password authentication failed '
+        'for user "appuser"'
+    )
+    assert db.scrub(told, url) == told
+    encoded = "postgresql://appuser:auth%40word1@/shop?host=/tmp/x"
+    assert db.scrub(told, encoded) == told
+    assert "tPassw0" not in db.scrub("could not translate host name S3cretPassw0 to address", url)
