@@ -1,6 +1,7 @@
 """The command line as a user runs it: help, exit codes, clear errors, nothing written on bad input."""
 
 import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -10,7 +11,7 @@ import pytest
 
 from outbox_pipelines_tests.conftest import run_cli
 from outbox_pipelines_tests.helpers import enqueue_n, rows, statuses
-from outbox_pipelines_tests.processes import free_port, start_relay, stop_process
+from outbox_pipelines_tests.processes import CLI, free_port, start_relay, stop_process
 from outbox_pipelines_tests.rows import make_dead, make_sent, make_stuck
 from outbox_pipelines_tests.scratch import DEMO_PARTS
 
@@ -311,3 +312,18 @@ def test_a_relay_of_in_process_handlers_loads_no_http_or_dagster_stack(cli_env):
     result = subprocess.run([sys.executable, "-c", probe], env=cli_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_status_into_a_reader_that_stopped_ends_quietly_with_141(cli_env, conn):
+    """`status | head -1`: the reader is gone before status writes. No traceback; the shell's code for it."""
+    enqueue_n(conn, "outbox_events", 3)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader stopped before the command wrote anything
+    try:
+        done = subprocess.run(
+            [*CLI, "status"], env=cli_env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr

@@ -92,6 +92,9 @@ __all__ = [
 ]
 
 
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command its pipe's reader stopped (128 + SIGPIPE)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -104,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.append(os.getcwd())
     try:
         with read_only_deadline(args):  # status, db status, a dry run: bounded (cli/read_only.py)
-            return int(args.handler(args) or 0) or unusable_tables(args)
+            code = int(args.handler(args) or 0) or unusable_tables(args)
+        sys.stdout.flush()  # here, not at exit: a reader that stopped early is one more case below
+        return code
     except (UsageError, InvalidMessage, InvalidTableName, UnknownTable, ConfigError) as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
@@ -120,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except BrokenPipeError:  # `status | head`: the reader has what it wanted; no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ModuleNotFoundError as exc:
         needed = missing_extra(exc)
         if needed is None:

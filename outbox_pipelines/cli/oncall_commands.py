@@ -55,8 +55,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         say_undeclared(undeclared)
     if missing:
         say(
-            f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db create-table NAME' for each "
-            "(or 'outbox-pipelines db upgrade' for the shipped tables)"
+            f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db upgrade' as the tables' "
+            "owner: it creates every table the project declares ('db create-table NAME' creates one)"
         )
         return EXIT_FAILED
     return EXIT_OK

@@ -48,9 +48,11 @@ class Settings:
         try:
             return self.tables[name]
         except KeyError:
-            known = ", ".join(sorted(self.tables))
+            known = f"known tables: {', '.join(sorted(self.tables))}" if self.tables else "no table is declared"
+            if name in self.inboxes:  # an inbox is not relayed: it is the receiving side's (docs/how-to/inbox.md)
+                raise UnknownTable(f"{name!r} is an inbox ([inboxes.{name}]), not an outbox table; {known}") from None
             raise UnknownTable(
-                f"no settings for table {name!r}; known tables: {known}. "
+                f"no settings for table {name!r}; {known}. "
                 f"Add a [tables.{name}] section to {self.source or 'outbox.toml (OUTBOX_CONFIG)'}"
             ) from None
 

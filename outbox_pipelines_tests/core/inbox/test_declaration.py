@@ -5,7 +5,7 @@ import psycopg
 import pytest
 
 from outbox_pipelines import Inbox
-from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.errors import ConfigError, UnknownTable
 from outbox_pipelines.core.settings import load_settings
 from outbox_pipelines.core.settings.inboxes import DEFAULT_WINDOW_S
 from outbox_pipelines_tests.conftest import run_cli
@@ -77,3 +77,13 @@ def test_a_section_that_cannot_be_used_is_refused_naming_the_file_and_the_inbox(
         load_settings(env={}, path=path)
     assert said in str(refused.value)
     assert str(path) in str(refused.value)
+
+
+def test_relaying_an_inbox_is_told_it_is_one_and_an_empty_project_says_so(tmp_path):
+    (tmp_path / "outbox.toml").write_text(TOML)
+    settings = load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "outbox.toml")})
+    with pytest.raises(UnknownTable, match=r"'billing_inbox' is an inbox \(\[inboxes.billing_inbox\]\), not an out"):
+        settings.table("billing_inbox")
+    (tmp_path / "empty.toml").write_text("")
+    with pytest.raises(UnknownTable, match=r"no settings for table 'nope'; no table is declared\. Add a \[tables"):
+        load_settings(env={"OUTBOX_CONFIG": str(tmp_path / "empty.toml")}).table("nope")
