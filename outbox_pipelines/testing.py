@@ -29,7 +29,7 @@ from outbox_pipelines.core.settings import TableSettings, load_settings
 from outbox_pipelines.core.storage.app_connections import sync_target
 from outbox_pipelines.core.storage.connections import driver_connection
 from outbox_pipelines.core.storage.queries import table_query
-from outbox_pipelines.core.storage.statements import unknown_table
+from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX, unknown_table
 
 __all__ = ["RecordingDestination", "StoredMessage", "enqueued", "relay_once"]
 
@@ -53,7 +53,6 @@ def enqueued(conn: Any, table: str, *, topic: str | None = None) -> list[StoredM
     """The messages in ``table`` (of ``topic``, if given), oldest first. ``conn`` is any connection ``enqueue``
     takes (psycopg, SQLAlchemy, Django's): on the one your code wrote with, inside its transaction, it sees what
     that transaction wrote so far; on another, what was committed."""
-    import psycopg.errors
     from psycopg.rows import tuple_row
 
     pg = driver_connection(sync_target(conn, outside_transaction=True))
@@ -61,8 +60,8 @@ def enqueued(conn: Any, table: str, *, topic: str | None = None) -> list[StoredM
         with pg.cursor(row_factory=tuple_row) as cur:
             cur.execute(table_query("outbox_messages_of_topic", validate_table_name(table)), {"topic": topic})
             return [StoredMessage(*row) for row in cur.fetchall()]
-    except psycopg.errors.UndefinedTable:
-        raise unknown_table(table) from None
+    except NOT_AN_OUTBOX as exc:
+        raise unknown_table(table, exc) from None
 
 
 class RecordingDestination(Destination):

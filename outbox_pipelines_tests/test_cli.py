@@ -327,3 +327,26 @@ def test_status_into_a_reader_that_stopped_ends_quietly_with_141(cli_env, conn):
         os.close(write_end)
     assert done.returncode == 141, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_a_declared_business_table_s_name_is_told_and_the_outbox_tables_still_shown(cli_env, conn, tmp_path):
+    """A team declares [tables.orders] where `orders` is its business table: db upgrade refuses it, and status,
+    db status and relay say what it is instead of a database error (or drift fixes aimed at the business table)."""
+    conn.execute("CREATE TABLE orders (id serial PRIMARY KEY, total int)")
+    config = tmp_path / "outbox.toml"
+    config.write_text(
+        DEMO_PARTS + '[tables.outbox_events]\ndestination = "paper"\n[tables.orders]\ndestination = "paper"\n'
+    )
+    env = {**cli_env, "OUTBOX_CONFIG": str(config)}
+    enqueue_n(conn, "outbox_events", 2)
+
+    status = run_cli(env, "status")
+    assert status.returncode == 1, status.stderr
+    assert "outbox_events" in status.stdout and "the database refused" not in status.stderr
+    assert "error: table 'orders' is not an outbox table" in status.stderr, status.stderr
+    drift = run_cli(env, "db", "status")
+    assert "orders is declared as an outbox table, but the table of that name is not one" in drift.stdout
+    assert 'ON "orders"' not in drift.stdout, "no index to build on the business table"
+    relay = run_cli(env, "relay", "--table", "orders", "--once")
+    assert relay.returncode == 2 and "'orders' is not an outbox table" in relay.stderr, relay.stderr
+    assert conn.execute("SELECT count(*) AS n FROM orders").fetchone()["n"] == 0

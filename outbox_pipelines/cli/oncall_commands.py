@@ -10,7 +10,7 @@ from typing import Any
 from outbox_pipelines.cli.inputs import chosen_tables, database_url, settings_of
 from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, say, shell_prefix
 from outbox_pipelines.core.durations import duration_words
-from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.errors import NotAnOutboxTable, UnknownTable
 from outbox_pipelines.core.models import STATES
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import TableStatus
@@ -35,29 +35,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     url = database_url()
     reports = []
     missing: list[str] = []  # declared, not created yet: told at the end, the others shown
+    not_outboxes: dict[str, str] = {}  # declared, but the name is a table of another kind: told at the end too
     chosen = chosen_tables(args, settings)
     undeclared: list[TableStatus] = []
     with db.connect(url) as conn:
         for table in chosen:
             try:
                 reports.append(read_table_status(conn, table, count_sent=True))
+            except NotAnOutboxTable as exc:
+                not_outboxes[table.name] = str(exc)
             except UnknownTable:
                 missing.append(table.name)
         if not args.table:
             undeclared = undeclared_tables(conn, [*settings.tables, *settings.broken], settings.project)
         vacuum = vacuum_verdicts(conn, settings, [r.table for r in reports]) if reports and not args.json else {}
-    tables = [t for t in chosen if t.name not in missing]
+    tables = [t for t in chosen if t.name not in missing and t.name not in not_outboxes]
     print_status(args, reports, tables)
     if vacuum:  # the database side (core/oncall/database_health.py)
         print("\nvacuum (dead tuples, size, what holds vacuum back):")
         print("\n".join(f"  {v.severity.upper():<5} {v.description}" for v in vacuum.values()))
     if undeclared and not args.json:
         say_undeclared(undeclared)
+    for why in not_outboxes.values():
+        say(f"error: {why}")
     if missing:
         say(
             f"not in the database yet: {', '.join(missing)}. Run 'outbox-pipelines db upgrade' as the tables' "
             "owner: it creates every table the project declares ('db create-table NAME' creates one)"
         )
+    if missing or not_outboxes:
         return EXIT_FAILED
     return EXIT_OK
 

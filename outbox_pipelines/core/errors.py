@@ -17,6 +17,10 @@ class UnknownTable(OutboxError, LookupError):
     pass
 
 
+class NotAnOutboxTable(UnknownTable):
+    """A name that is a table, but not an outbox table (a business table's name declared or passed by mistake)."""
+
+
 class ConfigError(OutboxError):
     pass
 

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from outbox_pipelines import Message, Outbox
-from outbox_pipelines.core.errors import NoTransaction, UnknownTable
+from outbox_pipelines.core.errors import NotAnOutboxTable, NoTransaction, UnknownTable
 from outbox_pipelines.core.storage.db import sqlalchemy_url
 
 OUTBOX = Outbox("outbox_events")
@@ -468,3 +468,18 @@ def test_two_transactions_racing_on_one_event_id_write_it_once(db_url, conn, com
     assert theirs.duplicate is committed
     assert (theirs.id == mine.id) is committed
     assert stored[0]["id"] == (mine.id if committed else theirs.id)
+
+
+@pytest.mark.parametrize("stack", ["psycopg", "asyncpg", "sqlalchemy-asyncpg-session", "sqlalchemy-psycopg-session"])
+def test_a_business_table_s_name_is_told_it_is_no_outbox_table(db_url, conn, business_table, stack):
+    """``Outbox("business")``: a table, but not an outbox: the error says so with the server's words."""
+
+    async def scenario() -> None:
+        async with STACKS[stack](db_url, commit=False) as (handle, _):
+            with pytest.raises(NotAnOutboxTable, match=r"table 'business' is not an outbox table \(column "):
+                await Outbox("business").enqueue_async(handle, Message(topic="t", payload={}))
+
+    asyncio.run(scenario())
+    with psycopg.connect(db_url) as sync:
+        with pytest.raises(NotAnOutboxTable, match=r"'business' is not an outbox table \(column \"event_id\""):
+            Outbox("business").enqueue(sync, Message(topic="t", payload={}))

@@ -20,7 +20,7 @@ from outbox_pipelines.core.errors import UnknownTable
 from outbox_pipelines.core.names import table_identifier
 from outbox_pipelines.core.redaction import mask_credentials
 from outbox_pipelines.core.storage.queries import named_queries, table_query
-from outbox_pipelines.core.storage.statements import unknown_table
+from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX, unknown_table
 
 # The most rows one list returns, whatever limit is asked for: a page, not an export.
 MAX_LIMIT = 1000
@@ -64,8 +64,8 @@ def _rows(conn: psycopg.Connection[Any], table: str, picker: str, params: dict[s
         # A savepoint inside the caller's transaction: a missing table leaves that transaction usable.
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             found = cur.execute(statement, params).fetchall()
-    except psycopg.errors.UndefinedTable:
-        raise unknown_table(table) from None
+    except NOT_AN_OUTBOX as exc:
+        raise unknown_table(table, exc) from None
     return [_row(table, r) for r in found]
 
 
@@ -136,6 +136,6 @@ def sent_count(conn: psycopg.Connection[Any], table: str, cap: int = 10_000) -> 
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(table_query("message_rows_sent_count", table), {"cap": _limit(cap, 1_000_000)}).fetchone()
-    except psycopg.errors.UndefinedTable:
-        raise unknown_table(table) from None
+    except NOT_AN_OUTBOX as exc:
+        raise unknown_table(table, exc) from None
     return int(row["n"]) if row else 0

@@ -51,8 +51,11 @@ def find_drift(conn: psycopg.Connection[Any], tables: Sequence[str], parts: Iter
     if not applied.record_exists or applied.versions is None:
         return []
     migrations = [m for m in migrate.planned(parts=parts) if m.version in applied.versions]
-    existing = [row["name"] for row in _rows(conn, "schema_existing_tables", {"tables": list(tables)})]
-    found = [_missing_table(name) for name in tables if name not in existing]
+    named = [row["name"] for row in _rows(conn, "schema_existing_tables", {"tables": list(tables)})]
+    outboxes = {row["table_name"] for row in _rows(conn, "outbox_tables_list")}
+    existing = [name for name in named if name in outboxes]  # a business table's name declared: not ours to fix
+    found = [_missing_table(name) for name in tables if name not in named]
+    found += [_not_an_outbox(name) for name in named if name not in outboxes]
     found += _index_drift(conn, existing, migrations)
     found += [
         Drift(
@@ -75,6 +78,17 @@ def _missing_table(name: str) -> Drift:
         name,
         f"outbox table {name} is declared but does not exist: its enqueues and its relay fail. Run 'outbox-pipelines "
         "db upgrade' (it creates the tables the project declares)",
+        ERROR,
+    )
+
+
+def _not_an_outbox(name: str) -> Drift:
+    return Drift(
+        "table",
+        name,
+        f"{name} is declared as an outbox table, but the table of that name is not one (no outbox trigger): its "
+        "enqueues, relay and status fail. Give the section another name in outbox.toml (db upgrade refuses to "
+        "turn a table that exists into an outbox table)",
         ERROR,
     )
 

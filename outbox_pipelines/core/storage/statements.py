@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from outbox_pipelines.core.errors import UnknownTable
+from outbox_pipelines.core.errors import NotAnOutboxTable, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.storage.queries import shared_query, table_query
 
@@ -20,7 +20,33 @@ Row = dict[str, Any]
 Statement = str | sql.SQL | sql.Composed
 
 
-def unknown_table(table_name: str) -> UnknownTable:
+# What a statement on a name that is no outbox table raises: the table is missing (42P01), or it is there without
+# an outbox's columns (42703: a business table's name, declared or passed by mistake; or a schema older than this
+# code). Caught where a statement runs, and told as UnknownTable by ``unknown_table``.
+NOT_AN_OUTBOX = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+NOT_AN_OUTBOX_SQLSTATES = frozenset({"42P01", "42703"})
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver's error (psycopg, asyncpg), or of the driver error SQLAlchemy wraps."""
+    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+def unknown_table(table_name: str, exc: BaseException | None = None) -> UnknownTable:
+    """What to do about a statement on ``table_name`` that raised one of NOT_AN_OUTBOX (None: it is missing)."""
+    if exc is not None and sqlstate_of(exc) == "42703":
+        driver_error = getattr(exc, "orig", None) or exc  # the server's words, not SQLAlchemy's statement dump
+        lines = str(driver_error).strip().splitlines()
+        server = lines[0] if lines else "a column is missing"
+        return NotAnOutboxTable(
+            f"table {table_name!r} is not an outbox table ({server}): name an outbox table, or declare a new name "
+            "in outbox.toml and run 'outbox-pipelines db upgrade' (which also brings an older outbox schema up to "
+            "date)"
+        )
     return UnknownTable(
         f"outbox table {table_name!r} does not exist: run 'outbox-pipelines db upgrade', "
         f"or 'outbox-pipelines db create-table {table_name}' for a new table"
@@ -74,8 +100,8 @@ class TableStatements:
                 {"table_name": self.table_name, **params},
                 _prepare(reuse_plan),
             )
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table_name) from None
+        except NOT_AN_OUTBOX as exc:
+            raise unknown_table(self.table_name, exc) from None
 
     def _run_shared(self, query: str, params: dict[str, Any]) -> list[Row]:
         """A statement of the shared tables about this table (its lock, its audit rows)."""

@@ -5,7 +5,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from psycopg.rows import RowMaker
 
 from outbox_pipelines.core.canonical import loads_jsonb_text
@@ -13,7 +12,7 @@ from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.storage.array_literals import bigint_array, text_array
 from outbox_pipelines.core.storage.queries import claim_query
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
-from outbox_pipelines.core.storage.statements import Row, TableStatements, _prepare, unknown_table
+from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX, Row, TableStatements, _prepare, unknown_table
 
 
 def id_runs(ids: Sequence[int], attempts: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -76,8 +75,8 @@ class ClaimStatements(TableStatements):
             with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
                 cur.execute(statement, {"table_name": self.table_name, **params}, prepare=_prepare(reuse_plan))
                 return cur.fetchall()
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table_name) from None
+        except NOT_AN_OUTBOX as exc:
+            raise unknown_table(self.table_name, exc) from None
 
     def claim(
         self,

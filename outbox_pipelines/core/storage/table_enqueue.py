@@ -13,7 +13,7 @@ from psycopg.rows import tuple_row
 from outbox_pipelines.core.storage.connections import driver_connection, statement_cursor
 from outbox_pipelines.core.storage.payload_limit import refusal
 from outbox_pipelines.core.storage.queries import table_query
-from outbox_pipelines.core.storage.statements import Row, TableStatements, _fetch, unknown_table
+from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX, Row, TableStatements, _fetch, unknown_table
 
 
 class NewRow(NamedTuple):
@@ -95,8 +95,8 @@ def insert_row(
             found = _run_on_cursor(cursor, statement, params, prepare)
         else:
             found = _run_on_connection(driver_connection(conn), statement, params, prepare)
-    except psycopg.errors.UndefinedTable:
-        raise unknown_table(table_name) from None
+    except NOT_AN_OUTBOX as exc:
+        raise unknown_table(table_name, exc) from None
     except psycopg.errors.CheckViolation as exc:
         if (refused := refusal(exc, table_name)) is None:
             raise
@@ -155,8 +155,8 @@ class EnqueueStatements(TableStatements):
                 {"table_name": self.table_name, **params},
                 self.enqueue_prepare,
             )
-        except psycopg.errors.UndefinedTable:
-            raise unknown_table(self.table_name) from None
+        except NOT_AN_OUTBOX as exc:
+            raise unknown_table(self.table_name, exc) from None
         except psycopg.errors.CheckViolation as exc:
             if (refused := refusal(exc, self.table_name)) is None:
                 raise
@@ -208,8 +208,8 @@ class EnqueueStatements(TableStatements):
             # A stored event_id; or a login that may not write ids (the producer role: db grant): INSERT instead.
             if isinstance(exc, (psycopg.errors.UniqueViolation, psycopg.errors.InsufficientPrivilege)):
                 return None
-            if isinstance(exc, psycopg.errors.UndefinedTable):
-                raise unknown_table(self.table_name) from None
+            if isinstance(exc, NOT_AN_OUTBOX):
+                raise unknown_table(self.table_name, exc) from None
             if (refused := refusal(exc, self.table_name)) is not None:
                 raise refused from None
             raise

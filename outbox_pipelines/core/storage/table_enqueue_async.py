@@ -12,21 +12,11 @@ from psycopg.rows import tuple_row
 from outbox_pipelines.core.storage.app_connections import AsyncTarget
 from outbox_pipelines.core.storage.payload_limit import refusal
 from outbox_pipelines.core.storage.queries import numbered_table_query, table_query
-from outbox_pipelines.core.storage.statements import unknown_table
+from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX_SQLSTATES, sqlstate_of, unknown_table
 from outbox_pipelines.core.storage.table_enqueue import KEPT_CURSOR, NewRow, insert_many_params, insert_row_params
 
-_UNDEFINED_TABLE = "42P01"
 # The cursors a statement runs on as they are (as connections.statement_cursor's, for asyncio).
 _STATEMENT_CURSORS = (psycopg.AsyncCursor, psycopg.AsyncClientCursor)
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver's error, or of the driver error SQLAlchemy wraps."""
-    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
-        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
-        if isinstance(code, str):
-            return code
-    return None
 
 
 def _ordered(params: tuple[Any, ...] | dict[str, Any], order: tuple[str, ...] | int) -> tuple[Any, ...]:
@@ -51,8 +41,8 @@ async def _rows(
         result = await target.conn.exec_driver_sql(statement, args)
         return list(result.all())
     except Exception as exc:
-        if _sqlstate(exc) == _UNDEFINED_TABLE:
-            raise unknown_table(table_name) from None
+        if sqlstate_of(exc) in NOT_AN_OUTBOX_SQLSTATES:
+            raise unknown_table(table_name, exc) from None
         if (refused := refusal(exc, table_name)) is not None:
             raise refused from None
         raise
