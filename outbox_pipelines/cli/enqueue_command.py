@@ -30,7 +30,7 @@ def read_payload(raw: str) -> str:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = settings_of(args)
-    table = settings.table(args.table)
+    table = settings.for_operations(args.table)  # a producer needs no destination credential
     headers: dict[str, Any] = {}
     for item in args.header or []:
         key, sep, value = item.partition("=")

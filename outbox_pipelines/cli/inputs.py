@@ -31,12 +31,15 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def chosen_tables(args: argparse.Namespace, settings: Settings) -> list[TableSettings]:
-    """The tables named by --table (repeatable), else every usable table in name order; a table whose section
-    cannot be used is then told at the end, and the command exits 2 (``main``)."""
+    """The tables a command that never delivers works on (status, requeue-stuck, clean): those named by --table
+    (repeatable), else every usable table in name order, a table whose credential variable is not set here
+    included (``Settings.for_operations``); a table whose section cannot be used is then told at the end, and
+    the command exits 2 (``main``)."""
     chosen = getattr(args, "table", None)
     if not chosen:
-        args.unusable_tables = settings.broken
-    return [settings.table(table_name) for table_name in (chosen or sorted(settings.tables))]
+        args.unusable_tables = settings.broken_for_operations
+    names = chosen or sorted([*settings.tables, *settings.without_secrets])
+    return [settings.for_operations(table_name) for table_name in names]
 
 
 def unusable_tables(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ def serve_metrics(port: int, host: str) -> str:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     settings = settings_of(args)
-    tables = [settings.table(name) for name in args.table] if args.table else list(settings.tables.values())
+    names = args.table or sorted([*settings.tables, *settings.without_secrets])  # it reads; it delivers nothing
+    tables = [settings.for_operations(name) for name in names]
     if not tables:
         raise UsageError("the project declares no outbox table: name one with --table")
     table_metrics.watch_tables(

@@ -112,7 +112,7 @@ def replay_command(args: argparse.Namespace, selection: ReplayFilter, *, dry_run
 
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = settings_of(args)
-    table = settings.table(args.table)
+    table = settings.for_operations(args.table)  # a replay delivers nothing itself
     selection = ReplayFilter(
         ids=tuple(args.id) if args.id else None,
         topic=args.topic,
@@ -162,7 +162,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_skip(args: argparse.Namespace) -> int:
-    table = settings_of(args).table(args.table)
+    table = settings_of(args).for_operations(args.table)
     report = skip_dead_heads(
         database_url(),
         table,

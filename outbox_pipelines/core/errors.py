@@ -25,6 +25,11 @@ class ConfigError(OutboxError):
     pass
 
 
+class MissingSecret(ConfigError):
+    """A variable a table's destination names for its credential is not set in this process: the commands that
+    deliver refuse the table; those that only read or maintain it (status, replay, requeue-stuck, clean) go on."""
+
+
 class InvalidDatabaseUrl(ConfigError):
     """A database URL libpq cannot parse. The message shows it with its password masked."""
 

@@ -71,6 +71,8 @@ def build_broker_destination(table: TableSettings) -> Destination:
 
 
 def build_destination(table: TableSettings, settings: Settings) -> Destination:
+    if table.secrets_missing:  # read for status or replay only: its credential is not in this process
+        raise ConfigError(table.secrets_missing)
     if table.destination == "http":
         # httpx only for an HTTP table: a relay of in-process handlers starts without it.
         from outbox_pipelines.core.destinations.http.destination import HttpDestination

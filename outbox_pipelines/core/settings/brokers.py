@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.errors import ConfigError, MissingSecret
 from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo, url_origin
 from outbox_pipelines.core.settings.registry import choices, keys_in
 from outbox_pipelines.core.settings.values import one_of
@@ -75,7 +75,7 @@ def env_variable(section: Mapping[str, Any], key: str, environ: Mapping[str, str
         raise ConfigError(f"{where} {key} must name an environment variable (like BILLING_SECRET), got {name!r}")
     value = environ.get(name, "").strip()
     if not value:
-        raise ConfigError(
+        raise MissingSecret(
             f"{where} {key} = {name!r}, but {name} is not set: set it in the environment of every "
             f"process that relays the table, or remove {key}"
         )

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.errors import ConfigError, MissingSecret
 from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.settings.brokers import (
@@ -92,7 +92,7 @@ def _table_token(section: Mapping[str, Any], url: str | None, env: GlobalSetting
             )
         token = env.broker_token if name == BROKER_TOKEN_ENV else bearer_token(env.environ, name)
         if token is None:
-            raise ConfigError(f"{where} token_env = {name!r}, but {name} is not set: set it, or remove token_env")
+            raise MissingSecret(f"{where} token_env = {name!r}, but {name} is not set: set it, or remove token_env")
         return token
     if url and (section.get("url_from_env") or _same_origin(url, env.broker_url)):
         return env.broker_token

@@ -2,13 +2,14 @@
 (``load_settings``), with each table whose section cannot be used set aside and named (``Settings.broken``).
 """
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.errors import ConfigError, UnknownTable
+from outbox_pipelines.core.errors import ConfigError, MissingSecret, UnknownTable
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.settings.declarations import Declaration, find_declaration, load_config_file
 from outbox_pipelines.core.settings.environment import GlobalSettings
@@ -40,6 +41,9 @@ class Settings:
     # The inbox tables the project declares ([inboxes.NAME]), by name: db upgrade creates them, the cleaner empties
     # them past their window.
     inboxes: dict[str, InboxSettings] = field(default_factory=dict)
+    # Those of ``broken`` whose only fault is a credential variable not set in this process, read without it: what
+    # status, replay, requeue-stuck and clean need of them (``for_operations``); no relay is built from them.
+    without_secrets: dict[str, TableSettings] = field(default_factory=dict)
 
     def table(self, name: str) -> TableSettings:
         if name in self.broken:
@@ -55,6 +59,18 @@ class Settings:
                 f"no settings for table {name!r}; {known}. "
                 f"Add a [tables.{name}] section to {self.source or 'outbox.toml (OUTBOX_CONFIG)'}"
             ) from None
+
+    def for_operations(self, name: str) -> TableSettings:
+        """The table, for a command that reads or maintains it and never delivers: one whose credential variable
+        is not set in this process is given too (``without_secrets``); otherwise as ``table``."""
+        if name in self.without_secrets:
+            return self.without_secrets[name]
+        return self.table(name)
+
+    @property
+    def broken_for_operations(self) -> dict[str, str]:
+        """``broken`` without the tables ``for_operations`` gives anyway."""
+        return {name: why for name, why in self.broken.items() if name not in self.without_secrets}
 
     def check(self) -> None:
         """ConfigError listing every table whose section cannot be used (the strict reading of the file)."""
@@ -95,6 +111,7 @@ def load_settings(
     tables: dict[str, TableSettings] = {}
     broken: dict[str, str] = {}
     broken_groups: dict[str, str | None] = {}
+    without_secrets: dict[str, TableSettings] = {}
     for name, section in sections.items():
         where = declaration.table_sources.get(name, source)
         try:
@@ -106,6 +123,9 @@ def load_settings(
             broken[name] = text if where is None or text.startswith(str(where)) else f"{where}: {text}"
             group = section.get("group", DEFAULT_GROUP)
             broken_groups[name] = group if isinstance(group, str) else None
+            if isinstance(exc, MissingSecret):
+                with contextlib.suppress(ConfigError):  # a mistake past the credential: broken for every command
+                    without_secrets[name] = build_table_settings(name, section, global_settings, without_secrets=True)
     inboxes = inbox_settings(declaration.inboxes, source, sections, global_settings.cleaner_enabled)
     return Settings(
         global_settings,
@@ -116,6 +136,7 @@ def load_settings(
         parts=declaration.parts,
         project=project_name(),
         inboxes=inboxes,
+        without_secrets=without_secrets,
     )
 
 

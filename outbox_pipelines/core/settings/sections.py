@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from outbox_pipelines.core import wings
-from outbox_pipelines.core.errors import ConfigError, InvalidTableName
+from outbox_pipelines.core.errors import ConfigError, InvalidTableName, MissingSecret
 from outbox_pipelines.core.names import validate_table_name
 from outbox_pipelines.core.retry import RetryPolicy, preset
 from outbox_pipelines.core.settings.already_processed import DEFAULT_ALREADY_PROCESSED, AlreadyProcessed
-from outbox_pipelines.core.settings.destination import table_destination
+from outbox_pipelines.core.settings.destination import Where, table_destination
 from outbox_pipelines.core.settings.environment import GlobalSettings
 from outbox_pipelines.core.settings.registry import TABLE_KEYS, TABLE_KEYS_BY_NAME
 from outbox_pipelines.core.settings.tables import (
@@ -118,10 +118,20 @@ def _group(value: Any, where: str) -> str:
     return value
 
 
-def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSettings) -> TableSettings:
+def build_table_settings(
+    name: str, section: Mapping[str, Any], env: GlobalSettings, *, without_secrets: bool = False
+) -> TableSettings:
+    """A table's settings. ``without_secrets``: a credential whose variable is not set is left out (the table
+    then has no destination credential, and ``secrets_missing`` says which) instead of refused."""
     where = f"[tables.{name}]"
     preset_name, policy = _retry_policy(section, env, where)
-    goes = table_destination(name, section, env, policy, where)
+    secrets_missing = None
+    try:
+        goes = table_destination(name, section, env, policy, where)
+    except MissingSecret as exc:
+        if not without_secrets:
+            raise
+        goes, secrets_missing = Where(str(section["destination"]), None, None, None), str(exc)
     thresholds = _thresholds(section, where)
     paused = _paused_topics(section, where)
     return TableSettings(
@@ -131,6 +141,7 @@ def build_table_settings(name: str, section: Mapping[str, Any], env: GlobalSetti
         token=goes.token,
         already_processed=_already_processed(section, where),
         delivers_nowhere=goes.delivers_nowhere,
+        secrets_missing=secrets_missing,
         broker=goes.broker,
         signing_secret=goes.signing_secret,
         handlers=section.get("handlers"),

@@ -89,6 +89,10 @@ class TableSettings:
     # Set when messages go nowhere (the paper broker): the sentence that relay starts, the destination check
     # and ``status`` say.
     delivers_nowhere: str | None = None
+    # Set (MissingSecret's message) when a variable the destination's credential comes from is not set in this
+    # process: the table was read for the commands that do not deliver (Settings.for_operations), and no
+    # destination is built for it (core/destinations/wiring.py).
+    secrets_missing: str | None = None
     # A broker table's connection (destination = "nats" | "rabbitmq" | "kafka"); None for the others.
     broker: BrokerSettings | None = None
     # An HTTP table's Standard Webhooks signing secret (``signing_secret_env``); never shown.
