@@ -25,10 +25,12 @@ def resources(db_url):
     return outbox_resources(url=db_url)
 
 
-def orders_sent_to(tmp_path, db_url: str, broker_url: str) -> dict:
-    """Resources whose settings send outbox_orders to ``broker_url`` (a deployment's outbox.toml says so)."""
+def orders_sent_to(tmp_path, db_url: str, broker_url: str, url_env: str | None = None) -> dict:
+    """Resources whose settings send outbox_orders to ``broker_url`` (a deployment's outbox.toml says so); with
+    ``url_env``, the variable (set by the test) holding a URL with a credential, as a deployment's does."""
     config = tmp_path / "orders-at.toml"
-    config.write_text(DEMO_PARTS + f'[tables.outbox_orders]\nurl = "{broker_url}"\n')
+    where = f'url_env = "{url_env}"' if url_env else f'url = "{broker_url}"'
+    config.write_text(DEMO_PARTS + f"[tables.outbox_orders]\n{where}\n")
     return outbox_resources(url=db_url, config_path=str(config))
 
 

@@ -251,7 +251,8 @@ def test_a_broker_password_never_reaches_dagster_run_logs_metadata_or_alerts(
     down_url = "http://brokeruser:BrokerPw-dagster@127.0.0.1:9/orders"
     texts = []
     for url in (secret_url, down_url):
-        resources = orders_sent_to(tmp_path, db_url, url)
+        monkeypatch.setenv("ORDERS_BROKER_URL", url)  # a credential comes from the deployment's environment
+        resources = orders_sent_to(tmp_path, db_url, url, url_env="ORDERS_BROKER_URL")
         result = run_job(
             "relay_job",
             resources,

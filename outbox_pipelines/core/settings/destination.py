@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from outbox_pipelines.core import wings
 from outbox_pipelines.core.errors import ConfigError, MissingSecret
-from outbox_pipelines.core.redaction import mask_url, unencoded_userinfo
+from outbox_pipelines.core.redaction import mask_url, secrets_in, unencoded_userinfo
 from outbox_pipelines.core.retry import RetryPolicy
 from outbox_pipelines.core.settings.brokers import (
     BROKERS,
@@ -214,6 +214,13 @@ def _table_url(section: Mapping[str, Any], env: GlobalSettings, where: str) -> t
         )
     if isinstance(url, str):
         refuse_two_way_url(url, url_source)
+        if "url_env" not in section and secrets_in(url):
+            # The declaration goes where the code goes (a repository, an image): a credential comes from the
+            # deployment's environment (DESIGN.md §5), as Kafka's sasl_password_env does.
+            raise ConfigError(
+                f"{where} url = {mask_url(url)} holds a credential, in a file that goes where the code goes: put "
+                'the URL in a variable of the deployment\'s environment and name it instead (url_env = "NAME")'
+            )
     return url, url_source
 
 

@@ -119,8 +119,9 @@ def test_user_info_and_a_token_together_are_refused_at_start_up(tmp_path):
     assert PASSWORD not in str(refused.value)
     # Not at the broker's origin and not named by the table: the broker's token is not this table's, so
     # its user-info alone is its credential.
-    config.write_text(f'[tables.outbox_hooks]\ndestination = "http"\nurl = "{url}"\n')
-    assert load_settings(env={"OUTBOX_BROKER_TOKEN": "brk-token"}, path=config).table("outbox_hooks").token is None
+    config.write_text('[tables.outbox_hooks]\ndestination = "http"\nurl_env = "HOOKS_URL"\n')
+    environ = {"OUTBOX_BROKER_TOKEN": "brk-token", "HOOKS_URL": url}
+    assert load_settings(env=environ, path=config).table("outbox_hooks").token is None
 
     # Built by hand, the destination refuses it the same way.
     with pytest.raises(ConfigError) as refused:

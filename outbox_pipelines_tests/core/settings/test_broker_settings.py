@@ -116,14 +116,35 @@ def test_every_broker_builds_from_its_settings_and_is_named_by_its_origin(tmp_pa
     """The wiring finds each broker's module, and its destination is named without credentials."""
     from outbox_pipelines.core.destinations.wiring import build_destination
 
+    environ = {"NATS_URL": "nats://u:pw-one@127.0.0.1:1", "AMQP_URL": "amqp://u:pw-two@127.0.0.1:1/"}
     for kind, section, shown in [
-        ("nats", 'url = "nats://u:pw-one@127.0.0.1:1"', "nats://127.0.0.1:1"),
-        ("rabbitmq", 'url = "amqp://u:pw-two@127.0.0.1:1/"', "amqp://127.0.0.1:1"),
+        ("nats", 'url_env = "NATS_URL"', "nats://127.0.0.1:1"),
+        ("rabbitmq", 'url_env = "AMQP_URL"', "amqp://127.0.0.1:1"),
         ("kafka", 'bootstrap_servers = "127.0.0.1:1"', "kafka://127.0.0.1:1"),
     ]:
-        settings = load(tmp_path, f'destination = "{kind}"\n{section}\ntimeout = "1s"')
+        settings = load(tmp_path, f'destination = "{kind}"\n{section}\ntimeout = "1s"', environ)
         destination = build_destination(settings.table(TABLE), settings)
         try:
             assert destination.name == shown
         finally:
             destination.close()
+
+
+@pytest.mark.parametrize(
+    "kind, url",
+    [
+        ("http", "https://hook:PwInFile1@hooks.example.com/in"),
+        ("http", "https://hooks.example.com/in?token=TokInFile2"),
+        ("nats", "nats://relay:PwInFile3@127.0.0.1:4222"),
+        ("rabbitmq", "amqp://outbox:PwInFile4@127.0.0.1:5672/"),
+    ],
+)
+def test_a_credential_written_in_the_declaration_is_refused_masked_and_url_env_named(tmp_path, kind, url):
+    """outbox.toml goes where the code goes: a password or token in a table's url is refused at load (as Kafka's
+    pasted user:password@ is), shown masked, with url_env as the fix; from the environment it is taken."""
+    settings = load(tmp_path, f'destination = "{kind}"\nurl = "{url}"')
+    told = settings.broken[TABLE]
+    assert "holds a credential" in told and 'url_env = "NAME"' in told
+    assert "InFile" not in told, told
+    taken = load(tmp_path, f'destination = "{kind}"\nurl_env = "T_URL"', {"T_URL": url})
+    assert TABLE in taken.tables, taken.broken
