@@ -263,11 +263,7 @@ def add_message_commands(sub: Any) -> None:
 def add_maintenance_commands(sub: Any) -> None:
     add = partial(command, sub)
 
-    p = add(
-        "requeue-stuck",
-        cmd_requeue_stuck,
-        "return sending rows with an expired lease (or stuck past the threshold) to pending",
-    )
+    p = add("requeue-stuck", cmd_requeue_stuck, "return sending rows with an expired lease (or stuck) to pending")
     p.add_argument("--table", action="append", help="only this table (repeatable)")
     p.add_argument(
         "--threshold",

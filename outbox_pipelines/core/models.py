@@ -133,6 +133,10 @@ ERROR_TEXT_LIMIT = 2000
 # written (core/prepare.py checks them on every enqueue path; a test holds that no other module writes 255).
 MAX_EVENT_ID_CHARS = 255
 MAX_ORDERING_KEY_CHARS = 255
+# The longest topic and tenant id: a topic becomes a metrics label and a broker's topic or subject, a tenant a
+# filter an operator types.
+MAX_TOPIC_CHARS = 255
+MAX_TENANT_ID_CHARS = 255
 # The longest message id and consumer name an inbox records (core/inbox/receive.py: Inbox.receive).
 MAX_INBOX_MESSAGE_ID_CHARS = 255
 MAX_INBOX_CONSUMER_CHARS = 255

@@ -17,6 +17,8 @@ from outbox_pipelines.core.errors import InvalidMessage
 from outbox_pipelines.core.models import (
     MAX_EVENT_ID_CHARS,
     MAX_ORDERING_KEY_CHARS,
+    MAX_TENANT_ID_CHARS,
+    MAX_TOPIC_CHARS,
     Message,
     check_header_values,
     check_printable,
@@ -39,6 +41,8 @@ def _check_identifiers(message: Message, new_event_id: str | None = None) -> str
     tenant are valid."""
     if not isinstance(message.topic, str) or not message.topic.strip():
         raise InvalidMessage("message topic must be a non-empty string")
+    if len(message.topic) > MAX_TOPIC_CHARS:
+        raise InvalidMessage(f"message topic must be at most {MAX_TOPIC_CHARS} characters (got {len(message.topic)})")
     check_printable("topic", message.topic)
     event_id = message.event_id if message.event_id is not None else new_event_id or str(uuid.uuid4())
     if not isinstance(event_id, str) or not event_id or len(event_id) > MAX_EVENT_ID_CHARS:
@@ -47,6 +51,10 @@ def _check_identifiers(message: Message, new_event_id: str | None = None) -> str
     if message.tenant_id is not None:
         if not isinstance(message.tenant_id, str):
             raise InvalidMessage(f"tenant_id must be a string, got {type(message.tenant_id).__name__}")
+        if len(message.tenant_id) > MAX_TENANT_ID_CHARS:
+            raise InvalidMessage(
+                f"tenant_id must be at most {MAX_TENANT_ID_CHARS} characters (got {len(message.tenant_id)})"
+            )
         check_printable("tenant_id", message.tenant_id)
     _check_ordering_key(message.ordering_key)
     return event_id
@@ -152,9 +160,9 @@ def _plain_event_ids(messages: list[Any]) -> list[str] | None:
         return None
     if (
         _plain_identifiers(event_ids, MAX_EVENT_ID_CHARS)
-        and _plain_identifiers(topics)
+        and _plain_identifiers(topics, MAX_TOPIC_CHARS)
         and all(topic.strip() for topic in topics)
-        and _plain_identifiers(tenants)
+        and _plain_identifiers(tenants, MAX_TENANT_ID_CHARS)
         and _plain_identifiers(keys, MAX_ORDERING_KEY_CHARS)
     ):
         return event_ids
@@ -198,7 +206,8 @@ def _prepare_one(message: Any, max_bytes: int, created: Creation | None = None) 
         if (
             type(topic) is str
             and type(event_id) is str
-            and (tenant_id is None or type(tenant_id) is str)
+            and (tenant_id is None or (type(tenant_id) is str and len(tenant_id) <= MAX_TENANT_ID_CHARS))
+            and len(topic) <= MAX_TOPIC_CHARS
             and (key is None or (type(key) is str and 0 < len(key) <= MAX_ORDERING_KEY_CHARS))
             and 0 < len(event_id) <= MAX_EVENT_ID_CHARS
             and topic.strip()

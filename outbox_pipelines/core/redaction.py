@@ -258,3 +258,21 @@ def hide_url_paths_in_http_client_logs() -> None:
 
 def _longest_first(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(values), key=len, reverse=True))
+
+
+# The words of libpq's and the server's own connection messages. The check for an unquoted piece of the password
+# reads the message without them: "password authentication failed" holds "assw", "word" and "auth", which a
+# password may hold too, and withholding that message would hide the most common login error.
+_LIBPQ_WORDS = re.compile(
+    r"\b(?:password|authentication|failed|connection|server|socket|database|does|not|exist|role|permitted|"
+    r"login|entry|host|address|timeout|expired|refused|could|translate|name|received|invalid|response|supplied|"
+    r"clients|already|system|starting|shutting|method|requested|running|accepting|connections|port|user|"
+    r"fatal|error|SCRAM|SHA|SSL|TCP|IP|the|for|and|but|too|many|service|known|unknown|option|value|integer)\b",
+    re.IGNORECASE,
+)
+
+
+def without_libpq_words(text: str) -> str:
+    """``text`` with the words of libpq's and the server's own messages blanked: where to look for an unquoted
+    piece of a password (core/storage/database_url.py, ``scrub``)."""
+    return _LIBPQ_WORDS.sub(" ", text)

@@ -14,7 +14,12 @@ from psycopg.rows import dict_row
 
 from outbox_pipelines import InvalidMessage, InvalidTableName, Message, Outbox, UnknownTable
 from outbox_pipelines.core.canonical import canonical_json, digest
-from outbox_pipelines.core.models import MAX_EVENT_ID_CHARS, MAX_ORDERING_KEY_CHARS
+from outbox_pipelines.core.models import (
+    MAX_EVENT_ID_CHARS,
+    MAX_ORDERING_KEY_CHARS,
+    MAX_TENANT_ID_CHARS,
+    MAX_TOPIC_CHARS,
+)
 from outbox_pipelines.core.storage.db import sqlalchemy_url
 
 
@@ -503,6 +508,10 @@ _EDGE_MESSAGES = [
     Message(topic="t", payload={"a": 1}, event_id="tenant", tenant_id="acme"),
     Message(topic="t", payload={"a": 1}, event_id="tenant-lf", tenant_id="ac\nme"),
     Message(topic="t", payload={"a": 1}, event_id="tenant-int", tenant_id=7),  # type: ignore[arg-type]
+    Message(topic="t" * MAX_TOPIC_CHARS, payload={"a": 1}, event_id="topic-at-limit"),
+    Message(topic="t" * (MAX_TOPIC_CHARS + 1), payload={"a": 1}, event_id="long-topic"),
+    Message(topic="t", payload={"a": 1}, event_id="tenant-at-limit", tenant_id="a" * MAX_TENANT_ID_CHARS),
+    Message(topic="t", payload={"a": 1}, event_id="long-tenant", tenant_id="a" * (MAX_TENANT_ID_CHARS + 1)),
     Message(topic="t", payload={"a": 1}, event_id="key", ordering_key="k" * MAX_ORDERING_KEY_CHARS),
     Message(topic="t", payload={"a": 1}, event_id="long-key", ordering_key="k" * (MAX_ORDERING_KEY_CHARS + 1)),
     Message(topic="t", payload={"a": 1}, event_id="empty-key", ordering_key=""),

@@ -13,7 +13,14 @@ from urllib.parse import quote, urlencode
 import psycopg
 
 from outbox_pipelines.core.errors import InvalidDatabaseUrl
-from outbox_pipelines.core.redaction import MASK, mask_url, secrets_in, unencoded_userinfo, with_pieces
+from outbox_pipelines.core.redaction import (
+    MASK,
+    mask_url,
+    secrets_in,
+    unencoded_userinfo,
+    with_pieces,
+    without_libpq_words,
+)
 
 DATABASE_URL_ENV = "OUTBOX_DATABASE_URL"
 
@@ -31,18 +38,6 @@ _URL_VARIABLES = (DATABASE_URL_ENV, "OUTBOX_DIRECT_DATABASE_URL", "OUTBOX_DAGSTE
 # What libpq puts between double quotes in a message: the values it read (a host, a user, a port, a piece of the
 # URL it could not parse), the only place a piece of the URL's password can be.
 _QUOTED = re.compile(r'"[^"]*"')
-
-
-# The words of libpq's and the server's own connection messages. The check for an unquoted piece of the password
-# reads the message without them: "password authentication failed" holds "assw", "word" and "auth", which a
-# password may hold too, and withholding that message would hide the most common login error.
-_LIBPQ_WORDS = re.compile(
-    r"\b(?:password|authentication|failed|connection|server|socket|database|does|not|exist|role|permitted|"
-    r"login|entry|host|address|timeout|expired|refused|could|translate|name|received|invalid|response|supplied|"
-    r"clients|already|system|starting|shutting|method|requested|running|accepting|connections|port|user|"
-    r"fatal|error|SCRAM|SHA|SSL|TCP|IP|the|for|and|but|too|many|service|known|unknown|option|value|integer)\b",
-    re.IGNORECASE,
-)
 
 
 def _variable(url: str) -> str | None:
@@ -94,7 +89,7 @@ def scrub(text: str, url: str) -> str:
         text = text.replace(raw, mask_url(raw))
     secrets = _secrets_of(url)
     text = _QUOTED.sub(lambda m: _quoted(m.group(0), secrets), text)
-    if _holds_a_piece(_LIBPQ_WORDS.sub(" ", text), {s for s in secrets if len(s) >= 4}, shortest=4):
+    if _holds_a_piece(without_libpq_words(text), {s for s in secrets if len(s) >= 4}, shortest=4):
         return "libpq's own message is not shown: it quotes part of the URL's password"
     return text
 
