@@ -12,6 +12,7 @@ from outbox_pipelines.cli.output import EXIT_FAILED, EXIT_OK, command_prefix, sa
 from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import NotAnOutboxTable, UnknownTable
 from outbox_pipelines.core.models import STATES
+from outbox_pipelines.core.oncall.checks import while_failing
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
 from outbox_pipelines.core.oncall.health import TableStatus
 from outbox_pipelines.core.oncall.lock_holders import holders_text
@@ -149,7 +150,7 @@ def print_destination_health(r: TableStatus) -> None:
         codes = ", ".join(f"{c}={n}" for c, n in health.error_codes.items())
         print(
             f"\n{r.table}: deliveries to {health.destination} have failed for "
-            f"{duration_words(health.failing_for_s)} ({codes}); messages retry by themselves"
+            f"{duration_words(health.failing_for_s)} ({codes}); {while_failing(r)}"
         )
     if health.circuit_opened_at is not None:
         print(

@@ -222,6 +222,24 @@ def _backlog(status: TableStatus, limits: CheckThresholds) -> CheckVerdict:
     )
 
 
+def while_failing(status: TableStatus) -> str:
+    """What becomes of a failing destination's messages, and what a person does: the destination check's and
+    ``status``'s words. Those waiting retry by themselves; those already dead (their attempts spent, or a
+    permanent refusal) wait for a replay once it recovers."""
+    dead = status.counts.get("dead", 0)
+    replay = "replay them once it recovers (`outbox-pipelines status` prints the commands)"
+    if status.waiting and not dead:
+        return (
+            f"{status.waiting:,} messages wait and retry by themselves. Check the destination; nothing is lost and "
+            "nothing needs replaying."
+        )
+    if status.waiting:
+        return f"{status.waiting:,} messages wait and retry by themselves; {dead:,} are dead: {replay}."
+    if dead:
+        return f"no message is left to retry: {dead:,} are dead. Check the destination, then {replay}."
+    return "no message waits. Check the destination before the next ones come."
+
+
 def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere: str | None = None) -> CheckVerdict:
     health = status.destination or DestinationHealth(status.table)
     grade = _grade(health.failing_for_s, limits.destination_failing_warn_s, limits.destination_failing_error_s)
@@ -229,8 +247,7 @@ def _destination(status: TableStatus, limits: CheckThresholds, delivers_nowhere:
     if health.failing:
         text = (
             f"{status.table}: deliveries to {name} have failed for {duration_words(health.failing_for_s)} "
-            f"({_codes(health.error_codes) or 'no code'}); {status.waiting:,} messages wait and retry by "
-            "themselves. Check the destination; nothing is lost and nothing needs replaying."
+            f"({_codes(health.error_codes) or 'no code'}); {while_failing(status)}"
         )
     elif delivers_nowhere:
         text = f"{delivers_nowhere}."

@@ -14,7 +14,7 @@ from outbox_pipelines.core.storage.table import OutboxTable
 from outbox_pipelines_tests.conftest import table_settings
 from outbox_pipelines_tests.helpers import db_now, enqueue_n, statuses
 from outbox_pipelines_tests.processes import free_port
-from outbox_pipelines_tests.rows import make_due
+from outbox_pipelines_tests.rows import make_dead, make_due
 
 EVENTS = "outbox_events"
 
@@ -96,6 +96,17 @@ def test_5xx_and_401_answers_are_destination_failures(db_url, conn, http_sink, s
     assert report.outcome == "destination_failing"
     health = read_health(conn, EVENTS)
     assert health.failing and health.error_codes == {code: 2}
+
+
+def test_once_every_message_is_dead_the_check_says_to_replay_them_not_that_they_retry(db_url, conn, closed_url):
+    """The outage spent every attempt: nothing is left to retry by itself, so the words change to a replay."""
+    enqueue_n(conn, EVENTS, 3)
+    assert relay_once(db_url, closed_url).outcome == "destination_failing"
+    t0 = health_row(conn)["failing_since"]
+    make_dead(conn, EVENTS, code=m.CONNECTION_REFUSED)  # as their last attempts leave them
+    told = destination_verdict(conn, now=t0 + timedelta(seconds=60)).description
+    assert "no message is left to retry: 3 are dead" in told and "replay them once it recovers" in told, told
+    assert "retry by themselves" not in told and "nothing needs replaying" not in told
 
 
 @pytest.mark.parametrize("status, outcome", [(400, "dead_letters"), (429, "idle")])
