@@ -10,10 +10,12 @@ from psycopg.rows import dict_row
 from outbox_pipelines.core.inbox.schema import inbox_tables
 from outbox_pipelines.core.settings.inboxes import InboxSettings
 from outbox_pipelines.core.storage.queries import table_query
+from outbox_pipelines.core.storage.shared_tables import SharedTables
 
 # The most entries the cleaner gate counts in one inbox (it says "1000+" past it): a count, never a scan.
 DUE_COUNT_CAP = 1000
 NOT_CREATED = "not created yet: run 'outbox-pipelines db upgrade'"
+NOT_AN_INBOX = "a table that is not an inbox has this name: give its [inboxes.NAME] section another name"
 
 
 def clean_inbox(
@@ -39,11 +41,14 @@ def clean_inbox(
             return total
 
 
-def existing(conn: psycopg.Connection, inboxes: Iterable[InboxSettings]) -> tuple[list[InboxSettings], list[str]]:
-    """Those of ``inboxes`` the database has, and the names of those it has not (declared, never created)."""
+def existing(conn: psycopg.Connection, inboxes: Iterable[InboxSettings]) -> tuple[list[InboxSettings], dict[str, str]]:
+    """Those of ``inboxes`` the database has, and why each other one is not cleaned: never created, or its name is
+    another kind of table's (which ``db upgrade`` refuses to make an inbox of)."""
     found = set(inbox_tables(conn))
     chosen = list(inboxes)
-    return [i for i in chosen if i.name in found], [i.name for i in chosen if i.name not in found]
+    shared = SharedTables(conn)
+    why = {i.name: NOT_AN_INBOX if shared.find_relation(i.name) else NOT_CREATED for i in chosen if i.name not in found}
+    return [i for i in chosen if i.name in found], why
 
 
 def inboxes_due(

@@ -303,7 +303,7 @@ def clean_tables(
     if to_empty:
         with connect(url) as conn:
             found, missing = inbox_cleaner.existing(conn, to_empty)
-            report.inboxes_skipped |= dict.fromkeys(missing, inbox_cleaner.NOT_CREATED)
+            report.inboxes_skipped |= missing
             for inbox in found:
                 report.inboxes[inbox.name] = inbox_cleaner.clean_inbox(conn, inbox, now=now, progress=progress)
     return report

@@ -86,6 +86,20 @@ def test_outbox_pipelines_clean_cleans_every_declared_inbox(cli_env, tmp_path, c
     assert _left(conn) == ["new-1", "new-2"]
 
 
+def test_clean_tells_an_inbox_declared_with_a_business_table_s_name_to_rename_it(cli_env, tmp_path, conn):
+    """[inboxes.customers] where customers is the team's own table: not "run db upgrade" (which refuses it)."""
+    conn.execute("CREATE TABLE customers (id int PRIMARY KEY)")
+    (tmp_path / "outbox.toml").write_text(
+        '[tables.outbox_events]\ndestination = "paper"\n\n[inboxes.customers]\n\n[inboxes.later_inbox]\n'
+    )
+    done = run_cli({**cli_env, "OUTBOX_CONFIG": str(tmp_path / "outbox.toml")}, "clean")
+    assert done.returncode == 0, done.stderr
+    assert "customers: a table that is not an inbox has this name: give its [inboxes.NAME] section another" in (
+        done.stdout
+    )
+    assert "later_inbox: not created yet: run 'outbox-pipelines db upgrade'" in done.stdout
+
+
 def test_dagsters_clean_job_cleans_every_declared_inbox_and_reports_it(db_url, tmp_path, conn, entries):
     import dagster as dg
 
