@@ -194,17 +194,27 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 class Scrubber:
     """Takes one destination's credentials out of text: its token, its Basic user and password (raw,
-    encoded, base64), its URL's path and query; and masks any credential-looking value besides.
+    encoded, base64), its webhook signing secret(s), its URL's path and query; and masks any credential-looking
+    value besides.
 
     Applied to every text built from the destination's answer (error snippets, exception messages,
     references) before it is stored, logged or shown, so a destination that echoes request headers or
     its own URL cannot plant the credential in ``last_error``, the audit, the ledger, alerts or metadata.
     """
 
-    def __init__(self, url: str, *, token: str | None = None, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        credentials: tuple[str, str] | None = None,
+        signing_secret: str | None = None,
+    ) -> None:
         secrets: set[str] = set()
         if token:
             secrets.add(token)
+        for key in (signing_secret or "").split():  # each of a rotation's secrets, and its base64 without the prefix
+            secrets.update((key, key.partition("_")[2]))
         if credentials is not None:
             user, password = credentials
             secrets.update((password, f"{user}:{password}"))

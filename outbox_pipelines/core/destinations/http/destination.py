@@ -137,7 +137,7 @@ class HttpDestination(Destination):
         # The name shows in logs, Dagster run logs and alerts: the origin only, never a credential or a path.
         origin = url_origin(url)
         self.name = redact_text(name.replace(raw_url, origin).replace(shown, origin)) if name else origin
-        self.scrub = Scrubber(url, token=token, credentials=credentials)
+        self.scrub = Scrubber(url, token=token, credentials=credentials, signing_secret=signing_secret)
         try:  # Standard Webhooks signatures (signing_secret_env); the secret itself is never kept or shown
             self.signer = WebhookSigner(signing_secret) if signing_secret else None
         except ValueError as exc:

@@ -241,3 +241,62 @@ def test_the_secret_is_in_no_repr_and_no_status(db_url, cli_env, tmp_path, recei
     assert status.returncode == 0, status.stderr
     assert receiver.secret not in status.stdout + status.stderr
     json.loads(status.stdout)
+
+
+def _echoes_the_secret(secret: str) -> Iterator[str]:
+    """Receivers that send the table's signing secret back: in a 400's body, and in an answer that is not HTTP."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(status=400, text=f"bad signature; expected with {secret} (key {secret[6:]})")
+
+    app = web.Application()
+    app.router.add_post("/hooks", handle)
+    server = BackgroundServer(app)
+    yield server.start() + "hooks"
+    server.stop()
+
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_garbage() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            with client:
+                client.recv(65536)
+                client.sendall(f"NOT-HTTP {secret}\r\n\r\n".encode())
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{port}/hooks"
+    finally:
+        listener.close()
+
+
+def test_a_receiver_echoing_the_signing_secret_plants_it_nowhere(db_url, cli_env, tmp_path):
+    """What a destination answers is stored and shown (last_error, the audit, replay, status): the table's signing
+    secret, echoed back whole or as its base64 key, is taken out first, like its token and password."""
+    secret = new_secret()
+    env = {**cli_env, "BILLING_HOOK_SECRET": secret}
+    said: list[str] = []
+    receivers = _echoes_the_secret(secret)
+    for url in receivers:
+        root = project(tmp_path, url)  # the same project, its table now sent to this receiver
+        if not said:
+            assert run_cli(env, "db", "create-table", TABLE, cwd=root).returncode == 0
+        enqueue_invoices(db_url, 1)
+        said.append(relay_once(env, root))
+        for command in (("replay", "--table", TABLE, "--all", "--dry-run", "--json", "--force"), ("status",)):
+            shown = run_cli(env, *command, cwd=root)
+            said.append(shown.stdout + shown.stderr)
+    with psycopg.connect(db_url) as conn:
+        stored = conn.execute(f"SELECT last_error_code, last_error FROM {TABLE} ORDER BY id").fetchall()
+        audit = [r[0] for r in conn.execute("SELECT coalesce(detail::text, '') FROM outbox_audit")]
+    assert [code for code, _ in stored] == ["BAD_REQUEST", "UNKNOWN"], stored
+    assert "bad signature" in stored[0][1], stored  # the answer is kept, less the secret
+    for text in [*said, *(error for _, error in stored), *audit]:
+        assert secret not in text and secret[6:] not in text, text
