@@ -1,6 +1,6 @@
 """A webhook receiver that makes each delivery's effect happen once: the signature verified, then the inbox record
-and the effect committed in one transaction, and 200 answered only after it (any failure: 5xx, and the relay sends
-the message again). Standard library and psycopg only. docs/how-to/consumers.md.
+and the effect committed in one transaction, and 200 answered only after it (any failure: 500, and the relay sends
+the message again; an id the inbox refuses: 400). Standard library and psycopg only. docs/how-to/consumers.md.
 
 Run: DATABASE_URL=postgresql://... WEBHOOK_SECRET=whsec_... PORT=8080 python webhook_receiver.py
 """
@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
 
-from outbox_pipelines import Inbox, WebhookVerificationError, WebhookVerifier
+from outbox_pipelines import Inbox, InvalidMessage, WebhookVerificationError, WebhookVerifier
 
 INBOX = Inbox("shipping_inbox")  # declared in outbox.toml as [inboxes.shipping_inbox], created by `db upgrade`
 CONSUMER = "shipping"
@@ -27,6 +27,8 @@ CONNECTIONS: "queue.Queue[psycopg.Connection]" = queue.Queue()
 def connection() -> Iterator[psycopg.Connection]:
     conn = CONNECTIONS.get()
     try:
+        if conn.broken or conn.closed:  # the database restarted: a new connection in its place
+            conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
         yield conn
     finally:
         CONNECTIONS.put(conn)
@@ -48,12 +50,18 @@ class Receiver(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
-            VERIFIER.verify(self.headers.items(), body)  # the raw bytes, before any parsing
+            # The raw bytes, before any parsing; what it returns is the message's id, its event_id (the webhook-id
+            # header decoded), the id a broker consumer reads too.
+            event_id = VERIFIER.verify(self.headers.items(), body)
         except WebhookVerificationError as exc:
             return self.answer(400, str(exc))
-        event_id = self.headers["webhook-id"]  # the relay's message id (also sent as Idempotency-Key)
-        with connection() as conn:
-            new = handle(conn, event_id, body)  # committed when it returns; an exception: no answer, sent again
+        try:
+            with connection() as conn:
+                new = handle(conn, event_id, body)  # committed when it returns
+        except InvalidMessage as exc:  # an id the inbox refuses: sending it again would change nothing
+            return self.answer(400, str(exc))
+        except Exception:  # the database, or a bug: nothing was committed, so the relay sends it again
+            return self.answer(500, "not handled: send it again")
         print(f"{'new' if new else 'duplicate'} {event_id}\n", end="", flush=True)  # one write: threads share stdout
         self.answer(200, "handled" if new else "already handled")
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 from outbox_pipelines.core.errors import OutboxError
 from outbox_pipelines.core.settings.signing_secret import PREFIX, signing_keys, v1_signature
@@ -77,10 +78,14 @@ class WebhookVerifier:
     def __repr__(self) -> str:
         return f"WebhookVerifier(<{len(self._keys)} key(s)>, tolerance={self.tolerance})"
 
-    def verify(self, headers: Any, body: bytes, *, now: datetime | None = None) -> None:
-        """Return if the delivery is genuine and fresh, else raise the ``WebhookVerificationError`` saying why.
-        ``headers``: the request's (any mapping or ``(name, value)`` pairs; names in any case); ``body``: its raw
-        bytes, before any JSON parsing; ``now``: the receiver's clock (timezone-aware; default the system's)."""
+    def verify(self, headers: Any, body: bytes, *, now: datetime | None = None) -> str:
+        """The message's id if the delivery is genuine and fresh, else raise the ``WebhookVerificationError`` saying
+        why. ``headers``: the request's (any mapping or ``(name, value)`` pairs; names in any case); ``body``: its
+        raw bytes, before any JSON parsing; ``now``: the receiver's clock (timezone-aware; default the system's).
+
+        The id is the message's ``event_id`` as the relay wrote it into ``webhook-id`` and decoded back (a header
+        carries it percent-encoded outside printable ASCII and "."): what ``Inbox.receive`` records, at most 255
+        characters, the same id a broker consumer reads for the message."""
         if now is not None and now.tzinfo is None:
             raise ValueError("now must be timezone-aware (datetime.now(timezone.utc))")
         if not isinstance(body, bytes | bytearray | memoryview):
@@ -104,6 +109,7 @@ class WebhookVerifier:
                 "timestamp changed after signing (verify the raw body bytes, before any parsing)"
             )
         self._check_time(sent_at, now)
+        return message_id_of(found[ID])
 
     def _matches(self, ids: Iterable[bytes], timestamp: bytes, body: bytes, signatures: list[bytes]) -> bool:
         for sent_id in ids:
@@ -137,10 +143,20 @@ def verify_webhook(
     *,
     tolerance: timedelta = TOLERANCE,
     now: datetime | None = None,
-) -> None:
-    """Verify one delivery: ``WebhookVerifier(secret, tolerance=tolerance).verify(headers, body, now=now)``.
-    A receiver that verifies many builds the ``WebhookVerifier`` once."""
-    WebhookVerifier(secret, tolerance=tolerance).verify(headers, body, now=now)
+) -> str:
+    """Verify one delivery: ``WebhookVerifier(secret, tolerance=tolerance).verify(headers, body, now=now)``, and
+    its message id. A receiver that verifies many builds the ``WebhookVerifier`` once."""
+    return WebhookVerifier(secret, tolerance=tolerance).verify(headers, body, now=now)
+
+
+def message_id_of(sent_id: str) -> str:
+    """The event_id a ``webhook-id`` (or ``Idempotency-Key``) header carries: percent-decoded as the relay encoded
+    it (core/destinations/signing.py, ``header_id``). An id that does not decode as UTF-8 (another sender's) is
+    returned as it came."""
+    try:
+        return unquote(sent_id, errors="strict")
+    except UnicodeDecodeError:
+        return sent_id
 
 
 def _three_headers(headers: Any) -> dict[str, str]:

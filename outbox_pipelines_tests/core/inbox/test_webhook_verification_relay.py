@@ -7,6 +7,8 @@ import base64
 import http.server
 import json
 import os
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -27,7 +29,8 @@ from outbox_pipelines import (
     WebhookVerificationError,
     WebhookVerifier,
 )
-from outbox_pipelines_tests.conftest import run_cli
+from outbox_pipelines_tests.conftest import REPO, run_cli
+from outbox_pipelines_tests.processes import free_port, port_open, wait_until
 
 TABLE = "billing_outbox"
 SECRET_ENV = "BILLING_HOOK_SECRET"
@@ -200,3 +203,45 @@ def test_a_tampered_body_and_a_late_replay_are_each_refused_with_their_own_error
         "verified",
     ]
     assert statuses(db_url) == {captured["webhook-id"]: ("sent", None)}
+
+
+def test_the_shipped_receiver_records_each_event_id_once_however_long_its_header_form(
+    db_url, conn, cli_env, tmp_path, secret
+):
+    """examples/consumers/webhook_receiver.py, as a process, fed by the relay: event ids of 255 characters full of
+    dots or of non-ASCII letters travel percent-encoded in webhook-id (over 255 characters there); ``verify``
+    gives the event_id back, which the inbox records once, and every message is answered 200 and sent."""
+    port = free_port()
+    (tmp_path / "outbox.toml").write_text(
+        f'[tables.{TABLE}]\ndestination = "http"\nurl = "http://127.0.0.1:{port}/hooks"\n'
+        f'signing_secret_env = "{SECRET_ENV}"\nmax_attempts = 3\n\n[inboxes.shipping_inbox]\n'
+    )
+    env = {**cli_env, SECRET_ENV: secret}
+    upgraded = run_cli(env, "db", "upgrade", cwd=tmp_path)
+    assert upgraded.returncode == 0, upgraded.stderr
+    conn.execute("CREATE TABLE shipments (id bigserial PRIMARY KEY, event_id text NOT NULL, payload jsonb)")
+    event_ids = ["order." * 40 + "x" * 15, "注文" * 127 + "x", "заказ.№" * 36 + "xxx", "plain-1"]
+    assert [len(e) for e in event_ids] == [255, 255, 255, 7]
+    outbox = Outbox(TABLE)
+    with psycopg.connect(db_url) as writer:
+        for event_id in event_ids:
+            outbox.enqueue(writer, Message(topic="order.created", payload={"id": event_id}, event_id=event_id))
+    receiver = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "consumers" / "webhook_receiver.py")],
+        env={**os.environ, "DATABASE_URL": db_url, "WEBHOOK_SECRET": secret, "PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: port_open(port), 30, "the receiver listening")
+        done = run_cli(env, "relay", "--table", TABLE, "--once", "--quiet", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert {e: s for e, (s, _) in statuses(db_url).items()} == dict.fromkeys(event_ids, "sent")
+    finally:
+        receiver.terminate()
+        out, err = receiver.communicate(timeout=10)
+    assert "Traceback" not in err, err
+    recorded = [r["message_id"] for r in conn.execute("SELECT message_id FROM shipping_inbox ORDER BY message_id")]
+    assert recorded == sorted(event_ids)
+    assert sorted(r["event_id"] for r in conn.execute("SELECT event_id FROM shipments")) == sorted(event_ids)
