@@ -200,3 +200,28 @@ def test_the_demo_runs_beside_the_teams_own_tables(tmp_path, project, db_url):
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert re.search(r"^outbox_orders\s+0\s+0\s+0\s+12\s+1", demo.stdout, re.M), demo.stdout
     assert "billing_outbox" not in demo.stdout  # the demo's tables, not the team's
+
+
+@pytest.mark.timeout(600)
+def test_a_run_started_from_a_workspace_s_directory_relays_the_project_s_tables(tmp_path, project, db_url):
+    """A Dagster workspace loads the project with its own working_directory, and its run workers start in the
+    workspace's directory: the tables are still the project's (its pyproject.toml name), not that directory's."""
+    shutil.copytree(EXAMPLE / "billing_service" / "defs" / "outbox", project / "billing_service" / "defs" / "outbox")
+    sink = HttpSink().start()
+    try:
+        env = adopter_env(tmp_path, db_url, f"{sink.url}invoices")
+        run("outbox-pipelines db upgrade", project, env)
+        run(
+            "outbox-pipelines enqueue --table billing_outbox --topic invoice.issued --payload {} --event-id w-1",
+            project,
+            env,
+        )
+        workspace = tmp_path / "platform"
+        workspace.mkdir()
+        (workspace / "run.yaml").write_text(
+            "ops:\n  relay_table:\n    config:\n      table: billing_outbox\n      once: true\n"
+        )
+        run(f"dagster job execute -m billing_service.definitions -d {project} -j relay_job -c run.yaml", workspace, env)
+        assert sink.counts == {"w-1": 1}, sink.counts
+    finally:
+        sink.stop()

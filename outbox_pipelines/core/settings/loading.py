@@ -100,6 +100,10 @@ def load_settings(
     The tables are ``declaration``'s (an ``OutboxComponent``'s), else the file's at ``path``, else
     OUTBOX_CONFIG's or the project's ``outbox.toml``; with the tables of the parts it declares."""
     global_settings = GlobalSettings.from_env(env)
+    # A declaration handed in is a Dagster code location's (its OutboxComponent's defs.yaml): its project is the one
+    # holding that file, wherever the process runs (a workspace's run worker starts in the workspace's directory).
+    # One found here is the working directory's project's.
+    project_start = declaration.source.parent if declaration is not None and declaration.source else None
     if declaration is None:
         declaration = load_config_file(path) if path is not None else find_declaration(env)
     source = declaration.source
@@ -134,7 +138,7 @@ def load_settings(
         broken,
         broken_groups,
         parts=declaration.parts,
-        project=project_name(),
+        project=project_name(project_start),
         inboxes=inboxes,
         without_secrets=without_secrets,
     )
