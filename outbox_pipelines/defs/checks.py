@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from outbox_pipelines.core.models import CheckSeverity
 from outbox_pipelines.core.oncall.database_health import vacuum_verdicts
@@ -108,10 +109,13 @@ def assets_and_checks(
     return [table_asset(t) for t in table_names], [table_checks(t) for t in table_names]
 
 
-CHECKS_JOB = dg.define_asset_job(
-    name="outbox_checks_job",
-    selection=dg.AssetSelection.all_asset_checks(),
-    description="Run every outbox table's health checks.",
-    executor_def=dg.in_process_executor,
-    tags=MAINTENANCE_TAGS,
-)
+def checks_job(asset_keys: list[dg.AssetKey]) -> UnresolvedAssetJobDefinition:
+    """``outbox_checks_job``: the checks of the outbox's assets only (``asset_keys``), never those of the team's own
+    assets that share the code location."""
+    return dg.define_asset_job(
+        name="outbox_checks_job",
+        selection=dg.AssetSelection.checks_for_assets(*asset_keys),
+        description="Run every outbox table's health checks.",
+        executor_def=dg.in_process_executor,
+        tags=MAINTENANCE_TAGS,
+    )

@@ -16,7 +16,7 @@ from outbox_pipelines.core.settings import Settings, load_settings_or_problem
 from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.defs.alerts import run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
-from outbox_pipelines.defs.checks import CHECKS_JOB, assets_and_checks
+from outbox_pipelines.defs.checks import assets_and_checks, checks_job
 from outbox_pipelines.defs.database_checks import database_checks
 from outbox_pipelines.defs.maintenance import maintenance_jobs
 from outbox_pipelines.defs.oncall_sensor import oncall_sensor
@@ -100,7 +100,7 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
     return dg.Definitions(
         assets=assets,
         asset_checks=checks + database_checks(tables),
-        jobs=[*jobs, CHECKS_JOB],
+        jobs=[*jobs, checks_job([asset.key for asset in assets])],
         schedules=relay_schedules(groups, by_name) + maintenance_schedules(by_name),
         sensors=[
             backlog_sensor(group, names, by_name[relay_group_job_name(group)])

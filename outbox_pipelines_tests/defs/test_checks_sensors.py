@@ -36,6 +36,32 @@ def test_checks_pass_on_a_healthy_table(db_url, conn, instance, resources):
     assert checks["lag"][2]["lag_p95_s"] == pytest.approx(2.0)
 
 
+def test_the_checks_job_runs_the_outbox_s_checks_and_not_the_team_s_own(db_url, conn, instance, resources):
+    """The outbox's definitions merged into a team's code location: outbox_checks_job runs the outbox tables' and
+    the schema's checks, never the team's own asset checks (one that fails here would fail the job)."""
+    from outbox_pipelines.definitions import build_definitions
+
+    @dg.asset
+    def sales_summary() -> int:
+        return 1
+
+    @dg.asset_check(asset=sales_summary)
+    def summary_positive() -> dg.AssetCheckResult:
+        raise FileNotFoundError("the team's own data")
+
+    team = dg.Definitions(assets=[sales_summary], asset_checks=[summary_positive])
+    merged = dg.Definitions.merge(team, build_definitions(resources))
+    result = merged.resolve_job_def("outbox_checks_job").execute_in_process(instance=instance, raise_on_error=False)
+    assert result.success
+    checked = {
+        (event.event_specific_data.asset_key.to_user_string(), event.event_specific_data.check_name)
+        for event in result.all_events
+        if event.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    assert ("outbox/outbox_orders", "dead_letters") in checked and ("outbox_schema", "schema_drift") in checked
+    assert not [key for key, _ in checked if not key.startswith("outbox")], checked
+
+
 def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 60)
     make_dead(conn, "outbox_orders", ids[:2], code="BAD_REQUEST")
