@@ -11,7 +11,12 @@ from typing import Any
 
 import dagster as dg
 
-from outbox_pipelines.core.settings.declarations import component_files, load_components, read_component_yaml
+from outbox_pipelines.core.settings.declarations import (
+    component_files,
+    load_components,
+    read_component_yaml,
+    refuse_two_declarations,
+)
 from outbox_pipelines.core.storage.project_dir import project_root
 from outbox_pipelines.defs.factory import outbox_definitions
 
@@ -53,7 +58,9 @@ class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
         source = Path(context.path) / "defs.yaml"
         if source.is_file():
             read_component_yaml(source)  # a table given twice: refused, as outbox.toml refuses it
-        siblings = sorted(path.resolve() for path in component_files(project_root(source.parent)))
+        root = project_root(source.parent)
+        siblings = sorted(path.resolve() for path in component_files(root))
+        refuse_two_declarations(root, siblings)  # tables in outbox.toml too: dg check defs says so
         if len(siblings) > 1 and source.resolve() in siblings:
             # Several teams' components in one project: the relay groups, jobs, sensors and the database
             # resource are the project's, once. The first component (by path) builds them for every component's
@@ -61,4 +68,6 @@ class OutboxComponent(dg.Component, dg.Resolvable, dg.Model):
             if source.resolve() != siblings[0]:
                 return dg.Definitions()
             return outbox_definitions(declaration=load_components(siblings, os.environ))
+        if source.is_file():  # read as the CLI reads it (declarations.load_components): the same sections
+            return outbox_definitions(declaration=load_components([source.resolve()], os.environ))
         return outbox_definitions(self.tables, parts=self.parts, shipped_tables=self.shipped_tables, source=source)

@@ -97,9 +97,32 @@ def find_declaration(env: Mapping[str, str] | None = None, start: Path | None = 
     from outbox_pipelines.core.storage.db import project_root
 
     root = project_root(start)
-    if (root / "outbox.toml").is_file():
-        return load_config_file(root / "outbox.toml")
-    return load_components(list(component_files(root)), env)
+    components = list(component_files(root))
+    toml = root / "outbox.toml"
+    if toml.is_file():
+        declared = load_config_file(toml)
+        if declared.tables or declared.parts or not components:
+            refuse_two_declarations(root, components)
+            return declared
+    return load_components(components, env)
+
+
+def refuse_two_declarations(root: Path, components: list[Path] | None = None) -> None:
+    """ConfigError when the project at ``root`` declares tables (or parts) in its outbox.toml and has an
+    OutboxComponent too: the CLI and Dagster would each read one of them and relay different tables. The
+    outbox.toml of settings only (``embedded = true``) goes with components."""
+    components = list(component_files(root)) if components is None else components
+    toml = root / "outbox.toml"
+    if not components or not toml.is_file():
+        return
+    declared = load_config_file(toml)
+    if declared.tables or declared.parts:
+        raise ConfigError(
+            f"{toml} declares {'tables' if declared.tables else 'parts'} and {components[0]} declares an "
+            "OutboxComponent: the command line and Dagster would each read one. Declare the project's tables in "
+            "one place: move outbox.toml's [tables.NAME] sections (and parts) into the component's defs.yaml, "
+            "or remove the component"
+        )
 
 
 def load_components(paths: list[Path], env: Mapping[str, str]) -> Declaration:
@@ -184,10 +207,26 @@ def load_component_file(path: Path, env: Mapping[str, str]) -> Declaration:
     ours = [d for d in documents if d.get("type") == COMPONENT_TYPE]
     if not ours:
         raise ConfigError(f"{path}: no document of type {COMPONENT_TYPE}")
-    attributes = _resolve_env(ours[0].get("attributes") or {}, env)
+    attributes = _resolve_env(_url_templates_as_url_env(ours[0].get("attributes") or {}), env)
     if not isinstance(attributes, Mapping):
         raise ConfigError(f"{path}: attributes must be a mapping (tables: ...)")
     return Declaration.from_mapping(attributes, path)
+
+
+def _url_templates_as_url_env(attributes: Any) -> Any:
+    """A table's ``url: "{{ env.NAME }}"`` read as ``url_env: NAME``: the URL comes from the deployment's
+    environment, so a credential in it is no credential written in the file, and an unset NAME is told by name."""
+    tables = attributes.get("tables") if isinstance(attributes, Mapping) else None
+    if not isinstance(tables, Mapping):
+        return attributes
+    converted = {}
+    for name, section in tables.items():
+        url = section.get("url") if isinstance(section, Mapping) else None
+        whole = _ENV_TEMPLATE.fullmatch(url.strip()) if isinstance(url, str) else None
+        if whole and isinstance(section, Mapping) and "url_env" not in section:
+            section = {**{k: v for k, v in section.items() if k != "url"}, "url_env": whole.group(1)}
+        converted[name] = section
+    return {**attributes, "tables": converted}
 
 
 def _resolve_env(value: Any, env: Mapping[str, str]) -> Any:

@@ -51,13 +51,38 @@ def test_a_component_value_from_an_unset_variable_leaves_that_table_out_saying_w
     dg_project(tmp_path, "outbox")
     settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
     assert settings.tables == {}
-    assert "[tables.svc_outbox]" in settings.broken["svc_outbox"] and "has no url" in settings.broken["svc_outbox"]
+    told = settings.broken["svc_outbox"]
+    assert "[tables.svc_outbox]" in told and "SVC_HOOK is not set" in told, told  # the variable, by name
 
 
-def test_outbox_toml_at_the_root_comes_first_with_only_its_tables_and_the_parts_it_names(tmp_path):
+def test_a_url_from_the_environment_may_hold_a_credential_a_url_written_in_the_file_may_not(tmp_path):
+    """``url: "{{ env.NAME }}"`` is the URL from the deployment's environment (read as url_env = NAME): its
+    user:password@ is taken; the same URL written in defs.yaml is refused, masked."""
+    dg_project(tmp_path, "outbox")
+    environ = {"SVC_HOOK": "https://svc:PwFromEnv1@hooks.example.com/svc?token=TokFromEnv2"}
+    settings = load_settings(env=environ, declaration=find_declaration(environ, start=tmp_path))
+    assert settings.broken == {} and settings.tables["svc_outbox"].url == environ["SVC_HOOK"]
+    written = tmp_path / "svc" / "defs" / "outbox" / "defs.yaml"
+    written.write_text(COMPONENT.replace('"{{ env.SVC_HOOK }}"', f'"{environ["SVC_HOOK"]}"'))
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
+    told = settings.broken["svc_outbox"]
+    assert "holds a credential" in told and "PwFromEnv1" not in told and "TokFromEnv2" not in told
+
+
+def test_tables_in_outbox_toml_and_in_a_component_are_refused_naming_both(tmp_path):
+    """The command line and Dagster would each read one of them: one place, said by both."""
     dg_project(tmp_path, "outbox")
     (tmp_path / "outbox.toml").write_text('[tables.ledger_outbox]\ndestination = "paper"\n')
-    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path / "svc"))
+    with pytest.raises(ConfigError, match=r"outbox.toml declares tables and .*defs.yaml declares an OutboxCompo"):
+        find_declaration({}, start=tmp_path / "svc")
+    (tmp_path / "outbox.toml").write_text("embedded = true\n")  # settings only: the component's tables are read
+    declaration = find_declaration({"SVC_HOOK": "https://h.example.com/x"}, start=tmp_path)
+    assert sorted(declaration.tables) == ["svc_outbox"]
+
+
+def test_outbox_toml_at_the_root_declares_only_its_tables_and_the_parts_it_names(tmp_path):
+    (tmp_path / "outbox.toml").write_text('[tables.ledger_outbox]\ndestination = "paper"\n')
+    settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
     assert sorted(settings.tables) == ["ledger_outbox"] and settings.parts == ()
     (tmp_path / "outbox.toml").write_text('parts = ["orders"]\n[tables.ledger_outbox]\ndestination = "paper"\n')
     settings = load_settings(env={}, declaration=find_declaration({}, start=tmp_path))
