@@ -109,11 +109,14 @@ def assets_and_checks(
     return [table_asset(t) for t in table_names], [table_checks(t) for t in table_names]
 
 
+CHECKS_JOB_NAME = "outbox_checks_job"
+
+
 def checks_job(asset_keys: list[dg.AssetKey]) -> UnresolvedAssetJobDefinition:
     """``outbox_checks_job``: the checks of the outbox's assets only (``asset_keys``), never those of the team's own
     assets that share the code location."""
     return dg.define_asset_job(
-        name="outbox_checks_job",
+        name=CHECKS_JOB_NAME,
         selection=dg.AssetSelection.checks_for_assets(*asset_keys),
         description="Run every outbox table's health checks.",
         executor_def=dg.in_process_executor,

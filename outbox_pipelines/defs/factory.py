@@ -16,9 +16,9 @@ from outbox_pipelines.core.settings import Settings, load_settings_or_problem
 from outbox_pipelines.core.settings.declarations import Declaration
 from outbox_pipelines.defs.alerts import run_failure_alert
 from outbox_pipelines.defs.backfill import backfill_jobs
-from outbox_pipelines.defs.checks import assets_and_checks, checks_job
+from outbox_pipelines.defs.checks import CHECKS_JOB_NAME, assets_and_checks, checks_job
 from outbox_pipelines.defs.database_checks import database_checks
-from outbox_pipelines.defs.maintenance import maintenance_jobs
+from outbox_pipelines.defs.maintenance import maintenance_jobs, prune_run_history_job
 from outbox_pipelines.defs.oncall_sensor import oncall_sensor
 from outbox_pipelines.defs.relay_group import relay_group_job_name, relay_jobs
 from outbox_pipelines.defs.replay import replay_jobs
@@ -92,6 +92,7 @@ def build_from_settings(settings: Settings, resources: Mapping[str, Any]) -> dg.
     launchable = sorted(settings.tables)  # what a launch (relay, clean, replay, ...) can name: a Dagster Enum of them
     jobs = relay_jobs(groups, launchable) + maintenance_jobs(launchable) + replay_jobs(launchable)
     jobs += skip_jobs(launchable) + backfill_jobs(launchable)
+    jobs.append(prune_run_history_job([job.name for job in jobs] + [CHECKS_JOB_NAME]))
     by_name = {job.name: job for job in jobs}
     assets, checks = assets_and_checks(tables)
     if tables:  # the database schema's version and drift, once the project declares an outbox table

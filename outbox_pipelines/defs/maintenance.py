@@ -157,31 +157,58 @@ def run_clean(context: dg.OpExecutionContext, config: CleanConfig, outbox_db: Ou
 class PruneConfig(dg.Config):
     keep_days: float = 14.0
     batch: int = 500
+    # Also the runs of jobs that are not the outbox's: for an instance that only the outbox uses. By default a
+    # team's own jobs sharing the instance keep their history.
+    every_job: bool = False
 
 
-@dg.op(out=dg.Out(dg.Nothing))
-def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) -> Iterator[dg.Output[None]]:
-    """Delete finished Dagster runs older than keep_days (open-source Dagster keeps runs forever)."""
+def prune_runs(context: dg.OpExecutionContext, config: PruneConfig, job_names: Sequence[str] | None) -> int:
+    """Delete finished runs of ``job_names`` (None: of every job) created before keep_days ago; how many."""
     cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
     finished = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
     deleted = 0
-    while True:
-        records = context.instance.get_run_records(
-            filters=dg.RunsFilter(created_before=cutoff, statuses=finished), limit=config.batch
-        )
-        records = [r for r in records if r.dagster_run.run_id != context.run_id]
-        if not records:
-            break
-        for record in records:
-            context.instance.delete_run(record.dagster_run.run_id)
-            deleted += 1
-        context.log.info(f"deleted {deleted} runs created before {cutoff.isoformat()}")
-    yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
+    for job_name in job_names if job_names is not None else [None]:
+        while True:
+            records = context.instance.get_run_records(
+                filters=dg.RunsFilter(job_name=job_name, created_before=cutoff, statuses=finished), limit=config.batch
+            )
+            records = [r for r in records if r.dagster_run.run_id != context.run_id]
+            if not records:
+                break
+            for record in records:
+                context.instance.delete_run(record.dagster_run.run_id)
+                deleted += 1
+            context.log.info(f"deleted {deleted} runs created before {cutoff.isoformat()}")
+    return deleted
+
+
+def prune_run_history_job(job_names: Sequence[str]) -> dg.JobDefinition:
+    """prune_run_history_job: the finished runs of the outbox's own jobs (``job_names``, this code location's)
+    older than keep_days; open-source Dagster keeps runs forever."""
+    names = sorted({*job_names, "prune_run_history_job"})
+
+    @dg.op(out=dg.Out(dg.Nothing))
+    def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) -> Iterator[dg.Output[None]]:
+        """Delete the outbox jobs' finished runs older than keep_days (every job's with every_job)."""
+        deleted = prune_runs(context, config, None if config.every_job else names)
+        cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
+        yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
+
+    @dg.job(
+        name="prune_run_history_job",
+        description="Prune the outbox jobs' run history older than keep_days (every job's with every_job).",
+        executor_def=dg.in_process_executor,
+        tags=MAINTENANCE_TAGS,
+    )
+    def prune_job() -> None:
+        prune_run_history_op()
+
+    return prune_job
 
 
 def maintenance_jobs(tables: Sequence[str] = ()) -> list[dg.JobDefinition]:
-    """requeue_stuck_job, clean_job (their ``tables`` among ``tables``, the code location's) and
-    prune_run_history_job."""
+    """requeue_stuck_job and clean_job (their ``tables`` among ``tables``, the code location's); the factory adds
+    ``prune_run_history_job`` once it knows every outbox job's name."""
 
     @dg.op(
         description="Return sending rows whose lease expired (or stuck past the threshold) to pending.",
@@ -218,12 +245,4 @@ def maintenance_jobs(tables: Sequence[str] = ()) -> list[dg.JobDefinition]:
     def clean_job() -> None:
         clean_op()
 
-    @dg.job(
-        description="Prune Dagster's own run history older than keep_days.",
-        executor_def=dg.in_process_executor,
-        tags=MAINTENANCE_TAGS,
-    )
-    def prune_run_history_job() -> None:
-        prune_run_history_op()
-
-    return [requeue_stuck_job, clean_job, prune_run_history_job]
+    return [requeue_stuck_job, clean_job]

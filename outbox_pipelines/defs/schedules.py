@@ -161,6 +161,6 @@ def maintenance_schedules(jobs: dict[str, dg.JobDefinition]) -> list[dg.Schedule
             job=jobs["prune_run_history_job"],
             cron_schedule="17 3 * * *",
             default_status=RUNNING,
-            description="Deletes Dagster runs older than 14 days (relay runs add up).",
+            description="Deletes the outbox jobs' Dagster runs older than 14 days (relay runs add up).",
         ),
     ]

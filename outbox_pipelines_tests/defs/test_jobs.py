@@ -231,13 +231,28 @@ def test_backfill_job_redelivers_one_day_with_the_same_keys(db_url, conn, instan
     assert empty.success and op_metadata(empty, "backfill_op")["found"] == 0
 
 
-def test_prune_run_history_job_deletes_old_runs(db_url, instance, resources):
+def test_prune_run_history_job_deletes_old_runs_of_the_outbox_s_jobs_only(db_url, instance, resources):
+    """A team's own job shares the instance (and the code location): its runs keep their history, unless the
+    operator asks for every job's (every_job, for an instance only the outbox uses)."""
+
+    @dg.op
+    def team_op() -> None:
+        pass
+
+    @dg.job
+    def team_job() -> None:
+        team_op()
+
+    team_job.execute_in_process(instance=instance)
     run_job("clean_job", resources, instance)
-    assert len(instance.get_runs()) == 1
-    result = run_job(
-        "prune_run_history_job", resources, instance, {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}}
-    )
+    assert len(instance.get_runs()) == 2
+    prune = {"ops": {"prune_run_history_op": {"config": {"keep_days": -1}}}}
+    result = run_job("prune_run_history_job", resources, instance, prune)
     assert result.success and op_metadata(result, "prune_run_history_op")["deleted_runs"] == 1
+    assert sorted(r.job_name for r in instance.get_runs()) == ["prune_run_history_job", "team_job"]
+    prune["ops"]["prune_run_history_op"]["config"]["every_job"] = True
+    every = run_job("prune_run_history_job", resources, instance, prune)
+    assert every.success and op_metadata(every, "prune_run_history_op")["deleted_runs"] == 2
     assert [r.job_name for r in instance.get_runs()] == ["prune_run_history_job"]
 
 
