@@ -232,3 +232,22 @@ def test_the_order_api_refuses_a_database_that_lacks_a_migration_unless_asked_to
     assert "the database lacks 0001_core.sql" in refused.stderr and "orders/0001_orders.sql" in refused.stderr
     assert "run 'outbox-pipelines db upgrade' (or start it with --upgrade)" in refused.stderr
     assert _tables(empty_db) == set()
+
+
+def test_the_relay_check_of_a_table_another_project_owns_fails_saying_whose_it_is(empty_db, tmp_path, monkeypatch):
+    """A second code location declaring a table the first owns: none of its relay runs takes the table, and its
+    relay check says so (ERROR, the owner named) instead of "its relay group can relay it"."""
+    from outbox_pipelines.core.oncall.sweep import table_verdicts
+
+    billing = _project(tmp_path / "billing", "billing", BILLING)
+    assert run_cli(_env(empty_db), "db", "upgrade", cwd=billing).returncode == 0
+    intruder = _project(tmp_path / "intruder", "intruder", BILLING)
+    verdicts = {}
+    for root in (billing, intruder):
+        monkeypatch.chdir(root)  # each project's settings, read in its directory as its processes read them
+        settings = load_settings(env={}, path=root / "outbox.toml")
+        with psycopg.connect(empty_db) as conn:
+            verdicts[settings.project] = {v.name: v for v in table_verdicts(conn, settings, "billing_outbox")}["relay"]
+    assert verdicts["billing"].severity == "ok", verdicts["billing"]
+    assert verdicts["intruder"].severity == "error", verdicts["intruder"]
+    assert "belongs to the project 'billing'" in verdicts["intruder"].description

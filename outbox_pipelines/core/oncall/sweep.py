@@ -29,6 +29,7 @@ from outbox_pipelines.core.relay import liveness
 from outbox_pipelines.core.settings import CheckThresholds, Settings, TableSettings
 from outbox_pipelines.core.storage.db import connect
 from outbox_pipelines.core.storage.table import SharedTables
+from outbox_pipelines.core.storage.table_owners import owners
 
 log = logging.getLogger("outbox_pipelines.oncall")
 
@@ -214,6 +215,10 @@ def table_status_and_verdicts(
     """``table_verdicts`` with the one read of the table they grade (its paused topics included), for a page that
     shows both; the status is None for a table whose section cannot be used and that does not exist."""
     table, problem = settings.tables.get(name), settings.broken.get(name)
+    if problem is None and table is not None:  # another project's table: no relay of this one takes it
+        owner = owners(conn, [name]).get(name)
+        if owner is not None and owner.project != settings.project:
+            problem = owner.refusal(settings.project)
     status: TableStatus | None
     try:
         status = read_table_status(conn, table or TableSettings(name), now=now)
