@@ -62,6 +62,31 @@ def test_the_checks_job_runs_the_outbox_s_checks_and_not_the_team_s_own(db_url, 
     assert not [key for key, _ in checked if not key.startswith("outbox")], checked
 
 
+def test_a_declared_table_not_in_the_database_fails_its_relay_check_and_the_checks_run_completes(
+    db_url, instance, tmp_path
+):
+    """Declared where `db upgrade` did not create it (a Python-declared table, an upgrade not run yet): its relay
+    check fails saying what to run; the run's other checks are graded, and the run succeeds."""
+    from outbox_pipelines.core.settings import load_settings
+    from outbox_pipelines.defs.factory import build_from_settings
+
+    config = tmp_path / "outbox.toml"
+    config.write_text(DEMO_PARTS + '[tables.ghost_outbox]\ndestination = "paper"\n')
+    definitions = build_from_settings(load_settings(path=config), outbox_resources(url=db_url, config_path=str(config)))
+    job = definitions.resolve_job_def("outbox_checks_job")
+    result = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert result.success
+    relay = next(
+        event.event_specific_data
+        for event in result.all_events
+        if event.event_type_value == "ASSET_CHECK_EVALUATION"
+        and event.event_specific_data.asset_key == dg.AssetKey(["outbox", "ghost_outbox"])
+        and event.event_specific_data.check_name == "relay"
+    )
+    assert not relay.passed and relay.severity == dg.AssetCheckSeverity.ERROR
+    assert "ghost_outbox' does not exist: run 'outbox-pipelines db upgrade'" in relay.description
+
+
 def test_checks_warn_on_dead_letters_and_error_on_stuck_and_lag(db_url, conn, instance, resources):
     ids = enqueue_n(conn, "outbox_orders", 60)
     make_dead(conn, "outbox_orders", ids[:2], code="BAD_REQUEST")

@@ -205,7 +205,7 @@ def sweep(
 
 def table_verdicts(conn: Any, settings: Settings, name: str, *, now: datetime | None = None) -> list[CheckVerdict]:
     """A table's checks, graded by its settings; a table whose section cannot be used gets them too, with
-    default thresholds (its relay check says why). UnknownTable when a usable table does not exist."""
+    default thresholds (its relay check says why), and so does a declared table not in the database yet."""
     return table_status_and_verdicts(conn, settings, name, now=now)[1]
 
 
@@ -222,9 +222,12 @@ def table_status_and_verdicts(
     status: TableStatus | None
     try:
         status = read_table_status(conn, table or TableSettings(name), now=now)
-    except (UnknownTable, InvalidTableName):
-        if problem is None:
-            raise
+    except (UnknownTable, InvalidTableName) as exc:
+        # Declared but not in the database (db upgrade not run for it): the relay check fails saying so, the
+        # checks run still completes, on a connection whose failed read is rolled back.
+        if not getattr(conn, "autocommit", True):
+            conn.rollback()
+        problem = problem or str(exc)
         status = None
     verdicts = evaluate_checks(
         status or TableStatus(name),
