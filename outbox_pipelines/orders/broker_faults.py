@@ -2,6 +2,7 @@
 them without importing aiohttp (a relay process starts faster for it)."""
 
 import argparse
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -75,6 +76,10 @@ class Faults:
                     converted[name] = value
             except (TypeError, ValueError):
                 raise ValueError(f"fault field {name}: cannot use {value!r}") from None
+            numbers = converted[name].values() if isinstance(converted[name], dict) else [converted[name]]
+            if any(isinstance(n, int | float) and not 0 <= n < math.inf for n in numbers):
+                # As the command line's options: a count or a number of seconds, at least 0 (0 = never).
+                raise ValueError(f"fault field {name}: {value!r} is not a number at least 0")
         for name, value in converted.items():
             setattr(self, name, value)
 

@@ -431,6 +431,18 @@ def test_malformed_json_is_400_never_5xx(client, conn, content):
     assert_nothing_stored(conn)
 
 
+def test_a_key_given_twice_or_a_compressed_body_is_refused_and_nothing_stored(client, conn):
+    """Parsers disagree on a repeated key (the first or the last counts): the order executed and the one its
+    idempotency digest stands for could differ. A Content-Encoding is never decoded here: refused, not misread."""
+    twice = json.dumps(order("dup-1"))[:-1].encode() + b', "qty": 100}'
+    refused = post_raw(client, twice, "dup-1")
+    assert_error(refused, 400, "MALFORMED_JSON")
+    assert "'qty' twice" in refused.text
+    gzipped = post_raw(client, json.dumps(order("gz-1")).encode(), "gz-1", **{"Content-Encoding": "gzip"})
+    assert_error(gzipped, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert_nothing_stored(conn)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [

@@ -304,6 +304,11 @@ def test_broker_sim_command_serves_with_fault_injection():
                     url, json={"idempotency_key": key, "symbol": "USDJPY"}, headers={"Idempotency-Key": key}
                 )
 
+            control = f"http://127.0.0.1:{port}/_faults"
+            for wrong in ({"every_nth_5xx": -1}, {"retry_after_s": -5}, {"flaky_keys": {"k": -2}}):
+                refused = client.post(control, json=wrong)  # as the command line refuses them: nothing changes
+                assert refused.status_code == 400 and "at least 0" in refused.json()["error"], refused.text
+            assert client.get(f"http://127.0.0.1:{port}/_stats").json()["faults"]["every_nth_5xx"] == 2
             answers = [send("cli-a"), send("cli-b")]
             assert sorted(a.status_code for a in answers) == [201, 503]
             executed = next(a for a in answers if a.status_code == 201)
