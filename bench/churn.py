@@ -34,7 +34,8 @@ caught up, clear; each alert is counted.
 **audit** — 1,000,000 audit rows older than the 30-day retention and 100,000 newer, then the cleaner's
 audit pass (``clean_shared``) while another process writes, one transaction at a time, an audit row and an
 outbox message in turns: the longest and the p99 of those writes during the cleanup, against the same
-before it. Medians over ``--runs`` fresh databases.
+before it. Medians over ``--runs`` fresh databases. ``--dead N``: messages 1..N of the table still dead, whose
+audit rows (the oldest) the cleaner keeps: what keeping them costs.
 
 Results: bench/churn.md (each part's latest run, with its command, commit and machine) and bench/churn.json.
 """
@@ -318,10 +319,21 @@ def _writer(url: str, stop: Any, out: Any) -> None:
     out.put(times)
 
 
-def _audit_once(admin_url: str, index: int, rows: int) -> dict[str, Any]:
+def _audit_once(admin_url: str, index: int, rows: int, dead: int = 0) -> dict[str, Any]:
     name, url = TemplateDatabases(admin_url, prefix=f"churn_audit{os.getpid()}_{index}", parts=()).create_database()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT outbox_create_table(%s)", (TABLE,))
+        if dead:  # messages 1..dead still dead: the cleaner keeps their (oldest) audit rows, whatever the retention
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (event_id, topic, payload, payload_sha) "
+                    "SELECT 'dead-' || g, 't', '{{}}', 'sha256:x' FROM generate_series(1, %s) AS g"
+                ).format(sql.Identifier(TABLE)),
+                (dead,),
+            )
+            conn.execute(
+                sql.SQL("UPDATE {} SET status = 'dead', last_error_code = 'BAD_REQUEST'").format(sql.Identifier(TABLE))
+            )
         conn.execute(
             "INSERT INTO outbox_audit (outbox_table, message_id, code, worker, detail, created_at) "
             "SELECT %s, g, 'outbox_flush_success', 'relay-1', 'delivered', "
@@ -389,7 +401,7 @@ def run_audit(args: argparse.Namespace) -> dict[str, Any]:
     try:
         runs = []
         for index in range(args.runs):
-            runs.append(_audit_once(server.admin_url, index, args.rows))
+            runs.append(_audit_once(server.admin_url, index, args.rows, args.dead))
             r = runs[-1]
             log(
                 f"audit run {index + 1}: {r['deleted']:,} rows in {r['seconds']} s ({r['rows_per_s']:,}/s, "
@@ -399,6 +411,7 @@ def run_audit(args: argparse.Namespace) -> dict[str, Any]:
         keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
         return {
             "rows": args.rows,
+            "dead": args.dead,
             "runs": runs,
             "median": {k: statistics.median(r[k] for r in runs if r[k] is not None) for k in keys},
         }
@@ -554,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1000, help="the relay's batch_size (1000)")
     parser.add_argument("--hold", type=int, default=60, help="simulated minutes a snapshot is held after the day (60)")
     parser.add_argument("--rows", type=int, default=1_000_000, help="old audit rows to delete (1,000,000)")
+    parser.add_argument(
+        "--dead", type=int, default=0, help="audit: messages still dead, whose audit rows the cleaner keeps (0)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="audit: fresh databases, the median reported (3)")
     args = parser.parse_args(argv)
     results = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
