@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from outbox_pipelines.core.errors import ConfigError
+from outbox_pipelines.core.settings.values import did_you_mean
 
 CONFIG_ENV = "OUTBOX_CONFIG"
 COMPONENT_TYPE = "outbox_pipelines.OutboxComponent"
 TOP_LEVEL_KEYS = ("tables", "parts", "shipped_tables", "embedded", "inboxes")
+# The keys of a component's document in defs.yaml (dg's): the table settings are under attributes.
+COMPONENT_DOCUMENT_KEYS = ("type", "attributes", "template_vars_module", "requirements", "post_processing")
 # Directories of a defs folder a search for a component's defs.yaml never enters.
 _SKIPPED_DIRS = {"__pycache__", "node_modules"}
 # The one template a declaration's values take (as dg resolves it): {{ env.NAME }}, empty when unset.
@@ -42,9 +45,11 @@ class Declaration:
         where = f"{source}: " if source else ""
         unknown_top = set(data) - set(TOP_LEVEL_KEYS)
         if unknown_top:
+            yaml = source is not None and source.suffix in (".yaml", ".yml")
             raise ConfigError(
-                f"{where}unknown top-level keys {sorted(unknown_top)}; put table settings under "
-                f"[tables.NAME] (the top-level keys are {', '.join(TOP_LEVEL_KEYS)})"
+                f"{where}unknown {'keys under attributes' if yaml else 'top-level keys'} {sorted(unknown_top)}"
+                f"{did_you_mean(unknown_top, TOP_LEVEL_KEYS)}; put table settings under "
+                f"{'attributes: tables: NAME:' if yaml else '[tables.NAME]'} (the keys are {', '.join(TOP_LEVEL_KEYS)})"
             )
         if not isinstance(data.get("embedded", False), bool):
             raise ConfigError(f"{where}embedded must be true or false, got {data['embedded']!r}")
@@ -207,6 +212,12 @@ def load_component_file(path: Path, env: Mapping[str, str]) -> Declaration:
     ours = [d for d in documents if d.get("type") == COMPONENT_TYPE]
     if not ours:
         raise ConfigError(f"{path}: no document of type {COMPONENT_TYPE}")
+    unknown = set(ours[0]) - set(COMPONENT_DOCUMENT_KEYS)
+    if unknown:  # dg's own reading refuses them too; said here for the CLI, which reads the file itself
+        raise ConfigError(
+            f"{path}: unknown keys {sorted(map(str, unknown))}{did_you_mean(unknown, COMPONENT_DOCUMENT_KEYS)} in "
+            f"the {COMPONENT_TYPE} document; the tables go under attributes: tables:"
+        )
     attributes = _resolve_env(_url_templates_as_url_env(ours[0].get("attributes") or {}), env)
     if not isinstance(attributes, Mapping):
         raise ConfigError(f"{path}: attributes must be a mapping (tables: ...)")

@@ -28,7 +28,7 @@ from outbox_pipelines.core.settings.tables import (
     CheckThresholds,
     TableSettings,
 )
-from outbox_pipelines.core.settings.values import check_kind, one_of, parse_duration, positive, whole
+from outbox_pipelines.core.settings.values import check_kind, did_you_mean, one_of, parse_duration, positive, whole
 
 # Keys a shipped table's defaults carry that a user does not write (a wing's shipped tables).
 INTERNAL_KEYS = {"url_from_env"}
@@ -45,7 +45,7 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
     unknown = set(section) - TABLE_KEYS - INTERNAL_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}[tables.{name}] has unknown keys {sorted(unknown, key=str)}{_did_you_mean(unknown)}; "
+            f"{where}[tables.{name}] has unknown keys {sorted(unknown, key=str)}{did_you_mean(unknown, TABLE_KEYS)}; "
             f"known keys: {sorted(TABLE_KEYS)}"
         )
     for key, value in section.items():
@@ -53,17 +53,6 @@ def check_section(name: str, section: Mapping[str, Any], source: Path | None) ->
         # that need the key say so in their own words: "has no url").
         if key in TABLE_KEYS_BY_NAME and value is not None:
             check_kind(value, TABLE_KEYS_BY_NAME[key].kind, f"{where}[tables.{name}] {key}")
-
-
-def _did_you_mean(unknown: set[str]) -> str:
-    """`` ('max_attemps': did you mean 'max_attempts'?)`` for the keys close to a known one; '' if none is."""
-    # A YAML section may hold keys that are not text (1:, yes:): nothing to guess for those.
-    import difflib  # a mistake's path only: not imported by every start
-
-    words = sorted(key for key in unknown if isinstance(key, str))
-    guesses = {key: difflib.get_close_matches(key, TABLE_KEYS, n=1, cutoff=0.75) for key in words}
-    close = [f"{key!r}: did you mean {match[0]!r}?" for key, match in guesses.items() if match]
-    return f" ({'; '.join(close)})" if close else ""
 
 
 def _retry_policy(section: Mapping[str, Any], env: GlobalSettings, where: str) -> tuple[str, RetryPolicy]:

@@ -7,6 +7,7 @@ years); a whole number fits PostgreSQL's integer (``MAX_WHOLE``); an operator's 
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from outbox_pipelines.core.errors import ConfigError
@@ -123,3 +124,15 @@ def check_kind(value: Any, kind: str, what: str) -> None:
         raise ConfigError(f"{what} must be {bounds}; got {value!r}")
     if kind == "duration" and isinstance(value, str):
         parse_duration(value, what)
+
+
+def did_you_mean(unknown: Iterable[object], known: Iterable[str]) -> str:
+    """`` ('max_attemps': did you mean 'max_attempts'?)`` for the unknown keys close to a known one; '' if none
+    is. A YAML section may hold keys that are not text (1:, yes:): nothing to guess for those."""
+    import difflib  # a mistake's path only: not imported by every start
+
+    words = sorted(key for key in unknown if isinstance(key, str))
+    choices = list(known)
+    guesses = {key: difflib.get_close_matches(key, choices, n=1, cutoff=0.75) for key in words}
+    close = [f"{key!r}: did you mean {match[0]!r}?" for key, match in guesses.items() if match]
+    return f" ({'; '.join(close)})" if close else ""

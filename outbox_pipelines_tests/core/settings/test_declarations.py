@@ -174,3 +174,17 @@ def test_dg_check_defs_refuses_a_table_given_twice(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "'svc_outbox' is given twice" in output, output[-3000:]
+
+
+def test_a_misspelt_attributes_or_tables_in_defs_yaml_is_named_with_its_fix(tmp_path):
+    """Not "no table is declared" (the CLI read an empty declaration): the misspelt key, and the one meant."""
+    dg_project(tmp_path, "outbox")
+    written = tmp_path / "svc" / "defs" / "outbox" / "defs.yaml"
+    written.write_text(COMPONENT.replace("attributes:", "atributes:"))
+    with pytest.raises(ConfigError, match=r"unknown keys \['atributes'\] \('atributes': did you mean 'attributes'\?\)"):
+        find_declaration({}, start=tmp_path)
+    written.write_text(COMPONENT.replace("  tables:", "  tabels:"))
+    with pytest.raises(ConfigError) as refused:
+        find_declaration({}, start=tmp_path)
+    assert "unknown keys under attributes ['tabels'] ('tabels': did you mean 'tables'?)" in str(refused.value)
+    assert "attributes: tables: NAME:" in str(refused.value) and "[tables.NAME]" not in str(refused.value)
