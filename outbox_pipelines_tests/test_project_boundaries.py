@@ -111,6 +111,8 @@ def test_a_second_project_cannot_take_a_table_another_project_owns_without_a_han
     assert refused.returncode == 1
     assert "billing_outbox belongs to the project 'billing'" in refused.stderr
     assert "db hand-over billing_outbox --from billing" in refused.stderr
+    assert "outbox tables of this project (intruder)" not in refused.stdout, "not listed as its own"
+    assert "declares no outbox table" not in refused.stdout, refused.stdout
     relay = run_cli(_env(empty_db), "relay", "--table", "billing_outbox", "--once", cwd=intruder)
     assert relay.returncode == 2 and "belongs to the project 'billing'" in relay.stderr
     group = run_cli(_env(empty_db), "relay", "--group", "default", "--once", cwd=intruder)

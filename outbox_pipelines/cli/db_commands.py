@@ -43,9 +43,10 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         print(f"autovacuum settings (OUTBOX_AUTOVACUUM) set on: {', '.join(report.autovacuum.applied)}")
     for table, why in (report.autovacuum.skipped if report.autovacuum is not None else {}).items():
         say(f"warning: autovacuum settings of {table} not set: {why}")
-    if report.tables:
-        print(f"outbox tables of this project ({settings.project}): {', '.join(report.tables)}")
-    else:
+    ours = [name for name in report.tables if name not in report.owned_elsewhere]  # those refused are told above
+    if ours:
+        print(f"outbox tables of this project ({settings.project}): {', '.join(ours)}")
+    elif not report.tables:
         print(
             "this project declares no outbox table yet: add a [tables.NAME] section to outbox.toml "
             "(or parts = [...]) and run db upgrade again"
