@@ -216,7 +216,7 @@ def _table_url(section: Mapping[str, Any], env: GlobalSettings, where: str) -> t
         refuse_two_way_url(url, url_source)
         if "url_env" not in section and secrets_in(url):
             # The declaration goes where the code goes (a repository, an image): a credential comes from the
-            # deployment's environment (DESIGN.md §5), as Kafka's sasl_password_env does.
+            # deployment's environment (docs/explanation/security.md), as Kafka's sasl_password_env does.
             raise ConfigError(
                 f"{where} url = {mask_url(url)} holds a credential, in a file that goes where the code goes: put "
                 'the URL in a variable of the deployment\'s environment and name it instead (url_env = "NAME")'

@@ -57,8 +57,9 @@ ENVIRONMENT: tuple[EnvVariable, ...] = (
     EnvVariable("OUTBOX_RELAY_STOP_TIMEOUT_S", "30", "seconds a CLI relay (or group) may take to stop after "
                 "SIGTERM or the end of its time budget; then it logs why and exits with code 1 (a Dagster group "
                 "run ends, its stuck tables named)", "core/relay/stop.py"),
-    EnvVariable("OUTBOX_COMMAND_TIMEOUT_S", "60", "seconds a read-only command (`status`, `db status`, a "
-                "`--dry-run`) may wait for the database; then it says so and exits with code 1",
+    EnvVariable("OUTBOX_COMMAND_TIMEOUT_S", "60", "seconds a read-only command (`status`, `db status`, "
+                "`replay --dry-run`, `skip --dry-run`) may wait for the database; then it says so and exits with "
+                "code 1",
                 "core/deadlines.py"),
     EnvVariable("OUTBOX_MIGRATION_LOCK_TIMEOUT_MS", "500", "how long one `db upgrade` statement may wait for a lock "
                 "before it rolls back, lets the application's writes through and tries again (up to 10 min)",
