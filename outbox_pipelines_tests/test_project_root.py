@@ -112,4 +112,4 @@ def test_status_shows_the_tables_there_and_names_those_not_created_yet(project, 
     assert status.returncode == 1
     header, row = status.stdout.splitlines()[:2]
     assert row.startswith("a_much_longer_payroll_outbox ") and header.index("pending") == row.index("0") - 6
-    assert "not in the database yet: ledger_outbox. Run 'outbox-pipelines db create-table NAME'" in status.stderr
+    assert "not in the database yet: ledger_outbox. Run 'outbox-pipelines db upgrade'" in status.stderr
