@@ -519,6 +519,12 @@ def render(results: dict[str, Any]) -> str:
             _machine(meta),
             "",
         ]
+        if a.get("dead"):
+            lines += [
+                f"Messages 1 to {a['dead']:,} are still dead: the cleaner keeps their audit rows (the oldest "
+                f"{a['dead']:,}), and the longest batch counts the read of which rows those are, before the first.",
+                "",
+            ]
         lines += [
             f"Medians of {len(a['runs'])} runs: {m['deleted']:,.0f} rows deleted in {m['seconds']} s "
             f"({m['rows_per_s']:,.0f} rows/s, {m['batches']:.0f} batches, the longest {m['longest_batch_ms']} ms); "

@@ -39,12 +39,12 @@ SELECT EXISTS (SELECT 1 FROM {table} AS t, clock
                  AND (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL)) AS dead
 
 -- name: maintenance_audit_due
--- What outbox_audit_clean_old would delete first: an old row among the audit's first ids, those of the messages
--- still dead (which it keeps: kept_tables, kept_ids) left out.
-SELECT EXISTS (SELECT 1
-               FROM (SELECT a.created_at FROM outbox_audit AS a
-                     WHERE NOT EXISTS (SELECT 1 FROM unnest(%(kept_tables)s::text[], %(kept_ids)s::bigint[]) AS k(t, id)
-                                       WHERE k.t = a.outbox_table AND k.id = a.message_id)
-                     ORDER BY a.id LIMIT 5000) AS first_ids
-               WHERE first_ids.created_at
-                     < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)) AS due
+-- What outbox_audit_clean_old would delete first: an old row among the audit's first %(limit)s ids (the kept ones'
+-- number and a batch), less the rows of the messages still dead, which it keeps (%(kept)s).
+SELECT EXISTS (
+    SELECT first_ids.id
+    FROM (SELECT a.id, a.created_at FROM outbox_audit AS a ORDER BY a.id LIMIT %(limit)s) AS first_ids
+    WHERE first_ids.created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s)
+    EXCEPT
+    SELECT unnest(%(kept)s::bigint[])
+) AS due

@@ -703,12 +703,14 @@ WHERE status = 'dead'
 GROUP BY 1
 ORDER BY 2 DESC
 
--- name: outbox_dead_ids
--- The table's dead messages: the audit's cleaner keeps their rows whatever its retention, since a dead message's
--- audit is its story for the person who replays it (docs/how-to/retention.md). The dead rows' index covers it.
-SELECT coalesce(array_agg(id), '{{}}') AS ids
-FROM {table}
-WHERE status = 'dead'
+-- name: outbox_audit_ids_of_dead
+-- The audit rows of the table's messages still dead: the audit's cleaner keeps them whatever its retention, since a
+-- dead message's audit is its story for the person who replays it (docs/how-to/retention.md). One probe of
+-- outbox_audit_by_message per dead message, read from the dead rows' index.
+SELECT coalesce(array_agg(a.id), '{{}}') AS ids
+FROM {table} AS t
+JOIN outbox_audit AS a ON a.outbox_table = %(table_name)s AND a.message_id = t.id
+WHERE t.status = 'dead'
 
 -- name: outbox_next_due_in
 -- How long an idle relay may sleep. A paused topic's rows are not its to claim: counted, a due one

@@ -7,7 +7,8 @@
 -- first ids: the cleaner moves on from last_id while a batch holds an old row, and stops at the first
 -- batch with no old row (or at the end). Every batch touches at most %(limit)s rows whatever the audit
 -- holds, and commits on its own: a DELETE takes row locks only, so writers of the audit never wait on it.
--- The rows of the messages still dead (kept_tables[i], kept_ids[i]: outbox_dead_ids of each table) are kept.
+-- The rows of the messages still dead are kept: %(kept)s, the ids among them past %(after_id)s (at most %(limit)s:
+-- those a batch can hold), taken out by EXCEPT, a hashed or sorted set difference whatever their number.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s) AS cutoff
 ), batch AS (
@@ -17,9 +18,9 @@ WITH clock AS (
     ORDER BY a.id
     LIMIT %(limit)s
 ), gone AS (
-    DELETE FROM outbox_audit AS a USING batch WHERE a.id = batch.id AND batch.old
-       AND NOT EXISTS (SELECT 1 FROM unnest(%(kept_tables)s::text[], %(kept_ids)s::bigint[]) AS k(t, id)
-                       WHERE k.t = a.outbox_table AND k.id = a.message_id)
+    DELETE FROM outbox_audit AS a
+    USING (SELECT batch.id FROM batch WHERE batch.old EXCEPT SELECT unnest(%(kept)s::bigint[])) AS doomed
+    WHERE a.id = doomed.id
     RETURNING a.id
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM batch) AS seen,

@@ -5,6 +5,7 @@ and ``clean_shared`` once. Every delete is a batch of at most ``batch_size`` row
 so the application's writes never wait behind it. What each keeps: docs/how-to/retention.md.
 """
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -356,8 +357,9 @@ def delete_old_audit(
     in it (or at the end); the total deleted. The rows of messages still dead are kept (``audit_kept``)."""
     total, after, kept = 0, 0, audit_kept(shared.conn)
     while True:
+        first = bisect.bisect_right(kept, after)  # the kept ids a batch past ``after`` can hold: at most its size
         batch = shared.delete_old_audit_rows(
-            retention_s=retention_s, limit=batch_size, kept=kept, after_id=after, now=now
+            retention_s=retention_s, limit=batch_size, kept=kept[first : first + batch_size], after_id=after, now=now
         )
         total += int(batch["deleted"])
         if progress and batch["deleted"]:

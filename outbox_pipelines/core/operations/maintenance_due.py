@@ -19,6 +19,7 @@ from outbox_pipelines.core.storage.queries import shared_query, table_query
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 
 AUDIT = "outbox_audit"
+AUDIT_BATCH = 5000  # the audit cleaner's batch (core/operations/maintenance.py)
 
 
 def _table_row(conn: psycopg.Connection, query: str, table_name: str, params: dict[str, object]) -> dict[str, object]:
@@ -29,17 +30,15 @@ def _table_row(conn: psycopg.Connection, query: str, table_name: str, params: di
     return row
 
 
-def audit_kept(conn: psycopg.Connection) -> dict[str, list[str] | list[int]]:
-    """The audit rows no retention deletes, as the audit cleaner's and its due check's parameters: those of the
-    messages still dead, in every outbox table of the schema (docs/how-to/retention.md)."""
-    tables: list[str] = []
+def audit_kept(conn: psycopg.Connection) -> list[int]:
+    """The ids of the audit rows no retention deletes, in order: those of the messages still dead, in every
+    outbox table of the schema (docs/how-to/retention.md)."""
     ids: list[int] = []
     for name in SharedTables(conn).outbox_table_names():
-        dead = _table_row(conn, "outbox_dead_ids", name, {})["ids"]
-        assert isinstance(dead, list)
-        tables += [name] * len(dead)
-        ids += dead
-    return {"kept_tables": tables, "kept_ids": ids}
+        found = _table_row(conn, "outbox_audit_ids_of_dead", name, {"table_name": name})["ids"]
+        assert isinstance(found, list)
+        ids += found
+    return sorted(ids)
 
 
 def requeue_due(
@@ -94,7 +93,8 @@ def clean_due(
             due[table.name] = f"{' and '.join(why)} past their retention"
     if any(table.cleaner_enabled for table in tables):  # the run cleans the shared tables only then
         with conn.cursor(row_factory=dict_row) as cur:
-            params = {"now": now, "retention_s": audit_retention_s, **audit_kept(conn)}
+            kept = audit_kept(conn)
+            params = {"now": now, "retention_s": audit_retention_s, "kept": kept, "limit": len(kept) + AUDIT_BATCH}
             cur.execute(shared_query("maintenance_audit_due"), params)
             audit = cur.fetchone()
         if audit and audit["due"]:

@@ -1,7 +1,7 @@
 """``SharedTables``: the statements not bound to one outbox table (relay liveness, destination health,
 alert memory, shared-table retention, the schema catalog) and the database's clock."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -208,13 +208,14 @@ class SharedTables:
         *,
         retention_s: float,
         limit: int,
-        kept: Mapping[str, Sequence[object]],
+        kept: Sequence[int],
         after_id: int = 0,
         now: datetime | None = None,
     ) -> Row:
         """One batch: the next ``limit`` audit rows by id after ``after_id``, those older than ``retention_s``
-        deleted but ``kept``'s; ``deleted``, ``seen``, ``old`` and ``last_id`` (shared.sql, outbox_audit_clean_old)."""
-        params = {"retention_s": retention_s, "limit": limit, "after_id": after_id, "now": now, **kept}
+        deleted but the ``kept`` ids; ``deleted``, ``seen``, ``old`` and ``last_id`` (shared.sql,
+        outbox_audit_clean_old)."""
+        params = {"retention_s": retention_s, "limit": limit, "after_id": after_id, "now": now, "kept": list(kept)}
         return self._run("outbox_audit_clean_old", params)[0]
 
     # -- the schema ------------------------------------------------------------
