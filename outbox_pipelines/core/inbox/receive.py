@@ -28,6 +28,7 @@ from outbox_pipelines.core.storage.app_connections import (
 )
 from outbox_pipelines.core.storage.connections import driver_connection, statement_cursor
 from outbox_pipelines.core.storage.queries import numbered_table_query, table_query
+from outbox_pipelines.core.storage.statements import sqlstate_of
 
 RECEIVE = "inbox_receive"
 # SQLSTATEs of a table that is missing (42P01), or that is there without an inbox's columns (42703, 42P10).
@@ -64,15 +65,6 @@ def _unknown(table_name: str, why: str) -> UnknownTable:
         f"inbox table {table_name!r} {why}: declare it in outbox.toml as [inboxes.{table_name}] and run "
         "'outbox-pipelines db upgrade', which creates every declared inbox; nothing was recorded"
     )
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver's error, or of the driver error SQLAlchemy wraps."""
-    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
-        code = getattr(error, "sqlstate", None)
-        if isinstance(code, str):
-            return code
-    return None
 
 
 def _no_transaction(asyncio: bool) -> NoTransaction:
@@ -150,7 +142,7 @@ class Inbox:
             with driver_connection(target).cursor() as cur:
                 return cur.execute(statement, params, prepare=prepare).rowcount == 1
         except psycopg.Error as exc:
-            if _sqlstate(exc) in _NOT_AN_INBOX:
+            if sqlstate_of(exc) in _NOT_AN_INBOX:
                 raise self._refusal(exc) from None
             raise
 
@@ -170,7 +162,7 @@ class Inbox:
         try:
             return await self._claim_async(target, params, prepare)
         except Exception as exc:
-            if _sqlstate(exc) in _NOT_AN_INBOX:
+            if sqlstate_of(exc) in _NOT_AN_INBOX:
                 raise self._refusal(exc) from None
             raise
 
@@ -186,4 +178,4 @@ class Inbox:
         return int((await target.conn.exec_driver_sql(statement, params)).rowcount) == 1
 
     def _refusal(self, exc: BaseException) -> UnknownTable:
-        return _unknown(self.table_name, _NOT_AN_INBOX[_sqlstate(exc) or "42P01"])
+        return _unknown(self.table_name, _NOT_AN_INBOX[sqlstate_of(exc) or "42P01"])

@@ -16,7 +16,7 @@ from outbox_pipelines.core.durations import duration_words
 from outbox_pipelines.core.errors import RetentionTooShort, ThresholdTooShort
 from outbox_pipelines.core.inbox import cleaner as inbox_cleaner
 from outbox_pipelines.core.models import MessageState
-from outbox_pipelines.core.operations.maintenance_due import audit_kept
+from outbox_pipelines.core.operations.maintenance_due import AUDIT_BATCH, audit_kept
 from outbox_pipelines.core.relay import ordering
 from outbox_pipelines.core.settings import GlobalSettings, TableSettings
 from outbox_pipelines.core.settings.inboxes import InboxSettings
@@ -326,7 +326,7 @@ def clean_shared(
     *,
     audit_retention_s: float | None,
     now: datetime | None = None,
-    batch_size: int = 5000,
+    batch_size: int = AUDIT_BATCH,
     progress: Progress | None = None,
 ) -> SharedCleanReport:
     """Delete the wings' expired shared rows (the order wing's ledger) and, when ``audit_retention_s`` is
@@ -346,7 +346,7 @@ def delete_old_audit(
     shared: SharedTables,
     retention_s: float,
     *,
-    batch_size: int = 5000,
+    batch_size: int = AUDIT_BATCH,
     now: datetime | None = None,
     progress: Progress | None = None,
 ) -> int:

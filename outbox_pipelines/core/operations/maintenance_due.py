@@ -19,7 +19,7 @@ from outbox_pipelines.core.storage.queries import shared_query, table_query
 from outbox_pipelines.core.storage.shared_tables import SharedTables
 
 AUDIT = "outbox_audit"
-AUDIT_BATCH = 5000  # the audit cleaner's batch (core/operations/maintenance.py)
+AUDIT_BATCH = 5000  # the audit cleaner's batch (core/operations/maintenance.py), which its due check reads past
 
 
 def _table_row(conn: psycopg.Connection, query: str, table_name: str, params: dict[str, object]) -> dict[str, object]:
