@@ -162,9 +162,10 @@ class PruneConfig(dg.Config):
     every_job: bool = False
 
 
-def prune_runs(context: dg.OpExecutionContext, config: PruneConfig, job_names: Sequence[str] | None) -> int:
-    """Delete finished runs of ``job_names`` (None: of every job) created before keep_days ago; how many."""
-    cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
+def prune_runs(
+    context: dg.OpExecutionContext, config: PruneConfig, job_names: Sequence[str] | None, cutoff: datetime
+) -> int:
+    """Delete finished runs of ``job_names`` (None: of every job) created before ``cutoff``; how many."""
     finished = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
     deleted = 0
     for job_name in job_names if job_names is not None else [None]:
@@ -190,8 +191,8 @@ def prune_run_history_job(job_names: Sequence[str]) -> dg.JobDefinition:
     @dg.op(out=dg.Out(dg.Nothing))
     def prune_run_history_op(context: dg.OpExecutionContext, config: PruneConfig) -> Iterator[dg.Output[None]]:
         """Delete the outbox jobs' finished runs older than keep_days (every job's with every_job)."""
-        deleted = prune_runs(context, config, None if config.every_job else names)
         cutoff = datetime.now(UTC) - timedelta(days=config.keep_days)
+        deleted = prune_runs(context, config, None if config.every_job else names, cutoff)
         yield dg.Output(None, metadata={"deleted_runs": deleted, "cutoff": cutoff.isoformat()})
 
     @dg.job(
