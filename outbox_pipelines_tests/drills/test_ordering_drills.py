@@ -119,10 +119,14 @@ def flaky(key: str, attempt: int, body: object) -> tuple[int, dict[str, str], by
     return None
 
 
-def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(cli_env, conn, tmp_path):
-    keys, versions = 100, 10
+# Each key's versions near each other (each waits from its insert), and far apart (stored ready, more than
+# outbox_ordering_near() ids behind the one before: a claim that meets one behind its head in backoff marks it).
+@pytest.mark.parametrize("keys, versions", [(100, 10), (1200, 4)], ids=["near", "far-apart"])
+def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(cli_env, conn, tmp_path, keys, versions):
     sink = HttpSink(script=flaky, delay_s=0.002).start()
     procs: list[subprocess.Popen] = []
+    # the relays' sessions count their calls of outbox_mark_waiting (the test's own database)
+    conn.execute("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = pl', current_database()); END $$")
     try:
         project = adopter(tmp_path, sink.url, "competing", lease='"2s"', batch_size="20")
         assert run_cli(cli_env, "db", "create-table", TABLE, cwd=project).returncode == 0
@@ -159,6 +163,11 @@ def test_competing_relays_keep_every_key_in_order_through_throttling_and_kills(c
     assert {r.status for r in received} >= {200, 429, 503}  # the receiver really did throttle and fail
     assert out_of_order(received, versions) == {}
     assert len(per_key(received)) == keys
+    marks = conn.execute(
+        "SELECT coalesce(sum(calls), 0) AS n FROM pg_stat_user_functions WHERE funcname = 'outbox_mark_waiting'"
+    ).fetchone()["n"]
+    if versions == 4:  # far apart: claims met messages behind their heads in backoff, and marked them
+        assert marks > 0
 
 
 def test_a_hundred_thousand_healthy_keys_drain_at_full_speed_beside_a_blocked_key(db_url, conn):

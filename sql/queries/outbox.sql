@@ -14,8 +14,8 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING id
 
 -- name: outbox_insert_keyed
--- A message with an ordering key: it waits (ordering_blocked) when an earlier message of its key still
--- holds the key, as the insert trigger finds (migration 0018: the producer reads no other row); the commit
+-- A message with an ordering key: it waits (ordering_blocked) when a message of its key that still holds the key is
+-- near it or dead, as the insert trigger finds (migrations 0018, 0027: the producer reads no other row); the commit
 -- re-checks (outbox_ordering_at_commit, migration 0010). Parameters as outbox_insert's, then the ordering key.
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key)
 VALUES (%s, %s, %s, %s::jsonb, %s, %s::jsonb, coalesce(%s::timestamptz, now()), %s)
@@ -37,8 +37,8 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING id, event_id
 
 -- name: outbox_insert_many_keyed
--- outbox_insert_many for a batch with ordering keys: a message waits when its key is held by a stored
--- message or by one before it in the batch (the insert trigger sees the rows of the statement inserted before).
+-- outbox_insert_many for a batch with ordering keys: a message waits when its key is held by a message near it
+-- (migration 0027), such as one before it in the batch (the insert trigger sees the rows the statement inserted).
 INSERT INTO {table} (event_id, tenant_id, topic, payload, payload_sha, headers, available_at, ordering_key)
 SELECT m.event_id, m.tenant_id, m.topic, m.payload::jsonb, m.payload_sha, m.headers::jsonb,
        coalesce(m.available_at, %(now)s::timestamptz, now()), m.ordering_key
@@ -107,8 +107,8 @@ NOT EXISTS (SELECT 1 FROM {table} AS p
 
 -- name: claim_due
 -- Part of both claims: a pending row (alias t) a claim may take, its time come aside. Not held behind an earlier
--- message of its key (ordering_blocked), nor of a paused topic. Its key's turn is claim_key_free's, checked on the
--- rows the claim locked. Both claims read ready_by_id in id order whatever statistics their kept (generic) plan was
+-- message of its key (ordering_blocked), nor of a paused topic. Its key's turn is claim_key_behind's and
+-- claim_key_free's, checked on the rows the claim locked. Both claims read ready_by_id in id order whatever statistics their kept (generic) plan was
 -- made with, two tests written so that no other plan fits:
 -- - the topic is compared as an expression (t.topic || ''), which has no statistics: on a table of one topic, the
 --   column's statistics made the plan expect no row to pass "<> ALL(paused topics)" and sort every due row;
@@ -118,17 +118,20 @@ NOT EXISTS (SELECT 1 FROM {table} AS p
 t.status = 'pending' AND NOT t.ordering_blocked
 AND (t.topic || '') <> ALL(%(paused_topics)s::text[])
 
+-- name: claim_key_behind
+-- Part of both claims, over the rows claim_due found and the claim locked (alias t): a keyed message behind its key's
+-- head (key_head). The claim leaves it out and returns it with no body, and the relay marks it waiting
+-- (outbox_mark_waiting, migration 0027), out of ready_by_id, until its key's release lets it go. Checked after the lock, not in the scan: with relays competing, the scan reads the rows the
+-- others hold too (3 in 4 with 4 relays) and skips them at the lock, and the probes for their keys were half of a
+-- keyed claim (bench/keyed.py).
+(t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL AND NOT {key_head})
+
 -- name: claim_key_free
--- Part of both claims, over the rows claim_due found and the claim locked (alias t): a keyed message goes only
--- as its key's head, and never beside a message of its key in flight. Checked after the lock, not in the scan:
--- with relays competing, the scan reads the rows the others hold too (3 in 4 with 4 relays) and skips them at
--- the lock, and the probes for their keys were half of a keyed claim (bench/keyed.py). A locked row
--- that is not its key's head (two writers of a key committing at once) is left out, locked until the claim's
--- transaction ends, unchanged.
+-- Part of both claims, over the locked rows not behind their key's head (claim_key_behind): a keyed message never
+-- goes beside a message of its key in flight. A row left out here stays as it is (locked until the claim's
+-- transaction ends).
 (t.ordering_key IS NULL OR t.ordering_skipped_at IS NOT NULL
- OR ({key_head}
-     AND NOT EXISTS (SELECT 1 FROM {table} AS f
-                     WHERE f.ordering_key = t.ordering_key AND f.status = 'sending')))
+ OR NOT EXISTS (SELECT 1 FROM {table} AS f WHERE f.ordering_key = t.ordering_key AND f.status = 'sending'))
 
 -- name: claim_byte_budget
 -- Part of both claims, over their "chosen" rows (id, json_bytes): the last id the batch's byte budget takes. The
@@ -158,31 +161,34 @@ WITH clock AS (
     -- for the WAL flush. A claim a database crash loses only sends its rows again, which
     -- at-least-once delivery allows; the settle that records an outcome still waits.
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode,
+           CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS sync_off,
            {claim_gate_open} AS gate_open
 ), expired AS (
-    SELECT t.id, t.status AS was, t.locked_by AS previous_holder, t.json_bytes
+    SELECT t.id, t.status AS was, t.locked_by AS holder, t.json_bytes
     FROM {table} AS t
     WHERE t.status = 'sending'
       AND t.lease_expires_at < (SELECT now FROM clock WHERE gate_open)
       AND t.attempts < %(max_attempts)s
-      AND (t.topic || '') <> ALL(%(paused_topics)s::text[])  -- as in claim_due
+      AND (t.topic || '') <> ALL(%(paused_topics)s::text[])
     ORDER BY t.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), due AS (
-    SELECT t.id, t.status AS was, NULL::text AS previous_holder, t.json_bytes, t.ordering_key, t.ordering_skipped_at
+    SELECT t.id, t.status AS was, NULL::text AS holder, t.json_bytes, t.ordering_key, t.ordering_skipped_at
     FROM {table} AS t
     WHERE {claim_due}
-      AND (t.available_at <= (SELECT now FROM clock WHERE commit_mode IS NOT NULL OR NOT %(fast_commit)s)) IS TRUE
+      AND (t.available_at <= (SELECT now FROM clock WHERE sync_off IS NOT NULL OR NOT %(fast_commit)s)) IS TRUE
       AND (SELECT gate_open FROM clock)
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
+), seen AS (
+    SELECT t.*, {claim_key_behind} AS behind FROM due AS t
 ), chosen AS (
     SELECT * FROM (SELECT * FROM expired
                    UNION ALL
-                   SELECT t.id, t.was, t.previous_holder, t.json_bytes FROM due AS t WHERE {claim_key_free}) AS c
+                   SELECT t.id, t.was, t.holder, t.json_bytes FROM seen AS t
+                   WHERE NOT t.behind AND {claim_key_free}) AS c
     ORDER BY id LIMIT %(limit)s
 ), cut AS (
     {claim_byte_budget}
@@ -200,13 +206,13 @@ WITH clock AS (
     WHERE t.id = ANY(ARRAY(SELECT c.id FROM chosen AS c))
       AND t.id = chosen.id AND chosen.id <= (SELECT last_id FROM cut)
     RETURNING t.id, t.event_id, t.tenant_id, t.topic, t.payload, t.payload_sha, t.headers,
-              t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.previous_holder, t.ordering_key
+              t.attempts, t.created_at, clock.now AS claimed_at, chosen.was, chosen.holder, t.ordering_key
 ), audit AS (
     INSERT INTO outbox_audit (outbox_table, message_id, event_id, tenant_id, from_status, to_status,
                               attempts, code, worker, trace_id, detail, claimed_at)
     SELECT %(table_name)s, c.id, c.event_id, c.tenant_id, c.was, 'sending', c.attempts, 'outbox_claim',
            %(worker)s, c.headers->>'trace_id',
-           CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.previous_holder) END,
+           CASE WHEN c.was = 'sending' THEN format('re-taken: the lease of %%s expired', c.holder) END,
            c.claimed_at
     FROM claimed AS c
     -- audit = "failures" keeps only re-takes: a claim that ends well is told by its row.
@@ -217,7 +223,10 @@ WITH clock AS (
 SELECT id, event_id, tenant_id, topic,
        convert_to('[' || payload::text || ',' || headers::text || ']', 'UTF8') AS body,
        payload_sha, attempts, created_at, claimed_at, ordering_key
-FROM claimed ORDER BY id
+FROM claimed
+UNION ALL
+SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, j.ordering_key FROM seen AS j WHERE j.behind
+ORDER BY id
 
 -- name: outbox_claim_held
 -- claim = "transaction" (and "auto"): the rows outbox_claim would take from the pending ones are locked, not
@@ -243,8 +252,10 @@ WITH clock AS (
     ORDER BY t.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
+), seen AS MATERIALIZED (
+    SELECT t.*, {claim_key_behind} AS behind FROM locked AS t
 ), chosen AS MATERIALIZED (
-    SELECT * FROM locked AS t WHERE {claim_key_free}
+    SELECT * FROM seen AS t WHERE NOT t.behind AND {claim_key_free}
 ), cut AS (
     {claim_byte_budget}
 )
@@ -253,7 +264,17 @@ SELECT id, event_id, tenant_id, topic,
        payload_sha, attempts + 1 AS attempts, created_at, (SELECT now FROM clock) AS claimed_at, ordering_key
 FROM chosen
 WHERE id <= (SELECT last_id FROM cut)
+UNION ALL
+SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, j.ordering_key FROM seen AS j WHERE j.behind
 ORDER BY id
+
+-- name: outbox_mark_waiting
+-- The rows a claim left out behind their keys' heads wait now (migration 0027); the keys of those marked, for the
+-- caller to release once its transaction is over. With fast_commit (an autocommit session: this statement is its
+-- transaction), its commit does not wait for the WAL flush: a mark a crash loses leaves the row ready, for the next
+-- claim to mark again.
+SELECT outbox_mark_waiting(%(table_name)s, %(ids)s::bigint[]) AS keys,
+       CASE WHEN %(fast_commit)s THEN set_config('synchronous_commit', 'off', true) END AS commit_mode
 
 -- name: outbox_lease_held
 -- claim = "auto": a held batch (outbox_claim_held) still in dispatch after the table's `hold` is

@@ -87,8 +87,8 @@ def relay_held_first(
     try:
         batch = claim_next()
         claimed.extend(batch)
-        if not batch:
-            conn.rollback()
+        if not batch:  # the rows it left waiting behind their keys' heads are marked in this transaction
+            conn.commit()
             return
         ahead = len(batch) >= table.batch_size and lanes.alone(lane)
         if ahead:  # a backlog, and no other relay of the table claims while this one settles

@@ -89,6 +89,7 @@ class Relay:
         self.batches = BatchRunner(table, destination, self.worker, self.guard, self.pause, uniform)
         self.pipeline = Pipeline(self.batches)
         self.lanes = HeldLanes(direct_url or url, table.name)
+        self.left_waiting = 0  # rows the last claim left waiting behind their keys' heads: not an emptied queue
         self._stop = StopRequest()
         self.recovery = Recovery(url, direct_url, table, self.worker, self._stop)
 
@@ -203,6 +204,8 @@ class Relay:
                     self._relay(run, batch)
             if run.outbox_table.contended_keys:  # after the batch's transaction: see ordering.py
                 ordering.release_contended(run.outbox_table, patient=False)
+            if not batch and self.left_waiting:
+                return True  # it marked rows waiting behind their keys' heads: the next claim reads past them
             if not batch or self._emptied_the_queue(run, batch):
                 return self._idle(run)
             if not self.lanes.busy(run.session.conn):
@@ -247,7 +250,7 @@ class Relay:
             run.session.listening
             and not run.budget.once
             and not self.destination.pipelined
-            and len(batch) < self.table.batch_size
+            and len(batch) + self.left_waiting < self.table.batch_size
             and run.budget.used_up(run.report.claimed) is None
         )
 
@@ -301,7 +304,7 @@ class Relay:
     # -- claiming --------------------------------------------------------------
     def _claim_next(self, run: Invocation) -> list[ClaimedMessage]:
         """The next batch, within the budgets and what the table's destination allows now."""
-        report = run.report
+        report, self.left_waiting = run.report, 0
         limit = run.budget.claim_limit(self.table.batch_size, report.claimed)
         if limit <= 0 or self.pause.active:
             return []
@@ -327,6 +330,7 @@ class Relay:
                 report.probes += 1
                 claimed = self._claim(run, min(limit, gate.limit), gated=False)
         report.claimed += len(claimed)
+        self.left_waiting = run.outbox_table.left_waiting
         if claimed:
             run.last_work = time.monotonic()
         count_claim(self.table.name, len(claimed))

@@ -87,6 +87,8 @@ class TableStatements:
         # Ordering keys a settle could not release because a writer was committing a message of the key
         # (migration 0010): the relay releases them again once its own transaction is over.
         self.contended_keys: set[str] = set()
+        # The rows the last claim found behind their keys' heads and left waiting (sql/'s claim_key_behind).
+        self.left_waiting = 0
 
     def _note_contended(self, keys: Sequence[str] | None) -> None:
         if keys:

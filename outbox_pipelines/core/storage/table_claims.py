@@ -3,7 +3,7 @@ holds, release ordering keys) and the reads it makes between cycles."""
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.rows import RowMaker
 
@@ -33,14 +33,24 @@ def id_runs(ids: Sequence[int], attempts: Sequence[int]) -> tuple[list[int], lis
     return first, last, runs_attempts, at
 
 
-def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage]:
+class LeftWaiting(NamedTuple):
+    """A row a claim locked behind its key's head and left out (sql/'s claim_key_behind), to be marked waiting."""
+
+    id: int
+    ordering_key: str
+
+
+def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage | LeftWaiting]:
     return _claimed_message
 
 
-def _claimed_message(values: Sequence[Any]) -> ClaimedMessage:
+def _claimed_message(values: Sequence[Any]) -> ClaimedMessage | LeftWaiting:
     """A claim's row, whose ``body`` is the JSON array [payload, headers] as UTF-8 bytes: one decoding call
-    per row, where psycopg's jsonb loader would make two, and two conversions of text more."""
+    per row, where psycopg's jsonb loader would make two, and two conversions of text more. A row without a
+    body is one the claim left waiting behind its key's head."""
     row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at, ordering_key = values
+    if body is None:
+        return LeftWaiting(row_id, ordering_key)
     payload, headers = loads_jsonb_text(body)
     return ClaimedMessage.from_row(
         (
@@ -68,15 +78,25 @@ class ClaimStatements(TableStatements):
     """Claim, settle and hold messages of one outbox table."""
 
     def _claimed(self, query: str, params: dict[str, Any], reuse_plan: bool) -> list[ClaimedMessage]:
-        """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row."""
+        """A claim's rows built straight into ClaimedMessage (columns in its field order): no dict per row. The rows
+        it found behind their keys' heads are marked waiting (counted in ``left_waiting``), and their keys released
+        again once the caller's transaction is over (``contended_keys``): a head delivered before the mark committed
+        missed it."""
         statement = claim_query(query, self.table_name, params.pop("limit"))
         try:
             # Binary results: the timestamps cross as integers, not text to format and parse.
             with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
                 cur.execute(statement, {"table_name": self.table_name, **params}, prepare=_prepare(reuse_plan))
-                return cur.fetchall()
+                rows = cur.fetchall()
         except NOT_AN_OUTBOX as exc:
             raise unknown_table(self.table_name, exc) from None
+        claimed = [row for row in rows if isinstance(row, ClaimedMessage)]
+        self.left_waiting = len(rows) - len(claimed)
+        if self.left_waiting:
+            behind = bigint_array([row.id for row in rows if isinstance(row, LeftWaiting)])
+            marked = self._run("outbox_mark_waiting", {"ids": behind, "fast_commit": self.conn.autocommit})
+            self._note_contended(marked[0]["keys"])
+        return claimed
 
     def claim(
         self,

@@ -81,8 +81,9 @@ SHARED_PARTS = {
     "claim_gate_open": ("h.circuit_opened_at IS NOT NULL OR h.pause_reason IS NOT NULL", CLAIMS),
     "key_head": (
         "p.ordering_key = t.ordering_key AND (p.ordering_key, p.id) < (t.ordering_key, t.id)",
-        ("claim_key_free", "maintenance_requeue_due"),
+        ("claim_key_behind", "maintenance_requeue_due"),
     ),
+    "claim_key_behind": ("(t.ordering_key IS NOT NULL AND t.ordering_skipped_at IS NULL AND NOT", CLAIMS),
     "claim_key_free": ("WHERE f.ordering_key = t.ordering_key AND f.status = 'sending'", CLAIMS),
     "claim_due": ("AND NOT t.ordering_blocked\nAND (t.topic || '') <> ALL(%(paused_topics)s::text[])", CLAIMS),
     "claim_byte_budget": ("WHERE b.n = 1 OR b.total <= %(max_bytes)s", CLAIMS),
