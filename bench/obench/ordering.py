@@ -49,12 +49,11 @@ HOT_KEYS = 10
 BLOCKED_BEHIND = 1_000
 BLOCKED_KEYS = 100  # hot keys, each blocked by a dead head with BLOCKED_BEHIND waiting (issue 47)
 
-# Rows loaded the way enqueue leaves them: a keyed message waits (ordering_blocked) when an earlier
-# one of its key is there. n: the position; key: its ordering key or NULL.
+# Rows loaded the way enqueue leaves them: whether a keyed message waits (ordering_blocked) is the table's insert
+# trigger's to say, whatever the INSERT writes (migrations 0018, 0027). n: the position; key: its ordering key or NULL.
 LOAD = """
-INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key, ordering_blocked)
-SELECT %(prefix)s || n, 'bench.ordering', jsonb_build_object('n', n), 'sha-' || n, '{{}}'::jsonb, k.key,
-       k.key IS NOT NULL AND row_number() OVER (PARTITION BY k.key ORDER BY n) > 1
+INSERT INTO {table} (event_id, topic, payload, payload_sha, headers, ordering_key)
+SELECT %(prefix)s || n, 'bench.ordering', jsonb_build_object('n', n), 'sha-' || n, '{{}}'::jsonb, k.key
 FROM generate_series(1, %(count)s) AS n
 CROSS JOIN LATERAL (SELECT CASE
     WHEN %(keys)s = 0 THEN NULL

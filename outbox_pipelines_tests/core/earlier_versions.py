@@ -38,14 +38,16 @@ def upgrade_to_before(url: str, tmp_path: Path, version: str) -> None:
     migrate.upgrade(url, folder)
 
 
-def upgrade_beside_a_writer(url: str, write: Callable[[psycopg.Connection], object]) -> list[str]:
-    """``db upgrade`` while a transaction that ran ``write`` holds its locks open, under a short lock timeout: the
-    migrations applied. Raises AssertionError when the upgrade took a second or more (it waited for the writer)."""
+def upgrade_beside_a_writer(
+    url: str, write: Callable[[psycopg.Connection], object], *, contract: bool = False
+) -> list[str]:
+    """``db upgrade`` (``--contract``) while a transaction that ran ``write`` holds its locks open, under a short lock
+    timeout: the steps applied. Raises AssertionError when the upgrade took a second or more (it waited)."""
     holder = psycopg.connect(url)
     try:
         write(holder)
         started = time.monotonic()
-        applied = migrate.upgrade(url, waits=LockWaits(lock_timeout_s=0.2, give_up_after_s=1))
+        applied = migrate.upgrade(url, waits=LockWaits(lock_timeout_s=0.2, give_up_after_s=1), contract=contract)
         assert time.monotonic() - started < 1.0, "the upgrade waited for the writer's transaction"
     finally:
         holder.rollback()

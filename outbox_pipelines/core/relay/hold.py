@@ -19,6 +19,7 @@ from outbox_pipelines.core.relay.dispatch import combine_outcomes
 from outbox_pipelines.core.relay.invocation import Invocation
 from outbox_pipelines.core.relay.lanes import HeldLanes, SettleFailed
 from outbox_pipelines.core.settings import TableSettings
+from outbox_pipelines.core.storage.table import OutboxTable
 
 
 class HoldState(Enum):
@@ -66,6 +67,15 @@ def hold_seconds(table: TableSettings) -> float:
     return min(table.hold_s, table.lease_s / 3.0)
 
 
+def _end_empty(lane: OutboxTable) -> None:
+    """The transaction of a claim that took nothing: kept when it marked rows waiting behind their keys' heads (a
+    probe the gate took in it goes too), else rolled back."""
+    if lane.left_waiting or lane.contended_keys:
+        lane.conn.commit()
+    else:
+        lane.conn.rollback()
+
+
 def relay_held_first(
     run: Invocation,
     table: TableSettings,
@@ -87,8 +97,8 @@ def relay_held_first(
     try:
         batch = claim_next()
         claimed.extend(batch)
-        if not batch:  # the rows it left waiting behind their keys' heads are marked in this transaction
-            conn.commit()
+        if not batch:
+            _end_empty(lane)
             return
         ahead = len(batch) >= table.batch_size and lanes.alone(lane)
         if ahead:  # a backlog, and no other relay of the table claims while this one settles

@@ -144,11 +144,15 @@ class HeldLanes:
             self._thread = None
 
     def _back_home(self, run: Invocation) -> None:
-        if run.outbox_table.conn is not run.session.conn:
-            home = self._home_of(run)
-            home.contended_keys.update(run.outbox_table.contended_keys)
-            run.outbox_table.contended_keys.clear()
-            run.outbox_table = home
+        """The run on its session, with the keys both connections still have to release (a claim on the spare marks
+        keys too, and the spare may be dropped next)."""
+        home = run.outbox_table if run.outbox_table.conn is run.session.conn else self._home_of(run)
+        spare = self._spare_table() if self._spare is not None and self._spare.done() else None
+        for lane in (run.outbox_table, spare):
+            if lane is not None and lane is not home and lane.contended_keys:
+                home.contended_keys.update(lane.contended_keys)
+                lane.contended_keys.clear()
+        run.outbox_table = home
 
     def _home_of(self, run: Invocation) -> OutboxTable:
         if self._home is None or self._home.conn is not run.session.conn:

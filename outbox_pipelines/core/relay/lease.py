@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from outbox_pipelines.core import models as m
 from outbox_pipelines.core.models import ClaimedMessage, cap_error
@@ -19,7 +20,11 @@ from outbox_pipelines.core.storage.table import OutboxTable, Settlement, SharedT
 def claim_outbox(
     conn: psycopg.Connection, table_name: str, worker_id: str, limit: int = 10, lease_seconds: float = 60
 ) -> list[ClaimedMessage]:
-    return OutboxTable(conn, table_name).claim(worker_id, limit, lease_seconds)
+    table = OutboxTable(conn, table_name)
+    claimed = table.claim(worker_id, limit, lease_seconds)
+    if table.contended_keys and conn.info.transaction_status == TransactionStatus.IDLE:
+        table.release_contended()  # keys it marked waiting (sql/'s claim_key_behind); else the sweep's
+    return claimed
 
 
 def _settle(conn: psycopg.Connection, table_name: str, worker_id: str, settlement: Settlement) -> bool:

@@ -204,9 +204,7 @@ class Relay:
                     self._relay(run, batch)
             if run.outbox_table.contended_keys:  # after the batch's transaction: see ordering.py
                 ordering.release_contended(run.outbox_table, patient=False)
-            if not batch and self.left_waiting:
-                return True  # it marked rows waiting behind their keys' heads: the next claim reads past them
-            if not batch or self._emptied_the_queue(run, batch):
+            if (not batch and not self.left_waiting) or self._emptied_the_queue(run, batch):
                 return self._idle(run)
             if not self.lanes.busy(run.session.conn):
                 take_wakeups(run.session)  # the next claim sees what they announced
@@ -243,14 +241,13 @@ class Relay:
         return True
 
     def _emptied_the_queue(self, run: Invocation, batch: list[ClaimedMessage]) -> bool:
-        """The claim took fewer rows than it asked for: nothing else was ready, and a message committed since has
-        sent a NOTIFY, so the relay waits for one instead of claiming at once (not a pipelined relay, a one-shot
-        run, a session that polls, nor a batch cut short by the entry budget). Why: docs/explanation/relay.md."""
+        """Fewer rows than asked for, with none left waiting behind their keys' heads (the next claim reads past those):
+        nothing else was ready, so it waits for a NOTIFY (not pipelined, once, polling, nor cut by the entry budget)."""
         return (
             run.session.listening
             and not run.budget.once
             and not self.destination.pipelined
-            and len(batch) + self.left_waiting < self.table.batch_size
+            and 0 < len(batch) < self.table.batch_size - self.left_waiting
             and run.budget.used_up(run.report.claimed) is None
         )
 

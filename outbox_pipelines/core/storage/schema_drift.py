@@ -50,7 +50,9 @@ def find_drift(conn: psycopg.Connection[Any], tables: Sequence[str], parts: Iter
     applied = read_applied(conn)
     if not applied.record_exists or applied.versions is None:
         return []
-    migrations = [m for m in migrate.planned(parts=parts) if m.version in applied.versions]
+    # The contract steps applied last: each redefines what its expand step left for the previous version.
+    steps = [*migrate.planned(parts=parts), *migrate.contract_steps()]
+    migrations = [m for m in steps if m.version in applied.versions]
     named = [row["name"] for row in _rows(conn, "schema_existing_tables", {"tables": list(tables)})]
     outboxes = {row["table_name"] for row in _rows(conn, "outbox_tables_list")}
     existing = [name for name in named if name in outboxes]  # a business table's name declared: not ours to fix

@@ -3,13 +3,13 @@ holds, release ordering keys) and the reads it makes between cycles."""
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
-from psycopg.rows import RowMaker
+from psycopg.pq import TransactionStatus
 
-from outbox_pipelines.core.canonical import loads_jsonb_text
 from outbox_pipelines.core.models import ClaimedMessage
 from outbox_pipelines.core.storage.array_literals import bigint_array, text_array
+from outbox_pipelines.core.storage.claim_rows import LeftWaiting, claimed_row
 from outbox_pipelines.core.storage.queries import claim_query
 from outbox_pipelines.core.storage.settlements import Settlement, SettleStatus
 from outbox_pipelines.core.storage.statements import NOT_AN_OUTBOX, Row, TableStatements, _prepare, unknown_table
@@ -33,42 +33,6 @@ def id_runs(ids: Sequence[int], attempts: Sequence[int]) -> tuple[list[int], lis
     return first, last, runs_attempts, at
 
 
-class LeftWaiting(NamedTuple):
-    """A row a claim locked behind its key's head and left out (sql/'s claim_key_behind), to be marked waiting."""
-
-    id: int
-    ordering_key: str
-
-
-def _claimed_row(cursor: object) -> RowMaker[ClaimedMessage | LeftWaiting]:
-    return _claimed_message
-
-
-def _claimed_message(values: Sequence[Any]) -> ClaimedMessage | LeftWaiting:
-    """A claim's row, whose ``body`` is the JSON array [payload, headers] as UTF-8 bytes: one decoding call
-    per row, where psycopg's jsonb loader would make two, and two conversions of text more. A row without a
-    body is one the claim left waiting behind its key's head."""
-    row_id, event_id, tenant_id, topic, body, payload_sha, attempts, created_at, claimed_at, ordering_key = values
-    if body is None:
-        return LeftWaiting(row_id, ordering_key)
-    payload, headers = loads_jsonb_text(body)
-    return ClaimedMessage.from_row(
-        (
-            row_id,
-            event_id,
-            tenant_id,
-            topic,
-            payload,
-            payload_sha,
-            headers,
-            attempts,
-            created_at,
-            claimed_at,
-            ordering_key,
-        )
-    )
-
-
 # A claim's byte budget by default (a table's ``batch_bytes``): its rows' bodies (payload and headers as JSON text)
 # fit in this many bytes, or it holds one message, larger (outbox_claim's "taken").
 DEFAULT_BATCH_BYTES = 16 * 1024 * 1024
@@ -85,7 +49,7 @@ class ClaimStatements(TableStatements):
         statement = claim_query(query, self.table_name, params.pop("limit"))
         try:
             # Binary results: the timestamps cross as integers, not text to format and parse.
-            with self.conn.cursor(row_factory=_claimed_row, binary=True) as cur:
+            with self.conn.cursor(row_factory=claimed_row, binary=True) as cur:
                 cur.execute(statement, {"table_name": self.table_name, **params}, prepare=_prepare(reuse_plan))
                 rows = cur.fetchall()
         except NOT_AN_OUTBOX as exc:
@@ -94,9 +58,14 @@ class ClaimStatements(TableStatements):
         self.left_waiting = len(rows) - len(claimed)
         if self.left_waiting:
             behind = bigint_array([row.id for row in rows if isinstance(row, LeftWaiting)])
-            marked = self._run("outbox_mark_waiting", {"ids": behind, "fast_commit": self.conn.autocommit})
+            marked = self._run("outbox_mark_waiting", {"ids": behind, "fast_commit": self._own_transaction()})
             self._note_contended(marked[0]["keys"])
         return claimed
+
+    def _own_transaction(self) -> bool:
+        """Whether the next statement is a transaction of its own (an autocommit session outside any transaction):
+        only then may it commit without waiting for the WAL flush, which inside a transaction would apply to all."""
+        return self.conn.autocommit and self.conn.info.transaction_status == TransactionStatus.IDLE
 
     def claim(
         self,

@@ -123,7 +123,10 @@ def test_the_contract_step_waits_for_the_relays_of_before_the_upgrade(empty_db, 
             migrate.upgrade(empty_db, contract=True)
         assert "outbox_events_pending_by_id" in str(_indexes(conn, "outbox_events")).replace("T_", "outbox_events_")
         conn.execute("UPDATE outbox_relay_workers SET stopped_at = now(), stop_reason = 'finished'")
-        assert migrate.upgrade(empty_db, contract=True) == ["contract/0001_drop_pending_by_id.sql"]
+        assert migrate.upgrade(empty_db, contract=True) == [
+            "contract/0001_drop_pending_by_id.sql",
+            "contract/0002_keyed_ready_when_far.sql",
+        ]
         conn.execute("SELECT outbox_create_table('fresh_events')")
         assert _indexes(conn, "outbox_events") == _indexes(conn, "fresh_events")
     assert migrate.upgrade(empty_db, contract=True) == []
@@ -134,13 +137,14 @@ def test_db_status_and_the_cli_show_and_run_the_contract_step(empty_db, cli_env,
     env = {**cli_env, "OUTBOX_DATABASE_URL": empty_db}
     assert run_cli(env, "db", "upgrade").returncode == 0
     status = run_cli(env, "db", "status")
-    assert "contract: contract/0001_drop_pending_by_id.sql not applied" in status.stdout, status.stdout
+    waiting = "contract/0001_drop_pending_by_id.sql, contract/0002_keyed_ready_when_far.sql not applied"
+    assert f"contract: {waiting}" in status.stdout, status.stdout
     plan = run_cli(env, "db", "upgrade", "--contract", "--dry-run")
     assert "DROP INDEX CONCURRENTLY IF EXISTS outbox_events_pending_by_id;" in plan.stdout, plan.stdout
     script = run_cli(env, "db", "upgrade", "--contract", "--sql").stdout
     assert "SET lock_timeout = 0;\nDROP INDEX CONCURRENTLY IF EXISTS outbox_events_pending_by_id;" in script
     done = run_cli(env, "db", "upgrade", "--contract")
-    assert done.returncode == 0 and "applied contract/0001_drop_pending_by_id.sql" in done.stdout, done.stderr
+    assert done.returncode == 0 and "applied contract/0002_keyed_ready_when_far.sql" in done.stdout, done.stderr
     assert "contract:" not in run_cli(env, "db", "status").stdout
 
 
