@@ -1323,6 +1323,8 @@ def main(argv: list[str] | None = None) -> int:
     started, load = time.time(), os.getloadavg()[0]
     runs_dir = BENCH / ".runs" / f"upgrade-drill-{time.strftime('%Y%m%dT%H%M%S')}"
     runs_dir.mkdir(parents=True, exist_ok=True)
+    # the template's db upgrade runs there: since e190491 it refuses a table whose handlers module it cannot import
+    (runs_dir / "drill_handlers.py").write_text(HANDLERS)
     work = Path(tempfile.mkdtemp(prefix="outbox-upgrade-drill-"))
     (work / "drill_handlers.py").write_text(HANDLERS)
     server = Server(args.database_url)
