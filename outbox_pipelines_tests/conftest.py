@@ -122,14 +122,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if whole and not config.getoption("ignore") and not config.getoption("ignore_glob"):
         if stale := set(STARTS_ITS_OWN) - named:
             raise pytest.UsageError(f"STARTS_ITS_OWN (conftest.py) names tests that are no more: {sorted(stale)}")
-    if config.getoption("dist", "no") == "loadfile":
-        _longest_files_first(items)
+    if hasattr(config, "workerinput") and not config.getoption("loadscopereorder", True):
+        _longest_files_first(items)  # an xdist worker's collection, whose file order the scheduler keeps
 
 
 # -- the order of files in CI (`.ci/run`: -n 3 --dist loadfile --no-loadscope-reorder) --------------------------
 # xdist hands out whole files in collection order, each to the first worker free. Files that take minutes (a drill
 # waits out an outage, a browser test starts `dev`) go first: one started last ends the run alone while the other
-# workers sit idle (bench/README.md, "The CI run"). Within a rank, files with more tests first, as xdist would.
+# workers sit idle (CONTRIBUTING.md, "Test"). Within a rank, files with more tests first, as xdist would.
 FILE_RANKS = (("drill", 0), ("browser", 1), ("slow", 1))
 
 

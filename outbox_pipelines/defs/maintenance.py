@@ -34,6 +34,10 @@ def tables_schema(config_class: type[TablesConfig], tables: Sequence[str]) -> di
     fields = dict(config_class.to_fields_dict())  # a copy: Dagster keeps the class's own (CleanConfig's extends it)
     description = fields["tables"].description or ""
     choice = table_field(tables, description).config_type  # a string when none is declared
+    if tables:
+        # Named in the description as table_field does: Dagster keeps one shape per hash of its fields' type names
+        # and descriptions in a process, and the Enum's type name is the same for every code location's tables.
+        description = f"{description} Each one of: {', '.join(sorted(tables))}."
     fields["tables"] = dg.Field(dg.Array(choice), default_value=[], is_required=False, description=description)
     return fields
 

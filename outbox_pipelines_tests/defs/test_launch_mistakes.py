@@ -362,3 +362,26 @@ def test_a_relay_group_launch_naming_no_group_is_refused(db_url, instance, resou
     result = run_job("relay_group_default_job", resources, instance, config)
     message, named = _refusal(result)
     assert named == "group" and message.startswith("group: no relay group 'defualt'; groups: default"), message
+
+
+def test_two_code_locations_in_one_process_each_take_their_own_tables():
+    """Dagster keeps one config shape per field hash in a process, and an Enum's hash is its name: the ``tables`` of
+    a code location built second (a team's tests, a reload) validated against the first one's tables."""
+    from outbox_pipelines.defs.maintenance import TablesConfig, tables_schema
+
+    def job_of(tables: list[str]) -> dg.JobDefinition:
+        @dg.op(name="requeue_op", config_schema=tables_schema(TablesConfig, tables))
+        def requeue_op() -> None:
+            pass
+
+        @dg.job(name="requeue")
+        def requeue() -> None:
+            requeue_op()
+
+        return requeue
+
+    first, second = job_of(["outbox_events"]), job_of(["outbox_events", "outbox_memory"])
+    memory_only = {"ops": {"requeue_op": {"config": {"tables": ["outbox_memory"]}}}}
+    assert second.execute_in_process(run_config=memory_only).success
+    with pytest.raises(dg.DagsterInvalidConfigError, match="not in enum type OutboxTableName got outbox_memory"):
+        first.execute_in_process(run_config=memory_only)

@@ -41,40 +41,51 @@ mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonErro
 """
 
 
+def _start_webserver(env: dict[str, str]) -> tuple["subprocess.Popen[str]", str]:
+    """dagster-webserver on a free port, once it answers; a port taken between the draw and the bind (another test's
+    server) is drawn again."""
+    for _ in range(3):
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "dagster-webserver"),
+                "-m",
+                "outbox_pipelines.definitions",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/server_info", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        stop_process(proc, grace_s=20, group=True)
+        error = proc.stderr.read() if proc.stderr else ""
+        if "address already in use" not in error:
+            raise AssertionError(f"dagster-webserver did not start: {error}")
+    raise AssertionError("dagster-webserver found its port taken three times")
+
+
 @pytest.fixture
 def webserver(db_url, tmp_path):
-    port = free_port()
     # No daemon here: the webserver launches runs itself.
     (tmp_path / "dagster.yaml").write_text(
         "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: DefaultRunCoordinator\n"
         "telemetry:\n  enabled: false\n"
     )
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "OUTBOX_DATABASE_URL": db_url}
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "dagster-webserver"),
-            "-m",
-            "outbox_pipelines.definitions",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(url + "/server_info", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
+    proc, url = _start_webserver(env)
     yield url
     stop_process(proc, grace_s=20, group=True)
 

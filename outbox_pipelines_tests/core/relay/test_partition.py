@@ -28,7 +28,7 @@ from outbox_pipelines_tests.processes import kill_process, start_cli, start_rela
 
 ORDERS = "outbox_orders"
 BOUND_S = 3  # the stop and command bounds these tests set (OUTBOX_RELAY_STOP_TIMEOUT_S, OUTBOX_COMMAND_TIMEOUT_S)
-SLACK_S = 4.0  # a process's start-up and exit on a busy machine, on top of a bound
+SLACK_S = 6.5  # a process's start-up and exit on a busy machine (4 s seen in CI), on top of a bound
 
 
 @pytest.fixture
