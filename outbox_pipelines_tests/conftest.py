@@ -2,7 +2,6 @@ import os
 import signal
 import subprocess
 import threading
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -122,35 +121,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if whole and not config.getoption("ignore") and not config.getoption("ignore_glob"):
         if stale := set(STARTS_ITS_OWN) - named:
             raise pytest.UsageError(f"STARTS_ITS_OWN (conftest.py) names tests that are no more: {sorted(stale)}")
-    if hasattr(config, "workerinput") and not config.getoption("loadscopereorder", True):
-        _longest_files_first(items)  # an xdist worker's collection, whose file order the scheduler keeps
-
-
-# -- the order of files in CI (`.ci/run`: -n 3 --dist loadfile --no-loadscope-reorder) --------------------------
-# xdist hands out whole files in collection order, each to the first worker free. Files that take minutes (a drill
-# waits out an outage, a browser test starts `dev`) go first: one started last ends the run alone while the other
-# workers sit idle (CONTRIBUTING.md, "Test"). Within a rank, files with more tests first, as xdist would.
-FILE_RANKS = (("drill", 0), ("browser", 1), ("slow", 1))
-
-
-def _file_rank(item: pytest.Item) -> int:
-    return next((rank for marker, rank in FILE_RANKS if item.get_closest_marker(marker)), len(FILE_RANKS))
-
-
-def _longest_files_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` file by file (a file's tests keep their order): drills, then servers and processes, then the
-    rest; within a rank, the files with more tests of that rank first."""
-    ranks: dict[Path, Counter[int]] = {}
-    first: dict[Path, int] = {}
-    for position, item in enumerate(items):
-        ranks.setdefault(item.path, Counter())[_file_rank(item)] += 1
-        first.setdefault(item.path, position)
-
-    def file_order(item: pytest.Item) -> tuple[int, int, int]:
-        rank = min(ranks[item.path])
-        return rank, -ranks[item.path][rank], first[item.path]
-
-    items.sort(key=file_order)
 
 
 _refused: list[tuple[pytest.FixtureDef[object], pytest.FixtureRequest]] = []
