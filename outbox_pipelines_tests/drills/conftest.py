@@ -17,7 +17,8 @@ One stack per test module (``drill_stack``), all real processes:
 Teardown stops everything by pid: SIGTERM to dev, up to 60 s for it to exit, then
 SIGKILL to whatever is left in its session and in the sessions its descendants lead
 (``dagster dev`` runs in a session of its own); the broker simulator by its pid.
-OUTBOX_DRILL_KEEP_TMP=1 keeps the temp dir (logs, DAGSTER_HOME) for a post-mortem.
+OUTBOX_DRILL_KEEP_TMP=1 keeps the temp dir (logs, DAGSTER_HOME) for a post-mortem;
+OUTBOX_DRILL_OUTAGE_S sets the broker outage drill's seconds down (60; bench/drills.py: 180).
 
 The drills are part of the test command (``pytest -m "not soak"``, what .ci/run
 runs; about 10 minutes on 2 cores); ``-m "not soak and not drill"`` leaves them out
@@ -62,6 +63,10 @@ from outbox_pipelines_tests.scratch import DEMO_PARTS
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).parent / "outbox-pipelines")
 RESULTS_ENV = "OUTBOX_DRILL_RESULTS"
+# How long the broker outage drill keeps the broker down: a minute in the test command (the alert fires
+# about 40 s in), three minutes when bench/drills.py measures the drills (bench/drills.md, docs/how-to/alerts.md).
+OUTAGE_ENV = "OUTBOX_DRILL_OUTAGE_S"
+DEFAULT_OUTAGE_S = 60.0
 TABLE = "outbox_orders"
 LOG_TAIL_LINES = 60
 
@@ -217,6 +222,13 @@ class BrokerSimProcess:
     def restart(self, extra_args: list[str] | None = None) -> None:
         self.stop()
         self.start(extra_args)
+
+    def set_faults(self, **changes: Any) -> dict[str, Any]:
+        """Change faults of the running simulator (its POST /_faults), without a restart the relay would see."""
+        answer = httpx.post(self.url.removesuffix("orders") + "_faults", json=changes, timeout=10, trust_env=False)
+        answer.raise_for_status()
+        faults: dict[str, Any] = answer.json()
+        return faults
 
 
 class DevProcess:
@@ -547,6 +559,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     if report.failed and _ACTIVE and item.get_closest_marker("drill"):
         with contextlib.suppress(Exception):
             report.sections.append(("drill stack", _ACTIVE[-1].diagnostics()))
+
+
+def outage_seconds() -> float:
+    raw = os.environ.get(OUTAGE_ENV, "")
+    return float(raw) if raw else DEFAULT_OUTAGE_S
 
 
 def parse_time(value: Any) -> datetime:

@@ -37,6 +37,7 @@ from outbox_pipelines_tests.drills.conftest import (
     TABLE,
     Alert,
     DrillStack,
+    outage_seconds,
     parse_time,
     port_open,
     wait_until,
@@ -159,10 +160,10 @@ def test_poison_order_raises_dead_letter_alert(stack: DrillStack) -> None:
     stack.wait_sent("beside-poison", 3, timeout_s=60)
 
 
-# -- 2. broker down 3 minutes → destination alert while down, resolved after, nothing dead --------
+# -- 2. broker down a minute (3 in bench/drills.py) → destination alert while down, resolved after, nothing dead
 @pytest.mark.timeout(720)
 def test_broker_outage_alerts_then_resolves(stack: DrillStack) -> None:
-    outage_s, n = 180.0, 300
+    outage_s, n = outage_seconds(), 300  # at least until the alert has fired (below)
     dead_before = stack.statuses().get("dead", 0)
     t0 = time.monotonic()
     stack.broker.stop()
@@ -277,7 +278,9 @@ def test_burst_of_30k_orders_alerts_backlog_then_drains(stack: DrillStack) -> No
     # The broker answers every order in 150 ms, as a real one over a network would. (The simulator's
     # sub-millisecond answers let the relay drain 30,000 orders in ~15 s: gone before the ~15 s
     # evaluation sees them, so no backlog to alert on.) At 150 ms the table stays above the
-    # 10,000 threshold for about a minute and drains in about two.
+    # 10,000 threshold for about a minute. Once the alert has fired the broker answers at full
+    # speed again (as after a scale-up): the drain and the 'resolved' are what is left to see,
+    # and at 150 ms they took three more minutes of CI.
     stack.broker.restart(["--every-nth-timeout", "1", "--hang", "0.15"])
     try:
         n = 30_000
@@ -293,10 +296,11 @@ def test_burst_of_30k_orders_alerts_backlog_then_drains(stack: DrillStack) -> No
         )
         stack.record("burst_30k.backlog", alert.at - t0)
         check_shape(stack, alert)
+        assert stack.broker.set_faults(every_nth_timeout=0)["every_nth_timeout"] == 0
+        t_fast = time.monotonic()
 
-        stack.wait_sent("burst", n, timeout_s=420)
-        t_drained = time.monotonic()
-        stack.record("burst_30k.drained", t_drained - t0)
+        stack.wait_sent("burst", n, timeout_s=300)
+        stack.record("burst_30k.drained_at_full_speed", time.monotonic() - t_fast)
         key = alert.body["alert_key"]
         resolved = stack.receiver.wait_for(
             lambda a: a.get("alert_key") == key and a.get("status") == "resolved",
