@@ -331,10 +331,10 @@ def test_a_bad_message_or_an_unknown_table_writes_nothing_and_says_what(db_url, 
 
 def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
     """asyncio's debug mode reports every callback slower than slow_callback_duration; a ticker measures the
-    worst gap between its 5 ms ticks. One enqueue waits 2 s on the server for another transaction holding
-    its event_id: awaited, the loop goes on; a blocking call would stall it those 2 s, far above the 0.9 s
+    worst gap between its 5 ms ticks. One enqueue waits 3 s on the server for another transaction holding
+    its event_id: awaited, the loop goes on; a blocking call would stall it those 3 s, far above the 1.5 s
     allowed (which leaves room for a busy CI machine taking the process off its core: 0.63 s was seen with three
-    test workers on two cores)."""
+    test workers on two cores, 1.03 s with a fourth test process beside them)."""
     import logging
 
     slow: list[str] = []
@@ -351,7 +351,7 @@ def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
     logging.getLogger("asyncio").addHandler(catcher)
 
     async def scenario() -> float:
-        asyncio.get_running_loop().slow_callback_duration = 0.9
+        asyncio.get_running_loop().slow_callback_duration = 1.5
         pool = [await asyncpg.connect(_asyncpg_url(db_url)) for _ in range(5)]
         pg_pool = [await psycopg.AsyncConnection.connect(db_url) for _ in range(5)]
         worst = 0.0
@@ -379,7 +379,7 @@ def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
         locks = [asyncio.Lock() for _ in range(10)]
 
         async def waits_on_a_held_event_id(pg: Any) -> None:
-            # Another transaction holds this event_id uncommitted for 2 s: the INSERT's ON CONFLICT waits
+            # Another transaction holds this event_id uncommitted for 3 s: the INSERT's ON CONFLICT waits
             # for it on the server. Awaited, the loop goes on; a blocking call would stall it that long.
             async with pg.transaction():
                 await OUTBOX.enqueue_async(pg, Message(topic="t", payload={}, event_id="held"))
@@ -390,7 +390,7 @@ def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
         producers = [asyncio.create_task(producer(n)) for n in range(200)]
         producers.append(asyncio.create_task(waits_on_a_held_event_id(waiter)))
         tick = asyncio.create_task(ticker())
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(3.0)
         await holder.rollback()
         await asyncio.gather(*producers)
         await holder.close()
@@ -409,7 +409,7 @@ def test_the_event_loop_never_blocks_while_200_coroutines_enqueue(db_url, conn):
         logging.getLogger("asyncio").removeHandler(catcher)
     assert conn.execute("SELECT count(*) AS n FROM outbox_events").fetchone()["n"] == 201
     assert slow == [], slow
-    assert worst < 0.9, f"the event loop stalled {worst * 1000:.0f} ms"
+    assert worst < 1.5, f"the event loop stalled {worst * 1000:.0f} ms"
 
 
 def test_an_enqueue_at_a_set_time_uses_the_given_now_like_the_sync_path(db_url, conn):
