@@ -60,12 +60,12 @@ def cmd_broker_sim(args: argparse.Namespace) -> int:
 
     faults = faults_from_args(args)
     sim = BrokerSim(faults, host=args.host, port=args.port)
-    say(
+    banner = (
         f"broker simulator on http://{args.host}:{args.port}/orders (any path works; Ctrl-C stops it); "
         f"faults: {faults.describe()}"
     )
-    try:
-        web.run_app(sim.app(), host=args.host, port=args.port, print=None, access_log=None)
+    try:  # the banner once listening (aiohttp calls `print` then): never before a bind error
+        web.run_app(sim.app(), host=args.host, port=args.port, print=lambda *_: say(banner), access_log=None)
     except OSError as exc:  # the port is taken, the address is not this machine's: the operator's to change
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return EXIT_OK

@@ -322,6 +322,20 @@ def test_broker_sim_command_serves_with_fault_injection():
     assert "every_nth_5xx=2" in out + err
 
 
+def test_broker_sim_on_a_taken_port_says_so_without_its_listening_banner():
+    """The banner says where it listens: printed only once it does, never before the error that it cannot."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(cli_env(), "broker-sim", "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "broker simulator on" not in done.stdout + done.stderr
+
+
 def test_a_failed_order_replays_as_failed_not_accepted(db_url, conn):
     """Reported by the API tests: the replay of a dead order must say failed, with the reason."""
     sim = BrokerSim(Faults(bad_keys={"bad-1"})).start_in_thread()
