@@ -225,7 +225,7 @@ class BrokerSimProcess:
 
     def set_faults(self, **changes: Any) -> dict[str, Any]:
         """Change faults of the running simulator (its POST /_faults), without a restart the relay would see."""
-        answer = httpx.post(self.url.removesuffix("orders") + "_faults", json=changes, timeout=10, trust_env=False)
+        answer = httpx.post(f"http://127.0.0.1:{self.port}/_faults", json=changes, timeout=10, trust_env=False)
         answer.raise_for_status()
         faults: dict[str, Any] = answer.json()
         return faults
